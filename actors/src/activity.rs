@@ -1,0 +1,1017 @@
+//! `ActivityActor`: one activation of an agent in a session.
+//!
+//! - **Owns:** the agent's chat context, its agent-scoped toolsets (a `ToolsetActor` for
+//!   the bare tools, `tools`, and one per agent toolset) and the LLM turn loop.
+//! - **Parent:** the session. Sends nothing to it but replies; talks to toolsets (its
+//!   own and the session's) with `RunTool`.
+//! - **Starts** on `StartActivity` (runs `on_enter`); **pauses** on `PauseActivity` (a
+//!   sub-task agent runs) and **resumes** on `ResumeActivity`; **stops** on
+//!   `CloseActivity` (runs `on_exit`, stops its toolsets).
+//! - **Handles:** `StartActivity`, `StartTurn`, `InsertToolItems`, `AppendItems`,
+//!   `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`, `GetChat`.
+//!
+//! Guarantees, each tested:
+//! - Every function call in the chat context has exactly one output after it, whatever
+//!   happens (cancel, error, handoff, pause, close).
+//! - A call's later items (`/update_n`, `/finished`) are held until its step's pairs are
+//!   in the chat context.
+//! - When `PauseActivity` or `CloseActivity` answers, every tool run of its own toolsets
+//!   (but the one awaiting a sub-task, on pause) has stopped and been dropped.
+//! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::agent::{check_tools, effective_policy, Agent, HookContext, TurnDecision};
+use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
+use crate::error::{BuildError, SessionError, UpdateError};
+use crate::events::{AgentState, SessionEvent};
+use crate::ids::ActorId;
+use crate::io::{Playout, SpeechId};
+use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
+use crate::llm::{Llm, LlmError, LlmRequest, ToolChoice, ToolSchema};
+use crate::mailbox::{counted_handlers, Mailbox, Probe};
+use crate::outcome::{CallOutput, Effect};
+use crate::prompts;
+use crate::session::{Handoff, PendingItem, Scope, SessionToolset};
+use crate::session_handle::Session;
+use crate::tool::DuplicatePolicy;
+use crate::toolset::{RunTool, StopRuns, StopToolset, ToolsetActor};
+
+/// What a finished turn reports to the session.
+#[derive(Debug, Default)]
+pub(crate) struct TurnOutcome {
+    pub(crate) events: Vec<ChatItem>,
+    pub(crate) handoff: Option<Handoff>,
+    pub(crate) task_result: Option<Value>,
+    pub(crate) failure: Option<SessionError>,
+}
+
+/// What kind of turn to run.
+#[derive(Debug)]
+pub(crate) enum TurnKind {
+    /// A user message.
+    User(String),
+    /// A reply with optional extra instructions (`generate_reply`).
+    Reply(Option<String>),
+    /// The coalesced reply to background tool items.
+    Deferred(Vec<PendingItem>),
+}
+
+struct Slot {
+    call: FunctionCall,
+    output: Option<CallOutput>,
+}
+
+struct Turn {
+    events: Vec<ChatItem>,
+    steps: u32,
+    step_key: u64,
+    slots: Vec<Slot>,
+    tool_choice: ToolChoice,
+    extra_instructions: Option<String>,
+    awaiting_playout: Option<SpeechId>,
+    finished: Option<TurnOutcome>,
+    done: Option<oneshot::Sender<TurnOutcome>>,
+}
+
+struct Held {
+    base_call_id: String,
+    items: Vec<ChatItem>,
+    reply: oneshot::Sender<Result<(), UpdateError>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Status {
+    Starting,
+    Active,
+    Paused,
+    Closed,
+}
+
+/// The LLM's complete answer to one request.
+struct LlmReply {
+    text: String,
+    calls: Vec<crate::llm::ToolCallChunk>,
+    speech: Option<SpeechId>,
+    playout: Playout,
+}
+
+pub(crate) struct ActivityActor {
+    probe: Arc<Probe>,
+    agent: Agent,
+    session: Session,
+    llm: Arc<dyn Llm>,
+    chat: ChatContext,
+    session_toolsets: Arc<[SessionToolset]>,
+    own_toolsets: Vec<(Mailbox<ToolsetActor>, Option<AliveWaiter>)>,
+    /// Tool name → toolset that runs it.
+    routes: std::collections::HashMap<String, Mailbox<ToolsetActor>>,
+    schemas: Arc<[ToolSchema]>,
+    turn: Option<Turn>,
+    step_seq: u64,
+    uncommitted: HashSet<String>,
+    held: Vec<Held>,
+    /// Chat length the latest assistant message was generated from.
+    last_reply_view: usize,
+    status: Status,
+    llm_task: Option<SpawnHandle>,
+    generation: u32,
+    _alive: AliveToken,
+}
+
+impl ActivityActor {
+    /// Starts an activity actor (idle until `StartActivity`) on the current arbiter.
+    pub(crate) fn spawn(
+        agent: Agent,
+        generation: u32,
+        session: Session,
+        session_toolsets: Arc<[SessionToolset]>,
+    ) -> Result<(Mailbox<ActivityActor>, AliveWaiter), BuildError> {
+        let shared = session.shared.clone();
+        let llm = agent
+            .def
+            .llm
+            .clone()
+            .or_else(|| shared.llm.clone())
+            .ok_or_else(|| BuildError::NoLlm {
+                agent: agent.name().to_owned(),
+            })?;
+        // Names are unique among everything this activity sees (SPEC §5).
+        check_tools(
+            agent.tool_owners().chain(
+                session_toolsets
+                    .iter()
+                    .flat_map(|ts| ts.tools.iter().map(move |t| (t.name(), format!("session toolset {}", ts.name)))),
+            ),
+        )?;
+        let probe = Probe::new(
+            ActorId::activity(&shared.id, agent.name(), generation),
+            shared.journal.clone(),
+        );
+        let (alive, waiter) = alive_pair();
+        let actor = ActivityActor {
+            probe: probe.clone(),
+            agent,
+            session,
+            llm,
+            chat: ChatContext::new(),
+            session_toolsets,
+            own_toolsets: Vec::new(),
+            routes: Default::default(),
+            schemas: Arc::from(Vec::new()),
+            turn: None,
+            step_seq: 0,
+            uncommitted: HashSet::new(),
+            held: Vec::new(),
+            last_reply_view: 0,
+            status: Status::Starting,
+            llm_task: None,
+            generation,
+            _alive: alive,
+        };
+        Ok((Mailbox::new(actor.start(), probe), waiter))
+    }
+
+    fn id(&self) -> &ActorId {
+        self.probe.id()
+    }
+
+    fn agent_name(&self) -> String {
+        self.agent.name().to_owned()
+    }
+
+    fn hook_ctx(&self) -> HookContext {
+        HookContext {
+            session: self.session.clone(),
+            agent: self.agent.def.name.clone(),
+        }
+    }
+
+    fn set_state(&self, state: AgentState) {
+        self.session.shared.emit(SessionEvent::AgentStateChanged {
+            agent: self.agent_name(),
+            state,
+        });
+    }
+
+    /// Appends an item to the chat context and, during a turn, to the turn's events.
+    fn record(&mut self, item: ChatItem) {
+        self.session.shared.emit(SessionEvent::ConversationItemAdded {
+            agent: self.agent_name(),
+            item: item.clone(),
+        });
+        if let Some(turn) = self.turn.as_mut() {
+            turn.events.push(item.clone());
+        }
+        self.chat.push(item);
+    }
+
+    /// Spawns the agent's own toolsets and computes the tool schemas (stable order:
+    /// bare tools, agent toolsets, session toolsets).
+    fn start_toolsets(&mut self) {
+        let shared = self.session.shared.clone();
+        let scope = Scope::Activity(self.id().clone());
+        let mut schemas = Vec::new();
+        let mut groups: Vec<(String, Vec<(crate::tool::Tool, DuplicatePolicy)>)> = Vec::new();
+        if !self.agent.def.tools.is_empty() {
+            let tools = self
+                .agent
+                .def
+                .tools
+                .iter()
+                .map(|t| (t.clone(), t.duplicate_policy().unwrap_or(DuplicatePolicy::Reject)))
+                .collect();
+            groups.push(("tools".to_owned(), tools));
+        }
+        for toolset in &self.agent.def.toolsets {
+            let tools = toolset
+                .tools
+                .iter()
+                .map(|t| (t.clone(), effective_policy(t, toolset)))
+                .collect();
+            groups.push((toolset.name.clone(), tools));
+        }
+        for (name, tools) in groups {
+            schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
+            let names: Vec<String> = tools.iter().map(|(t, _)| t.name().to_owned()).collect();
+            let (mailbox, waiter) = ToolsetActor::spawn(
+                ActorId::agent_toolset(&shared.id, self.agent.name(), self.generation, &name),
+                scope.clone(),
+                tools,
+                self.session.clone(),
+            );
+            for tool in names {
+                self.routes.insert(tool, mailbox.clone());
+            }
+            self.own_toolsets.push((mailbox, Some(waiter)));
+        }
+        for toolset in self.session_toolsets.iter() {
+            schemas.extend(toolset.schemas.iter().cloned());
+            for tool in &toolset.tools {
+                self.routes.insert(tool.name().to_owned(), toolset.mailbox.clone());
+            }
+        }
+        self.schemas = Arc::from(schemas);
+    }
+
+    // ---- the turn loop -------------------------------------------------------------
+
+    fn begin_turn(&mut self, kind: TurnKind, done: oneshot::Sender<TurnOutcome>, ctx: &mut Context<Self>) {
+        self.turn = Some(Turn {
+            events: Vec::new(),
+            steps: 0,
+            step_key: 0,
+            slots: Vec::new(),
+            tool_choice: ToolChoice::Auto,
+            extra_instructions: None,
+            awaiting_playout: None,
+            finished: None,
+            done: Some(done),
+        });
+        self.set_state(AgentState::Thinking);
+        match kind {
+            TurnKind::User(text) => {
+                self.session
+                    .shared
+                    .emit(SessionEvent::UserInputTranscribed { text: text.clone() });
+                let mut message = ChatMessage {
+                    role: ChatRole::User,
+                    content: text,
+                };
+                let decision = match &self.agent.def.on_user_turn_completed {
+                    Some(hook) => hook(&mut self.chat, &mut message),
+                    None => TurnDecision::Reply,
+                };
+                self.record(ChatItem::Message(message));
+                if decision == TurnDecision::StopResponse {
+                    self.finish_turn(TurnOutcome::default());
+                    return;
+                }
+            }
+            TurnKind::Reply(instructions) => {
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.extra_instructions = instructions;
+                }
+            }
+            TurnKind::Deferred(pending) => {
+                if !self.prepare_deferred(pending) {
+                    tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
+                    self.finish_turn(TurnOutcome::default());
+                    return;
+                }
+            }
+        }
+        self.start_llm_step(ctx);
+    }
+
+    /// Inserts pending items this agent lacks; decides whether a reply is still due.
+    fn prepare_deferred(&mut self, pending: Vec<PendingItem>) -> bool {
+        let mut newest = None;
+        let mut ids = Vec::new();
+        for item in pending {
+            let missing = !self.chat.contains_call(&item.call_id);
+            if missing {
+                self.chat.extend(item.items.iter().cloned());
+            }
+            newest = self.chat.position_of_call(&item.call_id).max(newest);
+            ids.push(item.call_id);
+        }
+        let Some(newest) = newest else {
+            return false;
+        };
+        // Judged by chat position: an assistant message generated with the newest item in
+        // view already answered it.
+        if self.last_reply_view > newest {
+            return false;
+        }
+        if let Some(turn) = self.turn.as_mut() {
+            turn.tool_choice = ToolChoice::None;
+            turn.extra_instructions = Some(prompts::reply(&ids));
+        }
+        true
+    }
+
+    fn start_llm_step(&mut self, ctx: &mut Context<Self>) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        turn.steps += 1;
+        self.step_seq += 1;
+        turn.step_key = self.step_seq;
+        let step_key = self.step_seq;
+        let request = LlmRequest {
+            agent: self.agent.def.name.clone(),
+            instructions: self.agent.def.instructions.clone(),
+            extra_instructions: turn.extra_instructions.clone(),
+            chat: self.chat.clone(),
+            tools: self.schemas.clone(),
+            tool_choice: turn.tool_choice,
+        };
+        let view = self.chat.len();
+        let stream = self.llm.chat(request);
+        let shared = self.session.shared.clone();
+        let agent = self.agent_name();
+        let fut = async move {
+            let mut stream = stream;
+            let mut reply = LlmReply {
+                text: String::new(),
+                calls: Vec::new(),
+                speech: None,
+                playout: Playout::Done,
+            };
+            while let Some(chunk) = stream.next().await {
+                match chunk? {
+                    crate::llm::LlmChunk::Text(text) => {
+                        let speech = match reply.speech {
+                            Some(speech) => speech,
+                            None => {
+                                let speech = SpeechId(shared.next_speech());
+                                shared.io().speech_started(speech, &agent);
+                                shared.emit(SessionEvent::SpeechCreated {
+                                    agent: agent.clone(),
+                                    speech,
+                                });
+                                shared.emit(SessionEvent::AgentStateChanged {
+                                    agent: agent.clone(),
+                                    state: AgentState::Speaking,
+                                });
+                                reply.speech = Some(speech);
+                                speech
+                            }
+                        };
+                        shared.io().speech_chunk(speech, &text);
+                        reply.text.push_str(&text);
+                    }
+                    crate::llm::LlmChunk::ToolCall(call) => reply.calls.push(call),
+                }
+            }
+            if let Some(speech) = reply.speech {
+                reply.playout = shared.io().speech_finished(speech);
+            }
+            Ok::<_, LlmError>(reply)
+        };
+        self.llm_task = Some(ctx.spawn(
+            fut.into_actor(self)
+                .map(move |res, act, ctx| act.on_llm_reply(step_key, view, res, ctx)),
+        ));
+    }
+
+    fn on_llm_reply(
+        &mut self,
+        step_key: u64,
+        view: usize,
+        res: Result<LlmReply, LlmError>,
+        ctx: &mut Context<Self>,
+    ) {
+        self.llm_task = None;
+        if self.turn.as_ref().map(|t| t.step_key) != Some(step_key) || self.status == Status::Closed {
+            return;
+        }
+        let reply = match res {
+            Ok(reply) => reply,
+            Err(err) => {
+                self.session.shared.emit(SessionEvent::Error {
+                    message: err.to_string(),
+                });
+                self.finish_turn(TurnOutcome {
+                    failure: Some(SessionError::Llm(err)),
+                    ..Default::default()
+                });
+                return;
+            }
+        };
+        if !reply.text.is_empty() {
+            self.last_reply_view = view;
+            self.record(ChatItem::message(ChatRole::Assistant, reply.text));
+        }
+        if let (Some(speech), Playout::Pending) = (reply.speech, reply.playout) {
+            if let Some(turn) = self.turn.as_mut() {
+                turn.awaiting_playout = Some(speech);
+            }
+        }
+        if reply.calls.is_empty() {
+            self.finish_turn(TurnOutcome::default());
+            return;
+        }
+        self.dispatch_calls(reply.calls, ctx);
+    }
+
+    fn dispatch_calls(&mut self, calls: Vec<crate::llm::ToolCallChunk>, ctx: &mut Context<Self>) {
+        let shared = self.session.shared.clone();
+        let step_key = self.step_seq;
+        let mut slots = Vec::with_capacity(calls.len());
+        for chunk in calls {
+            let call = FunctionCall {
+                call_id: shared.unique_call_id(&chunk.call_id),
+                name: chunk.name,
+                arguments: chunk.arguments,
+            };
+            self.uncommitted.insert(call.call_id.clone());
+            slots.push(Slot { call, output: None });
+        }
+        for (index, slot) in slots.iter_mut().enumerate() {
+            let Some(toolset) = self.routes.get(&slot.call.name) else {
+                let available: Vec<&str> = self.schemas.iter().map(|s| s.name.as_str()).collect();
+                slot.output = Some(CallOutput::error(format!(
+                    "Error: unknown tool {}; available tools: {}",
+                    slot.call.name,
+                    available.join(", ")
+                )));
+                continue;
+            };
+            let ask = toolset.ask(
+                self.probe.id(),
+                RunTool {
+                    call: slot.call.clone(),
+                    step: step_key,
+                    agent: self.agent.clone(),
+                },
+            );
+            ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
+                let out = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
+                act.on_call_output(step_key, index, out, ctx);
+            }));
+        }
+        if let Some(turn) = self.turn.as_mut() {
+            turn.slots = slots;
+        }
+        self.maybe_commit(ctx);
+    }
+
+    fn on_call_output(&mut self, step_key: u64, index: usize, out: CallOutput, ctx: &mut Context<Self>) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.step_key != step_key || turn.finished.is_some() {
+            return;
+        }
+        if let Some(slot) = turn.slots.get_mut(index) {
+            if slot.output.is_none() {
+                slot.output = Some(out);
+            }
+        }
+        self.maybe_commit(ctx);
+    }
+
+    fn maybe_commit(&mut self, ctx: &mut Context<Self>) {
+        let ready = self
+            .turn
+            .as_ref()
+            .is_some_and(|t| t.finished.is_none() && !t.slots.is_empty() && t.slots.iter().all(|s| s.output.is_some()));
+        if !ready || self.status == Status::Paused {
+            // A paused activity commits on resume, so its items land after the sub-task.
+            return;
+        }
+        let next = self.commit_step();
+        match next {
+            StepNext::LlmStep => self.start_llm_step(ctx),
+            StepNext::Finish(outcome) => self.finish_turn(outcome),
+        }
+    }
+
+    /// Appends the step's calls and outputs (and any items held for them); decides what
+    /// follows.
+    fn commit_step(&mut self) -> StepNext {
+        let Some(turn) = self.turn.as_mut() else {
+            return StepNext::Finish(TurnOutcome::default());
+        };
+        let slots = std::mem::take(&mut turn.slots);
+        let mut calls = Vec::with_capacity(slots.len());
+        let mut outputs = Vec::with_capacity(slots.len());
+        let mut effects = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let out = slot.output.unwrap_or_else(|| CallOutput::ended("no output"));
+            outputs.push(FunctionCallOutput {
+                call_id: slot.call.call_id.clone(),
+                name: slot.call.name.clone(),
+                output: out.output,
+                is_error: out.is_error,
+            });
+            effects.push((slot.call.name.clone(), slot.call.call_id.clone(), out.effect));
+            calls.push(slot.call);
+        }
+        for call in &calls {
+            self.record(ChatItem::FunctionCall(call.clone()));
+        }
+        for output in &outputs {
+            self.record(ChatItem::FunctionCallOutput(output.clone()));
+        }
+        for call in &calls {
+            self.uncommitted.remove(&call.call_id);
+        }
+        self.release_held();
+        self.session.shared.emit(SessionEvent::FunctionToolsExecuted {
+            agent: self.agent_name(),
+            calls,
+            outputs,
+        });
+        let mut outcome = TurnOutcome::default();
+        let mut reply = false;
+        for (name, call_id, effect) in effects {
+            match effect {
+                Effect::Reply => reply = true,
+                Effect::Quiet => {}
+                Effect::Handoff(handoff) => {
+                    // One handoff per step: the first one wins, the others are logged.
+                    if outcome.handoff.is_none() {
+                        outcome.handoff = Some(handoff);
+                    } else {
+                        tracing::warn!(tool = %name, "a second handoff in one step was ignored");
+                    }
+                }
+                Effect::CompleteTask(value) => outcome.task_result = Some(value),
+                Effect::Propagate(message) => {
+                    self.session.shared.emit(SessionEvent::Error {
+                        message: format!("tool {name} failed: {message}"),
+                    });
+                    outcome.failure.get_or_insert(SessionError::ToolFailed {
+                        tool: name,
+                        call_id,
+                        message,
+                    });
+                }
+            }
+        }
+        let steps = self.turn.as_ref().map_or(0, |t| t.steps);
+        let may_continue = outcome.handoff.is_none()
+            && outcome.task_result.is_none()
+            && outcome.failure.is_none()
+            && self.status == Status::Active;
+        if reply && may_continue && steps < self.session.shared.config.max_tool_steps {
+            StepNext::LlmStep
+        } else {
+            StepNext::Finish(outcome)
+        }
+    }
+
+    fn release_held(&mut self) {
+        let (ready, still): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| !self.uncommitted.contains(&h.base_call_id));
+        self.held = still;
+        for held in ready {
+            for item in held.items {
+                self.record_outside_turn(item);
+            }
+            let _ = held.reply.send(Ok(()));
+        }
+    }
+
+    /// Appends an item that does not belong to the running turn's events.
+    fn record_outside_turn(&mut self, item: ChatItem) {
+        self.session.shared.emit(SessionEvent::ConversationItemAdded {
+            agent: self.agent_name(),
+            item: item.clone(),
+        });
+        self.chat.push(item);
+    }
+
+    fn finish_turn(&mut self, outcome: TurnOutcome) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.awaiting_playout.is_some() {
+            turn.finished = Some(outcome);
+            return;
+        }
+        let mut turn = match self.turn.take() {
+            Some(turn) => turn,
+            None => return,
+        };
+        let mut outcome = outcome;
+        let mut events = std::mem::take(&mut turn.events);
+        events.append(&mut outcome.events);
+        outcome.events = events;
+        if let Some(done) = turn.done.take() {
+            let _ = done.send(outcome);
+        }
+        self.set_state(AgentState::Listening);
+    }
+
+    /// Gives every call of an unfinished step its terminal output and commits it.
+    fn abort_step(&mut self, reason: &str) {
+        if let Some(turn) = self.turn.as_mut() {
+            for slot in turn.slots.iter_mut() {
+                if slot.output.is_none() {
+                    slot.output = Some(CallOutput::ended(reason));
+                }
+            }
+            if !turn.slots.is_empty() {
+                let _ = self.commit_step();
+            }
+        }
+    }
+
+    fn write_terminal(&mut self, calls: Vec<FunctionCall>, reason: &str) {
+        for call in calls {
+            let id = format!("{}/finished", call.call_id);
+            let out = CallOutput::ended(reason);
+            self.record_outside_turn(ChatItem::FunctionCall(FunctionCall {
+                call_id: id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            }));
+            self.record_outside_turn(ChatItem::FunctionCallOutput(FunctionCallOutput {
+                call_id: id,
+                name: call.name,
+                output: out.output,
+                is_error: false,
+            }));
+        }
+    }
+
+    fn refuse_held(&mut self) {
+        for held in self.held.drain(..) {
+            let _ = held.reply.send(Err(UpdateError::ScopeClosed {
+                call_id: held.base_call_id,
+            }));
+        }
+    }
+}
+
+enum StepNext {
+    LlmStep,
+    Finish(TurnOutcome),
+}
+
+impl Actor for ActivityActor {
+    type Context = Context<Self>;
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.status = Status::Closed;
+        self.refuse_held();
+        self.probe.stopped();
+    }
+}
+
+/// Sent by the session once, right after it spawned the activity: starts the agent's
+/// toolsets and runs `on_enter`. The reply comes after `on_enter` returned.
+pub(crate) struct StartActivity {
+    /// The chat context to start from (inherited from the previous agent, or empty).
+    pub(crate) chat: ChatContext,
+    /// The agent this one takes over from, recorded as a handoff item.
+    pub(crate) handoff_from: Option<Option<String>>,
+}
+
+impl Message for StartActivity {
+    type Result = ();
+}
+
+impl Handler<StartActivity> for ActivityActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: StartActivity, _ctx: &mut Self::Context) -> Self::Result {
+        self.chat = msg.chat;
+        if let Some(from) = msg.handoff_from {
+            self.record_outside_turn(ChatItem::AgentHandoff {
+                from,
+                to: self.agent_name(),
+            });
+        }
+        self.start_toolsets();
+        self.set_state(AgentState::Initializing);
+        let hook = self.agent.def.on_enter.clone();
+        let hook_ctx = self.hook_ctx();
+        Box::pin(
+            async move {
+                if let Some(hook) = hook {
+                    hook(hook_ctx).await;
+                }
+            }
+            .into_actor(self)
+            .map(|(), act, _| {
+                if act.status == Status::Starting {
+                    act.status = Status::Active;
+                }
+                act.set_state(AgentState::Listening);
+            }),
+        )
+    }
+}
+
+/// Sent by the session to run one turn; the session sends the next only after this one
+/// answered, so an activity runs one turn at a time. The reply is the turn's outcome.
+pub(crate) struct StartTurn {
+    pub(crate) kind: TurnKind,
+}
+
+impl Message for StartTurn {
+    type Result = TurnOutcome;
+}
+
+impl Handler<StartTurn> for ActivityActor {
+    type Result = ResponseFuture<TurnOutcome>;
+
+    fn handle(&mut self, msg: StartTurn, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        if self.turn.is_some() || self.status != Status::Active {
+            return Box::pin(async {
+                TurnOutcome {
+                    failure: Some(SessionError::Closed),
+                    ..Default::default()
+                }
+            });
+        }
+        self.begin_turn(msg.kind, tx, ctx);
+        Box::pin(async move {
+            rx.await.unwrap_or(TurnOutcome {
+                failure: Some(SessionError::Closed),
+                ..Default::default()
+            })
+        })
+    }
+}
+
+/// Sent by the session to deliver a tool's later items (`/update_n`, `/finished`) to this
+/// agent's chat context. Held while the call's own step is not yet in the chat context;
+/// refused when the activity is paused or closed. The reply comes once the items are in.
+pub(crate) struct InsertToolItems {
+    pub(crate) base_call_id: String,
+    pub(crate) items: Vec<ChatItem>,
+}
+
+impl Message for InsertToolItems {
+    type Result = Result<(), UpdateError>;
+}
+
+impl Handler<InsertToolItems> for ActivityActor {
+    type Result = ResponseFuture<Result<(), UpdateError>>;
+
+    fn handle(&mut self, msg: InsertToolItems, _ctx: &mut Self::Context) -> Self::Result {
+        if !matches!(self.status, Status::Active | Status::Starting) {
+            let err = UpdateError::ScopeClosed {
+                call_id: msg.base_call_id,
+            };
+            return Box::pin(async move { Err(err) });
+        }
+        if self.uncommitted.contains(&msg.base_call_id) || self.held.iter().any(|h| h.base_call_id == msg.base_call_id) {
+            let (tx, rx) = oneshot::channel();
+            self.held.push(Held {
+                base_call_id: msg.base_call_id,
+                items: msg.items,
+                reply: tx,
+            });
+            return Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) });
+        }
+        for item in msg.items {
+            self.record_outside_turn(item);
+        }
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Sent by the session to append items it produced (terminal outputs of session-scoped
+/// runs stopped at close).
+pub(crate) struct AppendItems {
+    pub(crate) items: Vec<ChatItem>,
+}
+
+impl Message for AppendItems {
+    type Result = ();
+}
+
+impl Handler<AppendItems> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: AppendItems, _ctx: &mut Self::Context) {
+        for item in msg.items {
+            self.record_outside_turn(item);
+        }
+    }
+}
+
+/// Sent by the session before a sub-task agent starts: stops the runs of this agent's
+/// toolsets (all but `exempt`, the run awaiting the sub-task) and awaits them. The turn
+/// in progress stays open and goes on after `ResumeActivity`.
+pub(crate) struct PauseActivity {
+    pub(crate) exempt: Option<u64>,
+}
+
+impl Message for PauseActivity {
+    type Result = ();
+}
+
+impl Handler<PauseActivity> for ActivityActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: PauseActivity, _ctx: &mut Self::Context) -> Self::Result {
+        self.status = Status::Paused;
+        self.refuse_held();
+        let reason: Arc<str> = Arc::from("the agent was paused for a sub-task");
+        let stops: Vec<_> = self
+            .own_toolsets
+            .iter()
+            .map(|(ts, _)| {
+                ts.ask(
+                    self.probe.id(),
+                    StopRuns {
+                        reason: reason.clone(),
+                        except: msg.exempt,
+                    },
+                )
+            })
+            .collect();
+        Box::pin(
+            futures_util::future::join_all(stops)
+                .into_actor(self)
+                .map(move |results, act, _| {
+                    let calls = results.into_iter().flatten().flatten().collect();
+                    act.write_terminal(calls, &reason);
+                }),
+        )
+    }
+}
+
+/// Sent by the session when the sub-task this activity waited for has ended.
+pub(crate) struct ResumeActivity;
+
+impl Message for ResumeActivity {
+    type Result = ();
+}
+
+impl Handler<ResumeActivity> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: ResumeActivity, ctx: &mut Self::Context) {
+        if self.status == Status::Paused {
+            self.status = Status::Active;
+            self.maybe_commit(ctx);
+        }
+    }
+}
+
+/// Sent by the session to end this activity (handoff, end of a sub-task, session close):
+/// runs `on_exit`, stops its toolsets (every run cancelled, given the grace period and
+/// awaited), gives unfinished calls their terminal outputs, then stops. The reply is the
+/// final chat context, sent once every tool actor of this activity is gone.
+pub(crate) struct CloseActivity {
+    pub(crate) reason: Arc<str>,
+}
+
+impl Message for CloseActivity {
+    type Result = ChatContext;
+}
+
+impl Handler<CloseActivity> for ActivityActor {
+    type Result = ResponseActFuture<Self, ChatContext>;
+
+    fn handle(&mut self, msg: CloseActivity, ctx: &mut Self::Context) -> Self::Result {
+        let was_active = self.status != Status::Closed;
+        self.status = Status::Closed;
+        if let Some(task) = self.llm_task.take() {
+            ctx.cancel_future(task);
+        }
+        self.refuse_held();
+        let hook = if was_active { self.agent.def.on_exit.clone() } else { None };
+        let hook_ctx = self.hook_ctx();
+        let reason = msg.reason;
+        Box::pin(
+            async move {
+                if let Some(hook) = hook {
+                    hook(hook_ctx).await;
+                }
+            }
+            .into_actor(self)
+            .then(move |(), act, _| {
+                let mut stops = Vec::new();
+                let mut waiters = Vec::new();
+                for (toolset, waiter) in act.own_toolsets.iter_mut() {
+                    stops.push(toolset.ask(act.probe.id(), StopToolset { reason: reason.clone() }));
+                    waiters.extend(waiter.take());
+                }
+                async move {
+                    let results = futures_util::future::join_all(stops).await;
+                    wait_all(waiters).await;
+                    (results, reason)
+                }
+                .into_actor(act)
+            })
+            .map(|(results, reason), act, ctx| {
+                let calls = results.into_iter().flatten().flatten().collect();
+                act.abort_step(&reason);
+                act.write_terminal(calls, &reason);
+                if let Some(turn) = act.turn.as_mut() {
+                    turn.awaiting_playout = None;
+                }
+                act.finish_turn(TurnOutcome {
+                    failure: Some(SessionError::Closed),
+                    ..Default::default()
+                });
+                ctx.stop();
+                act.chat.clone()
+            }),
+        )
+    }
+}
+
+/// Sent by the session when the host reports a speech's playout ended; `heard`, when
+/// given, replaces the message text with what the user actually heard.
+pub(crate) struct PlayoutFinished {
+    pub(crate) speech: SpeechId,
+    pub(crate) heard: Option<String>,
+}
+
+impl Message for PlayoutFinished {
+    type Result = ();
+}
+
+impl Handler<PlayoutFinished> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PlayoutFinished, _ctx: &mut Self::Context) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.awaiting_playout != Some(msg.speech) {
+            return;
+        }
+        turn.awaiting_playout = None;
+        if let Some(heard) = msg.heard {
+            if let Some(ChatItem::Message(m)) = self
+                .chat
+                .items_mut()
+                .iter_mut()
+                .rev()
+                .find(|i| matches!(i, ChatItem::Message(m) if m.role == ChatRole::Assistant))
+            {
+                m.content = heard;
+            }
+        }
+        if let Some(outcome) = turn.finished.take() {
+            self.finish_turn(outcome);
+        }
+    }
+}
+
+/// Asks for a copy of the chat context (for the host or a test).
+pub(crate) struct GetChat;
+
+impl Message for GetChat {
+    type Result = Option<ChatContext>;
+}
+
+impl Handler<GetChat> for ActivityActor {
+    type Result = Option<ChatContext>;
+
+    fn handle(&mut self, _msg: GetChat, _ctx: &mut Self::Context) -> Self::Result {
+        Some(self.chat.clone())
+    }
+}
+
+counted_handlers!(
+    ActivityActor: StartActivity,
+    StartTurn,
+    InsertToolItems,
+    AppendItems,
+    PauseActivity,
+    ResumeActivity,
+    CloseActivity,
+    PlayoutFinished,
+    GetChat,
+);

@@ -1,0 +1,269 @@
+//! Agents: user code the engine runs. An agent is a definition (instructions, tools, an
+//! LLM, hooks); each time it becomes current, the session starts an *activity* of it.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+
+use crate::chat::{ChatContext, ChatMessage};
+use crate::error::BuildError;
+use crate::error_policy::ErrorPolicy;
+use crate::llm::Llm;
+use crate::session_handle::Session;
+use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
+
+/// What `on_user_turn_completed` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnDecision {
+    /// Ask the model for a reply.
+    Reply,
+    /// Keep the user's message but do not reply.
+    StopResponse,
+}
+
+/// What a lifecycle hook (`on_enter`, `on_exit`) gets.
+#[derive(Clone)]
+pub struct HookContext {
+    pub(crate) session: Session,
+    pub(crate) agent: Arc<str>,
+}
+
+impl HookContext {
+    /// The session.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The agent's name.
+    pub fn agent(&self) -> &str {
+        &self.agent
+    }
+
+    /// Queues a reply of the agent, run once the hook has returned and the handoff is
+    /// complete. (Awaiting a turn inside a hook would wait for the hook itself.)
+    pub fn generate_reply(&self, instructions: impl Into<String>) {
+        self.session.queue_reply(instructions.into());
+    }
+}
+
+impl fmt::Debug for HookContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HookContext")
+            .field("agent", &self.agent)
+            .finish()
+    }
+}
+
+pub(crate) type Hook = Arc<dyn Fn(HookContext) -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type TurnHook =
+    Arc<dyn Fn(&mut ChatContext, &mut ChatMessage) -> TurnDecision + Send + Sync>;
+
+/// An agent definition. Cheap to clone; build with [`Agent::builder`].
+#[derive(Clone)]
+pub struct Agent {
+    pub(crate) def: Arc<AgentDef>,
+}
+
+pub(crate) struct AgentDef {
+    pub(crate) name: Arc<str>,
+    pub(crate) instructions: Arc<str>,
+    pub(crate) llm: Option<Arc<dyn Llm>>,
+    pub(crate) tools: Vec<Tool>,
+    pub(crate) toolsets: Vec<Toolset>,
+    pub(crate) on_enter: Option<Hook>,
+    pub(crate) on_exit: Option<Hook>,
+    pub(crate) on_user_turn_completed: Option<TurnHook>,
+    pub(crate) error_policy: ErrorPolicy,
+}
+
+impl fmt::Debug for Agent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Agent")
+            .field("name", &self.def.name)
+            .field("tools", &self.def.tools.len())
+            .field("toolsets", &self.def.toolsets.len())
+            .finish()
+    }
+}
+
+impl Agent {
+    /// Starts building an agent with this name (part of its activities' actor ids).
+    pub fn builder(name: impl Into<String>) -> AgentBuilder {
+        AgentBuilder {
+            def: AgentDef {
+                name: Arc::from(name.into()),
+                instructions: Arc::from(""),
+                llm: None,
+                tools: Vec::new(),
+                toolsets: Vec::new(),
+                on_enter: None,
+                on_exit: None,
+                on_user_turn_completed: None,
+                error_policy: ErrorPolicy::new(),
+            },
+        }
+    }
+
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// Its instructions.
+    pub fn instructions(&self) -> &str {
+        &self.def.instructions
+    }
+
+    /// The tool names this agent brings (bare tools and agent-scoped toolsets) with where
+    /// each comes from.
+    pub(crate) fn tool_owners(&self) -> impl Iterator<Item = (&str, String)> {
+        let agent = self.def.name.clone();
+        self.def
+            .tools
+            .iter()
+            .map(move |t| (t.name(), format!("agent {agent}")))
+            .chain(self.def.toolsets.iter().flat_map(|ts| {
+                ts.tools
+                    .iter()
+                    .map(move |t| (t.name(), format!("toolset {}", ts.name)))
+            }))
+    }
+}
+
+/// Builds an [`Agent`]; [`AgentBuilder::build`] checks tool names and schemas.
+pub struct AgentBuilder {
+    def: AgentDef,
+}
+
+impl fmt::Debug for AgentBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentBuilder")
+            .field("name", &self.def.name)
+            .finish()
+    }
+}
+
+impl AgentBuilder {
+    /// The agent's instructions (its system prompt).
+    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.def.instructions = Arc::from(instructions.into());
+        self
+    }
+
+    /// The model this agent uses (default: the session's).
+    pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
+        self.def.llm = Some(llm);
+        self
+    }
+
+    /// Adds a bare tool (in the agent's implicit, agent-scoped toolset `tools`).
+    pub fn tool(mut self, tool: Tool) -> Self {
+        self.def.tools.push(tool);
+        self
+    }
+
+    /// Adds an agent-scoped toolset: its running calls stop when the agent's activity
+    /// pauses or closes.
+    pub fn toolset(mut self, toolset: Toolset) -> Self {
+        self.def.toolsets.push(toolset);
+        self
+    }
+
+    /// Runs when an activity of this agent starts.
+    pub fn on_enter<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(HookContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.def.on_enter = Some(Arc::new(move |ctx| hook(ctx).boxed()));
+        self
+    }
+
+    /// Runs when an activity of this agent closes, before its tools are stopped.
+    pub fn on_exit<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(HookContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        self.def.on_exit = Some(Arc::new(move |ctx| hook(ctx).boxed()));
+        self
+    }
+
+    /// Runs on each user turn before the reply: may edit the chat context and the new
+    /// message, or stop the reply.
+    pub fn on_user_turn_completed(
+        mut self,
+        hook: impl Fn(&mut ChatContext, &mut ChatMessage) -> TurnDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.def.on_user_turn_completed = Some(Arc::new(hook));
+        self
+    }
+
+    /// Routes unexpected errors of this agent's tools (after each tool's own rules).
+    pub fn error_policy(mut self, policy: ErrorPolicy) -> Self {
+        self.def.error_policy = policy;
+        self
+    }
+
+    /// Checks the agent and builds it: tool names valid and unique among its own tools and
+    /// toolsets, and no `confirm` tool declaring its own `confirm_duplicate` argument.
+    pub fn build(self) -> Result<Agent, BuildError> {
+        let agent = Agent {
+            def: Arc::new(self.def),
+        };
+        check_tools(agent.tool_owners())?;
+        for tool in &agent.def.tools {
+            check_confirm(tool, DuplicatePolicy::Reject)?;
+        }
+        for toolset in &agent.def.toolsets {
+            for tool in &toolset.tools {
+                check_confirm(tool, effective_policy(tool, toolset))?;
+            }
+        }
+        Ok(agent)
+    }
+}
+
+/// The duplicate policy a tool of a named toolset runs with.
+pub(crate) fn effective_policy(tool: &Tool, toolset: &Toolset) -> DuplicatePolicy {
+    tool.duplicate_policy()
+        .or(toolset.default_duplicate)
+        .unwrap_or(DuplicatePolicy::Confirm)
+}
+
+pub(crate) fn check_confirm(tool: &Tool, policy: DuplicatePolicy) -> Result<(), BuildError> {
+    let policy = tool.duplicate_policy().unwrap_or(policy);
+    if policy == DuplicatePolicy::Confirm && tool.declares_confirm_param() {
+        return Err(BuildError::ConfirmParameterClash {
+            tool: tool.name().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Checks names are valid and unique; `owners` yields (tool name, where it comes from).
+pub(crate) fn check_tools<'a>(
+    owners: impl IntoIterator<Item = (&'a str, String)>,
+) -> Result<(), BuildError> {
+    let mut seen: HashMap<&str, String> = HashMap::new();
+    for (name, owner) in owners {
+        if !valid_tool_name(name) {
+            return Err(BuildError::InvalidToolName {
+                name: name.to_owned(),
+            });
+        }
+        if let Some(first) = seen.get(name) {
+            return Err(BuildError::DuplicateToolName {
+                name: name.to_owned(),
+                first: first.clone(),
+                second: owner,
+            });
+        }
+        seen.insert(name, owner);
+    }
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! Errors a user of the engine can act on, one enum per area.
+
+use actix::MailboxError;
+
+/// Errors of session operations (`run`, `update_agent`, `close`, …).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The session was closed; start a new one.
+    #[error("the session is closed")]
+    Closed,
+    /// The session's actor is gone (it stopped or its arbiter shut down).
+    #[error("the session actor is not reachable: {0}")]
+    Unreachable(#[from] MailboxError),
+    /// The session or an agent is misconfigured.
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    /// The model failed during the turn.
+    #[error(transparent)]
+    Llm(#[from] crate::llm::LlmError),
+    /// A tool failed with an error whose route is `propagate` (SPEC §7); the session is
+    /// still up.
+    #[error("tool {tool} failed: {message}")]
+    ToolFailed {
+        /// The tool's name.
+        tool: String,
+        /// The call that failed.
+        call_id: String,
+        /// The error with its cause chain.
+        message: String,
+    },
+    /// The engine cannot start sessions here (no actix system or engine thread).
+    #[error("cannot start a session: {0}")]
+    Engine(String),
+}
+
+/// Errors found when an agent, toolset or session is built or an activity starts.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// Two tools an activity would see have the same name.
+    #[error("tool name {name:?} is used twice: by {first} and by {second}")]
+    DuplicateToolName {
+        /// The clashing name.
+        name: String,
+        /// Where the first tool comes from (`agent booker`, `toolset booking`, …).
+        first: String,
+        /// Where the second one comes from.
+        second: String,
+    },
+    /// A tool name providers would reject.
+    #[error("tool name {name:?} is invalid: use 1-64 ASCII letters, digits, '_' or '-'")]
+    InvalidToolName {
+        /// The name.
+        name: String,
+    },
+    /// A tool with `on_duplicate = confirm` has its own argument named `confirm_duplicate`.
+    #[error("tool {tool:?} has its own argument `confirm_duplicate`, which its on_duplicate = confirm policy adds")]
+    ConfirmParameterClash {
+        /// The tool.
+        tool: String,
+    },
+    /// Neither the agent nor the session has an LLM.
+    #[error("agent {agent:?} has no LLM and the session sets none")]
+    NoLlm {
+        /// The agent.
+        agent: String,
+    },
+    /// The session has no starting agent.
+    #[error("the session has no agent: call `.agent(..)` on the builder")]
+    NoAgent,
+    /// A prompt template names a field its kind does not have.
+    #[error("prompt template {template} names unknown field {{{field}}}; known fields: {known}")]
+    UnknownTemplateField {
+        /// Which template (`update`, `reply`, …).
+        template: &'static str,
+        /// The unknown field.
+        field: String,
+        /// The fields it may use.
+        known: String,
+    },
+}
+
+/// Why `ctx.update(..)` failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpdateError {
+    /// The run already returned, was cancelled, or was stopped with its scope.
+    #[error("the tool run {call_id} has ended; its updates go nowhere")]
+    RunEnded {
+        /// The call id.
+        call_id: String,
+    },
+    /// The agent that owns this run's scope is no longer current (paused or closed).
+    #[error("the agent owning tool run {call_id} is no longer active")]
+    ScopeClosed {
+        /// The call id.
+        call_id: String,
+    },
+    /// The session closed.
+    #[error("the session is closed")]
+    SessionClosed,
+}
+
+/// Why a sub-task agent (`run_task`) gave no result.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// The session closed before the task completed.
+    #[error("the session closed before the task completed")]
+    SessionClosed,
+    /// The task's result did not have the expected type.
+    #[error("the task's result has an unexpected shape: {0}")]
+    BadResult(#[from] serde_json::Error),
+    /// The session actor is gone.
+    #[error("the session actor is not reachable: {0}")]
+    Unreachable(#[from] MailboxError),
+}

@@ -1,0 +1,116 @@
+//! What the session tells the host: events on a broadcast channel and the result of a
+//! turn.
+
+use crate::chat::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
+use crate::io::SpeechId;
+
+/// What the agent is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentState {
+    /// The activity is starting (`on_enter` runs).
+    Initializing,
+    /// Waiting for the user.
+    Listening,
+    /// Waiting for the model or for tools.
+    Thinking,
+    /// Speech is being generated or played out.
+    Speaking,
+}
+
+/// An event of the session, delivered to every subscriber.
+///
+/// The channel is a bounded broadcast: a subscriber that falls behind is told how many
+/// events it missed (`RecvError::Lagged`) instead of growing the queue.
+#[derive(Clone, Debug)]
+pub enum SessionEvent {
+    /// A user turn came in.
+    UserInputTranscribed {
+        /// The text.
+        text: String,
+    },
+    /// An item was added to an agent's chat context.
+    ConversationItemAdded {
+        /// The agent whose chat context grew.
+        agent: String,
+        /// The item.
+        item: ChatItem,
+    },
+    /// The calls of one LLM step have their outputs.
+    FunctionToolsExecuted {
+        /// The agent that made the calls.
+        agent: String,
+        /// The calls.
+        calls: Vec<FunctionCall>,
+        /// Their outputs, in the same order.
+        outputs: Vec<FunctionCallOutput>,
+    },
+    /// The agent's state changed.
+    AgentStateChanged {
+        /// The agent.
+        agent: String,
+        /// Its new state.
+        state: AgentState,
+    },
+    /// The agent started a speech.
+    SpeechCreated {
+        /// The agent.
+        agent: String,
+        /// The speech.
+        speech: SpeechId,
+    },
+    /// The conversation moved to another agent.
+    AgentHandoff {
+        /// The previous agent.
+        from: Option<String>,
+        /// The new current agent.
+        to: String,
+    },
+    /// Something failed; the session is still up.
+    Error {
+        /// What failed, with its causes.
+        message: String,
+    },
+    /// The session closed; no event follows.
+    Closed,
+}
+
+/// The outcome of one turn (`session.run`, `session.generate_reply`).
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// What the turn added, in order: messages, function calls and outputs, handoffs.
+    pub events: Vec<ChatItem>,
+}
+
+impl RunResult {
+    /// The assistant's messages of the turn, in order.
+    pub fn assistant_messages(&self) -> impl Iterator<Item = &str> {
+        self.events.iter().filter_map(|item| match item {
+            ChatItem::Message(m) if m.role == ChatRole::Assistant => Some(m.content.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The function calls of the turn, in order.
+    pub fn function_calls(&self) -> impl Iterator<Item = &FunctionCall> {
+        self.events.iter().filter_map(|item| match item {
+            ChatItem::FunctionCall(c) => Some(c),
+            _ => None,
+        })
+    }
+
+    /// The function call outputs of the turn, in order.
+    pub fn function_outputs(&self) -> impl Iterator<Item = &FunctionCallOutput> {
+        self.events.iter().filter_map(|item| match item {
+            ChatItem::FunctionCallOutput(o) => Some(o),
+            _ => None,
+        })
+    }
+
+    /// The agent the turn handed off to, if it did.
+    pub fn handoff(&self) -> Option<&str> {
+        self.events.iter().find_map(|item| match item {
+            ChatItem::AgentHandoff { to, .. } => Some(to.as_str()),
+            _ => None,
+        })
+    }
+}

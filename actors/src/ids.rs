@@ -1,0 +1,108 @@
+//! Identifiers: sessions, actors and tool runs.
+//!
+//! Actor ids are strings a person can read in a test failure (SPEC §12):
+//! `session/s1`, `activity/s1/agent-a#2`, `toolset/s1/booking`,
+//! `toolset/s1/agent-a#2/tools`, `tool/s1/7:call_3`. They are unique for the life of
+//! the engine: activities carry their generation and tool runs a per-session sequence
+//! number, because agents come back and providers reuse call ids.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// The id of one actor, e.g. `activity/s1/agent-a#1`.
+///
+/// Cheap to clone (an `Arc<str>`): every counted message carries its sender's id.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ActorId(Arc<str>);
+
+impl ActorId {
+    /// Wraps a string as an actor id.
+    pub fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The id that stands for the host program (code outside the engine) as a sender.
+    pub fn host() -> Self {
+        Self::new("host")
+    }
+
+    /// Which session this actor belongs to (`s1` for `tool/s1/7:call_3`), if any.
+    pub fn session(&self) -> Option<&str> {
+        self.0.split('/').nth(1)
+    }
+
+    pub(crate) fn session_actor(session: &SessionId) -> Self {
+        Self::new(format!("session/{session}"))
+    }
+
+    pub(crate) fn activity(session: &SessionId, agent: &str, generation: u32) -> Self {
+        Self::new(format!("activity/{session}/{agent}#{generation}"))
+    }
+
+    pub(crate) fn session_toolset(session: &SessionId, toolset: &str) -> Self {
+        Self::new(format!("toolset/{session}/{toolset}"))
+    }
+
+    pub(crate) fn agent_toolset(
+        session: &SessionId,
+        agent: &str,
+        generation: u32,
+        toolset: &str,
+    ) -> Self {
+        Self::new(format!("toolset/{session}/{agent}#{generation}/{toolset}"))
+    }
+
+    pub(crate) fn tool_run(session: &SessionId, seq: u64, call_id: &str) -> Self {
+        Self::new(format!("tool/{session}/{seq}:{call_id}"))
+    }
+}
+
+impl fmt::Display for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ActorId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+impl PartialEq<str> for ActorId {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+impl PartialEq<&str> for ActorId {
+    fn eq(&self, other: &&str) -> bool {
+        &*self.0 == *other
+    }
+}
+
+/// The id of one session, `s1`, `s2`, … in the order the engine started them.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct SessionId(Arc<str>);
+
+impl SessionId {
+    pub(crate) fn new(id: impl Into<Arc<str>>) -> Self {
+        Self(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}

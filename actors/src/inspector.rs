@@ -1,0 +1,193 @@
+//! `Inspector`: a test's (or debugging host's) view of a session's actor mailboxes
+//! (SPEC §9).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::ids::{ActorId, SessionId};
+use crate::mailbox::{ActorSnapshot, Journal, Received};
+
+/// Why an inspection check failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InspectError {
+    /// No actor with this id was ever seen in the session.
+    #[error("no actor {id} in this session; actors seen: {known}")]
+    UnknownActor {
+        /// The id asked for.
+        id: String,
+        /// The ids the journal knows.
+        known: String,
+    },
+    /// The actor is still alive.
+    #[error("actor {id} is still alive")]
+    StillAlive {
+        /// The actor.
+        id: String,
+    },
+    /// The awaited message did not arrive in time.
+    #[error("actor {id} received no {kind} within {timeout:?}; it received: {received}")]
+    Timeout {
+        /// The actor.
+        id: String,
+        /// The message kind awaited.
+        kind: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// What it did receive.
+        received: String,
+    },
+}
+
+/// The mailbox view of one session. Cheap to clone.
+#[derive(Clone)]
+pub struct Inspector {
+    journal: Arc<Journal>,
+    session: SessionId,
+}
+
+impl fmt::Debug for Inspector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inspector")
+            .field("session", &self.session)
+            .finish()
+    }
+}
+
+impl Inspector {
+    pub(crate) fn new(journal: Arc<Journal>, session: SessionId) -> Self {
+        Self { journal, session }
+    }
+
+    /// The ids of the session's live actors, sorted.
+    pub fn live_actors(&self) -> Vec<ActorId> {
+        self.journal.live_actors()
+    }
+
+    /// Every actor the session ever had, alive or stopped, sorted.
+    pub fn actors(&self) -> Vec<ActorId> {
+        self.journal.actors()
+    }
+
+    /// Whether an actor is alive now.
+    pub fn is_alive(&self, id: &str) -> bool {
+        self.journal
+            .snapshot(id)
+            .is_some_and(|s| s.stopped_at.is_none())
+    }
+
+    /// What the journal knows of one actor.
+    pub fn actor(&self, id: &str) -> Result<ActorSnapshot, InspectError> {
+        self.journal.snapshot(id).ok_or_else(|| self.unknown(id))
+    }
+
+    /// The messages an actor handled, oldest first.
+    pub fn received(&self, id: &str) -> Result<Vec<Received>, InspectError> {
+        Ok(self.actor(id)?.received)
+    }
+
+    /// How many messages wait in an actor's mailbox now.
+    pub fn pending(&self, id: &str) -> Result<usize, InspectError> {
+        Ok(self.actor(id)?.pending)
+    }
+
+    /// Ok when the actor has stopped.
+    pub fn assert_stopped(&self, id: &str) -> Result<(), InspectError> {
+        match self.actor(id)?.stopped_at {
+            Some(_) => Ok(()),
+            None => Err(InspectError::StillAlive { id: id.to_owned() }),
+        }
+    }
+
+    /// Every message the session's actors handled, in order.
+    pub fn traffic(&self) -> Vec<Received> {
+        self.journal.all_received()
+    }
+
+    /// Waits until `id` has handled a message of `kind` (looking at what it already
+    /// handled too), for at most `timeout`.
+    pub async fn wait_for(
+        &self,
+        id: &str,
+        kind: &str,
+        timeout: Duration,
+    ) -> Result<Received, InspectError> {
+        let wait = async {
+            loop {
+                let notified = self.journal.notified();
+                if let Some(found) = self
+                    .journal
+                    .snapshot(id)
+                    .and_then(|s| s.received.into_iter().find(|r| r.kind == kind))
+                {
+                    return found;
+                }
+                notified.await;
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(found) => Ok(found),
+            Err(_) => Err(InspectError::Timeout {
+                id: id.to_owned(),
+                kind: kind.to_owned(),
+                timeout,
+                received: self
+                    .journal
+                    .snapshot(id)
+                    .map(|s| {
+                        s.received
+                            .iter()
+                            .map(|r| r.kind)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                    .unwrap_or_else(|| "nothing (unknown actor)".into()),
+            }),
+        }
+    }
+
+    /// The recorded traffic as a Mermaid sequence diagram: participants aliased (ids hold
+    /// `:` and `#`, which Mermaid does not accept), in sequence order, without
+    /// timestamps, so the text is stable for golden files.
+    pub fn mermaid(&self) -> String {
+        let traffic = self.traffic();
+        let mut participants: Vec<ActorId> = Vec::new();
+        let alias = |id: &ActorId, participants: &mut Vec<ActorId>| -> usize {
+            match participants.iter().position(|p| p == id) {
+                Some(i) => i,
+                None => {
+                    participants.push(id.clone());
+                    participants.len() - 1
+                }
+            }
+        };
+        let mut lines = Vec::new();
+        for r in &traffic {
+            let from = alias(&r.from, &mut participants);
+            let to = alias(&r.to, &mut participants);
+            lines.push(format!("    A{from}->>A{to}: {}", r.kind));
+        }
+        let mut out = String::from("sequenceDiagram\n");
+        for (i, p) in participants.iter().enumerate() {
+            out.push_str(&format!("    participant A{i} as {p}\n"));
+        }
+        for line in lines {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        out
+    }
+
+    fn unknown(&self, id: &str) -> InspectError {
+        InspectError::UnknownActor {
+            id: id.to_owned(),
+            known: self
+                .journal
+                .actors()
+                .iter()
+                .map(ActorId::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! The mailbox probe: counted addresses and the per-session journal (SPEC §9).
+//!
+//! actix 0.13 does not say how many messages wait in a mailbox, so the engine counts
+//! them itself. Every send inside the engine goes through [`Mailbox`], which adds one to
+//! the receiver's count and wraps the message in a [`Counted`] envelope whose guard
+//! subtracts one when the message is handled *or dropped unhandled* (a stopped actor's
+//! queue is dropped with the guards in it). No raw `Addr` leaves this module's users:
+//! each actor lists the messages it takes in one [`counted_handlers!`] line.
+//!
+//! When inspection is off, the probe is a counter per actor and nothing else: no clock
+//! read, no lock, no allocation per message.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use actix::dev::ToEnvelope;
+use actix::prelude::*;
+use chrono::{DateTime, Utc};
+use dashmap::DashMap;
+use tokio::sync::Notify;
+
+use crate::ids::ActorId;
+
+/// One message an actor received, as the journal recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Received {
+    /// Per-session sequence number: the order in which the session's actors handled
+    /// their messages.
+    pub seq: u64,
+    /// The message type (`RunTool`, `ToolUpdate`, `Handoff`, …).
+    pub kind: &'static str,
+    /// Who sent it (`host` for the program embedding the engine).
+    pub from: ActorId,
+    /// The receiving actor.
+    pub to: ActorId,
+    /// When it was handled.
+    pub at: DateTime<Utc>,
+}
+
+/// What the journal knows of one actor.
+#[derive(Clone, Debug)]
+pub struct ActorSnapshot {
+    /// The actor's id.
+    pub id: ActorId,
+    /// When it started.
+    pub started_at: DateTime<Utc>,
+    /// When it stopped, if it has.
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// Messages queued for it now (sent, not yet handled or dropped).
+    pub pending: usize,
+    /// The messages it handled, oldest first (the last `capacity` of them).
+    pub received: Vec<Received>,
+    /// How many older messages the ring buffer dropped.
+    pub overwritten: u64,
+}
+
+/// The probe of one actor: its queue count and, when inspecting, its journal entry.
+#[derive(Debug)]
+pub(crate) struct Probe {
+    id: ActorId,
+    pending: Arc<AtomicUsize>,
+    journal: Option<Arc<Journal>>,
+    record: Option<Arc<ActorRecord>>,
+}
+
+impl Probe {
+    pub(crate) fn new(id: ActorId, journal: Option<Arc<Journal>>) -> Arc<Self> {
+        let pending = Arc::new(AtomicUsize::new(0));
+        let record = journal.as_ref().map(|j| j.register(&id, pending.clone()));
+        Arc::new(Self {
+            id,
+            pending,
+            journal,
+            record,
+        })
+    }
+
+    pub(crate) fn id(&self) -> &ActorId {
+        &self.id
+    }
+
+    /// Marks the actor stopped in the journal (called from `Actor::stopped`).
+    pub(crate) fn stopped(&self) {
+        if let (Some(journal), Some(record)) = (&self.journal, &self.record) {
+            journal.mark_stopped(record);
+        }
+    }
+
+    fn handled(&self, kind: &'static str, from: &ActorId) {
+        if let (Some(journal), Some(record)) = (&self.journal, &self.record) {
+            journal.record(record, kind, from, &self.id);
+        }
+    }
+}
+
+/// A message on its way, with the guard that keeps the receiver's queue count right.
+pub(crate) struct Counted<M> {
+    pub(crate) msg: M,
+    pub(crate) from: ActorId,
+    guard: PendingGuard,
+}
+
+impl<M: Message> Message for Counted<M> {
+    type Result = M::Result;
+}
+
+impl<M> Counted<M> {
+    /// Records the receipt and hands out the message (the count drops with the guard).
+    pub(crate) fn open(self, kind: &'static str) -> M {
+        self.guard.probe.handled(kind, &self.from);
+        self.msg
+    }
+}
+
+struct PendingGuard {
+    probe: Arc<Probe>,
+}
+
+impl Drop for PendingGuard {
+    fn drop(&mut self) {
+        self.probe.pending.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The engine's address of an actor: a counted, journaled `Addr`.
+pub(crate) struct Mailbox<A: Actor> {
+    addr: Addr<A>,
+    probe: Arc<Probe>,
+}
+
+impl<A: Actor> Clone for Mailbox<A> {
+    fn clone(&self) -> Self {
+        Self {
+            addr: self.addr.clone(),
+            probe: self.probe.clone(),
+        }
+    }
+}
+
+impl<A: Actor> std::fmt::Debug for Mailbox<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mailbox({})", self.probe.id)
+    }
+}
+
+impl<A: Actor> Mailbox<A> {
+    pub(crate) fn new(addr: Addr<A>, probe: Arc<Probe>) -> Self {
+        Self { addr, probe }
+    }
+
+    pub(crate) fn id(&self) -> &ActorId {
+        &self.probe.id
+    }
+
+    pub(crate) fn connected(&self) -> bool {
+        self.addr.connected()
+    }
+
+    fn wrap<M>(&self, from: &ActorId, msg: M) -> Counted<M> {
+        self.probe.pending.fetch_add(1, Ordering::Relaxed);
+        Counted {
+            msg,
+            from: from.clone(),
+            guard: PendingGuard {
+                probe: self.probe.clone(),
+            },
+        }
+    }
+
+    /// Queues a message without waiting. Only for messages bounded by construction (one
+    /// per call, per step or per lifecycle event): `do_send` ignores the mailbox limit.
+    pub(crate) fn tell<M>(&self, from: &ActorId, msg: M)
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        A: Handler<Counted<M>>,
+        A::Context: ToEnvelope<A, Counted<M>>,
+    {
+        self.addr.do_send(self.wrap(from, msg));
+    }
+
+    /// Sends a message and waits for the reply; waits for room when the mailbox is full.
+    pub(crate) fn ask<M>(
+        &self,
+        from: &ActorId,
+        msg: M,
+    ) -> impl Future<Output = Result<M::Result, MailboxError>> + Send + 'static
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        A: Handler<Counted<M>>,
+        A::Context: ToEnvelope<A, Counted<M>>,
+    {
+        self.addr.send(self.wrap(from, msg))
+    }
+}
+
+/// Lists the messages an actor takes: for each, a handler of its [`Counted`] envelope
+/// that records the receipt and calls the plain handler beside the message.
+macro_rules! counted_handlers {
+    ($actor:ty : $($msg:ident),+ $(,)?) => {
+        $(
+            impl ::actix::Handler<$crate::mailbox::Counted<$msg>> for $actor {
+                type Result = <$actor as ::actix::Handler<$msg>>::Result;
+                fn handle(
+                    &mut self,
+                    counted: $crate::mailbox::Counted<$msg>,
+                    ctx: &mut Self::Context,
+                ) -> Self::Result {
+                    let msg = counted.open(stringify!($msg));
+                    <$actor as ::actix::Handler<$msg>>::handle(self, msg, ctx)
+                }
+            }
+        )+
+    };
+}
+pub(crate) use counted_handlers;
+
+#[derive(Debug)]
+pub(crate) struct ActorRecord {
+    id: ActorId,
+    pending: Arc<AtomicUsize>,
+    started_at: DateTime<Utc>,
+    state: Mutex<RecordState>,
+}
+
+#[derive(Debug, Default)]
+struct RecordState {
+    stopped_at: Option<DateTime<Utc>>,
+    received: VecDeque<Received>,
+    overwritten: u64,
+}
+
+/// The journal of one session's actors: who is alive, what each received.
+///
+/// Each actor keeps its last `capacity` messages in a ring buffer that counts what it
+/// overwrote, so a long session never grows the journal without bound and a test can
+/// tell when the journal wrapped.
+#[derive(Debug)]
+pub struct Journal {
+    capacity: usize,
+    seq: AtomicU64,
+    actors: DashMap<ActorId, Arc<ActorRecord>>,
+    changed: Notify,
+}
+
+impl Journal {
+    /// A journal keeping the last `capacity` messages of each actor.
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(Self {
+            capacity: capacity.max(1),
+            seq: AtomicU64::new(0),
+            actors: DashMap::new(),
+            changed: Notify::new(),
+        })
+    }
+
+    fn register(&self, id: &ActorId, pending: Arc<AtomicUsize>) -> Arc<ActorRecord> {
+        let record = Arc::new(ActorRecord {
+            id: id.clone(),
+            pending,
+            started_at: Utc::now(),
+            state: Mutex::new(RecordState::default()),
+        });
+        self.actors.insert(id.clone(), record.clone());
+        self.changed.notify_waiters();
+        record
+    }
+
+    fn lock(record: &ActorRecord) -> MutexGuard<'_, RecordState> {
+        // A poisoned journal only means a panic elsewhere while recording; the data is
+        // still a list of plain values, so keep using it.
+        record
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn record(&self, record: &ActorRecord, kind: &'static str, from: &ActorId, to: &ActorId) {
+        let entry = Received {
+            seq: self.seq.fetch_add(1, Ordering::Relaxed),
+            kind,
+            from: from.clone(),
+            to: to.clone(),
+            at: Utc::now(),
+        };
+        {
+            let mut state = Self::lock(record);
+            if state.received.len() == self.capacity {
+                state.received.pop_front();
+                state.overwritten += 1;
+            }
+            state.received.push_back(entry);
+        }
+        self.changed.notify_waiters();
+    }
+
+    fn mark_stopped(&self, record: &ActorRecord) {
+        Self::lock(record).stopped_at.get_or_insert_with(Utc::now);
+        self.changed.notify_waiters();
+    }
+
+    /// Ids of the actors that started and have not stopped, sorted.
+    pub fn live_actors(&self) -> Vec<ActorId> {
+        let mut live: Vec<ActorId> = self
+            .actors
+            .iter()
+            .filter(|entry| Self::lock(entry.value()).stopped_at.is_none())
+            .map(|entry| entry.key().clone())
+            .collect();
+        live.sort();
+        live
+    }
+
+    /// Ids of every actor the journal has seen, alive or not, sorted.
+    pub fn actors(&self) -> Vec<ActorId> {
+        let mut all: Vec<ActorId> = self.actors.iter().map(|e| e.key().clone()).collect();
+        all.sort();
+        all
+    }
+
+    /// What the journal knows of one actor.
+    pub fn snapshot(&self, id: &str) -> Option<ActorSnapshot> {
+        let record = self.actors.get(&ActorId::new(id))?.value().clone();
+        let state = Self::lock(&record);
+        Some(ActorSnapshot {
+            id: record.id.clone(),
+            started_at: record.started_at,
+            stopped_at: state.stopped_at,
+            pending: record.pending.load(Ordering::Relaxed),
+            received: state.received.iter().cloned().collect(),
+            overwritten: state.overwritten,
+        })
+    }
+
+    /// Every recorded message of every actor, in handling order.
+    pub fn all_received(&self) -> Vec<Received> {
+        let mut all: Vec<Received> = self
+            .actors
+            .iter()
+            .flat_map(|entry| Self::lock(entry.value()).received.iter().cloned().collect::<Vec<_>>())
+            .collect();
+        all.sort_by_key(|r| r.seq);
+        all
+    }
+
+    /// Waits until the journal changes (an actor starts or stops, a message is handled).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// A future that resolves on the next change; created before a check so that a
+    /// change between the check and the wait is not missed.
+    pub(crate) fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
+    }
+}

@@ -1,0 +1,186 @@
+//! What a tool call produced, as the engine records it: the text for the model and what
+//! it makes happen next (another LLM step, a handoff, nothing).
+
+use std::any::Any;
+use std::error::Error as StdError;
+
+use serde_json::Value;
+
+use crate::error_policy::{describe_chain, ErrorPolicy, ErrorRoute};
+use crate::session::Handoff;
+use crate::tool::{ToolPanic, ToolResult, ToolReturn};
+
+/// What a recorded output makes happen.
+#[derive(Debug)]
+pub(crate) enum Effect {
+    /// The model should see it: another LLM step (or a deferred reply) follows.
+    Reply,
+    /// Recorded, nothing follows (unit, `StopResponse`, a terminal "cancelled").
+    Quiet,
+    /// Hand the conversation to another agent.
+    Handoff(Handoff),
+    /// End the current sub-task with this result.
+    CompleteTask(Value),
+    /// An error routed `propagate`: the turn fails with this description.
+    Propagate(String),
+}
+
+/// One output for the model plus its effect.
+#[derive(Debug)]
+pub(crate) struct CallOutput {
+    pub(crate) output: String,
+    pub(crate) is_error: bool,
+    pub(crate) effect: Effect,
+}
+
+impl CallOutput {
+    pub(crate) fn reply(output: String) -> Self {
+        Self {
+            output,
+            is_error: false,
+            effect: Effect::Reply,
+        }
+    }
+
+    pub(crate) fn error(output: String) -> Self {
+        Self {
+            output,
+            is_error: true,
+            effect: Effect::Reply,
+        }
+    }
+
+    /// The terminal output of a call that did not finish.
+    pub(crate) fn ended(reason: &str) -> Self {
+        Self {
+            output: format!("Cancelled: {reason}."),
+            is_error: false,
+            effect: Effect::Quiet,
+        }
+    }
+
+    /// Whether the output is nothing at all (a unit return).
+    pub(crate) fn is_unit(&self) -> bool {
+        self.output.is_empty() && matches!(self.effect, Effect::Quiet) && !self.is_error
+    }
+}
+
+/// The policies consulted for one call's unexpected errors, most specific first.
+pub(crate) struct ErrorPolicies<'a> {
+    pub(crate) levels: [&'a ErrorPolicy; 3],
+}
+
+/// Turns a body's result (or panic) into the recorded output, logging as SPEC §7 says:
+/// `ToolError` at warn without backtrace, `StopResponse` at debug, anything else once
+/// with its cause chain.
+pub(crate) fn classify(
+    tool: &str,
+    call_id: &str,
+    result: Result<ToolResult, Box<dyn Any + Send>>,
+    policies: &ErrorPolicies<'_>,
+) -> CallOutput {
+    let failure = match result {
+        Ok(Ok(value)) => return from_return(value),
+        Ok(Err(failure)) => failure,
+        Err(panic) => {
+            let message = panic_message(&*panic);
+            let err = ToolPanic { message };
+            let route = match decide(&err, policies) {
+                ErrorRoute::Propagate => ErrorRoute::Propagate,
+                // Panics are never shown to the model.
+                ErrorRoute::Show | ErrorRoute::Hide => ErrorRoute::Hide,
+            };
+            return unexpected(tool, call_id, &err, route);
+        }
+    };
+    if let Some(err) = failure.as_tool_error() {
+        tracing::warn!(tool, call_id, error = %err, "tool error returned to the model");
+        return CallOutput::error(error_text(&err.0));
+    }
+    if let Some(stop) = failure.as_stop_response() {
+        tracing::debug!(tool, call_id, "tool stopped the response");
+        return CallOutput {
+            output: stop.output.clone(),
+            is_error: false,
+            effect: Effect::Quiet,
+        };
+    }
+    let err: &(dyn StdError + 'static) = failure.error();
+    let route = decide(err, policies);
+    unexpected(tool, call_id, err, route)
+}
+
+fn decide(err: &(dyn StdError + 'static), policies: &ErrorPolicies<'_>) -> ErrorRoute {
+    policies
+        .levels
+        .iter()
+        .find_map(|policy| policy.decide(err))
+        .unwrap_or(ErrorRoute::Hide)
+}
+
+fn unexpected(
+    tool: &str,
+    call_id: &str,
+    err: &(dyn StdError + 'static),
+    route: ErrorRoute,
+) -> CallOutput {
+    let chain = describe_chain(err);
+    tracing::error!(tool, call_id, route = ?route, error = %chain, "tool failed");
+    match route {
+        ErrorRoute::Show => CallOutput::error(error_text(&err.to_string())),
+        ErrorRoute::Hide => CallOutput::error(internal_error(tool)),
+        ErrorRoute::Propagate => CallOutput {
+            output: internal_error(tool),
+            is_error: true,
+            effect: Effect::Propagate(chain),
+        },
+    }
+}
+
+/// `Error: <text>`, unless the text already starts with `Error` (never `Error: Error …`).
+pub(crate) fn error_text(text: &str) -> String {
+    if text.starts_with("Error") {
+        text.to_owned()
+    } else {
+        format!("Error: {text}")
+    }
+}
+
+pub(crate) fn internal_error(tool: &str) -> String {
+    format!("Error: internal error in {tool}")
+}
+
+fn from_return(value: ToolReturn) -> CallOutput {
+    match value {
+        ToolReturn::Unit => CallOutput {
+            output: String::new(),
+            is_error: false,
+            effect: Effect::Quiet,
+        },
+        ToolReturn::Text(text) => CallOutput::reply(text),
+        ToolReturn::Json(value) => CallOutput::reply(value.to_string()),
+        ToolReturn::Handoff(handoff) => CallOutput {
+            output: handoff
+                .message
+                .clone()
+                .unwrap_or_else(|| format!("Transferred to {}.", handoff.agent.name())),
+            is_error: false,
+            effect: Effect::Handoff(handoff),
+        },
+        ToolReturn::CompleteTask(value) => CallOutput {
+            output: "Task completed.".to_owned(),
+            is_error: false,
+            effect: Effect::CompleteTask(value),
+        },
+    }
+}
+
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}

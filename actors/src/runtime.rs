@@ -1,0 +1,147 @@
+//! `Engine`: where sessions run.
+//!
+//! In a plain `#[tokio::main]` program, [`Engine::start`] owns an actix system on its own
+//! threads (one arbiter per core by default) and places each new session on the next
+//! arbiter; all actors of one session live on that arbiter, so a tool turn never hops
+//! threads. Inside an existing actix system (`#[actix::test]`, an actix-web app),
+//! [`Engine::current`] places sessions on the current arbiter, where paused test time
+//! reaches them.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use actix::prelude::*;
+
+use crate::error::SessionError;
+use crate::ids::SessionId;
+
+/// Runs sessions. Cheap to clone; the engine's own threads stop when the last clone is
+/// dropped or on [`Engine::shutdown`].
+#[derive(Clone, Debug)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+#[derive(Debug)]
+struct EngineInner {
+    arbiters: Vec<ArbiterHandle>,
+    next: AtomicUsize,
+    sessions: AtomicU64,
+    owned: Mutex<Option<OwnedSystem>>,
+}
+
+#[derive(Debug)]
+struct OwnedSystem {
+    system: System,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        if let Some(owned) = self.owned.get_mut().ok().and_then(Option::take) {
+            owned.system.stop();
+        }
+    }
+}
+
+impl Engine {
+    /// Starts an engine with its own actix system and one arbiter per core.
+    pub fn start() -> Result<Self, SessionError> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::with_arbiters(cores)
+    }
+
+    /// Starts an engine with its own actix system and `arbiters` arbiter threads.
+    pub fn with_arbiters(arbiters: usize) -> Result<Self, SessionError> {
+        let arbiters = arbiters.max(1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("switchboard-system".into())
+            .spawn(move || {
+                let runner = System::new();
+                let owned: Vec<Arbiter> = runner.block_on(async {
+                    let owned: Vec<Arbiter> = (0..arbiters).map(|_| Arbiter::new()).collect();
+                    let handles: Vec<ArbiterHandle> = owned.iter().map(Arbiter::handle).collect();
+                    let _ = tx.send((System::current(), handles));
+                    owned
+                });
+                let _ = runner.run();
+                drop(owned);
+            })
+            .map_err(|e| SessionError::Engine(format!("cannot spawn the engine thread: {e}")))?;
+        let (system, handles) = rx
+            .recv()
+            .map_err(|_| SessionError::Engine("the engine thread did not start".into()))?;
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                arbiters: handles,
+                next: AtomicUsize::new(0),
+                sessions: AtomicU64::new(0),
+                owned: Mutex::new(Some(OwnedSystem {
+                    system,
+                    thread: Some(thread),
+                })),
+            }),
+        })
+    }
+
+    /// An engine that places sessions on the current actix arbiter (inside
+    /// `#[actix::test]`, `#[actix::main]` or an actix system you run).
+    pub fn current() -> Result<Self, SessionError> {
+        let arbiter = Arbiter::try_current().ok_or_else(|| {
+            SessionError::Engine(
+                "no actix arbiter on this thread: use Engine::start() from a tokio program".into(),
+            )
+        })?;
+        Ok(Self {
+            inner: Arc::new(EngineInner {
+                arbiters: vec![arbiter],
+                next: AtomicUsize::new(0),
+                sessions: AtomicU64::new(0),
+                owned: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// How many arbiters sessions are spread over.
+    pub fn arbiters(&self) -> usize {
+        self.inner.arbiters.len()
+    }
+
+    /// Stops the engine's own threads (sessions still running are dropped). Does nothing
+    /// for an engine from [`Engine::current`].
+    pub fn shutdown(&self) {
+        let owned = self
+            .inner
+            .owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(mut owned) = owned {
+            owned.system.stop();
+            if let Some(thread) = owned.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+
+    pub(crate) fn next_session_id(&self) -> SessionId {
+        let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        SessionId::new(format!("s{n}"))
+    }
+
+    /// Starts an actor on the next arbiter, round robin.
+    pub(crate) fn start_actor<A, F>(&self, make: F) -> Result<Addr<A>, SessionError>
+    where
+        A: Actor<Context = Context<A>>,
+        F: FnOnce() -> A + Send + 'static,
+    {
+        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
+        let arbiter = &self.inner.arbiters[index];
+        if !arbiter.spawn(async {}) {
+            return Err(SessionError::Engine("the engine has shut down".into()));
+        }
+        Ok(A::start_in_arbiter(arbiter, move |_| make()))
+    }
+}

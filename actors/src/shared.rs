@@ -1,0 +1,108 @@
+//! What every actor of one session shares: settings, the event channel, counters.
+//!
+//! All of a session's actors live on one arbiter thread, so the locks here are never
+//! contended; they exist because handles (`Session`, `RunContext`) are `Send`.
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{broadcast, watch};
+
+use crate::error_policy::ErrorPolicy;
+use crate::events::SessionEvent;
+use crate::ids::SessionId;
+use crate::io::Io;
+use crate::lifecycle::AliveWaiter;
+use crate::llm::Llm;
+use crate::mailbox::Journal;
+
+/// Settings of a session, fixed when it starts.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionConfig {
+    pub(crate) max_tool_steps: u32,
+    pub(crate) grace_period: Duration,
+    pub(crate) inherit_chat_context: bool,
+}
+
+pub(crate) struct SessionShared {
+    pub(crate) id: SessionId,
+    pub(crate) config: SessionConfig,
+    pub(crate) llm: Option<Arc<dyn Llm>>,
+    pub(crate) error_policy: ErrorPolicy,
+    pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
+    pub(crate) journal: Option<Arc<Journal>>,
+    pub(crate) events: broadcast::Sender<SessionEvent>,
+    pub(crate) inactive: watch::Sender<bool>,
+    io: Mutex<Box<dyn Io>>,
+    run_seq: AtomicU64,
+    speech_seq: AtomicU64,
+    call_ids: Mutex<HashSet<String>>,
+    pub(crate) session_gone: Mutex<Option<AliveWaiter>>,
+}
+
+impl SessionShared {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        id: SessionId,
+        config: SessionConfig,
+        llm: Option<Arc<dyn Llm>>,
+        error_policy: ErrorPolicy,
+        userdata: Option<Arc<dyn Any + Send + Sync>>,
+        journal: Option<Arc<Journal>>,
+        io: Box<dyn Io>,
+        event_capacity: usize,
+    ) -> Self {
+        let (events, _) = broadcast::channel(event_capacity.max(1));
+        let (inactive, _) = watch::channel(false);
+        Self {
+            id,
+            config,
+            llm,
+            error_policy,
+            userdata,
+            journal,
+            events,
+            inactive,
+            io: Mutex::new(io),
+            run_seq: AtomicU64::new(0),
+            speech_seq: AtomicU64::new(0),
+            call_ids: Mutex::new(HashSet::new()),
+            session_gone: Mutex::new(None),
+        }
+    }
+
+    /// Sends an event to subscribers (none listening is fine).
+    pub(crate) fn emit(&self, event: SessionEvent) {
+        let _ = self.events.send(event);
+    }
+
+    pub(crate) fn next_run(&self) -> u64 {
+        self.run_seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn next_speech(&self) -> u64 {
+        self.speech_seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn io(&self) -> MutexGuard<'_, Box<dyn Io>> {
+        // A panic inside the host's Io leaves it as it was; keep using it.
+        self.io.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes a provider's call id unique in the session: `{id}~{n}` when `id` was seen.
+    pub(crate) fn unique_call_id(&self, id: &str) -> String {
+        let mut seen = self.call_ids.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.insert(id.to_owned()) {
+            return id.to_owned();
+        }
+        let unique = (2..)
+            .map(|n| format!("{id}~{n}"))
+            .find(|candidate| !seen.contains(candidate))
+            .unwrap_or_else(|| format!("{id}~"));
+        seen.insert(unique.clone());
+        unique
+    }
+}

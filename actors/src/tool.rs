@@ -1,0 +1,435 @@
+//! Tools: a typed argument struct, an async body taking a [`RunContext`], and per-tool
+//! policies (SPEC §5).
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::agent::Agent;
+use crate::error_policy::ErrorPolicy;
+use crate::llm::ToolSchema;
+use crate::run_context::RunContext;
+
+/// The name of the boolean parameter that `on_duplicate = confirm` adds to a tool.
+pub const CONFIRM_DUPLICATE_PARAM: &str = "confirm_duplicate";
+
+/// What happens when the model calls a tool while an earlier call of it still runs in
+/// the same toolset (calls of one LLM step are never duplicates of each other).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DuplicatePolicy {
+    /// Run both.
+    Allow,
+    /// Answer the model that the tool is already running, naming the running calls.
+    Reject,
+    /// Cancel the running calls (and wait for them), then run.
+    Replace,
+    /// Ask the model to confirm; the tool's schema gets a `confirm_duplicate` boolean, and a
+    /// call with it set to true runs.
+    Confirm,
+}
+
+/// A tool body's successful result.
+#[derive(Debug)]
+pub enum ToolReturn {
+    /// Nothing to say: the output is empty and no further LLM step runs for it.
+    Unit,
+    /// Text for the model.
+    Text(String),
+    /// A structured value for the model (written as JSON text).
+    Json(Value),
+    /// Hand the conversation to another agent (SPEC §4).
+    Handoff(crate::session::Handoff),
+    /// End the current sub-task agent with this result (see `RunContext::run_task`).
+    CompleteTask(Value),
+}
+
+impl ToolReturn {
+    /// Serializes a value as the tool's result.
+    pub fn json<T: serde::Serialize>(value: &T) -> Result<Self, ToolFailure> {
+        Ok(Self::Json(serde_json::to_value(value)?))
+    }
+
+    /// Ends the current sub-task agent with this result.
+    pub fn complete_task<T: serde::Serialize>(value: &T) -> Result<Self, ToolFailure> {
+        Ok(Self::CompleteTask(serde_json::to_value(value)?))
+    }
+}
+
+impl From<()> for ToolReturn {
+    fn from(_: ()) -> Self {
+        Self::Unit
+    }
+}
+impl From<String> for ToolReturn {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+impl From<&str> for ToolReturn {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+impl From<Value> for ToolReturn {
+    fn from(value: Value) -> Self {
+        Self::Json(value)
+    }
+}
+impl From<crate::session::Handoff> for ToolReturn {
+    fn from(handoff: crate::session::Handoff) -> Self {
+        Self::Handoff(handoff)
+    }
+}
+impl From<Agent> for ToolReturn {
+    fn from(agent: Agent) -> Self {
+        Self::Handoff(crate::session::Handoff::to(agent))
+    }
+}
+
+/// An error meant for the model: its text becomes an error output the LLM reads.
+/// Logged at `warn` without a backtrace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ToolError(pub String);
+
+impl ToolError {
+    /// An error with this message for the model.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// A signal, not an error: the tool's output is recorded, but no further LLM step runs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, thiserror::Error)]
+#[error("stop response")]
+pub struct StopResponse {
+    /// The output to record for the call (empty by default).
+    pub output: String,
+}
+
+impl StopResponse {
+    /// Stops the response, recording `output` as the call's output.
+    pub fn with_output(output: impl Into<String>) -> Self {
+        Self {
+            output: output.into(),
+        }
+    }
+}
+
+/// A tool body panicked. Match it in an [`ErrorPolicy`] to propagate panics; it is never
+/// shown to the model.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("tool panicked: {message}")]
+pub struct ToolPanic {
+    /// The panic's message.
+    pub message: String,
+}
+
+/// Why a tool body failed: any error (`?` converts), including [`ToolError`] for the
+/// model and [`StopResponse`] as a signal. Like `anyhow::Error` it does not implement
+/// `std::error::Error` itself, so that every error type converts into it.
+pub struct ToolFailure(Box<dyn StdError + Send + Sync + 'static>);
+
+impl ToolFailure {
+    /// The underlying error.
+    pub fn error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.0
+    }
+
+    /// The error for the model, if it is a [`ToolError`].
+    pub fn as_tool_error(&self) -> Option<&ToolError> {
+        self.0.downcast_ref()
+    }
+
+    /// The signal, if it is a [`StopResponse`].
+    pub fn as_stop_response(&self) -> Option<&StopResponse> {
+        self.0.downcast_ref()
+    }
+}
+
+impl<E: StdError + Send + Sync + 'static> From<E> for ToolFailure {
+    fn from(err: E) -> Self {
+        Self(Box::new(err))
+    }
+}
+
+impl fmt::Debug for ToolFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for ToolFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// What a tool body returns.
+pub type ToolResult = Result<ToolReturn, ToolFailure>;
+
+/// A parsed call, ready to run once given its context.
+pub(crate) type PreparedBody = Box<dyn FnOnce(RunContext) -> BoxFuture<'static, ToolResult> + Send>;
+type Prepare = dyn Fn(Value) -> Result<PreparedBody, String> + Send + Sync;
+
+/// Arguments of a tool that takes none.
+#[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema)]
+pub struct NoArgs {}
+
+/// A tool: name, description, JSON schema of its typed arguments, an async body and its
+/// policies. Cheap to clone (shared).
+///
+/// ```
+/// use switchboard_actors::{Tool, RunContext, ToolFailure};
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Weather { city: String }
+/// let tool = Tool::new("get_weather", "Current weather in a city",
+///     |_ctx: RunContext, args: Weather| async move {
+///         Ok::<_, ToolFailure>(format!("sunny in {}", args.city))
+///     });
+/// assert_eq!(tool.name(), "get_weather");
+/// ```
+#[derive(Clone)]
+pub struct Tool {
+    pub(crate) def: Arc<ToolDef>,
+}
+
+pub(crate) struct ToolDef {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) parameters: Value,
+    pub(crate) prepare: Arc<Prepare>,
+    pub(crate) on_duplicate: Option<DuplicatePolicy>,
+    pub(crate) allow_cancellation: bool,
+    pub(crate) cancel_on_interruption: bool,
+    pub(crate) error_policy: ErrorPolicy,
+}
+
+impl Clone for ToolDef {
+    fn clone(&self) -> Self {
+        Self {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            parameters: self.parameters.clone(),
+            prepare: self.prepare.clone(),
+            on_duplicate: self.on_duplicate,
+            allow_cancellation: self.allow_cancellation,
+            cancel_on_interruption: self.cancel_on_interruption,
+            error_policy: self.error_policy.clone(),
+        }
+    }
+}
+
+impl fmt::Debug for Tool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.def.name)
+            .field("on_duplicate", &self.def.on_duplicate)
+            .field("allow_cancellation", &self.def.allow_cancellation)
+            .finish()
+    }
+}
+
+impl Tool {
+    /// A tool whose arguments are `A` (parsed from the model's JSON; its schema derived
+    /// from `A`) and whose body is `body`.
+    pub fn new<A, F, Fut, R>(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        body: F,
+    ) -> Self
+    where
+        A: DeserializeOwned + JsonSchema + Send + 'static,
+        F: Fn(RunContext, A) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, ToolFailure>> + Send + 'static,
+        R: Into<ToolReturn>,
+    {
+        let body = Arc::new(body);
+        let prepare = move |value: Value| -> Result<PreparedBody, String> {
+            let args: A = serde_json::from_value(value).map_err(|e| e.to_string())?;
+            let body = body.clone();
+            Ok(Box::new(move |ctx: RunContext| {
+                body(ctx, args).map(|r| r.map(Into::into)).boxed()
+            }))
+        };
+        Self {
+            def: Arc::new(ToolDef {
+                name: name.into(),
+                description: description.into(),
+                parameters: parameters_schema::<A>(),
+                prepare: Arc::new(prepare),
+                on_duplicate: None,
+                allow_cancellation: false,
+                cancel_on_interruption: false,
+                error_policy: ErrorPolicy::new(),
+            }),
+        }
+    }
+
+    fn edit(mut self, f: impl FnOnce(&mut ToolDef)) -> Self {
+        f(Arc::make_mut(&mut self.def));
+        self
+    }
+
+    /// Sets what happens on a duplicate call (default: `confirm` in a named toolset,
+    /// `reject` among an agent's bare tools).
+    pub fn on_duplicate(self, policy: DuplicatePolicy) -> Self {
+        self.edit(|d| d.on_duplicate = Some(policy))
+    }
+
+    /// Lets the model cancel running calls of this tool with `cancel_task`.
+    pub fn allow_cancellation(self, allow: bool) -> Self {
+        self.edit(|d| d.allow_cancellation = allow)
+    }
+
+    /// Cancels running calls of this tool when the user barges in (default false).
+    pub fn cancel_on_interruption(self, cancel: bool) -> Self {
+        self.edit(|d| d.cancel_on_interruption = cancel)
+    }
+
+    /// Routes this tool's unexpected errors before the agent's and session's rules.
+    pub fn error_policy(self, policy: ErrorPolicy) -> Self {
+        self.edit(|d| d.error_policy = policy)
+    }
+
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.def.name
+    }
+
+    /// The tool's description.
+    pub fn description(&self) -> &str {
+        &self.def.description
+    }
+
+    /// The JSON schema of its arguments, as declared (without `confirm_duplicate`).
+    pub fn parameters(&self) -> &Value {
+        &self.def.parameters
+    }
+
+    /// Whether the model may cancel its running calls.
+    pub fn allows_cancellation(&self) -> bool {
+        self.def.allow_cancellation
+    }
+
+    /// The duplicate policy set on the tool itself, if any.
+    pub fn duplicate_policy(&self) -> Option<DuplicatePolicy> {
+        self.def.on_duplicate
+    }
+
+    /// The schema the model sees under the effective duplicate policy.
+    pub(crate) fn schema(&self, policy: DuplicatePolicy) -> ToolSchema {
+        let mut parameters = self.def.parameters.clone();
+        if policy == DuplicatePolicy::Confirm {
+            if let Some(props) = parameters
+                .as_object_mut()
+                .map(|o| o.entry("properties").or_insert_with(|| Value::Object(Default::default())))
+                .and_then(Value::as_object_mut)
+            {
+                props.insert(
+                    CONFIRM_DUPLICATE_PARAM.to_owned(),
+                    serde_json::json!({
+                        "type": "boolean",
+                        "description": "Set to true only when the user confirmed running this tool again while an earlier call still runs.",
+                        "default": false
+                    }),
+                );
+            }
+        }
+        ToolSchema {
+            name: self.def.name.clone(),
+            description: self.def.description.clone(),
+            parameters,
+        }
+    }
+
+    /// Whether the tool's own arguments use the name `confirm_duplicate`.
+    pub(crate) fn declares_confirm_param(&self) -> bool {
+        self.def
+            .parameters
+            .get("properties")
+            .and_then(|p| p.get(CONFIRM_DUPLICATE_PARAM))
+            .is_some()
+    }
+}
+
+fn parameters_schema<A: JsonSchema>() -> Value {
+    let mut value = schemars::schema_for!(A).to_value();
+    if let Some(obj) = value.as_object_mut() {
+        obj.remove("$schema");
+        obj.remove("title");
+        if obj.get("type") == Some(&Value::String("object".into())) && !obj.contains_key("properties")
+        {
+            obj.insert("properties".into(), Value::Object(Default::default()));
+        }
+    }
+    value
+}
+
+/// Whether a tool name is one providers accept.
+pub(crate) fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// A named group of tools with one executor (its ToolsetActor). On the session builder
+/// it is session-scoped (survives handoffs); on an agent it is agent-scoped.
+#[derive(Clone, Debug)]
+pub struct Toolset {
+    pub(crate) name: String,
+    pub(crate) tools: Vec<Tool>,
+    pub(crate) default_duplicate: Option<DuplicatePolicy>,
+}
+
+impl Toolset {
+    /// An empty toolset with this name (part of its actors' ids).
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            tools: Vec::new(),
+            default_duplicate: None,
+        }
+    }
+
+    /// Adds a tool.
+    pub fn tool(mut self, tool: Tool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Deprecated: a toolset-wide duplicate policy. It logs a warning once and applies
+    /// only to tools that set none themselves; set `Tool::on_duplicate` instead.
+    #[deprecated(note = "set `Tool::on_duplicate` on each tool")]
+    pub fn on_duplicate(mut self, policy: DuplicatePolicy) -> Self {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                toolset = %self.name,
+                "Toolset::on_duplicate is deprecated; set Tool::on_duplicate on each tool"
+            );
+        });
+        self.default_duplicate = Some(policy);
+        self
+    }
+
+    /// The toolset's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its tools.
+    pub fn tools(&self) -> &[Tool] {
+        &self.tools
+    }
+}

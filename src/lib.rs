@@ -1,0 +1,76 @@
+//! # switchboard
+//!
+//! An engine that runs conversational AI agents (voice or chat bots) as a tree of actix
+//! actors: one actor for the session, one per agent activity, one per toolset, one per
+//! running tool call. They talk only by messages, so a session-scoped toolset outlives
+//! agent handoffs while an agent's own tool runs stop when its activity pauses or closes.
+//!
+//! # Layout
+//!
+//! - [`Engine`] — where sessions run: its own actix threads from a `#[tokio::main]`
+//!   program, or the current arbiter inside `#[actix::test]`.
+//! - [`Session`] — the handle of one conversation: `run`, `update_agent`, `run_task`,
+//!   `close`, events, the mailbox [`Inspector`].
+//! - [`Agent`] — instructions, tools, an [`Llm`], hooks.
+//! - [`Tool`] / [`Toolset`] — typed arguments (serde + JSON schema), an async body with a
+//!   [`RunContext`] that can `update` the conversation while it keeps running.
+//! - [`testing`] — [`testing::ScriptedLlm`] and recording I/O, for tests without network.
+//! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
+//!
+//! # Example
+//!
+//! ```
+//! use switchboard::prelude::*;
+//! use switchboard::testing::{Reply, ScriptedLlm};
+//!
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Order { item: String }
+//!
+//! #[actix::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let order = Tool::new("order", "Orders an item", |ctx: RunContext, args: Order| async move {
+//!         ctx.update(format!("ordering {}", args.item)).await?; // first update: the answer for now
+//!         Ok::<_, ToolFailure>(format!("{} ordered", args.item)) // later: `/finished`
+//!     });
+//!     let llm = ScriptedLlm::new([
+//!         Reply::tool_call("order", serde_json::json!({"item": "tea"})),
+//!         Reply::text("Ordering your tea."),
+//!         Reply::text("Your tea is ordered."),
+//!     ]);
+//!     let agent = Agent::builder("barista").instructions("Take orders.").tool(order).build()?;
+//!     let engine = Engine::current()?;
+//!     let session = Session::builder().llm(llm.clone()).agent(agent).start(&engine).await?;
+//!     session.run("a tea please").await?;
+//!     session.wait_for_inactive().await; // the deferred reply to `/finished` has run
+//!     let chat = session.chat_context().await?;
+//!     assert!(chat.output_of("call_1/finished").is_some());
+//!     assert_eq!(llm.request_count(), 3);
+//!     session.close().await?;
+//!     Ok(())
+//! }
+//! ```
+
+pub mod testing;
+
+pub use switchboard_actors::{
+    agent, chat, error, error_policy, events, ids, inspector, io, llm, run_context, tool,
+};
+pub use switchboard_actors::{
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentState, AsyncRunContext, BuildError,
+    ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, Engine, ErrorPolicy,
+    ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError,
+    Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo,
+    Playout, Received, RunContext, RunResult, Session, SessionAddress, SessionBuilder,
+    SessionError, SessionEvent, SessionId, SpeechId, StopResponse, TaskError, Tool,
+    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
+    ToolSchema, Toolset, TurnDecision, UpdateError, UpdateMessage, CONFIRM_DUPLICATE_PARAM,
+};
+
+/// The names an agent program usually needs: `use switchboard::prelude::*;`.
+pub mod prelude {
+    pub use switchboard_actors::{
+        Agent, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff,
+        Llm, NoArgs, RunContext, RunResult, Session, SessionError, SessionEvent, StopResponse,
+        Tool, ToolError, ToolFailure, ToolReturn, Toolset,
+    };
+}

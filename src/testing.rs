@@ -1,0 +1,8 @@
+//! Testing support: a scripted model and recording I/O, for users' tests and for ours.
+//! No network, no key.
+
+mod io;
+mod scripted_llm;
+
+pub use io::{ConsoleIo, RecordedSpeech, RecordingIo};
+pub use scripted_llm::{Reply, ScriptedLlm};
