@@ -132,6 +132,23 @@ impl Session {
         let _ = rx.wait_for(|inactive| *inactive).await;
     }
 
+    /// Resolves when the session has settled: no tool call is running anywhere in it and
+    /// the session is inactive (every deferred reply has run). What a test awaits after
+    /// letting background tools finish.
+    pub async fn wait_for_settled(&self) {
+        let mut tools = self.shared.running_tools.subscribe();
+        let mut inactive = self.shared.inactive.subscribe();
+        loop {
+            if *tools.borrow_and_update() == 0 && *inactive.borrow_and_update() {
+                return;
+            }
+            tokio::select! {
+                changed = tools.changed() => if changed.is_err() { return },
+                changed = inactive.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+
     /// Whether the session is inactive now.
     pub fn is_inactive(&self) -> bool {
         *self.shared.inactive.borrow()

@@ -36,6 +36,8 @@ pub(crate) struct SessionShared {
     pub(crate) journal: Option<Arc<Journal>>,
     pub(crate) events: broadcast::Sender<SessionEvent>,
     pub(crate) inactive: watch::Sender<bool>,
+    /// How many tool runs are alive in the session.
+    pub(crate) running_tools: watch::Sender<usize>,
     io: Mutex<Box<dyn Io>>,
     run_seq: AtomicU64,
     speech_seq: AtomicU64,
@@ -57,6 +59,7 @@ impl SessionShared {
     ) -> Self {
         let (events, _) = broadcast::channel(event_capacity.max(1));
         let (inactive, _) = watch::channel(false);
+        let (running_tools, _) = watch::channel(0);
         Self {
             id,
             config,
@@ -66,6 +69,7 @@ impl SessionShared {
             journal,
             events,
             inactive,
+            running_tools,
             io: Mutex::new(io),
             run_seq: AtomicU64::new(0),
             speech_seq: AtomicU64::new(0),

@@ -83,6 +83,7 @@ impl ToolRunActor {
             shared.journal.clone(),
         );
         let (cancel, _) = watch::channel(false);
+        shared.running_tools.send_modify(|n| *n += 1);
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -234,6 +235,7 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
+        self.shared.running_tools.send_modify(|n| *n = n.saturating_sub(1));
         self.toolset.tell(self.probe.id(), RunEnded { key: self.key });
     }
 }

@@ -1,0 +1,295 @@
+//! SPEC §3: a tool's first `ctx.update` is its output for the step; later updates and its
+//! final value arrive as `/update_n` and `/finished` pairs, answered by one coalesced
+//! deferred reply.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{assert_invariant, call_ids, output, output_added, wait_event, Gate, Query};
+use serde_json::json;
+use switchboard::prelude::*;
+use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::{ChatContext, ToolChoice};
+
+async fn start(tool: Tool, llm: std::sync::Arc<ScriptedLlm>) -> Session {
+    let agent = Agent::builder("agent-a")
+        .instructions("Help.")
+        .tool(tool)
+        .build()
+        .unwrap();
+    Session::builder()
+        .llm(llm)
+        .agent(agent)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap()
+}
+
+fn texts(chat: &ChatContext, role: ChatRole) -> Vec<String> {
+    chat.items()
+        .iter()
+        .filter_map(|i| match i {
+            ChatItem::Message(m) if m.role == role => Some(m.content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[actix::test]
+async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let tool = Tool::new("search", "Searches", move |ctx: RunContext, args: Query| {
+        let g = g.clone();
+        async move {
+            ctx.update(format!("looking for {}", args.q)).await?;
+            g.wait().await;
+            ctx.update("found 3").await?;
+            ctx.update("picked one").await?;
+            Ok::<_, ToolFailure>("booked #42")
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("search", json!({"q": "flights"})),
+        Reply::text("Searching now."),
+        Reply::text("Booked: #42."),
+    ]);
+    // Voice-like I/O: the agent speaks until the test reports the playout finished.
+    let io = RecordingIo::manual_playout();
+    let agent = Agent::builder("agent-a").tool(tool).build().unwrap();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(agent)
+        .io(io.clone())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+
+    let s = session.clone();
+    let turn = actix::spawn(async move { s.run("find me a flight").await });
+    wait_event(&mut events, |e| match e {
+        SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
+        _ => None,
+    })
+    .await;
+    // While "Searching now." plays, the tool sends two more updates and returns.
+    gate.open();
+    wait_event(&mut events, output_added("call_1/finished")).await;
+    assert_eq!(llm.request_count(), 2, "no reply while the agent speaks");
+    let speech = io.last_speech().unwrap();
+    assert_eq!(speech.text, "Searching now.");
+    session.playout_finished(speech.id, None);
+
+    let result = turn.await.unwrap().unwrap();
+    // The first update answered the step; the LLM ran again with it in view.
+    let first = result.function_outputs().next().unwrap();
+    assert_eq!(first.call_id, "call_1");
+    assert_eq!(first.output, "Update from search: looking for flights");
+    assert!(!first.is_error);
+
+    let last = wait_event(&mut events, |e| match e {
+        SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
+        _ => None,
+    })
+    .await;
+    session.playout_finished(last, None);
+    session.wait_for_settled().await;
+
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(
+        call_ids(&chat),
+        [
+            "call call_1",
+            "out call_1",
+            "call call_1/update_1",
+            "out call_1/update_1",
+            "call call_1/update_2",
+            "out call_1/update_2",
+            "call call_1/finished",
+            "out call_1/finished",
+        ]
+    );
+    assert_eq!(output(&chat, "call_1/update_1"), "Update from search: found 3");
+    assert_eq!(output(&chat, "call_1/finished"), "booked #42");
+    // Exactly one deferred reply for the three later items, with tools off and the ids
+    // listed in order.
+    assert_eq!(llm.request_count(), 3);
+    let reply = &llm.requests()[2];
+    assert_eq!(reply.tool_choice, ToolChoice::None);
+    let instructions = reply.extra_instructions.clone().unwrap();
+    let ids: Vec<&str> = instructions.lines().filter(|l| l.starts_with("call_1")).collect();
+    assert_eq!(ids, ["call_1/update_1", "call_1/update_2", "call_1/finished"]);
+    assert_eq!(texts(&chat, ChatRole::Assistant), ["Searching now.", "Booked: #42."]);
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn updates_to_an_idle_session_are_answered_at_once() {
+    // Nothing is speaking, so each later update is answered as it comes; one that
+    // arrives while that reply runs joins the next reply.
+    let tool = Tool::new("count", "Counts", |ctx: RunContext, _: Query| async move {
+        ctx.update("1").await?;
+        ctx.update("2").await?;
+        Ok::<_, ToolFailure>(())
+    });
+    let llm = ScriptedLlm::new([Reply::tool_call("count", json!({"q": "x"}))]);
+    llm.otherwise(Reply::text("ok"));
+    let session = start(tool, llm.clone()).await;
+    session.run("count").await.unwrap();
+    session.wait_for_settled().await;
+    let chat = session.chat_context().await.unwrap();
+    assert_invariant(&chat);
+    let deferred: Vec<_> = llm
+        .requests()
+        .into_iter()
+        .filter(|r| r.tool_choice == ToolChoice::None)
+        .collect();
+    // `/update_1` came after the step's second request was made, so one reply is due,
+    // and it lists `call_1/update_1`.
+    assert_eq!(deferred.len(), 1, "{:#?}", llm.requests());
+    assert!(deferred[0]
+        .extra_instructions
+        .as_deref()
+        .unwrap()
+        .contains("call_1/update_1"));
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn a_tool_that_returns_without_updating_is_a_plain_call() {
+    let tool = Tool::new("lookup", "Looks up", |_ctx: RunContext, args: Query| async move {
+        Ok::<_, ToolFailure>(json!({"answer": args.q.len()}))
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("lookup", json!({"q": "four"})),
+        Reply::text("The answer is 4."),
+    ]);
+    let session = start(tool, llm.clone()).await;
+    let result = session.run("how long is four?").await.unwrap();
+    let out = result.function_outputs().next().unwrap();
+    assert_eq!(out.output, r#"{"answer":4}"#);
+    session.wait_for_inactive().await;
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(call_ids(&chat), ["call call_1", "out call_1"]);
+    assert_eq!(llm.request_count(), 2, "no deferred reply for a plain call");
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn an_error_after_an_update_is_a_finished_error_output_with_exactly_one_reply() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let tool = Tool::new("charge", "Charges", move |ctx: RunContext, _: Query| {
+        let g = g.clone();
+        async move {
+            ctx.update("charging").await?;
+            g.wait().await;
+            Err::<(), _>(ToolError::new("card declined").into())
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("charge", json!({"q": "x"})),
+        Reply::text("Charging."),
+        Reply::text("Sorry, the card was declined."),
+    ]);
+    let session = start(tool, llm.clone()).await;
+    session.run("pay").await.unwrap();
+    gate.open();
+    session.wait_for_settled().await;
+    let chat = session.chat_context().await.unwrap();
+    let finished = chat.output_of("call_1/finished").unwrap();
+    assert!(finished.is_error);
+    assert_eq!(finished.output, "Error: card declined");
+    assert_eq!(llm.request_count(), 3, "exactly one deferred reply");
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn a_unit_return_after_updates_adds_nothing_more() {
+    let tool = Tool::new("notify", "Notifies", |ctx: RunContext, _: Query| async move {
+        ctx.update("sent").await?;
+        Ok::<_, ToolFailure>(())
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("notify", json!({"q": "x"})),
+        Reply::text("Sent."),
+    ]);
+    let session = start(tool, llm.clone()).await;
+    session.run("notify them").await.unwrap();
+    session.wait_for_inactive().await;
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(call_ids(&chat), ["call call_1", "out call_1"]);
+    assert_eq!(llm.request_count(), 2);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn later_items_of_an_instant_tool_wait_for_their_own_step() {
+    // The tool updates twice and returns before the step is committed: its later items
+    // must come after the step's call and output, never between them.
+    let tool = Tool::new("fast", "Fast", |ctx: RunContext, _: Query| async move {
+        ctx.update("one").await?;
+        ctx.update("two").await?;
+        Ok::<_, ToolFailure>("done")
+    });
+    let slow = Tool::new("slow", "Slow", |_ctx: RunContext, _: Query| async move {
+        tokio::task::yield_now().await;
+        Ok::<_, ToolFailure>("slow done")
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("fast", json!({"q": "a"})).and_tool_call("slow", json!({"q": "b"})),
+        Reply::text("Both answered."),
+        Reply::text("Fast is done."),
+    ]);
+    let agent = Agent::builder("agent-a").tool(tool).tool(slow).build().unwrap();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(agent)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("go").await.unwrap();
+    session.wait_for_settled().await;
+    let chat = session.chat_context().await.unwrap();
+    let ids = call_ids(&chat);
+    assert_eq!(
+        &ids[..4],
+        ["call call_1", "call call_2", "out call_1", "out call_2"],
+        "the step's pairs come first: {ids:?}"
+    );
+    assert!(ids.contains(&"out call_1/update_1".to_owned()));
+    assert!(ids.contains(&"out call_1/finished".to_owned()));
+    assert_invariant(&chat);
+    // `/update_1` was in view of the second request; `/finished` came after it, so one
+    // deferred reply was due, and it named only what the agent had not seen.
+    assert_eq!(llm.request_count(), 3);
+    let second = &llm.requests()[1];
+    assert!(second.chat.contains_call("call_1/update_1"));
+    assert!(!second.chat.contains_call("call_1/finished"));
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn a_repeated_provider_call_id_is_made_unique() {
+    let tool = Tool::new("echo", "Echoes", |_ctx: RunContext, args: Query| async move {
+        Ok::<_, ToolFailure>(args.q)
+    });
+    let llm = ScriptedLlm::new([
+        Reply::default().and_raw_tool_call("dup", "echo", r#"{"q":"1"}"#),
+        Reply::text("one"),
+        Reply::default().and_raw_tool_call("dup", "echo", r#"{"q":"2"}"#),
+        Reply::text("two"),
+    ]);
+    let session = start(tool, llm.clone()).await;
+    session.run("first").await.unwrap();
+    session.run("second").await.unwrap();
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(output(&chat, "dup"), "1");
+    assert_eq!(output(&chat, "dup~2"), "2");
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
