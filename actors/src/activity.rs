@@ -511,7 +511,12 @@ impl ActivityActor {
         let next = self.commit_step();
         match next {
             StepNext::LlmStep => self.start_llm_step(ctx),
-            StepNext::Finish(outcome) => self.finish_turn(outcome),
+            StepNext::Finish(mut outcome) => {
+                if self.status == Status::Closed {
+                    outcome.failure.get_or_insert(SessionError::Closed);
+                }
+                self.finish_turn(outcome)
+            }
         }
     }
 

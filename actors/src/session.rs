@@ -215,7 +215,9 @@ impl SessionActor {
                 let pending = std::mem::take(&mut self.pending);
                 self.dispatch_turn(TurnKind::Deferred(pending), None, ctx);
             }
-            None => self.set_inactive(self.busy.is_empty()),
+            // A turn still open in an activity paused for a sub-task does not make the
+            // session active: the sub-task's agent is listening.
+            None => self.set_inactive(true),
         }
     }
 

@@ -125,8 +125,9 @@ impl Session {
         Ok(())
     }
 
-    /// Resolves when the session is inactive: no turn running or queued, no handoff under
-    /// way, no deferred reply pending.
+    /// Resolves when the session is inactive: the current agent runs no turn and none is
+    /// queued, no handoff is under way, no deferred reply is pending. (Tools may still run
+    /// in the background: see [`Session::wait_for_settled`].)
     pub async fn wait_for_inactive(&self) {
         let mut rx = self.shared.inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
