@@ -105,6 +105,9 @@ pub enum TaskError {
     /// The session closed before the task completed.
     #[error("the session closed before the task completed")]
     SessionClosed,
+    /// The sub-task agent could not start (e.g. a tool name clash).
+    #[error("the sub-task agent did not start: {0}")]
+    NotStarted(String),
     /// The task's result did not have the expected type.
     #[error("the task's result has an unexpected shape: {0}")]
     BadResult(#[from] serde_json::Error),

@@ -325,15 +325,15 @@ impl SessionActor {
                 } else {
                     ChatContext::new()
                 };
-                act.enter(handoff.agent, chat, Some(Some(from.clone())), ctx, move |act, ok| {
-                    if ok {
+                act.enter(handoff.agent, chat, Some(Some(from.clone())), ctx, move |act, res| {
+                    if res.is_ok() {
                         act.shared.emit(SessionEvent::AgentHandoff {
                             from: Some(from),
                             to,
                         });
                     }
                     if let Some(reply) = reply {
-                        let _ = reply.send(if ok { Ok(()) } else { Err(SessionError::Closed) });
+                        let _ = reply.send(res);
                     }
                 });
             }),
@@ -348,7 +348,7 @@ impl SessionActor {
         chat: ChatContext,
         handoff_from: Option<Option<String>>,
         ctx: &mut Context<Self>,
-        then: impl FnOnce(&mut Self, bool) + 'static,
+        then: impl FnOnce(&mut Self, Result<(), SessionError>) + 'static,
     ) {
         let activity = match self.spawn_activity(agent) {
             Ok(activity) => activity,
@@ -357,7 +357,9 @@ impl SessionActor {
                     message: format!("cannot start the next agent: {err}"),
                 });
                 self.phase = Phase::Running;
-                then(self, false);
+                then(self, Err(err));
+                self.flush_waiting(ctx);
+                self.pump(ctx);
                 return;
             }
         };
@@ -365,11 +367,11 @@ impl SessionActor {
         self.current = Some(activity);
         ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
             if act.phase == Phase::Closing {
-                then(act, false);
+                then(act, Err(SessionError::Closed));
                 return;
             }
             act.phase = Phase::Running;
-            then(act, started.is_ok());
+            then(act, started.map_err(SessionError::from));
             act.flush_waiting(ctx);
             act.pump(ctx);
         }));
@@ -396,7 +398,14 @@ impl SessionActor {
                 activity: caller,
                 result,
             });
-            act.enter(agent, ChatContext::new(), Some(Some(from)), ctx, |_, _| {});
+            act.enter(agent, ChatContext::new(), Some(Some(from)), ctx, |act, res| {
+                let Err(err) = res else { return };
+                // The sub-task could not start: its caller resumes and gets the error.
+                let Some(paused) = act.paused.pop() else { return };
+                paused.activity.mailbox.tell(act.probe.id(), ResumeActivity);
+                act.current = Some(paused.activity);
+                let _ = paused.result.send(Err(TaskError::NotStarted(err.to_string())));
+            });
         }));
     }
 
@@ -537,26 +546,25 @@ impl Handler<StartSession> for SessionActor {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
         let (tx, rx) = oneshot::channel();
-        self.enter(agent, ChatContext::new(), None, ctx, move |_, ok| {
-            let _ = tx.send(ok);
+        self.enter(agent, ChatContext::new(), None, ctx, move |_, res| {
+            let _ = tx.send(res);
         });
         Box::pin(
-            async move { rx.await.unwrap_or(false) }
+            async move { rx.await.unwrap_or(Err(SessionError::Closed)) }
                 .into_actor(self)
-                .map(|ok, act, _| {
-                    if ok {
-                        Ok(())
-                    } else {
-                        Err(act.start_error())
+                .map(|res, act, ctx| {
+                    if res.is_err() {
+                        // Nothing runs without a first agent: stop what was started.
+                        let me = act.id();
+                        for toolset in act.toolsets.iter() {
+                            toolset.mailbox.tell(&me, StopToolset { reason: Arc::from("the session did not start") });
+                        }
+                        act.phase = Phase::Closing;
+                        ctx.stop();
                     }
+                    res
                 }),
         )
-    }
-}
-
-impl SessionActor {
-    fn start_error(&self) -> SessionError {
-        SessionError::Engine("the first agent did not start (see the session's error event)".into())
     }
 }
 
