@@ -57,20 +57,20 @@ pub use switchboard_actors::{
 };
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentState, AsyncRunContext, BuildError,
-    ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, Engine, ErrorPolicy,
-    ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError,
-    Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo,
-    Playout, Received, RunContext, RunResult, Session, SessionAddress, SessionBuilder,
-    SessionError, SessionEvent, SessionId, SpeechId, StopResponse, TaskError, Tool,
-    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    ToolSchema, Toolset, TurnDecision, UpdateError, UpdateMessage, CONFIRM_DUPLICATE_PARAM,
+    ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute,
+    FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError, Inspector, Io, Journal,
+    Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo, Playout, Received, RunContext,
+    RunResult, Session, SessionAddress, SessionBuilder, SessionError, SessionEvent, SessionId,
+    SpeechId, StopResponse, TaskError, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
+    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
+    UpdateMessage, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`.
 pub mod prelude {
     pub use switchboard_actors::{
-        Agent, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff,
-        Llm, NoArgs, RunContext, RunResult, Session, SessionError, SessionEvent, StopResponse,
-        Tool, ToolError, ToolFailure, ToolReturn, Toolset,
+        Agent, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff, Llm,
+        NoArgs, RunContext, RunResult, Session, SessionError, SessionEvent, StopResponse, Tool,
+        ToolError, ToolFailure, ToolReturn, Toolset,
     };
 }

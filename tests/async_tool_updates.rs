@@ -1,7 +1,7 @@
 //! SPEC §3: a tool's first `ctx.update` is its output for the step; later updates and its
 //! final value arrive as `/update_n` and `/finished` pairs, answered by one coalesced
 //! deferred reply.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -110,7 +110,10 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
             "out call_1/finished",
         ]
     );
-    assert_eq!(output(&chat, "call_1/update_1"), "Update from search: found 3");
+    assert_eq!(
+        output(&chat, "call_1/update_1"),
+        "Update from search: found 3"
+    );
     assert_eq!(output(&chat, "call_1/finished"), "booked #42");
     // Exactly one deferred reply for the three later items, with tools off and the ids
     // listed in order.
@@ -118,9 +121,18 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     let reply = &llm.requests()[2];
     assert_eq!(reply.tool_choice, ToolChoice::None);
     let instructions = reply.extra_instructions.clone().unwrap();
-    let ids: Vec<&str> = instructions.lines().filter(|l| l.starts_with("call_1")).collect();
-    assert_eq!(ids, ["call_1/update_1", "call_1/update_2", "call_1/finished"]);
-    assert_eq!(texts(&chat, ChatRole::Assistant), ["Searching now.", "Booked: #42."]);
+    let ids: Vec<&str> = instructions
+        .lines()
+        .filter(|l| l.starts_with("call_1"))
+        .collect();
+    assert_eq!(
+        ids,
+        ["call_1/update_1", "call_1/update_2", "call_1/finished"]
+    );
+    assert_eq!(
+        texts(&chat, ChatRole::Assistant),
+        ["Searching now.", "Booked: #42."]
+    );
     assert_invariant(&chat);
     session.close().await.unwrap();
 }
@@ -159,9 +171,13 @@ async fn updates_to_an_idle_session_are_answered_at_once() {
 
 #[actix::test]
 async fn a_tool_that_returns_without_updating_is_a_plain_call() {
-    let tool = Tool::new("lookup", "Looks up", |_ctx: RunContext, args: Query| async move {
-        Ok::<_, ToolFailure>(json!({"answer": args.q.len()}))
-    });
+    let tool = Tool::new(
+        "lookup",
+        "Looks up",
+        |_ctx: RunContext, args: Query| async move {
+            Ok::<_, ToolFailure>(json!({"answer": args.q.len()}))
+        },
+    );
     let llm = ScriptedLlm::new([
         Reply::tool_call("lookup", json!({"q": "four"})),
         Reply::text("The answer is 4."),
@@ -210,10 +226,14 @@ async fn an_error_after_an_update_is_a_finished_error_output_with_exactly_one_re
 
 #[actix::test]
 async fn a_unit_return_after_updates_adds_nothing_more() {
-    let tool = Tool::new("notify", "Notifies", |ctx: RunContext, _: Query| async move {
-        ctx.update("sent").await?;
-        Ok::<_, ToolFailure>(())
-    });
+    let tool = Tool::new(
+        "notify",
+        "Notifies",
+        |ctx: RunContext, _: Query| async move {
+            ctx.update("sent").await?;
+            Ok::<_, ToolFailure>(())
+        },
+    );
     let llm = ScriptedLlm::new([
         Reply::tool_call("notify", json!({"q": "x"})),
         Reply::text("Sent."),
@@ -245,7 +265,11 @@ async fn later_items_of_an_instant_tool_wait_for_their_own_step() {
         Reply::text("Both answered."),
         Reply::text("Fast is done."),
     ]);
-    let agent = Agent::builder("agent-a").tool(tool).tool(slow).build().unwrap();
+    let agent = Agent::builder("agent-a")
+        .tool(tool)
+        .tool(slow)
+        .build()
+        .unwrap();
     let session = Session::builder()
         .llm(llm.clone())
         .agent(agent)
@@ -275,9 +299,11 @@ async fn later_items_of_an_instant_tool_wait_for_their_own_step() {
 
 #[actix::test]
 async fn a_repeated_provider_call_id_is_made_unique() {
-    let tool = Tool::new("echo", "Echoes", |_ctx: RunContext, args: Query| async move {
-        Ok::<_, ToolFailure>(args.q)
-    });
+    let tool = Tool::new(
+        "echo",
+        "Echoes",
+        |_ctx: RunContext, args: Query| async move { Ok::<_, ToolFailure>(args.q) },
+    );
     let llm = ScriptedLlm::new([
         Reply::default().and_raw_tool_call("dup", "echo", r#"{"q":"1"}"#),
         Reply::text("one"),

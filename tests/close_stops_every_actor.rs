@@ -1,6 +1,6 @@
 //! SPEC §4 close, §9: after `close()` no actor of the session is alive, every call has
 //! its output, and the session refuses further work with a clear error.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -15,19 +15,29 @@ use switchboard::testing::{Reply, ScriptedLlm};
 async fn close_leaves_no_live_actor_and_gives_running_calls_their_outputs() {
     tokio::time::pause();
     let forever = |name: &'static str| {
-        Tool::new(name, "Runs for a long time", |ctx: RunContext, _: Query| async move {
-            ctx.update("started").await?;
-            std::future::pending::<()>().await;
-            Ok::<_, ToolFailure>(())
-        })
+        Tool::new(
+            name,
+            "Runs for a long time",
+            |ctx: RunContext, _: Query| async move {
+                ctx.update("started").await?;
+                std::future::pending::<()>().await;
+                Ok::<_, ToolFailure>(())
+            },
+        )
     };
     let llm = ScriptedLlm::new([
-        Reply::tool_call("session_job", json!({"q": "a"})).and_tool_call("agent_job", json!({"q": "b"})),
+        Reply::tool_call("session_job", json!({"q": "a"}))
+            .and_tool_call("agent_job", json!({"q": "b"})),
         Reply::text("Both started."),
     ]);
     let session = Session::builder()
         .llm(llm)
-        .agent(Agent::builder("agent-a").tool(forever("agent_job")).build().unwrap())
+        .agent(
+            Agent::builder("agent-a")
+                .tool(forever("agent_job"))
+                .build()
+                .unwrap(),
+        )
         .toolset(Toolset::new("jobs").tool(forever("session_job")))
         .inherit_chat_context(true)
         .inspect(true)
@@ -54,7 +64,11 @@ async fn close_leaves_no_live_actor_and_gives_running_calls_their_outputs() {
     );
     let mut events = session.subscribe();
     session.close().await.unwrap();
-    assert!(inspector.live_actors().is_empty(), "{:?}", inspector.live_actors());
+    assert!(
+        inspector.live_actors().is_empty(),
+        "{:?}",
+        inspector.live_actors()
+    );
     for actor in inspector.actors() {
         inspector.assert_stopped(actor.as_str()).unwrap();
     }
@@ -73,12 +87,20 @@ async fn close_leaves_no_live_actor_and_gives_running_calls_their_outputs() {
     assert_eq!(
         outputs,
         [
-            ("call_1/finished".to_owned(), "Cancelled: the session closed.".to_owned()),
-            ("call_2/finished".to_owned(), "Cancelled: the session closed.".to_owned()),
+            (
+                "call_1/finished".to_owned(),
+                "Cancelled: the session closed.".to_owned()
+            ),
+            (
+                "call_2/finished".to_owned(),
+                "Cancelled: the session closed.".to_owned()
+            ),
         ]
     );
-    assert!(matches!(session.run("hello?").await, Err(SessionError::Closed)
-        | Err(SessionError::Unreachable(_))));
+    assert!(matches!(
+        session.run("hello?").await,
+        Err(SessionError::Closed) | Err(SessionError::Unreachable(_))
+    ));
     assert!(session.chat_context().await.is_err());
 }
 
@@ -107,7 +129,11 @@ async fn close_mid_step_answers_every_call_with_session_closed() {
     let turn = actix::spawn(async move { s.run("go").await });
     let inspector = session.inspector().unwrap();
     inspector
-        .wait_for("toolset/s1/agent-a#1/tools", "RunTool", Duration::from_secs(5))
+        .wait_for(
+            "toolset/s1/agent-a#1/tools",
+            "RunTool",
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     session.close().await.unwrap();
@@ -118,7 +144,10 @@ async fn close_mid_step_answers_every_call_with_session_closed() {
             chat.push(item);
         }
     }
-    assert_eq!(chat.output_of("call_1").unwrap().output, "Cancelled: the session closed.");
+    assert_eq!(
+        chat.output_of("call_1").unwrap().output,
+        "Cancelled: the session closed."
+    );
     assert_invariant(&chat);
     assert!(inspector.live_actors().is_empty());
 }

@@ -1,6 +1,6 @@
 //! SPEC §4: a session-scoped toolset outlives a handoff; its later updates and final
 //! result go to the agent current at delivery time, never to the old one.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -14,21 +14,32 @@ use switchboard::{NoArgs, ToolChoice};
 async fn a_session_tool_finishes_under_the_new_agent() {
     let gate = Gate::new();
     let g = gate.clone();
-    let book = Tool::new("book", "Books a table", move |ctx: RunContext, args: Query| {
-        let g = g.clone();
-        async move {
-            ctx.update(format!("booking {}", args.q)).await?;
-            g.wait().await;
-            ctx.update("restaurant answered").await?;
-            Ok::<_, ToolFailure>("table confirmed")
-        }
-    });
-    let agent_b = Agent::builder("agent-b").instructions("Concierge.").build().unwrap();
+    let book = Tool::new(
+        "book",
+        "Books a table",
+        move |ctx: RunContext, args: Query| {
+            let g = g.clone();
+            async move {
+                ctx.update(format!("booking {}", args.q)).await?;
+                g.wait().await;
+                ctx.update("restaurant answered").await?;
+                Ok::<_, ToolFailure>("table confirmed")
+            }
+        },
+    );
+    let agent_b = Agent::builder("agent-b")
+        .instructions("Concierge.")
+        .build()
+        .unwrap();
     let b = agent_b.clone();
-    let transfer = Tool::new("transfer", "Transfers to B", move |_ctx: RunContext, _: NoArgs| {
-        let b = b.clone();
-        async move { Ok::<_, ToolFailure>(Handoff::to(b).with_message("Transferring you.")) }
-    });
+    let transfer = Tool::new(
+        "transfer",
+        "Transfers to B",
+        move |_ctx: RunContext, _: NoArgs| {
+            let b = b.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(b).with_message("Transferring you.")) }
+        },
+    );
     let agent_a = Agent::builder("agent-a").tool(transfer).build().unwrap();
     let llm = ScriptedLlm::new([
         Reply::tool_call("book", json!({"q": "8pm"})),
@@ -86,7 +97,11 @@ async fn a_session_tool_finishes_under_the_new_agent() {
     assert!(replies
         .iter()
         .all(|r| &*r.agent == "agent-b" && r.tool_choice == ToolChoice::None));
-    assert!(replies.last().unwrap().chat.contains_call("call_1/finished"));
+    assert!(replies
+        .last()
+        .unwrap()
+        .chat
+        .contains_call("call_1/finished"));
     session.close().await.unwrap();
 }
 
@@ -182,20 +197,32 @@ async fn an_update_during_the_handoff_waits_for_the_incoming_agent() {
     let handoff = actix::spawn(async move { s.update_agent(agent_b).await });
     let inspector = session.inspector().unwrap();
     inspector
-        .wait_for("activity/s1/agent-b#1", "StartActivity", std::time::Duration::from_secs(5))
+        .wait_for(
+            "activity/s1/agent-b#1",
+            "StartActivity",
+            std::time::Duration::from_secs(5),
+        )
         .await
         .unwrap();
     tool_gate.open();
     // The update reaches the session, which holds it while B starts.
     inspector
-        .wait_for("session/s1", "DeliverToolItems", std::time::Duration::from_secs(5))
+        .wait_for(
+            "session/s1",
+            "DeliverToolItems",
+            std::time::Duration::from_secs(5),
+        )
         .await
         .unwrap();
     enter_gate.open();
     handoff.await.unwrap().unwrap();
     session.wait_for_settled().await;
     let chat_b = session.chat_context().await.unwrap();
-    assert!(chat_b.contains_call("call_1/update_1"), "{:#?}", chat_b.items());
+    assert!(
+        chat_b.contains_call("call_1/update_1"),
+        "{:#?}",
+        chat_b.items()
+    );
     assert_invariant(&chat_b);
     session.close().await.unwrap();
 }

@@ -1,7 +1,7 @@
 //! SPEC §4, §12: when an activity closes, every tool run of its own toolsets is stopped
 //! and awaited before the next agent's `on_enter`; a late `ctx.update` from such a run
 //! fails and touches no other agent.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -74,7 +74,9 @@ async fn a_body_that_ignores_cancellation_is_dropped_before_the_next_agent_enter
     assert!(started.elapsed() >= Duration::from_secs(2));
     assert_eq!(log.entries(), ["a exited", "body dropped", "b entered"]);
     inspector.assert_stopped(run_id).unwrap();
-    inspector.assert_stopped("toolset/s1/agent-a#1/tools").unwrap();
+    inspector
+        .assert_stopped("toolset/s1/agent-a#1/tools")
+        .unwrap();
     inspector.assert_stopped("activity/s1/agent-a#1").unwrap();
     assert!(inspector.assert_stopped("activity/s1/agent-b#1").is_err());
 
@@ -164,7 +166,10 @@ async fn the_old_agent_records_why_its_background_call_ended() {
         .unwrap();
     let chat = session.chat_context().await.unwrap();
     let finished = chat.output_of("call_1/finished").unwrap();
-    assert_eq!(finished.output, "Cancelled: the agent handed off to agent-b.");
+    assert_eq!(
+        finished.output,
+        "Cancelled: the agent handed off to agent-b."
+    );
     assert!(matches!(
         chat.items().last(),
         Some(ChatItem::AgentHandoff { to, .. }) if to == "agent-b"

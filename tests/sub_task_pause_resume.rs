@@ -1,7 +1,7 @@
 //! SPEC §4: `run_task` pauses the calling agent (its other agent-scoped runs stop), runs
 //! a sub-task agent to a typed result, then resumes the caller, whose awaiting tool call
 //! produces its output.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -22,22 +22,28 @@ struct Contact {
 async fn a_sub_task_pauses_the_caller_and_resumes_it_with_a_typed_result() {
     tokio::time::pause();
     let log = Log::default();
-    let save = Tool::new("save_email", "Saves the email", |_ctx: RunContext, args: Contact| async move {
-        ToolReturn::complete_task(&args)
-    });
+    let save = Tool::new(
+        "save_email",
+        "Saves the email",
+        |_ctx: RunContext, args: Contact| async move { ToolReturn::complete_task(&args) },
+    );
     let collector = Agent::builder("collector")
         .instructions("Ask for the email.")
         .tool(save)
         .build()
         .unwrap();
     let c = collector.clone();
-    let ask_email = Tool::new("ask_email", "Collects an email", move |ctx: RunContext, _: NoArgs| {
-        let c = c.clone();
-        async move {
-            let contact: Contact = ctx.run_task(c).await?;
-            Ok::<_, ToolFailure>(format!("email is {}", contact.email))
-        }
-    });
+    let ask_email = Tool::new(
+        "ask_email",
+        "Collects an email",
+        move |ctx: RunContext, _: NoArgs| {
+            let c = c.clone();
+            async move {
+                let contact: Contact = ctx.run_task(c).await?;
+                Ok::<_, ToolFailure>(format!("email is {}", contact.email))
+            }
+        },
+    );
     let l = log.clone();
     let sibling = Tool::new("watch", "Watches", move |ctx: RunContext, _: Query| {
         let l = l.clone();
@@ -48,7 +54,11 @@ async fn a_sub_task_pauses_the_caller_and_resumes_it_with_a_typed_result() {
             Ok::<_, ToolFailure>(())
         }
     });
-    let main = Agent::builder("main").tool(ask_email).tool(sibling).build().unwrap();
+    let main = Agent::builder("main")
+        .tool(ask_email)
+        .tool(sibling)
+        .build()
+        .unwrap();
     let llm = ScriptedLlm::new([
         // main: start the watcher
         Reply::tool_call("watch", json!({"q": "x"})),
@@ -72,7 +82,11 @@ async fn a_sub_task_pauses_the_caller_and_resumes_it_with_a_typed_result() {
     let main_turn = actix::spawn(async move { s.run("take my email").await });
     let inspector = session.inspector().unwrap();
     inspector
-        .wait_for("activity/s1/collector#1", "StartActivity", Duration::from_secs(5))
+        .wait_for(
+            "activity/s1/collector#1",
+            "StartActivity",
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     session.wait_for_inactive().await;
@@ -83,7 +97,10 @@ async fn a_sub_task_pauses_the_caller_and_resumes_it_with_a_typed_result() {
     assert!(inspector.is_alive("tool/s1/2:call_2"));
 
     let task_turn = session.run("it is a@b.c").await.unwrap();
-    assert_eq!(task_turn.function_calls().next().unwrap().name, "save_email");
+    assert_eq!(
+        task_turn.function_calls().next().unwrap().name,
+        "save_email"
+    );
     let resumed = main_turn.await.unwrap().unwrap();
     assert_eq!(
         resumed.assistant_messages().collect::<Vec<_>>(),
@@ -131,10 +148,18 @@ async fn closing_during_a_sub_task_fails_the_awaiting_tool_cleanly() {
     let turn = actix::spawn(async move { s.run("go").await });
     let inspector = session.inspector().unwrap();
     inspector
-        .wait_for("activity/s1/collector#1", "StartActivity", Duration::from_secs(5))
+        .wait_for(
+            "activity/s1/collector#1",
+            "StartActivity",
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     session.close().await.unwrap();
     assert!(turn.await.unwrap().is_err());
-    assert!(inspector.live_actors().is_empty(), "{:?}", inspector.live_actors());
+    assert!(
+        inspector.live_actors().is_empty(),
+        "{:?}",
+        inspector.live_actors()
+    );
 }

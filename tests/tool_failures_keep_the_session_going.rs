@@ -1,7 +1,7 @@
 //! SPEC §2, §5, §7: a call to an unknown tool, arguments that do not parse, a panic, an
 //! unexpected error: each gives the model an error output it can read, the body of a
 //! call with bad arguments never runs, and the session goes on.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
@@ -23,13 +23,17 @@ async fn session_with(tool: Tool, llm: Arc<ScriptedLlm>) -> Session {
 }
 
 fn counting_tool(runs: Arc<AtomicUsize>) -> Tool {
-    Tool::new("lookup", "Looks up", move |_ctx: RunContext, args: Query| {
-        let runs = runs.clone();
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, ToolFailure>(format!("found {}", args.q))
-        }
-    })
+    Tool::new(
+        "lookup",
+        "Looks up",
+        move |_ctx: RunContext, args: Query| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, ToolFailure>(format!("found {}", args.q))
+            }
+        },
+    )
 }
 
 #[actix::test]
@@ -44,12 +48,21 @@ async fn an_unknown_tool_gets_an_error_output_naming_the_tools() {
     let result = session.run("look it up").await.unwrap();
     let out = result.function_outputs().next().unwrap();
     assert!(out.is_error);
-    assert_eq!(out.output, "Error: unknown tool lookupp; available tools: lookup");
-    assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["Let me try again."]);
+    assert_eq!(
+        out.output,
+        "Error: unknown tool lookupp; available tools: lookup"
+    );
+    assert_eq!(
+        result.assistant_messages().collect::<Vec<_>>(),
+        ["Let me try again."]
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     // The session goes on.
     let next = session.run("hello").await.unwrap();
-    assert_eq!(next.assistant_messages().collect::<Vec<_>>(), ["Still here."]);
+    assert_eq!(
+        next.assistant_messages().collect::<Vec<_>>(),
+        ["Still here."]
+    );
     assert_invariant(&session.chat_context().await.unwrap());
     session.close().await.unwrap();
 }
@@ -75,7 +88,9 @@ async fn arguments_that_do_not_parse_never_run_the_body() {
         "{}",
         outputs[0].output
     );
-    assert!(outputs[1].output.starts_with("Error parsing arguments for lookup: "));
+    assert!(outputs[1]
+        .output
+        .starts_with("Error parsing arguments for lookup: "));
     assert!(!outputs[1].output.contains("Error: Error"));
     assert_eq!(runs.load(Ordering::SeqCst), 0, "the body must never run");
     assert_invariant(&session.chat_context().await.unwrap());
@@ -84,12 +99,16 @@ async fn arguments_that_do_not_parse_never_run_the_body() {
 
 #[actix::test]
 async fn a_panicking_tool_gives_a_hidden_error_and_the_session_lives_on() {
-    let boom = Tool::new("boom", "Explodes", |_ctx: RunContext, _: Query| async move {
-        if true {
-            panic!("secret internal detail");
-        }
-        Ok::<_, ToolFailure>(())
-    });
+    let boom = Tool::new(
+        "boom",
+        "Explodes",
+        |_ctx: RunContext, _: Query| async move {
+            if true {
+                panic!("secret internal detail");
+            }
+            Ok::<_, ToolFailure>(())
+        },
+    );
     let llm = ScriptedLlm::new([
         Reply::tool_call("boom", json!({"q": "x"})),
         Reply::text("Something went wrong."),
@@ -109,7 +128,10 @@ async fn a_panicking_tool_gives_a_hidden_error_and_the_session_lives_on() {
     assert_eq!(out.output, "Error: internal error in boom");
     assert!(!out.output.contains("secret"));
     let next = session.run("still there?").await.unwrap();
-    assert_eq!(next.assistant_messages().collect::<Vec<_>>(), ["Yes, still here."]);
+    assert_eq!(
+        next.assistant_messages().collect::<Vec<_>>(),
+        ["Yes, still here."]
+    );
     assert_invariant(&session.chat_context().await.unwrap());
     session.close().await.unwrap();
 }
@@ -139,7 +161,10 @@ async fn unexpected_errors_follow_the_return_error_policy() {
     // Default: hidden.
     let session = session_with(load(), llm()).await;
     let out = session.run("load").await.unwrap();
-    assert_eq!(out.function_outputs().next().unwrap().output, "Error: internal error in load");
+    assert_eq!(
+        out.function_outputs().next().unwrap().output,
+        "Error: internal error in load"
+    );
     session.close().await.unwrap();
 
     // `show` for the inner type matches it as the source of the outer error.
@@ -173,15 +198,25 @@ async fn unexpected_errors_follow_the_return_error_policy() {
         .unwrap();
     let mut events = session.subscribe();
     match session.run("load").await {
-        Err(SessionError::ToolFailed { tool, call_id, message }) => {
+        Err(SessionError::ToolFailed {
+            tool,
+            call_id,
+            message,
+        }) => {
             assert_eq!(tool, "load");
             assert_eq!(call_id, "call_1");
-            assert_eq!(message, "could not load the booking: caused by: database unavailable");
+            assert_eq!(
+                message,
+                "could not load the booking: caused by: database unavailable"
+            );
         }
         other => panic!("expected the turn to fail, got {other:?}"),
     }
     let chat = session.chat_context().await.unwrap();
-    assert_eq!(chat.output_of("call_1").unwrap().output, "Error: internal error in load");
+    assert_eq!(
+        chat.output_of("call_1").unwrap().output,
+        "Error: internal error in load"
+    );
     assert_invariant(&chat);
     let mut saw_error = false;
     while let Ok(event) = events.try_recv() {
@@ -193,9 +228,13 @@ async fn unexpected_errors_follow_the_return_error_policy() {
 
 #[actix::test]
 async fn stop_response_records_the_output_and_ends_the_turn() {
-    let hangup = Tool::new("hang_up", "Ends the call", |_ctx: RunContext, _: Query| async move {
-        Err::<(), _>(StopResponse::with_output("call ended").into())
-    });
+    let hangup = Tool::new(
+        "hang_up",
+        "Ends the call",
+        |_ctx: RunContext, _: Query| async move {
+            Err::<(), _>(StopResponse::with_output("call ended").into())
+        },
+    );
     let llm = ScriptedLlm::new([Reply::tool_call("hang_up", json!({"q": "x"}))]);
     let session = session_with(hangup, llm.clone()).await;
     let result = session.run("bye").await.unwrap();

@@ -144,11 +144,13 @@ impl ActivityActor {
             })?;
         // Names are unique among everything this activity sees (SPEC §5).
         check_tools(
-            agent.tool_owners().chain(
-                session_toolsets
-                    .iter()
-                    .flat_map(|ts| ts.tools.iter().map(move |t| (t.name(), format!("session toolset {}", ts.name)))),
-            ),
+            agent
+                .tool_owners()
+                .chain(session_toolsets.iter().flat_map(|ts| {
+                    ts.tools
+                        .iter()
+                        .map(move |t| (t.name(), format!("session toolset {}", ts.name)))
+                })),
         )?;
         let probe = Probe::new(
             ActorId::activity(&shared.id, agent.name(), generation),
@@ -202,10 +204,12 @@ impl ActivityActor {
 
     /// Appends an item to the chat context and, during a turn, to the turn's events.
     fn record(&mut self, item: ChatItem) {
-        self.session.shared.emit(SessionEvent::ConversationItemAdded {
-            agent: self.agent_name(),
-            item: item.clone(),
-        });
+        self.session
+            .shared
+            .emit(SessionEvent::ConversationItemAdded {
+                agent: self.agent_name(),
+                item: item.clone(),
+            });
         if let Some(turn) = self.turn.as_mut() {
             turn.events.push(item.clone());
         }
@@ -225,7 +229,12 @@ impl ActivityActor {
                 .def
                 .tools
                 .iter()
-                .map(|t| (t.clone(), t.duplicate_policy().unwrap_or(DuplicatePolicy::Reject)))
+                .map(|t| {
+                    (
+                        t.clone(),
+                        t.duplicate_policy().unwrap_or(DuplicatePolicy::Reject),
+                    )
+                })
                 .collect();
             groups.push(("tools".to_owned(), tools));
         }
@@ -254,7 +263,8 @@ impl ActivityActor {
         for toolset in self.session_toolsets.iter() {
             schemas.extend(toolset.schemas.iter().cloned());
             for tool in &toolset.tools {
-                self.routes.insert(tool.name().to_owned(), toolset.mailbox.clone());
+                self.routes
+                    .insert(tool.name().to_owned(), toolset.mailbox.clone());
             }
         }
         self.schemas = Arc::from(schemas);
@@ -262,7 +272,12 @@ impl ActivityActor {
 
     // ---- the turn loop -------------------------------------------------------------
 
-    fn begin_turn(&mut self, kind: TurnKind, done: oneshot::Sender<TurnOutcome>, ctx: &mut Context<Self>) {
+    fn begin_turn(
+        &mut self,
+        kind: TurnKind,
+        done: oneshot::Sender<TurnOutcome>,
+        ctx: &mut Context<Self>,
+    ) {
         self.turn = Some(Turn {
             events: Vec::new(),
             steps: 0,
@@ -396,10 +411,12 @@ impl ActivityActor {
             }
             Ok::<_, LlmError>(reply)
         };
-        self.llm_task = Some(ctx.spawn(
-            fut.into_actor(self)
-                .map(move |res, act, ctx| act.on_llm_reply(step_key, view, res, ctx)),
-        ));
+        self.llm_task = Some(
+            ctx.spawn(
+                fut.into_actor(self)
+                    .map(move |res, act, ctx| act.on_llm_reply(step_key, view, res, ctx)),
+            ),
+        );
     }
 
     fn on_llm_reply(
@@ -410,7 +427,8 @@ impl ActivityActor {
         ctx: &mut Context<Self>,
     ) {
         self.llm_task = None;
-        if self.turn.as_ref().map(|t| t.step_key) != Some(step_key) || self.status == Status::Closed {
+        if self.turn.as_ref().map(|t| t.step_key) != Some(step_key) || self.status == Status::Closed
+        {
             return;
         }
         let reply = match res {
@@ -484,7 +502,13 @@ impl ActivityActor {
         self.maybe_commit(ctx);
     }
 
-    fn on_call_output(&mut self, step_key: u64, index: usize, out: CallOutput, ctx: &mut Context<Self>) {
+    fn on_call_output(
+        &mut self,
+        step_key: u64,
+        index: usize,
+        out: CallOutput,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
@@ -500,10 +524,11 @@ impl ActivityActor {
     }
 
     fn maybe_commit(&mut self, ctx: &mut Context<Self>) {
-        let ready = self
-            .turn
-            .as_ref()
-            .is_some_and(|t| t.finished.is_none() && !t.slots.is_empty() && t.slots.iter().all(|s| s.output.is_some()));
+        let ready = self.turn.as_ref().is_some_and(|t| {
+            t.finished.is_none()
+                && !t.slots.is_empty()
+                && t.slots.iter().all(|s| s.output.is_some())
+        });
         if !ready || self.status == Status::Paused {
             // A paused activity commits on resume, so its items land after the sub-task.
             return;
@@ -531,14 +556,20 @@ impl ActivityActor {
         let mut outputs = Vec::with_capacity(slots.len());
         let mut effects = Vec::with_capacity(slots.len());
         for slot in slots {
-            let out = slot.output.unwrap_or_else(|| CallOutput::ended("no output"));
+            let out = slot
+                .output
+                .unwrap_or_else(|| CallOutput::ended("no output"));
             outputs.push(FunctionCallOutput {
                 call_id: slot.call.call_id.clone(),
                 name: slot.call.name.clone(),
                 output: out.output,
                 is_error: out.is_error,
             });
-            effects.push((slot.call.name.clone(), slot.call.call_id.clone(), out.effect));
+            effects.push((
+                slot.call.name.clone(),
+                slot.call.call_id.clone(),
+                out.effect,
+            ));
             calls.push(slot.call);
         }
         for call in &calls {
@@ -551,11 +582,13 @@ impl ActivityActor {
             self.uncommitted.remove(&call.call_id);
         }
         self.release_held();
-        self.session.shared.emit(SessionEvent::FunctionToolsExecuted {
-            agent: self.agent_name(),
-            calls,
-            outputs,
-        });
+        self.session
+            .shared
+            .emit(SessionEvent::FunctionToolsExecuted {
+                agent: self.agent_name(),
+                calls,
+                outputs,
+            });
         let mut outcome = TurnOutcome::default();
         let mut reply = false;
         for (name, call_id, effect) in effects {
@@ -610,10 +643,12 @@ impl ActivityActor {
 
     /// Appends an item that does not belong to the running turn's events.
     fn record_outside_turn(&mut self, item: ChatItem) {
-        self.session.shared.emit(SessionEvent::ConversationItemAdded {
-            agent: self.agent_name(),
-            item: item.clone(),
-        });
+        self.session
+            .shared
+            .emit(SessionEvent::ConversationItemAdded {
+                agent: self.agent_name(),
+                item: item.clone(),
+            });
         self.chat.push(item);
     }
 
@@ -795,7 +830,9 @@ impl Handler<InsertToolItems> for ActivityActor {
             };
             return Box::pin(async move { Err(err) });
         }
-        if self.uncommitted.contains(&msg.base_call_id) || self.held.iter().any(|h| h.base_call_id == msg.base_call_id) {
+        if self.uncommitted.contains(&msg.base_call_id)
+            || self.held.iter().any(|h| h.base_call_id == msg.base_call_id)
+        {
             let (tx, rx) = oneshot::channel();
             self.held.push(Held {
                 base_call_id: msg.base_call_id,
@@ -862,14 +899,12 @@ impl Handler<PauseActivity> for ActivityActor {
                 )
             })
             .collect();
-        Box::pin(
-            futures_util::future::join_all(stops)
-                .into_actor(self)
-                .map(move |results, act, _| {
-                    let calls = results.into_iter().flatten().flatten().collect();
-                    act.write_terminal(calls, &reason);
-                }),
-        )
+        Box::pin(futures_util::future::join_all(stops).into_actor(self).map(
+            move |results, act, _| {
+                let calls = results.into_iter().flatten().flatten().collect();
+                act.write_terminal(calls, &reason);
+            },
+        ))
     }
 }
 
@@ -913,7 +948,11 @@ impl Handler<CloseActivity> for ActivityActor {
             ctx.cancel_future(task);
         }
         self.refuse_held();
-        let hook = if was_active { self.agent.def.on_exit.clone() } else { None };
+        let hook = if was_active {
+            self.agent.def.on_exit.clone()
+        } else {
+            None
+        };
         let hook_ctx = self.hook_ctx();
         let reason = msg.reason;
         Box::pin(
@@ -927,7 +966,12 @@ impl Handler<CloseActivity> for ActivityActor {
                 let mut stops = Vec::new();
                 let mut waiters = Vec::new();
                 for (toolset, waiter) in act.own_toolsets.iter_mut() {
-                    stops.push(toolset.ask(act.probe.id(), StopToolset { reason: reason.clone() }));
+                    stops.push(toolset.ask(
+                        act.probe.id(),
+                        StopToolset {
+                            reason: reason.clone(),
+                        },
+                    ));
                     waiters.extend(waiter.take());
                 }
                 async move {

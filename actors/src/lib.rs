@@ -78,7 +78,9 @@ pub use events::{AgentState, RunResult, SessionEvent};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
 pub use io::{Io, NullIo, Playout, SpeechId};
-pub use llm::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolCallChunk, ToolChoice, ToolSchema};
+pub use llm::{
+    Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolCallChunk, ToolChoice, ToolSchema,
+};
 pub use mailbox::{ActorSnapshot, Journal, Received};
 pub use run_context::{AsyncRunContext, RunContext};
 pub use runtime::Engine;

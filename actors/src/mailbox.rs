@@ -340,7 +340,13 @@ impl Journal {
         let mut all: Vec<Received> = self
             .actors
             .iter()
-            .flat_map(|entry| Self::lock(entry.value()).received.iter().cloned().collect::<Vec<_>>())
+            .flat_map(|entry| {
+                Self::lock(entry.value())
+                    .received
+                    .iter()
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
             .collect();
         all.sort_by_key(|r| r.seq);
         all

@@ -88,6 +88,7 @@ struct PausedActivity {
 }
 
 type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
+type TaskReply = oneshot::Sender<Result<Value, TaskError>>;
 
 enum Job {
     Turn(TurnKind, Option<Reply<RunResult>>),
@@ -127,7 +128,7 @@ pub(crate) struct SessionActor {
     /// Activities with a turn in flight.
     busy: Vec<ActorId>,
     waiting: Vec<Delivery>,
-    tasks_waiting: Vec<(Agent, Option<u64>, oneshot::Sender<Result<Value, TaskError>>)>,
+    tasks_waiting: Vec<(Agent, Option<u64>, TaskReply)>,
     pending: Vec<PendingItem>,
     _alive: AliveToken,
 }
@@ -294,7 +295,12 @@ impl SessionActor {
     }
 
     /// Closes the current activity, starts one of `handoff.agent`.
-    fn start_handoff(&mut self, handoff: Handoff, reply: Option<Reply<()>>, ctx: &mut Context<Self>) {
+    fn start_handoff(
+        &mut self,
+        handoff: Handoff,
+        reply: Option<Reply<()>>,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(old) = self.current.take() else {
             if let Some(reply) = reply {
                 let _ = reply.send(Err(SessionError::Closed));
@@ -304,7 +310,8 @@ impl SessionActor {
         self.phase = Phase::Switching;
         self.set_inactive(false);
         // Only the old activity's own items leave the pending reply.
-        self.pending.retain(|p| p.scope != Scope::Activity(old.id().clone()));
+        self.pending
+            .retain(|p| p.scope != Scope::Activity(old.id().clone()));
         let from = old.agent.name().to_owned();
         let to = handoff.agent.name().to_owned();
         let reason: Arc<str> = Arc::from(format!("the agent handed off to {to}"));
@@ -325,17 +332,23 @@ impl SessionActor {
                 } else {
                     ChatContext::new()
                 };
-                act.enter(handoff.agent, chat, Some(Some(from.clone())), ctx, move |act, res| {
-                    if res.is_ok() {
-                        act.shared.emit(SessionEvent::AgentHandoff {
-                            from: Some(from),
-                            to,
-                        });
-                    }
-                    if let Some(reply) = reply {
-                        let _ = reply.send(res);
-                    }
-                });
+                act.enter(
+                    handoff.agent,
+                    chat,
+                    Some(Some(from.clone())),
+                    ctx,
+                    move |act, res| {
+                        if res.is_ok() {
+                            act.shared.emit(SessionEvent::AgentHandoff {
+                                from: Some(from),
+                                to,
+                            });
+                        }
+                        if let Some(reply) = reply {
+                            let _ = reply.send(res);
+                        }
+                    },
+                );
             }),
         );
     }
@@ -363,7 +376,9 @@ impl SessionActor {
                 return;
             }
         };
-        let start = activity.mailbox.ask(self.probe.id(), StartActivity { chat, handoff_from });
+        let start = activity
+            .mailbox
+            .ask(self.probe.id(), StartActivity { chat, handoff_from });
         self.current = Some(activity);
         ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
             if act.phase == Phase::Closing {
@@ -390,22 +405,35 @@ impl SessionActor {
         };
         self.phase = Phase::Switching;
         self.set_inactive(false);
-        self.pending.retain(|p| p.scope != Scope::Activity(caller.id().clone()));
-        let pause = caller.mailbox.ask(self.probe.id(), PauseActivity { exempt });
+        self.pending
+            .retain(|p| p.scope != Scope::Activity(caller.id().clone()));
+        let pause = caller
+            .mailbox
+            .ask(self.probe.id(), PauseActivity { exempt });
         ctx.spawn(pause.into_actor(self).map(move |_, act, ctx| {
             let from = caller.agent.name().to_owned();
             act.paused.push(PausedActivity {
                 activity: caller,
                 result,
             });
-            act.enter(agent, ChatContext::new(), Some(Some(from)), ctx, |act, res| {
-                let Err(err) = res else { return };
-                // The sub-task could not start: its caller resumes and gets the error.
-                let Some(paused) = act.paused.pop() else { return };
-                paused.activity.mailbox.tell(act.probe.id(), ResumeActivity);
-                act.current = Some(paused.activity);
-                let _ = paused.result.send(Err(TaskError::NotStarted(err.to_string())));
-            });
+            act.enter(
+                agent,
+                ChatContext::new(),
+                Some(Some(from)),
+                ctx,
+                |act, res| {
+                    let Err(err) = res else { return };
+                    // The sub-task could not start: its caller resumes and gets the error.
+                    let Some(paused) = act.paused.pop() else {
+                        return;
+                    };
+                    paused.activity.mailbox.tell(act.probe.id(), ResumeActivity);
+                    act.current = Some(paused.activity);
+                    let _ = paused
+                        .result
+                        .send(Err(TaskError::NotStarted(err.to_string())));
+                },
+            );
         }));
     }
 
@@ -414,7 +442,8 @@ impl SessionActor {
             return;
         };
         self.phase = Phase::Switching;
-        self.pending.retain(|p| p.scope != Scope::Activity(task.id().clone()));
+        self.pending
+            .retain(|p| p.scope != Scope::Activity(task.id().clone()));
         let reason: Arc<str> = Arc::from("the task completed");
         let close = task.mailbox.ask(self.probe.id(), CloseActivity { reason });
         let waiter = task.waiter;
@@ -557,7 +586,12 @@ impl Handler<StartSession> for SessionActor {
                         // Nothing runs without a first agent: stop what was started.
                         let me = act.id();
                         for toolset in act.toolsets.iter() {
-                            toolset.mailbox.tell(&me, StopToolset { reason: Arc::from("the session did not start") });
+                            toolset.mailbox.tell(
+                                &me,
+                                StopToolset {
+                                    reason: Arc::from("the session did not start"),
+                                },
+                            );
                         }
                         act.phase = Phase::Closing;
                         ctx.stop();
@@ -838,7 +872,14 @@ impl Handler<CloseSession> for SessionActor {
         let stops: Vec<_> = self
             .toolsets
             .iter()
-            .map(|ts| ts.mailbox.ask(&me, StopToolset { reason: reason.clone() }))
+            .map(|ts| {
+                ts.mailbox.ask(
+                    &me,
+                    StopToolset {
+                        reason: reason.clone(),
+                    },
+                )
+            })
             .collect();
         let toolset_waiters = std::mem::take(&mut self.toolset_waiters);
         Box::pin(
@@ -866,7 +907,12 @@ impl Handler<CloseSession> for SessionActor {
                 let mut closes = Vec::new();
                 let mut waiters = Vec::new();
                 for mut activity in activities {
-                    closes.push(activity.mailbox.ask(&me, CloseActivity { reason: reason.clone() }));
+                    closes.push(activity.mailbox.ask(
+                        &me,
+                        CloseActivity {
+                            reason: reason.clone(),
+                        },
+                    ));
                     waiters.extend(activity.waiter.take());
                 }
                 async move {

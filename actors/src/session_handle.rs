@@ -40,7 +40,9 @@ pub struct Session {
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Session").field("id", &self.shared.id).finish()
+        f.debug_struct("Session")
+            .field("id", &self.shared.id)
+            .finish()
     }
 }
 
@@ -58,7 +60,12 @@ impl Session {
     /// Runs one user turn and returns what it produced, after any handoff it caused.
     pub async fn run(&self, user_input: impl Into<String>) -> Result<RunResult, SessionError> {
         self.mailbox
-            .ask(&ActorId::host(), RunTurn { input: user_input.into() })
+            .ask(
+                &ActorId::host(),
+                RunTurn {
+                    input: user_input.into(),
+                },
+            )
             .await?
     }
 

@@ -331,7 +331,10 @@ impl Tool {
         if policy == DuplicatePolicy::Confirm {
             if let Some(props) = parameters
                 .as_object_mut()
-                .map(|o| o.entry("properties").or_insert_with(|| Value::Object(Default::default())))
+                .map(|o| {
+                    o.entry("properties")
+                        .or_insert_with(|| Value::Object(Default::default()))
+                })
                 .and_then(Value::as_object_mut)
             {
                 props.insert(
@@ -366,7 +369,8 @@ fn parameters_schema<A: JsonSchema>() -> Value {
     if let Some(obj) = value.as_object_mut() {
         obj.remove("$schema");
         obj.remove("title");
-        if obj.get("type") == Some(&Value::String("object".into())) && !obj.contains_key("properties")
+        if obj.get("type") == Some(&Value::String("object".into()))
+            && !obj.contains_key("properties")
         {
             obj.insert("properties".into(), Value::Object(Default::default()));
         }

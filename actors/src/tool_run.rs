@@ -226,7 +226,10 @@ impl Actor for ToolRunActor {
             let _alive = alive;
             AssertUnwindSafe(body(run_ctx)).catch_unwind().await
         };
-        ctx.spawn(fut.into_actor(self).map(|result, act, ctx| act.on_body_done(result, ctx)));
+        ctx.spawn(
+            fut.into_actor(self)
+                .map(|result, act, ctx| act.on_body_done(result, ctx)),
+        );
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
@@ -235,8 +238,11 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.running_tools.send_modify(|n| *n = n.saturating_sub(1));
-        self.toolset.tell(self.probe.id(), RunEnded { key: self.key });
+        self.shared
+            .running_tools
+            .send_modify(|n| *n = n.saturating_sub(1));
+        self.toolset
+            .tell(self.probe.id(), RunEnded { key: self.key });
     }
 }
 

@@ -199,7 +199,10 @@ impl Llm for ScriptedLlm {
                         arguments,
                     } => LlmChunk::ToolCall(ToolCallChunk {
                         call_id: id.unwrap_or_else(|| {
-                            format!("call_{}", self.next_call.fetch_add(1, Ordering::Relaxed) + 1)
+                            format!(
+                                "call_{}",
+                                self.next_call.fetch_add(1, Ordering::Relaxed) + 1
+                            )
                         }),
                         name,
                         arguments,
@@ -231,7 +234,10 @@ fn describe(request: &LlmRequest) -> String {
         out.push_str(&format!("extra instructions: {extra}\n"));
     }
     for item in request.chat.items() {
-        out.push_str(&format!("  {}\n", serde_json::to_string(item).unwrap_or_default()));
+        out.push_str(&format!(
+            "  {}\n",
+            serde_json::to_string(item).unwrap_or_default()
+        ));
     }
     out
 }

@@ -1,5 +1,11 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, unreachable_pub)]
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    unreachable_pub
+)]
 
 use std::sync::{Arc, Mutex};
 
