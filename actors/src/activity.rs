@@ -19,6 +19,8 @@
 //!   (but the one awaiting a sub-task, on pause) has stopped and been dropped.
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
 
+mod companions;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -37,7 +39,7 @@ use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
 use crate::llm::{Llm, LlmError, LlmRequest, ToolChoice, ToolSchema};
 use crate::mailbox::{counted_handlers, Mailbox, Probe};
 use crate::outcome::{CallOutput, Effect};
-use crate::prompts;
+use crate::prompts::{Prompts, ReplyPromptArgs};
 use crate::session::{Handoff, PendingItem, Scope, SessionToolset};
 use crate::session_handle::Session;
 use crate::tool::DuplicatePolicy;
@@ -120,6 +122,8 @@ pub(crate) struct ActivityActor {
     /// Chat length the latest assistant message was generated from.
     last_reply_view: usize,
     status: Status,
+    /// Whether `get_running_tasks` and `cancel_task` are exposed.
+    companions: bool,
     llm_task: Option<SpawnHandle>,
     generation: u32,
     _alive: AliveToken,
@@ -142,6 +146,18 @@ impl ActivityActor {
             .ok_or_else(|| BuildError::NoLlm {
                 agent: agent.name().to_owned(),
             })?;
+        let companions = agent
+            .def
+            .tools
+            .iter()
+            .chain(agent.def.toolsets.iter().flat_map(|ts| ts.tools.iter()))
+            .chain(session_toolsets.iter().flat_map(|ts| ts.tools.iter()))
+            .any(|t| t.allows_cancellation());
+        let companion_names = companions
+            .then(|| companions::schemas().map(|s| (s.name, "companion tools".to_owned())))
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>();
         // Names are unique among everything this activity sees (SPEC §5).
         check_tools(
             agent
@@ -150,7 +166,8 @@ impl ActivityActor {
                     ts.tools
                         .iter()
                         .map(move |t| (t.name(), format!("session toolset {}", ts.name)))
-                })),
+                }))
+                .chain(companion_names.iter().map(|(n, o)| (n.as_str(), o.clone()))),
         )?;
         let probe = Probe::new(
             ActorId::activity(&shared.id, agent.name(), generation),
@@ -173,6 +190,7 @@ impl ActivityActor {
             held: Vec::new(),
             last_reply_view: 0,
             status: Status::Starting,
+            companions,
             llm_task: None,
             generation,
             _alive: alive,
@@ -192,6 +210,7 @@ impl ActivityActor {
         HookContext {
             session: self.session.clone(),
             agent: self.agent.def.name.clone(),
+            activity: self.id().clone(),
         }
     }
 
@@ -222,7 +241,9 @@ impl ActivityActor {
         let shared = self.session.shared.clone();
         let scope = Scope::Activity(self.id().clone());
         let mut schemas = Vec::new();
-        let mut groups: Vec<(String, Vec<(crate::tool::Tool, DuplicatePolicy)>)> = Vec::new();
+        type Group = (String, Vec<(crate::tool::Tool, DuplicatePolicy)>, Prompts);
+        let mut groups: Vec<Group> = Vec::new();
+        let agent_prompts = self.agent.def.prompts.or(&shared.prompts);
         if !self.agent.def.tools.is_empty() {
             let tools = self
                 .agent
@@ -236,7 +257,7 @@ impl ActivityActor {
                     )
                 })
                 .collect();
-            groups.push(("tools".to_owned(), tools));
+            groups.push(("tools".to_owned(), tools, agent_prompts.clone()));
         }
         for toolset in &self.agent.def.toolsets {
             let tools = toolset
@@ -244,15 +265,16 @@ impl ActivityActor {
                 .iter()
                 .map(|t| (t.clone(), effective_policy(t, toolset)))
                 .collect();
-            groups.push((toolset.name.clone(), tools));
+            groups.push((toolset.name.clone(), tools, toolset.prompts.or(&agent_prompts)));
         }
-        for (name, tools) in groups {
+        for (name, tools, prompts) in groups {
             schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
             let names: Vec<String> = tools.iter().map(|(t, _)| t.name().to_owned()).collect();
             let (mailbox, waiter) = ToolsetActor::spawn(
                 ActorId::agent_toolset(&shared.id, self.agent.name(), self.generation, &name),
                 scope.clone(),
                 tools,
+                prompts,
                 self.session.clone(),
             );
             for tool in names {
@@ -267,7 +289,19 @@ impl ActivityActor {
                     .insert(tool.name().to_owned(), toolset.mailbox.clone());
             }
         }
+        if self.companions {
+            schemas.extend(companions::schemas());
+        }
         self.schemas = Arc::from(schemas);
+    }
+
+    /// Every toolset this activity sees: its own, then the session's.
+    fn visible_toolsets(&self) -> Vec<Mailbox<ToolsetActor>> {
+        self.own_toolsets
+            .iter()
+            .map(|(ts, _)| ts.clone())
+            .chain(self.session_toolsets.iter().map(|ts| ts.mailbox.clone()))
+            .collect()
     }
 
     // ---- the turn loop -------------------------------------------------------------
@@ -347,7 +381,10 @@ impl ActivityActor {
         }
         if let Some(turn) = self.turn.as_mut() {
             turn.tool_choice = ToolChoice::None;
-            turn.extra_instructions = Some(prompts::reply(&ids));
+            let prompts = self.agent.def.prompts.or(&self.session.shared.prompts);
+            turn.extra_instructions = Some(prompts.render_reply(&ReplyPromptArgs {
+                pending_call_ids: ids,
+            }));
         }
         true
     }
@@ -474,6 +511,18 @@ impl ActivityActor {
             slots.push(Slot { call, output: None });
         }
         for (index, slot) in slots.iter_mut().enumerate() {
+            if self.companions && companions::is_companion(&slot.call.name) {
+                let answer = companions::answer(
+                    slot.call.name.clone(),
+                    slot.call.arguments.clone(),
+                    self.visible_toolsets(),
+                    self.id().clone(),
+                );
+                ctx.spawn(answer.into_actor(self).map(move |out, act, ctx| {
+                    act.on_call_output(step_key, index, out, ctx);
+                }));
+                continue;
+            }
             let Some(toolset) = self.routes.get(&slot.call.name) else {
                 let available: Vec<&str> = self.schemas.iter().map(|s| s.name.as_str()).collect();
                 slot.output = Some(CallOutput::error(format!(

@@ -13,6 +13,7 @@ use crate::chat::{ChatContext, ChatMessage};
 use crate::error::BuildError;
 use crate::error_policy::ErrorPolicy;
 use crate::llm::Llm;
+use crate::prompts::Prompts;
 use crate::session_handle::Session;
 use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
 
@@ -30,6 +31,7 @@ pub enum TurnDecision {
 pub struct HookContext {
     pub(crate) session: Session,
     pub(crate) agent: Arc<str>,
+    pub(crate) activity: crate::ids::ActorId,
 }
 
 impl HookContext {
@@ -46,7 +48,7 @@ impl HookContext {
     /// Queues a reply of the agent, run once the hook has returned and the handoff is
     /// complete. (Awaiting a turn inside a hook would wait for the hook itself.)
     pub fn generate_reply(&self, instructions: impl Into<String>) {
-        self.session.queue_reply(instructions.into());
+        self.session.queue_reply(&self.activity, instructions.into());
     }
 }
 
@@ -78,6 +80,7 @@ pub(crate) struct AgentDef {
     pub(crate) on_exit: Option<Hook>,
     pub(crate) on_user_turn_completed: Option<TurnHook>,
     pub(crate) error_policy: ErrorPolicy,
+    pub(crate) prompts: Prompts,
 }
 
 impl fmt::Debug for Agent {
@@ -104,6 +107,7 @@ impl Agent {
                 on_exit: None,
                 on_user_turn_completed: None,
                 error_policy: ErrorPolicy::new(),
+                prompts: Prompts::new(),
             },
         }
     }
@@ -206,6 +210,13 @@ impl AgentBuilder {
     /// Routes unexpected errors of this agent's tools (after each tool's own rules).
     pub fn error_policy(mut self, policy: ErrorPolicy) -> Self {
         self.def.error_policy = policy;
+        self
+    }
+
+    /// Prompt templates of this agent: `update` and the duplicate texts for its own
+    /// toolsets, `reply` while it is current.
+    pub fn prompts(mut self, prompts: Prompts) -> Self {
+        self.def.prompts = prompts;
         self
     }
 

@@ -55,6 +55,7 @@ pub mod ids;
 pub mod inspector;
 pub mod io;
 pub mod llm;
+pub mod prompts;
 pub mod run_context;
 pub mod runtime;
 pub mod session;
@@ -65,7 +66,6 @@ mod activity;
 mod lifecycle;
 mod mailbox;
 mod outcome;
-mod prompts;
 mod shared;
 mod tool_run;
 mod toolset;
@@ -82,6 +82,9 @@ pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolCallChunk, ToolChoice, ToolSchema,
 };
 pub use mailbox::{ActorSnapshot, Journal, Received};
+pub use prompts::{
+    DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
+};
 pub use run_context::{AsyncRunContext, RunContext};
 pub use runtime::Engine;
 pub use session::Handoff;

@@ -261,6 +261,11 @@ impl SessionActor {
             }
         } else if let Some(handoff) = outcome.handoff {
             // The handoff runs now, before anything queued: the reply waits for it.
+            let from = self
+                .current
+                .as_ref()
+                .map(|c| c.agent.name().to_owned())
+                .unwrap_or_default();
             let (tx, rx) = oneshot::channel();
             self.start_handoff(handoff, Some(tx), ctx);
             ctx.spawn(
@@ -272,7 +277,7 @@ impl SessionActor {
                 .map(move |(handed, mut result), act, _| {
                     if let (Ok(()), Some(current)) = (&handed, act.current.as_ref()) {
                         result.events.push(ChatItem::AgentHandoff {
-                            from: None,
+                            from: Some(from),
                             to: current.agent.name().to_owned(),
                         });
                     }
@@ -560,6 +565,7 @@ impl Handler<StartSession> for SessionActor {
                 ActorId::session_toolset(&self.shared.id, &def.name),
                 Scope::Session,
                 tools,
+                def.prompts.or(&self.shared.prompts),
                 msg.handle.clone(),
             );
             self.toolset_waiters.push(waiter);

@@ -23,6 +23,7 @@ use crate::io::{Io, NullIo, SpeechId};
 use crate::lifecycle::alive_pair;
 use crate::llm::Llm;
 use crate::mailbox::{Journal, Mailbox, Probe};
+use crate::prompts::Prompts;
 use crate::runtime::Engine;
 use crate::session::{
     CloseSession, Handoff, QueueReply, ReadAgent, ReadChat, RunTask, RunTurn, SessionActor,
@@ -80,9 +81,9 @@ impl Session {
     }
 
     /// Queues a reply without waiting for it (used by hooks).
-    pub(crate) fn queue_reply(&self, instructions: String) {
+    pub(crate) fn queue_reply(&self, from: &ActorId, instructions: String) {
         self.mailbox.tell(
-            &ActorId::host(),
+            from,
             QueueReply {
                 instructions: Some(instructions),
             },
@@ -253,6 +254,7 @@ pub struct SessionBuilder {
     journal_capacity: usize,
     event_capacity: usize,
     error_policy: ErrorPolicy,
+    prompts: Prompts,
 }
 
 impl Default for SessionBuilder {
@@ -270,6 +272,7 @@ impl Default for SessionBuilder {
             journal_capacity: 1024,
             event_capacity: 1024,
             error_policy: ErrorPolicy::new(),
+            prompts: Prompts::new(),
         }
     }
 }
@@ -361,6 +364,12 @@ impl SessionBuilder {
         self
     }
 
+    /// Prompt templates for the whole session (agents and toolsets may override them).
+    pub fn prompts(mut self, prompts: Prompts) -> Self {
+        self.prompts = prompts;
+        self
+    }
+
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(self, engine: &Engine) -> Result<Session, SessionError> {
@@ -392,6 +401,7 @@ impl SessionBuilder {
             },
             self.llm,
             self.error_policy,
+            self.prompts,
             self.userdata,
             journal.clone(),
             self.io,

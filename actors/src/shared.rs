@@ -18,6 +18,7 @@ use crate::io::Io;
 use crate::lifecycle::AliveWaiter;
 use crate::llm::Llm;
 use crate::mailbox::Journal;
+use crate::prompts::Prompts;
 
 /// Settings of a session, fixed when it starts.
 #[derive(Clone, Debug)]
@@ -32,6 +33,7 @@ pub(crate) struct SessionShared {
     pub(crate) config: SessionConfig,
     pub(crate) llm: Option<Arc<dyn Llm>>,
     pub(crate) error_policy: ErrorPolicy,
+    pub(crate) prompts: Prompts,
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) journal: Option<Arc<Journal>>,
     pub(crate) events: broadcast::Sender<SessionEvent>,
@@ -52,6 +54,7 @@ impl SessionShared {
         config: SessionConfig,
         llm: Option<Arc<dyn Llm>>,
         error_policy: ErrorPolicy,
+        prompts: Prompts,
         userdata: Option<Arc<dyn Any + Send + Sync>>,
         journal: Option<Arc<Journal>>,
         io: Box<dyn Io>,
@@ -65,6 +68,7 @@ impl SessionShared {
             config,
             llm,
             error_policy,
+            prompts,
             userdata,
             journal,
             events,

@@ -394,6 +394,7 @@ pub struct Toolset {
     pub(crate) name: String,
     pub(crate) tools: Vec<Tool>,
     pub(crate) default_duplicate: Option<DuplicatePolicy>,
+    pub(crate) prompts: crate::prompts::Prompts,
 }
 
 impl Toolset {
@@ -403,6 +404,7 @@ impl Toolset {
             name: name.into(),
             tools: Vec::new(),
             default_duplicate: None,
+            prompts: crate::prompts::Prompts::new(),
         }
     }
 
@@ -424,6 +426,13 @@ impl Toolset {
             );
         });
         self.default_duplicate = Some(policy);
+        self
+    }
+
+    /// Prompt templates for this toolset's tools (`update`, duplicate texts); they win
+    /// over the agent's and the session's.
+    pub fn prompts(mut self, prompts: crate::prompts::Prompts) -> Self {
+        self.prompts = prompts;
         self
     }
 

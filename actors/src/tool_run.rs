@@ -32,7 +32,7 @@ use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
 use crate::mailbox::{counted_handlers, Mailbox, Probe};
 use crate::outcome::{classify, CallOutput, Effect, ErrorPolicies};
-use crate::prompts;
+use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::run_context::RunContext;
 use crate::session::{DeliverToolItems, Scope};
 use crate::session_handle::Session;
@@ -50,6 +50,7 @@ pub(crate) struct RunSpec {
     pub(crate) body: PreparedBody,
     pub(crate) immediate: oneshot::Sender<CallOutput>,
     pub(crate) session: Session,
+    pub(crate) prompts: Arc<Prompts>,
     pub(crate) toolset: Mailbox<ToolsetActor>,
     pub(crate) alive: AliveToken,
 }
@@ -63,6 +64,7 @@ pub(crate) struct ToolRunActor {
     scope: Scope,
     shared: Arc<SessionShared>,
     session: Session,
+    prompts: Arc<Prompts>,
     toolset: Mailbox<ToolsetActor>,
     body: Option<PreparedBody>,
     immediate: Option<oneshot::Sender<CallOutput>>,
@@ -93,6 +95,7 @@ impl ToolRunActor {
             scope: spec.scope,
             shared,
             session: spec.session,
+            prompts: spec.prompts,
             toolset: spec.toolset,
             body: Some(spec.body),
             immediate: Some(spec.immediate),
@@ -294,9 +297,11 @@ impl Handler<ToolUpdate> for ToolRunActor {
             return Box::pin(fut::ready(Err(err)));
         }
         let text = match msg.message {
-            UpdateMessage::Text(text) => {
-                prompts::update(&self.call.name, &self.call.call_id, &text)
-            }
+            UpdateMessage::Text(message) => self.prompts.render_update(&UpdatePromptArgs {
+                function_name: self.call.name.clone(),
+                call_id: self.call.call_id.clone(),
+                message,
+            }),
             UpdateMessage::Json(value) => value.to_string(),
         };
         if let Some(immediate) = self.immediate.take() {

@@ -27,7 +27,7 @@ use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
 use crate::mailbox::{counted_handlers, Mailbox, Probe};
 use crate::outcome::{error_text, CallOutput, Effect};
-use crate::prompts;
+use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::Scope;
 use crate::session_handle::Session;
 use crate::tool::{DuplicatePolicy, Tool, CONFIRM_DUPLICATE_PARAM};
@@ -39,6 +39,7 @@ struct RunEntry {
     mailbox: Mailbox<ToolRunActor>,
     waiter: Option<AliveWaiter>,
     closed: bool,
+    started: tokio::time::Instant,
 }
 
 pub(crate) struct ToolsetActor {
@@ -47,6 +48,7 @@ pub(crate) struct ToolsetActor {
     tools: HashMap<String, (Tool, DuplicatePolicy)>,
     runs: BTreeMap<u64, RunEntry>,
     session: Session,
+    prompts: Arc<Prompts>,
     me: Option<Mailbox<ToolsetActor>>,
     _alive: AliveToken,
 }
@@ -58,6 +60,7 @@ impl ToolsetActor {
         id: ActorId,
         scope: Scope,
         tools: Vec<(Tool, DuplicatePolicy)>,
+        prompts: Prompts,
         session: Session,
     ) -> (Mailbox<ToolsetActor>, AliveWaiter) {
         let probe = Probe::new(id, session.shared.journal.clone());
@@ -71,6 +74,7 @@ impl ToolsetActor {
                 .collect(),
             runs: BTreeMap::new(),
             session,
+            prompts: Arc::new(prompts),
             me: None,
             _alive: alive,
         };
@@ -153,6 +157,7 @@ impl ToolsetActor {
             body,
             immediate: tx,
             session: self.session.clone(),
+            prompts: self.prompts.clone(),
             toolset: me,
             alive,
         });
@@ -164,6 +169,7 @@ impl ToolsetActor {
                 mailbox,
                 waiter: Some(waiter),
                 closed: false,
+                started: tokio::time::Instant::now(),
             },
         );
         rx
@@ -246,19 +252,17 @@ impl Handler<RunTool> for ToolsetActor {
                 .iter()
                 .filter_map(|key| self.runs.get(key).map(|r| r.call.clone()))
                 .collect();
+            let args = || DuplicatePromptArgs {
+                function_name: tool.name().to_owned(),
+                running_calls: calls.clone(),
+            };
             match policy {
                 DuplicatePolicy::Allow => {}
                 DuplicatePolicy::Reject => {
-                    return ready(CallOutput::reply(prompts::duplicate_reject(
-                        tool.name(),
-                        &calls,
-                    )))
+                    return ready(CallOutput::reply(self.prompts.render_reject(&args())))
                 }
                 DuplicatePolicy::Confirm if !confirmed => {
-                    return ready(CallOutput::reply(prompts::duplicate_confirm(
-                        tool.name(),
-                        &calls,
-                    )))
+                    return ready(CallOutput::reply(self.prompts.render_confirm(&args())))
                 }
                 DuplicatePolicy::Confirm => {}
                 DuplicatePolicy::Replace => {
@@ -356,4 +360,88 @@ impl Handler<StopToolset> for ToolsetActor {
     }
 }
 
-counted_handlers!(ToolsetActor: RunTool, RunEnded, StopRuns, StopToolset);
+/// A running call the model may cancel, as `get_running_tasks` lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct RunningCall {
+    pub(crate) call_id: String,
+    pub(crate) name: String,
+    pub(crate) arguments: String,
+    pub(crate) age_seconds: f64,
+}
+
+/// Sent by an activity for the companion tool `get_running_tasks`: the running calls of
+/// tools that allow cancellation.
+pub(crate) struct ListRuns;
+
+impl Message for ListRuns {
+    type Result = Vec<RunningCall>;
+}
+
+impl Handler<ListRuns> for ToolsetActor {
+    type Result = Vec<RunningCall>;
+
+    fn handle(&mut self, _msg: ListRuns, _ctx: &mut Self::Context) -> Vec<RunningCall> {
+        self.runs
+            .values()
+            .filter(|run| !run.closed)
+            .filter(|run| {
+                self.tools
+                    .get(&run.call.name)
+                    .is_some_and(|(tool, _)| tool.allows_cancellation())
+            })
+            .map(|run| RunningCall {
+                call_id: run.call.call_id.clone(),
+                name: run.call.name.clone(),
+                arguments: run.call.arguments.clone(),
+                age_seconds: run.started.elapsed().as_secs_f64(),
+            })
+            .collect()
+    }
+}
+
+/// What `CancelRun` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CancelAnswer {
+    /// Stopped and awaited.
+    Cancelled,
+    /// The call runs here but its tool does not allow cancellation.
+    NotCancellable { tool: String },
+    /// No running call with that id here.
+    Unknown,
+}
+
+/// Sent by an activity for the companion tool `cancel_task(call_id)`. The reply comes
+/// once the run is gone; its `/finished` output says it was cancelled.
+pub(crate) struct CancelRun {
+    pub(crate) call_id: String,
+}
+
+impl Message for CancelRun {
+    type Result = CancelAnswer;
+}
+
+impl Handler<CancelRun> for ToolsetActor {
+    type Result = ResponseActFuture<Self, CancelAnswer>;
+
+    fn handle(&mut self, msg: CancelRun, _ctx: &mut Self::Context) -> Self::Result {
+        let found = self
+            .runs
+            .iter()
+            .find(|(_, run)| !run.closed && run.call.call_id == msg.call_id)
+            .map(|(key, run)| (*key, run.call.name.clone()));
+        let Some((key, name)) = found else {
+            return Box::pin(fut::ready(CancelAnswer::Unknown));
+        };
+        let allowed = self
+            .tools
+            .get(&name)
+            .is_some_and(|(tool, _)| tool.allows_cancellation());
+        if !allowed {
+            return Box::pin(fut::ready(CancelAnswer::NotCancellable { tool: name }));
+        }
+        let stopping = self.stop_runs(vec![key], Arc::from("cancelled by the model"), true);
+        Box::pin(stopping.into_actor(self).map(|_, _, _| CancelAnswer::Cancelled))
+    }
+}
+
+counted_handlers!(ToolsetActor: RunTool, RunEnded, StopRuns, StopToolset, ListRuns, CancelRun);
