@@ -769,6 +769,14 @@ impl Handler<DeliverToolItems> for SessionActor {
             Phase::Closing => {
                 let _ = delivery.done.send(Err(UpdateError::SessionClosed));
             }
+            // An agent-scoped run delivering mid-switch belongs to the activity being
+            // closed or paused, which will never take items again: refuse at once rather
+            // than hold the run (and so the switch waiting for it) until its grace period.
+            Phase::Starting | Phase::Switching if matches!(delivery.scope, Scope::Activity(_)) => {
+                let _ = delivery.done.send(Err(UpdateError::ScopeClosed {
+                    call_id: delivery.base_call_id,
+                }));
+            }
             Phase::Starting | Phase::Switching => self.waiting.push(delivery),
             Phase::Running => self.deliver(delivery, ctx),
         }

@@ -148,6 +148,21 @@ impl ToolRunActor {
         async move { fut.await.unwrap_or(Err(UpdateError::SessionClosed)) }
     }
 
+    /// Delivers a terminal `/finished` pair on a task of the arbiter, not of this actor:
+    /// actix drops a request whose reply future was dropped, so a delivery spawned in
+    /// this actor's context would be lost if the actor stopped before the session handled
+    /// it.
+    fn deliver_detached(
+        &self,
+        call_id: String,
+        output: String,
+        is_error: bool,
+        reply: bool,
+    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + 'static {
+        let task = actix::spawn(self.deliver(call_id, output, is_error, reply));
+        async move { task.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+    }
+
     fn on_body_done(
         &mut self,
         result: Result<ToolResult, Box<dyn std::any::Any + Send>>,
@@ -192,18 +207,21 @@ impl ToolRunActor {
         let delivery = self.deliver(finished, out.output, out.is_error, reply);
         let session = self.session.mailbox.clone();
         let me = self.id().clone();
-        let alive = self.alive.clone();
+        // Detached from this actor (see `deliver_detached`), and holding no alive token: a
+        // handoff may be buffering this delivery while it waits for this run's scope to
+        // stop.
+        let task = actix::spawn(async move {
+            if let (Ok(()), Some(handoff)) = (delivery.await, handoff) {
+                // The handoff this run performs does not stop it: the body has returned.
+                session.tell(&me, handoff);
+            }
+        });
         ctx.spawn(
             async move {
-                let _alive = alive;
-                let delivered = delivery.await;
-                if let (Ok(()), Some(handoff)) = (delivered, handoff) {
-                    // The handoff this run performs does not stop it: the body has returned.
-                    session.tell(&me, handoff);
-                }
+                let _ = task.await;
             }
             .into_actor(self)
-            .map(|_, _, ctx| ctx.stop()),
+            .map(|(), _, ctx| ctx.stop()),
         );
     }
 }
@@ -351,15 +369,8 @@ impl Handler<StopRun> for ToolRunActor {
         if msg.report && background && !already_closed {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);
-            let delivery = self.deliver(finished, out.output, false, false);
-            let alive = self.alive.clone();
-            ctx.spawn(
-                async move {
-                    let _alive = alive;
-                    let _ = delivery.await;
-                }
-                .into_actor(self),
-            );
+            // Fire and forget: the item reaches the chat context even once this run is gone.
+            drop(self.deliver_detached(finished, out.output, false, false));
         }
         ctx.run_later(self.shared.config.grace_period, |act, ctx| {
             if !act.body_done {
