@@ -53,17 +53,18 @@
 pub mod testing;
 
 pub use switchboard_actors::{
-    agent, chat, error, error_policy, events, ids, inspector, io, llm, run_context, tool,
+    agent, chat, error, error_policy, events, ids, inspector, io, llm, prompts, run_context, tool,
 };
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentState, AsyncRunContext, BuildError,
-    ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute,
-    FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError, Inspector, Io, Journal,
-    Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo, Playout, Received, RunContext,
-    RunResult, Session, SessionAddress, SessionBuilder, SessionError, SessionEvent, SessionId,
-    SpeechId, StopResponse, TaskError, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
-    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
-    UpdateMessage, CONFIRM_DUPLICATE_PARAM,
+    ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, DuplicatePromptArgs, Engine,
+    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError,
+    Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo,
+    Playout, PromptArgs, Prompts, Received, ReplyPromptArgs, RunContext, RunResult, Session,
+    SessionAddress, SessionBuilder, SessionError, SessionEvent, SessionId, SpeechId, StopResponse,
+    TaskError, Template, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic,
+    ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError, UpdateMessage,
+    UpdatePromptArgs, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`.
