@@ -265,7 +265,11 @@ impl ActivityActor {
                 .iter()
                 .map(|t| (t.clone(), effective_policy(t, toolset)))
                 .collect();
-            groups.push((toolset.name.clone(), tools, toolset.prompts.or(&agent_prompts)));
+            groups.push((
+                toolset.name.clone(),
+                tools,
+                toolset.prompts.or(&agent_prompts),
+            ));
         }
         for (name, tools, prompts) in groups {
             schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));

@@ -48,7 +48,8 @@ impl HookContext {
     /// Queues a reply of the agent, run once the hook has returned and the handoff is
     /// complete. (Awaiting a turn inside a hook would wait for the hook itself.)
     pub fn generate_reply(&self, instructions: impl Into<String>) {
-        self.session.queue_reply(&self.activity, instructions.into());
+        self.session
+            .queue_reply(&self.activity, instructions.into());
     }
 }
 

@@ -221,12 +221,7 @@ impl Handler<RunTool> for ToolsetActor {
         } else {
             match serde_json::from_str(&msg.call.arguments) {
                 Ok(value) => value,
-                Err(err) => {
-                    return ready(CallOutput::error(format!(
-                        "Error parsing arguments for {}: {err}",
-                        tool.name()
-                    )))
-                }
+                Err(err) => return ready(args_error(tool.name(), &err.to_string())),
             }
         };
         let confirmed = args
@@ -237,13 +232,7 @@ impl Handler<RunTool> for ToolsetActor {
         // 2. Parse.
         let body = match (tool.def.prepare)(args) {
             Ok(body) => body,
-            Err(reason) => {
-                tracing::warn!(tool = tool.name(), %reason, "tool arguments did not parse");
-                return ready(CallOutput::error(format!(
-                    "Error parsing arguments for {}: {reason}",
-                    tool.name()
-                )));
-            }
+            Err(reason) => return ready(args_error(tool.name(), &reason)),
         };
         // 3. Duplicates.
         let running = self.duplicates_of(tool.name(), msg.step);
@@ -279,6 +268,13 @@ impl Handler<RunTool> for ToolsetActor {
         let rx = self.spawn_run(tool, msg.call, msg.step, msg.agent, body);
         Box::pin(async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(self))
     }
+}
+
+/// The model's arguments did not parse: an error output it can act on, a warning in the
+/// log (an expected error: no backtrace).
+fn args_error(tool: &str, reason: &str) -> CallOutput {
+    tracing::warn!(tool, %reason, "tool arguments did not parse");
+    CallOutput::error(format!("Error parsing arguments for {tool}: {reason}"))
 }
 
 fn lost() -> CallOutput {
@@ -440,7 +436,11 @@ impl Handler<CancelRun> for ToolsetActor {
             return Box::pin(fut::ready(CancelAnswer::NotCancellable { tool: name }));
         }
         let stopping = self.stop_runs(vec![key], Arc::from("cancelled by the model"), true);
-        Box::pin(stopping.into_actor(self).map(|_, _, _| CancelAnswer::Cancelled))
+        Box::pin(
+            stopping
+                .into_actor(self)
+                .map(|_, _, _| CancelAnswer::Cancelled),
+        )
     }
 }
 

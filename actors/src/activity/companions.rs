@@ -71,7 +71,12 @@ pub(crate) async fn answer(
     };
     for toolset in &toolsets {
         match toolset
-            .ask(&from, CancelRun { call_id: args.call_id.clone() })
+            .ask(
+                &from,
+                CancelRun {
+                    call_id: args.call_id.clone(),
+                },
+            )
             .await
             .unwrap_or(CancelAnswer::Unknown)
         {
