@@ -60,8 +60,14 @@ async fn bare_tools_reject_a_duplicate_by_default() {
     let second = session.run("watch b").await.unwrap();
     let out = second.function_outputs().next().unwrap();
     assert!(!out.is_error, "a duplicate answer is a plain output");
-    assert!(out.output.starts_with("watch is already running; not started again."));
-    assert!(out.output.contains(r#""call_id":"call_1""#), "{}", out.output);
+    assert!(out
+        .output
+        .starts_with("watch is already running; not started again."));
+    assert!(
+        out.output.contains(r#""call_id":"call_1""#),
+        "{}",
+        out.output
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_invariant(&session.chat_context().await.unwrap());
     session.close().await.unwrap();
@@ -79,7 +85,12 @@ async fn named_toolsets_ask_for_confirmation_and_a_confirmed_duplicate_runs() {
         Reply::tool_call("export", json!({"q": "b", "confirm_duplicate": true})),
     ]);
     llm.otherwise(Reply::text("OK."));
-    let session = start(Agent::builder("agent-a").build().unwrap(), vec![toolset], llm.clone()).await;
+    let session = start(
+        Agent::builder("agent-a").build().unwrap(),
+        vec![toolset],
+        llm.clone(),
+    )
+    .await;
     session.run("export a").await.unwrap();
     // The schema the model sees carries the confirm parameter.
     let schema = llm.requests()[0]
@@ -89,17 +100,28 @@ async fn named_toolsets_ask_for_confirmation_and_a_confirmed_duplicate_runs() {
         .unwrap()
         .parameters
         .clone();
-    assert_eq!(schema["properties"][CONFIRM_DUPLICATE_PARAM]["type"], "boolean");
+    assert_eq!(
+        schema["properties"][CONFIRM_DUPLICATE_PARAM]["type"],
+        "boolean"
+    );
 
     let asked = session.run("export b").await.unwrap();
     let out = asked.function_outputs().next().unwrap();
-    assert!(out.output.contains("confirm_duplicate=true"), "{}", out.output);
+    assert!(
+        out.output.contains("confirm_duplicate=true"),
+        "{}",
+        out.output
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 
     let confirmed = session.run("yes, again").await.unwrap();
     let out = confirmed.function_outputs().next().unwrap();
     assert_eq!(out.output, "Update from export: started b");
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "the confirmed duplicate ran");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the confirmed duplicate ran"
+    );
     session.close().await.unwrap();
 }
 
@@ -113,7 +135,8 @@ async fn allow_runs_both_and_calls_of_one_step_are_never_duplicates() {
         .unwrap();
     let llm = ScriptedLlm::new([
         // Same step: both `watch` calls run although `watch` rejects duplicates.
-        Reply::tool_call("watch", json!({"q": "paris"})).and_tool_call("watch", json!({"q": "london"})),
+        Reply::tool_call("watch", json!({"q": "paris"}))
+            .and_tool_call("watch", json!({"q": "london"})),
         Reply::text("Watching both."),
         Reply::tool_call("poll", json!({"q": "1"})),
         Reply::text("Polling."),
@@ -122,7 +145,9 @@ async fn allow_runs_both_and_calls_of_one_step_are_never_duplicates() {
     llm.otherwise(Reply::text("OK."));
     let session = start(agent, vec![], llm).await;
     let first = session.run("watch both").await.unwrap();
-    assert!(first.function_outputs().all(|o| o.output.starts_with("Update from watch")));
+    assert!(first
+        .function_outputs()
+        .all(|o| o.output.starts_with("Update from watch")));
     session.run("poll").await.unwrap();
     let again = session.run("poll again").await.unwrap();
     assert_eq!(
@@ -188,7 +213,12 @@ async fn a_malformed_replace_call_cancels_nothing() {
         .unwrap();
     session.run("watch").await.unwrap();
     let bad = session.run("again").await.unwrap();
-    assert!(bad.function_outputs().next().unwrap().output.starts_with("Error parsing arguments for watch"));
+    assert!(bad
+        .function_outputs()
+        .next()
+        .unwrap()
+        .output
+        .starts_with("Error parsing arguments for watch"));
     assert!(session.inspector().unwrap().is_alive("tool/s1/1:call_1"));
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     session.close().await.unwrap();
@@ -225,14 +255,21 @@ fn a_confirm_tool_with_its_own_confirm_duplicate_argument_is_a_build_error() {
     struct Clashing {
         confirm_duplicate: bool,
     }
-    let tool = Tool::new("clash", "Clashes", |_ctx: RunContext, _: Clashing| async move {
-        Ok::<_, ToolFailure>(())
-    });
+    let tool = Tool::new(
+        "clash",
+        "Clashes",
+        |_ctx: RunContext, _: Clashing| async move { Ok::<_, ToolFailure>(()) },
+    );
     let err = Agent::builder("agent-a")
         .toolset(Toolset::new("jobs").tool(tool.clone()))
         .build()
         .unwrap_err();
-    assert_eq!(err, BuildError::ConfirmParameterClash { tool: "clash".into() });
+    assert_eq!(
+        err,
+        BuildError::ConfirmParameterClash {
+            tool: "clash".into()
+        }
+    );
     // Under `reject` (bare tools' default) the name is the tool's own business.
     assert!(Agent::builder("agent-a").tool(tool).build().is_ok());
 }
@@ -246,7 +283,10 @@ fn a_toolset_wide_policy_only_fills_in_tools_that_set_none() {
         .tool(long_running("b", runs).on_duplicate(DuplicatePolicy::Allow))
         .on_duplicate(DuplicatePolicy::Reject);
     // Neither tool gets a confirm parameter: `a` takes the toolset's reject, `b` keeps allow.
-    assert_eq!(toolset.tools()[1].duplicate_policy(), Some(DuplicatePolicy::Allow));
+    assert_eq!(
+        toolset.tools()[1].duplicate_policy(),
+        Some(DuplicatePolicy::Allow)
+    );
     assert_eq!(toolset.tools()[0].duplicate_policy(), None);
 }
 use switchboard::BuildError;

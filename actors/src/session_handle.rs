@@ -24,13 +24,17 @@ use crate::lifecycle::alive_pair;
 use crate::llm::Llm;
 use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::prompts::Prompts;
+use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
     CloseSession, Handoff, QueueReply, ReadAgent, ReadChat, RunTask, RunTurn, SessionActor,
     SpeechPlayedOut, StartSession,
 };
 use crate::shared::{SessionConfig, SessionShared};
-use crate::tool::Toolset;
+use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::future::Future;
 
 /// A running session. Cheap to clone; every clone talks to the same session actor.
 #[derive(Clone)]
@@ -255,6 +259,7 @@ pub struct SessionBuilder {
     event_capacity: usize,
     error_policy: ErrorPolicy,
     prompts: Prompts,
+    mocks: HashMap<String, MockBody>,
 }
 
 impl Default for SessionBuilder {
@@ -273,6 +278,7 @@ impl Default for SessionBuilder {
             event_capacity: 1024,
             error_policy: ErrorPolicy::new(),
             prompts: Prompts::new(),
+            mocks: HashMap::new(),
         }
     }
 }
@@ -370,6 +376,23 @@ impl SessionBuilder {
         self
     }
 
+    /// Replaces the body of every tool named `name` in this session (whichever agent or
+    /// toolset has it) by `mock`, keeping the tool's schema and policies. The arguments
+    /// are still checked against the tool's own type first (a call that would not parse
+    /// gets the same error as without the mock); the mock gets them as JSON, and a
+    /// `RunContext` with which it may `update`, return or fail like the real body.
+    /// Mocks belong to this session only: another session can mock the same tool
+    /// differently.
+    pub fn mock_tool<F, Fut, R>(mut self, name: impl Into<String>, mock: F) -> Self
+    where
+        F: Fn(RunContext, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R, ToolFailure>> + Send + 'static,
+        R: Into<ToolReturn>,
+    {
+        self.mocks.insert(name.into(), mock_body(mock));
+        self
+    }
+
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(self, engine: &Engine) -> Result<Session, SessionError> {
@@ -402,6 +425,7 @@ impl SessionBuilder {
             self.llm,
             self.error_policy,
             self.prompts,
+            self.mocks,
             self.userdata,
             journal.clone(),
             self.io,

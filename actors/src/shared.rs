@@ -4,7 +4,7 @@
 //! contended; they exist because handles (`Session`, `RunContext`) are `Send`.
 
 use std::any::Any;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -19,6 +19,7 @@ use crate::lifecycle::AliveWaiter;
 use crate::llm::Llm;
 use crate::mailbox::Journal;
 use crate::prompts::Prompts;
+use crate::tool::MockBody;
 
 /// Settings of a session, fixed when it starts.
 #[derive(Clone, Debug)]
@@ -34,6 +35,7 @@ pub(crate) struct SessionShared {
     pub(crate) llm: Option<Arc<dyn Llm>>,
     pub(crate) error_policy: ErrorPolicy,
     pub(crate) prompts: Prompts,
+    pub(crate) mocks: HashMap<String, MockBody>,
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) journal: Option<Arc<Journal>>,
     pub(crate) events: broadcast::Sender<SessionEvent>,
@@ -55,6 +57,7 @@ impl SessionShared {
         llm: Option<Arc<dyn Llm>>,
         error_policy: ErrorPolicy,
         prompts: Prompts,
+        mocks: HashMap<String, MockBody>,
         userdata: Option<Arc<dyn Any + Send + Sync>>,
         journal: Option<Arc<Journal>>,
         io: Box<dyn Io>,
@@ -69,6 +72,7 @@ impl SessionShared {
             llm,
             error_policy,
             prompts,
+            mocks,
             userdata,
             journal,
             events,

@@ -180,6 +180,21 @@ pub type ToolResult = Result<ToolReturn, ToolFailure>;
 pub(crate) type PreparedBody = Box<dyn FnOnce(RunContext) -> BoxFuture<'static, ToolResult> + Send>;
 type Prepare = dyn Fn(Value) -> Result<PreparedBody, String> + Send + Sync;
 
+/// A mock body: replaces a tool's body for one session, keeping its schema and policies.
+/// It gets the arguments as parsed JSON (they were checked against the tool's own type
+/// first) and the same [`RunContext`] the real body would.
+pub(crate) type MockBody =
+    Arc<dyn Fn(RunContext, Value) -> BoxFuture<'static, ToolResult> + Send + Sync>;
+
+pub(crate) fn mock_body<F, Fut, R>(body: F) -> MockBody
+where
+    F: Fn(RunContext, Value) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<R, ToolFailure>> + Send + 'static,
+    R: Into<ToolReturn>,
+{
+    Arc::new(move |ctx, args| body(ctx, args).map(|r| r.map(Into::into)).boxed())
+}
+
 /// Arguments of a tool that takes none.
 #[derive(Debug, Clone, Copy, Default, Deserialize, JsonSchema)]
 pub struct NoArgs {}

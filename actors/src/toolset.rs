@@ -229,10 +229,16 @@ impl Handler<RunTool> for ToolsetActor {
             .and_then(|o| o.remove(CONFIRM_DUPLICATE_PARAM))
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
-        // 2. Parse.
+        // 2. Parse (a mock's arguments are checked against the real type too).
+        let mock = self.session.shared.mocks.get(tool.name()).cloned();
+        let raw = mock.is_some().then(|| args.clone());
         let body = match (tool.def.prepare)(args) {
             Ok(body) => body,
             Err(reason) => return ready(args_error(tool.name(), &reason)),
+        };
+        let body: crate::tool::PreparedBody = match (mock, raw) {
+            (Some(mock), Some(raw)) => Box::new(move |ctx| mock(ctx, raw)),
+            _ => body,
         };
         // 3. Duplicates.
         let running = self.duplicates_of(tool.name(), msg.step);

@@ -74,8 +74,12 @@ impl Reply {
 
 type Rule = Box<dyn Fn(&LlmRequest) -> Option<Reply> + Send + Sync>;
 
-/// A scripted model: answers with the next scripted [`Reply`], or the first rule that
-/// matches the request; fails the turn (printing the request) when nothing is left.
+/// A scripted model: answers a request with, in this order, the reply set for its index
+/// ([`ScriptedLlm::on_request`]), the first rule that matches it ([`ScriptedLlm::rule`],
+/// [`ScriptedLlm::when_user_says`]), the next scripted [`Reply`], or the fallback
+/// ([`ScriptedLlm::otherwise`]). With none of them, the request fails the turn with an
+/// error that prints the request (`SessionError::Llm`), so an unexpected request fails
+/// the test with what the model was shown.
 ///
 /// ```
 /// use switchboard::testing::{Reply, ScriptedLlm};
@@ -88,6 +92,7 @@ type Rule = Box<dyn Fn(&LlmRequest) -> Option<Reply> + Send + Sync>;
 pub struct ScriptedLlm {
     script: Mutex<VecDeque<Reply>>,
     rules: Mutex<Vec<Rule>>,
+    by_index: Mutex<std::collections::HashMap<usize, Reply>>,
     fallback: Mutex<Option<Reply>>,
     requests: Mutex<Vec<LlmRequest>>,
     next_call: AtomicU64,
@@ -113,6 +118,7 @@ impl ScriptedLlm {
         Arc::new(Self {
             script: Mutex::new(replies.into_iter().collect()),
             rules: Mutex::new(Vec::new()),
+            by_index: Mutex::new(Default::default()),
             fallback: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             next_call: AtomicU64::new(0),
@@ -127,6 +133,12 @@ impl ScriptedLlm {
     /// Adds a rule consulted before the script: the first rule returning a reply answers.
     pub fn rule(&self, rule: impl Fn(&LlmRequest) -> Option<Reply> + Send + Sync + 'static) {
         lock(&self.rules).push(Box::new(rule));
+    }
+
+    /// Answers request number `index` (0 for the first request this model receives) with
+    /// `reply`, before rules and script.
+    pub fn on_request(&self, index: usize, reply: Reply) {
+        lock(&self.by_index).insert(index, reply);
     }
 
     /// Answers `reply` whenever the last user message contains `text`.
@@ -164,6 +176,10 @@ impl ScriptedLlm {
     }
 
     fn answer(&self, request: &LlmRequest) -> Option<Reply> {
+        let index = lock(&self.requests).len();
+        if let Some(reply) = lock(&self.by_index).remove(&index) {
+            return Some(reply);
+        }
         if let Some(reply) = lock(&self.rules).iter().find_map(|rule| rule(request)) {
             return Some(reply);
         }
