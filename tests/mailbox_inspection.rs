@@ -1,0 +1,194 @@
+//! SPEC §9: a test sees each actor's traffic: received messages, queue length, lifecycle,
+//! and a Mermaid export of the session stable enough for a golden file.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gate, Query};
+use serde_json::json;
+use switchboard::prelude::*;
+use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::{InspectError, NoArgs};
+
+fn handoff_agents() -> (Agent, Agent) {
+    let b = Agent::builder("agent-b").build().unwrap();
+    let to_b = b.clone();
+    let transfer = Tool::new("transfer", "Transfers", move |_ctx: RunContext, _: NoArgs| {
+        let b = to_b.clone();
+        async move { Ok::<_, ToolFailure>(Handoff::to(b)) }
+    });
+    let watch = Tool::new("watch", "Watches", |ctx: RunContext, _: Query| async move {
+        ctx.update("watching").await?;
+        ctx.cancelled().await;
+        Ok::<_, ToolFailure>(())
+    });
+    let a = Agent::builder("agent-a").tool(transfer).tool(watch).build().unwrap();
+    (a, b)
+}
+
+#[actix::test]
+async fn the_mermaid_export_of_a_handoff_matches_the_golden_file() {
+    let (a, _) = handoff_agents();
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("watch", json!({"q": "door"})),
+        Reply::text("Watching."),
+        Reply::tool_call("transfer", json!({})),
+    ]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(a)
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("watch the door").await.unwrap();
+    session.run("transfer me").await.unwrap();
+    let inspector = session.inspector().unwrap();
+    session.close().await.unwrap();
+    let diagram = inspector.mermaid();
+    let golden_path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/handoff.mmd");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(golden_path, &diagram).unwrap();
+    }
+    let golden = std::fs::read_to_string(golden_path).unwrap();
+    assert_eq!(diagram, golden, "run with UPDATE_GOLDEN=1 to accept a new diagram");
+    // Participants are aliased: ids with ':' and '#' never appear as Mermaid names.
+    for line in diagram.lines().filter(|l| l.contains("->>")) {
+        let names = line.trim().split(':').next().unwrap();
+        assert!(!names.contains('#'), "{line}");
+    }
+}
+
+#[actix::test]
+async fn assert_stopped_holds_for_the_agent_tool_and_not_the_session_tool() {
+    let (a, _) = handoff_agents();
+    let job = Tool::new("job", "Background job", |ctx: RunContext, _: Query| async move {
+        ctx.update("running").await?;
+        ctx.cancelled().await;
+        Ok::<_, ToolFailure>(())
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("watch", json!({"q": "door"})).and_tool_call("job", json!({"q": "x"})),
+        Reply::text("Both running."),
+        Reply::tool_call("transfer", json!({})),
+    ]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(a)
+        .toolset(Toolset::new("jobs").tool(job))
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("start").await.unwrap();
+    session.run("transfer me").await.unwrap();
+    let inspector = session.inspector().unwrap();
+    inspector.assert_stopped("tool/s1/1:call_1").unwrap();
+    assert_eq!(
+        inspector.assert_stopped("tool/s1/2:call_2"),
+        Err(InspectError::StillAlive {
+            id: "tool/s1/2:call_2".into()
+        })
+    );
+    let watch = inspector.actor("tool/s1/1:call_1").unwrap();
+    assert!(watch.stopped_at.unwrap() >= watch.started_at);
+    let kinds: Vec<&str> = watch.received.iter().map(|r| r.kind).collect();
+    assert_eq!(kinds, ["ToolUpdate", "StopRun"]);
+    assert_eq!(watch.received[1].from.as_str(), "toolset/s1/agent-a#1/tools");
+    // Sequence numbers order the session's traffic.
+    let seqs: Vec<u64> = inspector.traffic().iter().map(|r| r.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+    let unknown = inspector.received("tool/s1/9:nope").unwrap_err();
+    assert!(unknown.to_string().contains("tool/s1/1:call_1"), "lists known ids: {unknown}");
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn pending_counts_queued_messages_until_they_are_handled_or_dropped() {
+    // `on_exit` is held on a gate, so the session is mid-handoff; three host messages are
+    // sent without letting the session's arbiter run yet.
+    let gate = Gate::new();
+    let g = gate.clone();
+    let a = Agent::builder("agent-a")
+        .on_exit(move |_ctx| {
+            let g = g.clone();
+            async move { g.wait().await }
+        })
+        .build()
+        .unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.otherwise(Reply::text("Hi."));
+    let session = Session::builder()
+        .llm(llm)
+        .agent(a)
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let s = session.clone();
+    let handoff = actix::spawn(async move {
+        s.update_agent(Agent::builder("agent-b").build().unwrap()).await
+    });
+    inspector
+        .wait_for("activity/s1/agent-a#1", "CloseActivity", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let received_before = inspector.received("session/s1").unwrap().len();
+    for _ in 0..3 {
+        session.playout_finished(switchboard::SpeechId(99), None);
+    }
+    assert_eq!(inspector.pending("session/s1").unwrap(), 3);
+    assert_eq!(inspector.received("session/s1").unwrap().len(), received_before);
+
+    // Handled once the session's thread gets to them, while on_exit still waits.
+    inspector
+        .wait_for("session/s1", "SpeechPlayedOut", Duration::from_secs(5))
+        .await
+        .unwrap();
+    tokio::task::yield_now().await;
+    assert_eq!(inspector.pending("session/s1").unwrap(), 0);
+    assert!(!handoff.is_finished());
+    gate.open();
+    handoff.await.unwrap().unwrap();
+    session.close().await.unwrap();
+    for actor in inspector.actors() {
+        assert_eq!(inspector.pending(actor.as_str()).unwrap(), 0, "{actor}");
+    }
+}
+
+#[actix::test]
+async fn wait_for_times_out_with_what_the_actor_did_receive() {
+    tokio::time::pause();
+    let session = Session::builder()
+        .llm(ScriptedLlm::new([]))
+        .agent(Agent::builder("agent-a").build().unwrap())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let err = inspector
+        .wait_for("session/s1", "Handoff", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "actor session/s1 received no Handoff within 1s; it received: StartSession"
+    );
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn without_inspection_there_is_no_journal() {
+    let session = Session::builder()
+        .llm(ScriptedLlm::new([]))
+        .agent(Agent::builder("agent-a").build().unwrap())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    assert!(session.inspector().is_none());
+    session.close().await.unwrap();
+}
