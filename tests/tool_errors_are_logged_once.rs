@@ -80,15 +80,19 @@ async fn expected_errors_have_no_backtrace_and_unexpected_ones_are_logged_once()
     let post = Tool::new("post", "Posts", |_ctx: RunContext, _: Query| async move {
         Err::<(), _>(PostFailed(LedgerOffline).into())
     });
-    let llm = ScriptedLlm::new([
-        Reply::tool_call("pay", json!({"q": "x"}))
-            .and_tool_call("post", json!({"q": "y"}))
-            .and_raw_tool_call("c3", "pay", "{oops"),
-    ]);
+    let llm = ScriptedLlm::new([Reply::tool_call("pay", json!({"q": "x"}))
+        .and_tool_call("post", json!({"q": "y"}))
+        .and_raw_tool_call("c3", "pay", "{oops")]);
     llm.otherwise(Reply::text("Sorry."));
     let session = Session::builder()
         .llm(llm)
-        .agent(Agent::builder("agent-a").tool(declined).tool(post).build().unwrap())
+        .agent(
+            Agent::builder("agent-a")
+                .tool(declined)
+                .tool(post)
+                .build()
+                .unwrap(),
+        )
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -97,7 +101,11 @@ async fn expected_errors_have_no_backtrace_and_unexpected_ones_are_logged_once()
 
     let events = capture.events();
     let about = |needle: &str| -> Vec<Captured> {
-        events.iter().filter(|e| e.text.contains(needle)).cloned().collect()
+        events
+            .iter()
+            .filter(|e| e.text.contains(needle))
+            .cloned()
+            .collect()
     };
     // The ToolError: one warn line, no backtrace.
     let declined = about("card declined");
@@ -108,10 +116,16 @@ async fn expected_errors_have_no_backtrace_and_unexpected_ones_are_logged_once()
     let failed = about("could not post the entry");
     assert_eq!(failed.len(), 1, "logged once: {events:#?}");
     assert_eq!(failed[0].level, Level::ERROR);
-    assert!(failed[0].text.contains("caused by: ledger offline"), "{:?}", failed[0]);
+    assert!(
+        failed[0].text.contains("caused by: ledger offline"),
+        "{:?}",
+        failed[0]
+    );
     // The argument error: a warning, not an error.
     let parse = about("did not parse");
     assert_eq!(parse.len(), 1, "{events:#?}");
     assert_eq!(parse[0].level, Level::WARN);
-    assert!(events.iter().all(|e| !e.text.to_lowercase().contains("backtrace")));
+    assert!(events
+        .iter()
+        .all(|e| !e.text.to_lowercase().contains("backtrace")));
 }

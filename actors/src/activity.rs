@@ -38,7 +38,7 @@ use crate::io::{Playout, SpeechId};
 use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
 use crate::llm::{Llm, LlmError, LlmRequest, ToolChoice, ToolSchema};
 use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::{CallOutput, Effect};
+use crate::outcome::{terminal_pair, CallOutput, Effect};
 use crate::prompts::{Prompts, ReplyPromptArgs};
 use crate::session::{Handoff, PendingItem, Scope, SessionToolset};
 use crate::session_handle::Session;
@@ -85,7 +85,9 @@ struct Turn {
 struct Held {
     base_call_id: String,
     items: Vec<ChatItem>,
-    reply: oneshot::Sender<Result<(), UpdateError>>,
+    /// The tool's `ctx.update` waiting for the items; none for the engine's own terminal
+    /// items.
+    reply: Option<oneshot::Sender<Result<(), UpdateError>>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -690,7 +692,9 @@ impl ActivityActor {
             for item in held.items {
                 self.record_outside_turn(item);
             }
-            let _ = held.reply.send(Ok(()));
+            if let Some(reply) = held.reply {
+                let _ = reply.send(Ok(()));
+            }
         }
     }
 
@@ -741,27 +745,36 @@ impl ActivityActor {
         }
     }
 
+    /// Writes the `/finished` output of background calls that were stopped; held like any
+    /// later item while the call's own step is uncommitted (a pause mid-step).
     fn write_terminal(&mut self, calls: Vec<FunctionCall>, reason: &str) {
         for call in calls {
-            let id = format!("{}/finished", call.call_id);
-            let out = CallOutput::ended(reason);
-            self.record_outside_turn(ChatItem::FunctionCall(FunctionCall {
-                call_id: id.clone(),
-                name: call.name.clone(),
-                arguments: call.arguments.clone(),
-            }));
-            self.record_outside_turn(ChatItem::FunctionCallOutput(FunctionCallOutput {
-                call_id: id,
-                name: call.name,
-                output: out.output,
-                is_error: false,
-            }));
+            let base_call_id = call.call_id.clone();
+            let items = terminal_pair(call, reason).to_vec();
+            if self.uncommitted.contains(&base_call_id) {
+                self.held.push(Held {
+                    base_call_id,
+                    items,
+                    reply: None,
+                });
+            } else {
+                for item in items {
+                    self.record_outside_turn(item);
+                }
+            }
         }
     }
 
+    /// Refuses the tools' held updates (their scope is pausing or closing); the engine's
+    /// own terminal items stay held until their step commits.
     fn refuse_held(&mut self) {
-        for held in self.held.drain(..) {
-            let _ = held.reply.send(Err(UpdateError::ScopeClosed {
+        let (terminal, waiting): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|h| h.reply.is_none());
+        self.held = terminal;
+        for held in waiting {
+            let Some(reply) = held.reply else { continue };
+            let _ = reply.send(Err(UpdateError::ScopeClosed {
                 call_id: held.base_call_id,
             }));
         }
@@ -890,7 +903,7 @@ impl Handler<InsertToolItems> for ActivityActor {
             self.held.push(Held {
                 base_call_id: msg.base_call_id,
                 items: msg.items,
-                reply: tx,
+                reply: Some(tx),
             });
             return Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) });
         }

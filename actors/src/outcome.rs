@@ -6,6 +6,7 @@ use std::error::Error as StdError;
 
 use serde_json::Value;
 
+use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::error_policy::{describe_chain, ErrorPolicy, ErrorRoute};
 use crate::session::Handoff;
 use crate::tool::{ToolPanic, ToolResult, ToolReturn};
@@ -63,6 +64,25 @@ impl CallOutput {
     pub(crate) fn is_unit(&self) -> bool {
         self.output.is_empty() && matches!(self.effect, Effect::Quiet) && !self.is_error
     }
+}
+
+/// The `/finished` pair of a background call that ended without a result: says why, and
+/// asks for no reply.
+pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
+    let call_id = format!("{}/finished", call.call_id);
+    [
+        ChatItem::FunctionCall(FunctionCall {
+            call_id: call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments,
+        }),
+        ChatItem::FunctionCallOutput(FunctionCallOutput {
+            call_id,
+            name: call.name,
+            output: CallOutput::ended(reason).output,
+            is_error: false,
+        }),
+    ]
 }
 
 /// The policies consulted for one call's unexpected errors, most specific first.

@@ -30,7 +30,7 @@ use crate::activity::{
     ResumeActivity, StartActivity, StartTurn, TurnKind, TurnOutcome,
 };
 use crate::agent::Agent;
-use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
+use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::{RunResult, SessionEvent};
 use crate::ids::ActorId;
@@ -38,7 +38,7 @@ use crate::io::SpeechId;
 use crate::lifecycle::{wait_all, AliveToken, AliveWaiter};
 use crate::llm::ToolSchema;
 use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::CallOutput;
+use crate::outcome::terminal_pair;
 use crate::session_handle::Session;
 use crate::shared::SessionShared;
 use crate::tool::{Tool, Toolset};
@@ -948,23 +948,7 @@ impl Handler<CloseSession> for SessionActor {
 fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
     calls
         .into_iter()
-        .flat_map(|call| {
-            let id = format!("{}/finished", call.call_id);
-            let out = CallOutput::ended(reason);
-            [
-                ChatItem::FunctionCall(FunctionCall {
-                    call_id: id.clone(),
-                    name: call.name.clone(),
-                    arguments: call.arguments,
-                }),
-                ChatItem::FunctionCallOutput(FunctionCallOutput {
-                    call_id: id,
-                    name: call.name,
-                    output: out.output,
-                    is_error: false,
-                }),
-            ]
-        })
+        .flat_map(|call| terminal_pair(call, reason))
         .collect()
 }
 

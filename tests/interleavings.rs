@@ -1,0 +1,299 @@
+//! The interleavings SPEC §2–§4 name, each forced with explicit synchronisation: a pause
+//! while a deferred reply is pending, a stop while a tool's update is held, a barge of
+//! host turns during a handoff.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{assert_invariant, call_ids, wait_event, Gate, Log, Query};
+use serde_json::json;
+use switchboard::prelude::*;
+use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::{NoArgs, ToolChoice, UpdateError};
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+struct Email {
+    email: String,
+}
+
+fn collector() -> Agent {
+    let save = Tool::new(
+        "save_email",
+        "Saves it",
+        |_ctx: RunContext, args: Email| async move { ToolReturn::complete_task(&args) },
+    );
+    Agent::builder("collector").tool(save).build().unwrap()
+}
+
+fn ask_email() -> Tool {
+    Tool::new(
+        "ask_email",
+        "Collects an email",
+        |ctx: RunContext, _: NoArgs| async move {
+            let email: Email = ctx.run_task(collector()).await?;
+            Ok::<_, ToolFailure>(format!("email is {}", email.email))
+        },
+    )
+}
+
+/// Sends its first update at once, then a second one when the gate opens, then waits.
+fn two_updates(name: &'static str, gate: Gate) -> Tool {
+    Tool::new(
+        name,
+        "Reports twice",
+        move |ctx: RunContext, args: Query| {
+            let gate = gate.clone();
+            async move {
+                ctx.update(format!("{} started", args.q)).await?;
+                gate.wait().await;
+                ctx.update(format!("{} changed", args.q)).await?;
+                ctx.cancelled().await;
+                Ok::<_, ToolFailure>(())
+            }
+        },
+    )
+}
+
+#[actix::test]
+async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
+    let gate = Gate::new();
+    let main = Agent::builder("main")
+        .tool(two_updates("watch", gate.clone()))
+        .tool(ask_email())
+        .build()
+        .unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.on_request(
+        0,
+        Reply::tool_call("watch", json!({"q": "door"})).and_tool_call("feed", json!({"q": "news"})),
+    );
+    llm.on_request(1, Reply::text("Watching."));
+    llm.on_request(2, Reply::tool_call("ask_email", json!({})));
+    llm.on_request(3, Reply::text("Some news came in."));
+    llm.on_request(4, Reply::tool_call("save_email", json!({"email": "a@b.c"})));
+    llm.otherwise(Reply::text("OK."));
+    let io = RecordingIo::manual_playout();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(main)
+        .toolset(Toolset::new("feeds").tool(two_updates("feed", gate.clone())))
+        .io(io.clone())
+        .grace_period(Duration::ZERO)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    let s = session.clone();
+    let first = actix::spawn(async move { s.run("watch and feed").await });
+    wait_event(&mut events, |e| {
+        matches!(e, SessionEvent::SpeechCreated { .. }).then_some(())
+    })
+    .await;
+    // While "Watching." plays, both tools report again: the reply is pending.
+    gate.open();
+    let mut seen = Vec::new();
+    wait_event(&mut events, |e| {
+        if let SessionEvent::ConversationItemAdded {
+            item: ChatItem::FunctionCallOutput(o),
+            ..
+        } = e
+        {
+            seen.push(o.call_id.clone());
+        }
+        (seen.contains(&"call_1/update_1".to_owned())
+            && seen.contains(&"call_2/update_1".to_owned()))
+        .then_some(())
+    })
+    .await;
+    // The user asks for something that pauses `main` before the pending reply runs.
+    let s = session.clone();
+    let second = actix::spawn(async move { s.run("take my email").await });
+    tokio::task::yield_now().await;
+    session.playout_finished(io.last_speech().unwrap().id, None);
+    first.await.unwrap().unwrap();
+    // The collector answers the pending reply; the user hears it.
+    let speech = wait_event(&mut events, |e| match e {
+        SessionEvent::SpeechCreated { agent, speech } if agent == "collector" => Some(*speech),
+        _ => None,
+    })
+    .await;
+    session.playout_finished(speech, None);
+    session.wait_for_inactive().await;
+
+    let requests = llm.requests();
+    assert_eq!(
+        requests.len(),
+        4,
+        "{:#?}",
+        requests.iter().map(|r| r.agent.clone()).collect::<Vec<_>>()
+    );
+    let reply = &requests[3];
+    assert_eq!(&*reply.agent, "collector");
+    assert_eq!(reply.tool_choice, ToolChoice::None);
+    let instructions = reply.extra_instructions.as_deref().unwrap();
+    assert!(instructions.contains("call_2/update_1"), "{instructions}");
+    assert!(
+        !instructions.contains("call_1/update_1"),
+        "the paused agent's own item left the pending reply: {instructions}"
+    );
+    // The collector got the session item it lacked before being asked about it.
+    assert!(reply.chat.contains_call("call_2/update_1"));
+    assert!(!reply.chat.contains_call("call_1/update_1"));
+
+    // Every later speech is played out at once from here on.
+    let s = session.clone();
+    let mut ev = session.subscribe();
+    let player = actix::spawn(async move {
+        while let Ok(event) = ev.recv().await {
+            if let SessionEvent::SpeechCreated { speech, .. } = event {
+                s.playout_finished(speech, None);
+            }
+        }
+    });
+    session.run("a@b.c").await.unwrap();
+    let resumed = second.await.unwrap().unwrap();
+    player.abort();
+    assert!(resumed
+        .function_outputs()
+        .any(|o| o.output == "email is a@b.c"));
+    let chat = session.chat_context().await.unwrap();
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn a_held_update_of_a_run_stopped_mid_step_is_refused_and_recorded_nowhere() {
+    // `job` updates twice at once: the second update is held because its step waits for
+    // `ask_email`, whose sub-task pauses the agent and stops `job` meanwhile.
+    let log = Log::default();
+    let l = log.clone();
+    let job = Tool::new("job", "Works", move |ctx: RunContext, _: Query| {
+        let l = l.clone();
+        async move {
+            ctx.update("1").await?;
+            let second = ctx.update("2").await;
+            l.push(format!("{second:?}"));
+            Ok::<_, ToolFailure>(())
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("job", json!({"q": "x"})).and_tool_call("ask_email", json!({})),
+        Reply::tool_call("save_email", json!({"email": "a@b.c"})),
+        Reply::text("Got it."),
+    ]);
+    llm.otherwise(Reply::text("OK."));
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(
+            Agent::builder("main")
+                .tool(job)
+                .tool(ask_email())
+                .build()
+                .unwrap(),
+        )
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let s = session.clone();
+    let turn = actix::spawn(async move { s.run("work and ask").await });
+    let inspector = session.inspector().unwrap();
+    inspector
+        .wait_for(
+            "activity/s1/collector#1",
+            "StartActivity",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    session.run("a@b.c").await.unwrap();
+    let result = turn.await.unwrap().unwrap();
+    assert_eq!(
+        log.entries(),
+        [format!(
+            "{:?}",
+            Err::<(), _>(UpdateError::ScopeClosed {
+                call_id: "call_1".into()
+            })
+        )]
+    );
+    let chat = session.chat_context().await.unwrap();
+    // The step's pairs first; the stopped run's terminal output after them; no update_1.
+    assert_eq!(
+        call_ids(&chat)[..4],
+        ["call call_1", "call call_2", "out call_1", "out call_2"]
+    );
+    assert!(!chat.contains_call("call_1/update_1"));
+    assert!(chat
+        .output_of("call_1/finished")
+        .unwrap()
+        .output
+        .contains("paused"));
+    assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["Got it."]);
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn turns_sent_during_a_handoff_run_in_order_on_the_new_agent() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let b = Agent::builder("agent-b")
+        .on_enter(move |_ctx| {
+            let g = g.clone();
+            async move { g.wait().await }
+        })
+        .build()
+        .unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.rule(|req| {
+        let last = req.chat.items().iter().rev().find_map(|i| match i {
+            ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
+            _ => None,
+        })?;
+        Some(Reply::text(format!("{} heard {last}", req.agent)))
+    });
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("agent-a").build().unwrap())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let s = session.clone();
+    let handoff = actix::spawn(async move { s.update_agent(b).await });
+    session
+        .inspector()
+        .unwrap()
+        .wait_for(
+            "activity/s1/agent-b#1",
+            "StartActivity",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let mut turns = Vec::new();
+    for text in ["one", "two", "three"] {
+        let s = session.clone();
+        turns.push(actix::spawn(async move { s.run(text).await }));
+        tokio::task::yield_now().await;
+    }
+    gate.open();
+    handoff.await.unwrap().unwrap();
+    let mut answers = Vec::new();
+    for turn in turns {
+        let result = turn.await.unwrap().unwrap();
+        answers.extend(result.assistant_messages().map(str::to_owned));
+    }
+    assert_eq!(
+        answers,
+        [
+            "agent-b heard one",
+            "agent-b heard two",
+            "agent-b heard three"
+        ]
+    );
+    session.close().await.unwrap();
+}
