@@ -15,16 +15,24 @@ use switchboard::{InspectError, NoArgs};
 fn handoff_agents() -> (Agent, Agent) {
     let b = Agent::builder("agent-b").build().unwrap();
     let to_b = b.clone();
-    let transfer = Tool::new("transfer", "Transfers", move |_ctx: RunContext, _: NoArgs| {
-        let b = to_b.clone();
-        async move { Ok::<_, ToolFailure>(Handoff::to(b)) }
-    });
+    let transfer = Tool::new(
+        "transfer",
+        "Transfers",
+        move |_ctx: RunContext, _: NoArgs| {
+            let b = to_b.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(b)) }
+        },
+    );
     let watch = Tool::new("watch", "Watches", |ctx: RunContext, _: Query| async move {
         ctx.update("watching").await?;
         ctx.cancelled().await;
         Ok::<_, ToolFailure>(())
     });
-    let a = Agent::builder("agent-a").tool(transfer).tool(watch).build().unwrap();
+    let a = Agent::builder("agent-a")
+        .tool(transfer)
+        .tool(watch)
+        .build()
+        .unwrap();
     (a, b)
 }
 
@@ -53,7 +61,10 @@ async fn the_mermaid_export_of_a_handoff_matches_the_golden_file() {
         std::fs::write(golden_path, &diagram).unwrap();
     }
     let golden = std::fs::read_to_string(golden_path).unwrap();
-    assert_eq!(diagram, golden, "run with UPDATE_GOLDEN=1 to accept a new diagram");
+    assert_eq!(
+        diagram, golden,
+        "run with UPDATE_GOLDEN=1 to accept a new diagram"
+    );
     // Participants are aliased: ids with ':' and '#' never appear as Mermaid names.
     for line in diagram.lines().filter(|l| l.contains("->>")) {
         let names = line.trim().split(':').next().unwrap();
@@ -64,11 +75,15 @@ async fn the_mermaid_export_of_a_handoff_matches_the_golden_file() {
 #[actix::test]
 async fn assert_stopped_holds_for_the_agent_tool_and_not_the_session_tool() {
     let (a, _) = handoff_agents();
-    let job = Tool::new("job", "Background job", |ctx: RunContext, _: Query| async move {
-        ctx.update("running").await?;
-        ctx.cancelled().await;
-        Ok::<_, ToolFailure>(())
-    });
+    let job = Tool::new(
+        "job",
+        "Background job",
+        |ctx: RunContext, _: Query| async move {
+            ctx.update("running").await?;
+            ctx.cancelled().await;
+            Ok::<_, ToolFailure>(())
+        },
+    );
     let llm = ScriptedLlm::new([
         Reply::tool_call("watch", json!({"q": "door"})).and_tool_call("job", json!({"q": "x"})),
         Reply::text("Both running."),
@@ -96,12 +111,18 @@ async fn assert_stopped_holds_for_the_agent_tool_and_not_the_session_tool() {
     assert!(watch.stopped_at.unwrap() >= watch.started_at);
     let kinds: Vec<&str> = watch.received.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, ["ToolUpdate", "StopRun"]);
-    assert_eq!(watch.received[1].from.as_str(), "toolset/s1/agent-a#1/tools");
+    assert_eq!(
+        watch.received[1].from.as_str(),
+        "toolset/s1/agent-a#1/tools"
+    );
     // Sequence numbers order the session's traffic.
     let seqs: Vec<u64> = inspector.traffic().iter().map(|r| r.seq).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]));
     let unknown = inspector.received("tool/s1/9:nope").unwrap_err();
-    assert!(unknown.to_string().contains("tool/s1/1:call_1"), "lists known ids: {unknown}");
+    assert!(
+        unknown.to_string().contains("tool/s1/1:call_1"),
+        "lists known ids: {unknown}"
+    );
     session.close().await.unwrap();
 }
 
@@ -130,10 +151,15 @@ async fn pending_counts_queued_messages_until_they_are_handled_or_dropped() {
     let inspector = session.inspector().unwrap();
     let s = session.clone();
     let handoff = actix::spawn(async move {
-        s.update_agent(Agent::builder("agent-b").build().unwrap()).await
+        s.update_agent(Agent::builder("agent-b").build().unwrap())
+            .await
     });
     inspector
-        .wait_for("activity/s1/agent-a#1", "CloseActivity", Duration::from_secs(5))
+        .wait_for(
+            "activity/s1/agent-a#1",
+            "CloseActivity",
+            Duration::from_secs(5),
+        )
         .await
         .unwrap();
     let received_before = inspector.received("session/s1").unwrap().len();
@@ -141,7 +167,10 @@ async fn pending_counts_queued_messages_until_they_are_handled_or_dropped() {
         session.playout_finished(switchboard::SpeechId(99), None);
     }
     assert_eq!(inspector.pending("session/s1").unwrap(), 3);
-    assert_eq!(inspector.received("session/s1").unwrap().len(), received_before);
+    assert_eq!(
+        inspector.received("session/s1").unwrap().len(),
+        received_before
+    );
 
     // Handled once the session's thread gets to them, while on_exit still waits.
     inspector
