@@ -217,17 +217,19 @@ impl ActivityActor {
     }
 
     fn set_state(&self, state: AgentState) {
-        self.session.shared.emit(SessionEvent::AgentStateChanged {
-            agent: self.agent_name(),
-            state,
-        });
+        self.session
+            .shared
+            .emit_with(|| SessionEvent::AgentStateChanged {
+                agent: self.agent_name(),
+                state,
+            });
     }
 
     /// Appends an item to the chat context and, during a turn, to the turn's events.
     fn record(&mut self, item: ChatItem) {
         self.session
             .shared
-            .emit(SessionEvent::ConversationItemAdded {
+            .emit_with(|| SessionEvent::ConversationItemAdded {
                 agent: self.agent_name(),
                 item: item.clone(),
             });
@@ -639,7 +641,7 @@ impl ActivityActor {
         self.release_held();
         self.session
             .shared
-            .emit(SessionEvent::FunctionToolsExecuted {
+            .emit_with(|| SessionEvent::FunctionToolsExecuted {
                 agent: self.agent_name(),
                 calls,
                 outputs,
@@ -702,7 +704,7 @@ impl ActivityActor {
     fn record_outside_turn(&mut self, item: ChatItem) {
         self.session
             .shared
-            .emit(SessionEvent::ConversationItemAdded {
+            .emit_with(|| SessionEvent::ConversationItemAdded {
                 agent: self.agent_name(),
                 item: item.clone(),
             });

@@ -91,6 +91,14 @@ impl SessionShared {
         let _ = self.events.send(event);
     }
 
+    /// Builds and sends an event only when someone listens: chat items are cloned for
+    /// events, and a session without subscribers should not pay for that per item.
+    pub(crate) fn emit_with(&self, event: impl FnOnce() -> SessionEvent) {
+        if self.events.receiver_count() > 0 {
+            let _ = self.events.send(event());
+        }
+    }
+
     pub(crate) fn next_run(&self) -> u64 {
         self.run_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
