@@ -1,0 +1,107 @@
+//! SPEC §2.4, §4, §12: a background tool that hands off after updating, and agents that
+//! come back get a new generation in their actor ids.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{assert_invariant, output, Gate, Query};
+use serde_json::json;
+use switchboard::prelude::*;
+use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::NoArgs;
+
+#[actix::test]
+async fn a_tool_that_already_updated_can_still_hand_off() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let agent_b = Agent::builder("agent-b").build().unwrap();
+    let b = agent_b.clone();
+    let escalate = Tool::new("escalate", "Escalates", move |ctx: RunContext, _: Query| {
+        let (g, b) = (g.clone(), b.clone());
+        async move {
+            ctx.update("looking for a specialist").await?;
+            g.wait().await;
+            Ok::<_, ToolFailure>(Handoff::to(b))
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("escalate", json!({"q": "billing"})),
+        Reply::text("Finding a specialist."),
+    ]);
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("agent-a").tool(escalate).build().unwrap())
+        .inherit_chat_context(true)
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    session.run("I need billing help").await.unwrap();
+    gate.open();
+    common::wait_event(&mut events, |e| match e {
+        SessionEvent::AgentHandoff { to, .. } => Some(to.clone()),
+        _ => None,
+    })
+    .await;
+    session.wait_for_settled().await;
+    assert_eq!(session.current_agent().await.unwrap(), "agent-b");
+    // The old agent's context (inherited here) got the `/finished` naming the new agent,
+    // and no reply was asked for it.
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(output(&chat, "call_1/finished"), "Transferred to agent-b.");
+    assert_eq!(llm.request_count(), 2);
+    assert_invariant(&chat);
+    let inspector = session.inspector().unwrap();
+    inspector.assert_stopped("tool/s1/1:call_1").unwrap();
+    inspector.assert_stopped("activity/s1/agent-a#1").unwrap();
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn an_agent_that_comes_back_gets_a_new_generation() {
+    let llm = ScriptedLlm::new([]);
+    llm.otherwise(Reply::text("Hi."));
+    let ping = || {
+        Tool::new("ping", "Pings", |_ctx: RunContext, _: NoArgs| async move {
+            Ok::<_, ToolFailure>("pong")
+        })
+    };
+    let a = Agent::builder("agent-a").tool(ping()).build().unwrap();
+    let b = Agent::builder("agent-b").build().unwrap();
+    let session = Session::builder()
+        .llm(llm)
+        .agent(a.clone())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.update_agent(b).await.unwrap();
+    session.update_agent(a).await.unwrap();
+    let inspector = session.inspector().unwrap();
+    let ids: Vec<String> = inspector.actors().iter().map(|a| a.to_string()).collect();
+    assert_eq!(
+        ids,
+        [
+            "activity/s1/agent-a#1",
+            "activity/s1/agent-a#2",
+            "activity/s1/agent-b#1",
+            "session/s1",
+            "toolset/s1/agent-a#1/tools",
+            "toolset/s1/agent-a#2/tools",
+        ]
+    );
+    assert_eq!(
+        inspector
+            .live_actors()
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>(),
+        [
+            "activity/s1/agent-a#2",
+            "session/s1",
+            "toolset/s1/agent-a#2/tools"
+        ]
+    );
+    session.close().await.unwrap();
+}
