@@ -32,23 +32,35 @@ struct Declined;
 #[actix::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A long export the model may cancel; a second call while it runs must be confirmed.
-    let export = Tool::new("export", "Exports a table", |ctx: RunContext, e: Export| async move {
-        ctx.update(format!("exporting {}", e.table)).await?;
-        if ctx.wait_if_not_cancelled(std::future::pending::<()>()).await.is_none() {
-            println!("   (export of {} cancelled: rolling back)", e.table);
-        }
-        Ok::<_, ToolFailure>(())
-    })
+    let export = Tool::new(
+        "export",
+        "Exports a table",
+        |ctx: RunContext, e: Export| async move {
+            ctx.update(format!("exporting {}", e.table)).await?;
+            if ctx
+                .wait_if_not_cancelled(std::future::pending::<()>())
+                .await
+                .is_none()
+            {
+                println!("   (export of {} cancelled: rolling back)", e.table);
+            }
+            Ok::<_, ToolFailure>(())
+        },
+    )
     .allow_cancellation(true)
     .on_duplicate(DuplicatePolicy::Confirm);
 
     // A payment whose `Declined` errors the model may read (`show`); others stay hidden.
-    let charge = Tool::new("charge", "Charges the card", |_ctx: RunContext, c: Charge| async move {
-        if c.cents > 10_000 {
-            return Err(Declined.into());
-        }
-        Ok::<_, ToolFailure>(format!("charged {} cents", c.cents))
-    })
+    let charge = Tool::new(
+        "charge",
+        "Charges the card",
+        |_ctx: RunContext, c: Charge| async move {
+            if c.cents > 10_000 {
+                return Err(Declined.into());
+            }
+            Ok::<_, ToolFailure>(format!("charged {} cents", c.cents))
+        },
+    )
     .error_policy(ErrorPolicy::new().route::<Declined>(ErrorRoute::Show));
 
     let agent = Agent::builder("clerk")
@@ -73,9 +85,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .llm(llm.clone())
         .agent(agent)
         .toolset(
-            Toolset::new("exports").tool(export).prompts(Prompts::new().update(
-                Template::closure(|a: &UpdatePromptArgs| format!("[{}] {}", a.function_name, a.message)),
-            )),
+            Toolset::new("exports")
+                .tool(export)
+                .prompts(
+                    Prompts::new().update(Template::closure(|a: &UpdatePromptArgs| {
+                        format!("[{}] {}", a.function_name, a.message)
+                    })),
+                ),
         )
         .grace_period(Duration::from_millis(200))
         .start(&Engine::current()?)
@@ -92,15 +108,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("user> {input}");
         let result = session.run(input).await?;
         for out in result.function_outputs() {
-            let kind = if out.is_error { "error output" } else { "output" };
+            let kind = if out.is_error {
+                "error output"
+            } else {
+                "output"
+            };
             println!("   {} {kind}: {}", out.name, out.output);
         }
         for text in result.assistant_messages() {
             println!("agent> {text}");
         }
     }
-    let tools: Vec<String> = llm.requests()[0].tools.iter().map(|t| t.name.clone()).collect();
-    println!("\ntools the model sees (stable every turn): {}", tools.join(", "));
+    let tools: Vec<String> = llm.requests()[0]
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    println!(
+        "\ntools the model sees (stable every turn): {}",
+        tools.join(", ")
+    );
     session.close().await?;
     Ok(())
 }
