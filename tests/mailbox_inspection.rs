@@ -61,6 +61,10 @@ async fn the_mermaid_export_of_a_handoff_matches_the_golden_file() {
         std::fs::write(golden_path, &diagram).unwrap();
     }
     let golden = std::fs::read_to_string(golden_path).unwrap();
+    let saved = std::env::temp_dir().join(format!("switchboard-{}.mmd", std::process::id()));
+    inspector.save_mermaid(&saved).unwrap();
+    assert_eq!(std::fs::read_to_string(&saved).unwrap(), diagram);
+    std::fs::remove_file(saved).unwrap();
     assert_eq!(
         diagram, golden,
         "run with UPDATE_GOLDEN=1 to accept a new diagram"

@@ -178,6 +178,12 @@ impl Inspector {
         out
     }
 
+    /// Writes [`Inspector::mermaid`] to a file (e.g. `trace.mmd`, which Mermaid viewers and
+    /// GitHub render).
+    pub fn save_mermaid(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.mermaid())
+    }
+
     fn unknown(&self, id: &str) -> InspectError {
         InspectError::UnknownActor {
             id: id.to_owned(),
