@@ -105,3 +105,62 @@ async fn an_agent_that_comes_back_gets_a_new_generation() {
     );
     session.close().await.unwrap();
 }
+
+#[derive(Debug, thiserror::Error)]
+#[error("inventory offline")]
+struct InventoryOffline;
+
+#[actix::test]
+async fn a_handoff_is_not_dropped_when_a_parallel_call_fails() {
+    let b = Agent::builder("agent-b").build().unwrap();
+    let to_b = b.clone();
+    let transfer = Tool::new(
+        "transfer",
+        "Transfers",
+        move |_ctx: RunContext, _: NoArgs| {
+            let b = to_b.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(b).with_message("Over to B.")) }
+        },
+    );
+    let stock = Tool::new(
+        "stock",
+        "Checks stock",
+        |_ctx: RunContext, _: NoArgs| async move { Err::<(), _>(InventoryOffline.into()) },
+    );
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("stock", json!({})).and_tool_call("transfer", json!({}))
+    ]);
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(
+            Agent::builder("agent-a")
+                .tool(transfer)
+                .tool(stock)
+                .error_policy(ErrorPolicy::new().route::<InventoryOffline>(ErrorRoute::Propagate))
+                .build()
+                .unwrap(),
+        )
+        .inherit_chat_context(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let err = session
+        .run("check stock and transfer me")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, SessionError::ToolFailed { ref tool, .. } if tool == "stock"),
+        "{err}"
+    );
+    assert_eq!(session.current_agent().await.unwrap(), "agent-b");
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(output(&chat, "call_1"), "Error: internal error in stock");
+    assert_eq!(output(&chat, "call_2"), "Over to B.");
+    assert_invariant(&chat);
+    assert_eq!(
+        llm.request_count(),
+        1,
+        "no further LLM step after a handoff"
+    );
+    session.close().await.unwrap();
+}

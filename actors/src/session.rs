@@ -255,11 +255,20 @@ impl SessionActor {
         let result = RunResult {
             events: outcome.events,
         };
-        if let Some(failure) = outcome.failure {
+        // A failed turn (a propagated tool error) still performs the handoff or task end
+        // it asked for: a handoff is never dropped because another call failed.
+        let failure = outcome.failure;
+        let answer = move |reply: Option<Reply<RunResult>>,
+                           result: Result<RunResult, SessionError>| {
             if let Some(reply) = reply {
-                let _ = reply.send(Err(failure));
+                let _ = reply.send(result);
             }
-        } else if let Some(handoff) = outcome.handoff {
+        };
+        if self.phase == Phase::Closing {
+            answer(reply, Err(failure.unwrap_or(SessionError::Closed)));
+            return;
+        }
+        if let Some(handoff) = outcome.handoff {
             // The handoff runs now, before anything queued: the reply waits for it.
             let from = self
                 .current
@@ -281,21 +290,21 @@ impl SessionActor {
                             to: current.agent.name().to_owned(),
                         });
                     }
-                    if let Some(reply) = reply {
-                        let _ = reply.send(handed.map(|()| result));
-                    }
+                    let result = match failure {
+                        Some(failure) => Err(failure),
+                        None => handed.map(|()| result),
+                    };
+                    answer(reply, result);
                 }),
             );
             return;
-        } else if let Some(value) = outcome.task_result {
-            self.end_task(value, ctx);
-            if let Some(reply) = reply {
-                let _ = reply.send(Ok(result));
-            }
-            return;
-        } else if let Some(reply) = reply {
-            let _ = reply.send(Ok(result));
         }
+        if let Some(value) = outcome.task_result {
+            self.end_task(value, ctx);
+            answer(reply, failure.map_or(Ok(result), Err));
+            return;
+        }
+        answer(reply, failure.map_or(Ok(result), Err));
         self.pump(ctx);
     }
 
