@@ -174,7 +174,7 @@ impl Session {
 
     /// Subscribes to the session's events (from now on).
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
-        self.shared.events.subscribe()
+        self.shared.subscribe()
     }
 
     /// A copy of the current agent's chat context.

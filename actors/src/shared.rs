@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
@@ -38,7 +38,10 @@ pub(crate) struct SessionShared {
     pub(crate) mocks: HashMap<String, MockBody>,
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) journal: Option<Arc<Journal>>,
-    pub(crate) events: broadcast::Sender<SessionEvent>,
+    /// Created by the first subscriber: a broadcast channel allocates all its slots up
+    /// front, which an idle session without listeners should not pay for.
+    events: OnceLock<broadcast::Sender<SessionEvent>>,
+    event_capacity: usize,
     pub(crate) inactive: watch::Sender<bool>,
     /// How many tool runs are alive in the session.
     pub(crate) running_tools: watch::Sender<usize>,
@@ -63,7 +66,6 @@ impl SessionShared {
         io: Box<dyn Io>,
         event_capacity: usize,
     ) -> Self {
-        let (events, _) = broadcast::channel(event_capacity.max(1));
         let (inactive, _) = watch::channel(false);
         let (running_tools, _) = watch::channel(0);
         Self {
@@ -75,7 +77,8 @@ impl SessionShared {
             mocks,
             userdata,
             journal,
-            events,
+            events: OnceLock::new(),
+            event_capacity: event_capacity.max(1),
             inactive,
             running_tools,
             io: Mutex::new(io),
@@ -88,15 +91,24 @@ impl SessionShared {
 
     /// Sends an event to subscribers (none listening is fine).
     pub(crate) fn emit(&self, event: SessionEvent) {
-        let _ = self.events.send(event);
+        self.emit_with(|| event);
     }
 
     /// Builds and sends an event only when someone listens: chat items are cloned for
     /// events, and a session without subscribers should not pay for that per item.
     pub(crate) fn emit_with(&self, event: impl FnOnce() -> SessionEvent) {
-        if self.events.receiver_count() > 0 {
-            let _ = self.events.send(event());
+        if let Some(events) = self.events.get() {
+            if events.receiver_count() > 0 {
+                let _ = events.send(event());
+            }
         }
+    }
+
+    /// A new subscriber to the session's events.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
+        self.events
+            .get_or_init(|| broadcast::channel(self.event_capacity).0)
+            .subscribe()
     }
 
     pub(crate) fn next_run(&self) -> u64 {
