@@ -198,7 +198,8 @@ impl SessionActor {
         if self.phase != Phase::Running {
             return;
         }
-        if let Some((agent, exempt, result)) = self.tasks_waiting.pop() {
+        if !self.tasks_waiting.is_empty() {
+            let (agent, exempt, result) = self.tasks_waiting.remove(0);
             self.start_task(agent, exempt, result, ctx);
             return;
         }
