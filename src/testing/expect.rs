@@ -5,8 +5,10 @@
 //! use switchboard::testing::RunResultExt;
 //! use switchboard::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput, RunResult};
 //!
+//! // What `session.run("weather in Paris?")` returns: the user's message comes first.
 //! let result = RunResult {
 //!     events: vec![
+//!         ChatItem::message(ChatRole::User, "weather in Paris?"),
 //!         ChatItem::FunctionCall(FunctionCall {
 //!             call_id: "call_1".into(),
 //!             name: "get_weather".into(),
@@ -22,6 +24,7 @@
 //!     ],
 //! };
 //! let mut expect = result.expect();
+//! expect.next_event().is_message(ChatRole::User);
 //! let call_id = expect
 //!     .next_event()
 //!     .is_function_call("get_weather")

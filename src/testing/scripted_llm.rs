@@ -197,8 +197,10 @@ impl Llm for ScriptedLlm {
         lock(&self.requests).push(request);
         let Some(reply) = reply else {
             let message = format!(
-                "ScriptedLlm: unexpected request #{} (script exhausted):\n{}",
-                self.request_count(),
+                "ScriptedLlm: unexpected request (index {}, counting from 0 like `on_request`): \
+                 no reply set for its index, no rule matched, the script is exhausted and \
+                 there is no `otherwise` reply. The request:\n{}",
+                self.request_count() - 1,
                 described.unwrap_or_default()
             );
             return Box::pin(stream::iter([Err(LlmError::new(message))]));
