@@ -113,6 +113,15 @@ async fn assert_stopped_holds_for_the_agent_tool_and_not_the_session_tool() {
     );
     let watch = inspector.actor("tool/s1/1:call_1").unwrap();
     assert!(watch.stopped_at.unwrap() >= watch.started_at);
+    assert_eq!(
+        inspector.stopped_at("tool/s1/1:call_1").unwrap(),
+        watch.stopped_at
+    );
+    assert_eq!(
+        inspector.started_at("tool/s1/1:call_1").unwrap(),
+        watch.started_at
+    );
+    assert_eq!(inspector.stopped_at("tool/s1/2:call_2").unwrap(), None);
     let kinds: Vec<&str> = watch.received.iter().map(|r| r.kind).collect();
     assert_eq!(kinds, ["ToolUpdate", "StopRun"]);
     assert_eq!(

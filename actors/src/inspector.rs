@@ -91,6 +91,19 @@ impl Inspector {
         Ok(self.actor(id)?.pending)
     }
 
+    /// When the actor started (wall clock: paused test time does not move it).
+    pub fn started_at(&self, id: &str) -> Result<chrono::DateTime<chrono::Utc>, InspectError> {
+        Ok(self.actor(id)?.started_at)
+    }
+
+    /// When the actor stopped, if it has.
+    pub fn stopped_at(
+        &self,
+        id: &str,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>, InspectError> {
+        Ok(self.actor(id)?.stopped_at)
+    }
+
     /// Ok when the actor has stopped.
     pub fn assert_stopped(&self, id: &str) -> Result<(), InspectError> {
         match self.actor(id)?.stopped_at {
