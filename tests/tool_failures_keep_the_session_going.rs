@@ -280,3 +280,46 @@ async fn a_clash_with_a_session_toolset_fails_when_the_activity_starts() {
         "{err}"
     );
 }
+
+#[actix::test]
+async fn a_propagated_error_after_an_update_emits_an_error_event_and_a_finished_output() {
+    let gate = common::Gate::new();
+    let g = gate.clone();
+    let load = Tool::new("load", "Loads", move |ctx: RunContext, _: Query| {
+        let g = g.clone();
+        async move {
+            ctx.update("loading").await?;
+            g.wait().await;
+            Err::<(), _>(LoadFailed(DbDown).into())
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("load", json!({"q": "x"})),
+        Reply::text("Loading."),
+    ]);
+    llm.otherwise(Reply::text("That failed."));
+    let session = Session::builder()
+        .llm(llm)
+        .agent(Agent::builder("agent-a").tool(load).build().unwrap())
+        .error_policy(ErrorPolicy::new().route::<DbDown>(ErrorRoute::Propagate))
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    // The turn itself succeeded: the first update answered it.
+    session.run("load").await.unwrap();
+    let mut events = session.subscribe();
+    gate.open();
+    let message = common::wait_event(&mut events, |e| match e {
+        SessionEvent::Error { message } => Some(message.clone()),
+        _ => None,
+    })
+    .await;
+    assert!(message.contains("database unavailable"), "{message}");
+    session.wait_for_settled().await;
+    let chat = session.chat_context().await.unwrap();
+    let finished = chat.output_of("call_1/finished").unwrap();
+    assert!(finished.is_error);
+    assert_eq!(finished.output, "Error: internal error in load");
+    assert_invariant(&chat);
+    session.close().await.unwrap();
+}
