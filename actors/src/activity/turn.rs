@@ -82,11 +82,16 @@ impl ActivityActor {
         let mut newest = None;
         let mut ids = Vec::new();
         for item in pending {
-            let missing = !self.chat.contains_call(&item.call_id);
-            if missing {
-                self.chat.extend(item.items.iter().cloned());
-            }
-            newest = self.chat.position_of_call(&item.call_id).max(newest);
+            // An agent that became current after the update lacks it: insert it first, so
+            // the reply never names a call id the model cannot see.
+            let position = self
+                .chat
+                .position_of_call(&item.call_id)
+                .unwrap_or_else(|| {
+                    self.chat.extend(item.items.iter().cloned());
+                    self.chat.len() - item.items.len()
+                });
+            newest = newest.max(Some(position));
             ids.push(item.call_id);
         }
         let Some(newest) = newest else {
