@@ -129,3 +129,28 @@ async fn expected_errors_have_no_backtrace_and_unexpected_ones_are_logged_once()
         .iter()
         .all(|e| !e.text.to_lowercase().contains("backtrace")));
 }
+
+#[test]
+#[allow(deprecated)]
+fn a_toolset_wide_duplicate_policy_warns_once() {
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let tool = || {
+        Tool::new("t", "T", |_ctx: RunContext, _: Query| async move {
+            Ok::<_, ToolFailure>(())
+        })
+    };
+    let _a = Toolset::new("one")
+        .tool(tool())
+        .on_duplicate(DuplicatePolicy::Allow);
+    let _b = Toolset::new("two")
+        .tool(tool())
+        .on_duplicate(DuplicatePolicy::Reject);
+    let warnings: Vec<_> = capture
+        .events()
+        .into_iter()
+        .filter(|e| e.text.contains("deprecated"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert_eq!(warnings[0].level, Level::WARN);
+}

@@ -141,6 +141,23 @@ impl ScriptedLlm {
         lock(&self.by_index).insert(index, reply);
     }
 
+    /// Answers the first request of user turn `turn` (0 for the first user message this
+    /// model sees in a session) with `reply`: the request whose chat context ends with
+    /// that turn's user message. Later steps of the turn fall through to the other rules
+    /// and the script.
+    pub fn on_turn(&self, turn: usize, reply: Reply) {
+        self.rule(move |req| {
+            let items = req.chat.items();
+            let ends_with_user =
+                matches!(items.last(), Some(ChatItem::Message(m)) if m.role == ChatRole::User);
+            let user_turns = items
+                .iter()
+                .filter(|i| matches!(i, ChatItem::Message(m) if m.role == ChatRole::User))
+                .count();
+            (ends_with_user && user_turns == turn + 1).then(|| reply.clone())
+        });
+    }
+
     /// Answers `reply` whenever the last user message contains `text`.
     pub fn when_user_says(&self, text: impl Into<String>, reply: Reply) {
         let text = text.into();
