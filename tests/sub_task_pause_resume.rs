@@ -163,3 +163,63 @@ async fn closing_during_a_sub_task_fails_the_awaiting_tool_cleanly() {
         inspector.live_actors()
     );
 }
+
+#[actix::test]
+async fn a_task_tool_that_updates_first_still_completes_the_task() {
+    let save = Tool::new(
+        "save_email",
+        "Saves the email",
+        |ctx: RunContext, args: Contact| async move {
+            ctx.update("saving").await?;
+            ToolReturn::complete_task(&args)
+        },
+    );
+    let collector = Agent::builder("collector").tool(save).build().unwrap();
+    let c = collector.clone();
+    let ask_email = Tool::new(
+        "ask_email",
+        "Collects an email",
+        move |ctx: RunContext, _: NoArgs| {
+            let c = c.clone();
+            async move {
+                let contact: Contact = ctx.run_task(c).await?;
+                Ok::<_, ToolFailure>(format!("email is {}", contact.email))
+            }
+        },
+    );
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("ask_email", json!({})),
+        Reply::tool_call("save_email", json!({"email": "x@y.z"})),
+        Reply::text("Saving your email."),
+        Reply::text("Thanks, got x@y.z."),
+    ]);
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("main").tool(ask_email).build().unwrap())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let s = session.clone();
+    let main_turn = actix::spawn(async move { s.run("take my email").await });
+    session
+        .inspector()
+        .unwrap()
+        .wait_for(
+            "activity/s1/collector#1",
+            "StartActivity",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    session.run("x@y.z").await.unwrap();
+    let resumed = main_turn.await.unwrap().unwrap();
+    assert_eq!(
+        resumed.assistant_messages().collect::<Vec<_>>(),
+        ["Thanks, got x@y.z."]
+    );
+    assert_eq!(session.current_agent().await.unwrap(), "main");
+    assert_eq!(llm.request_count(), 4);
+    assert_invariant(&session.chat_context().await.unwrap());
+    session.close().await.unwrap();
+}

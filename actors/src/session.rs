@@ -95,6 +95,8 @@ type TaskReply = oneshot::Sender<Result<Value, TaskError>>;
 enum Job {
     Turn(TurnKind, Option<Reply<RunResult>>),
     Handoff(Handoff, Option<Reply<()>>),
+    /// A background tool of the current sub-task agent completed it.
+    EndTask(Value),
 }
 
 struct Delivery {
@@ -215,6 +217,11 @@ impl SessionActor {
         match self.jobs.pop_front() {
             Some(Job::Turn(kind, reply)) => self.dispatch_turn(kind, reply, ctx),
             Some(Job::Handoff(handoff, reply)) => self.start_handoff(handoff, reply, ctx),
+            Some(Job::EndTask(value)) if !self.paused.is_empty() => self.end_task(value, ctx),
+            Some(Job::EndTask(_)) => {
+                tracing::warn!("a tool completed a task, but no sub-task is running");
+                self.pump(ctx);
+            }
             None if !self.pending.is_empty() => {
                 let pending = std::mem::take(&mut self.pending);
                 self.dispatch_turn(TurnKind::Deferred(pending), None, ctx);
@@ -574,6 +581,29 @@ impl Handler<RunTask> for SessionActor {
     }
 }
 
+/// Sent by a tool run whose body completed the current sub-task after it had sent
+/// updates (in the background): ends the task once its agent's current turn is done.
+pub(crate) struct CompleteTask {
+    pub(crate) value: Value,
+}
+
+impl Message for CompleteTask {
+    type Result = ();
+}
+
+impl Handler<CompleteTask> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CompleteTask, ctx: &mut Self::Context) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        self.jobs.push_back(Job::EndTask(msg.value));
+        self.set_inactive(false);
+        self.pump(ctx);
+    }
+}
+
 /// Sent by a tool run with its later items (`/update_n`, `/finished`). The reply comes
 /// once they are in a chat context (or says why they never will be). Bounded: the run
 /// awaits each reply before its next update.
@@ -790,6 +820,7 @@ fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
 
 counted_handlers!(
     SessionActor: StartSession,
+    CompleteTask,
     RunTurn,
     QueueReply,
     Handoff,

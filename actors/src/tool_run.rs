@@ -34,7 +34,7 @@ use crate::mailbox::{counted_handlers, Mailbox, Probe};
 use crate::outcome::{classify, CallOutput, Effect, ErrorPolicies};
 use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::run_context::RunContext;
-use crate::session::{DeliverToolItems, Scope};
+use crate::session::{CompleteTask, DeliverToolItems, Scope};
 use crate::session_handle::Session;
 use crate::shared::SessionShared;
 use crate::tool::{PreparedBody, Tool, ToolResult};
@@ -198,10 +198,11 @@ impl ToolRunActor {
                 message: format!("tool {} failed: {message}", self.call.name),
             });
         }
-        let (reply, handoff) = match out.effect {
-            Effect::Handoff(handoff) => (false, Some(handoff)),
+        let (reply, next) = match out.effect {
+            Effect::Handoff(handoff) => (false, Some(Next::Handoff(handoff))),
+            Effect::CompleteTask(value) => (false, Some(Next::CompleteTask(value))),
             Effect::Quiet => (false, None),
-            _ => (true, None),
+            Effect::Reply | Effect::Propagate(_) => (true, None),
         };
         let finished = format!("{}/finished", self.call.call_id);
         let delivery = self.deliver(finished, out.output, out.is_error, reply);
@@ -211,9 +212,14 @@ impl ToolRunActor {
         // handoff may be buffering this delivery while it waits for this run's scope to
         // stop.
         let task = actix::spawn(async move {
-            if let (Ok(()), Some(handoff)) = (delivery.await, handoff) {
-                // The handoff this run performs does not stop it: the body has returned.
-                session.tell(&me, handoff);
+            // The handoff (or task end) this run performs does not stop it: the body has
+            // returned already.
+            match (delivery.await, next) {
+                (Ok(()), Some(Next::Handoff(handoff))) => session.tell(&me, handoff),
+                (Ok(()), Some(Next::CompleteTask(value))) => {
+                    session.tell(&me, CompleteTask { value })
+                }
+                _ => {}
             }
         });
         ctx.spawn(
@@ -224,6 +230,12 @@ impl ToolRunActor {
             .map(|(), _, ctx| ctx.stop()),
         );
     }
+}
+
+/// What a background run's final result asks the session to do after its `/finished`.
+enum Next {
+    Handoff(crate::session::Handoff),
+    CompleteTask(serde_json::Value),
 }
 
 impl Actor for ToolRunActor {
