@@ -7,7 +7,7 @@
 //! - **Starts** with `Session::builder().start(..)` (`StartSession`); **stops** on
 //!   `CloseSession` once all its children are gone.
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `RunTask`,
-//!   `DeliverToolItems`, `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
+//!   `CompleteTask`, `DeliverToolItems`, `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
 //!
 //! Guarantees, each tested:
 //! - Turns run one at a time per activity, in the order they were asked for; a handoff

@@ -6,8 +6,8 @@
 //!   toolsets and an agent's bare tools, the toolset `tools`).
 //! - **Starts** with its parent; **stops** on `StopToolset`, after every run it owns has
 //!   stopped and been awaited.
-//! - **Handles:** `RunTool` (from an activity), `StopRuns` and `StopToolset` (from its
-//!   parent), `RunEnded` (from its runs).
+//! - **Handles:** `RunTool`, `ListRuns` and `CancelRun` (from an activity), `StopRuns` and
+//!   `StopToolset` (from its parent), `RunEnded` (from its runs).
 //!
 //! Guarantees, each tested:
 //! - The order on each call is: strip `confirm_duplicate`, parse the arguments, check
