@@ -297,3 +297,127 @@ async fn turns_sent_during_a_handoff_run_in_order_on_the_new_agent() {
     );
     session.close().await.unwrap();
 }
+
+#[actix::test]
+async fn a_closed_activity_drops_its_pending_reply() {
+    let gate = Gate::new();
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("watch", json!({"q": "door"})),
+        Reply::text("Watching."),
+    ]);
+    llm.otherwise(Reply::text("OK."));
+    let io = RecordingIo::manual_playout();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(
+            Agent::builder("agent-a")
+                .tool(two_updates("watch", gate.clone()))
+                .build()
+                .unwrap(),
+        )
+        .io(io.clone())
+        .grace_period(Duration::ZERO)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    let s = session.clone();
+    let turn = actix::spawn(async move { s.run("watch").await });
+    wait_event(&mut events, |e| {
+        matches!(e, SessionEvent::SpeechCreated { .. }).then_some(())
+    })
+    .await;
+    gate.open();
+    wait_event(&mut events, |e| match e {
+        SessionEvent::ConversationItemAdded {
+            item: ChatItem::FunctionCallOutput(o),
+            ..
+        } if o.call_id == "call_1/update_1" => Some(()),
+        _ => None,
+    })
+    .await;
+    // The reply for `/update_1` is pending; a handoff is queued before it can run.
+    let s = session.clone();
+    let handoff = actix::spawn(async move {
+        s.update_agent(Agent::builder("agent-b").build().unwrap())
+            .await
+    });
+    tokio::task::yield_now().await;
+    session.playout_finished(io.last_speech().unwrap().id, None);
+    turn.await.unwrap().unwrap();
+    handoff.await.unwrap().unwrap();
+    session.wait_for_settled().await;
+    assert!(
+        llm.requests()
+            .iter()
+            .all(|r| r.tool_choice != ToolChoice::None),
+        "the closed agent's pending reply must not run"
+    );
+    assert_eq!(llm.request_count(), 2);
+    assert!(!session
+        .chat_context()
+        .await
+        .unwrap()
+        .contains_call("call_1/update_1"));
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn the_running_call_registry_grows_and_shrinks() {
+    let gates = [Gate::new(), Gate::new()];
+    let (g0, g1) = (gates[0].clone(), gates[1].clone());
+    let job = Tool::new("job", "Works", move |ctx: RunContext, args: Query| {
+        let gate = if args.q == "a" {
+            g0.clone()
+        } else {
+            g1.clone()
+        };
+        async move {
+            ctx.update(format!("{} started", args.q)).await?;
+            gate.wait().await;
+            Ok::<_, ToolFailure>(())
+        }
+    })
+    .allow_cancellation(true);
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("job", json!({"q": "a"})).and_tool_call("job", json!({"q": "b"}))
+    ]);
+    llm.rule(|r| (r.tool_choice == ToolChoice::None).then(|| Reply::text("Noted.")));
+    llm.otherwise(Reply::tool_call("get_running_tasks", json!({})));
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("agent-a").build().unwrap())
+        .toolset(Toolset::new("jobs").tool(job))
+        .max_tool_steps(1)
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let list = || async {
+        let result = session.run("what is running?").await.unwrap();
+        let out = result.function_outputs().last().unwrap().output.clone();
+        let calls: serde_json::Value = serde_json::from_str(&out).unwrap();
+        calls
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["call_id"].as_str().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    session.run("start two").await.unwrap();
+    assert_eq!(list().await, ["call_1", "call_2"]);
+    gates[0].open();
+    inspector
+        .wait_until_stopped("tool/s1/1:call_1", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(list().await, ["call_2"]);
+    gates[1].open();
+    inspector
+        .wait_until_stopped("tool/s1/2:call_2", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(list().await.is_empty());
+    session.close().await.unwrap();
+}

@@ -159,6 +159,30 @@ impl Inspector {
         }
     }
 
+    /// Waits until the actor `id` has stopped, for at most `timeout`.
+    pub async fn wait_until_stopped(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<(), InspectError> {
+        let wait = async {
+            loop {
+                let notified = self.journal.notified();
+                if self
+                    .journal
+                    .snapshot(id)
+                    .is_some_and(|s| s.stopped_at.is_some())
+                {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| InspectError::StillAlive { id: id.to_owned() })
+    }
+
     /// The recorded traffic as a Mermaid sequence diagram: participants aliased (ids hold
     /// `:` and `#`, which Mermaid does not accept), in sequence order, without
     /// timestamps, so the text is stable for golden files.
