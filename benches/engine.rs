@@ -1,19 +1,30 @@
 //! Engine overhead, scenario by scenario, beside LiveKit Agents' figures (SPEC §11,
 //! `../shared/bench/livekit/RESULTS.md`). Text only, an instant scripted LLM, no network:
-//! only engine time is measured.
+//! only engine time is measured. A hand-written harness (no criterion): warm-up, then N
+//! timed iterations, mean / p50 / p99 (nearest rank). One JSON line per scenario on stdout.
 //!
 //! ```text
-//! cargo bench --bench engine            # BENCH_N=300 iterations per latency scenario
+//! cargo bench --bench engine
+//! BENCH_N=5000 BENCH_SCENARIOS=S1,S1_host cargo bench --bench engine
 //! ```
 //!
-//! Each latency scenario runs from a task on the session's own arbiter (as the peer runs
-//! inside its own event loop), and S1/S1b/S2 again from a `#[tokio::main]`-style host
-//! with `Engine::start()`, to show what crossing threads costs an embedding. One JSON line
-//! per scenario goes to stdout.
+//! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
+//! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10),
+//! `BENCH_S4_UPDATES` (3), `BENCH_INSPECT_ROUNDS` (4), `BENCH_SCENARIOS` (comma list, default
+//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, S3, S4, S4_parallel, S1_host, S1b_host,
+//! S1c_host, S2_host, S4_host, S4_parallel_host).
+//!
+//! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
+//! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
+//! own event loop. S1, S1b, S1c and S2 run again (`*_host`) from a task of a multi-thread
+//! tokio runtime with `Engine::start()`, which is what an embedding pays to cross threads.
+//! Each latency iteration uses a fresh session, like the peer; starting and closing it is
+//! not timed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde_json::json;
 use switchboard::prelude::*;
@@ -28,30 +39,58 @@ fn env(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-/// Answers a tool call to `tool` when the last item is the user's message, text otherwise.
+/// Like the peer's FakeLLM: when the last item is the user's message (and tools are
+/// allowed), `calls` calls to `tool`; otherwise text. Never runs out.
 fn llm_calling(tool: Option<&'static str>, calls: usize) -> Arc<ScriptedLlm> {
+    llm_timed(tool, calls, None)
+}
+
+/// When each LLM request arrived (the last one is kept).
+type LastRequest = Arc<Mutex<Option<Instant>>>;
+
+fn llm_timed(
+    tool: Option<&'static str>,
+    calls: usize,
+    last_request: Option<LastRequest>,
+) -> Arc<ScriptedLlm> {
     let llm = ScriptedLlm::new([]);
-    llm.rule(move |req| {
-        let user_last = matches!(req.chat.items().last(), Some(ChatItem::Message(m)) if m.role == ChatRole::User);
-        Some(match (tool, user_last && req.tool_choice == ToolChoice::Auto) {
-            (Some(name), true) => (0..calls).fold(Reply::default(), |r, _| r.and_tool_call(name, json!({}))),
-            _ => Reply::text("ok"),
-        })
-    });
+    if let Some(last) = last_request {
+        llm.rule(move |_| {
+            *last.lock().unwrap() = Some(Instant::now());
+            None
+        });
+    }
+    if let Some(name) = tool {
+        llm.rule(move |req| {
+            let user_last = matches!(
+                req.chat.items().last(),
+                Some(ChatItem::Message(m)) if m.role == ChatRole::User
+            );
+            (user_last && req.tool_choice == ToolChoice::Auto)
+                .then(|| (0..calls).fold(Reply::default(), |r, _| r.and_tool_call(name, json!({}))))
+        });
+    }
+    llm.otherwise(Reply::text("ok"));
     llm
 }
 
-fn async_tool(updates: usize) -> Tool {
-    Tool::new(
-        "work",
-        "Works",
-        move |ctx: RunContext, _: NoArgs| async move {
+/// `updates` calls of `ctx.update`, then `RESULT 42`; counts finished updates and calls.
+fn async_tool(updates: usize, counter: Option<Arc<(AtomicUsize, AtomicUsize)>>) -> Tool {
+    Tool::new("work", "Works", move |ctx: RunContext, _: NoArgs| {
+        let counter = counter.clone();
+        async move {
             for n in 0..updates {
                 ctx.update(format!("step {n}")).await?;
+                if let Some(c) = &counter {
+                    c.0.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if let Some(c) = &counter {
+                c.1.fetch_add(1, Ordering::Relaxed);
             }
             Ok::<_, ToolFailure>("RESULT 42")
-        },
-    )
+        }
+    })
 }
 
 fn plain_tool() -> Tool {
@@ -73,16 +112,26 @@ async fn session_for(
     engine: &Engine,
     scenario: Scenario,
     inspect: bool,
-) -> (Session, Arc<ScriptedLlm>, mpsc::UnboundedReceiver<Instant>) {
+) -> (
+    Session,
+    Arc<ScriptedLlm>,
+    LastRequest,
+    mpsc::UnboundedReceiver<Instant>,
+) {
     let (entered_tx, entered) = mpsc::unbounded_channel();
+    let last: LastRequest = Arc::default();
+    let llm_calling = |tool, calls| llm_timed(tool, calls, Some(last.clone()));
     let (agent, toolsets, llm) = match scenario {
         Scenario::S1 => (
             Agent::builder("a").build().unwrap(),
-            vec![Toolset::new("async").tool(async_tool(1))],
+            vec![Toolset::new("async").tool(async_tool(1, None))],
             llm_calling(Some("work"), 1),
         ),
         Scenario::S1Agent => (
-            Agent::builder("a").tool(async_tool(1)).build().unwrap(),
+            Agent::builder("a")
+                .tool(async_tool(1, None))
+                .build()
+                .unwrap(),
             vec![],
             llm_calling(Some("work"), 1),
         ),
@@ -124,58 +173,142 @@ async fn session_for(
     for ts in toolsets {
         builder = builder.toolset(ts);
     }
-    (builder.start(engine).await.unwrap(), llm, entered)
+    (builder.start(engine).await.unwrap(), llm, last, entered)
 }
 
 struct Stats {
     mean: f64,
     p50: f64,
     p99: f64,
+    max: f64,
+    /// Samples over 1 ms (scheduler stalls on a busy VM, not engine work).
+    over_1ms: usize,
 }
 
-fn stats(mut samples: Vec<f64>) -> Stats {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let rank =
-        |p: f64| samples[((p * samples.len() as f64).ceil() as usize).clamp(1, samples.len()) - 1];
+fn stats(samples: &[f64]) -> Stats {
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let rank = |p: f64| s[((p * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1];
     Stats {
-        mean: samples.iter().sum::<f64>() / samples.len() as f64,
+        mean: s.iter().sum::<f64>() / s.len() as f64,
         p50: rank(0.50),
         p99: rank(0.99),
+        max: s[s.len() - 1],
+        over_1ms: s.iter().filter(|v| **v > 1000.0).count(),
     }
 }
 
-/// One latency scenario: a fresh session per iteration (start and close not timed).
-async fn latency(engine: &Engine, scenario: Scenario, inspect: bool, label: &str) {
-    let n = env("BENCH_N", 300);
-    let warmup = env("BENCH_WARMUP", 30);
-    let mut samples = Vec::with_capacity(n);
-    let mut requests = 0;
+#[derive(Default)]
+struct Measured {
+    /// `run()` until the scenario's end point, µs.
+    samples: Vec<f64>,
+    /// `run()` until it returned, µs.
+    run_returned: Vec<f64>,
+    /// `run()` until the last LLM request reached the model, µs (engine side, no wake-up).
+    last_request: Vec<f64>,
+    /// LLM requests per timed turn: index = count.
+    requests: [usize; 5],
+}
+
+/// Times `n` turns after `warmup` untimed ones, a fresh session each.
+async fn measure(
+    engine: &Engine,
+    scenario: Scenario,
+    inspect: bool,
+    n: usize,
+    warmup: usize,
+    into: &mut Measured,
+) {
     for i in 0..warmup + n {
-        let (session, llm, mut entered) = session_for(engine, scenario, inspect).await;
+        let (session, llm, last, mut entered) = session_for(engine, scenario, inspect).await;
         let start = Instant::now();
         session.run("go").await.unwrap();
+        let returned = Instant::now();
         let end = match scenario {
             Scenario::S2 => entered.recv().await.unwrap(),
             Scenario::S1 | Scenario::S1Agent => {
+                // The deferred reply to `/finished` (or its skip) has run.
                 session.wait_for_settled().await;
                 Instant::now()
             }
-            _ => Instant::now(),
+            Scenario::S1b | Scenario::S1c => returned,
         };
         if i >= warmup {
-            samples.push((end - start).as_secs_f64() * 1e6);
-            requests += llm.request_count();
+            into.samples.push((end - start).as_secs_f64() * 1e6);
+            into.run_returned
+                .push((returned - start).as_secs_f64() * 1e6);
+            let last = last.lock().unwrap().unwrap();
+            into.last_request.push((last - start).as_secs_f64() * 1e6);
+            let requests = llm.requests();
+            into.requests[requests.len().min(4)] += 1;
+            if matches!(scenario, Scenario::S1 | Scenario::S1Agent | Scenario::S1b) {
+                // As the peer checks: the last reply had the tool's result in view.
+                let last = requests.last().unwrap();
+                assert!(
+                    last.chat.items().iter().any(|item| matches!(
+                        item, ChatItem::FunctionCallOutput(o) if o.output.contains("RESULT 42")
+                    )),
+                    "{scenario:?}: the last LLM request did not see the result"
+                );
+            }
         }
         session.close().await.unwrap();
     }
-    let s = stats(samples);
+}
+
+fn report(label: &str, m: &Measured) {
+    let s = stats(&m.samples);
+    let r = stats(&m.run_returned);
+    let l = stats(&m.last_request);
+    let n = m.samples.len();
+    let total: usize = m.requests.iter().enumerate().map(|(k, c)| k * c).sum();
+    let histogram: Vec<String> = m
+        .requests
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c > 0)
+        .map(|(k, c)| format!(r#""{k}":{c}"#))
+        .collect();
     println!(
-        r#"{{"scenario":"{label}","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"llm_requests_per_turn":{:.2}}}"#,
+        r#"{{"scenario":"{label}","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{},"run_returned_mean_us":{:.1},"last_llm_request_mean_us":{:.1},"llm_requests_per_turn":{:.2},"turns_by_llm_requests":{{{}}}}}"#,
         s.mean,
         s.p50,
         s.p99,
-        requests as f64 / n as f64
+        s.max,
+        s.over_1ms,
+        r.mean,
+        l.mean,
+        total as f64 / n as f64,
+        histogram.join(",")
     );
+}
+
+async fn latency(engine: &Engine, scenario: Scenario, label: &str) {
+    let mut m = Measured::default();
+    measure(
+        engine,
+        scenario,
+        false,
+        env("BENCH_N", 2000),
+        env("BENCH_WARMUP", 200),
+        &mut m,
+    )
+    .await;
+    report(label, &m);
+}
+
+/// S1b with mailbox inspection off and on, in alternating rounds so drift hits both.
+async fn inspect_on_off(engine: &Engine) {
+    let rounds = env("BENCH_INSPECT_ROUNDS", 4).max(1);
+    let n = env("BENCH_N", 2000).div_ceil(rounds);
+    let warmup = env("BENCH_WARMUP", 200);
+    let (mut off, mut on) = (Measured::default(), Measured::default());
+    for _ in 0..rounds {
+        measure(engine, Scenario::S1b, false, n, warmup, &mut off).await;
+        measure(engine, Scenario::S1b, true, n, warmup, &mut on).await;
+    }
+    report("S1b_inspect_off", &off);
+    report("S1b_inspect_on", &on);
 }
 
 fn rss_kib() -> u64 {
@@ -190,21 +323,27 @@ fn rss_kib() -> u64 {
 async fn idle_sessions(engine: &Engine) {
     let count = env("BENCH_S3_SESSIONS", 1000);
     let agent = Agent::builder("a").build().unwrap();
-    let llm = llm_calling(None, 0);
+    let start_one = || {
+        Session::builder()
+            .llm(llm_calling(None, 0))
+            .agent(agent.clone())
+            .start(engine)
+    };
+    // Warm the code paths outside the measurement, like the peer.
+    for _ in 0..5 {
+        start_one().await.unwrap().close().await.unwrap();
+    }
     let before = rss_kib();
     let mut sessions = Vec::with_capacity(count);
     let mut starts = Vec::with_capacity(count);
+    let wall = Instant::now();
     for _ in 0..count {
         let t = Instant::now();
-        let session = Session::builder()
-            .llm(llm.clone())
-            .agent(agent.clone())
-            .start(engine)
-            .await
-            .unwrap();
+        let session = start_one().await.unwrap();
         starts.push(t.elapsed().as_secs_f64() * 1e6);
         sessions.push(session);
     }
+    let start_wall = wall.elapsed().as_secs_f64();
     let after = rss_kib();
     let mut closes = Vec::with_capacity(count);
     for session in sessions {
@@ -212,52 +351,121 @@ async fn idle_sessions(engine: &Engine) {
         session.close().await.unwrap();
         closes.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let (s, c) = (stats(starts), stats(closes));
+    let after_close = rss_kib();
+    // RSS does not shrink on close (the allocator keeps its pages); a second batch of
+    // start + close shows whether the memory is reused or leaked.
+    let mut again = Vec::with_capacity(count);
+    for _ in 0..count {
+        again.push(start_one().await.unwrap());
+    }
+    for session in again {
+        session.close().await.unwrap();
+    }
+    let after_second = rss_kib();
+    let (s, c) = (stats(&starts), stats(&closes));
     println!(
-        r#"{{"scenario":"S3","sessions":{count},"start_mean_us":{:.1},"start_p99_us":{:.1},"rss_per_session_kib":{:.2},"close_mean_us":{:.1},"close_p99_us":{:.1}}}"#,
+        r#"{{"scenario":"S3","sessions":{count},"start_mean_us":{:.1},"start_p50_us":{:.1},"start_p99_us":{:.1},"start_wall_s":{start_wall:.3},"rss_before_kib":{before},"rss_after_start_kib":{after},"rss_per_session_kib":{:.2},"close_mean_us":{:.1},"close_p50_us":{:.1},"close_p99_us":{:.1},"rss_after_close_kib":{after_close},"rss_after_second_batch_kib":{after_second}}}"#,
         s.mean,
+        s.p50,
         s.p99,
-        (after.saturating_sub(before)) as f64 / count as f64,
+        after.saturating_sub(before) as f64 / count as f64,
         c.mean,
-        c.p99
+        c.p50,
+        c.p99,
     );
 }
 
-/// S4: `sessions` concurrent sessions, each `turns` turns of `calls` tool calls doing
-/// `updates` updates each.
-async fn throughput(engine: &Engine, label: &str, turns: usize, calls: usize) {
+/// S4: `BENCH_S4_SESSIONS` sessions started first (untimed, like the peer), then all
+/// driven at once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES`
+/// updates per call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()`
+/// waits for the deferred reply). The clock stops when every session has settled.
+async fn throughput(engine: &Engine, label: &str, turns: usize, calls: usize, on_tokio: bool) {
     let sessions = env("BENCH_S4_SESSIONS", 100);
     let updates = env("BENCH_S4_UPDATES", 3);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
+    let counter = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+    let mut started = Vec::with_capacity(sessions);
     for _ in 0..sessions {
-        let engine = engine.clone();
-        tasks.push(actix::spawn(async move {
-            let agent = Agent::builder("a").build().unwrap();
-            let tool = async_tool(updates).on_duplicate(DuplicatePolicy::Allow);
-            let session = Session::builder()
-                .llm(llm_calling(Some("work"), calls))
-                .agent(agent)
-                .toolset(Toolset::new("async").tool(tool))
-                .start(&engine)
-                .await
-                .unwrap();
-            for _ in 0..turns {
-                session.run("go").await.unwrap();
-                session.wait_for_settled().await;
-            }
-            session.close().await.unwrap();
-        }));
+        let llm = llm_calling(Some("work"), calls);
+        let tool = async_tool(updates, Some(counter.clone())).on_duplicate(DuplicatePolicy::Allow);
+        let session = Session::builder()
+            .llm(llm.clone())
+            .agent(Agent::builder("a").build().unwrap())
+            .toolset(Toolset::new("async").tool(tool))
+            .start(engine)
+            .await
+            .unwrap();
+        started.push((session, llm));
     }
-    for task in tasks {
-        task.await.unwrap();
+    let start = Instant::now();
+    let drive = |session: Session| async move {
+        for _ in 0..turns {
+            session.run("go").await.unwrap();
+            session.wait_for_settled().await;
+        }
+    };
+    if on_tokio {
+        let tasks: Vec<_> = started
+            .iter()
+            .map(|(s, _)| tokio::spawn(drive(s.clone())))
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    } else {
+        let tasks: Vec<_> = started
+            .iter()
+            .map(|(s, _)| actix::spawn(drive(s.clone())))
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
     }
     let wall = start.elapsed().as_secs_f64();
-    let total_calls = (sessions * turns * calls) as f64;
+    let llm_requests: usize = started.iter().map(|(_, llm)| llm.request_count()).sum();
+    for (session, _) in &started {
+        session.close().await.unwrap();
+    }
+    let total_calls = sessions * turns * calls;
+    let (done_updates, done_calls) = (
+        counter.0.load(Ordering::Relaxed),
+        counter.1.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        (done_updates, done_calls),
+        (total_calls * updates, total_calls),
+        "{label}: updates and calls done"
+    );
     println!(
-        r#"{{"scenario":"{label}","wall_s":{wall:.3},"updates_per_s":{:.0},"tool_calls_per_s":{:.0}}}"#,
-        total_calls * updates as f64 / wall,
-        total_calls / wall
+        r#"{{"scenario":"{label}","sessions":{sessions},"wall_s":{wall:.4},"updates":{done_updates},"tool_calls":{done_calls},"updates_per_s":{:.0},"tool_calls_per_s":{:.0},"llm_requests":{llm_requests},"llm_requests_per_session":{:.2}}}"#,
+        done_updates as f64 / wall,
+        done_calls as f64 / wall,
+        llm_requests as f64 / sessions as f64,
+    );
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn meta() {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned())
+        })
+        .unwrap_or_default();
+    let nproc = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        r#"{{"meta":true,"nproc":{nproc},"cpu":{},"loadavg_1m":{},"n":{},"warmup":{}}}"#,
+        json!(cpu),
+        json!(loadavg()),
+        env("BENCH_N", 2000),
+        env("BENCH_WARMUP", 200)
     );
 }
 
@@ -265,8 +473,10 @@ fn main() {
     let only = std::env::var("BENCH_SCENARIOS").ok();
     let wanted = |name: &str| {
         only.as_deref()
-            .is_none_or(|o| o.split(',').any(|s| s == name))
+            .is_none_or(|o| o.split(',').any(|s| s.trim() == name))
     };
+    meta();
+    let total = Instant::now();
     // Same arbiter: the session runs on the arbiter of the task that drives it.
     actix::System::new().block_on(async {
         let engine = Engine::current().unwrap();
@@ -278,23 +488,24 @@ fn main() {
             (Scenario::S2, "S2"),
         ] {
             if wanted(label) {
-                latency(&engine, scenario, false, label).await;
+                latency(&engine, scenario, label).await;
             }
         }
         if wanted("S1b_inspect") {
-            latency(&engine, Scenario::S1b, true, "S1b_inspect").await;
+            inspect_on_off(&engine).await;
         }
         if wanted("S3") {
             idle_sessions(&engine).await;
         }
         if wanted("S4") {
-            throughput(&engine, "S4", env("BENCH_S4_CALLS", 10), 1).await;
+            throughput(&engine, "S4", env("BENCH_S4_CALLS", 10), 1, false).await;
         }
         if wanted("S4_parallel") {
-            throughput(&engine, "S4_parallel", 1, env("BENCH_S4_CALLS", 10)).await;
+            throughput(&engine, "S4_parallel", 1, env("BENCH_S4_CALLS", 10), false).await;
         }
     });
-    // A tokio host: the engine on its own threads, driven from a host task.
+    // A tokio host: the engine on its own threads (one arbiter per core), driven from
+    // tasks of the host's runtime.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -309,12 +520,23 @@ fn main() {
         ] {
             if wanted(label) {
                 let engine = engine.clone();
-                tokio::spawn(async move { latency(&engine, scenario, false, label).await })
+                tokio::spawn(async move { latency(&engine, scenario, label).await })
                     .await
                     .unwrap();
             }
         }
+        for (label, parallel) in [("S4_host", false), ("S4_parallel_host", true)] {
+            if wanted(label) {
+                let calls = env("BENCH_S4_CALLS", 10);
+                let (turns, per_turn) = if parallel { (1, calls) } else { (calls, 1) };
+                throughput(&engine, label, turns, per_turn, true).await;
+            }
+        }
         engine.shutdown();
     });
-    let _ = Duration::ZERO;
+    println!(
+        r#"{{"meta":true,"total_wall_s":{:.2},"loadavg_1m":{}}}"#,
+        total.elapsed().as_secs_f64(),
+        json!(loadavg())
+    );
 }
