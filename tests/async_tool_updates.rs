@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_invariant, call_ids, output, output_added, wait_event, Gate, Query};
+use common::{
+    assert_invariant, call_ids, output, output_added, spawn_turn, wait_event, Gate, Query,
+};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
@@ -66,8 +68,7 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
         .unwrap();
     let mut events = session.subscribe();
 
-    let s = session.clone();
-    let turn = actix::spawn(async move { s.run("find me a flight").await });
+    let turn = spawn_turn(&session, "find me a flight");
     wait_event(&mut events, |e| match e {
         SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
         _ => None,

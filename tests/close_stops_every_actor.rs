@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, Query};
+use common::{assert_invariant, spawn_turn, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
@@ -125,8 +125,7 @@ async fn close_mid_step_answers_every_call_with_session_closed() {
         .await
         .unwrap();
     let mut events = session.subscribe();
-    let s = session.clone();
-    let turn = actix::spawn(async move { s.run("go").await });
+    let turn = spawn_turn(&session, "go");
     let inspector = session.inspector().unwrap();
     inspector
         .wait_for(

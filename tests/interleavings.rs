@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, call_ids, wait_event, Gate, Log, Query};
+use common::{assert_invariant, call_ids, spawn_turn, wait_event, wait_started, Gate, Log, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
@@ -85,8 +85,7 @@ async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
         .await
         .unwrap();
     let mut events = session.subscribe();
-    let s = session.clone();
-    let first = actix::spawn(async move { s.run("watch and feed").await });
+    let first = spawn_turn(&session, "watch and feed");
     wait_event(&mut events, |e| {
         matches!(e, SessionEvent::SpeechCreated { .. }).then_some(())
     })
@@ -108,8 +107,7 @@ async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
     })
     .await;
     // The user asks for something that pauses `main` before the pending reply runs.
-    let s = session.clone();
-    let second = actix::spawn(async move { s.run("take my email").await });
+    let second = spawn_turn(&session, "take my email");
     tokio::task::yield_now().await;
     session.playout_finished(io.last_speech().unwrap().id, None);
     first.await.unwrap().unwrap();
@@ -197,17 +195,9 @@ async fn a_held_update_of_a_run_stopped_mid_step_is_refused_and_recorded_nowhere
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
-    let s = session.clone();
-    let turn = actix::spawn(async move { s.run("work and ask").await });
+    let turn = spawn_turn(&session, "work and ask");
     let inspector = session.inspector().unwrap();
-    inspector
-        .wait_for(
-            "activity/s1/collector#1",
-            "StartActivity",
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    wait_started(&inspector, "activity/s1/collector#1").await;
     session.run("a@b.c").await.unwrap();
     let result = turn.await.unwrap().unwrap();
     assert_eq!(
@@ -321,8 +311,7 @@ async fn a_closed_activity_drops_its_pending_reply() {
         .await
         .unwrap();
     let mut events = session.subscribe();
-    let s = session.clone();
-    let turn = actix::spawn(async move { s.run("watch").await });
+    let turn = spawn_turn(&session, "watch");
     wait_event(&mut events, |e| {
         matches!(e, SessionEvent::SpeechCreated { .. }).then_some(())
     })

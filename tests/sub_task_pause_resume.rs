@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, output, DropGuard, Log, Query};
+use common::{assert_invariant, output, spawn_turn, wait_started, DropGuard, Log, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
@@ -78,17 +78,9 @@ async fn a_sub_task_pauses_the_caller_and_resumes_it_with_a_typed_result() {
         .await
         .unwrap();
     session.run("watch").await.unwrap();
-    let s = session.clone();
-    let main_turn = actix::spawn(async move { s.run("take my email").await });
+    let main_turn = spawn_turn(&session, "take my email");
     let inspector = session.inspector().unwrap();
-    inspector
-        .wait_for(
-            "activity/s1/collector#1",
-            "StartActivity",
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    wait_started(&inspector, "activity/s1/collector#1").await;
     session.wait_for_inactive().await;
     assert_eq!(session.current_agent().await.unwrap(), "collector");
     // Pausing stopped main's other agent-scoped run, but not the one awaiting the task.
@@ -144,17 +136,9 @@ async fn closing_during_a_sub_task_fails_the_awaiting_tool_cleanly() {
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
-    let s = session.clone();
-    let turn = actix::spawn(async move { s.run("go").await });
+    let turn = spawn_turn(&session, "go");
     let inspector = session.inspector().unwrap();
-    inspector
-        .wait_for(
-            "activity/s1/collector#1",
-            "StartActivity",
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap();
+    wait_started(&inspector, "activity/s1/collector#1").await;
     session.close().await.unwrap();
     assert!(turn.await.unwrap().is_err());
     assert!(
@@ -200,8 +184,7 @@ async fn a_task_tool_that_updates_first_still_completes_the_task() {
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
-    let s = session.clone();
-    let main_turn = actix::spawn(async move { s.run("take my email").await });
+    let main_turn = spawn_turn(&session, "take my email");
     session
         .inspector()
         .unwrap()

@@ -126,3 +126,21 @@ pub fn output_added(call_id: &'static str) -> impl FnMut(&SessionEvent) -> Optio
         _ => None,
     }
 }
+
+/// Runs a turn on the test's arbiter without awaiting it (it may wait on a sub-task, a
+/// handoff or a playout the test drives).
+pub fn spawn_turn(
+    session: &Session,
+    text: &str,
+) -> tokio::task::JoinHandle<Result<RunResult, SessionError>> {
+    let (session, text) = (session.clone(), text.to_owned());
+    actix::spawn(async move { session.run(text).await })
+}
+
+/// Waits (up to 5 s) until the activity `id` has handled `StartActivity`.
+pub async fn wait_started(inspector: &switchboard::Inspector, id: &str) {
+    inspector
+        .wait_for(id, "StartActivity", std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+}
