@@ -372,7 +372,9 @@ impl Handler<StopRun> for ToolRunActor {
                 let _ = immediate.send(CallOutput::ended(&msg.reason));
                 false
             }
-            None => !already_closed || !self.body_done,
+            // The immediate output was given: the body runs on in the background unless it
+            // has returned (returning sets `closed`, so `body_done` alone decides).
+            None => !self.body_done,
         };
         if self.body_done {
             ctx.stop();
