@@ -59,12 +59,12 @@ pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentState, AsyncRunContext, BuildError,
     ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, DuplicatePromptArgs, Engine,
     ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError,
-    Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs, NullIo,
-    Playout, PromptArgs, Prompts, Received, ReplyPromptArgs, RunContext, RunResult, Session,
-    SessionAddress, SessionBuilder, SessionError, SessionEvent, SessionId, SpeechId, StopResponse,
-    TaskError, Template, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic,
-    ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError, UpdateMessage,
-    UpdatePromptArgs, CONFIRM_DUPLICATE_PARAM,
+    Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage,
+    NoArgs, NullIo, Playout, PromptArgs, Prompts, Received, ReplyPromptArgs, RunContext, RunResult,
+    Session, SessionAddress, SessionBuilder, SessionError, SessionEvent, SessionId, SpeechId,
+    StopResponse, TaskError, Template, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError,
+    ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
+    UpdateMessage, UpdatePromptArgs, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`.

@@ -37,8 +37,9 @@ async fn replies_by_turn_by_user_message_and_by_closure() {
     // Nothing left: the turn fails with the request printed, the session goes on.
     match s.run("anything else?").await {
         Err(SessionError::Llm(err)) => {
-            assert!(err.message.contains("index 3"), "{}", err.message);
-            assert!(err.message.contains("anything else?"), "{}", err.message);
+            let message = err.to_string();
+            assert!(message.contains("index 3"), "{message}");
+            assert!(message.contains("anything else?"), "{message}");
         }
         other => panic!("expected an LLM error, got {other:?}"),
     }

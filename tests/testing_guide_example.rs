@@ -234,10 +234,10 @@ async fn the_scripted_llm_answers_by_index_by_rule_or_otherwise() {
     match &error {
         SessionError::Llm(llm_error) => {
             assert!(
-                llm_error.message.contains("unexpected request"),
+                llm_error.to_string().contains("unexpected request"),
                 "{llm_error}"
             );
-            assert!(llm_error.message.contains("thanks"), "{llm_error}");
+            assert!(llm_error.to_string().contains("thanks"), "{llm_error}");
         }
         other => panic!("expected an LLM error, got {other}"),
     }

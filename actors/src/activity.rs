@@ -104,6 +104,8 @@ struct LlmReply {
     calls: Vec<crate::llm::ToolCallChunk>,
     speech: Option<SpeechId>,
     playout: Playout,
+    #[allow(dead_code)]
+    usage: Option<crate::llm::LlmUsage>,
 }
 
 pub(crate) struct ActivityActor {

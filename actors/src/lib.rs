@@ -79,7 +79,8 @@ pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
 pub use io::{Io, NullIo, Playout, SpeechId};
 pub use llm::{
-    Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolCallChunk, ToolChoice, ToolSchema,
+    Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
+    ToolCallChunk, ToolChoice, ToolSchema,
 };
 pub use mailbox::{ActorSnapshot, Journal, Received};
 pub use prompts::{

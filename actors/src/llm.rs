@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
@@ -61,25 +62,149 @@ pub struct ToolCallChunk {
 
 /// One piece of the model's streamed answer.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum LlmChunk {
-    /// Text for the user, streamed to I/O as it comes.
+    /// Text for the user, streamed to the output as it comes.
     Text(String),
-    /// A tool call.
+    /// A complete tool call (a provider that streams calls in fragments joins them first).
     ToolCall(ToolCallChunk),
+    /// Token usage of the request, when the provider reports it (usually last). The
+    /// engine puts it in the request's [`SessionEvent::LlmMetrics`](crate::SessionEvent)
+    /// event.
+    Usage(LlmUsage),
 }
 
-/// A failure of the model provider.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("LLM request failed: {message}")]
-pub struct LlmError {
-    /// What went wrong.
-    pub message: String,
+/// Token usage of one LLM request, as the provider reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    /// Tokens of the request (instructions, chat context, tool schemas).
+    pub prompt_tokens: u32,
+    /// Tokens the model generated.
+    pub completion_tokens: u32,
+    /// Prompt tokens served from the provider's prompt cache, when it says.
+    pub cached_prompt_tokens: Option<u32>,
+}
+
+/// Which wait of an LLM request ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimeoutStage {
+    /// Opening the connection and getting the response headers.
+    Connect,
+    /// From sending the request to the first chunk of the answer.
+    FirstChunk,
+    /// Between two chunks of the answer.
+    BetweenChunks,
+}
+
+impl fmt::Display for TimeoutStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Connect => "connecting",
+            Self::FirstChunk => "waiting for the first chunk",
+            Self::BetweenChunks => "waiting for the next chunk",
+        })
+    }
+}
+
+/// How long the engine waits on a model (SPEC §2a): a request whose first chunk does not
+/// come within `first_chunk`, or whose next chunk does not come within `between_chunks`,
+/// fails the turn with [`LlmError::Timeout`] and an error event. Set on the session
+/// (`SessionBuilder::llm_timeouts`) or an agent (`AgentBuilder::llm_timeouts`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LlmTimeouts {
+    /// From the request to its first chunk (default 10 s, as LiveKit's request timeout).
+    pub first_chunk: Duration,
+    /// Between two chunks (default 10 s).
+    pub between_chunks: Duration,
+}
+
+impl Default for LlmTimeouts {
+    fn default() -> Self {
+        Self {
+            first_chunk: Duration::from_secs(10),
+            between_chunks: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A failure of the model provider, by what a caller can do about it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LlmError {
+    /// The provider refused the credentials (HTTP 401/403): check the API key.
+    #[error("the LLM provider refused the credentials: {message}")]
+    Auth {
+        /// The provider's message.
+        message: String,
+    },
+    /// Too many requests (HTTP 429), after the adapter's retries.
+    #[error("the LLM provider is rate limiting: {message}")]
+    RateLimited {
+        /// The provider's message.
+        message: String,
+        /// How long the provider asked to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// The request does not fit the model's context window: shorten the chat context.
+    #[error("the request is longer than the model's context: {message}")]
+    ContextTooLong {
+        /// The provider's message.
+        message: String,
+    },
+    /// The provider rejected the request as malformed (HTTP 4xx).
+    #[error("the LLM provider rejected the request (HTTP {status}): {message}")]
+    BadRequest {
+        /// The HTTP status.
+        status: u16,
+        /// The provider's message.
+        message: String,
+    },
+    /// The provider failed (HTTP 5xx), after the adapter's retries.
+    #[error("the LLM provider failed (HTTP {status}): {message}")]
+    Server {
+        /// The HTTP status.
+        status: u16,
+        /// The provider's message.
+        message: String,
+    },
+    /// The provider could not be reached.
+    #[error("cannot reach the LLM provider: {message}")]
+    Connect {
+        /// What the connection attempt reported.
+        message: String,
+    },
+    /// A wait ran out (see [`LlmTimeouts`]).
+    #[error("the LLM request timed out {stage} (after {after:?})")]
+    Timeout {
+        /// Which wait ran out.
+        stage: TimeoutStage,
+        /// How long it waited.
+        after: Duration,
+    },
+    /// The answer's stream broke off or could not be read.
+    #[error("the LLM stream is malformed: {message}")]
+    MalformedStream {
+        /// What was wrong with it.
+        message: String,
+    },
+    /// The model adapter panicked; the engine caught it and failed the turn.
+    #[error("the LLM adapter panicked: {message}")]
+    Panicked {
+        /// The panic's message.
+        message: String,
+    },
+    /// Any other failure.
+    #[error("LLM request failed: {message}")]
+    Other {
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl LlmError {
-    /// An error with this message.
+    /// A failure with this message ([`LlmError::Other`]).
     pub fn new(message: impl Into<String>) -> Self {
-        Self {
+        Self::Other {
             message: message.into(),
         }
     }

@@ -139,6 +139,7 @@ impl ActivityActor {
                 calls: Vec::new(),
                 speech: None,
                 playout: Playout::Done,
+                usage: None,
             };
             while let Some(chunk) = stream.next().await {
                 match chunk? {
@@ -164,6 +165,7 @@ impl ActivityActor {
                         reply.text.push_str(&text);
                     }
                     crate::llm::LlmChunk::ToolCall(call) => reply.calls.push(call),
+                    crate::llm::LlmChunk::Usage(usage) => reply.usage = Some(usage),
                 }
             }
             if let Some(speech) = reply.speech {
