@@ -61,7 +61,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let concierge = Agent::builder("concierge")
         .instructions("You are the concierge.")
-        .on_enter(|ctx| async move { ctx.generate_reply("Greet the user.") })
+        .on_enter(|ctx| async move {
+            // Queued: it runs once this handoff is complete.
+            let _ = ctx.generate_reply("Greet the user.").await;
+        })
         .build()?;
     let to_concierge = concierge.clone();
     let transfer = Tool::new(

@@ -40,6 +40,7 @@ fn weather_turn() -> RunResult {
             output("call_1", "get_weather", "sunny, 24 degrees", false),
             ChatItem::message(ChatRole::Assistant, "It is sunny in Paris."),
         ],
+        ..Default::default()
     }
 }
 
@@ -109,6 +110,7 @@ fn a_wrong_kind_shows_expected_found_and_every_event_with_the_cursor() {
             call("call_1", "get_weather", r#"{"city":"Paris"}"#),
             ChatItem::message(ChatRole::Assistant, "Hi"),
         ],
+        ..Default::default()
     };
     let mut expect = result.expect();
     expect.next_event().is_function_call("get_weather");
@@ -165,6 +167,7 @@ fn with_args_compares_parsed_json() {
             ),
             call("c2", "book", "{not json"),
         ],
+        ..Default::default()
     };
     let expect = result.expect();
     // Key order does not matter, nor does 1 vs 1.0.
@@ -222,6 +225,7 @@ fn output_assertions_pass_and_fail_on_each_property() {
             call("c1", "load", "{}"),
             output("c1", "load", "Error: database unavailable", true),
         ],
+        ..Default::default()
     };
     let out = result.expect().nth(1).is_function_call_output();
     out.is_error()
@@ -261,6 +265,7 @@ fn output_assertions_pass_and_fail_on_each_property() {
     );
     let ok = RunResult {
         events: vec![output("c1", "load", "done", false)],
+        ..Default::default()
     };
     assert_fails(
         ok.expect().nth(0).is_function_call_output().try_is_error(),
@@ -275,6 +280,7 @@ fn message_assertions_check_role_and_text() {
             ChatItem::message(ChatRole::User, "what's the weather?"),
             ChatItem::message(ChatRole::Assistant, "Sunny."),
         ],
+        ..Default::default()
     };
     let mut expect = result.expect();
     expect
@@ -308,6 +314,7 @@ fn handoff_assertions_check_both_agents() {
             output("c1", "transfer", "Transferring you.", false),
             handoff(Some("agent-a"), "agent-b"),
         ],
+        ..Default::default()
     };
     let mut expect = result.expect();
     expect.skip_next(2);
@@ -394,6 +401,7 @@ fn contains_and_nth_look_anywhere_without_moving_the_cursor() {
             output("c2", "search", "2 hotels", false),
             ChatItem::message(ChatRole::Assistant, "Found some."),
         ],
+        ..Default::default()
     };
     let mut expect = result.expect();
     assert_eq!(expect.contains_function_call("search").call_id(), "c1");
@@ -455,6 +463,7 @@ fn long_texts_are_cut_in_the_listing_but_not_in_found() {
     let long = "a".repeat(100);
     let result = RunResult {
         events: vec![ChatItem::message(ChatRole::Assistant, long.clone())],
+        ..Default::default()
     };
     let text = assert_fails(
         result.expect().nth(0).try_is_message(ChatRole::User),

@@ -1,49 +1,63 @@
 //! `ActivityActor`: one activation of an agent in a session.
 //!
-//! - **Owns:** the agent's chat context, its agent-scoped toolsets (a `ToolsetActor` for
-//!   the bare tools, `tools`, and one per agent toolset) and the LLM turn loop.
-//! - **Parent:** the session. Sends nothing to it but replies; talks to toolsets (its
-//!   own and the session's) with `RunTool`.
+//! - **Owns:** the agent's chat context and its step ledger (`activity/ledger.rs`), its
+//!   agent-scoped toolsets (a `ToolsetActor` for the bare tools, `tools`, and one per
+//!   agent toolset) and the LLM turn loop (`activity/turn.rs`).
+//! - **Parent:** the session. Sends it nothing but replies; its hooks reach the session
+//!   only through `SessionControl` (narrow links that queue work). Talks to toolsets (its
+//!   own and the session's) with `RunTool`, `InterruptStep`, `ListRuns`, `CancelRun`.
 //! - **Starts** on `StartActivity` (runs `on_enter`); **pauses** on `PauseActivity` (a
 //!   sub-task agent runs) and **resumes** on `ResumeActivity`; **stops** on
 //!   `CloseActivity` (runs `on_exit`, stops its toolsets).
-//! - **Handles:** `StartActivity`, `StartTurn`, `InsertToolItems`, `AppendItems`,
-//!   `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`, `GetChat`.
+//! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InsertToolItems`,
+//!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`,
+//!   `PlayoutFinished`, `GetChat`.
 //!
 //! Guarantees, each tested:
 //! - Every function call in the chat context has exactly one output after it, whatever
-//!   happens (cancel, error, handoff, pause, close).
+//!   happens (cancel, error, handoff, pause, interruption, close): the ledger's rules.
 //! - A call's later items (`/update_n`, `/finished`) are held until its step's pairs are
 //!   in the chat context.
 //! - When `PauseActivity` or `CloseActivity` answers, every tool run of its own toolsets
 //!   (but the one awaiting a sub-task, on pause) has stopped and been dropped.
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
+//! - A panic in a hook or the LLM adapter, a stalled or failing model stream, fails the
+//!   turn with an error event; the activity takes the next turn.
 
 mod companions;
+mod ledger;
 mod turn;
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::agent::{check_tools, effective_policy, Agent, HookContext};
-use crate::chat::{ChatContext, ChatItem, ChatRole, FunctionCall};
-use crate::error::{BuildError, SessionError, UpdateError};
+use crate::agent::{effective_policy, Agent, Hook, HookContext};
+use crate::chat::{ChatContext, ChatItem};
+use crate::control::SessionControl;
+use crate::error::{SessionError, UpdateError};
 use crate::events::{AgentState, SessionEvent};
+use crate::handoff::Handoff;
 use crate::ids::ActorId;
-use crate::io::{Playout, SpeechId};
-use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
-use crate::llm::{Llm, ToolChoice, ToolSchema};
-use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::CallOutput;
+use crate::io::SpeechId;
+use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
+use crate::llm::{Llm, LlmTimeouts, ToolSchema};
+use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
+use crate::outcome::panic_message;
 use crate::prompts::Prompts;
-use crate::session::{Handoff, PendingItem, Scope, SessionToolset};
-use crate::session_handle::Session;
+use crate::reentry;
+use crate::session::{PendingItem, Scope, SessionLinks, SessionToolset};
+use crate::shared::SessionShared;
 use crate::tool::DuplicatePolicy;
 use crate::toolset::{StopRuns, StopToolset, ToolsetActor};
+
+use ledger::{Ledger, Sink};
+use turn::Turn;
 
 /// What a finished turn reports to the session.
 #[derive(Debug, Default)]
@@ -52,6 +66,16 @@ pub(crate) struct TurnOutcome {
     pub(crate) handoff: Option<Handoff>,
     pub(crate) task_result: Option<Value>,
     pub(crate) failure: Option<SessionError>,
+    pub(crate) interrupted: bool,
+}
+
+impl TurnOutcome {
+    pub(crate) fn failed(failure: SessionError) -> Self {
+        Self {
+            failure: Some(failure),
+            ..Self::default()
+        }
+    }
 }
 
 /// What kind of turn to run.
@@ -65,31 +89,6 @@ pub(crate) enum TurnKind {
     Deferred(Vec<PendingItem>),
 }
 
-struct Slot {
-    call: FunctionCall,
-    output: Option<CallOutput>,
-}
-
-struct Turn {
-    events: Vec<ChatItem>,
-    steps: u32,
-    step_key: u64,
-    slots: Vec<Slot>,
-    tool_choice: ToolChoice,
-    extra_instructions: Option<String>,
-    awaiting_playout: Option<SpeechId>,
-    finished: Option<TurnOutcome>,
-    done: Option<oneshot::Sender<TurnOutcome>>,
-}
-
-struct Held {
-    base_call_id: String,
-    items: Vec<ChatItem>,
-    /// The tool's `ctx.update` waiting for the items; none for the engine's own terminal
-    /// items.
-    reply: Option<oneshot::Sender<Result<(), UpdateError>>>,
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Status {
     Starting,
@@ -98,108 +97,78 @@ enum Status {
     Closed,
 }
 
-/// The LLM's complete answer to one request.
-struct LlmReply {
-    text: String,
-    calls: Vec<crate::llm::ToolCallChunk>,
-    speech: Option<SpeechId>,
-    playout: Playout,
-    #[allow(dead_code)]
-    usage: Option<crate::llm::LlmUsage>,
+/// Everything an activity is started with.
+pub(crate) struct ActivitySpec {
+    pub(crate) agent: Agent,
+    /// The model, already resolved (the agent's or the session's).
+    pub(crate) llm: Arc<dyn Llm>,
+    pub(crate) generation: u32,
+    /// Whether it runs as a sub-task (only a sub-task may complete a task).
+    pub(crate) is_task: bool,
+    pub(crate) shared: Arc<SessionShared>,
+    pub(crate) links: Arc<SessionLinks>,
+    pub(crate) session_toolsets: Arc<[SessionToolset]>,
 }
 
 pub(crate) struct ActivityActor {
     probe: Arc<Probe>,
     agent: Agent,
-    session: Session,
     llm: Arc<dyn Llm>,
-    chat: ChatContext,
+    timeouts: LlmTimeouts,
+    is_task: bool,
+    shared: Arc<SessionShared>,
+    links: Arc<SessionLinks>,
+    ledger: Ledger,
     session_toolsets: Arc<[SessionToolset]>,
-    own_toolsets: Vec<(Mailbox<ToolsetActor>, Option<AliveWaiter>)>,
+    own_toolsets: Vec<Child<ToolsetActor>>,
     /// Tool name → toolset that runs it.
-    routes: std::collections::HashMap<String, Mailbox<ToolsetActor>>,
+    routes: HashMap<String, Mailbox<ToolsetActor>>,
     schemas: Arc<[ToolSchema]>,
     turn: Option<Turn>,
-    step_seq: u64,
-    uncommitted: HashSet<String>,
-    held: Vec<Held>,
     /// Chat length the latest assistant message was generated from.
     last_reply_view: usize,
     status: Status,
     /// Whether `get_running_tasks` and `cancel_task` are exposed.
     companions: bool,
-    llm_task: Option<SpawnHandle>,
     generation: u32,
     _alive: AliveToken,
 }
 
 impl ActivityActor {
     /// Starts an activity actor (idle until `StartActivity`) on the current arbiter.
-    pub(crate) fn spawn(
-        agent: Agent,
-        generation: u32,
-        session: Session,
-        session_toolsets: Arc<[SessionToolset]>,
-    ) -> Result<(Mailbox<ActivityActor>, AliveWaiter), BuildError> {
-        let shared = session.shared.clone();
-        let llm = agent
-            .def
-            .llm
-            .clone()
-            .or_else(|| shared.llm.clone())
-            .ok_or_else(|| BuildError::NoLlm {
-                agent: agent.name().to_owned(),
-            })?;
-        let companions = agent
-            .def
-            .tools
-            .iter()
-            .chain(agent.def.toolsets.iter().flat_map(|ts| ts.tools.iter()))
-            .chain(session_toolsets.iter().flat_map(|ts| ts.tools.iter()))
-            .any(|t| t.allows_cancellation());
-        let companion_names = companions
-            .then(|| companions::schemas().map(|s| (s.name, "companion tools".to_owned())))
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>();
-        // Names are unique among everything this activity sees (SPEC §5).
-        check_tools(
-            agent
-                .tool_owners()
-                .chain(session_toolsets.iter().flat_map(|ts| {
-                    ts.tools
-                        .iter()
-                        .map(move |t| (t.name(), format!("session toolset {}", ts.name)))
-                }))
-                .chain(companion_names.iter().map(|(n, o)| (n.as_str(), o.clone()))),
-        )?;
+    pub(crate) fn spawn(spec: ActivitySpec) -> Child<ActivityActor> {
         let probe = Probe::new(
-            ActorId::activity(&shared.id, agent.name(), generation),
-            shared.journal.clone(),
+            ActorId::activity(&spec.shared.id, spec.agent.name(), spec.generation),
+            spec.shared.journal.clone(),
         );
-        let (alive, waiter) = alive_pair();
+        let (alive, gone) = alive_pair();
+        let companions = spec.shared.exposes_companions(&spec.agent);
+        let timeouts = spec
+            .agent
+            .def
+            .llm_timeouts
+            .unwrap_or(spec.shared.config.llm_timeouts);
         let actor = ActivityActor {
             probe: probe.clone(),
-            agent,
-            session,
-            llm,
-            chat: ChatContext::new(),
-            session_toolsets,
+            agent: spec.agent,
+            llm: spec.llm,
+            timeouts,
+            is_task: spec.is_task,
+            shared: spec.shared,
+            links: spec.links,
+            ledger: Ledger::default(),
+            session_toolsets: spec.session_toolsets,
             own_toolsets: Vec::new(),
-            routes: Default::default(),
+            routes: HashMap::new(),
             schemas: Arc::from(Vec::new()),
             turn: None,
-            step_seq: 0,
-            uncommitted: HashSet::new(),
-            held: Vec::new(),
             last_reply_view: 0,
             status: Status::Starting,
             companions,
-            llm_task: None,
-            generation,
+            generation: spec.generation,
             _alive: alive,
         };
-        Ok((Mailbox::new(actor.start(), probe), waiter))
+        Child::new(Mailbox::new(actor.start(), probe), gone)
     }
 
     fn id(&self) -> &ActorId {
@@ -210,46 +179,81 @@ impl ActivityActor {
         self.agent.name().to_owned()
     }
 
-    fn hook_ctx(&self) -> HookContext {
-        HookContext {
-            session: self.session.clone(),
-            agent: self.agent.def.name.clone(),
-            activity: self.id().clone(),
-        }
-    }
-
     fn set_state(&self, state: AgentState) {
-        self.session
-            .shared
-            .emit_with(|| SessionEvent::AgentStateChanged {
-                agent: self.agent_name(),
-                state,
-            });
+        self.shared.emit_with(|| SessionEvent::AgentStateChanged {
+            agent: self.agent_name(),
+            state,
+        });
     }
 
-    /// Appends an item to the chat context and, during a turn, to the turn's events.
-    fn record(&mut self, item: ChatItem) {
-        self.session
-            .shared
-            .emit_with(|| SessionEvent::ConversationItemAdded {
-                agent: self.agent_name(),
+    /// Runs `f` on the ledger with a sink that emits each appended item and, when
+    /// `in_turn`, adds it to the running turn's events.
+    fn with_ledger<R>(&mut self, in_turn: bool, f: impl FnOnce(&mut Ledger, Sink<'_>) -> R) -> R {
+        let shared = &self.shared;
+        let agent = &self.agent;
+        let turn = &mut self.turn;
+        let mut sink = |item: &ChatItem| {
+            shared.emit_with(|| SessionEvent::ConversationItemAdded {
+                agent: agent.name().to_owned(),
                 item: item.clone(),
             });
-        if let Some(turn) = self.turn.as_mut() {
-            turn.events.push(item.clone());
+            if in_turn {
+                if let Some(turn) = turn.as_mut() {
+                    turn.events.push(item.clone());
+                }
+            }
+        };
+        f(&mut self.ledger, &mut sink)
+    }
+
+    /// Appends an item that belongs to the running turn (a message).
+    fn record(&mut self, item: ChatItem) {
+        self.with_ledger(true, |ledger, sink| ledger.append(item, sink));
+    }
+
+    /// Runs a lifecycle hook: marked as engine code of this session (so a host call made
+    /// from it fails instead of waiting on itself) and with its panics caught.
+    fn run_hook(
+        &self,
+        hook: Option<Hook>,
+        which: &'static str,
+    ) -> impl std::future::Future<Output = ()> + 'static {
+        let ctx = HookContext {
+            session: SessionControl::new(
+                self.shared.id.clone(),
+                self.id().clone(),
+                self.links.clone(),
+                self.shared.userdata.clone(),
+            ),
+            agent: self.agent.def.name.clone(),
+        };
+        let shared = self.shared.clone();
+        let agent = self.agent_name();
+        async move {
+            let Some(hook) = hook else { return };
+            let run = reentry::inside(
+                shared.id.clone(),
+                AssertUnwindSafe(hook(ctx)).catch_unwind(),
+            );
+            if let Err(panic) = run.await {
+                let message = format!(
+                    "{which} hook of {agent} panicked: {}",
+                    panic_message(&*panic)
+                );
+                tracing::error!(session = %shared.id, %agent, "{message}");
+                shared.emit(SessionEvent::Error { message });
+            }
         }
-        self.chat.push(item);
     }
 
     /// Spawns the agent's own toolsets and computes the tool schemas (stable order:
-    /// bare tools, agent toolsets, session toolsets).
+    /// bare tools, agent toolsets, session toolsets, companions).
     fn start_toolsets(&mut self) {
-        let shared = self.session.shared.clone();
         let scope = Scope::Activity(self.id().clone());
         let mut schemas = Vec::new();
         type Group = (String, Vec<(crate::tool::Tool, DuplicatePolicy)>, Prompts);
         let mut groups: Vec<Group> = Vec::new();
-        let agent_prompts = self.agent.def.prompts.or(&shared.prompts);
+        let agent_prompts = self.agent.def.prompts.or(&self.shared.prompts);
         if !self.agent.def.tools.is_empty() {
             let tools = self
                 .agent
@@ -280,17 +284,18 @@ impl ActivityActor {
         for (name, tools, prompts) in groups {
             schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
             let names: Vec<String> = tools.iter().map(|(t, _)| t.name().to_owned()).collect();
-            let (mailbox, waiter) = ToolsetActor::spawn(
-                ActorId::agent_toolset(&shared.id, self.agent.name(), self.generation, &name),
+            let child = ToolsetActor::spawn(
+                ActorId::agent_toolset(&self.shared.id, self.agent.name(), self.generation, &name),
                 scope.clone(),
                 tools,
                 prompts,
-                self.session.clone(),
+                self.shared.clone(),
+                self.links.clone(),
             );
             for tool in names {
-                self.routes.insert(tool, mailbox.clone());
+                self.routes.insert(tool, child.mailbox.clone());
             }
-            self.own_toolsets.push((mailbox, Some(waiter)));
+            self.own_toolsets.push(child);
         }
         for toolset in self.session_toolsets.iter() {
             schemas.extend(toolset.schemas.iter().cloned());
@@ -309,7 +314,7 @@ impl ActivityActor {
     fn visible_toolsets(&self) -> Vec<Mailbox<ToolsetActor>> {
         self.own_toolsets
             .iter()
-            .map(|(ts, _)| ts.clone())
+            .map(|ts| ts.mailbox.clone())
             .chain(self.session_toolsets.iter().map(|ts| ts.mailbox.clone()))
             .collect()
     }
@@ -320,7 +325,7 @@ impl Actor for ActivityActor {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.status = Status::Closed;
-        self.refuse_held();
+        self.ledger.refuse_held();
         self.probe.stopped();
     }
 }
@@ -331,7 +336,7 @@ pub(crate) struct StartActivity {
     /// The chat context to start from (inherited from the previous agent, or empty).
     pub(crate) chat: ChatContext,
     /// The agent this one takes over from, recorded as a handoff item.
-    pub(crate) handoff_from: Option<Option<String>>,
+    pub(crate) handoff_from: Option<String>,
 }
 
 impl Message for StartActivity {
@@ -342,31 +347,23 @@ impl Handler<StartActivity> for ActivityActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: StartActivity, _ctx: &mut Self::Context) -> Self::Result {
-        self.chat = msg.chat;
+        self.ledger = Ledger::new(msg.chat);
         if let Some(from) = msg.handoff_from {
-            self.record_outside_turn(ChatItem::AgentHandoff {
-                from,
+            let item = ChatItem::AgentHandoff {
+                from: Some(from),
                 to: self.agent_name(),
-            });
+            };
+            self.with_ledger(false, |ledger, sink| ledger.append(item, sink));
         }
         self.start_toolsets();
         self.set_state(AgentState::Initializing);
-        let hook = self.agent.def.on_enter.clone();
-        let hook_ctx = self.hook_ctx();
-        Box::pin(
-            async move {
-                if let Some(hook) = hook {
-                    hook(hook_ctx).await;
-                }
+        let hook = self.run_hook(self.agent.def.on_enter.clone(), "on_enter");
+        Box::pin(hook.into_actor(self).map(|(), act, _| {
+            if act.status == Status::Starting {
+                act.status = Status::Active;
             }
-            .into_actor(self)
-            .map(|(), act, _| {
-                if act.status == Status::Starting {
-                    act.status = Status::Active;
-                }
-                act.set_state(AgentState::Listening);
-            }),
-        )
+            act.set_state(AgentState::Listening);
+        }))
     }
 }
 
@@ -384,21 +381,38 @@ impl Handler<StartTurn> for ActivityActor {
     type Result = ResponseFuture<TurnOutcome>;
 
     fn handle(&mut self, msg: StartTurn, ctx: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
         if self.turn.is_some() || self.status != Status::Active {
-            return Box::pin(async {
-                TurnOutcome {
-                    failure: Some(SessionError::Closed),
-                    ..Default::default()
-                }
-            });
+            return Box::pin(async { TurnOutcome::failed(SessionError::Closed) });
         }
+        let (tx, rx) = oneshot::channel();
         self.begin_turn(msg.kind, tx, ctx);
         Box::pin(async move {
-            rx.await.unwrap_or(TurnOutcome {
-                failure: Some(SessionError::Closed),
-                ..Default::default()
-            })
+            rx.await
+                .unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed))
+        })
+    }
+}
+
+/// Sent by the session to stop the running turn now (`Session::interrupt`, a preempting
+/// handoff, a dropped `run` future): the LLM stream is dropped, no further step runs,
+/// and each call of the open step gets its output (a call that cancels on interruption
+/// is cancelled, the others move to the background). The reply comes once the turn ended
+/// (at once when none runs).
+pub(crate) struct InterruptTurn;
+
+impl Message for InterruptTurn {
+    type Result = ();
+}
+
+impl Handler<InterruptTurn> for ActivityActor {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _msg: InterruptTurn, ctx: &mut Self::Context) -> Self::Result {
+        let ended = self.interrupt(ctx);
+        Box::pin(async move {
+            if let Some(ended) = ended {
+                let _ = ended.await;
+            }
         })
     }
 }
@@ -425,21 +439,11 @@ impl Handler<InsertToolItems> for ActivityActor {
             };
             return Box::pin(async move { Err(err) });
         }
-        if self.uncommitted.contains(&msg.base_call_id)
-            || self.held.iter().any(|h| h.base_call_id == msg.base_call_id)
-        {
-            let (tx, rx) = oneshot::channel();
-            self.held.push(Held {
-                base_call_id: msg.base_call_id,
-                items: msg.items,
-                reply: Some(tx),
-            });
-            return Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) });
-        }
-        for item in msg.items {
-            self.record_outside_turn(item);
-        }
-        Box::pin(async { Ok(()) })
+        let (tx, rx) = oneshot::channel();
+        self.with_ledger(false, |ledger, sink| {
+            ledger.insert(&msg.base_call_id, msg.items, Some(tx), sink)
+        });
+        Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) })
     }
 }
 
@@ -457,15 +461,18 @@ impl Handler<AppendItems> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: AppendItems, _ctx: &mut Self::Context) {
-        for item in msg.items {
-            self.record_outside_turn(item);
-        }
+        self.with_ledger(false, |ledger, sink| {
+            for item in msg.items {
+                ledger.append(item, sink);
+            }
+        });
     }
 }
 
 /// Sent by the session before a sub-task agent starts: stops the runs of this agent's
 /// toolsets (all but `exempt`, the run awaiting the sub-task) and awaits them. The turn
-/// in progress stays open and goes on after `ResumeActivity`.
+/// in progress stays open and goes on after `ResumeActivity` (a turn still generating
+/// text is interrupted: its speech stops where it was).
 pub(crate) struct PauseActivity {
     pub(crate) exempt: Option<u64>,
 }
@@ -477,15 +484,16 @@ impl Message for PauseActivity {
 impl Handler<PauseActivity> for ActivityActor {
     type Result = ResponseActFuture<Self, ()>;
 
-    fn handle(&mut self, msg: PauseActivity, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
+        self.stop_generation_for_pause(ctx);
         self.status = Status::Paused;
-        self.refuse_held();
+        self.ledger.refuse_held();
         let reason: Arc<str> = Arc::from("the agent was paused for a sub-task");
         let stops: Vec<_> = self
             .own_toolsets
             .iter()
-            .map(|(ts, _)| {
-                ts.ask(
+            .map(|ts| {
+                ts.mailbox.ask(
                     self.probe.id(),
                     StopRuns {
                         reason: reason.clone(),
@@ -497,7 +505,9 @@ impl Handler<PauseActivity> for ActivityActor {
         Box::pin(futures_util::future::join_all(stops).into_actor(self).map(
             move |results, act, _| {
                 let calls = results.into_iter().flatten().flatten().collect();
-                act.write_terminal(calls, &reason);
+                act.with_ledger(false, |ledger, sink| {
+                    ledger.write_terminal(calls, &reason, sink)
+                });
             },
         ))
     }
@@ -524,7 +534,8 @@ impl Handler<ResumeActivity> for ActivityActor {
 /// Sent by the session to end this activity (handoff, end of a sub-task, session close):
 /// runs `on_exit`, stops its toolsets (every run cancelled, given the grace period and
 /// awaited), gives unfinished calls their terminal outputs, then stops. The reply is the
-/// final chat context, sent once every tool actor of this activity is gone.
+/// final chat context, sent once every tool actor of this activity is gone. A second
+/// `CloseActivity` (a session closing during a handoff) gets the same context.
 pub(crate) struct CloseActivity {
     pub(crate) reason: Arc<str>,
 }
@@ -537,59 +548,36 @@ impl Handler<CloseActivity> for ActivityActor {
     type Result = ResponseActFuture<Self, ChatContext>;
 
     fn handle(&mut self, msg: CloseActivity, ctx: &mut Self::Context) -> Self::Result {
-        let was_active = self.status != Status::Closed;
+        let was_open = self.status != Status::Closed;
         self.status = Status::Closed;
-        if let Some(task) = self.llm_task.take() {
-            ctx.cancel_future(task);
-        }
-        self.refuse_held();
-        let hook = if was_active {
-            self.agent.def.on_exit.clone()
-        } else {
-            None
-        };
-        let hook_ctx = self.hook_ctx();
+        self.stop_generation_for_close(&msg.reason, ctx);
+        self.ledger.refuse_held();
+        let hook = self.run_hook(
+            was_open.then(|| self.agent.def.on_exit.clone()).flatten(),
+            "on_exit",
+        );
         let reason = msg.reason;
         Box::pin(
-            async move {
-                if let Some(hook) = hook {
-                    hook(hook_ctx).await;
-                }
-            }
-            .into_actor(self)
-            .then(move |(), act, _| {
-                let mut stops = Vec::new();
-                let mut waiters = Vec::new();
-                for (toolset, waiter) in act.own_toolsets.iter_mut() {
-                    stops.push(toolset.ask(
-                        act.probe.id(),
+            hook.into_actor(self)
+                .then(move |(), act, _| {
+                    let each = reason.clone();
+                    let stops = stop_all(act.own_toolsets.clone(), act.probe.id(), move || {
                         StopToolset {
-                            reason: reason.clone(),
-                        },
-                    ));
-                    waiters.extend(waiter.take());
-                }
-                async move {
-                    let results = futures_util::future::join_all(stops).await;
-                    wait_all(waiters).await;
-                    (results, reason)
-                }
-                .into_actor(act)
-            })
-            .map(|(results, reason), act, ctx| {
-                let calls = results.into_iter().flatten().flatten().collect();
-                act.abort_step(&reason);
-                act.write_terminal(calls, &reason);
-                if let Some(turn) = act.turn.as_mut() {
-                    turn.awaiting_playout = None;
-                }
-                act.finish_turn(TurnOutcome {
-                    failure: Some(SessionError::Closed),
-                    ..Default::default()
-                });
-                ctx.stop();
-                act.chat.clone()
-            }),
+                            reason: each.clone(),
+                        }
+                    });
+                    async move { (stops.await, reason) }.into_actor(act)
+                })
+                .map(|(results, reason), act, ctx| {
+                    let calls = results.into_iter().flatten().flatten().collect();
+                    act.with_ledger(true, |ledger, sink| {
+                        ledger.abort(&reason, sink);
+                        ledger.write_terminal(calls, &reason, sink);
+                    });
+                    act.finish_turn_now(TurnOutcome::failed(SessionError::Closed));
+                    ctx.stop();
+                    act.ledger.chat().clone()
+                }),
         )
     }
 }
@@ -609,27 +597,7 @@ impl Handler<PlayoutFinished> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: PlayoutFinished, _ctx: &mut Self::Context) {
-        let Some(turn) = self.turn.as_mut() else {
-            return;
-        };
-        if turn.awaiting_playout != Some(msg.speech) {
-            return;
-        }
-        turn.awaiting_playout = None;
-        if let Some(heard) = msg.heard {
-            if let Some(ChatItem::Message(m)) = self
-                .chat
-                .items_mut()
-                .iter_mut()
-                .rev()
-                .find(|i| matches!(i, ChatItem::Message(m) if m.role == ChatRole::Assistant))
-            {
-                m.content = heard;
-            }
-        }
-        if let Some(outcome) = turn.finished.take() {
-            self.finish_turn(outcome);
-        }
+        self.playout_finished(msg.speech, msg.heard);
     }
 }
 
@@ -637,20 +605,23 @@ impl Handler<PlayoutFinished> for ActivityActor {
 pub(crate) struct GetChat;
 
 impl Message for GetChat {
-    type Result = Option<ChatContext>;
+    type Result = ChatContext;
 }
 
+plain_response!(ChatContext);
+
 impl Handler<GetChat> for ActivityActor {
-    type Result = Option<ChatContext>;
+    type Result = ChatContext;
 
     fn handle(&mut self, _msg: GetChat, _ctx: &mut Self::Context) -> Self::Result {
-        Some(self.chat.clone())
+        self.ledger.chat().clone()
     }
 }
 
 counted_handlers!(
     ActivityActor: StartActivity,
     StartTurn,
+    InterruptTurn,
     InsertToolItems,
     AppendItems,
     PauseActivity,

@@ -10,12 +10,14 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
 use crate::chat::{ChatContext, ChatMessage};
-use crate::error::BuildError;
+use crate::control::SessionControl;
+use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
-use crate::llm::Llm;
+use crate::llm::{Llm, LlmTimeouts};
 use crate::prompts::Prompts;
-use crate::session_handle::Session;
 use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
+
+pub(crate) use crate::tool::COMPANION_TOOLS;
 
 /// What `on_user_turn_completed` decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,14 +31,15 @@ pub enum TurnDecision {
 /// What a lifecycle hook (`on_enter`, `on_exit`) gets.
 #[derive(Clone)]
 pub struct HookContext {
-    pub(crate) session: Session,
+    pub(crate) session: SessionControl,
     pub(crate) agent: Arc<str>,
-    pub(crate) activity: crate::ids::ActorId,
 }
 
 impl HookContext {
-    /// The session.
-    pub fn session(&self) -> &Session {
+    /// The session, for queueing work (a reply, a handoff) and reading its user data.
+    /// Its requests return once queued: a hook runs inside a handoff, so nothing it asks
+    /// for can run before it returns.
+    pub fn session(&self) -> &SessionControl {
         &self.session
     }
 
@@ -46,10 +49,12 @@ impl HookContext {
     }
 
     /// Queues a reply of the agent, run once the hook has returned and the handoff is
-    /// complete. (Awaiting a turn inside a hook would wait for the hook itself.)
-    pub fn generate_reply(&self, instructions: impl Into<String>) {
-        self.session
-            .queue_reply(&self.activity, instructions.into());
+    /// complete. Returns once it is queued.
+    pub async fn generate_reply(
+        &self,
+        instructions: impl Into<String>,
+    ) -> Result<(), SessionError> {
+        self.session.generate_reply(instructions).await
     }
 }
 
@@ -82,6 +87,7 @@ pub(crate) struct AgentDef {
     pub(crate) on_user_turn_completed: Option<TurnHook>,
     pub(crate) error_policy: ErrorPolicy,
     pub(crate) prompts: Prompts,
+    pub(crate) llm_timeouts: Option<LlmTimeouts>,
 }
 
 impl fmt::Debug for Agent {
@@ -109,6 +115,7 @@ impl Agent {
                 on_user_turn_completed: None,
                 error_policy: ErrorPolicy::new(),
                 prompts: Prompts::new(),
+                llm_timeouts: None,
             },
         }
     }
@@ -121,6 +128,15 @@ impl Agent {
     /// Its instructions.
     pub fn instructions(&self) -> &str {
         &self.def.instructions
+    }
+
+    /// Whether any tool the agent brings allows the model to cancel it.
+    pub(crate) fn any_cancellable(&self) -> bool {
+        self.def
+            .tools
+            .iter()
+            .chain(self.def.toolsets.iter().flat_map(|ts| ts.tools.iter()))
+            .any(Tool::allows_cancellation)
     }
 
     /// The tool names this agent brings (bare tools and agent-scoped toolsets) with where
@@ -162,6 +178,13 @@ impl AgentBuilder {
     /// The model this agent uses (default: the session's).
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.def.llm = Some(llm);
+        self
+    }
+
+    /// How long this agent's LLM requests may wait for their first and their next chunk
+    /// (default: the session's, see `SessionBuilder::llm_timeouts`).
+    pub fn llm_timeouts(mut self, timeouts: LlmTimeouts) -> Self {
+        self.def.llm_timeouts = Some(timeouts);
         self
     }
 

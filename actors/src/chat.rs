@@ -28,6 +28,10 @@ pub struct ChatMessage {
     pub role: ChatRole,
     /// What was said (for the assistant: what the user heard).
     pub content: String,
+    /// Whether the speech was cut short (by the user, `Session::interrupt`, a failed
+    /// model stream): `content` is then only what was said before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
 }
 
 /// A tool call the model made.
@@ -80,6 +84,7 @@ impl ChatItem {
         Self::Message(ChatMessage {
             role,
             content: content.into(),
+            interrupted: false,
         })
     }
 

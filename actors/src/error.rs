@@ -1,16 +1,27 @@
 //! Errors a user of the engine can act on, one enum per area.
 
-use actix::MailboxError;
-
 /// Errors of session operations (`run`, `update_agent`, `close`, …).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SessionError {
-    /// The session was closed; start a new one.
+    /// The session is gone: closed (by `close()`, or because every host handle was
+    /// dropped) or its engine shut down. Start a new one.
     #[error("the session is closed")]
     Closed,
-    /// The session's actor is gone (it stopped or its arbiter shut down).
-    #[error("the session actor is not reachable: {0}")]
-    Unreachable(#[from] MailboxError),
+    /// A host call made from inside a tool or hook of this same session, which would wait
+    /// on the turn or handoff it runs in. Use the tool's or hook's `session()`
+    /// (`SessionControl`), which queues the work and returns.
+    #[error("{operation} was called on the host's Session from inside a tool or hook of the same session; awaiting it would wait on itself. Use ctx.session(), which queues the work")]
+    WouldDeadlock {
+        /// The host call (`run`, `generate_reply`, `update_agent`, …).
+        operation: &'static str,
+    },
+    /// Too much work is queued behind the current turn; try again once it has run.
+    #[error("the session already has {limit} jobs queued")]
+    QueueFull {
+        /// How many jobs a session queues at most.
+        limit: usize,
+    },
     /// The session or an agent is misconfigured.
     #[error(transparent)]
     Build(#[from] BuildError),
@@ -101,17 +112,20 @@ pub enum UpdateError {
 
 /// Why a sub-task agent (`run_task`) gave no result.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TaskError {
-    /// The session closed before the task completed.
+    /// The session closed (or is gone) before the task completed.
     #[error("the session closed before the task completed")]
     SessionClosed,
-    /// The sub-task agent could not start (e.g. a tool name clash).
+    /// The sub-task agent cannot start here (a tool-name clash, no LLM); the caller stays
+    /// current.
     #[error("the sub-task agent did not start: {0}")]
-    NotStarted(String),
+    NotStarted(#[from] BuildError),
     /// The task's result did not have the expected type.
     #[error("the task's result has an unexpected shape: {0}")]
     BadResult(#[from] serde_json::Error),
-    /// The session actor is gone.
-    #[error("the session actor is not reachable: {0}")]
-    Unreachable(#[from] MailboxError),
+    /// `run_task` was called on the host's `Session` from inside a tool or hook of the
+    /// same session; use `RunContext::run_task`.
+    #[error("run_task was called on the host's Session from inside a tool or hook of the same session; use ctx.run_task")]
+    WouldDeadlock,
 }

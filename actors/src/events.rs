@@ -1,8 +1,11 @@
 //! What the session tells the host: events on a broadcast channel and the result of a
 //! turn.
 
+use std::time::Duration;
+
 use crate::chat::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
 use crate::io::SpeechId;
+use crate::llm::LlmUsage;
 
 /// What the agent is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,11 +20,33 @@ pub enum AgentState {
     Speaking,
 }
 
+/// What one LLM request cost, reported when its stream ends (or is dropped).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlmMetrics {
+    /// The agent that asked.
+    pub agent: String,
+    /// From the request to its first chunk (none if no chunk came).
+    pub time_to_first_chunk: Option<Duration>,
+    /// From the request to the end of its stream.
+    pub duration: Duration,
+    /// Chunks of text received.
+    pub text_chunks: u32,
+    /// Tool calls received.
+    pub tool_calls: u32,
+    /// Token usage, when the provider reported it.
+    pub usage: Option<LlmUsage>,
+    /// Whether the stream was dropped before it ended (interruption, close) or failed.
+    pub cancelled: bool,
+}
+
 /// An event of the session, delivered to every subscriber.
+///
+/// New kinds of events may be added: match with a wildcard arm.
 ///
 /// The channel is a bounded broadcast: a subscriber that falls behind is told how many
 /// events it missed (`RecvError::Lagged`) instead of growing the queue.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum SessionEvent {
     /// A user turn came in.
     UserInputTranscribed {
@@ -65,6 +90,14 @@ pub enum SessionEvent {
         /// The new current agent.
         to: String,
     },
+    /// One LLM request ended; what it cost.
+    LlmMetrics(LlmMetrics),
+    /// A turn was interrupted (`Session::interrupt`, a preempting handoff, a dropped
+    /// `run` future): its LLM stream was dropped and its calls got their outputs.
+    TurnInterrupted {
+        /// The agent whose turn it was.
+        agent: String,
+    },
     /// Something failed; the session is still up.
     Error {
         /// What failed, with its causes.
@@ -79,6 +112,9 @@ pub enum SessionEvent {
 pub struct RunResult {
     /// What the turn added, in order: messages, function calls and outputs, handoffs.
     pub events: Vec<ChatItem>,
+    /// Whether the turn was interrupted before it ended on its own: its LLM stream was
+    /// dropped, no further step ran, and every call it made got an output.
+    pub interrupted: bool,
 }
 
 impl RunResult {

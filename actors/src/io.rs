@@ -18,9 +18,10 @@ impl fmt::Display for SpeechId {
 }
 
 /// Whether a finished speech has been played out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Playout {
     /// Played (or there is nothing to play): the speech is done.
+    #[default]
     Done,
     /// Still playing; the host calls `Session::playout_finished` when it ends.
     Pending,

@@ -9,8 +9,8 @@
 //!
 //! The module tree follows the actor tree (see `ARCHITECTURE.md`):
 //!
-//! - [`session`] — `SessionActor`: one conversation; owns session-scoped toolsets, which
-//!   agent is current, the turn queue and the deferred reply.
+//! - `session` — `SessionActor`: one conversation; owns session-scoped toolsets and the
+//!   schedule (which agent is current, queued work, the deferred reply).
 //! - `activity` — `ActivityActor`: one activation of an agent; owns its chat context, its
 //!   agent-scoped toolsets and the LLM turn loop.
 //! - `toolset` — `ToolsetActor`: a group of tools with its registry of running calls.
@@ -42,15 +42,20 @@
 //!     let session = Session::builder().llm(Arc::new(Hello)).agent(agent).start(&engine).await?;
 //!     let result = session.run("hi").await?;
 //!     assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
-//!     session.close().await
+//!     let history = session.close().await?;
+//!     assert_eq!(history.agents.len(), 1);
+//!     Ok(())
 //! }
 //! ```
 
 pub mod agent;
 pub mod chat;
+pub mod control;
 pub mod error;
 pub mod error_policy;
 pub mod events;
+pub mod handoff;
+pub mod history;
 pub mod ids;
 pub mod inspector;
 pub mod io;
@@ -58,23 +63,29 @@ pub mod llm;
 pub mod prompts;
 pub mod run_context;
 pub mod runtime;
-pub mod session;
 pub mod session_handle;
 pub mod tool;
 
 mod activity;
+mod call_ids;
 mod lifecycle;
+mod llm_guard;
 mod mailbox;
 mod outcome;
+mod reentry;
+mod session;
 mod shared;
 mod tool_run;
 mod toolset;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
+pub use control::SessionControl;
 pub use error::{BuildError, SessionError, TaskError, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
-pub use events::{AgentState, RunResult, SessionEvent};
+pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent};
+pub use handoff::Handoff;
+pub use history::{AgentChat, SessionHistory};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
 pub use io::{Io, NullIo, Playout, SpeechId};
@@ -86,15 +97,13 @@ pub use mailbox::{ActorSnapshot, Journal, Received};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
 };
-pub use run_context::{AsyncRunContext, RunContext};
+pub use run_context::{AsyncRunContext, RunContext, UpdateMessage};
 pub use runtime::Engine;
-pub use session::Handoff;
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
 pub use tool::{
     DuplicatePolicy, NoArgs, StopResponse, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
 };
-pub use tool_run::UpdateMessage;
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {
@@ -105,4 +114,5 @@ fn _assert_handles_are_send_sync() {
     check::<Engine>();
     check::<Agent>();
     check::<Tool>();
+    check::<SessionControl>();
 }

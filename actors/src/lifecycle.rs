@@ -1,36 +1,135 @@
-//! Knowing that an actor is gone: a drop-based wait group.
+//! Knowing that an actor is gone, and stopping a child: the one shutdown piece every
+//! parent uses.
 //!
 //! actix drops a spawned future *after* `stopped()` runs and after the mailbox closes
 //! (checked in `../shared/bench/actix-spike`), so neither a oneshot fired in `stopped()`
 //! nor `connected() == false` proves a tool body is gone. What holds: the actor struct
-//! and every future it spawns each own a clone of one [`AliveToken`]; the parent waits
-//! until the channel closes, which happens only when the last clone is dropped.
+//! and every future it spawns each own a clone of one [`AliveToken`]; a waiter resolves
+//! once the last clone is dropped. Waiters are clonable, so several parties (two
+//! concurrent `close()` calls, say) can all wait for the same actor.
+//!
+//! [`Child`] names the step every parent repeats: ask the child to stop, then wait until
+//! it and everything it spawned are dropped.
 
-use tokio::sync::mpsc;
+use std::sync::Arc;
 
-/// Held by an actor and by the futures it spawns; dropped last when it is gone.
+use actix::dev::ToEnvelope;
+use actix::prelude::*;
+use tokio::sync::watch;
+
+use crate::ids::ActorId;
+use crate::mailbox::{Counted, Mailbox};
+
+/// Held by an actor and by the futures it spawns; the actor is gone when the last clone is.
 #[derive(Clone, Debug)]
-pub(crate) struct AliveToken(#[allow(dead_code)] mpsc::Sender<()>);
+pub(crate) struct AliveToken(#[allow(dead_code)] Arc<watch::Sender<()>>);
 
-/// Resolves once every [`AliveToken`] of its pair is dropped.
-#[derive(Debug)]
-pub(crate) struct AliveWaiter(mpsc::Receiver<()>);
+/// Resolves once every [`AliveToken`] of its pair is dropped. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct AliveWaiter(watch::Receiver<()>);
 
 impl AliveWaiter {
     /// Waits until the actor and everything it spawned are dropped.
     pub(crate) async fn wait(mut self) {
-        // Nothing is ever sent: `recv` returns `None` once all senders are gone.
-        while self.0.recv().await.is_some() {}
+        // Nothing is ever sent: `changed` fails once the sender (the last token) is gone.
+        while self.0.changed().await.is_ok() {}
     }
 }
 
 /// A new token and the waiter that watches it.
 pub(crate) fn alive_pair() -> (AliveToken, AliveWaiter) {
-    let (tx, rx) = mpsc::channel(1);
-    (AliveToken(tx), AliveWaiter(rx))
+    let (tx, rx) = watch::channel(());
+    (AliveToken(Arc::new(tx)), AliveWaiter(rx))
 }
 
-/// Waits for all of them.
-pub(crate) async fn wait_all(waiters: Vec<AliveWaiter>) {
-    futures_util::future::join_all(waiters.into_iter().map(AliveWaiter::wait)).await;
+/// A child actor as its parent holds it: where to send, and how to know it is gone.
+pub(crate) struct Child<A: Actor> {
+    pub(crate) mailbox: Mailbox<A>,
+    gone: AliveWaiter,
+}
+
+impl<A: Actor> Clone for Child<A> {
+    fn clone(&self) -> Self {
+        Self {
+            mailbox: self.mailbox.clone(),
+            gone: self.gone.clone(),
+        }
+    }
+}
+
+impl<A: Actor> std::fmt::Debug for Child<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Child({})", self.mailbox.id())
+    }
+}
+
+impl<A: Actor> Child<A> {
+    pub(crate) fn new(mailbox: Mailbox<A>, gone: AliveWaiter) -> Self {
+        Self { mailbox, gone }
+    }
+
+    pub(crate) fn id(&self) -> &ActorId {
+        self.mailbox.id()
+    }
+
+    /// Asks the child to stop with `msg` and waits until it is gone: its reply (if it
+    /// answered before stopping), once the actor and every future it spawned are dropped.
+    pub(crate) fn stop<M>(
+        &self,
+        from: &ActorId,
+        msg: M,
+    ) -> impl std::future::Future<Output = Option<M::Result>> + 'static
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        A: Handler<Counted<M>>,
+        A::Context: ToEnvelope<A, Counted<M>>,
+    {
+        let ask = self.mailbox.ask(from, msg);
+        let gone = self.gone.clone();
+        async move {
+            let reply = ask.await.ok();
+            gone.wait().await;
+            reply
+        }
+    }
+}
+
+/// Stops every child with a message made for each, concurrently, and waits until all are
+/// gone; the replies come back in order.
+pub(crate) fn stop_all<A, M>(
+    children: impl IntoIterator<Item = Child<A>>,
+    from: &ActorId,
+    mut msg: impl FnMut() -> M,
+) -> impl std::future::Future<Output = Vec<Option<M::Result>>> + 'static
+where
+    A: Actor + Handler<Counted<M>>,
+    A::Context: ToEnvelope<A, Counted<M>>,
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    let stops: Vec<_> = children
+        .into_iter()
+        .map(|child| child.stop(from, msg()))
+        .collect();
+    futures_util::future::join_all(stops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_waiter_resolves_only_once_every_token_is_dropped() {
+        let (token, waiter) = alive_pair();
+        let second = token.clone();
+        let other_waiter = waiter.clone();
+        drop(token);
+        let early = tokio::time::timeout(std::time::Duration::ZERO, waiter.clone().wait()).await;
+        assert!(early.is_err(), "one token is still held");
+        drop(second);
+        // Both waiters see it: several `close()` calls can wait for one actor.
+        waiter.wait().await;
+        other_waiter.wait().await;
+    }
 }

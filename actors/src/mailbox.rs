@@ -154,10 +154,6 @@ impl<A: Actor> Mailbox<A> {
         &self.probe.id
     }
 
-    pub(crate) fn connected(&self) -> bool {
-        self.addr.connected()
-    }
-
     fn wrap<M>(&self, from: &ActorId, msg: M) -> Counted<M> {
         self.probe.pending.fetch_add(1, Ordering::Relaxed);
         Counted {
@@ -196,6 +192,122 @@ impl<A: Actor> Mailbox<A> {
         self.addr.send(self.wrap(from, msg))
     }
 }
+
+impl<A: Actor> Mailbox<A> {
+    /// A link that can send only `M` to this actor: what a child gets of its parent, so
+    /// it can send what it may and nothing else (actix's `Recipient`, counted).
+    pub(crate) fn link<M>(&self) -> Link<M>
+    where
+        M: Message + Send + 'static,
+        M::Result: Send,
+        A: Handler<Counted<M>>,
+        A::Context: ToEnvelope<A, Counted<M>>,
+    {
+        Link {
+            recipient: self.addr.clone().recipient(),
+            probe: self.probe.clone(),
+        }
+    }
+}
+
+/// A counted address that carries one kind of message, `M`, to one actor.
+///
+/// Children reach their parents only through links: a tool run holds a link for its
+/// items and one for a handoff, never the session's whole address, so it cannot send
+/// what it has no business sending (a close, a turn) and does not keep the host's
+/// handle alive.
+pub(crate) struct Link<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    recipient: Recipient<Counted<M>>,
+    probe: Arc<Probe>,
+}
+
+impl<M> Clone for Link<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    fn clone(&self) -> Self {
+        Self {
+            recipient: self.recipient.clone(),
+            probe: self.probe.clone(),
+        }
+    }
+}
+
+impl<M> std::fmt::Debug for Link<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Link({})", self.probe.id)
+    }
+}
+
+impl<M> Link<M>
+where
+    M: Message + Send + 'static,
+    M::Result: Send,
+{
+    /// Whether the receiver still takes messages.
+    pub(crate) fn connected(&self) -> bool {
+        self.recipient.connected()
+    }
+
+    fn wrap(&self, from: &ActorId, msg: M) -> Counted<M> {
+        self.probe.pending.fetch_add(1, Ordering::Relaxed);
+        Counted {
+            msg,
+            from: from.clone(),
+            guard: PendingGuard {
+                probe: self.probe.clone(),
+            },
+        }
+    }
+
+    /// Queues a message without waiting (bounded-by-construction messages only, as
+    /// [`Mailbox::tell`]).
+    pub(crate) fn tell(&self, from: &ActorId, msg: M) {
+        self.recipient.do_send(self.wrap(from, msg));
+    }
+
+    /// Sends a message and waits for the reply; waits for room when the mailbox is full.
+    pub(crate) fn ask(
+        &self,
+        from: &ActorId,
+        msg: M,
+    ) -> impl Future<Output = Result<M::Result, MailboxError>> + Send + 'static {
+        self.recipient.send(self.wrap(from, msg))
+    }
+}
+
+/// Lets a handler answer with a plain value of one of the engine's own types, whichever
+/// envelope (`M` or `Counted<M>`) carried the request: actix's `MessageResult<M>` names the
+/// one message type and so would not do for the counted envelope.
+macro_rules! plain_response {
+    ($($ty:ty),+ $(,)?) => {
+        $(
+            impl<A: ::actix::Actor, M: ::actix::Message<Result = $ty>>
+                ::actix::dev::MessageResponse<A, M> for $ty
+            {
+                fn handle(
+                    self,
+                    _ctx: &mut A::Context,
+                    tx: Option<::actix::dev::OneshotSender<M::Result>>,
+                ) {
+                    if let Some(tx) = tx {
+                        let _ = tx.send(self);
+                    }
+                }
+            }
+        )+
+    };
+}
+pub(crate) use plain_response;
 
 /// Lists the messages an actor takes: for each, a handler of its [`Counted`] envelope
 /// that records the receipt and calls the plain handler beside the message.

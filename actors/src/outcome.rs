@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::error_policy::{describe_chain, ErrorPolicy, ErrorRoute};
-use crate::session::Handoff;
+use crate::handoff::Handoff;
 use crate::tool::{ToolPanic, ToolResult, ToolReturn};
 
 /// What a recorded output makes happen.
@@ -51,6 +51,26 @@ impl CallOutput {
         }
     }
 
+    /// An error output that asks for no further step: the model misbehaved (a call where
+    /// none is allowed, too many calls), and answering it again would let it loop.
+    pub(crate) fn refused(output: String) -> Self {
+        Self {
+            output,
+            is_error: true,
+            effect: Effect::Quiet,
+        }
+    }
+
+    /// The immediate output of a call moved to the background by an interruption: its
+    /// result arrives later as `/finished`, with a deferred reply.
+    pub(crate) fn moved_to_background() -> Self {
+        Self {
+            output: BACKGROUND_PLACEHOLDER.to_owned(),
+            is_error: false,
+            effect: Effect::Quiet,
+        }
+    }
+
     /// The terminal output of a call that did not finish.
     pub(crate) fn ended(reason: &str) -> Self {
         Self {
@@ -63,6 +83,50 @@ impl CallOutput {
     /// Whether the output is nothing at all (a unit return).
     pub(crate) fn is_unit(&self) -> bool {
         self.output.is_empty() && matches!(self.effect, Effect::Quiet) && !self.is_error
+    }
+}
+
+/// What the model reads for a call the user interrupted while it ran: kept short, since a
+/// long explanation makes models re-call tools with invented results.
+pub(crate) const BACKGROUND_PLACEHOLDER: &str = "Still running; the result will follow.";
+
+/// At most this many bytes of the model's own input are quoted in an error text.
+pub(crate) const QUOTE_LIMIT: usize = 160;
+
+/// A prefix of `text` of at most `max` bytes (on a character boundary), marked `…` when
+/// cut: error texts quote the model's input, which can be megabytes.
+pub(crate) fn excerpt(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if text.len() <= max {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
+}
+
+/// Checks what a tool's result asks the engine to do against where it ran: a handoff to
+/// an agent that could not start here, or a `CompleteTask` from an agent that is not a
+/// sub-task, becomes an error output the model reads (the agent stays).
+pub(crate) fn vet(
+    out: CallOutput,
+    is_task: bool,
+    check_agent: impl FnOnce(&crate::agent::Agent) -> Result<(), String>,
+) -> CallOutput {
+    match &out.effect {
+        Effect::Handoff(handoff) => match check_agent(&handoff.agent) {
+            Ok(()) => out,
+            Err(why) => CallOutput::error(format!(
+                "Error: cannot hand off to {}: {why}",
+                handoff.agent.name()
+            )),
+        },
+        Effect::CompleteTask(_) if !is_task => CallOutput::error(
+            "Error: this agent is not running as a sub-task, so there is no task to complete"
+                .to_owned(),
+        ),
+        _ => out,
     }
 }
 
@@ -195,7 +259,7 @@ fn from_return(value: ToolReturn) -> CallOutput {
     }
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
     if let Some(s) = panic.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = panic.downcast_ref::<String>() {

@@ -1,27 +1,67 @@
-//! `RunContext`: what a tool body gets. A thin `Send + Clone` handle over its run actor.
+//! `RunContext`: what a tool body gets. A thin `Send + Clone` handle over narrow links to
+//! its run actor and its session; it holds no host handle, so a tool that keeps its
+//! context (even past its own end) keeps nothing alive and can wait on nothing of its own
+//! turn.
 
 use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use futures_util::future::BoxFuture;
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use tokio::sync::watch;
 
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
+use crate::control::SessionControl;
 use crate::error::{TaskError, UpdateError};
-use crate::mailbox::Mailbox;
-use crate::session_handle::Session;
-use crate::tool_run::{ToolRunActor, ToolUpdate, UpdateMessage};
+use crate::ids::ActorId;
 
-/// The context of one tool call: send updates, notice cancellation, reach the session.
+/// An update's content: text (wrapped by the `update` template) or a structured value
+/// (passed as is).
+#[derive(Debug, Clone)]
+pub enum UpdateMessage {
+    /// Text, wrapped by the update template.
+    Text(String),
+    /// A JSON value, recorded as is.
+    Json(Value),
+}
+
+impl From<String> for UpdateMessage {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+impl From<&str> for UpdateMessage {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+impl From<Value> for UpdateMessage {
+    fn from(value: Value) -> Self {
+        Self::Json(value)
+    }
+}
+
+/// What a tool's context may ask of its run (implemented by the run actor's links).
+pub(crate) trait RunPort: Send + Sync + 'static {
+    /// The run actor's id (`tool/s1/7:call_3`).
+    fn id(&self) -> &ActorId;
+    /// Sends one update through the run; resolves once it is in a chat context.
+    fn update(&self, message: UpdateMessage) -> BoxFuture<'static, Result<(), UpdateError>>;
+    /// Runs a sub-task agent, pausing the caller (this run exempt).
+    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>>;
+}
+
+/// The context of one tool call: send updates, notice cancellation, queue work on the
+/// session.
 #[derive(Clone)]
 pub struct RunContext {
-    run: Mailbox<ToolRunActor>,
-    session: Session,
+    port: Arc<dyn RunPort>,
+    session: SessionControl,
     call: Arc<FunctionCall>,
-    key: u64,
     cancelled: watch::Receiver<bool>,
 }
 
@@ -31,7 +71,7 @@ pub type AsyncRunContext = RunContext;
 impl fmt::Debug for RunContext {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RunContext")
-            .field("run", self.run.id())
+            .field("run", self.port.id())
             .field("call_id", &self.call.call_id)
             .finish()
     }
@@ -39,17 +79,15 @@ impl fmt::Debug for RunContext {
 
 impl RunContext {
     pub(crate) fn new(
-        run: Mailbox<ToolRunActor>,
-        session: Session,
-        call: FunctionCall,
-        key: u64,
+        port: Arc<dyn RunPort>,
+        session: SessionControl,
+        call: Arc<FunctionCall>,
         cancelled: watch::Receiver<bool>,
     ) -> Self {
         Self {
-            run,
+            port,
             session,
-            call: Arc::new(call),
-            key,
+            call,
             cancelled,
         }
     }
@@ -62,26 +100,13 @@ impl RunContext {
     /// Resolves once the update is in a chat context. Returns `Err` once the run has
     /// returned or been stopped (cancelled, replaced, its agent paused or closed).
     pub async fn update(&self, message: impl Into<UpdateMessage>) -> Result<(), UpdateError> {
-        let ended = || UpdateError::RunEnded {
-            call_id: self.call.call_id.clone(),
-        };
-        if !self.run.connected() {
-            return Err(ended());
-        }
-        self.run
-            .ask(
-                self.run.id(),
-                ToolUpdate {
-                    message: message.into(),
-                },
-            )
-            .await
-            .map_err(|_| ended())?
+        self.port.update(message.into()).await
     }
 
-    /// Resolves when the call is cancelled (by the model, a `replace` duplicate, or the
-    /// stop of its scope). After it resolves the tool has the grace period to undo
-    /// half-done work before its future is dropped.
+    /// Resolves when the call is cancelled (by the model, a `replace` duplicate, the stop
+    /// of its scope, or the user interrupting a tool that cancels on interruption). After
+    /// it resolves the tool has the grace period to undo half-done work before its future
+    /// is dropped.
     pub async fn cancelled(&self) {
         let mut rx = self.cancelled.clone();
         // An error means the run actor is gone, which is a cancellation too.
@@ -102,8 +127,9 @@ impl RunContext {
         }
     }
 
-    /// The session this call runs in.
-    pub fn session(&self) -> &Session {
+    /// The session this call runs in: queue a reply or a handoff, read its user data.
+    /// Its requests return once queued, so a tool can ask for a handoff and go on.
+    pub fn session(&self) -> &SessionControl {
         &self.session
     }
 
@@ -117,10 +143,16 @@ impl RunContext {
         &self.call
     }
 
+    /// The run actor's id, as the mailbox inspector shows it (`tool/s1/7:call_3`).
+    pub fn actor_id(&self) -> &ActorId {
+        self.port.id()
+    }
+
     /// Runs a sub-task agent and returns its typed result. The calling agent is paused
     /// meanwhile (its other agent-scoped runs stop); this run is exempt and produces its
     /// output when the caller resumes.
     pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, TaskError> {
-        self.session.run_task_from(agent, Some(self.key)).await
+        let value = self.port.run_task(agent).await?;
+        Ok(serde_json::from_value(value)?)
     }
 }

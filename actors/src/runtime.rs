@@ -131,17 +131,18 @@ impl Engine {
         SessionId::new(format!("s{n}"))
     }
 
-    /// Starts an actor on the next arbiter, round robin.
+    /// Starts an actor on the next arbiter, round robin; `make` builds it inside its own
+    /// context (so it can hand out links to itself).
     pub(crate) fn start_actor<A, F>(&self, make: F) -> Result<Addr<A>, SessionError>
     where
         A: Actor<Context = Context<A>>,
-        F: FnOnce() -> A + Send + 'static,
+        F: FnOnce(&mut Context<A>) -> A + Send + 'static,
     {
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
         let arbiter = &self.inner.arbiters[index];
         if !arbiter.spawn(async {}) {
             return Err(SessionError::Engine("the engine has shut down".into()));
         }
-        Ok(A::start_in_arbiter(arbiter, move |_| make()))
+        Ok(A::start_in_arbiter(arbiter, make))
     }
 }

@@ -1,105 +1,163 @@
 //! `SessionActor`: one conversation with one user.
 //!
-//! - **Owns:** the session-scoped toolsets, which agent is current (its activity), the
-//!   stack of activities paused for sub-tasks, the queue of turns and handoffs, and the
-//!   one pending deferred reply of the session.
+//! - **Owns:** the session-scoped toolsets, the [`Schedule`] (which agent is current, the
+//!   activities paused for sub-tasks, queued work, the one pending deferred reply) and
+//!   the session's history.
 //! - **Parent of:** every activity and session-scoped `ToolsetActor`.
 //! - **Starts** with `Session::builder().start(..)` (`StartSession`); **stops** on
-//!   `CloseSession` once all its children are gone.
-//! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `RunTask`,
-//!   `CompleteTask`, `DeliverToolItems`, `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
+//!   `CloseSession` — sent by `Session::close` or when the host's last `Session` handle
+//!   is dropped — once all its children are gone.
+//! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
+//!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `Interrupt`, `CancelTurn`,
+//!   `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
+//! - **Children reach it** only through [`SessionLinks`]: one counted link per message a
+//!   child may send, never the host's handle.
 //!
 //! Guarantees, each tested:
-//! - Turns run one at a time per activity, in the order they were asked for; a handoff
-//!   waits for the turn before it (it runs "after the current speech").
+//! - Turns run one at a time, in the order they were asked for; a handoff waits for the
+//!   turn before it, unless it interrupts; a sub-task starts at once.
 //! - During a handoff (old `on_exit`, close, new `on_enter`) tool items wait, then go to
 //!   the incoming agent; items of an agent-scoped run go only to their own activity.
-//! - Tool items arriving while a deferred reply is pending join that one reply; the
-//!   reply is asked for only when the session is inactive.
-//! - After `CloseSession` answers, no actor of the session is alive.
+//! - An agent that cannot start here is refused before anything is stopped for it: the
+//!   current agent stays current and working.
+//! - Tool items arriving while a deferred reply is pending join that one reply.
+//! - `Interrupt` stops the current turn now; every call of it gets an output.
+//! - After `CloseSession`, and once the host's last handle is dropped, no actor of the
+//!   session stays alive.
 
+mod close;
+mod schedule;
 mod switch;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::activity::{
-    ActivityActor, AppendItems, CloseActivity, GetChat, PlayoutFinished, StartTurn, TurnKind,
+    ActivityActor, GetChat, InsertToolItems, InterruptTurn, PlayoutFinished, StartTurn, TurnKind,
     TurnOutcome,
 };
 use crate::agent::Agent;
-use crate::chat::{ChatContext, ChatItem, FunctionCall};
+use crate::chat::{ChatContext, ChatItem};
+use crate::control::ControlPort;
 use crate::error::{SessionError, TaskError, UpdateError};
-use crate::events::{RunResult, SessionEvent};
+use crate::events::RunResult;
+use crate::handoff::Handoff;
+use crate::history::SessionHistory;
 use crate::ids::ActorId;
 use crate::io::SpeechId;
-use crate::lifecycle::{wait_all, AliveToken, AliveWaiter};
-use crate::llm::ToolSchema;
-use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::terminal_pair;
-use crate::session_handle::Session;
+use crate::lifecycle::{AliveToken, Child};
+use crate::llm::{Llm, ToolSchema};
+use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
 use crate::shared::SessionShared;
 use crate::tool::{Tool, Toolset};
-use crate::toolset::{StopToolset, ToolsetActor};
+use crate::toolset::ToolsetActor;
 
-/// Which scope a tool run belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// A session-scoped toolset: items go to the agent current at delivery time.
-    Session,
-    /// An agent-scoped toolset of this activity: items go only there.
-    Activity(ActorId),
-}
-
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug)]
-pub(crate) struct PendingItem {
-    pub(crate) scope: Scope,
-    /// The output's call id (`{id}/update_n` or `{id}/finished`).
-    pub(crate) call_id: String,
-    pub(crate) items: Arc<[ChatItem]>,
-}
+pub(crate) use close::CloseSession;
+use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
+pub(crate) use schedule::{PendingItem, Scope};
 
 /// A session-scoped toolset as activities see it.
 pub(crate) struct SessionToolset {
-    pub(crate) name: String,
     pub(crate) tools: Vec<Tool>,
     pub(crate) schemas: Vec<ToolSchema>,
     pub(crate) mailbox: Mailbox<ToolsetActor>,
 }
 
-struct ActivityRef {
-    mailbox: Mailbox<ActivityActor>,
+/// An activity as the session holds it.
+#[derive(Clone)]
+pub(crate) struct ActivityRef {
+    child: Child<ActivityActor>,
     agent: Agent,
-    waiter: Option<AliveWaiter>,
 }
 
 impl ActivityRef {
     fn id(&self) -> &ActorId {
-        self.mailbox.id()
+        self.child.id()
     }
-}
-
-struct PausedActivity {
-    activity: ActivityRef,
-    result: oneshot::Sender<Result<Value, TaskError>>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
 type TaskReply = oneshot::Sender<Result<Value, TaskError>>;
 
-enum Job {
-    Turn(TurnKind, Option<Reply<RunResult>>),
-    Handoff(Handoff, Option<Reply<()>>),
-    /// A background tool of the current sub-task agent completed it.
-    EndTask(Value),
+/// A turn waiting for its agent.
+pub(crate) struct QueuedTurn {
+    kind: TurnKind,
+    reply: Option<Reply<RunResult>>,
 }
 
-struct Delivery {
+/// A handoff whose agent was checked: it can start here.
+pub(crate) struct PlannedHandoff {
+    handoff: Handoff,
+    llm: Arc<dyn Llm>,
+    done: HandoffDone,
+}
+
+/// Who learns that a handoff completed.
+enum HandoffDone {
+    /// Nobody waits (a tool or hook queued it).
+    Nobody,
+    /// The host (`update_agent`, `SessionAddress::send`): once the new `on_enter` ran.
+    Host(Reply<()>),
+    /// The turn whose tool handed off: its result, with the handoff in it.
+    Turn {
+        reply: Option<Reply<RunResult>>,
+        result: RunResult,
+        failure: Option<SessionError>,
+    },
+}
+
+impl HandoffDone {
+    fn finish(self, handed: Result<(), SessionError>, from: &str, to: &str) {
+        match self {
+            Self::Nobody => {
+                if let Err(err) = handed {
+                    tracing::warn!(%err, from, to, "a queued handoff did not complete");
+                }
+            }
+            Self::Host(reply) => {
+                let _ = reply.send(handed);
+            }
+            Self::Turn {
+                reply,
+                mut result,
+                failure,
+            } => {
+                if handed.is_ok() {
+                    result.events.push(ChatItem::AgentHandoff {
+                        from: Some(from.to_owned()),
+                        to: to.to_owned(),
+                    });
+                }
+                let answer = match (failure, handed) {
+                    (Some(failure), _) => Err(failure),
+                    (None, handed) => handed.map(|()| result),
+                };
+                if let Some(reply) = reply {
+                    let _ = reply.send(answer);
+                }
+            }
+        }
+    }
+}
+
+/// A handoff that was not queued: who waited for it, and why.
+type Refused = Box<(HandoffDone, SessionError)>;
+
+/// A sub-task whose agent was checked.
+pub(crate) struct PlannedTask {
+    agent: Agent,
+    llm: Arc<dyn Llm>,
+    exempt: Option<u64>,
+}
+
+/// Tool items on their way to a chat context, and the run waiting for them.
+pub(crate) struct Delivery {
     scope: Scope,
     base_call_id: String,
     items: Vec<ChatItem>,
@@ -107,61 +165,93 @@ struct Delivery {
     done: oneshot::Sender<Result<(), UpdateError>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
-    Starting,
-    Running,
-    /// A handoff or sub-task switch is under way: tool items and jobs wait.
-    Switching,
-    Closing,
+/// The session actor's handles, as the schedule moves them.
+pub(crate) struct Actors;
+
+impl Work for Actors {
+    type Activity = ActivityRef;
+    type Turn = QueuedTurn;
+    type Handoff = PlannedHandoff;
+    type Task = PlannedTask;
+    type TaskReply = TaskReply;
+    type Delivery = Delivery;
+}
+
+/// What children may send to their session: one counted link per message. Tool runs
+/// deliver items, hand off, complete a task and ask for one; tools and hooks queue a
+/// reply or a handoff through `SessionControl`.
+pub(crate) struct SessionLinks {
+    pub(crate) items: Link<DeliverToolItems>,
+    pub(crate) handoff: Link<QueueHandoff>,
+    pub(crate) complete: Link<CompleteTask>,
+    pub(crate) task: Link<RunTask>,
+    reply: Link<QueueReply>,
+}
+
+impl ControlPort for SessionLinks {
+    fn queue_reply(
+        &self,
+        from: &ActorId,
+        instructions: Option<String>,
+    ) -> BoxFuture<'static, Result<(), SessionError>> {
+        let ask = self.reply.ask(from, QueueReply { instructions });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+    }
+
+    fn queue_handoff(
+        &self,
+        from: &ActorId,
+        handoff: Handoff,
+    ) -> BoxFuture<'static, Result<(), SessionError>> {
+        let ask = self.handoff.ask(from, QueueHandoff { handoff });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+    }
 }
 
 pub(crate) struct SessionActor {
     probe: Arc<Probe>,
     shared: Arc<SessionShared>,
-    handle: Option<Session>,
-    first_agent: Option<Agent>,
+    links: Arc<SessionLinks>,
+    /// The first agent (checked by the builder) until `StartSession` starts it.
+    first_agent: Option<(Agent, Arc<dyn Llm>)>,
     toolset_defs: Vec<Toolset>,
     toolsets: Arc<[SessionToolset]>,
-    toolset_waiters: Vec<AliveWaiter>,
-    current: Option<ActivityRef>,
-    paused: Vec<PausedActivity>,
+    toolset_children: Vec<Child<ToolsetActor>>,
+    schedule: Schedule<Actors>,
     generations: HashMap<String, u32>,
-    phase: Phase,
-    jobs: VecDeque<Job>,
-    /// Activities with a turn in flight.
-    busy: Vec<ActorId>,
-    waiting: Vec<Delivery>,
-    tasks_waiting: Vec<(Agent, Option<u64>, TaskReply)>,
-    pending: Vec<PendingItem>,
+    history: SessionHistory,
     _alive: AliveToken,
 }
 
 impl SessionActor {
+    /// Builds the actor inside its context (its links need its address).
     pub(crate) fn new(
+        ctx: &mut Context<Self>,
         shared: Arc<SessionShared>,
         probe: Arc<Probe>,
-        first_agent: Agent,
+        first_agent: (Agent, Arc<dyn Llm>),
         toolsets: Vec<Toolset>,
         alive: AliveToken,
     ) -> Self {
+        let me = Mailbox::new(ctx.address(), probe.clone());
+        let links = Arc::new(SessionLinks {
+            items: me.link(),
+            handoff: me.link(),
+            complete: me.link(),
+            task: me.link(),
+            reply: me.link(),
+        });
         Self {
             probe,
             shared,
-            handle: None,
+            links,
             first_agent: Some(first_agent),
             toolset_defs: toolsets,
             toolsets: Arc::from(Vec::new()),
-            toolset_waiters: Vec::new(),
-            current: None,
-            paused: Vec::new(),
+            toolset_children: Vec::new(),
+            schedule: Schedule::new(),
             generations: HashMap::new(),
-            phase: Phase::Starting,
-            jobs: VecDeque::new(),
-            busy: Vec::new(),
-            waiting: Vec::new(),
-            tasks_waiting: Vec::new(),
-            pending: Vec::new(),
+            history: SessionHistory::default(),
             _alive: alive,
         }
     }
@@ -170,11 +260,22 @@ impl SessionActor {
         self.probe.id().clone()
     }
 
-    fn session(&self) -> Option<Session> {
-        self.handle.clone()
-    }
-
-    fn set_inactive(&self, inactive: bool) {
+    /// Runs everything due now, then publishes whether the session is inactive.
+    fn pump(&mut self, ctx: &mut Context<Self>) {
+        while let Some(next) = self.schedule.next() {
+            match next {
+                Next::Turn { activity, turn } => {
+                    self.start_turn(activity, turn.kind, turn.reply, ctx)
+                }
+                Next::Deferred { activity, items } => {
+                    self.start_turn(activity, TurnKind::Deferred(items), None, ctx)
+                }
+                Next::Handoff { outgoing, handoff } => self.begin_handoff(outgoing, handoff, ctx),
+                Next::Task { caller, task } => self.begin_task(caller, task, ctx),
+                Next::EndTask { task } => self.begin_end_task(task, ctx),
+            }
+        }
+        let inactive = self.schedule.is_inactive();
         self.shared.inactive.send_if_modified(|v| {
             let changed = *v != inactive;
             *v = inactive;
@@ -182,194 +283,160 @@ impl SessionActor {
         });
     }
 
-    /// Spawns an activity of `agent` with its next generation number.
-    fn spawn_activity(&mut self, agent: Agent) -> Result<ActivityRef, SessionError> {
-        let session = self.session().ok_or(SessionError::Closed)?;
-        let generation = self.generations.entry(agent.name().to_owned()).or_insert(0);
-        *generation += 1;
-        let (mailbox, waiter) =
-            ActivityActor::spawn(agent.clone(), *generation, session, self.toolsets.clone())?;
-        Ok(ActivityRef {
-            mailbox,
-            agent,
-            waiter: Some(waiter),
-        })
-    }
-
-    /// Runs the next thing due: a queued job, or the deferred reply, or nothing (then the
-    /// session is inactive).
-    fn pump(&mut self, ctx: &mut Context<Self>) {
-        if self.phase != Phase::Running {
-            return;
-        }
-        if !self.tasks_waiting.is_empty() {
-            let (agent, exempt, result) = self.tasks_waiting.remove(0);
-            self.start_task(agent, exempt, result, ctx);
-            return;
-        }
-        let Some(current) = self.current.as_ref() else {
-            return;
-        };
-        if self.busy.contains(current.id()) {
-            self.set_inactive(false);
-            return;
-        }
-        match self.jobs.pop_front() {
-            Some(Job::Turn(kind, reply)) => self.dispatch_turn(kind, reply, ctx),
-            Some(Job::Handoff(handoff, reply)) => self.start_handoff(handoff, reply, ctx),
-            Some(Job::EndTask(value)) if !self.paused.is_empty() => self.end_task(value, ctx),
-            Some(Job::EndTask(_)) => {
-                tracing::warn!("a tool completed a task, but no sub-task is running");
-                self.pump(ctx);
-            }
-            None if !self.pending.is_empty() => {
-                let pending = std::mem::take(&mut self.pending);
-                self.dispatch_turn(TurnKind::Deferred(pending), None, ctx);
-            }
-            // A turn still open in an activity paused for a sub-task does not make the
-            // session active: the sub-task's agent is listening.
-            None => self.set_inactive(true),
-        }
-    }
-
-    fn dispatch_turn(
+    fn start_turn(
         &mut self,
+        activity: ActivityRef,
         kind: TurnKind,
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
-        let Some(current) = self.current.as_ref() else {
-            return;
-        };
-        self.set_inactive(false);
-        let activity = current.id().clone();
-        self.busy.push(activity.clone());
-        let ask = current.mailbox.ask(self.probe.id(), StartTurn { kind });
+        let ask = activity
+            .child
+            .mailbox
+            .ask(self.probe.id(), StartTurn { kind });
+        let id = activity.id().clone();
+        let agent = activity.agent.name().to_owned();
         ctx.spawn(ask.into_actor(self).map(move |outcome, act, ctx| {
-            let outcome = outcome.unwrap_or(TurnOutcome {
-                failure: Some(SessionError::Closed),
-                ..Default::default()
-            });
-            act.turn_done(activity, outcome, reply, ctx);
+            let outcome = outcome.unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed));
+            act.turn_done(&id, &agent, outcome, reply, ctx);
         }));
     }
 
     fn turn_done(
         &mut self,
-        activity: ActorId,
+        activity: &ActorId,
+        agent: &str,
         outcome: TurnOutcome,
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
-        self.busy.retain(|id| *id != activity);
         let result = RunResult {
             events: outcome.events,
+            interrupted: outcome.interrupted,
         };
-        // A failed turn (a propagated tool error) still performs the handoff or task end
-        // it asked for: a handoff is never dropped because another call failed.
         let failure = outcome.failure;
-        let answer = move |reply: Option<Reply<RunResult>>,
-                           result: Result<RunResult, SessionError>| {
+        let answer = |reply: Option<Reply<RunResult>>, answer| {
             if let Some(reply) = reply {
-                let _ = reply.send(result);
+                let _ = reply.send(answer);
             }
         };
-        if self.phase == Phase::Closing {
+        if self.schedule.is_closed() {
             answer(reply, Err(failure.unwrap_or(SessionError::Closed)));
             return;
         }
-        if let Some(handoff) = outcome.handoff {
-            // The handoff runs now, before anything queued: the reply waits for it.
-            let from = self
-                .current
-                .as_ref()
-                .map(|c| c.agent.name().to_owned())
-                .unwrap_or_default();
-            let (tx, rx) = oneshot::channel();
-            self.start_handoff(handoff, Some(tx), ctx);
-            ctx.spawn(
-                async move {
-                    let handed = rx.await.unwrap_or(Err(SessionError::Closed));
-                    (handed, result)
+        // A failed turn (a propagated tool error) still performs the handoff or task end
+        // it asked for: a handoff is never dropped because another call failed.
+        let after = if let Some(handoff) = outcome.handoff {
+            let done = HandoffDone::Turn {
+                reply,
+                result,
+                failure,
+            };
+            match self.plan_handoff(handoff, done) {
+                Ok(planned) => After::Handoff(planned),
+                Err(refused) => {
+                    // Not reached: the run checked the agent before it answered.
+                    let (done, err) = *refused;
+                    tracing::warn!(%err, "a tool's handoff was refused");
+                    done.finish(Err(err), agent, agent);
+                    After::Nothing
                 }
-                .into_actor(self)
-                .map(move |(handed, mut result), act, _| {
-                    if let (Ok(()), Some(current)) = (&handed, act.current.as_ref()) {
-                        result.events.push(ChatItem::AgentHandoff {
-                            from: Some(from),
-                            to: current.agent.name().to_owned(),
-                        });
-                    }
-                    let result = match failure {
-                        Some(failure) => Err(failure),
-                        None => handed.map(|()| result),
-                    };
-                    answer(reply, result);
-                }),
-            );
-            return;
-        }
-        if let Some(value) = outcome.task_result {
-            self.end_task(value, ctx);
+            }
+        } else if let Some(value) = outcome.task_result {
             answer(reply, failure.map_or(Ok(result), Err));
-            return;
-        }
-        answer(reply, failure.map_or(Ok(result), Err));
+            After::EndTask(value)
+        } else {
+            answer(reply, failure.map_or(Ok(result), Err));
+            After::Nothing
+        };
+        self.schedule.turn_done(activity, after);
         self.pump(ctx);
     }
 
-    fn deliver(&mut self, delivery: Delivery, ctx: &mut Context<Self>) {
-        let target = match (&delivery.scope, self.current.as_ref()) {
-            (_, None) => None,
-            (Scope::Session, Some(current)) => Some(current),
-            (Scope::Activity(owner), Some(current)) if owner == current.id() => Some(current),
-            (Scope::Activity(_), Some(_)) => None,
-        };
-        let Some(target) = target else {
-            let _ = delivery.done.send(Err(UpdateError::ScopeClosed {
-                call_id: delivery.base_call_id,
-            }));
-            return;
-        };
-        let output_id = delivery.items.iter().rev().find_map(|i| match i {
-            ChatItem::FunctionCallOutput(o) => Some(o.call_id.clone()),
-            _ => None,
-        });
-        let pending = match (delivery.reply, output_id) {
-            (true, Some(call_id)) => Some(PendingItem {
-                scope: delivery.scope.clone(),
-                call_id,
-                items: Arc::from(delivery.items.clone()),
-            }),
-            _ => None,
-        };
-        let insert = target.mailbox.ask(
-            self.probe.id(),
-            crate::activity::InsertToolItems {
-                base_call_id: delivery.base_call_id,
-                items: delivery.items,
-            },
-        );
-        let done = delivery.done;
-        ctx.spawn(insert.into_actor(self).map(move |res, act, ctx| {
-            let res = res.unwrap_or(Err(UpdateError::SessionClosed));
-            if res.is_ok() {
-                if let Some(item) = pending {
-                    if act.phase != Phase::Closing {
-                        act.pending.push(item);
-                        act.set_inactive(false);
-                    }
-                }
-            }
-            let _ = done.send(res);
-            act.pump(ctx);
-        }));
+    /// Checks that the handoff's agent can start here (before anything is stopped).
+    fn plan_handoff(&self, handoff: Handoff, done: HandoffDone) -> Result<PlannedHandoff, Refused> {
+        match self.shared.check_agent(&handoff.agent) {
+            Ok(llm) => Ok(PlannedHandoff { handoff, llm, done }),
+            Err(err) => Err(Box::new((done, err.into()))),
+        }
     }
 
-    fn flush_waiting(&mut self, ctx: &mut Context<Self>) {
-        for delivery in std::mem::take(&mut self.waiting) {
-            self.deliver(delivery, ctx);
+    fn queue_handoff(
+        &mut self,
+        handoff: Handoff,
+        done: HandoffDone,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), Refused> {
+        let preempt = handoff.interrupt;
+        let planned = self.plan_handoff(handoff, done)?;
+        match self.schedule.queue_handoff(planned, preempt) {
+            Ok(interrupt) => {
+                if let Some(activity) = interrupt {
+                    activity.child.mailbox.tell(self.probe.id(), InterruptTurn);
+                }
+                self.pump(ctx);
+                Ok(())
+            }
+            Err((planned, why)) => Err(Box::new((planned.done, refusal(why)))),
         }
+    }
+
+    /// Sends tool items to the chat context they belong in, or holds or refuses them.
+    fn deliver(&mut self, delivery: Delivery, ctx: &mut Context<Self>) {
+        let scope = delivery.scope.clone();
+        match self.schedule.route(&scope, delivery) {
+            Route::To(activity, delivery) => {
+                let pending = delivery
+                    .reply
+                    .then(|| output_call_id(&delivery.items))
+                    .flatten()
+                    .map(|call_id| PendingItem {
+                        scope,
+                        call_id,
+                        items: Arc::from(delivery.items.clone()),
+                    });
+                let insert = activity.child.mailbox.ask(
+                    self.probe.id(),
+                    InsertToolItems {
+                        base_call_id: delivery.base_call_id,
+                        items: delivery.items,
+                    },
+                );
+                let done = delivery.done;
+                ctx.spawn(insert.into_actor(self).map(move |inserted, act, ctx| {
+                    let inserted = inserted.unwrap_or(Err(UpdateError::SessionClosed));
+                    if let (Ok(()), Some(item)) = (&inserted, pending) {
+                        act.schedule.add_pending(item);
+                    }
+                    let _ = done.send(inserted);
+                    act.pump(ctx);
+                }));
+            }
+            Route::Held => {}
+            Route::ScopeClosed(delivery) => {
+                let _ = delivery.done.send(Err(UpdateError::ScopeClosed {
+                    call_id: delivery.base_call_id,
+                }));
+            }
+            Route::SessionClosed(delivery) => {
+                let _ = delivery.done.send(Err(UpdateError::SessionClosed));
+            }
+        }
+    }
+}
+
+/// The call id of the last output among `items` (what a deferred reply names).
+fn output_call_id(items: &[ChatItem]) -> Option<String> {
+    items.iter().rev().find_map(|item| match item {
+        ChatItem::FunctionCallOutput(o) => Some(o.call_id.clone()),
+        _ => None,
+    })
+}
+
+fn refusal(why: Refusal) -> SessionError {
+    match why {
+        Refusal::Closed => SessionError::Closed,
+        Refusal::QueueFull { limit } => SessionError::QueueFull { limit },
     }
 }
 
@@ -381,11 +448,9 @@ impl Actor for SessionActor {
     }
 }
 
-/// Sent by `SessionBuilder::start`: starts the session-scoped toolsets and the first
-/// agent's activity (its `on_enter` included).
-pub(crate) struct StartSession {
-    pub(crate) handle: Session,
-}
+/// Sent once by `SessionBuilder::start`: starts the session-scoped toolsets and the first
+/// agent's activity. The reply comes after its `on_enter` returned.
+pub(crate) struct StartSession;
 
 impl Message for StartSession {
     type Result = Result<(), SessionError>;
@@ -394,37 +459,13 @@ impl Message for StartSession {
 impl Handler<StartSession> for SessionActor {
     type Result = ResponseActFuture<Self, Result<(), SessionError>>;
 
-    fn handle(&mut self, msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
-        self.handle = Some(msg.handle.clone());
-        let mut toolsets = Vec::new();
-        for def in std::mem::take(&mut self.toolset_defs) {
-            let tools: Vec<_> = def
-                .tools
-                .iter()
-                .map(|t| (t.clone(), crate::agent::effective_policy(t, &def)))
-                .collect();
-            let schemas = tools.iter().map(|(t, p)| t.schema(*p)).collect();
-            let (mailbox, waiter) = ToolsetActor::spawn(
-                ActorId::session_toolset(&self.shared.id, &def.name),
-                Scope::Session,
-                tools,
-                def.prompts.or(&self.shared.prompts),
-                msg.handle.clone(),
-            );
-            self.toolset_waiters.push(waiter);
-            toolsets.push(SessionToolset {
-                name: def.name.clone(),
-                tools: def.tools.clone(),
-                schemas,
-                mailbox,
-            });
-        }
-        self.toolsets = Arc::from(toolsets);
-        let Some(agent) = self.first_agent.take() else {
+    fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
+        self.start_toolsets();
+        let Some((agent, llm)) = self.first_agent.take() else {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
         let (tx, rx) = oneshot::channel();
-        self.enter(agent, ChatContext::new(), None, ctx, move |_, res| {
+        self.enter(agent, llm, ChatContext::new(), None, ctx, move |_, res| {
             let _ = tx.send(res);
         });
         Box::pin(
@@ -432,18 +473,7 @@ impl Handler<StartSession> for SessionActor {
                 .into_actor(self)
                 .map(|res, act, ctx| {
                     if res.is_err() {
-                        // Nothing runs without a first agent: stop what was started.
-                        let me = act.id();
-                        for toolset in act.toolsets.iter() {
-                            toolset.mailbox.tell(
-                                &me,
-                                StopToolset {
-                                    reason: Arc::from("the session did not start"),
-                                },
-                            );
-                        }
-                        act.phase = Phase::Closing;
-                        ctx.stop();
+                        act.begin_close("the session did not start", ctx);
                     }
                     res
                 }),
@@ -451,10 +481,12 @@ impl Handler<StartSession> for SessionActor {
     }
 }
 
-/// Sent by the host (`Session::run`) with a user's message; the reply is the turn's
-/// result, after any handoff it caused. One message and one reply per turn.
+/// Sent by the host (`Session::run`, `Session::generate_reply`): one turn. The reply is
+/// the turn's result, after any handoff it caused. One message and one reply per turn.
 pub(crate) struct RunTurn {
-    pub(crate) input: String,
+    /// The host's ticket for the turn: dropping the `run` future sends `CancelTurn` with it.
+    pub(crate) id: u64,
+    pub(crate) kind: TurnKind,
 }
 
 impl Message for RunTurn {
@@ -465,70 +497,46 @@ impl Handler<RunTurn> for SessionActor {
     type Result = ResponseFuture<Result<RunResult, SessionError>>;
 
     fn handle(&mut self, msg: RunTurn, ctx: &mut Self::Context) -> Self::Result {
-        self.queue_turn(TurnKind::User(msg.input), ctx)
-    }
-}
-
-impl SessionActor {
-    fn queue_turn(
-        &mut self,
-        kind: TurnKind,
-        ctx: &mut Context<Self>,
-    ) -> ResponseFuture<Result<RunResult, SessionError>> {
-        if self.phase == Phase::Closing {
-            return Box::pin(async { Err(SessionError::Closed) });
-        }
         let (tx, rx) = oneshot::channel();
-        self.jobs.push_back(Job::Turn(kind, Some(tx)));
-        self.set_inactive(false);
+        let turn = QueuedTurn {
+            kind: msg.kind,
+            reply: Some(tx),
+        };
+        if let Err((turn, why)) = self.schedule.queue_turn(TurnId::Host(msg.id), turn) {
+            if let Some(reply) = turn.reply {
+                let _ = reply.send(Err(refusal(why)));
+            }
+        }
         self.pump(ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
     }
 }
 
-/// Sent by the host (`Session::generate_reply`) or a hook: asks the current agent for a
-/// reply, with optional extra instructions.
+/// Sent by a tool or hook (`SessionControl::generate_reply`): queues a reply of the
+/// current agent. Answered once queued, never after the turn, so it cannot wait on the
+/// turn it was sent from.
 pub(crate) struct QueueReply {
     pub(crate) instructions: Option<String>,
 }
 
 impl Message for QueueReply {
-    type Result = Result<RunResult, SessionError>;
+    type Result = Result<(), SessionError>;
 }
 
 impl Handler<QueueReply> for SessionActor {
-    type Result = ResponseFuture<Result<RunResult, SessionError>>;
+    type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueReply, ctx: &mut Self::Context) -> Self::Result {
-        self.queue_turn(TurnKind::Reply(msg.instructions), ctx)
-    }
-}
-
-/// Hands the conversation to another agent, after the current turn. Send it to the
-/// session's address (`session.address().send(Handoff::to(agent))`), call
-/// `Session::update_agent`, or return it from a tool. The reply comes once the new
-/// agent's `on_enter` has run.
-#[derive(Debug, Clone)]
-pub struct Handoff {
-    /// The agent to hand off to.
-    pub agent: Agent,
-    /// What the handing-off call's output says (default: `Transferred to <agent>.`).
-    pub message: Option<String>,
-}
-
-impl Handoff {
-    /// A handoff to `agent`.
-    pub fn to(agent: Agent) -> Self {
-        Self {
-            agent,
-            message: None,
-        }
-    }
-
-    /// Sets the message the handing-off tool call returns to the model.
-    pub fn with_message(mut self, message: impl Into<String>) -> Self {
-        self.message = Some(message.into());
-        self
+        let turn = QueuedTurn {
+            kind: TurnKind::Reply(msg.instructions),
+            reply: None,
+        };
+        let queued = self
+            .schedule
+            .queue_turn(TurnId::Engine, turn)
+            .map_err(|(_, why)| refusal(why));
+        self.pump(ctx);
+        queued
     }
 }
 
@@ -536,26 +544,47 @@ impl Message for Handoff {
     type Result = Result<(), SessionError>;
 }
 
+/// Sent by the host (`Session::update_agent`, `SessionAddress::send`). Refused at once
+/// (`SessionError::Build`) when the agent cannot start here; otherwise the reply comes
+/// once the new agent's `on_enter` has run.
 impl Handler<Handoff> for SessionActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
     fn handle(&mut self, msg: Handoff, ctx: &mut Self::Context) -> Self::Result {
-        if self.phase == Phase::Closing {
-            return Box::pin(async { Err(SessionError::Closed) });
-        }
         let (tx, rx) = oneshot::channel();
-        self.jobs.push_back(Job::Handoff(msg, Some(tx)));
-        self.set_inactive(false);
-        self.pump(ctx);
+        if let Err(refused) = self.queue_handoff(msg, HandoffDone::Host(tx), ctx) {
+            let (done, err) = *refused;
+            done.finish(Err(err), "", "");
+        }
         Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
+    }
+}
+
+/// Sent by a tool or hook (`SessionControl::update_agent`) or by a tool run whose body
+/// returned an agent after updating: queues a handoff. Answered once queued (or refused).
+pub(crate) struct QueueHandoff {
+    pub(crate) handoff: Handoff,
+}
+
+impl Message for QueueHandoff {
+    type Result = Result<(), SessionError>;
+}
+
+impl Handler<QueueHandoff> for SessionActor {
+    type Result = Result<(), SessionError>;
+
+    fn handle(&mut self, msg: QueueHandoff, ctx: &mut Self::Context) -> Self::Result {
+        self.queue_handoff(msg.handoff, HandoffDone::Nobody, ctx)
+            .map_err(|refused| refused.1)
     }
 }
 
 /// Sent by a tool (`ctx.run_task`) or the host (`Session::run_task`): pauses the current
 /// agent and runs `agent` until it completes with a result. Acts at once, even mid-turn:
-/// the calling tool waits inside a turn.
+/// the calling tool waits inside a turn. Refused at once when the agent cannot start.
 pub(crate) struct RunTask {
     pub(crate) agent: Agent,
+    /// The run awaiting the task, exempt from the pause.
     pub(crate) exempt: Option<u64>,
 }
 
@@ -568,13 +597,20 @@ impl Handler<RunTask> for SessionActor {
 
     fn handle(&mut self, msg: RunTask, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        match self.phase {
-            Phase::Closing => {
-                let _ = tx.send(Err(TaskError::SessionClosed));
+        match self.shared.check_agent(&msg.agent) {
+            Err(err) => {
+                let _ = tx.send(Err(TaskError::NotStarted(err)));
             }
-            Phase::Running => self.start_task(msg.agent, msg.exempt, tx, ctx),
-            Phase::Starting | Phase::Switching => {
-                self.tasks_waiting.push((msg.agent, msg.exempt, tx));
+            Ok(llm) => {
+                let task = PlannedTask {
+                    agent: msg.agent,
+                    llm,
+                    exempt: msg.exempt,
+                };
+                if let Err((reply, _)) = self.schedule.request_task(task, tx) {
+                    let _ = reply.send(Err(TaskError::SessionClosed));
+                }
+                self.pump(ctx);
             }
         }
         Box::pin(async move { rx.await.unwrap_or(Err(TaskError::SessionClosed)) })
@@ -583,6 +619,7 @@ impl Handler<RunTask> for SessionActor {
 
 /// Sent by a tool run whose body completed the current sub-task after it had sent
 /// updates (in the background): ends the task once its agent's current turn is done.
+/// One per run.
 pub(crate) struct CompleteTask {
     pub(crate) value: Value,
 }
@@ -595,12 +632,9 @@ impl Handler<CompleteTask> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: CompleteTask, ctx: &mut Self::Context) {
-        if self.phase == Phase::Closing {
-            return;
+        if self.schedule.queue_end_task(msg.value).is_ok() {
+            self.pump(ctx);
         }
-        self.jobs.push_back(Job::EndTask(msg.value));
-        self.set_inactive(false);
-        self.pump(ctx);
     }
 }
 
@@ -624,29 +658,64 @@ impl Handler<DeliverToolItems> for SessionActor {
 
     fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        let delivery = Delivery {
-            scope: msg.scope,
-            base_call_id: msg.base_call_id,
-            items: msg.items,
-            reply: msg.reply,
-            done: tx,
-        };
-        match self.phase {
-            Phase::Closing => {
-                let _ = delivery.done.send(Err(UpdateError::SessionClosed));
-            }
-            // An agent-scoped run delivering mid-switch belongs to the activity being
-            // closed or paused, which will never take items again: refuse at once rather
-            // than hold the run (and so the switch waiting for it) until its grace period.
-            Phase::Starting | Phase::Switching if matches!(delivery.scope, Scope::Activity(_)) => {
-                let _ = delivery.done.send(Err(UpdateError::ScopeClosed {
-                    call_id: delivery.base_call_id,
-                }));
-            }
-            Phase::Starting | Phase::Switching => self.waiting.push(delivery),
-            Phase::Running => self.deliver(delivery, ctx),
-        }
+        self.deliver(
+            Delivery {
+                scope: msg.scope,
+                base_call_id: msg.base_call_id,
+                items: msg.items,
+                reply: msg.reply,
+                done: tx,
+            },
+            ctx,
+        );
         Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) })
+    }
+}
+
+/// Sent by the host (`Session::interrupt`): stops the current agent's turn now (its LLM
+/// stream is dropped, no further step runs, its calls get their outputs). The reply comes
+/// once that turn has ended; at once when none runs.
+pub(crate) struct Interrupt;
+
+impl Message for Interrupt {
+    type Result = ();
+}
+
+impl Handler<Interrupt> for SessionActor {
+    type Result = ResponseFuture<()>;
+
+    fn handle(&mut self, _msg: Interrupt, _ctx: &mut Self::Context) -> Self::Result {
+        let Some(activity) = self.schedule.interrupt_target() else {
+            return Box::pin(async {});
+        };
+        let ask = activity.child.mailbox.ask(self.probe.id(), InterruptTurn);
+        Box::pin(async move {
+            let _ = ask.await;
+        })
+    }
+}
+
+/// Sent when a host drops its `run` future before the answer: the turn leaves the queue,
+/// or is interrupted if it runs. One per dropped future.
+pub(crate) struct CancelTurn {
+    pub(crate) id: u64,
+}
+
+impl Message for CancelTurn {
+    type Result = ();
+}
+
+impl Handler<CancelTurn> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CancelTurn, ctx: &mut Self::Context) {
+        match self.schedule.cancel_turn(msg.id) {
+            Cancelled::Dequeued(_) => self.pump(ctx),
+            Cancelled::Running(activity) => {
+                activity.child.mailbox.tell(self.probe.id(), InterruptTurn)
+            }
+            Cancelled::NotFound => {}
+        }
     }
 }
 
@@ -665,8 +734,8 @@ impl Handler<SpeechPlayedOut> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: SpeechPlayedOut, _ctx: &mut Self::Context) {
-        if let Some(current) = &self.current {
-            current.mailbox.tell(
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(
                 self.probe.id(),
                 PlayoutFinished {
                     speech: msg.speech,
@@ -677,22 +746,47 @@ impl Handler<SpeechPlayedOut> for SessionActor {
     }
 }
 
+/// A read of the current agent: answered now, or after the switch under way.
+pub(crate) enum Read<T> {
+    Now(T),
+    /// No agent is current while a handoff or sub-task switch runs: ask again once
+    /// `SessionShared::switched` moves.
+    AfterSwitch,
+    Closed,
+}
+
+impl SessionActor {
+    fn read_current<T>(&self, read: impl FnOnce(&ActivityRef) -> T) -> Read<T> {
+        match self.schedule.current() {
+            Some(current) => Read::Now(read(current)),
+            None if self.schedule.is_closed() => Read::Closed,
+            None => Read::AfterSwitch,
+        }
+    }
+}
+
 /// Asks for a copy of the current agent's chat context.
 pub(crate) struct ReadChat;
 
 impl Message for ReadChat {
-    type Result = Result<ChatContext, SessionError>;
+    type Result = Read<ChatContext>;
 }
 
 impl Handler<ReadChat> for SessionActor {
-    type Result = ResponseFuture<Result<ChatContext, SessionError>>;
+    type Result = ResponseFuture<Read<ChatContext>>;
 
     fn handle(&mut self, _msg: ReadChat, _ctx: &mut Self::Context) -> Self::Result {
-        let Some(current) = &self.current else {
-            return Box::pin(async { Err(SessionError::Closed) });
-        };
-        let ask = current.mailbox.ask(self.probe.id(), GetChat);
-        Box::pin(async move { ask.await?.ok_or(SessionError::Closed) })
+        let me = self.probe.id().clone();
+        match self.read_current(|current| current.child.mailbox.ask(&me, GetChat)) {
+            Read::Now(ask) => Box::pin(async move {
+                match ask.await {
+                    Ok(chat) => Read::Now(chat),
+                    Err(_) => Read::Closed,
+                }
+            }),
+            Read::AfterSwitch => Box::pin(async { Read::AfterSwitch }),
+            Read::Closed => Box::pin(async { Read::Closed }),
+        }
     }
 }
 
@@ -700,132 +794,30 @@ impl Handler<ReadChat> for SessionActor {
 pub(crate) struct ReadAgent;
 
 impl Message for ReadAgent {
-    type Result = Option<String>;
+    type Result = Read<String>;
 }
+
+plain_response!(Read<String>);
 
 impl Handler<ReadAgent> for SessionActor {
-    type Result = Option<String>;
+    type Result = Read<String>;
 
-    fn handle(&mut self, _msg: ReadAgent, _ctx: &mut Self::Context) -> Option<String> {
-        self.current.as_ref().map(|c| c.agent.name().to_owned())
+    fn handle(&mut self, _msg: ReadAgent, _ctx: &mut Self::Context) -> Self::Result {
+        self.read_current(|current| current.agent.name().to_owned())
     }
-}
-
-/// Sent by the host (`Session::close`): cancels every tool run (grace period included),
-/// drops the pending reply, writes `session closed` outputs where a call has none, then
-/// stops toolsets, activities and itself. The reply comes once all children are gone.
-pub(crate) struct CloseSession;
-
-impl Message for CloseSession {
-    type Result = ();
-}
-
-impl Handler<CloseSession> for SessionActor {
-    type Result = ResponseActFuture<Self, ()>;
-
-    fn handle(&mut self, _msg: CloseSession, _ctx: &mut Self::Context) -> Self::Result {
-        if self.phase == Phase::Closing {
-            return Box::pin(fut::ready(()));
-        }
-        self.phase = Phase::Closing;
-        self.pending.clear();
-        for job in self.jobs.drain(..) {
-            match job {
-                Job::Turn(_, Some(reply)) => {
-                    let _ = reply.send(Err(SessionError::Closed));
-                }
-                Job::Handoff(_, Some(reply)) => {
-                    let _ = reply.send(Err(SessionError::Closed));
-                }
-                _ => {}
-            }
-        }
-        for delivery in self.waiting.drain(..) {
-            let _ = delivery.done.send(Err(UpdateError::SessionClosed));
-        }
-        for (_, _, result) in self.tasks_waiting.drain(..) {
-            let _ = result.send(Err(TaskError::SessionClosed));
-        }
-        let reason: Arc<str> = Arc::from("the session closed");
-        let me = self.id();
-        // 1. Session-scoped runs: stop them and their toolsets.
-        let stops: Vec<_> = self
-            .toolsets
-            .iter()
-            .map(|ts| {
-                ts.mailbox.ask(
-                    &me,
-                    StopToolset {
-                        reason: reason.clone(),
-                    },
-                )
-            })
-            .collect();
-        let toolset_waiters = std::mem::take(&mut self.toolset_waiters);
-        Box::pin(
-            async move {
-                let background = futures_util::future::join_all(stops).await;
-                wait_all(toolset_waiters).await;
-                background
-            }
-            .into_actor(self)
-            .then(move |background, act, _| {
-                // 2. Their terminal outputs go to the current agent, then every activity
-                //    closes (the current one and any paused for a sub-task).
-                let calls: Vec<FunctionCall> = background.into_iter().flatten().flatten().collect();
-                let mut activities: Vec<ActivityRef> = act.current.take().into_iter().collect();
-                if let Some(current) = activities.first() {
-                    let items = terminal_items(calls, &reason);
-                    if !items.is_empty() {
-                        current.mailbox.tell(&me, AppendItems { items });
-                    }
-                }
-                for paused in act.paused.drain(..).rev() {
-                    let _ = paused.result.send(Err(TaskError::SessionClosed));
-                    activities.push(paused.activity);
-                }
-                let mut closes = Vec::new();
-                let mut waiters = Vec::new();
-                for mut activity in activities {
-                    closes.push(activity.mailbox.ask(
-                        &me,
-                        CloseActivity {
-                            reason: reason.clone(),
-                        },
-                    ));
-                    waiters.extend(activity.waiter.take());
-                }
-                async move {
-                    futures_util::future::join_all(closes).await;
-                    wait_all(waiters).await;
-                }
-                .into_actor(act)
-            })
-            .map(|(), act, ctx| {
-                act.shared.emit(SessionEvent::Closed);
-                act.set_inactive(true);
-                act.handle = None;
-                ctx.stop();
-            }),
-        )
-    }
-}
-
-fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
-    calls
-        .into_iter()
-        .flat_map(|call| terminal_pair(call, reason))
-        .collect()
 }
 
 counted_handlers!(
     SessionActor: StartSession,
-    CompleteTask,
     RunTurn,
     QueueReply,
     Handoff,
+    QueueHandoff,
     RunTask,
+    CompleteTask,
     DeliverToolItems,
+    Interrupt,
+    CancelTurn,
     SpeechPlayedOut,
     ReadChat,
     ReadAgent,

@@ -12,42 +12,84 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tokio::sync::{broadcast, watch};
 
+use std::collections::HashMap;
+use std::future::Future;
+
+use serde_json::Value;
+
+use crate::activity::TurnKind;
 use crate::agent::Agent;
 use crate::chat::ChatContext;
 use crate::error::{BuildError, SessionError, TaskError};
 use crate::error_policy::ErrorPolicy;
 use crate::events::{RunResult, SessionEvent};
+use crate::handoff::Handoff;
+use crate::history::SessionHistory;
 use crate::ids::{ActorId, SessionId};
 use crate::inspector::Inspector;
 use crate::io::{Io, NullIo, SpeechId};
 use crate::lifecycle::alive_pair;
-use crate::llm::Llm;
+use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::prompts::Prompts;
+use crate::reentry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CloseSession, Handoff, QueueReply, ReadAgent, ReadChat, RunTask, RunTurn, SessionActor,
+    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, RunTask, RunTurn, SessionActor,
     SpeechPlayedOut, StartSession,
 };
-use crate::shared::{SessionConfig, SessionShared};
+use crate::shared::{SessionConfig, SessionShared, SessionTools, SharedParts};
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
-use serde_json::Value;
-use std::collections::HashMap;
-use std::future::Future;
 
-/// A running session. Cheap to clone; every clone talks to the same session actor.
+/// A running session: the host's handle on one conversation. Cheap to clone; every clone
+/// talks to the same session actor.
+///
+/// The host's handles (`Session` and [`SessionAddress`]) are what keeps a session alive:
+/// when the last one is dropped without `close()`, the session closes itself exactly as
+/// `close()` would, so no actor of it stays behind. Engine code (tools, hooks) never holds
+/// one; they get a [`SessionControl`](crate::SessionControl) instead.
 #[derive(Clone)]
 pub struct Session {
-    pub(crate) mailbox: Mailbox<SessionActor>,
-    pub(crate) shared: Arc<SessionShared>,
+    host: Arc<Host>,
+}
+
+/// The host's end of a session; dropping the last one closes it.
+struct Host {
+    mailbox: Mailbox<SessionActor>,
+    shared: Arc<SessionShared>,
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // One per session: bounded. A session already closed ignores it.
+        self.mailbox.tell(&ActorId::host(), CloseSession);
+    }
 }
 
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
-            .field("id", &self.shared.id)
+            .field("id", &self.host.shared.id)
             .finish()
+    }
+}
+
+/// Interrupts (or unqueues) a host's turn whose `run` future was dropped before its
+/// answer came.
+struct CancelOnDrop<'a> {
+    mailbox: &'a Mailbox<SessionActor>,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            // One per dropped future: bounded.
+            self.mailbox
+                .tell(&ActorId::host(), CancelTurn { id: self.id });
+        }
     }
 }
 
@@ -59,43 +101,65 @@ impl Session {
 
     /// The session's id (`s1`, `s2`, …).
     pub fn id(&self) -> &SessionId {
-        &self.shared.id
+        &self.host.shared.id
+    }
+
+    fn shared(&self) -> &SessionShared {
+        &self.host.shared
+    }
+
+    /// Fails at once when called from inside a tool or hook of this session, where
+    /// awaiting would wait on the turn the caller runs in.
+    fn check_reentry(&self, operation: &'static str) -> Result<(), SessionError> {
+        if reentry::is_inside(self.id()) {
+            return Err(SessionError::WouldDeadlock { operation });
+        }
+        Ok(())
+    }
+
+    async fn turn(
+        &self,
+        kind: TurnKind,
+        operation: &'static str,
+    ) -> Result<RunResult, SessionError> {
+        self.check_reentry(operation)?;
+        let id = self.shared().next_turn();
+        let mut guard = CancelOnDrop {
+            mailbox: &self.host.mailbox,
+            id,
+            armed: true,
+        };
+        let answer = self
+            .host
+            .mailbox
+            .ask(&ActorId::host(), RunTurn { id, kind })
+            .await;
+        guard.armed = false;
+        answer.unwrap_or(Err(SessionError::Closed))
     }
 
     /// Runs one user turn and returns what it produced, after any handoff it caused.
+    ///
+    /// Turns run one at a time, in the order they were asked for. Dropping the returned
+    /// future before it resolves cancels the turn: it leaves the queue, or is interrupted
+    /// if it runs (as [`Session::interrupt`] would).
     pub async fn run(&self, user_input: impl Into<String>) -> Result<RunResult, SessionError> {
-        self.mailbox
-            .ask(
-                &ActorId::host(),
-                RunTurn {
-                    input: user_input.into(),
-                },
-            )
-            .await?
+        self.turn(TurnKind::User(user_input.into()), "run").await
     }
 
     /// Asks the current agent for a reply (no user message), with optional instructions.
+    /// Queued and cancelled like [`Session::run`].
     pub async fn generate_reply(
         &self,
         instructions: Option<String>,
     ) -> Result<RunResult, SessionError> {
-        self.mailbox
-            .ask(&ActorId::host(), QueueReply { instructions })
-            .await?
-    }
-
-    /// Queues a reply without waiting for it (used by hooks).
-    pub(crate) fn queue_reply(&self, from: &ActorId, instructions: String) {
-        self.mailbox.tell(
-            from,
-            QueueReply {
-                instructions: Some(instructions),
-            },
-        );
+        self.turn(TurnKind::Reply(instructions), "generate_reply")
+            .await
     }
 
     /// Hands the conversation to `agent` after the current turn; resolves once its
-    /// `on_enter` has run.
+    /// `on_enter` has run. An agent that cannot start here (a tool-name clash, no LLM) is
+    /// refused at once with [`SessionError::Build`], and the current agent stays.
     pub async fn update_agent(&self, agent: Agent) -> Result<(), SessionError> {
         self.address().send(Handoff::to(agent)).await
     }
@@ -103,45 +167,58 @@ impl Session {
     /// Runs a sub-task agent until a tool of it returns `ToolReturn::CompleteTask`,
     /// pausing the current agent meanwhile; returns the typed result.
     pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, TaskError> {
-        self.run_task_from(agent, None).await
-    }
-
-    pub(crate) async fn run_task_from<T: DeserializeOwned>(
-        &self,
-        agent: Agent,
-        exempt: Option<u64>,
-    ) -> Result<T, TaskError> {
+        if reentry::is_inside(self.id()) {
+            return Err(TaskError::WouldDeadlock);
+        }
         let value = self
+            .host
             .mailbox
-            .ask(&ActorId::host(), RunTask { agent, exempt })
-            .await??;
+            .ask(
+                &ActorId::host(),
+                RunTask {
+                    agent,
+                    exempt: None,
+                },
+            )
+            .await
+            .unwrap_or(Err(TaskError::SessionClosed))?;
         Ok(serde_json::from_value(value)?)
     }
 
-    /// Closes the session: cancels tool runs (with their grace period), writes their
-    /// terminal outputs, stops every actor of the session. Resolves once all are gone.
-    pub async fn close(&self) -> Result<(), SessionError> {
-        let waiter = self
-            .shared
-            .session_gone
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if self.mailbox.connected() {
-            // An error here means it stopped meanwhile, which is what we want.
-            let _ = self.mailbox.ask(&ActorId::host(), CloseSession).await;
-        }
-        if let Some(waiter) = waiter {
-            waiter.wait().await;
-        }
-        Ok(())
+    /// Stops the current turn now: its LLM stream is dropped, no further step runs, and
+    /// every call of it gets its output (a tool that cancels on interruption is cancelled,
+    /// any other moves to the background and its result comes later). The interrupted
+    /// turn's `run` returns `Ok` with `interrupted` set; queued work goes on. Resolves once
+    /// the turn has ended (at once when none runs).
+    pub async fn interrupt(&self) -> Result<(), SessionError> {
+        self.host
+            .mailbox
+            .ask(&ActorId::host(), Interrupt)
+            .await
+            .map_err(|_| SessionError::Closed)
+    }
+
+    /// Closes the session: waits for no queued work, cancels tool runs (with their grace
+    /// period), writes their terminal outputs, and stops every actor of the session.
+    /// Resolves once all are gone — also when called several times at once — with the
+    /// final chat context of every agent the session ran (its transcript).
+    pub async fn close(&self) -> Result<SessionHistory, SessionError> {
+        // Answered at once; an error means the session is gone already.
+        let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
+        self.shared().gone.clone().wait().await;
+        // Missing only when the engine shut down under the session.
+        self.shared()
+            .history
+            .get()
+            .cloned()
+            .ok_or(SessionError::Closed)
     }
 
     /// Resolves when the session is inactive: the current agent runs no turn and none is
     /// queued, no handoff is under way, no deferred reply is pending. (Tools may still run
     /// in the background: see [`Session::wait_for_settled`].)
     pub async fn wait_for_inactive(&self) {
-        let mut rx = self.shared.inactive.subscribe();
+        let mut rx = self.shared().inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
     }
 
@@ -149,8 +226,8 @@ impl Session {
     /// the session is inactive (every deferred reply has run). What a test awaits after
     /// letting background tools finish.
     pub async fn wait_for_settled(&self) {
-        let mut tools = self.shared.running_tools.subscribe();
-        let mut inactive = self.shared.inactive.subscribe();
+        let mut tools = self.shared().running_tools.subscribe();
+        let mut inactive = self.shared().inactive.subscribe();
         loop {
             if *tools.borrow_and_update() == 0 && *inactive.borrow_and_update() {
                 return;
@@ -164,83 +241,116 @@ impl Session {
 
     /// Whether the session is inactive now.
     pub fn is_inactive(&self) -> bool {
-        *self.shared.inactive.borrow()
+        *self.shared().inactive.borrow()
     }
 
     /// A watch of the session's inactivity, for hosts that select over it.
     pub fn inactivity(&self) -> watch::Receiver<bool> {
-        self.shared.inactive.subscribe()
+        self.shared().inactive.subscribe()
     }
 
     /// Subscribes to the session's events (from now on).
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
-        self.shared.subscribe()
+        self.shared().subscribe()
     }
 
-    /// A copy of the current agent's chat context.
+    /// Reads the current agent; during a handoff or sub-task switch, waits for it to end.
+    async fn read_current<M, T>(&self, read: impl Fn() -> M) -> Result<T, SessionError>
+    where
+        M: actix::Message<Result = Read<T>> + Send + 'static,
+        T: Send + 'static,
+        SessionActor: actix::Handler<crate::mailbox::Counted<M>>,
+    {
+        let mut switched = self.shared().switched.subscribe();
+        loop {
+            switched.borrow_and_update();
+            match self.host.mailbox.ask(&ActorId::host(), read()).await {
+                Ok(Read::Now(value)) => return Ok(value),
+                Ok(Read::AfterSwitch) => {
+                    if switched.changed().await.is_err() {
+                        return Err(SessionError::Closed);
+                    }
+                }
+                Ok(Read::Closed) | Err(_) => return Err(SessionError::Closed),
+            }
+        }
+    }
+
+    /// A copy of the current agent's chat context (after the switch under way, if any).
     pub async fn chat_context(&self) -> Result<ChatContext, SessionError> {
-        self.mailbox.ask(&ActorId::host(), ReadChat).await?
+        self.read_current(|| ReadChat).await
     }
 
-    /// The current agent's name.
+    /// The current agent's name (after the switch under way, if any).
     pub async fn current_agent(&self) -> Result<String, SessionError> {
-        self.mailbox
-            .ask(&ActorId::host(), ReadAgent)
-            .await?
-            .ok_or(SessionError::Closed)
+        self.read_current(|| ReadAgent).await
     }
 
     /// Tells the session that a speech's playout ended (voice I/O whose
     /// `Io::speech_finished` returned `Playout::Pending`); `heard` is what the user
     /// actually heard, when it was cut short.
     pub fn playout_finished(&self, speech: SpeechId, heard: Option<String>) {
-        self.mailbox
+        self.host
+            .mailbox
             .tell(&ActorId::host(), SpeechPlayedOut { speech, heard });
     }
 
-    /// The session actor's address, for sending it messages (`Handoff`).
+    /// The session actor's address, for sending it messages (`Handoff`). Like a
+    /// `Session`, it is a host handle: it keeps the session alive.
     pub fn address(&self) -> SessionAddress {
         SessionAddress {
-            mailbox: self.mailbox.clone(),
+            host: self.host.clone(),
         }
     }
 
-    /// The mailbox inspector, when the session was built with `.inspect(true)`.
+    /// The mailbox inspector, when the session was built with `.inspect(true)`. It does
+    /// not keep the session alive.
     pub fn inspector(&self) -> Option<Inspector> {
-        self.shared
+        self.shared()
             .journal
             .as_ref()
-            .map(|journal| Inspector::new(journal.clone(), self.shared.id.clone()))
+            .map(|journal| Inspector::new(journal.clone(), self.shared().id.clone()))
     }
 
     /// The session's user data, if it is a `T`.
     pub fn userdata<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
-        self.shared.userdata.clone()?.downcast().ok()
+        self.shared().userdata.clone()?.downcast().ok()
     }
 }
 
 /// The session actor's address as users see it: counted like every engine send, and
-/// limited to the messages users may send.
+/// limited to the messages users may send. A host handle: it keeps the session alive.
 #[derive(Clone)]
 pub struct SessionAddress {
-    mailbox: Mailbox<SessionActor>,
+    host: Arc<Host>,
 }
 
 impl fmt::Debug for SessionAddress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SessionAddress({})", self.mailbox.id())
+        write!(f, "SessionAddress({})", self.host.mailbox.id())
     }
 }
 
 impl SessionAddress {
-    /// Sends a `Handoff` and waits for it to complete (after the current turn).
+    /// Sends a `Handoff` and waits for it to complete: after the current turn, or at once
+    /// (interrupting it) for [`Handoff::interrupting`]. Refused at once with
+    /// [`SessionError::Build`] when the agent cannot start here.
     pub async fn send(&self, handoff: Handoff) -> Result<(), SessionError> {
-        self.mailbox.ask(&ActorId::host(), handoff).await?
+        if reentry::is_inside(&self.host.shared.id) {
+            return Err(SessionError::WouldDeadlock {
+                operation: "update_agent",
+            });
+        }
+        self.host
+            .mailbox
+            .ask(&ActorId::host(), handoff)
+            .await
+            .unwrap_or(Err(SessionError::Closed))
     }
 
     /// The session actor's id.
     pub fn id(&self) -> &ActorId {
-        self.mailbox.id()
+        self.host.mailbox.id()
     }
 }
 
@@ -254,6 +364,9 @@ pub struct SessionBuilder {
     max_tool_steps: u32,
     grace_period: Duration,
     inherit_chat_context: bool,
+    llm_timeouts: LlmTimeouts,
+    max_calls_per_step: usize,
+    max_argument_bytes: usize,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -273,6 +386,9 @@ impl Default for SessionBuilder {
             max_tool_steps: 3,
             grace_period: Duration::from_secs(2),
             inherit_chat_context: false,
+            llm_timeouts: LlmTimeouts::default(),
+            max_calls_per_step: 32,
+            max_argument_bytes: 64 * 1024,
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -344,6 +460,28 @@ impl SessionBuilder {
         self
     }
 
+    /// How long an LLM request may wait for its first chunk and for each next one before
+    /// the turn fails with `LlmError::Timeout` and an error event (default 10 s each).
+    /// An agent may set its own (`AgentBuilder::llm_timeouts`).
+    pub fn llm_timeouts(mut self, timeouts: LlmTimeouts) -> Self {
+        self.llm_timeouts = timeouts;
+        self
+    }
+
+    /// How many tool calls one LLM step may make (default 32). Calls beyond it do not run:
+    /// each gets an error output, so a model cannot flood the session.
+    pub fn max_calls_per_step(mut self, calls: usize) -> Self {
+        self.max_calls_per_step = calls.max(1);
+        self
+    }
+
+    /// How long a call's arguments may be, in bytes (default 64 KiB). Longer ones are
+    /// refused without being parsed, with an error output.
+    pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
+        self.max_argument_bytes = bytes;
+        self
+    }
+
     /// Records every actor's traffic for `Session::inspector` (default off: then the
     /// probe only counts queued messages).
     pub fn inspect(mut self, on: bool) -> Self {
@@ -408,54 +546,74 @@ impl SessionBuilder {
                 crate::agent::check_confirm(tool, crate::agent::effective_policy(tool, toolset))?;
             }
         }
-        crate::agent::check_tools(self.toolsets.iter().flat_map(|ts| {
-            ts.tools
+        let session_tools = SessionTools {
+            owners: self
+                .toolsets
                 .iter()
-                .map(move |t| (t.name(), format!("session toolset {}", ts.name)))
-        }))?;
+                .flat_map(|ts| {
+                    ts.tools
+                        .iter()
+                        .map(move |t| (t.name().to_owned(), format!("session toolset {}", ts.name)))
+                })
+                .collect(),
+            any_cancellable: self
+                .toolsets
+                .iter()
+                .flat_map(|ts| ts.tools.iter())
+                .any(|t| t.allows_cancellation()),
+        };
+        crate::agent::check_tools(
+            session_tools
+                .owners
+                .iter()
+                .map(|(name, owner)| (name.as_str(), owner.clone())),
+        )?;
         let id = engine.next_session_id();
         let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
-        let shared = Arc::new(SessionShared::new(
-            id.clone(),
-            SessionConfig {
+        let (alive, gone) = alive_pair();
+        let shared = Arc::new(SessionShared::new(SharedParts {
+            id: id.clone(),
+            config: SessionConfig {
                 max_tool_steps: self.max_tool_steps,
                 grace_period: self.grace_period,
                 inherit_chat_context: self.inherit_chat_context,
+                llm_timeouts: self.llm_timeouts,
+                max_calls_per_step: self.max_calls_per_step,
+                max_argument_bytes: self.max_argument_bytes,
             },
-            self.llm,
-            self.error_policy,
-            self.prompts,
-            self.mocks,
-            self.userdata,
-            journal.clone(),
-            self.io,
-            self.event_capacity,
-        ));
+            llm: self.llm,
+            error_policy: self.error_policy,
+            prompts: self.prompts,
+            mocks: self.mocks,
+            userdata: self.userdata,
+            journal: journal.clone(),
+            session_tools,
+            io: self.io,
+            event_capacity: self.event_capacity,
+            gone,
+        }));
+        // Checked here, before any actor exists: a session whose first agent cannot start
+        // fails with the reason and leaves nothing behind.
+        let first = (agent.clone(), shared.check_agent(&agent)?);
         let probe = Probe::new(ActorId::session_actor(&id), journal);
-        let (alive, waiter) = alive_pair();
-        *shared
-            .session_gone
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(waiter);
         let toolsets = self.toolsets;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
-        let addr = engine.start_actor(move || {
-            SessionActor::new(actor_shared, actor_probe, agent, toolsets, alive)
+        let addr = engine.start_actor(move |ctx| {
+            SessionActor::new(ctx, actor_shared, actor_probe, first, toolsets, alive)
         })?;
         let session = Session {
-            mailbox: Mailbox::new(addr, probe),
-            shared,
+            host: Arc::new(Host {
+                mailbox: Mailbox::new(addr, probe),
+                shared,
+            }),
         };
         session
+            .host
             .mailbox
-            .ask(
-                &ActorId::host(),
-                StartSession {
-                    handle: session.clone(),
-                },
-            )
-            .await??;
+            .ask(&ActorId::host(), StartSession)
+            .await
+            .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
     }
 }

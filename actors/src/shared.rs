@@ -1,22 +1,28 @@
 //! What every actor of one session shares: settings, the event channel, counters.
 //!
 //! All of a session's actors live on one arbiter thread, so the locks here are never
-//! contended; they exist because handles (`Session`, `RunContext`) are `Send`.
+//! contended; they exist because handles (`Session`, `RunContext`) are `Send`. Nothing
+//! here is an address: holding a `SessionShared` keeps no actor alive.
 
 use std::any::Any;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::{broadcast, watch};
 
+use crate::agent::{check_tools, Agent};
+use crate::call_ids::CallIds;
+use crate::error::BuildError;
 use crate::error_policy::ErrorPolicy;
 use crate::events::SessionEvent;
+use crate::history::SessionHistory;
 use crate::ids::SessionId;
 use crate::io::Io;
 use crate::lifecycle::AliveWaiter;
-use crate::llm::Llm;
+use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::Journal;
 use crate::prompts::Prompts;
 use crate::tool::MockBody;
@@ -27,6 +33,17 @@ pub(crate) struct SessionConfig {
     pub(crate) max_tool_steps: u32,
     pub(crate) grace_period: Duration,
     pub(crate) inherit_chat_context: bool,
+    pub(crate) llm_timeouts: LlmTimeouts,
+    pub(crate) max_calls_per_step: usize,
+    pub(crate) max_argument_bytes: usize,
+}
+
+/// The tool names of the session-scoped toolsets, with their owners, for checking that
+/// an agent can start here before anything is stopped for it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SessionTools {
+    pub(crate) owners: Vec<(String, String)>,
+    pub(crate) any_cancellable: bool,
 }
 
 pub(crate) struct SessionShared {
@@ -38,6 +55,7 @@ pub(crate) struct SessionShared {
     pub(crate) mocks: HashMap<String, MockBody>,
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) journal: Option<Arc<Journal>>,
+    pub(crate) session_tools: SessionTools,
     /// Created by the first subscriber: a broadcast channel allocates all its slots up
     /// front, which an idle session without listeners should not pay for.
     events: OnceLock<broadcast::Sender<SessionEvent>>,
@@ -45,47 +63,65 @@ pub(crate) struct SessionShared {
     pub(crate) inactive: watch::Sender<bool>,
     /// How many tool runs are alive in the session.
     pub(crate) running_tools: watch::Sender<usize>,
+    /// Moves each time a switch (handoff, sub-task start or end) ends: reads that found
+    /// no current agent ask again then.
+    pub(crate) switched: watch::Sender<u64>,
     io: Mutex<Box<dyn Io>>,
     run_seq: AtomicU64,
     speech_seq: AtomicU64,
-    call_ids: Mutex<HashSet<String>>,
-    pub(crate) session_gone: Mutex<Option<AliveWaiter>>,
+    step_seq: AtomicU64,
+    turn_seq: AtomicU64,
+    call_ids: Mutex<CallIds>,
+    /// Resolves once the session actor (and so every actor of the session) is gone.
+    pub(crate) gone: AliveWaiter,
+    /// The transcript, written by the session actor just before it stops.
+    pub(crate) history: OnceLock<SessionHistory>,
+}
+
+/// What a new [`SessionShared`] is made of.
+pub(crate) struct SharedParts {
+    pub(crate) id: SessionId,
+    pub(crate) config: SessionConfig,
+    pub(crate) llm: Option<Arc<dyn Llm>>,
+    pub(crate) error_policy: ErrorPolicy,
+    pub(crate) prompts: Prompts,
+    pub(crate) mocks: HashMap<String, MockBody>,
+    pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
+    pub(crate) journal: Option<Arc<Journal>>,
+    pub(crate) session_tools: SessionTools,
+    pub(crate) io: Box<dyn Io>,
+    pub(crate) event_capacity: usize,
+    pub(crate) gone: AliveWaiter,
 }
 
 impl SessionShared {
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn new(
-        id: SessionId,
-        config: SessionConfig,
-        llm: Option<Arc<dyn Llm>>,
-        error_policy: ErrorPolicy,
-        prompts: Prompts,
-        mocks: HashMap<String, MockBody>,
-        userdata: Option<Arc<dyn Any + Send + Sync>>,
-        journal: Option<Arc<Journal>>,
-        io: Box<dyn Io>,
-        event_capacity: usize,
-    ) -> Self {
+    pub(crate) fn new(parts: SharedParts) -> Self {
         let (inactive, _) = watch::channel(false);
         let (running_tools, _) = watch::channel(0);
+        let (switched, _) = watch::channel(0);
         Self {
-            id,
-            config,
-            llm,
-            error_policy,
-            prompts,
-            mocks,
-            userdata,
-            journal,
+            id: parts.id,
+            config: parts.config,
+            llm: parts.llm,
+            error_policy: parts.error_policy,
+            prompts: parts.prompts,
+            mocks: parts.mocks,
+            userdata: parts.userdata,
+            journal: parts.journal,
+            session_tools: parts.session_tools,
             events: OnceLock::new(),
-            event_capacity: event_capacity.max(1),
+            event_capacity: parts.event_capacity.max(1),
             inactive,
             running_tools,
-            io: Mutex::new(io),
+            switched,
+            io: Mutex::new(parts.io),
             run_seq: AtomicU64::new(0),
             speech_seq: AtomicU64::new(0),
-            call_ids: Mutex::new(HashSet::new()),
-            session_gone: Mutex::new(None),
+            step_seq: AtomicU64::new(0),
+            turn_seq: AtomicU64::new(0),
+            call_ids: Mutex::new(CallIds::default()),
+            gone: parts.gone,
+            history: OnceLock::new(),
         }
     }
 
@@ -119,22 +155,75 @@ impl SessionShared {
         self.speech_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    pub(crate) fn io(&self) -> MutexGuard<'_, Box<dyn Io>> {
-        // A panic inside the host's Io leaves it as it was; keep using it.
-        self.io.lock().unwrap_or_else(|p| p.into_inner())
+    /// A step key unique in the session: toolsets serve several activities, and an
+    /// interruption names the step whose calls it resolves.
+    pub(crate) fn next_step(&self) -> u64 {
+        self.step_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Makes a provider's call id unique in the session: `{id}~{n}` when `id` was seen.
-    pub(crate) fn unique_call_id(&self, id: &str) -> String {
-        let mut seen = self.call_ids.lock().unwrap_or_else(|p| p.into_inner());
-        if seen.insert(id.to_owned()) {
-            return id.to_owned();
+    pub(crate) fn next_turn(&self) -> u64 {
+        self.turn_seq.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Calls the host's `Io`. A panic in it is caught and logged: host code must not take
+    /// the session down.
+    pub(crate) fn with_io<R: Default>(&self, f: impl FnOnce(&mut dyn Io) -> R) -> R {
+        // A panic inside the host's Io leaves it as it was; keep using it.
+        let mut io: MutexGuard<'_, Box<dyn Io>> = self.io.lock().unwrap_or_else(|p| p.into_inner());
+        match std::panic::catch_unwind(AssertUnwindSafe(|| f(io.as_mut()))) {
+            Ok(out) => out,
+            Err(_) => {
+                tracing::error!(session = %self.id, "the host's Io panicked; the call was skipped");
+                R::default()
+            }
         }
-        let unique = (2..)
-            .map(|n| format!("{id}~{n}"))
-            .find(|candidate| !seen.contains(candidate))
-            .unwrap_or_else(|| format!("{id}~"));
-        seen.insert(unique.clone());
-        unique
+    }
+
+    /// The session-unique canonical id of a call the model made (see `call_ids`).
+    pub(crate) fn canonical_call_id(&self, provider_id: &str) -> String {
+        self.call_ids
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .canonical(provider_id)
+    }
+
+    /// Checks that an activity of `agent` can start in this session: an LLM to use, and
+    /// tool names unique among everything it would see. Done before anything is stopped
+    /// for a handoff or sub-task, so a refused agent leaves the current one in place.
+    pub(crate) fn check_agent(&self, agent: &Agent) -> Result<Arc<dyn Llm>, BuildError> {
+        let llm = agent
+            .def
+            .llm
+            .clone()
+            .or_else(|| self.llm.clone())
+            .ok_or_else(|| BuildError::NoLlm {
+                agent: agent.name().to_owned(),
+            })?;
+        let companions = self.exposes_companions(agent);
+        let companion_owner = "companion tools".to_owned();
+        check_tools(
+            agent
+                .tool_owners()
+                .chain(
+                    self.session_tools
+                        .owners
+                        .iter()
+                        .map(|(name, owner)| (name.as_str(), owner.clone())),
+                )
+                .chain(
+                    companions
+                        .then_some(crate::agent::COMPANION_TOOLS)
+                        .into_iter()
+                        .flatten()
+                        .map(|name| (*name, companion_owner.clone())),
+                ),
+        )?;
+        Ok(llm)
+    }
+
+    /// Whether an activity of `agent` exposes `get_running_tasks` and `cancel_task`: some
+    /// tool it sees allows cancellation.
+    pub(crate) fn exposes_companions(&self, agent: &Agent) -> bool {
+        self.session_tools.any_cancellable || agent.any_cancellable()
     }
 }

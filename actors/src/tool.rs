@@ -15,11 +15,19 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::error_policy::ErrorPolicy;
+use crate::handoff::Handoff;
 use crate::llm::ToolSchema;
 use crate::run_context::RunContext;
 
 /// The name of the boolean parameter that `on_duplicate = confirm` adds to a tool.
 pub const CONFIRM_DUPLICATE_PARAM: &str = "confirm_duplicate";
+
+/// Lists the running calls the model may cancel (a companion tool, SPEC §5).
+pub(crate) const GET_RUNNING_TASKS: &str = "get_running_tasks";
+/// Cancels one running call by id (a companion tool).
+pub(crate) const CANCEL_TASK: &str = "cancel_task";
+/// The companion tools an activity exposes when a tool it sees allows cancellation.
+pub(crate) const COMPANION_TOOLS: &[&str] = &[GET_RUNNING_TASKS, CANCEL_TASK];
 
 /// What happens when the model calls a tool while an earlier call of it still runs in
 /// the same toolset (calls of one LLM step are never duplicates of each other).
@@ -46,7 +54,7 @@ pub enum ToolReturn {
     /// A structured value for the model (written as JSON text).
     Json(Value),
     /// Hand the conversation to another agent (SPEC §4).
-    Handoff(crate::session::Handoff),
+    Handoff(Handoff),
     /// End the current sub-task agent with this result (see `RunContext::run_task`).
     CompleteTask(Value),
 }
@@ -83,14 +91,14 @@ impl From<Value> for ToolReturn {
         Self::Json(value)
     }
 }
-impl From<crate::session::Handoff> for ToolReturn {
-    fn from(handoff: crate::session::Handoff) -> Self {
+impl From<Handoff> for ToolReturn {
+    fn from(handoff: Handoff) -> Self {
         Self::Handoff(handoff)
     }
 }
 impl From<Agent> for ToolReturn {
     fn from(agent: Agent) -> Self {
-        Self::Handoff(crate::session::Handoff::to(agent))
+        Self::Handoff(Handoff::to(agent))
     }
 }
 
@@ -328,6 +336,12 @@ impl Tool {
     /// The JSON schema of its arguments, as declared (without `confirm_duplicate`).
     pub fn parameters(&self) -> &Value {
         &self.def.parameters
+    }
+
+    /// Whether a user interruption cancels its calls that have no output yet (otherwise
+    /// they move to the background).
+    pub fn cancels_on_interruption(&self) -> bool {
+        self.def.cancel_on_interruption
     }
 
     /// Whether the model may cancel its running calls.

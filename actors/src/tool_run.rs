@@ -2,17 +2,19 @@
 //!
 //! - **Owns:** the tool body's future (spawned in its context), the call's update counter
 //!   and the sender of its immediate output.
-//! - **Parent:** the `ToolsetActor` that spawned it. Sends `DeliverToolItems` and
-//!   `Handoff` to the session, `RunEnded` to its toolset.
+//! - **Parent:** the `ToolsetActor` that spawned it. Reaches the session only through its
+//!   links (`SessionLinks`: items, a handoff, a task's completion or start) and its
+//!   toolset through a `RunEnded` link.
 //! - **Starts** when its toolset accepts a `RunTool`; **stops** when the body returns
 //!   (after its `/finished` items are in a chat context), or on `StopRun` once the body
 //!   has finished or the grace period has passed.
-//! - **Handles:** `ToolUpdate` (from the tool's `RunContext`), `StopRun` (from its
-//!   toolset).
+//! - **Handles:** `ToolUpdate` (from the tool's `RunContext`), `StopRun` and `InterruptRun`
+//!   (from its toolset).
 //!
 //! Guarantees, each tested:
 //! - The call gets exactly one immediate output: the body's return value, its first
-//!   update, or a terminal "cancelled" output when the run is stopped first.
+//!   update, the placeholder of an interruption, or a terminal "cancelled" output when
+//!   the run is stopped first.
 //! - Once `StopRun` is handled, every later `ctx.update` returns `Err` and no item of this
 //!   run reaches any chat context.
 //! - A panic in the body becomes an error output; it never reaches the actor.
@@ -21,24 +23,29 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
-use crate::error::UpdateError;
+use crate::control::SessionControl;
+use crate::error::{TaskError, UpdateError};
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
-use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::{classify, CallOutput, Effect, ErrorPolicies};
+use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
+use crate::outcome::{classify, vet, CallOutput, Effect, ErrorPolicies};
 use crate::prompts::{Prompts, UpdatePromptArgs};
-use crate::run_context::RunContext;
-use crate::session::{CompleteTask, DeliverToolItems, Scope};
-use crate::session_handle::Session;
+use crate::reentry;
+use crate::run_context::{RunContext, RunPort, UpdateMessage};
+use crate::session::{CompleteTask, DeliverToolItems, QueueHandoff, RunTask, Scope, SessionLinks};
 use crate::shared::SessionShared;
 use crate::tool::{PreparedBody, Tool, ToolResult};
-use crate::toolset::{RunEnded, ToolsetActor};
+use crate::toolset::RunEnded;
+
+/// Why a call cancelled by an interruption stopped ("Cancelled: the user interrupted.").
+const INTERRUPTED: &str = "the user interrupted";
 
 /// Everything a run needs from its toolset when it starts.
 pub(crate) struct RunSpec {
@@ -46,32 +53,45 @@ pub(crate) struct RunSpec {
     pub(crate) call: FunctionCall,
     pub(crate) tool: Tool,
     pub(crate) agent: Agent,
+    pub(crate) is_task: bool,
     pub(crate) scope: Scope,
     pub(crate) body: PreparedBody,
     pub(crate) immediate: oneshot::Sender<CallOutput>,
-    pub(crate) session: Session,
+    pub(crate) shared: Arc<SessionShared>,
+    pub(crate) links: Arc<SessionLinks>,
     pub(crate) prompts: Arc<Prompts>,
-    pub(crate) toolset: Mailbox<ToolsetActor>,
+    pub(crate) toolset: Link<RunEnded>,
     pub(crate) alive: AliveToken,
+}
+
+/// Where a run is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunPhase {
+    /// The body runs; its updates are taken.
+    Running,
+    /// Stopped (cancelled, replaced, its scope closed): nothing of it lands any more; the
+    /// body has the grace period to end.
+    Stopped,
+    /// The body returned.
+    Returned,
 }
 
 pub(crate) struct ToolRunActor {
     probe: Arc<Probe>,
     key: u64,
-    call: FunctionCall,
+    call: Arc<FunctionCall>,
     tool: Tool,
     agent: Agent,
+    is_task: bool,
     scope: Scope,
     shared: Arc<SessionShared>,
-    session: Session,
+    links: Arc<SessionLinks>,
     prompts: Arc<Prompts>,
-    toolset: Mailbox<ToolsetActor>,
+    toolset: Link<RunEnded>,
     body: Option<PreparedBody>,
     immediate: Option<oneshot::Sender<CallOutput>>,
     updates: u32,
-    /// Set when the run must have no further effect (stopped, or its body returned).
-    closed: bool,
-    body_done: bool,
+    phase: RunPhase,
     cancel: watch::Sender<bool>,
     alive: AliveToken,
 }
@@ -79,29 +99,28 @@ pub(crate) struct ToolRunActor {
 impl ToolRunActor {
     /// Starts a run on the current arbiter; returns its counted address.
     pub(crate) fn spawn(spec: RunSpec) -> Mailbox<ToolRunActor> {
-        let shared = spec.session.shared.clone();
         let probe = Probe::new(
-            ActorId::tool_run(&shared.id, spec.key, &spec.call.call_id),
-            shared.journal.clone(),
+            ActorId::tool_run(&spec.shared.id, spec.key, &spec.call.call_id),
+            spec.shared.journal.clone(),
         );
         let (cancel, _) = watch::channel(false);
-        shared.running_tools.send_modify(|n| *n += 1);
+        spec.shared.running_tools.send_modify(|n| *n += 1);
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
-            call: spec.call,
+            call: Arc::new(spec.call),
             tool: spec.tool,
             agent: spec.agent,
+            is_task: spec.is_task,
             scope: spec.scope,
-            shared,
-            session: spec.session,
+            shared: spec.shared,
+            links: spec.links,
             prompts: spec.prompts,
             toolset: spec.toolset,
             body: Some(spec.body),
             immediate: Some(spec.immediate),
             updates: 0,
-            closed: false,
-            body_done: false,
+            phase: RunPhase::Running,
             cancel,
             alive: spec.alive,
         };
@@ -136,7 +155,7 @@ impl ToolRunActor {
         reply: bool,
     ) -> impl std::future::Future<Output = Result<(), UpdateError>> + 'static {
         let items = self.item_pair(call_id, output, is_error);
-        let fut = self.session.mailbox.ask(
+        let ask = self.links.items.ask(
             self.id(),
             DeliverToolItems {
                 scope: self.scope.clone(),
@@ -145,22 +164,35 @@ impl ToolRunActor {
                 reply,
             },
         );
-        async move { fut.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+        async move { ask.await.unwrap_or(Err(UpdateError::SessionClosed)) }
     }
 
-    /// Delivers a terminal `/finished` pair on a task of the arbiter, not of this actor:
-    /// actix drops a request whose reply future was dropped, so a delivery spawned in
-    /// this actor's context would be lost if the actor stopped before the session handled
-    /// it.
-    fn deliver_detached(
-        &self,
-        call_id: String,
-        output: String,
-        is_error: bool,
-        reply: bool,
-    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + 'static {
-        let task = actix::spawn(self.deliver(call_id, output, is_error, reply));
-        async move { task.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+    /// Stops the run: nothing of it lands any more, `ctx.cancelled()` resolves, and the
+    /// actor stops when the body ends or the grace period is over. A call still without
+    /// an immediate output gets "Cancelled: {reason}.". Returns whether the call was
+    /// running in the background (its immediate output given, its body not returned).
+    fn stop(&mut self, reason: &str, ctx: &mut Context<Self>) -> bool {
+        let returned = self.phase == RunPhase::Returned;
+        self.phase = RunPhase::Stopped;
+        let _ = self.cancel.send(true);
+        let background = match self.immediate.take() {
+            Some(immediate) => {
+                let _ = immediate.send(CallOutput::ended(reason));
+                false
+            }
+            None => !returned,
+        };
+        if returned {
+            ctx.stop();
+        } else {
+            ctx.run_later(self.shared.config.grace_period, |act, ctx| {
+                if act.phase != RunPhase::Returned {
+                    tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
+                }
+                ctx.stop();
+            });
+        }
+        background
     }
 
     fn on_body_done(
@@ -168,13 +200,12 @@ impl ToolRunActor {
         result: Result<ToolResult, Box<dyn std::any::Any + Send>>,
         ctx: &mut Context<Self>,
     ) {
-        self.body_done = true;
-        if self.closed {
+        let was = std::mem::replace(&mut self.phase, RunPhase::Returned);
+        if was == RunPhase::Stopped {
             // Stopped while running: whoever stopped it writes the terminal output.
             ctx.stop();
             return;
         }
-        self.closed = true;
         let policies = ErrorPolicies {
             levels: [
                 &self.tool.def.error_policy,
@@ -183,12 +214,19 @@ impl ToolRunActor {
             ],
         };
         let out = classify(&self.call.name, &self.call.call_id, result, &policies);
+        let shared = &self.shared;
+        let out = vet(out, self.is_task, |agent| {
+            shared
+                .check_agent(agent)
+                .map(drop)
+                .map_err(|err| err.to_string())
+        });
         if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(out);
             ctx.stop();
             return;
         }
-        // Finished in the background, after at least one update.
+        // Finished in the background, after an update or an interruption.
         if out.is_unit() {
             ctx.stop();
             return;
@@ -206,18 +244,23 @@ impl ToolRunActor {
         };
         let finished = format!("{}/finished", self.call.call_id);
         let delivery = self.deliver(finished, out.output, out.is_error, reply);
-        let session = self.session.mailbox.clone();
+        let links = self.links.clone();
         let me = self.id().clone();
-        // Detached from this actor (see `deliver_detached`), and holding no alive token: a
-        // handoff may be buffering this delivery while it waits for this run's scope to
-        // stop.
+        // On a task of the arbiter, not of this actor: actix drops a request whose reply
+        // future is dropped, and this actor's futures are dropped when it stops. It holds
+        // no alive token: a handoff may hold this delivery while it waits for this run's
+        // scope to stop.
         let task = actix::spawn(async move {
             // The handoff (or task end) this run performs does not stop it: the body has
             // returned already.
             match (delivery.await, next) {
-                (Ok(()), Some(Next::Handoff(handoff))) => session.tell(&me, handoff),
+                (Ok(()), Some(Next::Handoff(handoff))) => {
+                    if let Ok(Err(err)) = links.handoff.ask(&me, QueueHandoff { handoff }).await {
+                        tracing::warn!(%err, "a background tool's handoff was refused");
+                    }
+                }
                 (Ok(()), Some(Next::CompleteTask(value))) => {
-                    session.tell(&me, CompleteTask { value })
+                    links.complete.tell(&me, CompleteTask { value })
                 }
                 _ => {}
             }
@@ -234,8 +277,46 @@ impl ToolRunActor {
 
 /// What a background run's final result asks the session to do after its `/finished`.
 enum Next {
-    Handoff(crate::session::Handoff),
-    CompleteTask(serde_json::Value),
+    Handoff(crate::handoff::Handoff),
+    CompleteTask(Value),
+}
+
+/// What a tool's `RunContext` reaches: this run (updates) and the session (a sub-task),
+/// by narrow links.
+struct RunLinks {
+    id: ActorId,
+    call_id: Arc<str>,
+    key: u64,
+    update: Link<ToolUpdate>,
+    session: Arc<SessionLinks>,
+}
+
+impl RunPort for RunLinks {
+    fn id(&self) -> &ActorId {
+        &self.id
+    }
+
+    fn update(&self, message: UpdateMessage) -> BoxFuture<'static, Result<(), UpdateError>> {
+        let ended = UpdateError::RunEnded {
+            call_id: self.call_id.to_string(),
+        };
+        if !self.update.connected() {
+            return async move { Err(ended) }.boxed();
+        }
+        let ask = self.update.ask(&self.id, ToolUpdate { message });
+        async move { ask.await.unwrap_or(Err(ended)) }.boxed()
+    }
+
+    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>> {
+        let ask = self.session.task.ask(
+            &self.id,
+            RunTask {
+                agent,
+                exempt: Some(self.key),
+            },
+        );
+        async move { ask.await.unwrap_or(Err(TaskError::SessionClosed)) }.boxed()
+    }
 }
 
 impl Actor for ToolRunActor {
@@ -245,19 +326,27 @@ impl Actor for ToolRunActor {
         let Some(body) = self.body.take() else {
             return;
         };
-        let run_ctx = RunContext::new(
-            Mailbox::new(ctx.address(), self.probe.clone()),
-            self.session.clone(),
-            self.call.clone(),
-            self.key,
-            self.cancel.subscribe(),
+        let port = Arc::new(RunLinks {
+            id: self.id().clone(),
+            call_id: Arc::from(self.call.call_id.as_str()),
+            key: self.key,
+            update: Mailbox::new(ctx.address(), self.probe.clone()).link(),
+            session: self.links.clone(),
+        });
+        let control = SessionControl::new(
+            self.shared.id.clone(),
+            self.id().clone(),
+            self.links.clone(),
+            self.shared.userdata.clone(),
         );
+        let run_ctx = RunContext::new(port, control, self.call.clone(), self.cancel.subscribe());
         let alive = self.alive.clone();
+        let session = self.shared.id.clone();
         let fut = async move {
             // Declared first so it drops last: the toolset's wait for this run ends only
             // once the body future is gone.
             let _alive = alive;
-            AssertUnwindSafe(body(run_ctx)).catch_unwind().await
+            reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind()).await
         };
         ctx.spawn(
             fut.into_actor(self)
@@ -266,7 +355,7 @@ impl Actor for ToolRunActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.closed = true;
+        self.phase = RunPhase::Stopped;
         if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
@@ -286,32 +375,6 @@ pub(crate) struct ToolUpdate {
     pub(crate) message: UpdateMessage,
 }
 
-/// An update's content: text (wrapped by the `update` template) or a structured value
-/// (passed as is).
-#[derive(Debug, Clone)]
-pub enum UpdateMessage {
-    /// Text, wrapped by the update template.
-    Text(String),
-    /// A JSON value, recorded as is.
-    Json(Value),
-}
-
-impl From<String> for UpdateMessage {
-    fn from(text: String) -> Self {
-        Self::Text(text)
-    }
-}
-impl From<&str> for UpdateMessage {
-    fn from(text: &str) -> Self {
-        Self::Text(text.to_owned())
-    }
-}
-impl From<Value> for UpdateMessage {
-    fn from(value: Value) -> Self {
-        Self::Json(value)
-    }
-}
-
 impl Message for ToolUpdate {
     type Result = Result<(), UpdateError>;
 }
@@ -320,7 +383,7 @@ impl Handler<ToolUpdate> for ToolRunActor {
     type Result = ResponseActFuture<Self, Result<(), UpdateError>>;
 
     fn handle(&mut self, msg: ToolUpdate, _ctx: &mut Self::Context) -> Self::Result {
-        if self.closed {
+        if self.phase != RunPhase::Running {
             let err = UpdateError::RunEnded {
                 call_id: self.call.call_id.clone(),
             };
@@ -364,36 +427,48 @@ impl Handler<StopRun> for ToolRunActor {
     type Result = bool;
 
     fn handle(&mut self, msg: StopRun, ctx: &mut Self::Context) -> bool {
-        let already_closed = self.closed;
-        self.closed = true;
-        let _ = self.cancel.send(true);
-        let background = match self.immediate.take() {
-            Some(immediate) => {
-                let _ = immediate.send(CallOutput::ended(&msg.reason));
-                false
-            }
-            // The immediate output was given: the body runs on in the background unless it
-            // has returned (returning sets `closed`, so `body_done` alone decides).
-            None => !self.body_done,
-        };
-        if self.body_done {
-            ctx.stop();
-            return background;
-        }
-        if msg.report && background && !already_closed {
+        let already_stopped = self.phase == RunPhase::Stopped;
+        let background = self.stop(&msg.reason, ctx);
+        if msg.report && background && !already_stopped {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);
-            // Fire and forget: the item reaches the chat context even once this run is gone.
-            drop(self.deliver_detached(finished, out.output, false, false));
+            // Fire and forget, on the arbiter rather than this actor (see `on_body_done`):
+            // the item reaches the chat context even once this run is gone.
+            let delivery = self.deliver(finished, out.output, false, false);
+            actix::spawn(async move {
+                let _ = delivery.await;
+            });
         }
-        ctx.run_later(self.shared.config.grace_period, |act, ctx| {
-            if !act.body_done {
-                tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
-            }
-            ctx.stop();
-        });
         background
     }
 }
 
-counted_handlers!(ToolRunActor: ToolUpdate, StopRun);
+/// Sent by the toolset when the turn that made this call is interrupted before the call
+/// has an output: a tool that cancels on interruption is cancelled ("Cancelled: the user
+/// interrupted."); any other moves to the background at once with a short placeholder,
+/// and its result arrives later as `/finished` with a deferred reply. A call that already
+/// has its output is not touched.
+pub(crate) struct InterruptRun {
+    pub(crate) cancel: bool,
+}
+
+impl Message for InterruptRun {
+    type Result = ();
+}
+
+impl Handler<InterruptRun> for ToolRunActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InterruptRun, ctx: &mut Self::Context) {
+        if self.immediate.is_none() || self.phase != RunPhase::Running {
+            return;
+        }
+        if msg.cancel {
+            self.stop(INTERRUPTED, ctx);
+        } else if let Some(immediate) = self.immediate.take() {
+            let _ = immediate.send(CallOutput::moved_to_background());
+        }
+    }
+}
+
+counted_handlers!(ToolRunActor: ToolUpdate, StopRun, InterruptRun);

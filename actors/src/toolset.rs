@@ -6,15 +6,18 @@
 //!   toolsets and an agent's bare tools, the toolset `tools`).
 //! - **Starts** with its parent; **stops** on `StopToolset`, after every run it owns has
 //!   stopped and been awaited.
-//! - **Handles:** `RunTool`, `ListRuns` and `CancelRun` (from an activity), `StopRuns` and
-//!   `StopToolset` (from its parent), `RunEnded` (from its runs).
+//! - **Handles:** `RunTool`, `InterruptStep`, `ListRuns` and `CancelRun` (from an
+//!   activity), `StopRuns` and `StopToolset` (from its parent), `RunEnded` (from its runs).
 //!
 //! Guarantees, each tested:
 //! - The order on each call is: strip `confirm_duplicate`, parse the arguments, check
 //!   duplicates, run. A call whose arguments do not parse never runs and cancels nothing.
 //! - When `StopRuns` answers, every run it stopped is gone: actor and body dropped.
+//! - An interrupted step's calls without an output are cancelled (tools that cancel on
+//!   interruption) or moved to the background, even a call still waiting for a
+//!   `replace` duplicate to stop.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -24,20 +27,24 @@ use tokio::sync::oneshot;
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
 use crate::ids::ActorId;
-use crate::lifecycle::{alive_pair, wait_all, AliveToken, AliveWaiter};
-use crate::mailbox::{counted_handlers, Mailbox, Probe};
-use crate::outcome::{error_text, CallOutput, Effect};
+use crate::lifecycle::{alive_pair, AliveToken, Child};
+use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
+use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
-use crate::session::Scope;
-use crate::session_handle::Session;
+use crate::session::{Scope, SessionLinks};
+use crate::shared::SessionShared;
 use crate::tool::{DuplicatePolicy, Tool, CONFIRM_DUPLICATE_PARAM};
-use crate::tool_run::{RunSpec, StopRun, ToolRunActor};
+use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
+
+/// How many interrupted steps a toolset remembers for calls still being set up (a
+/// `replace` waiting for the old run to stop): steps of one activity are sequential, so a
+/// handful covers every activity it serves.
+const REMEMBERED_INTERRUPTS: usize = 16;
 
 struct RunEntry {
     call: FunctionCall,
     step: u64,
-    mailbox: Mailbox<ToolRunActor>,
-    waiter: Option<AliveWaiter>,
+    child: Child<ToolRunActor>,
     closed: bool,
     started: tokio::time::Instant,
 }
@@ -47,38 +54,45 @@ pub(crate) struct ToolsetActor {
     scope: Scope,
     tools: HashMap<String, (Tool, DuplicatePolicy)>,
     runs: BTreeMap<u64, RunEntry>,
-    session: Session,
+    shared: Arc<SessionShared>,
+    links: Arc<SessionLinks>,
     prompts: Arc<Prompts>,
-    me: Option<Mailbox<ToolsetActor>>,
+    /// What its runs send back when they stop.
+    ended: Link<RunEnded>,
+    interrupted_steps: VecDeque<u64>,
     _alive: AliveToken,
 }
 
 impl ToolsetActor {
     /// Starts a toolset on the current arbiter. `tools` carry their effective duplicate
-    /// policy. Returns its address and the waiter that resolves once it is gone.
+    /// policy.
     pub(crate) fn spawn(
         id: ActorId,
         scope: Scope,
         tools: Vec<(Tool, DuplicatePolicy)>,
         prompts: Prompts,
-        session: Session,
-    ) -> (Mailbox<ToolsetActor>, AliveWaiter) {
-        let probe = Probe::new(id, session.shared.journal.clone());
-        let (alive, waiter) = alive_pair();
-        let actor = ToolsetActor {
-            probe: probe.clone(),
+        shared: Arc<SessionShared>,
+        links: Arc<SessionLinks>,
+    ) -> Child<ToolsetActor> {
+        let probe = Probe::new(id, shared.journal.clone());
+        let (alive, gone) = alive_pair();
+        let actor_probe = probe.clone();
+        let addr = ToolsetActor::create(move |ctx| ToolsetActor {
+            ended: Mailbox::new(ctx.address(), actor_probe.clone()).link(),
+            probe: actor_probe,
             scope,
             tools: tools
                 .into_iter()
                 .map(|(tool, policy)| (tool.name().to_owned(), (tool, policy)))
                 .collect(),
             runs: BTreeMap::new(),
-            session,
+            shared,
+            links,
             prompts: Arc::new(prompts),
-            me: None,
+            interrupted_steps: VecDeque::new(),
             _alive: alive,
-        };
-        (Mailbox::new(actor.start(), probe), waiter)
+        });
+        Child::new(Mailbox::new(addr, probe), gone)
     }
 
     /// Running calls of `name` started in an earlier step than `step`.
@@ -98,8 +112,7 @@ impl ToolsetActor {
         reason: Arc<str>,
         report: bool,
     ) -> impl std::future::Future<Output = Vec<FunctionCall>> + 'static {
-        let mut acks = Vec::new();
-        let mut waiters = Vec::new();
+        let mut stops = Vec::new();
         for key in keys {
             let Some(run) = self.runs.get_mut(&key) else {
                 continue;
@@ -108,27 +121,23 @@ impl ToolsetActor {
                 continue;
             }
             run.closed = true;
-            let ask = run.mailbox.ask(
+            let stop = run.child.stop(
                 self.probe.id(),
                 StopRun {
                     reason: reason.clone(),
                     report,
                 },
             );
-            acks.push((run.call.clone(), ask));
-            if let Some(waiter) = run.waiter.take() {
-                waiters.push(waiter);
-            }
+            stops.push((run.call.clone(), stop));
         }
         async move {
-            let mut background = Vec::new();
-            for (call, ask) in acks {
-                if ask.await.unwrap_or(false) {
-                    background.push(call);
-                }
-            }
-            wait_all(waiters).await;
-            background
+            let (calls, stops): (Vec<_>, Vec<_>) = stops.into_iter().unzip();
+            let background = futures_util::future::join_all(stops).await;
+            calls
+                .into_iter()
+                .zip(background)
+                .filter_map(|(call, background)| background.unwrap_or(false).then_some(call))
+                .collect()
         }
     }
 
@@ -138,36 +147,43 @@ impl ToolsetActor {
         call: FunctionCall,
         step: u64,
         agent: Agent,
+        is_task: bool,
         body: crate::tool::PreparedBody,
     ) -> oneshot::Receiver<CallOutput> {
-        let key = self.session.shared.next_run();
+        let key = self.shared.next_run();
         let (tx, rx) = oneshot::channel();
-        let (alive, waiter) = alive_pair();
-        let Some(me) = self.me.clone() else {
-            // `me` is set in `started`, which actix runs before any message is handled.
-            let _ = tx.send(CallOutput::ended("the toolset is not running"));
-            return rx;
-        };
+        let (alive, gone) = alive_pair();
+        let cancels_on_interruption = tool.cancels_on_interruption();
         let mailbox = ToolRunActor::spawn(RunSpec {
             key,
             call: call.clone(),
             tool,
             agent,
+            is_task,
             scope: self.scope.clone(),
             body,
             immediate: tx,
-            session: self.session.clone(),
+            shared: self.shared.clone(),
+            links: self.links.clone(),
             prompts: self.prompts.clone(),
-            toolset: me,
+            toolset: self.ended.clone(),
             alive,
         });
+        if self.interrupted_steps.contains(&step) {
+            // Its step was interrupted while the call was being set up.
+            mailbox.tell(
+                self.probe.id(),
+                InterruptRun {
+                    cancel: cancels_on_interruption,
+                },
+            );
+        }
         self.runs.insert(
             key,
             RunEntry {
                 call,
                 step,
-                mailbox,
-                waiter: Some(waiter),
+                child: Child::new(mailbox, gone),
                 closed: false,
                 started: tokio::time::Instant::now(),
             },
@@ -179,10 +195,6 @@ impl ToolsetActor {
 impl Actor for ToolsetActor {
     type Context = Context<Self>;
 
-    fn started(&mut self, ctx: &mut Self::Context) {
-        self.me = Some(Mailbox::new(ctx.address(), self.probe.clone()));
-    }
-
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.probe.stopped();
     }
@@ -191,13 +203,15 @@ impl Actor for ToolsetActor {
 /// Sent by an activity for each tool call of an LLM step that names a tool of this
 /// toolset. The reply is the call's immediate output: its return value, its first
 /// update, a duplicate or argument-error answer, or a terminal output if it is stopped
-/// first. One per call, so `tell`/`ask` without a bound is safe.
+/// first. One per call.
 pub(crate) struct RunTool {
     pub(crate) call: FunctionCall,
     /// Identifies the LLM step (calls of one step are never duplicates of each other).
     pub(crate) step: u64,
     /// The agent that made the call (its error policy applies).
     pub(crate) agent: Agent,
+    /// Whether that agent runs as a sub-task (only then may the tool complete a task).
+    pub(crate) is_task: bool,
 }
 
 impl Message for RunTool {
@@ -212,7 +226,7 @@ impl Handler<RunTool> for ToolsetActor {
         let Some((tool, policy)) = self.tools.get(&msg.call.name).cloned() else {
             return ready(CallOutput::error(format!(
                 "Error: unknown tool {}",
-                msg.call.name
+                excerpt(&msg.call.name, QUOTE_LIMIT)
             )));
         };
         // 1. Strip `confirm_duplicate` (always: the model may send it to any tool).
@@ -230,7 +244,7 @@ impl Handler<RunTool> for ToolsetActor {
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
         // 2. Parse (a mock's arguments are checked against the real type too).
-        let mock = self.session.shared.mocks.get(tool.name()).cloned();
+        let mock = self.shared.mocks.get(tool.name()).cloned();
         let raw = mock.is_some().then(|| args.clone());
         let body = match (tool.def.prepare)(args) {
             Ok(body) => body,
@@ -264,21 +278,24 @@ impl Handler<RunTool> for ToolsetActor {
                     let reason: Arc<str> = Arc::from("replaced by a newer call");
                     let stopping = self.stop_runs(running, reason, true);
                     return Box::pin(stopping.into_actor(self).then(move |_, act, _| {
-                        let rx = act.spawn_run(tool, msg.call, msg.step, msg.agent, body);
+                        let rx =
+                            act.spawn_run(tool, msg.call, msg.step, msg.agent, msg.is_task, body);
                         async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(act)
                     }));
                 }
             }
         }
         // 4. Run.
-        let rx = self.spawn_run(tool, msg.call, msg.step, msg.agent, body);
+        let rx = self.spawn_run(tool, msg.call, msg.step, msg.agent, msg.is_task, body);
         Box::pin(async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(self))
     }
 }
 
 /// The model's arguments did not parse: an error output it can act on, a warning in the
-/// log (an expected error: no backtrace).
+/// log (an expected error: no backtrace). The reason quotes at most a short prefix of the
+/// model's input.
 fn args_error(tool: &str, reason: &str) -> CallOutput {
+    let reason = excerpt(reason, QUOTE_LIMIT);
     tracing::warn!(tool, %reason, "tool arguments did not parse");
     CallOutput::error(format!("Error parsing arguments for {tool}: {reason}"))
 }
@@ -288,6 +305,41 @@ fn lost() -> CallOutput {
         output: error_text("the tool run ended without an output"),
         is_error: true,
         effect: Effect::Reply,
+    }
+}
+
+/// Sent by an activity whose turn is interrupted while step `step` waits for its calls:
+/// each of its runs here that has no output yet is cancelled (tools that cancel on
+/// interruption) or moved to the background. One per toolset per step.
+pub(crate) struct InterruptStep {
+    pub(crate) step: u64,
+}
+
+impl Message for InterruptStep {
+    type Result = ();
+}
+
+impl Handler<InterruptStep> for ToolsetActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InterruptStep, _ctx: &mut Self::Context) {
+        if self.interrupted_steps.len() == REMEMBERED_INTERRUPTS {
+            self.interrupted_steps.pop_front();
+        }
+        self.interrupted_steps.push_back(msg.step);
+        for run in self
+            .runs
+            .values()
+            .filter(|r| r.step == msg.step && !r.closed)
+        {
+            let cancel = self
+                .tools
+                .get(&run.call.name)
+                .is_some_and(|(tool, _)| tool.cancels_on_interruption());
+            run.child
+                .mailbox
+                .tell(self.probe.id(), InterruptRun { cancel });
+        }
     }
 }
 
@@ -304,7 +356,7 @@ impl Handler<RunEnded> for ToolsetActor {
     type Result = ();
 
     fn handle(&mut self, msg: RunEnded, _ctx: &mut Self::Context) {
-        // The entry's waiter, if still here, is dropped with it: nobody waits on it.
+        // Whoever waits for this run holds its own waiter; the entry can go.
         self.runs.remove(&msg.key);
     }
 }
@@ -450,4 +502,12 @@ impl Handler<CancelRun> for ToolsetActor {
     }
 }
 
-counted_handlers!(ToolsetActor: RunTool, RunEnded, StopRuns, StopToolset, ListRuns, CancelRun);
+counted_handlers!(
+    ToolsetActor: RunTool,
+    InterruptStep,
+    RunEnded,
+    StopRuns,
+    StopToolset,
+    ListRuns,
+    CancelRun
+);

@@ -22,6 +22,7 @@
 //!         }),
 //!         ChatItem::message(ChatRole::Assistant, "It is sunny in Paris."),
 //!     ],
+//!     ..Default::default()
 //! };
 //! let mut expect = result.expect();
 //! expect.next_event().is_message(ChatRole::User);

@@ -1,26 +1,79 @@
 //! The LLM turn loop of an activity: one LLM step after another, tool calls dispatched to
-//! their toolsets, each step committed to the chat context once every call has its
-//! immediate output, later items held until their own step is in.
+//! their toolsets, each step committed to the chat context (by the ledger) once every call
+//! has its immediate output.
+//!
+//! A turn is in one [`Phase`] at a time: generating (the model's stream is consumed here,
+//! chunk by chunk, so an interruption knows exactly what was said), calling (the step's
+//! calls wait for their outputs), or playing (the turn is over, its speech still plays).
+//! Every way out — the model's answer, a tool's handoff, a failed or stalled stream, an
+//! interruption, a close — goes through `finish_turn`, which answers the session once.
+
+use std::panic::AssertUnwindSafe;
+use std::time::Duration;
 
 use actix::prelude::*;
-use futures_util::StreamExt;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-use super::{companions, ActivityActor, Held, LlmReply, Slot, Status, Turn, TurnKind, TurnOutcome};
+use super::{companions, ActivityActor, Status, TurnKind, TurnOutcome};
 use crate::agent::TurnDecision;
-use crate::chat::{ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
-use crate::error::{SessionError, UpdateError};
-use crate::events::{AgentState, SessionEvent};
+use crate::chat::{ChatItem, ChatMessage, ChatRole, FunctionCall};
+use crate::error::SessionError;
+use crate::events::{AgentState, LlmMetrics, SessionEvent};
 use crate::io::{Playout, SpeechId};
-use crate::llm::{LlmError, LlmRequest, ToolChoice};
-use crate::outcome::{terminal_pair, CallOutput, Effect};
+use crate::llm::{LlmChunk, LlmError, LlmRequest, LlmUsage, ToolCallChunk, ToolChoice};
+use crate::llm_guard;
+use crate::mailbox::Mailbox;
+use crate::outcome::{excerpt, panic_message, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::ReplyPromptArgs;
 use crate::session::PendingItem;
-use crate::toolset::RunTool;
+use crate::toolset::{InterruptStep, RunTool, ToolsetActor};
 
-pub(super) enum StepNext {
-    LlmStep,
-    Finish(TurnOutcome),
+use super::ledger::Committed;
+
+/// A turn in flight.
+pub(crate) struct Turn {
+    /// What the turn added, for its `RunResult`.
+    pub(super) events: Vec<ChatItem>,
+    steps: u32,
+    tool_choice: ToolChoice,
+    extra_instructions: Option<String>,
+    interrupted: bool,
+    phase: Phase,
+    /// The speech of the latest step, until the output reports its playout.
+    awaiting_playout: Option<SpeechId>,
+    done: oneshot::Sender<TurnOutcome>,
+    /// Interruptions waiting for the turn to end.
+    ended: Vec<oneshot::Sender<()>>,
+}
+
+enum Phase {
+    /// Set up; no step started yet (or between two).
+    Between,
+    /// The model streams the answer of one step.
+    Generating(Generation),
+    /// The step's calls wait for their immediate outputs (the ledger holds them).
+    Calling {
+        step: u64,
+        toolsets: Vec<Mailbox<ToolsetActor>>,
+    },
+    /// The turn is over; its speech is still playing.
+    Playing(TurnOutcome),
+}
+
+/// One LLM request being consumed.
+struct Generation {
+    step: u64,
+    task: SpawnHandle,
+    /// Chat length the request was made from.
+    view: usize,
+    started: Instant,
+    first_chunk: Option<Duration>,
+    text: String,
+    text_chunks: u32,
+    calls: Vec<ToolCallChunk>,
+    speech: Option<SpeechId>,
+    usage: Option<LlmUsage>,
 }
 
 impl ActivityActor {
@@ -33,28 +86,25 @@ impl ActivityActor {
         self.turn = Some(Turn {
             events: Vec::new(),
             steps: 0,
-            step_key: 0,
-            slots: Vec::new(),
             tool_choice: ToolChoice::Auto,
             extra_instructions: None,
+            interrupted: false,
+            phase: Phase::Between,
             awaiting_playout: None,
-            finished: None,
-            done: Some(done),
+            done,
+            ended: Vec::new(),
         });
         self.set_state(AgentState::Thinking);
         match kind {
             TurnKind::User(text) => {
-                self.session
-                    .shared
+                self.shared
                     .emit(SessionEvent::UserInputTranscribed { text: text.clone() });
                 let mut message = ChatMessage {
                     role: ChatRole::User,
                     content: text,
+                    interrupted: false,
                 };
-                let decision = match &self.agent.def.on_user_turn_completed {
-                    Some(hook) => hook(&mut self.chat, &mut message),
-                    None => TurnDecision::Reply,
-                };
+                let decision = self.user_turn_hook(&mut message);
                 self.record(ChatItem::Message(message));
                 if decision == TurnDecision::StopResponse {
                     self.finish_turn(TurnOutcome::default());
@@ -77,20 +127,46 @@ impl ActivityActor {
         self.start_llm_step(ctx);
     }
 
+    /// Runs `on_user_turn_completed`, catching its panics (the reply goes ahead).
+    fn user_turn_hook(&mut self, message: &mut ChatMessage) -> TurnDecision {
+        let Some(hook) = self.agent.def.on_user_turn_completed.clone() else {
+            return TurnDecision::Reply;
+        };
+        let chat = self.ledger.chat_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| hook(chat, message))) {
+            Ok(decision) => decision,
+            Err(panic) => {
+                let message = format!(
+                    "on_user_turn_completed hook of {} panicked: {}",
+                    self.agent.name(),
+                    panic_message(&*panic)
+                );
+                tracing::error!(session = %self.shared.id, "{message}");
+                self.shared.emit(SessionEvent::Error { message });
+                TurnDecision::Reply
+            }
+        }
+    }
+
     /// Inserts pending items this agent lacks; decides whether a reply is still due.
-    pub(super) fn prepare_deferred(&mut self, pending: Vec<PendingItem>) -> bool {
+    fn prepare_deferred(&mut self, pending: Vec<PendingItem>) -> bool {
         let mut newest = None;
         let mut ids = Vec::new();
         for item in pending {
             // An agent that became current after the update lacks it: insert it first, so
             // the reply never names a call id the model cannot see.
-            let position = self
-                .chat
-                .position_of_call(&item.call_id)
-                .unwrap_or_else(|| {
-                    self.chat.extend(item.items.iter().cloned());
-                    self.chat.len() - item.items.len()
-                });
+            let position = match self.ledger.chat().position_of_call(&item.call_id) {
+                Some(position) => position,
+                None => {
+                    let at = self.ledger.chat().len();
+                    self.with_ledger(true, |ledger, sink| {
+                        for entry in item.items.iter() {
+                            ledger.append(entry.clone(), sink);
+                        }
+                    });
+                    at
+                }
+            };
             newest = newest.max(Some(position));
             ids.push(item.call_id);
         }
@@ -102,9 +178,9 @@ impl ActivityActor {
         if self.last_reply_view > newest {
             return false;
         }
+        let prompts = self.agent.def.prompts.or(&self.shared.prompts);
         if let Some(turn) = self.turn.as_mut() {
             turn.tool_choice = ToolChoice::None;
-            let prompts = self.agent.def.prompts.or(&self.session.shared.prompts);
             turn.extra_instructions = Some(prompts.render_reply(&ReplyPromptArgs {
                 pending_call_ids: ids,
             }));
@@ -112,264 +188,295 @@ impl ActivityActor {
         true
     }
 
-    pub(super) fn start_llm_step(&mut self, ctx: &mut Context<Self>) {
+    fn start_llm_step(&mut self, ctx: &mut Context<Self>) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
         turn.steps += 1;
-        self.step_seq += 1;
-        turn.step_key = self.step_seq;
-        let step_key = self.step_seq;
         let request = LlmRequest {
             agent: self.agent.def.name.clone(),
             instructions: self.agent.def.instructions.clone(),
             extra_instructions: turn.extra_instructions.clone(),
-            chat: self.chat.clone(),
+            chat: self.ledger.chat().clone(),
             tools: self.schemas.clone(),
             tool_choice: turn.tool_choice,
         };
-        let view = self.chat.len();
-        let stream = self.llm.chat(request);
-        let shared = self.session.shared.clone();
-        let agent = self.agent_name();
-        let fut = async move {
-            let mut stream = stream;
-            let mut reply = LlmReply {
+        let step = self.shared.next_step();
+        let view = self.ledger.chat().len();
+        let stream = llm_guard::open(&*self.llm, request, self.timeouts);
+        let task = ctx.spawn(
+            stream
+                .into_actor(self)
+                .map(move |chunk, act, ctx| act.on_chunk(step, chunk, ctx))
+                .finish()
+                .map(move |(), act, ctx| act.end_generation(step, Ok(()), ctx)),
+        );
+        if let Some(turn) = self.turn.as_mut() {
+            turn.phase = Phase::Generating(Generation {
+                step,
+                task,
+                view,
+                started: Instant::now(),
+                first_chunk: None,
                 text: String::new(),
+                text_chunks: 0,
                 calls: Vec::new(),
                 speech: None,
-                playout: Playout::Done,
                 usage: None,
-            };
-            while let Some(chunk) = stream.next().await {
-                match chunk? {
-                    crate::llm::LlmChunk::Text(text) => {
-                        let speech = match reply.speech {
-                            Some(speech) => speech,
-                            None => {
-                                let speech = SpeechId(shared.next_speech());
-                                shared.io().speech_started(speech, &agent);
-                                shared.emit(SessionEvent::SpeechCreated {
-                                    agent: agent.clone(),
-                                    speech,
-                                });
-                                shared.emit(SessionEvent::AgentStateChanged {
-                                    agent: agent.clone(),
-                                    state: AgentState::Speaking,
-                                });
-                                reply.speech = Some(speech);
-                                speech
-                            }
-                        };
-                        shared.io().speech_chunk(speech, &text);
-                        reply.text.push_str(&text);
-                    }
-                    crate::llm::LlmChunk::ToolCall(call) => reply.calls.push(call),
-                    crate::llm::LlmChunk::Usage(usage) => reply.usage = Some(usage),
-                }
-            }
-            if let Some(speech) = reply.speech {
-                reply.playout = shared.io().speech_finished(speech);
-            }
-            Ok::<_, LlmError>(reply)
-        };
-        self.llm_task = Some(
-            ctx.spawn(
-                fut.into_actor(self)
-                    .map(move |res, act, ctx| act.on_llm_reply(step_key, view, res, ctx)),
-            ),
-        );
+            });
+        }
     }
 
-    pub(super) fn on_llm_reply(
-        &mut self,
-        step_key: u64,
-        view: usize,
-        res: Result<LlmReply, LlmError>,
-        ctx: &mut Context<Self>,
-    ) {
-        self.llm_task = None;
-        if self.turn.as_ref().map(|t| t.step_key) != Some(step_key) || self.status == Status::Closed
-        {
+    /// One chunk of the model's answer: text goes to the output at once.
+    fn on_chunk(&mut self, step: u64, chunk: Result<LlmChunk, LlmError>, ctx: &mut Context<Self>) {
+        let shared = &self.shared;
+        let agent = &self.agent;
+        let Some(Turn {
+            phase: Phase::Generating(generation),
+            ..
+        }) = self.turn.as_mut()
+        else {
+            return;
+        };
+        if generation.step != step {
             return;
         }
-        let reply = match res {
-            Ok(reply) => reply,
-            Err(err) => {
-                self.session.shared.emit(SessionEvent::Error {
-                    message: err.to_string(),
-                });
-                self.finish_turn(TurnOutcome {
-                    failure: Some(SessionError::Llm(err)),
-                    ..Default::default()
-                });
-                return;
-            }
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(err) => return self.end_generation(step, Err(err), ctx),
         };
-        if !reply.text.is_empty() {
-            self.last_reply_view = view;
-            self.record(ChatItem::message(ChatRole::Assistant, reply.text));
+        if !matches!(chunk, LlmChunk::Usage(_)) {
+            generation
+                .first_chunk
+                .get_or_insert_with(|| generation.started.elapsed());
         }
-        if let (Some(speech), Playout::Pending) = (reply.speech, reply.playout) {
+        match chunk {
+            LlmChunk::Text(text) => {
+                generation.text_chunks += 1;
+                let speech = *generation.speech.get_or_insert_with(|| {
+                    let speech = SpeechId(shared.next_speech());
+                    shared.with_io(|io| io.speech_started(speech, agent.name()));
+                    shared.emit(SessionEvent::SpeechCreated {
+                        agent: agent.name().to_owned(),
+                        speech,
+                    });
+                    shared.emit_with(|| SessionEvent::AgentStateChanged {
+                        agent: agent.name().to_owned(),
+                        state: AgentState::Speaking,
+                    });
+                    speech
+                });
+                shared.with_io(|io| io.speech_chunk(speech, &text));
+                generation.text.push_str(&text);
+            }
+            LlmChunk::ToolCall(call) => generation.calls.push(call),
+            LlmChunk::Usage(usage) => generation.usage = Some(usage),
+        }
+    }
+
+    /// Takes the generation of `step` out of the turn, if it is the one running.
+    fn take_generation(&mut self, step: Option<u64>) -> Option<Generation> {
+        let turn = self.turn.as_mut()?;
+        match &turn.phase {
+            Phase::Generating(g) if step.is_none_or(|s| g.step == s) => {}
+            _ => return None,
+        }
+        match std::mem::replace(&mut turn.phase, Phase::Between) {
+            Phase::Generating(generation) => Some(generation),
+            _ => None,
+        }
+    }
+
+    /// Ends a generation: its stream is dropped, its speech finished on the output, what
+    /// was said recorded (marked interrupted when the stream did not end on its own), its
+    /// metrics emitted. Returns whether its speech still plays.
+    fn close_generation(
+        &mut self,
+        generation: Generation,
+        complete: bool,
+        ctx: &mut Context<Self>,
+    ) -> Playout {
+        ctx.cancel_future(generation.task);
+        self.shared.emit_with(|| {
+            SessionEvent::LlmMetrics(LlmMetrics {
+                agent: self.agent_name(),
+                time_to_first_chunk: generation.first_chunk,
+                duration: generation.started.elapsed(),
+                text_chunks: generation.text_chunks,
+                tool_calls: u32::try_from(generation.calls.len()).unwrap_or(u32::MAX),
+                usage: generation.usage,
+                cancelled: !complete,
+            })
+        });
+        let playout = match generation.speech {
+            Some(speech) => self.shared.with_io(|io| io.speech_finished(speech)),
+            None => Playout::Done,
+        };
+        if !generation.text.is_empty() {
+            self.last_reply_view = generation.view;
+            self.record(ChatItem::Message(ChatMessage {
+                role: ChatRole::Assistant,
+                content: generation.text,
+                interrupted: !complete,
+            }));
+        }
+        if let (Some(speech), Playout::Pending, true) = (generation.speech, playout, complete) {
             if let Some(turn) = self.turn.as_mut() {
                 turn.awaiting_playout = Some(speech);
             }
         }
-        if reply.calls.is_empty() {
-            self.finish_turn(TurnOutcome::default());
-            return;
-        }
-        self.dispatch_calls(reply.calls, ctx);
+        playout
     }
 
-    pub(super) fn dispatch_calls(
-        &mut self,
-        calls: Vec<crate::llm::ToolCallChunk>,
-        ctx: &mut Context<Self>,
-    ) {
-        let shared = self.session.shared.clone();
-        let step_key = self.step_seq;
-        let mut slots = Vec::with_capacity(calls.len());
-        for chunk in calls {
-            let call = FunctionCall {
-                call_id: shared.unique_call_id(&chunk.call_id),
+    /// The stream of `step` ended (or failed): record what was said, then run the calls
+    /// or end the turn.
+    fn end_generation(&mut self, step: u64, result: Result<(), LlmError>, ctx: &mut Context<Self>) {
+        let Some(mut generation) = self.take_generation(Some(step)) else {
+            return;
+        };
+        let calls = std::mem::take(&mut generation.calls);
+        self.close_generation(generation, result.is_ok(), ctx);
+        match result {
+            Err(err) => {
+                tracing::warn!(session = %self.shared.id, agent = %self.agent.name(), error = %err, "LLM request failed");
+                self.shared.emit(SessionEvent::Error {
+                    message: err.to_string(),
+                });
+                self.finish_turn(TurnOutcome::failed(SessionError::Llm(err)));
+            }
+            Ok(()) if calls.is_empty() => self.finish_turn(TurnOutcome::default()),
+            Ok(()) => self.dispatch_calls(step, calls, ctx),
+        }
+    }
+
+    /// Opens the step in the ledger and sends each call to its toolset, or answers it at
+    /// once when it may not run.
+    fn dispatch_calls(&mut self, step: u64, chunks: Vec<ToolCallChunk>, ctx: &mut Context<Self>) {
+        self.set_state(AgentState::Thinking);
+        let calls: Vec<FunctionCall> = chunks
+            .into_iter()
+            .map(|chunk| FunctionCall {
+                call_id: self.shared.canonical_call_id(&chunk.call_id),
                 name: chunk.name,
                 arguments: chunk.arguments,
+            })
+            .collect();
+        let tool_choice = self
+            .turn
+            .as_ref()
+            .map_or(ToolChoice::Auto, |t| t.tool_choice);
+        let limit = self.shared.config.max_calls_per_step;
+        let max_bytes = self.shared.config.max_argument_bytes;
+        self.with_ledger(true, |ledger, sink| {
+            ledger.open_step(step, calls.clone(), sink)
+        });
+        let mut toolsets: Vec<Mailbox<ToolsetActor>> = Vec::new();
+        for (index, call) in calls.into_iter().enumerate() {
+            let name = excerpt(&call.name, QUOTE_LIMIT);
+            let refused = if tool_choice == ToolChoice::None {
+                Some(CallOutput::refused(format!(
+                    "Error: no tool may be called in this reply; {name} did not run."
+                )))
+            } else if index >= limit {
+                Some(CallOutput::refused(format!(
+                    "Error: too many tool calls in one step (at most {limit}); {name} did not run."
+                )))
+            } else if call.arguments.len() > max_bytes {
+                Some(CallOutput::error(format!(
+                    "Error: the arguments for {name} are {} bytes, over the limit of {max_bytes}; it did not run.",
+                    call.arguments.len()
+                )))
+            } else {
+                None
             };
-            self.uncommitted.insert(call.call_id.clone());
-            slots.push(Slot { call, output: None });
-        }
-        for (index, slot) in slots.iter_mut().enumerate() {
-            if self.companions && companions::is_companion(&slot.call.name) {
+            if let Some(out) = refused {
+                self.ledger.answer(step, index, out);
+                continue;
+            }
+            if self.companions && companions::is_companion(&call.name) {
                 let answer = companions::answer(
-                    slot.call.name.clone(),
-                    slot.call.arguments.clone(),
+                    call.name,
+                    call.arguments,
                     self.visible_toolsets(),
                     self.id().clone(),
                 );
                 ctx.spawn(answer.into_actor(self).map(move |out, act, ctx| {
-                    act.on_call_output(step_key, index, out, ctx);
+                    act.on_call_output(step, index, out, ctx);
                 }));
                 continue;
             }
-            let Some(toolset) = self.routes.get(&slot.call.name) else {
+            let Some(toolset) = self.routes.get(&call.name).cloned() else {
                 let available: Vec<&str> = self.schemas.iter().map(|s| s.name.as_str()).collect();
-                slot.output = Some(CallOutput::error(format!(
-                    "Error: unknown tool {}; available tools: {}",
-                    slot.call.name,
+                let out = CallOutput::error(format!(
+                    "Error: unknown tool {name}; available tools: {}",
                     available.join(", ")
-                )));
+                ));
+                self.ledger.answer(step, index, out);
                 continue;
             };
+            if !toolsets.iter().any(|t| t.id() == toolset.id()) {
+                toolsets.push(toolset.clone());
+            }
             let ask = toolset.ask(
                 self.probe.id(),
                 RunTool {
-                    call: slot.call.clone(),
-                    step: step_key,
+                    call,
+                    step,
                     agent: self.agent.clone(),
+                    is_task: self.is_task,
                 },
             );
             ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
                 let out = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
-                act.on_call_output(step_key, index, out, ctx);
+                act.on_call_output(step, index, out, ctx);
             }));
         }
         if let Some(turn) = self.turn.as_mut() {
-            turn.slots = slots;
+            turn.phase = Phase::Calling { step, toolsets };
         }
         self.maybe_commit(ctx);
     }
 
-    pub(super) fn on_call_output(
+    fn on_call_output(
         &mut self,
-        step_key: u64,
+        step: u64,
         index: usize,
         out: CallOutput,
         ctx: &mut Context<Self>,
     ) {
-        let Some(turn) = self.turn.as_mut() else {
-            return;
-        };
-        if turn.step_key != step_key || turn.finished.is_some() {
-            return;
+        if self.ledger.answer(step, index, out) {
+            self.maybe_commit(ctx);
         }
-        if let Some(slot) = turn.slots.get_mut(index) {
-            if slot.output.is_none() {
-                slot.output = Some(out);
-            }
-        }
-        self.maybe_commit(ctx);
     }
 
+    /// Commits the open step once every call has its output (a paused activity commits
+    /// on resume, so its items land after the sub-task), then decides what follows.
     pub(super) fn maybe_commit(&mut self, ctx: &mut Context<Self>) {
-        let ready = self.turn.as_ref().is_some_and(|t| {
-            t.finished.is_none()
-                && !t.slots.is_empty()
-                && t.slots.iter().all(|s| s.output.is_some())
-        });
-        if !ready || self.status == Status::Paused {
-            // A paused activity commits on resume, so its items land after the sub-task.
+        let calling = matches!(
+            self.turn.as_ref().map(|t| &t.phase),
+            Some(Phase::Calling { .. })
+        );
+        if !calling || self.status == Status::Paused {
             return;
         }
-        let next = self.commit_step();
-        match next {
-            StepNext::LlmStep => self.start_llm_step(ctx),
-            StepNext::Finish(mut outcome) => {
-                if self.status == Status::Closed {
-                    outcome.failure.get_or_insert(SessionError::Closed);
-                }
-                self.finish_turn(outcome)
-            }
+        let Some(committed) = self.with_ledger(true, |ledger, sink| ledger.commit(sink)) else {
+            return;
+        };
+        if let Some(turn) = self.turn.as_mut() {
+            turn.phase = Phase::Between;
         }
+        self.after_commit(committed, ctx);
     }
 
-    /// Appends the step's calls and outputs (and any items held for them); decides what
-    /// follows.
-    pub(super) fn commit_step(&mut self) -> StepNext {
-        let Some(turn) = self.turn.as_mut() else {
-            return StepNext::Finish(TurnOutcome::default());
-        };
-        let slots = std::mem::take(&mut turn.slots);
-        let mut calls = Vec::with_capacity(slots.len());
-        let mut outputs = Vec::with_capacity(slots.len());
-        let mut effects = Vec::with_capacity(slots.len());
-        for slot in slots {
-            let out = slot
-                .output
-                .unwrap_or_else(|| CallOutput::ended("no output"));
-            outputs.push(FunctionCallOutput {
-                call_id: slot.call.call_id.clone(),
-                name: slot.call.name.clone(),
-                output: out.output,
-                is_error: out.is_error,
-            });
-            effects.push((
-                slot.call.name.clone(),
-                slot.call.call_id.clone(),
-                out.effect,
-            ));
-            calls.push(slot.call);
-        }
-        for call in &calls {
-            self.record(ChatItem::FunctionCall(call.clone()));
-        }
-        for output in &outputs {
-            self.record(ChatItem::FunctionCallOutput(output.clone()));
-        }
-        for call in &calls {
-            self.uncommitted.remove(&call.call_id);
-        }
-        self.release_held();
-        self.session
-            .shared
-            .emit_with(|| SessionEvent::FunctionToolsExecuted {
-                agent: self.agent_name(),
-                calls,
-                outputs,
-            });
+    fn after_commit(&mut self, committed: Committed, ctx: &mut Context<Self>) {
+        let Committed {
+            calls,
+            outputs,
+            effects,
+        } = committed;
         let mut outcome = TurnOutcome::default();
         let mut reply = false;
-        for (name, call_id, effect) in effects {
+        for (call, effect) in calls.iter().zip(effects) {
             match effect {
                 Effect::Reply => reply = true,
                 Effect::Quiet => {}
@@ -378,128 +485,153 @@ impl ActivityActor {
                     if outcome.handoff.is_none() {
                         outcome.handoff = Some(handoff);
                     } else {
-                        tracing::warn!(tool = %name, "a second handoff in one step was ignored");
+                        tracing::warn!(tool = %call.name, "a second handoff in one step was ignored");
                     }
                 }
                 Effect::CompleteTask(value) => outcome.task_result = Some(value),
                 Effect::Propagate(message) => {
-                    self.session.shared.emit(SessionEvent::Error {
-                        message: format!("tool {name} failed: {message}"),
+                    self.shared.emit(SessionEvent::Error {
+                        message: format!("tool {} failed: {message}", call.name),
                     });
                     outcome.failure.get_or_insert(SessionError::ToolFailed {
-                        tool: name,
-                        call_id,
+                        tool: call.name.clone(),
+                        call_id: call.call_id.clone(),
                         message,
                     });
                 }
             }
         }
-        let steps = self.turn.as_ref().map_or(0, |t| t.steps);
+        self.shared
+            .emit_with(|| SessionEvent::FunctionToolsExecuted {
+                agent: self.agent_name(),
+                calls,
+                outputs,
+            });
+        let (steps, interrupted) = self
+            .turn
+            .as_ref()
+            .map_or((0, true), |t| (t.steps, t.interrupted));
         let may_continue = outcome.handoff.is_none()
             && outcome.task_result.is_none()
             && outcome.failure.is_none()
-            && self.status == Status::Active;
-        if reply && may_continue && steps < self.session.shared.config.max_tool_steps {
-            StepNext::LlmStep
+            && self.status == Status::Active
+            && !interrupted;
+        if reply && may_continue && steps < self.shared.config.max_tool_steps {
+            self.start_llm_step(ctx);
         } else {
-            StepNext::Finish(outcome)
+            self.finish_turn(outcome);
         }
     }
 
-    pub(super) fn release_held(&mut self) {
-        let (ready, still): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| !self.uncommitted.contains(&h.base_call_id));
-        self.held = still;
-        for held in ready {
-            for item in held.items {
-                self.record_outside_turn(item);
-            }
-            if let Some(reply) = held.reply {
-                let _ = reply.send(Ok(()));
-            }
-        }
-    }
-
-    /// Appends an item that does not belong to the running turn's events.
-    pub(super) fn record_outside_turn(&mut self, item: ChatItem) {
-        self.session
-            .shared
-            .emit_with(|| SessionEvent::ConversationItemAdded {
-                agent: self.agent_name(),
-                item: item.clone(),
-            });
-        self.chat.push(item);
-    }
-
-    pub(super) fn finish_turn(&mut self, outcome: TurnOutcome) {
+    /// Ends the turn, after its speech has played if it still plays.
+    fn finish_turn(&mut self, outcome: TurnOutcome) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
-        if turn.awaiting_playout.is_some() {
-            turn.finished = Some(outcome);
+        if turn.awaiting_playout.is_some() && self.status != Status::Closed {
+            turn.phase = Phase::Playing(outcome);
             return;
         }
-        let mut turn = match self.turn.take() {
-            Some(turn) => turn,
-            None => return,
+        self.finish_turn_now(outcome);
+    }
+
+    /// Ends the turn now: answers the session (once) and whoever waits on an interruption.
+    pub(super) fn finish_turn_now(&mut self, mut outcome: TurnOutcome) {
+        let Some(turn) = self.turn.take() else {
+            return;
         };
-        let mut outcome = outcome;
-        let mut events = std::mem::take(&mut turn.events);
+        let mut events = turn.events;
         events.append(&mut outcome.events);
         outcome.events = events;
-        if let Some(done) = turn.done.take() {
-            let _ = done.send(outcome);
+        outcome.interrupted |= turn.interrupted;
+        let _ = turn.done.send(outcome);
+        for ended in turn.ended {
+            let _ = ended.send(());
         }
-        self.set_state(AgentState::Listening);
+        if self.status != Status::Closed {
+            self.set_state(AgentState::Listening);
+        }
     }
 
-    /// Gives every call of an unfinished step its terminal output and commits it.
-    pub(super) fn abort_step(&mut self, reason: &str) {
+    /// Stops the running turn now (see `InterruptTurn`). Returns what resolves once it has
+    /// ended, or `None` when no turn runs.
+    pub(super) fn interrupt(&mut self, ctx: &mut Context<Self>) -> Option<oneshot::Receiver<()>> {
+        let agent = self.agent_name();
+        let turn = self.turn.as_mut()?;
+        let (tx, rx) = oneshot::channel();
+        turn.ended.push(tx);
+        if turn.interrupted {
+            return Some(rx);
+        }
+        turn.interrupted = true;
+        turn.awaiting_playout = None;
+        self.shared.emit(SessionEvent::TurnInterrupted { agent });
+        let phase = std::mem::replace(&mut turn.phase, Phase::Between);
+        match phase {
+            Phase::Generating(generation) => {
+                self.close_generation(generation, false, ctx);
+                self.finish_turn_now(TurnOutcome::default());
+            }
+            Phase::Calling { step, toolsets } => {
+                for toolset in &toolsets {
+                    // One per toolset per step: bounded.
+                    toolset.tell(self.probe.id(), InterruptStep { step });
+                }
+                if let Some(turn) = self.turn.as_mut() {
+                    turn.phase = Phase::Calling { step, toolsets };
+                }
+                // Calls answered by the activity itself may all be in already.
+                self.maybe_commit(ctx);
+            }
+            Phase::Playing(outcome) => self.finish_turn_now(outcome),
+            Phase::Between => self.finish_turn_now(TurnOutcome::default()),
+        }
+        Some(rx)
+    }
+
+    /// A pause (a sub-task starts) while the model still streams: the generation stops
+    /// where it is and the turn ends interrupted. A turn waiting on its calls stays open.
+    pub(super) fn stop_generation_for_pause(&mut self, ctx: &mut Context<Self>) {
+        if let Some(generation) = self.take_generation(None) {
+            if let Some(turn) = self.turn.as_mut() {
+                turn.interrupted = true;
+                turn.awaiting_playout = None;
+            }
+            self.close_generation(generation, false, ctx);
+            self.finish_turn_now(TurnOutcome::default());
+        }
+    }
+
+    /// A close while the model still streams: what was said is kept, the stream dropped.
+    pub(super) fn stop_generation_for_close(&mut self, _reason: &str, ctx: &mut Context<Self>) {
+        if let Some(generation) = self.take_generation(None) {
+            self.close_generation(generation, false, ctx);
+        }
         if let Some(turn) = self.turn.as_mut() {
-            for slot in turn.slots.iter_mut() {
-                if slot.output.is_none() {
-                    slot.output = Some(CallOutput::ended(reason));
-                }
-            }
-            if !turn.slots.is_empty() {
-                let _ = self.commit_step();
-            }
+            turn.awaiting_playout = None;
         }
     }
 
-    /// Writes the `/finished` output of background calls that were stopped; held like any
-    /// later item while the call's own step is uncommitted (a pause mid-step).
-    pub(super) fn write_terminal(&mut self, calls: Vec<FunctionCall>, reason: &str) {
-        for call in calls {
-            let base_call_id = call.call_id.clone();
-            let items = terminal_pair(call, reason).to_vec();
-            if self.uncommitted.contains(&base_call_id) {
-                self.held.push(Held {
-                    base_call_id,
-                    items,
-                    reply: None,
-                });
-            } else {
-                for item in items {
-                    self.record_outside_turn(item);
-                }
-            }
+    /// The output reports that `speech` finished playing; `heard` is what the user heard
+    /// when it was cut short.
+    pub(super) fn playout_finished(&mut self, speech: SpeechId, heard: Option<String>) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.awaiting_playout != Some(speech) {
+            return;
         }
-    }
-
-    /// Refuses the tools' held updates (their scope is pausing or closing); the engine's
-    /// own terminal items stay held until their step commits.
-    pub(super) fn refuse_held(&mut self) {
-        let (terminal, waiting): (Vec<Held>, Vec<Held>) = std::mem::take(&mut self.held)
-            .into_iter()
-            .partition(|h| h.reply.is_none());
-        self.held = terminal;
-        for held in waiting {
-            let Some(reply) = held.reply else { continue };
-            let _ = reply.send(Err(UpdateError::ScopeClosed {
-                call_id: held.base_call_id,
-            }));
+        turn.awaiting_playout = None;
+        if let Some(heard) = heard {
+            self.ledger.replace_last_assistant_text(heard);
+        }
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if let Phase::Playing(_) = turn.phase {
+            if let Phase::Playing(outcome) = std::mem::replace(&mut turn.phase, Phase::Between) {
+                self.finish_turn_now(outcome);
+            }
         }
     }
 }

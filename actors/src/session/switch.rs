@@ -1,195 +1,242 @@
 //! Switching the current agent: a handoff (close the old activity, start the new one) and
 //! a sub-task (pause the caller, run the task agent, resume the caller with its result).
-//! While a switch is under way the session is in `Phase::Switching`: jobs and tool items
-//! wait, and are flushed to the incoming agent once its `on_enter` has run.
+//!
+//! The schedule is in `Switching` meanwhile: jobs and session-scoped tool items wait, and
+//! are flushed to the incoming agent once its `on_enter` has run. Every agent started here
+//! was checked first (`SessionShared::check_agent`), so a switch never leaves the session
+//! without a current agent: it ends with the new one current, or with the session closed.
 
 use std::sync::Arc;
 
 use actix::prelude::*;
-use serde_json::Value;
-use tokio::sync::oneshot;
 
-use super::{Handoff, PausedActivity, Phase, Reply, Scope, SessionActor};
-use crate::activity::{CloseActivity, PauseActivity, ResumeActivity, StartActivity};
-use crate::agent::Agent;
+use super::{ActivityRef, PlannedHandoff, PlannedTask, SessionActor, SessionToolset};
+use crate::activity::{ActivityActor, ActivitySpec, CloseActivity, PauseActivity, ResumeActivity};
+use crate::agent::{effective_policy, Agent};
 use crate::chat::ChatContext;
-use crate::error::{SessionError, TaskError};
+use crate::error::SessionError;
 use crate::events::SessionEvent;
+use crate::history::AgentChat;
+use crate::ids::ActorId;
+use crate::lifecycle::Child;
+use crate::llm::Llm;
+use crate::toolset::ToolsetActor;
 
 impl SessionActor {
-    /// Closes the current activity, starts one of `handoff.agent`.
-    pub(super) fn start_handoff(
-        &mut self,
-        handoff: Handoff,
-        reply: Option<Reply<()>>,
-        ctx: &mut Context<Self>,
-    ) {
-        let Some(old) = self.current.take() else {
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(SessionError::Closed));
-            }
-            return;
-        };
-        self.phase = Phase::Switching;
-        self.set_inactive(false);
-        // Only the old activity's own items leave the pending reply.
-        self.pending
-            .retain(|p| p.scope != Scope::Activity(old.id().clone()));
-        let from = old.agent.name().to_owned();
-        let to = handoff.agent.name().to_owned();
-        let reason: Arc<str> = Arc::from(format!("the agent handed off to {to}"));
-        let close = old.mailbox.ask(self.probe.id(), CloseActivity { reason });
-        let waiter = old.waiter;
-        ctx.spawn(
-            async move {
-                let chat = close.await.unwrap_or_default();
-                if let Some(waiter) = waiter {
-                    waiter.wait().await;
-                }
-                chat
-            }
-            .into_actor(self)
-            .map(move |old_chat, act, ctx| {
-                let chat = if act.shared.config.inherit_chat_context {
-                    old_chat
-                } else {
-                    ChatContext::new()
-                };
-                act.enter(
-                    handoff.agent,
-                    chat,
-                    Some(Some(from.clone())),
-                    ctx,
-                    move |act, res| {
-                        if res.is_ok() {
-                            act.shared.emit(SessionEvent::AgentHandoff {
-                                from: Some(from),
-                                to,
-                            });
-                        }
-                        if let Some(reply) = reply {
-                            let _ = reply.send(res);
-                        }
-                    },
-                );
-            }),
-        );
-    }
-
-    /// Spawns and starts an activity of `agent`, makes it current, then calls `then`
-    /// and resumes the queue.
-    pub(super) fn enter(
-        &mut self,
-        agent: Agent,
-        chat: ChatContext,
-        handoff_from: Option<Option<String>>,
-        ctx: &mut Context<Self>,
-        then: impl FnOnce(&mut Self, Result<(), SessionError>) + 'static,
-    ) {
-        let activity = match self.spawn_activity(agent) {
-            Ok(activity) => activity,
-            Err(err) => {
-                self.shared.emit(SessionEvent::Error {
-                    message: format!("cannot start the next agent: {err}"),
-                });
-                self.phase = Phase::Running;
-                then(self, Err(err));
-                self.flush_waiting(ctx);
-                self.pump(ctx);
-                return;
-            }
-        };
-        let start = activity
-            .mailbox
-            .ask(self.probe.id(), StartActivity { chat, handoff_from });
-        self.current = Some(activity);
-        ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
-            if act.phase == Phase::Closing {
-                then(act, Err(SessionError::Closed));
-                return;
-            }
-            act.phase = Phase::Running;
-            then(act, started.map_err(SessionError::from));
-            act.flush_waiting(ctx);
-            act.pump(ctx);
-        }));
-    }
-
-    pub(super) fn start_task(
-        &mut self,
-        agent: Agent,
-        exempt: Option<u64>,
-        result: oneshot::Sender<Result<Value, TaskError>>,
-        ctx: &mut Context<Self>,
-    ) {
-        let Some(caller) = self.current.take() else {
-            let _ = result.send(Err(TaskError::SessionClosed));
-            return;
-        };
-        self.phase = Phase::Switching;
-        self.set_inactive(false);
-        self.pending
-            .retain(|p| p.scope != Scope::Activity(caller.id().clone()));
-        let pause = caller
-            .mailbox
-            .ask(self.probe.id(), PauseActivity { exempt });
-        ctx.spawn(pause.into_actor(self).map(move |_, act, ctx| {
-            let from = caller.agent.name().to_owned();
-            act.paused.push(PausedActivity {
-                activity: caller,
-                result,
+    /// Spawns the session-scoped toolsets (once, at start).
+    pub(super) fn start_toolsets(&mut self) {
+        let mut toolsets = Vec::new();
+        for def in std::mem::take(&mut self.toolset_defs) {
+            let tools: Vec<_> = def
+                .tools
+                .iter()
+                .map(|t| (t.clone(), effective_policy(t, &def)))
+                .collect();
+            let schemas = tools.iter().map(|(t, p)| t.schema(*p)).collect();
+            let child = ToolsetActor::spawn(
+                ActorId::session_toolset(&self.shared.id, &def.name),
+                super::Scope::Session,
+                tools,
+                def.prompts.or(&self.shared.prompts),
+                self.shared.clone(),
+                self.links.clone(),
+            );
+            toolsets.push(SessionToolset {
+                tools: def.tools.clone(),
+                schemas,
+                mailbox: child.mailbox.clone(),
             });
+            self.toolset_children.push(child);
+        }
+        self.toolsets = Arc::from(toolsets);
+    }
+
+    /// Closes the outgoing activity, then starts the handoff's agent.
+    pub(super) fn begin_handoff(
+        &mut self,
+        outgoing: ActivityRef,
+        planned: PlannedHandoff,
+        ctx: &mut Context<Self>,
+    ) {
+        let from = outgoing.agent.name().to_owned();
+        let to = planned.handoff.agent.name().to_owned();
+        let reason: Arc<str> = Arc::from(format!("the agent handed off to {to}"));
+        let close = outgoing
+            .child
+            .stop(self.probe.id(), CloseActivity { reason });
+        ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
+            let chat = chat.unwrap_or_default();
+            act.history.record(AgentChat {
+                agent: from.clone(),
+                activity: outgoing.id().clone(),
+                chat: chat.clone(),
+            });
+            if act.schedule.is_closed() {
+                planned.done.finish(Err(SessionError::Closed), &from, &to);
+                return;
+            }
+            let chat = if act.shared.config.inherit_chat_context {
+                chat
+            } else {
+                ChatContext::new()
+            };
+            let PlannedHandoff { handoff, llm, done } = planned;
             act.enter(
-                agent,
-                ChatContext::new(),
-                Some(Some(from)),
+                handoff.agent,
+                llm,
+                chat,
+                Some(from.clone()),
                 ctx,
-                |act, res| {
-                    let Err(err) = res else { return };
-                    // The sub-task could not start: its caller resumes and gets the error.
-                    let Some(paused) = act.paused.pop() else {
-                        return;
-                    };
-                    paused.activity.mailbox.tell(act.probe.id(), ResumeActivity);
-                    act.current = Some(paused.activity);
-                    let _ = paused
-                        .result
-                        .send(Err(TaskError::NotStarted(err.to_string())));
+                move |act, res| {
+                    if res.is_ok() {
+                        act.shared.emit(SessionEvent::AgentHandoff {
+                            from: Some(from.clone()),
+                            to: to.clone(),
+                        });
+                    }
+                    done.finish(res, &from, &to);
                 },
             );
         }));
     }
 
-    pub(super) fn end_task(&mut self, value: Value, ctx: &mut Context<Self>) {
-        let Some(task) = self.current.take() else {
-            return;
+    /// Spawns and starts an activity of `agent`, makes it current, then calls `then` and
+    /// resumes the queue. `handoff_from` records who handed over.
+    pub(super) fn enter(
+        &mut self,
+        agent: Agent,
+        llm: Arc<dyn Llm>,
+        chat: ChatContext,
+        handoff_from: Option<String>,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Self, Result<(), SessionError>) + 'static,
+    ) {
+        let generation = self.generations.entry(agent.name().to_owned()).or_insert(0);
+        *generation += 1;
+        let child: Child<ActivityActor> = ActivityActor::spawn(ActivitySpec {
+            agent: agent.clone(),
+            llm,
+            generation: *generation,
+            is_task: self.schedule.in_task(),
+            shared: self.shared.clone(),
+            links: self.links.clone(),
+            session_toolsets: self.toolsets.clone(),
+        });
+        let id = child.id().clone();
+        let activity = ActivityRef {
+            child: child.clone(),
+            agent: agent.clone(),
         };
-        self.phase = Phase::Switching;
-        self.pending
-            .retain(|p| p.scope != Scope::Activity(task.id().clone()));
-        let reason: Arc<str> = Arc::from("the task completed");
-        let close = task.mailbox.ask(self.probe.id(), CloseActivity { reason });
-        let waiter = task.waiter;
-        ctx.spawn(
-            async move {
-                let _ = close.await;
-                if let Some(waiter) = waiter {
-                    waiter.wait().await;
-                }
-            }
-            .into_actor(self)
-            .map(move |(), act, ctx| {
-                let Some(paused) = act.paused.pop() else {
-                    act.phase = Phase::Running;
-                    return;
-                };
-                paused.activity.mailbox.tell(act.probe.id(), ResumeActivity);
-                act.current = Some(paused.activity);
-                act.phase = Phase::Running;
-                let _ = paused.result.send(Ok(value));
-                act.flush_waiting(ctx);
-                act.pump(ctx);
-            }),
+        if !self.schedule.entering(id.clone(), activity) {
+            // The session closed while the previous agent was leaving: the new activity
+            // never starts; stop it (it has no toolsets yet) and let the close finish.
+            child.mailbox.tell(
+                self.probe.id(),
+                CloseActivity {
+                    reason: Arc::from("the session closed"),
+                },
+            );
+            then(self, Err(SessionError::Closed));
+            return;
+        }
+        self.history.record(AgentChat {
+            agent: agent.name().to_owned(),
+            activity: id,
+            chat: ChatContext::new(),
+        });
+        let start = child.mailbox.ask(
+            self.probe.id(),
+            crate::activity::StartActivity { chat, handoff_from },
         );
+        ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
+            if act.schedule.is_closed() {
+                then(act, Err(SessionError::Closed));
+                return;
+            }
+            if started.is_err() {
+                // The activity died before it started (its arbiter is going away): the
+                // session cannot go on without a current agent.
+                then(act, Err(SessionError::Closed));
+                act.begin_close("the agent's activity stopped unexpectedly", ctx);
+                return;
+            }
+            let held = act.schedule.entered();
+            act.switched();
+            then(act, Ok(()));
+            for delivery in held {
+                act.deliver(delivery, ctx);
+            }
+            act.pump(ctx);
+        }));
+    }
+
+    /// Tells readers waiting for a current agent that there is one again.
+    fn switched(&self) {
+        self.shared.switched.send_modify(|n| *n += 1);
+    }
+
+    /// Pauses the caller (its agent-scoped runs stop, but the one awaiting the task),
+    /// then starts the task's agent.
+    pub(super) fn begin_task(
+        &mut self,
+        caller: ActivityRef,
+        task: PlannedTask,
+        ctx: &mut Context<Self>,
+    ) {
+        let pause = caller.child.mailbox.ask(
+            self.probe.id(),
+            PauseActivity {
+                exempt: task.exempt,
+            },
+        );
+        let from = caller.agent.name().to_owned();
+        ctx.spawn(pause.into_actor(self).map(move |_, act, ctx| {
+            if act.schedule.is_closed() {
+                return;
+            }
+            act.enter(
+                task.agent,
+                task.llm,
+                ChatContext::new(),
+                Some(from),
+                ctx,
+                |_, res| {
+                    if let Err(err) = res {
+                        tracing::warn!(%err, "a sub-task agent did not start");
+                    }
+                },
+            );
+        }));
+    }
+
+    /// Closes the completed sub-task's activity, then resumes its caller with the result.
+    pub(super) fn begin_end_task(&mut self, task: ActivityRef, ctx: &mut Context<Self>) {
+        let close = task.child.stop(
+            self.probe.id(),
+            CloseActivity {
+                reason: Arc::from("the task completed"),
+            },
+        );
+        ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
+            act.history.record(AgentChat {
+                agent: task.agent.name().to_owned(),
+                activity: task.id().clone(),
+                chat: chat.unwrap_or_default(),
+            });
+            let Some(resumed) = act.schedule.task_closed() else {
+                return;
+            };
+            resumed
+                .caller
+                .child
+                .mailbox
+                .tell(act.probe.id(), ResumeActivity);
+            act.switched();
+            let _ = resumed.reply.send(Ok(resumed.value));
+            for delivery in resumed.held {
+                act.deliver(delivery, ctx);
+            }
+            act.pump(ctx);
+        }));
     }
 }

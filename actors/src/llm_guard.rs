@@ -1,0 +1,196 @@
+//! An LLM request as the engine consumes it: bounded in time and unable to take the
+//! activity down (SPEC §2a).
+//!
+//! [`open`] starts a request and wraps its stream: the first chunk must come within
+//! `first_chunk`, each next one within `between_chunks`, or the stream yields
+//! [`LlmError::Timeout`] and ends; a panic in the adapter (in `chat` or while polling)
+//! becomes [`LlmError::Panicked`] and ends it. After its first error the stream yields
+//! nothing more, and the adapter's stream is dropped at once — which is what closes an
+//! HTTP request promptly.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures_util::{Stream, StreamExt};
+use tokio::time::{Instant, Sleep};
+
+use crate::llm::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, TimeoutStage};
+use crate::outcome::panic_message;
+
+/// A guarded LLM stream (see the module docs).
+pub(crate) struct GuardedStream {
+    inner: Option<LlmStream>,
+    timeouts: LlmTimeouts,
+    deadline: Pin<Box<Sleep>>,
+    got_first: bool,
+}
+
+/// Starts `request` on `llm`, guarded.
+pub(crate) fn open(llm: &dyn Llm, request: LlmRequest, timeouts: LlmTimeouts) -> GuardedStream {
+    let inner = match std::panic::catch_unwind(AssertUnwindSafe(|| llm.chat(request))) {
+        Ok(stream) => stream,
+        Err(panic) => {
+            let error = LlmError::Panicked {
+                message: panic_message(&*panic),
+            };
+            futures_util::stream::iter([Err(error)]).boxed()
+        }
+    };
+    GuardedStream {
+        inner: Some(inner),
+        timeouts,
+        deadline: Box::pin(tokio::time::sleep(timeouts.first_chunk)),
+        got_first: false,
+    }
+}
+
+impl Stream for GuardedStream {
+    type Item = Result<LlmChunk, LlmError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
+        match polled {
+            Ok(Poll::Ready(Some(Ok(chunk)))) => {
+                this.got_first = true;
+                let next = Instant::now() + this.timeouts.between_chunks;
+                this.deadline.as_mut().reset(next);
+                Poll::Ready(Some(Ok(chunk)))
+            }
+            Ok(Poll::Ready(Some(Err(error)))) => {
+                this.inner = None;
+                Poll::Ready(Some(Err(error)))
+            }
+            Ok(Poll::Ready(None)) => {
+                this.inner = None;
+                Poll::Ready(None)
+            }
+            Ok(Poll::Pending) => {
+                if this.deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                this.inner = None;
+                let (stage, after) = if this.got_first {
+                    (TimeoutStage::BetweenChunks, this.timeouts.between_chunks)
+                } else {
+                    (TimeoutStage::FirstChunk, this.timeouts.first_chunk)
+                };
+                Poll::Ready(Some(Err(LlmError::Timeout { stage, after })))
+            }
+            Err(panic) => {
+                this.inner = None;
+                Poll::Ready(Some(Err(LlmError::Panicked {
+                    message: panic_message(&*panic),
+                })))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures_util::stream;
+
+    use super::*;
+    use crate::chat::ChatContext;
+    use crate::llm::ToolChoice;
+
+    fn request() -> LlmRequest {
+        LlmRequest {
+            agent: "a".into(),
+            instructions: "".into(),
+            extra_instructions: None,
+            chat: ChatContext::new(),
+            tools: Vec::new().into(),
+            tool_choice: ToolChoice::Auto,
+        }
+    }
+
+    struct Stalls;
+    impl Llm for Stalls {
+        fn chat(&self, _request: LlmRequest) -> LlmStream {
+            stream::once(async { Ok(LlmChunk::Text("hi".into())) })
+                .chain(stream::pending())
+                .boxed()
+        }
+    }
+
+    struct Panics;
+    impl Llm for Panics {
+        fn chat(&self, _request: LlmRequest) -> LlmStream {
+            stream::once(async { Ok(LlmChunk::Text("hi".into())) })
+                .chain(stream::poll_fn(
+                    |_| -> Poll<Option<Result<LlmChunk, LlmError>>> { panic!("adapter bug") },
+                ))
+                .boxed()
+        }
+    }
+
+    struct PanicsAtOnce;
+    impl Llm for PanicsAtOnce {
+        fn chat(&self, _request: LlmRequest) -> LlmStream {
+            panic!("no stream for you")
+        }
+    }
+
+    const T: LlmTimeouts = LlmTimeouts {
+        first_chunk: Duration::from_secs(3),
+        between_chunks: Duration::from_secs(1),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_stream_times_out_between_chunks_then_ends() {
+        let mut s = open(&Stalls, request(), T);
+        assert!(matches!(s.next().await, Some(Ok(LlmChunk::Text(_)))));
+        let started = Instant::now();
+        match s.next().await {
+            Some(Err(LlmError::Timeout { stage, after })) => {
+                assert_eq!(stage, TimeoutStage::BetweenChunks);
+                assert_eq!(after, Duration::from_secs(1));
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(1));
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_first_chunk_times_out_with_the_first_chunk_limit() {
+        struct Silent;
+        impl Llm for Silent {
+            fn chat(&self, _request: LlmRequest) -> LlmStream {
+                stream::pending().boxed()
+            }
+        }
+        let mut s = open(&Silent, request(), T);
+        match s.next().await {
+            Some(Err(LlmError::Timeout { stage, .. })) => {
+                assert_eq!(stage, TimeoutStage::FirstChunk)
+            }
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn panics_in_the_adapter_become_errors() {
+        let mut s = open(&Panics, request(), T);
+        assert!(matches!(s.next().await, Some(Ok(_))));
+        assert!(matches!(
+            s.next().await,
+            Some(Err(LlmError::Panicked { message })) if message == "adapter bug"
+        ));
+        assert!(s.next().await.is_none());
+        let mut s = open(&PanicsAtOnce, request(), T);
+        assert!(matches!(
+            s.next().await,
+            Some(Err(LlmError::Panicked { .. }))
+        ));
+    }
+}

@@ -1,0 +1,131 @@
+//! Closing a session: by `Session::close`, or because the host dropped its last handle.
+//!
+//! In order: everything waiting fails with `Closed` (queued turns, handoffs, sub-task
+//! requests, tool items held during a switch) and the pending reply is dropped; the
+//! session-scoped toolsets stop (runs cancelled with their grace period, awaited) and
+//! their background calls' terminal outputs go to the current agent; every activity
+//! (current, incoming, paused) closes as in a handoff; the history is published; the
+//! session actor stops. `Session::close` waits for the session actor to be dropped, so
+//! when it returns no actor of the session is alive.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+
+use super::SessionActor;
+use crate::activity::{AppendItems, CloseActivity};
+use crate::chat::{ChatItem, FunctionCall};
+use crate::error::{SessionError, TaskError, UpdateError};
+use crate::events::SessionEvent;
+use crate::history::AgentChat;
+use crate::lifecycle::stop_all;
+use crate::outcome::terminal_pair;
+use crate::toolset::StopToolset;
+
+/// Sent by the host (`Session::close`, or the drop of its last `Session` handle): closes
+/// the session. Answered at once; `Session::close` then waits for the session to be gone.
+pub(crate) struct CloseSession;
+
+impl Message for CloseSession {
+    type Result = ();
+}
+
+impl Handler<CloseSession> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: CloseSession, ctx: &mut Self::Context) {
+        self.begin_close("the session closed", ctx);
+    }
+}
+
+impl SessionActor {
+    /// Starts the close (once; later calls find it under way).
+    pub(super) fn begin_close(&mut self, reason: &str, ctx: &mut Context<Self>) {
+        let Some(closing) = self.schedule.close() else {
+            return;
+        };
+        for turn in closing.turns {
+            if let Some(reply) = turn.reply {
+                let _ = reply.send(Err(SessionError::Closed));
+            }
+        }
+        for handoff in closing.handoffs {
+            let to = handoff.handoff.agent.name().to_owned();
+            handoff.done.finish(Err(SessionError::Closed), "", &to);
+        }
+        for (_, reply) in closing.tasks {
+            let _ = reply.send(Err(TaskError::SessionClosed));
+        }
+        for reply in closing.task_replies {
+            let _ = reply.send(Err(TaskError::SessionClosed));
+        }
+        for delivery in closing.held {
+            let _ = delivery.done.send(Err(UpdateError::SessionClosed));
+        }
+        // Readers waiting for a switch to end learn that the session is closed.
+        self.shared.switched.send_modify(|n| *n += 1);
+        let reason: Arc<str> = Arc::from(reason);
+        let me = self.id();
+        let each = reason.clone();
+        let stop_toolsets = stop_all(std::mem::take(&mut self.toolset_children), &me, move || {
+            StopToolset {
+                reason: each.clone(),
+            }
+        });
+        let activities = closing.activities;
+        ctx.spawn(
+            stop_toolsets
+                .into_actor(self)
+                .then(move |background, act, _| {
+                    // Session runs that were in the background get their terminal output
+                    // in the current agent's chat context.
+                    let calls: Vec<FunctionCall> =
+                        background.into_iter().flatten().flatten().collect();
+                    if let (Some(current), false) = (activities.first(), calls.is_empty()) {
+                        current.child.mailbox.tell(
+                            &me,
+                            AppendItems {
+                                items: terminal_items(calls, &reason),
+                            },
+                        );
+                    }
+                    let names: Vec<_> = activities
+                        .iter()
+                        .map(|a| (a.agent.name().to_owned(), a.id().clone()))
+                        .collect();
+                    let each = reason.clone();
+                    let closes =
+                        stop_all(activities.into_iter().map(|a| a.child), &me, move || {
+                            CloseActivity {
+                                reason: each.clone(),
+                            }
+                        });
+                    async move { (names, closes.await) }.into_actor(act)
+                })
+                .map(|(names, chats), act, ctx| {
+                    for ((agent, activity), chat) in names.into_iter().zip(chats) {
+                        // An activity already gone (closed by a handoff under way) was
+                        // recorded by that handoff.
+                        if let Some(chat) = chat {
+                            act.history.record(AgentChat {
+                                agent,
+                                activity,
+                                chat,
+                            });
+                        }
+                    }
+                    let _ = act.shared.history.set(std::mem::take(&mut act.history));
+                    act.shared.emit(SessionEvent::Closed);
+                    act.shared.inactive.send_replace(true);
+                    ctx.stop();
+                }),
+        );
+    }
+}
+
+fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
+    calls
+        .into_iter()
+        .flat_map(|call| terminal_pair(call, reason))
+        .collect()
+}

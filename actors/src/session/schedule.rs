@@ -1,0 +1,988 @@
+//! What the session does next: a plain state machine the session actor carries out.
+//!
+//! The session's control flow as data. Its [`Stage`] says which agent is current and what
+//! it owns — there is no "running with no current agent": work can start only in
+//! [`Stage::Live`], and every other stage either ends in `Live` or in `Closed`. The
+//! schedule decides what runs next ([`Schedule::next`]), where tool items go
+//! ([`Schedule::route`]), what an interruption stops, and what a close must fail or stop;
+//! the actor sends the messages. It is generic over the actor's handles ([`Work`]), so
+//! every transition is unit-tested below without a running system.
+//!
+//! Decisions, each with a test:
+//! - Queued work (turns, handoffs, a background tool's task completion) runs in order, one
+//!   at a time, when the current agent has no turn in flight; a sub-task starts at once,
+//!   even mid-turn (its caller's turn waits inside a tool); a preempting handoff jumps
+//!   the queue and names the turn to interrupt.
+//! - The deferred reply starts only when nothing else is queued and the current agent is
+//!   idle; its items are taken whole (coalesced), and items of an agent-scoped run whose
+//!   activity is no longer current never join it.
+//! - During a switch, session-scoped tool items wait and go to the incoming agent;
+//!   agent-scoped ones are refused (their activity never takes items again).
+//! - A handoff or task end decided by a turn runs before anything queued.
+//! - A close hands back every activity to stop and everything to fail, once.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use serde_json::Value;
+
+use crate::chat::ChatItem;
+use crate::ids::ActorId;
+
+/// The actor's handles the schedule moves around.
+pub(crate) trait Work {
+    /// A handle of an activity actor.
+    type Activity: Clone;
+    /// A queued turn: what to run and who waits for its result.
+    type Turn;
+    /// A queued handoff: the (checked) agent and who waits.
+    type Handoff;
+    /// A sub-task to start: the (checked) agent and the run exempt from the pause.
+    type Task;
+    /// Who waits for a sub-task's result.
+    type TaskReply;
+    /// Tool items on their way, with the run waiting for them.
+    type Delivery;
+}
+
+/// Which scope a tool run belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// A session-scoped toolset: items go to the agent current at delivery time.
+    Session,
+    /// An agent-scoped toolset of this activity: items go only there.
+    Activity(ActorId),
+}
+
+/// A tool output waiting for the deferred reply.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingItem {
+    pub(crate) scope: Scope,
+    /// The output's call id (`{id}/update_n` or `{id}/finished`).
+    pub(crate) call_id: String,
+    pub(crate) items: Arc<[ChatItem]>,
+}
+
+/// Identifies a turn: one a host awaits (and may cancel by dropping its future), or one
+/// the engine runs for itself (a deferred reply, a reply a tool or hook queued).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TurnId {
+    Host(u64),
+    Engine,
+}
+
+/// An activity the schedule knows, and the turn running in it.
+pub(crate) struct Frame<W: Work> {
+    pub(crate) id: ActorId,
+    pub(crate) activity: W::Activity,
+    turn: Option<TurnId>,
+}
+
+impl<W: Work> Frame<W> {
+    pub(crate) fn new(id: ActorId, activity: W::Activity) -> Self {
+        Self {
+            id,
+            activity,
+            turn: None,
+        }
+    }
+}
+
+/// A caller paused for a sub-task, and who waits for the task's result.
+struct Paused<W: Work> {
+    frame: Frame<W>,
+    reply: W::TaskReply,
+}
+
+enum Stage<W: Work> {
+    /// An agent is current and can take work.
+    Live {
+        current: Frame<W>,
+        paused: Vec<Paused<W>>,
+    },
+    /// The current agent is changing.
+    Switching {
+        paused: Vec<Paused<W>>,
+        switch: Switch<W>,
+    },
+    /// Closing or closed: everything is refused.
+    Closed,
+}
+
+enum Switch<W: Work> {
+    /// The first agent is about to start.
+    Starting,
+    /// The outgoing agent of a handoff is closing.
+    HandingOff { outgoing: Frame<W> },
+    /// The caller of a sub-task is pausing.
+    Pausing {
+        caller: Frame<W>,
+        reply: W::TaskReply,
+    },
+    /// A completed sub-task's agent is closing; its caller resumes with `value`.
+    EndingTask { task: Frame<W>, value: Value },
+    /// The next agent is starting (`on_enter`).
+    Entering { incoming: Frame<W> },
+}
+
+enum Job<W: Work> {
+    Turn(TurnId, W::Turn),
+    Handoff(W::Handoff),
+    EndTask(Value),
+}
+
+/// What to run now.
+pub(crate) enum Next<W: Work> {
+    /// Run this turn in the current activity.
+    Turn {
+        activity: W::Activity,
+        turn: W::Turn,
+    },
+    /// Run the coalesced reply to these tool items in the current activity.
+    Deferred {
+        activity: W::Activity,
+        items: Vec<PendingItem>,
+    },
+    /// Close `outgoing`, then start the handoff's agent (`entering`, then `entered`).
+    Handoff {
+        outgoing: W::Activity,
+        handoff: W::Handoff,
+    },
+    /// Pause `caller` (all its agent-scoped runs stop but the exempt one), then start
+    /// the task's agent (`entering`, then `entered`).
+    Task { caller: W::Activity, task: W::Task },
+    /// Close the completed sub-task's activity, then resume its caller (`task_closed`).
+    EndTask { task: W::Activity },
+}
+
+/// A caller resumed after its sub-task: who waits for the result, the result, and the
+/// tool items held during the switch (to route again).
+pub(crate) struct Resumed<W: Work> {
+    pub(crate) caller: W::Activity,
+    pub(crate) reply: W::TaskReply,
+    pub(crate) value: Value,
+    pub(crate) held: Vec<W::Delivery>,
+}
+
+/// What a finished turn asks for before anything queued.
+pub(crate) enum After<W: Work> {
+    Nothing,
+    Handoff(W::Handoff),
+    EndTask(Value),
+}
+
+/// Where tool items go.
+pub(crate) enum Route<W: Work> {
+    /// Insert them into this activity's chat context.
+    To(W::Activity, W::Delivery),
+    /// Held until the switch under way ends (`entered` hands them back).
+    Held,
+    /// They will never land: their scope is gone.
+    ScopeClosed(W::Delivery),
+    /// They will never land: the session is closed.
+    SessionClosed(W::Delivery),
+}
+
+/// Why work was not queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    Closed,
+    QueueFull { limit: usize },
+}
+
+/// What `cancel_turn` found.
+pub(crate) enum Cancelled<W: Work> {
+    /// It was still queued: dropped from the queue.
+    Dequeued(W::Turn),
+    /// It is running in this activity: interrupt it.
+    Running(W::Activity),
+    /// Not queued nor running (it ended, or never came).
+    NotFound,
+}
+
+/// Everything a close must stop or fail.
+pub(crate) struct Closing<W: Work> {
+    /// Every activity of the session, the current (or incoming) one first.
+    pub(crate) activities: Vec<W::Activity>,
+    pub(crate) turns: Vec<W::Turn>,
+    pub(crate) handoffs: Vec<W::Handoff>,
+    pub(crate) tasks: Vec<(W::Task, W::TaskReply)>,
+    /// Callers waiting for a sub-task's result.
+    pub(crate) task_replies: Vec<W::TaskReply>,
+    pub(crate) held: Vec<W::Delivery>,
+}
+
+/// How much work may wait behind the current turn: a tool or hook queueing replies in a
+/// loop must not grow the session without bound.
+pub(crate) const MAX_QUEUED: usize = 64;
+
+pub(crate) struct Schedule<W: Work> {
+    stage: Stage<W>,
+    jobs: VecDeque<Job<W>>,
+    tasks: VecDeque<(W::Task, W::TaskReply)>,
+    held: Vec<W::Delivery>,
+    pending: Vec<PendingItem>,
+}
+
+impl<W: Work> Default for Schedule<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W: Work> Schedule<W> {
+    /// A session whose first agent is about to start.
+    pub(crate) fn new() -> Self {
+        Self {
+            stage: Stage::Switching {
+                paused: Vec::new(),
+                switch: Switch::Starting,
+            },
+            jobs: VecDeque::new(),
+            tasks: VecDeque::new(),
+            held: Vec::new(),
+            pending: Vec::new(),
+        }
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        matches!(self.stage, Stage::Closed)
+    }
+
+    /// The current activity, when one is (not during a switch).
+    pub(crate) fn current(&self) -> Option<&W::Activity> {
+        match &self.stage {
+            Stage::Live { current, .. } => Some(&current.activity),
+            _ => None,
+        }
+    }
+
+    /// Whether an agent started now would be a sub-task (callers are paused under it):
+    /// only a sub-task may complete a task.
+    pub(crate) fn in_task(&self) -> bool {
+        match &self.stage {
+            Stage::Live { paused, .. } => !paused.is_empty(),
+            Stage::Switching { paused, switch } => {
+                !paused.is_empty() || matches!(switch, Switch::Pausing { .. })
+            }
+            Stage::Closed => false,
+        }
+    }
+
+    /// Whether nothing runs, waits or is pending: the current agent has no turn in
+    /// flight (a turn open in a paused caller does not count: the task's agent listens),
+    /// nothing is queued, no deferred reply is due, no switch is under way.
+    pub(crate) fn is_inactive(&self) -> bool {
+        match &self.stage {
+            Stage::Live { current, .. } => {
+                current.turn.is_none()
+                    && self.jobs.is_empty()
+                    && self.tasks.is_empty()
+                    && self.held.is_empty()
+                    && self.pending.is_empty()
+            }
+            Stage::Switching { .. } => false,
+            Stage::Closed => true,
+        }
+    }
+
+    fn queued(&self) -> usize {
+        self.jobs.len() + self.tasks.len()
+    }
+
+    fn admit(&self) -> Result<(), Refusal> {
+        if self.is_closed() {
+            Err(Refusal::Closed)
+        } else if self.queued() >= MAX_QUEUED {
+            Err(Refusal::QueueFull { limit: MAX_QUEUED })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Queues a turn after the work already queued.
+    pub(crate) fn queue_turn(
+        &mut self,
+        id: TurnId,
+        turn: W::Turn,
+    ) -> Result<(), (W::Turn, Refusal)> {
+        if let Err(why) = self.admit() {
+            return Err((turn, why));
+        }
+        self.jobs.push_back(Job::Turn(id, turn));
+        Ok(())
+    }
+
+    /// Queues a handoff; a preempting one goes first and names the activity whose turn
+    /// to interrupt (if one runs).
+    pub(crate) fn queue_handoff(
+        &mut self,
+        handoff: W::Handoff,
+        preempt: bool,
+    ) -> Result<Option<W::Activity>, (W::Handoff, Refusal)> {
+        if let Err(why) = self.admit() {
+            return Err((handoff, why));
+        }
+        if !preempt {
+            self.jobs.push_back(Job::Handoff(handoff));
+            return Ok(None);
+        }
+        self.jobs.push_front(Job::Handoff(handoff));
+        Ok(self.interrupt_target())
+    }
+
+    /// Queues the end of the current sub-task (a tool of it completed the task in the
+    /// background): it runs once the task's agent is idle.
+    pub(crate) fn queue_end_task(&mut self, value: Value) -> Result<(), Refusal> {
+        self.admit()?;
+        self.jobs.push_back(Job::EndTask(value));
+        Ok(())
+    }
+
+    /// Asks for a sub-task: it starts at once when an agent is current (even mid-turn),
+    /// else as soon as the switch under way ends.
+    pub(crate) fn request_task(
+        &mut self,
+        task: W::Task,
+        reply: W::TaskReply,
+    ) -> Result<(), (W::TaskReply, Refusal)> {
+        if let Err(why) = self.admit() {
+            return Err((reply, why));
+        }
+        self.tasks.push_back((task, reply));
+        Ok(())
+    }
+
+    /// What to run now, if anything. The actor calls it after every change until it
+    /// answers `None`.
+    pub(crate) fn next(&mut self) -> Option<Next<W>> {
+        let in_task = self.in_task();
+        let Stage::Live { current, .. } = &mut self.stage else {
+            return None;
+        };
+        if let Some((task, reply)) = self.tasks.pop_front() {
+            let activity = current.activity.clone();
+            self.switch(|caller| Switch::Pausing { caller, reply });
+            return Some(Next::Task {
+                caller: activity,
+                task,
+            });
+        }
+        if current.turn.is_some() {
+            return None;
+        }
+        match self.jobs.pop_front() {
+            Some(Job::Turn(id, turn)) => {
+                current.turn = Some(id);
+                Some(Next::Turn {
+                    activity: current.activity.clone(),
+                    turn,
+                })
+            }
+            Some(Job::Handoff(handoff)) => {
+                let outgoing = current.activity.clone();
+                self.forget_pending_of_current();
+                self.switch(|outgoing| Switch::HandingOff { outgoing });
+                Some(Next::Handoff { outgoing, handoff })
+            }
+            Some(Job::EndTask(value)) => {
+                if !in_task {
+                    tracing::warn!("a tool completed a sub-task, but none is running");
+                    return self.next();
+                }
+                let task = current.activity.clone();
+                self.forget_pending_of_current();
+                self.switch(|task| Switch::EndingTask { task, value });
+                Some(Next::EndTask { task })
+            }
+            None if !self.pending.is_empty() => {
+                current.turn = Some(TurnId::Engine);
+                Some(Next::Deferred {
+                    activity: current.activity.clone(),
+                    items: std::mem::take(&mut self.pending),
+                })
+            }
+            None => None,
+        }
+    }
+
+    /// Moves from `Live` to `Switching`, the current frame going into the switch.
+    fn switch(&mut self, make: impl FnOnce(Frame<W>) -> Switch<W>) {
+        if let Stage::Live { current, paused } = std::mem::replace(&mut self.stage, Stage::Closed) {
+            self.stage = Stage::Switching {
+                paused,
+                switch: make(current),
+            };
+        }
+    }
+
+    /// The agent leaving: its own items leave the pending reply.
+    fn forget_pending_of_current(&mut self) {
+        if let Stage::Live { current, .. } = &self.stage {
+            let id = current.id.clone();
+            self.pending
+                .retain(|p| p.scope != Scope::Activity(id.clone()));
+        }
+    }
+
+    /// The activity spawned to end the switch under way. Returns `false` when the
+    /// session closed meanwhile (the actor then stops the new activity itself).
+    pub(crate) fn entering(&mut self, id: ActorId, activity: W::Activity) -> bool {
+        let Stage::Switching { paused, switch } = &mut self.stage else {
+            return false;
+        };
+        let incoming = Frame::new(id, activity);
+        match std::mem::replace(switch, Switch::Starting) {
+            Switch::Pausing { caller, reply } => {
+                // Only its own items leave the pending reply; its open turn stays with it.
+                self.pending
+                    .retain(|p| p.scope != Scope::Activity(caller.id.clone()));
+                paused.push(Paused {
+                    frame: caller,
+                    reply,
+                });
+            }
+            Switch::Starting | Switch::HandingOff { .. } => {}
+            // Not reached: an ended task resumes its caller (`task_closed`), it starts
+            // no activity. Keep the switch as it was.
+            other @ (Switch::EndingTask { .. } | Switch::Entering { .. }) => {
+                *switch = other;
+                return false;
+            }
+        }
+        *switch = Switch::Entering { incoming };
+        true
+    }
+
+    /// The incoming activity has started: it is current. Returns the tool items held
+    /// during the switch, to route again.
+    pub(crate) fn entered(&mut self) -> Vec<W::Delivery> {
+        let Stage::Switching {
+            paused,
+            switch: Switch::Entering { .. },
+        } = &mut self.stage
+        else {
+            return Vec::new();
+        };
+        let paused = std::mem::take(paused);
+        if let Stage::Switching {
+            switch: Switch::Entering { incoming },
+            ..
+        } = std::mem::replace(&mut self.stage, Stage::Closed)
+        {
+            self.stage = Stage::Live {
+                current: incoming,
+                paused,
+            };
+        }
+        std::mem::take(&mut self.held)
+    }
+
+    /// The completed sub-task's activity is gone: its caller is current again.
+    pub(crate) fn task_closed(&mut self) -> Option<Resumed<W>> {
+        let Stage::Switching {
+            switch: Switch::EndingTask { .. },
+            paused,
+        } = &mut self.stage
+        else {
+            return None;
+        };
+        let caller = paused.pop()?;
+        let paused = std::mem::take(paused);
+        let Stage::Switching {
+            switch: Switch::EndingTask { value, .. },
+            ..
+        } = std::mem::replace(&mut self.stage, Stage::Closed)
+        else {
+            return None;
+        };
+        let activity = caller.frame.activity.clone();
+        self.stage = Stage::Live {
+            current: caller.frame,
+            paused,
+        };
+        Some(Resumed {
+            caller: activity,
+            reply: caller.reply,
+            value,
+            held: std::mem::take(&mut self.held),
+        })
+    }
+
+    /// A turn of activity `id` ended; what it asks for runs before anything queued.
+    pub(crate) fn turn_done(&mut self, id: &ActorId, after: After<W>) {
+        let frames: Vec<&mut Frame<W>> = match &mut self.stage {
+            Stage::Live { current, paused } => std::iter::once(current)
+                .chain(paused.iter_mut().map(|p| &mut p.frame))
+                .collect(),
+            Stage::Switching { paused, switch } => {
+                let in_switch = match switch {
+                    Switch::HandingOff { outgoing } => Some(outgoing),
+                    Switch::Pausing { caller, .. } => Some(caller),
+                    Switch::EndingTask { task, .. } => Some(task),
+                    Switch::Entering { incoming } => Some(incoming),
+                    Switch::Starting => None,
+                };
+                in_switch
+                    .into_iter()
+                    .chain(paused.iter_mut().map(|p| &mut p.frame))
+                    .collect()
+            }
+            Stage::Closed => return,
+        };
+        for frame in frames {
+            if frame.id == *id {
+                frame.turn = None;
+            }
+        }
+        match after {
+            After::Nothing => {}
+            After::Handoff(handoff) => self.jobs.push_front(Job::Handoff(handoff)),
+            After::EndTask(value) => self.jobs.push_front(Job::EndTask(value)),
+        }
+    }
+
+    /// Where tool items of a run in `scope` go now.
+    pub(crate) fn route(&mut self, scope: &Scope, delivery: W::Delivery) -> Route<W> {
+        match (&self.stage, scope) {
+            (Stage::Closed, _) => Route::SessionClosed(delivery),
+            (Stage::Live { current, .. }, Scope::Session) => {
+                Route::To(current.activity.clone(), delivery)
+            }
+            (Stage::Live { current, .. }, Scope::Activity(owner)) if *owner == current.id => {
+                Route::To(current.activity.clone(), delivery)
+            }
+            (Stage::Live { .. }, Scope::Activity(_)) => Route::ScopeClosed(delivery),
+            (Stage::Switching { .. }, Scope::Session) => {
+                self.held.push(delivery);
+                Route::Held
+            }
+            // An agent-scoped run delivering mid-switch belongs to the activity being
+            // closed or paused, which will never take items again: refuse at once rather
+            // than hold the run (and so the switch waiting for it) until its grace period.
+            (Stage::Switching { .. }, Scope::Activity(_)) => Route::ScopeClosed(delivery),
+        }
+    }
+
+    /// Tool items that landed and call for a reply join the pending one — unless they
+    /// belong to an agent-scoped run whose activity is no longer current.
+    pub(crate) fn add_pending(&mut self, item: PendingItem) {
+        let keep = match (&self.stage, &item.scope) {
+            (Stage::Closed, _) => false,
+            (_, Scope::Session) => true,
+            (Stage::Live { current, .. }, Scope::Activity(owner)) => *owner == current.id,
+            (Stage::Switching { .. }, Scope::Activity(_)) => false,
+        };
+        if keep {
+            self.pending.push(item);
+        }
+    }
+
+    /// The activity whose turn an interruption stops, if a turn runs in the current one.
+    pub(crate) fn interrupt_target(&self) -> Option<W::Activity> {
+        match &self.stage {
+            Stage::Live { current, .. } if current.turn.is_some() => Some(current.activity.clone()),
+            _ => None,
+        }
+    }
+
+    /// A host dropped its `run` future: drop the turn if it is queued, interrupt it if it
+    /// runs in the current activity.
+    pub(crate) fn cancel_turn(&mut self, id: u64) -> Cancelled<W> {
+        let wanted = TurnId::Host(id);
+        if let Some(index) = self
+            .jobs
+            .iter()
+            .position(|job| matches!(job, Job::Turn(turn, _) if *turn == wanted))
+        {
+            if let Some(Job::Turn(_, turn)) = self.jobs.remove(index) {
+                return Cancelled::Dequeued(turn);
+            }
+        }
+        match &self.stage {
+            Stage::Live { current, .. } if current.turn == Some(wanted) => {
+                Cancelled::Running(current.activity.clone())
+            }
+            _ => Cancelled::NotFound,
+        }
+    }
+
+    /// Closes the schedule: everything to stop or fail, once (`None` when already closed).
+    pub(crate) fn close(&mut self) -> Option<Closing<W>> {
+        let stage = std::mem::replace(&mut self.stage, Stage::Closed);
+        let (first, paused, mut task_replies) = match stage {
+            Stage::Closed => return None,
+            Stage::Live { current, paused } => (Some(current), paused, Vec::new()),
+            Stage::Switching { paused, switch } => match switch {
+                Switch::Starting => (None, paused, Vec::new()),
+                Switch::HandingOff { outgoing } => (Some(outgoing), paused, Vec::new()),
+                Switch::Pausing { caller, reply } => (Some(caller), paused, vec![reply]),
+                Switch::EndingTask { task, .. } => (Some(task), paused, Vec::new()),
+                Switch::Entering { incoming } => (Some(incoming), paused, Vec::new()),
+            },
+        };
+        let mut activities: Vec<W::Activity> = first.into_iter().map(|f| f.activity).collect();
+        // Innermost caller first: the order they would have resumed in.
+        for paused in paused.into_iter().rev() {
+            activities.push(paused.frame.activity);
+            task_replies.push(paused.reply);
+        }
+        let mut turns = Vec::new();
+        let mut handoffs = Vec::new();
+        for job in self.jobs.drain(..) {
+            match job {
+                Job::Turn(_, turn) => turns.push(turn),
+                Job::Handoff(handoff) => handoffs.push(handoff),
+                Job::EndTask(_) => {}
+            }
+        }
+        self.pending.clear();
+        Some(Closing {
+            activities,
+            turns,
+            handoffs,
+            tasks: self.tasks.drain(..).collect(),
+            task_replies,
+            held: std::mem::take(&mut self.held),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain stand-ins for the actor's handles.
+    struct Plain;
+    impl Work for Plain {
+        type Activity = &'static str;
+        type Turn = &'static str;
+        type Handoff = &'static str;
+        type Task = &'static str;
+        type TaskReply = &'static str;
+        type Delivery = &'static str;
+    }
+
+    type S = Schedule<Plain>;
+
+    fn id(name: &str) -> ActorId {
+        ActorId::new(format!("activity/s1/{name}"))
+    }
+
+    /// A schedule whose first agent `a` has started.
+    fn live() -> S {
+        let mut s = S::new();
+        assert!(s.entering(id("a"), "a"));
+        assert!(s.entered().is_empty());
+        assert_eq!(s.current(), Some(&"a"));
+        s
+    }
+
+    fn item(scope: Scope, call_id: &str) -> PendingItem {
+        PendingItem {
+            scope,
+            call_id: call_id.to_owned(),
+            items: Arc::from(Vec::new()),
+        }
+    }
+
+    #[test]
+    fn nothing_runs_before_the_first_agent_started() {
+        let mut s = S::new();
+        s.queue_turn(TurnId::Host(1), "hello").unwrap();
+        assert!(s.next().is_none());
+        assert!(!s.is_inactive());
+        assert!(s.entering(id("a"), "a"));
+        assert!(s.next().is_none(), "on_enter still runs");
+        s.entered();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Turn {
+                activity: "a",
+                turn: "hello"
+            })
+        ));
+    }
+
+    #[test]
+    fn turns_run_one_at_a_time_in_order() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "one", .. })));
+        assert!(s.next().is_none(), "one runs");
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "two", .. })));
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(s.next().is_none());
+        assert!(s.is_inactive());
+    }
+
+    #[test]
+    fn a_handoff_waits_for_the_turn_before_it_and_items_wait_for_the_handoff() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        s.queue_handoff("to b", false).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        assert!(s.next().is_none());
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(
+            s.next(),
+            Some(Next::Handoff {
+                outgoing: "a",
+                handoff: "to b"
+            })
+        ));
+        assert!(s.current().is_none(), "no agent is current mid-switch");
+        assert!(matches!(s.route(&Scope::Session, "update"), Route::Held));
+        assert!(matches!(
+            s.route(&Scope::Activity(id("a")), "late"),
+            Route::ScopeClosed("late")
+        ));
+        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        assert!(s.next().is_none());
+        assert!(s.entering(id("b"), "b"));
+        assert_eq!(s.entered(), vec!["update"]);
+        assert!(matches!(
+            s.route(&Scope::Session, "next"),
+            Route::To("b", "next")
+        ));
+        assert!(matches!(
+            s.next(),
+            Some(Next::Turn {
+                activity: "b",
+                turn: "two"
+            })
+        ));
+    }
+
+    #[test]
+    fn a_handoff_a_turn_asks_for_runs_before_anything_queued() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        s.turn_done(&id("a"), After::Handoff("to b"));
+        assert!(matches!(
+            s.next(),
+            Some(Next::Handoff {
+                handoff: "to b",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_preempting_handoff_jumps_the_queue_and_names_the_turn_to_interrupt() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "slow").unwrap();
+        s.queue_turn(TurnId::Host(2), "queued").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "slow", .. })));
+        assert_eq!(s.queue_handoff("supervisor", true).unwrap(), Some("a"));
+        assert!(s.next().is_none(), "the interrupted turn still has to end");
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(
+            s.next(),
+            Some(Next::Handoff {
+                handoff: "supervisor",
+                ..
+            })
+        ));
+        // Idle: nothing to interrupt.
+        let mut idle = live();
+        assert_eq!(idle.queue_handoff("supervisor", true).unwrap(), None);
+    }
+
+    #[test]
+    fn a_sub_task_starts_at_once_even_mid_turn_and_its_end_resumes_the_caller() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "book").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Task {
+                caller: "a",
+                task: "survey"
+            })
+        ));
+        assert!(s.in_task());
+        assert!(s.entering(id("t"), "t"));
+        s.entered();
+        assert_eq!(s.current(), Some(&"t"));
+        assert!(
+            s.is_inactive(),
+            "the caller's open turn does not make the session busy"
+        );
+        // User turns go to the task's agent.
+        s.queue_turn(TurnId::Host(2), "answer").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t", .. })));
+        s.turn_done(&id("t"), After::EndTask(Value::from(42)));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t" })));
+        let resumed = s.task_closed().unwrap();
+        assert_eq!(resumed.caller, "a");
+        assert_eq!(resumed.reply, "tool waits");
+        assert_eq!(resumed.value, Value::from(42));
+        assert!(resumed.held.is_empty());
+        assert!(!s.in_task());
+        assert!(s.next().is_none(), "the caller's turn is still open");
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(s.is_inactive());
+    }
+
+    #[test]
+    fn a_task_end_with_no_task_running_is_dropped() {
+        let mut s = live();
+        s.queue_end_task(Value::Null).unwrap();
+        s.queue_turn(TurnId::Host(1), "next").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "next", .. })));
+    }
+
+    #[test]
+    fn a_handoff_during_a_sub_task_replaces_the_task_agent_and_the_caller_stays_paused() {
+        let mut s = live();
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        s.entering(id("t"), "t");
+        s.entered();
+        s.queue_handoff("to t2", false).unwrap();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Handoff { outgoing: "t", .. })
+        ));
+        assert!(s.in_task(), "the agent that takes over is still a sub-task");
+        s.entering(id("t2"), "t2");
+        s.entered();
+        s.queue_end_task(Value::from("done")).unwrap();
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
+        assert_eq!(s.task_closed().unwrap().caller, "a");
+    }
+
+    #[test]
+    fn deferred_items_coalesce_and_wait_for_an_idle_agent() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.add_pending(item(Scope::Session, "x/update_1"));
+        s.add_pending(item(Scope::Activity(id("a")), "y/update_1"));
+        assert!(s.next().is_none(), "the turn runs");
+        assert!(!s.is_inactive());
+        s.turn_done(&id("a"), After::Nothing);
+        match s.next() {
+            Some(Next::Deferred {
+                activity: "a",
+                items,
+            }) => {
+                let ids: Vec<_> = items.iter().map(|i| i.call_id.as_str()).collect();
+                assert_eq!(ids, ["x/update_1", "y/update_1"]);
+            }
+            _ => panic!("expected the deferred reply"),
+        }
+        assert!(s.next().is_none(), "the reply runs");
+        s.add_pending(item(Scope::Session, "x/update_2"));
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(
+            matches!(s.next(), Some(Next::Deferred { .. })),
+            "one more reply"
+        );
+    }
+
+    #[test]
+    fn queued_turns_go_before_the_deferred_reply() {
+        let mut s = live();
+        s.add_pending(item(Scope::Session, "x/update_1"));
+        s.queue_turn(TurnId::Host(1), "user").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+    }
+
+    #[test]
+    fn an_outgoing_agents_own_items_leave_the_pending_reply() {
+        let mut s = live();
+        s.add_pending(item(Scope::Activity(id("a")), "mine/update_1"));
+        s.add_pending(item(Scope::Session, "shared/update_1"));
+        s.queue_handoff("to b", false).unwrap();
+        assert!(matches!(s.next(), Some(Next::Handoff { .. })));
+        // A late item of the old agent's run never joins.
+        s.add_pending(item(Scope::Activity(id("a")), "mine/update_2"));
+        s.entering(id("b"), "b");
+        s.entered();
+        s.add_pending(item(Scope::Activity(id("a")), "mine/update_3"));
+        match s.next() {
+            Some(Next::Deferred {
+                activity: "b",
+                items,
+            }) => {
+                let ids: Vec<_> = items.iter().map(|i| i.call_id.as_str()).collect();
+                assert_eq!(ids, ["shared/update_1"]);
+            }
+            _ => panic!("expected the deferred reply"),
+        }
+    }
+
+    #[test]
+    fn a_dropped_run_future_dequeues_or_interrupts_its_turn() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "running").unwrap();
+        s.queue_turn(TurnId::Host(2), "queued").unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        assert!(matches!(s.cancel_turn(2), Cancelled::Dequeued("queued")));
+        assert!(matches!(s.cancel_turn(1), Cancelled::Running("a")));
+        assert!(matches!(s.cancel_turn(9), Cancelled::NotFound));
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(s.next().is_none(), "the cancelled turn is gone");
+    }
+
+    #[test]
+    fn the_queue_is_bounded() {
+        let mut s = live();
+        for _ in 0..MAX_QUEUED {
+            s.queue_turn(TurnId::Engine, "reply").unwrap();
+        }
+        assert!(matches!(
+            s.queue_turn(TurnId::Engine, "one too many"),
+            Err(("one too many", Refusal::QueueFull { .. }))
+        ));
+    }
+
+    #[test]
+    fn close_hands_back_every_activity_and_everything_waiting_once() {
+        let mut s = live();
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        s.entering(id("t"), "t");
+        s.entered();
+        s.queue_handoff("to b", false).unwrap();
+        assert!(matches!(s.next(), Some(Next::Handoff { .. })));
+        s.queue_turn(TurnId::Host(1), "waiting").unwrap();
+        assert!(matches!(s.route(&Scope::Session, "held"), Route::Held));
+        let closing = s.close().unwrap();
+        assert_eq!(closing.activities, ["t", "a"]);
+        assert_eq!(closing.turns, ["waiting"]);
+        assert_eq!(closing.task_replies, ["tool waits"]);
+        assert_eq!(closing.held, ["held"]);
+        assert!(s.close().is_none(), "a second close has nothing to do");
+        assert!(matches!(
+            s.queue_turn(TurnId::Host(2), "late"),
+            Err((_, Refusal::Closed))
+        ));
+        assert!(matches!(
+            s.route(&Scope::Session, "late"),
+            Route::SessionClosed(_)
+        ));
+        assert!(
+            !s.entering(id("b"), "b"),
+            "a switch finishing after close starts nothing"
+        );
+        assert!(s.next().is_none());
+    }
+
+    #[test]
+    fn a_close_while_a_caller_pauses_fails_its_task() {
+        let mut s = live();
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        let closing = s.close().unwrap();
+        assert_eq!(closing.activities, ["a"]);
+        assert_eq!(closing.task_replies, ["tool waits"]);
+    }
+}
