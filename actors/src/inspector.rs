@@ -183,6 +183,31 @@ impl Inspector {
             .map_err(|_| InspectError::StillAlive { id: id.to_owned() })
     }
 
+    /// Waits until no actor of the session is alive, for at most `timeout`; the error
+    /// names the ones still alive.
+    pub async fn wait_until_all_stopped(&self, timeout: Duration) -> Result<(), InspectError> {
+        let wait = async {
+            loop {
+                let notified = self.journal.notified();
+                if self.journal.live_actors().is_empty() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.map_err(|_| {
+            let live: Vec<String> = self
+                .journal
+                .live_actors()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            InspectError::StillAlive {
+                id: live.join(", "),
+            }
+        })
+    }
+
     /// The recorded traffic as a Mermaid sequence diagram: participants aliased (ids hold
     /// `:` and `#`, which Mermaid does not accept), in sequence order, without
     /// timestamps, so the text is stable for golden files.

@@ -6,10 +6,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use futures_util::stream;
+use futures_util::{stream, StreamExt};
 use serde_json::Value;
 use switchboard_actors::{
-    ChatItem, ChatRole, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, ToolCallChunk,
+    ChatItem, ChatRole, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmUsage, ToolCallChunk,
 };
 
 /// One scripted answer: text and tool calls, in order.
@@ -26,12 +26,23 @@ enum ReplyChunk {
         name: String,
         arguments: String,
     },
+    Usage(LlmUsage),
+    /// The stream fails here.
+    Error(LlmError),
+    /// The stream yields nothing more and never ends, like a stalled provider.
+    Stall,
 }
 
 impl Reply {
     /// An answer that says `text`.
     pub fn text(text: impl Into<String>) -> Self {
         Self::default().and_text(text)
+    }
+
+    /// An answer whose stream never yields a chunk nor ends: a provider that stalls
+    /// (the engine's first-chunk timeout, or an interruption, ends the turn).
+    pub fn stall() -> Self {
+        Self::default().and_stall()
     }
 
     /// An answer that calls `name` with `arguments` (a call id is assigned).
@@ -52,6 +63,24 @@ impl Reply {
             name: name.into(),
             arguments: arguments.to_string(),
         });
+        self
+    }
+
+    /// Then the stream stalls: no more chunks, no end.
+    pub fn and_stall(mut self) -> Self {
+        self.chunks.push(ReplyChunk::Stall);
+        self
+    }
+
+    /// Then the stream fails with `error` (what came before it was streamed).
+    pub fn and_error(mut self, error: LlmError) -> Self {
+        self.chunks.push(ReplyChunk::Error(error));
+        self
+    }
+
+    /// Adds a usage report (what a provider sends last).
+    pub fn and_usage(mut self, usage: LlmUsage) -> Self {
+        self.chunks.push(ReplyChunk::Usage(usage));
         self
     }
 
@@ -222,30 +251,39 @@ impl Llm for ScriptedLlm {
             );
             return Box::pin(stream::iter([Err(LlmError::new(message))]));
         };
-        let chunks: Vec<Result<LlmChunk, LlmError>> = reply
-            .chunks
-            .into_iter()
-            .map(|chunk| {
-                Ok(match chunk {
-                    ReplyChunk::Text(text) => LlmChunk::Text(text),
-                    ReplyChunk::Call {
-                        id,
-                        name,
-                        arguments,
-                    } => LlmChunk::ToolCall(ToolCallChunk {
-                        call_id: id.unwrap_or_else(|| {
-                            format!(
-                                "call_{}",
-                                self.next_call.fetch_add(1, Ordering::Relaxed) + 1
-                            )
-                        }),
-                        name,
-                        arguments,
+        let mut chunks: Vec<Result<LlmChunk, LlmError>> = Vec::new();
+        let mut stalls = false;
+        for chunk in reply.chunks {
+            chunks.push(match chunk {
+                ReplyChunk::Text(text) => Ok(LlmChunk::Text(text)),
+                ReplyChunk::Call {
+                    id,
+                    name,
+                    arguments,
+                } => Ok(LlmChunk::ToolCall(ToolCallChunk {
+                    call_id: id.unwrap_or_else(|| {
+                        format!(
+                            "call_{}",
+                            self.next_call.fetch_add(1, Ordering::Relaxed) + 1
+                        )
                     }),
-                })
-            })
-            .collect();
-        Box::pin(stream::iter(chunks))
+                    name,
+                    arguments,
+                })),
+                ReplyChunk::Usage(usage) => Ok(LlmChunk::Usage(usage)),
+                ReplyChunk::Error(error) => Err(error),
+                ReplyChunk::Stall => {
+                    stalls = true;
+                    break;
+                }
+            });
+        }
+        let head = stream::iter(chunks);
+        if stalls {
+            head.chain(stream::pending()).boxed()
+        } else {
+            head.boxed()
+        }
     }
 
     fn name(&self) -> &str {
