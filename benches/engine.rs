@@ -11,7 +11,7 @@
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10),
 //! `BENCH_S4_UPDATES` (3), `BENCH_INSPECT_ROUNDS` (4), `BENCH_SCENARIOS` (comma list, default
-//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, S3, S4, S4_parallel, S1_host, S1b_host,
+//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, S3, S3_abandoned, S4, S4_parallel, S1_host, S1b_host,
 //! S1c_host, S2_host, S4_host, S4_parallel_host).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
@@ -375,6 +375,73 @@ async fn idle_sessions(engine: &Engine) {
     );
 }
 
+/// S3_abandoned: `BENCH_S3_SESSIONS` sessions, each with a tool still running in the
+/// background, dropped without `close()`: how long until no actor of any of them is
+/// alive, and the RSS before, with them alive, after the cleanup and after a second
+/// batch (memory reused, not leaked).
+async fn abandoned_sessions(engine: &Engine) {
+    let count = env("BENCH_S3_SESSIONS", 1000);
+    let background = Tool::new(
+        "background",
+        "Runs on",
+        |ctx: RunContext, _: NoArgs| async move {
+            ctx.update("started").await?;
+            std::future::pending::<()>().await;
+            Ok::<_, ToolFailure>(())
+        },
+    );
+    let agent = Agent::builder("a").tool(background).build().unwrap();
+    let llm = llm_calling(Some("background"), 1);
+    let batch = |count: usize| {
+        let (agent, llm) = (agent.clone(), llm.clone());
+        async move {
+            let mut inspectors = Vec::with_capacity(count);
+            for _ in 0..count {
+                let session = Session::builder()
+                    .llm(llm.clone())
+                    .agent(agent.clone())
+                    .inspect(true)
+                    .journal_capacity(1)
+                    .grace_period(std::time::Duration::ZERO)
+                    .start(engine)
+                    .await
+                    .unwrap();
+                session.run("go").await.unwrap();
+                inspectors.push(session.inspector().unwrap());
+                // Dropped here, without close().
+            }
+            inspectors
+        }
+    };
+    let before = rss_kib();
+    let inspectors = batch(count).await;
+    let with_them = rss_kib();
+    let live_before: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
+    let wall = Instant::now();
+    for inspector in &inspectors {
+        inspector
+            .wait_until_all_stopped(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+    }
+    let cleanup = wall.elapsed().as_secs_f64();
+    let live_after: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
+    drop(inspectors);
+    let after_cleanup = rss_kib();
+    let second = batch(count).await;
+    for inspector in &second {
+        inspector
+            .wait_until_all_stopped(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+    }
+    drop(second);
+    let after_second = rss_kib();
+    println!(
+        r#"{{"scenario":"S3_abandoned","sessions":{count},"live_actors_before_drop":{live_before},"live_actors_after":{live_after},"cleanup_wall_s":{cleanup:.3},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_after_cleanup_kib":{after_cleanup},"rss_after_second_batch_kib":{after_second}}}"#
+    );
+}
+
 /// S4: `BENCH_S4_SESSIONS` sessions started first (untimed, like the peer), then all
 /// driven at once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES`
 /// updates per call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()`
@@ -496,6 +563,9 @@ fn main() {
         }
         if wanted("S3") {
             idle_sessions(&engine).await;
+        }
+        if wanted("S3_abandoned") {
+            abandoned_sessions(&engine).await;
         }
         if wanted("S4") {
             throughput(&engine, "S4", env("BENCH_S4_CALLS", 10), 1, false).await;

@@ -22,14 +22,23 @@ use crate::outcome::panic_message;
 /// A guarded LLM stream (see the module docs).
 pub(crate) struct GuardedStream {
     inner: Option<LlmStream>,
+    /// The request's span, entered while the adapter's stream is polled (its own logs and
+    /// spans nest under it).
+    span: tracing::Span,
     timeouts: LlmTimeouts,
     deadline: Pin<Box<Sleep>>,
     got_first: bool,
 }
 
 /// Starts `request` on `llm`, guarded.
-pub(crate) fn open(llm: &dyn Llm, request: LlmRequest, timeouts: LlmTimeouts) -> GuardedStream {
-    let inner = match std::panic::catch_unwind(AssertUnwindSafe(|| llm.chat(request))) {
+pub(crate) fn open(
+    llm: &dyn Llm,
+    request: LlmRequest,
+    timeouts: LlmTimeouts,
+    span: tracing::Span,
+) -> GuardedStream {
+    let opened = span.in_scope(|| std::panic::catch_unwind(AssertUnwindSafe(|| llm.chat(request))));
+    let inner = match opened {
         Ok(stream) => stream,
         Err(panic) => {
             let error = LlmError::Panicked {
@@ -40,6 +49,7 @@ pub(crate) fn open(llm: &dyn Llm, request: LlmRequest, timeouts: LlmTimeouts) ->
     };
     GuardedStream {
         inner: Some(inner),
+        span,
         timeouts,
         deadline: Box::pin(tokio::time::sleep(timeouts.first_chunk)),
         got_first: false,
@@ -54,6 +64,7 @@ impl Stream for GuardedStream {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        let _entered = this.span.enter();
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
         match polled {
             Ok(Poll::Ready(Some(Ok(chunk)))) => {
@@ -147,7 +158,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_stream_times_out_between_chunks_then_ends() {
-        let mut s = open(&Stalls, request(), T);
+        let mut s = open(&Stalls, request(), T, tracing::Span::none());
         assert!(matches!(s.next().await, Some(Ok(LlmChunk::Text(_)))));
         let started = Instant::now();
         match s.next().await {
@@ -169,7 +180,7 @@ mod tests {
                 stream::pending().boxed()
             }
         }
-        let mut s = open(&Silent, request(), T);
+        let mut s = open(&Silent, request(), T, tracing::Span::none());
         match s.next().await {
             Some(Err(LlmError::Timeout { stage, .. })) => {
                 assert_eq!(stage, TimeoutStage::FirstChunk)
@@ -180,14 +191,14 @@ mod tests {
 
     #[tokio::test]
     async fn panics_in_the_adapter_become_errors() {
-        let mut s = open(&Panics, request(), T);
+        let mut s = open(&Panics, request(), T, tracing::Span::none());
         assert!(matches!(s.next().await, Some(Ok(_))));
         assert!(matches!(
             s.next().await,
             Some(Err(LlmError::Panicked { message })) if message == "adapter bug"
         ));
         assert!(s.next().await.is_none());
-        let mut s = open(&PanicsAtOnce, request(), T);
+        let mut s = open(&PanicsAtOnce, request(), T, tracing::Span::none());
         assert!(matches!(
             s.next().await,
             Some(Err(LlmError::Panicked { .. }))

@@ -76,6 +76,8 @@ pub(crate) struct SessionShared {
     pub(crate) gone: AliveWaiter,
     /// The transcript, written by the session actor just before it stops.
     pub(crate) history: OnceLock<SessionHistory>,
+    /// The parent of every span of the session (turns, LLM requests, tool runs).
+    pub(crate) span: tracing::Span,
 }
 
 /// What a new [`SessionShared`] is made of.
@@ -99,7 +101,9 @@ impl SessionShared {
         let (inactive, _) = watch::channel(false);
         let (running_tools, _) = watch::channel(0);
         let (switched, _) = watch::channel(0);
+        let span = tracing::info_span!("session", session = %parts.id);
         Self {
+            span,
             id: parts.id,
             config: parts.config,
             llm: parts.llm,

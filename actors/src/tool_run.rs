@@ -27,6 +27,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::{oneshot, watch};
+use tracing::Instrument;
 
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
@@ -342,11 +343,22 @@ impl Actor for ToolRunActor {
         let run_ctx = RunContext::new(port, control, self.call.clone(), self.cancel.subscribe());
         let alive = self.alive.clone();
         let session = self.shared.id.clone();
+        let span = tracing::info_span!(
+            parent: &self.shared.span,
+            "tool_run",
+            session = %self.shared.id,
+            agent = %self.agent.name(),
+            tool = %self.call.name,
+            call_id = %self.call.call_id,
+            run = %self.probe.id(),
+        );
+        let body = reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind())
+            .instrument(span);
         let fut = async move {
             // Declared first so it drops last: the toolset's wait for this run ends only
             // once the body future is gone.
             let _alive = alive;
-            reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind()).await
+            body.await
         };
         ctx.spawn(
             fut.into_actor(self)

@@ -45,6 +45,8 @@ pub(crate) struct Turn {
     done: oneshot::Sender<TurnOutcome>,
     /// Interruptions waiting for the turn to end.
     ended: Vec<oneshot::Sender<()>>,
+    /// `turn` span (session, agent, kind): the parent of its LLM requests' spans.
+    span: tracing::Span,
 }
 
 enum Phase {
@@ -64,6 +66,8 @@ enum Phase {
 /// One LLM request being consumed.
 struct Generation {
     step: u64,
+    /// The `llm_request` span (its `speech` field is set when the speech starts).
+    span: tracing::Span,
     task: SpawnHandle,
     /// Chat length the request was made from.
     view: usize,
@@ -83,6 +87,18 @@ impl ActivityActor {
         done: oneshot::Sender<TurnOutcome>,
         ctx: &mut Context<Self>,
     ) {
+        let kind_name = match &kind {
+            TurnKind::User(_) => "user",
+            TurnKind::Reply(_) => "reply",
+            TurnKind::Deferred(_) => "deferred",
+        };
+        let span = tracing::info_span!(
+            parent: &self.shared.span,
+            "turn",
+            session = %self.shared.id,
+            agent = %self.agent.name(),
+            kind = kind_name,
+        );
         self.turn = Some(Turn {
             events: Vec::new(),
             steps: 0,
@@ -93,6 +109,7 @@ impl ActivityActor {
             awaiting_playout: None,
             done,
             ended: Vec::new(),
+            span,
         });
         self.set_state(AgentState::Thinking);
         match kind {
@@ -203,7 +220,16 @@ impl ActivityActor {
         };
         let step = self.shared.next_step();
         let view = self.ledger.chat().len();
-        let stream = llm_guard::open(&*self.llm, request, self.timeouts);
+        let span = tracing::info_span!(
+            parent: &turn.span,
+            "llm_request",
+            session = %self.shared.id,
+            agent = %self.agent.name(),
+            llm = self.llm.name(),
+            step,
+            speech = tracing::field::Empty,
+        );
+        let stream = llm_guard::open(&*self.llm, request, self.timeouts, span.clone());
         let task = ctx.spawn(
             stream
                 .into_actor(self)
@@ -214,6 +240,7 @@ impl ActivityActor {
         if let Some(turn) = self.turn.as_mut() {
             turn.phase = Phase::Generating(Generation {
                 step,
+                span,
                 task,
                 view,
                 started: Instant::now(),
@@ -253,8 +280,10 @@ impl ActivityActor {
         match chunk {
             LlmChunk::Text(text) => {
                 generation.text_chunks += 1;
+                let span = &generation.span;
                 let speech = *generation.speech.get_or_insert_with(|| {
                     let speech = SpeechId(shared.next_speech());
+                    span.record("speech", tracing::field::display(speech));
                     shared.with_io(|io| io.speech_started(speech, agent.name()));
                     shared.emit(SessionEvent::SpeechCreated {
                         agent: agent.name().to_owned(),
