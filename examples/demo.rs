@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{ConsoleIo, Reply, ScriptedLlm};
+use switchboard::testing::{ConsoleOutput, Reply, ScriptedLlm};
 use switchboard::{ChatItem, ToolChoice};
 use tokio::sync::watch;
 
@@ -101,7 +101,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .llm(llm.clone())
         .agent(receptionist)
         .toolset(Toolset::new("booking").tool(book_table))
-        .io(ConsoleIo)
+        .output(ConsoleOutput)
         .inspect(true)
         .start(&engine)
         .await?;

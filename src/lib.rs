@@ -53,16 +53,16 @@
 pub mod testing;
 
 pub use switchboard_actors::{
-    agent, chat, control, error, error_policy, events, handoff, history, ids, inspector, io, llm,
-    prompts, run_context, tool,
+    agent, chat, control, error, error_policy, events, handoff, history, ids, inspector, llm,
+    output, prompts, run_context, speech, tool,
 };
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AsyncRunContext,
     BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, DuplicatePromptArgs,
     Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext,
-    InspectError, Inspector, Io, Journal, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
-    LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullIo, Playout, PromptArgs, Prompts, Received,
-    ReplyPromptArgs, RunContext, RunResult, Session, SessionAddress, SessionBuilder,
+    InspectError, Inspector, Journal, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, PromptArgs, Prompts,
+    Received, ReplyPromptArgs, RunContext, RunResult, Session, SessionAddress, SessionBuilder,
     SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SpeechId, StopResponse,
     TaskError, Template, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
     ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,

@@ -1,13 +1,14 @@
-//! Testing support: a scripted model and recording I/O, for users' tests and for ours.
+//! Testing support: a scripted model and a recording speech output, for users' tests and
+//! for ours.
 //! No network, no key.
 
 mod expect;
-mod io;
+mod output;
 mod scripted_llm;
 
 pub use expect::{
     expect, EventAssert, ExpectError, FunctionCallAssert, HandoffAssert, MessageAssert,
     OutputAssert, RunExpect, RunResultExt,
 };
-pub use io::{ConsoleIo, RecordedSpeech, RecordingIo};
+pub use output::{ConsoleOutput, OutputCall, RecordedSpeech, RecordingOutput};
 pub use scripted_llm::{Reply, ScriptedLlm};

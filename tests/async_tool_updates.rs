@@ -10,7 +10,7 @@ use common::{
 };
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{ChatContext, ToolChoice};
 
 async fn start(tool: Tool, llm: std::sync::Arc<ScriptedLlm>) -> Session {
@@ -57,12 +57,12 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
         Reply::text("Booked: #42."),
     ]);
     // Voice-like I/O: the agent speaks until the test reports the playout finished.
-    let io = RecordingIo::manual_playout();
+    let io = RecordingOutput::manual_playout();
     let agent = Agent::builder("agent-a").tool(tool).build().unwrap();
     let session = Session::builder()
         .llm(llm.clone())
         .agent(agent)
-        .io(io.clone())
+        .output(io.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -70,7 +70,7 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
 
     let turn = spawn_turn(&session, "find me a flight");
     wait_event(&mut events, |e| match e {
-        SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
+        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
         _ => None,
     })
     .await;
@@ -80,7 +80,7 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     assert_eq!(llm.request_count(), 2, "no reply while the agent speaks");
     let speech = io.last_speech().unwrap();
     assert_eq!(speech.text, "Searching now.");
-    session.playout_finished(speech.id, None);
+    io.played_out(speech.id);
 
     let result = turn.await.unwrap().unwrap();
     // The first update answered the step; the LLM ran again with it in view.
@@ -90,11 +90,11 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     assert!(!first.is_error);
 
     let last = wait_event(&mut events, |e| match e {
-        SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
+        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
         _ => None,
     })
     .await;
-    session.playout_finished(last, None);
+    io.played_out(last);
     session.wait_for_settled().await;
 
     let chat = session.chat_context().await.unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{assert_invariant, call_ids, spawn_turn, wait_event, wait_started, Gate, Log, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{NoArgs, ToolChoice, UpdateError};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -74,12 +74,12 @@ async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
     llm.on_request(3, Reply::text("Some news came in."));
     llm.on_request(4, Reply::tool_call("save_email", json!({"email": "a@b.c"})));
     llm.otherwise(Reply::text("OK."));
-    let io = RecordingIo::manual_playout();
+    let io = RecordingOutput::manual_playout();
     let session = Session::builder()
         .llm(llm.clone())
         .agent(main)
         .toolset(Toolset::new("feeds").tool(two_updates("feed", gate.clone())))
-        .io(io.clone())
+        .output(io.clone())
         .grace_period(Duration::ZERO)
         .start(&Engine::current().unwrap())
         .await
@@ -109,15 +109,15 @@ async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
     // The user asks for something that pauses `main` before the pending reply runs.
     let second = spawn_turn(&session, "take my email");
     tokio::task::yield_now().await;
-    session.playout_finished(io.last_speech().unwrap().id, None);
+    io.played_out(io.last_speech().unwrap().id);
     first.await.unwrap().unwrap();
     // The collector answers the pending reply; the user hears it.
     let speech = wait_event(&mut events, |e| match e {
-        SessionEvent::SpeechCreated { agent, speech } if agent == "collector" => Some(*speech),
+        SessionEvent::SpeechCreated { agent, speech } if agent == "collector" => Some(speech.id()),
         _ => None,
     })
     .await;
-    session.playout_finished(speech, None);
+    io.played_out(speech);
     session.wait_for_inactive().await;
 
     let requests = llm.requests();
@@ -141,12 +141,12 @@ async fn a_pause_takes_only_the_paused_agents_items_out_of_the_pending_reply() {
     assert!(!reply.chat.contains_call("call_1/update_1"));
 
     // Every later speech is played out at once from here on.
-    let s = session.clone();
+    let out = io.clone();
     let mut ev = session.subscribe();
     let player = actix::spawn(async move {
         while let Ok(event) = ev.recv().await {
             if let SessionEvent::SpeechCreated { speech, .. } = event {
-                s.playout_finished(speech, None);
+                out.played_out(speech.id());
             }
         }
     });
@@ -296,7 +296,7 @@ async fn a_closed_activity_drops_its_pending_reply() {
         Reply::text("Watching."),
     ]);
     llm.otherwise(Reply::text("OK."));
-    let io = RecordingIo::manual_playout();
+    let io = RecordingOutput::manual_playout();
     let session = Session::builder()
         .llm(llm.clone())
         .agent(
@@ -305,7 +305,7 @@ async fn a_closed_activity_drops_its_pending_reply() {
                 .build()
                 .unwrap(),
         )
-        .io(io.clone())
+        .output(io.clone())
         .grace_period(Duration::ZERO)
         .start(&Engine::current().unwrap())
         .await
@@ -332,7 +332,7 @@ async fn a_closed_activity_drops_its_pending_reply() {
             .await
     });
     tokio::task::yield_now().await;
-    session.playout_finished(io.last_speech().unwrap().id, None);
+    io.played_out(io.last_speech().unwrap().id);
     turn.await.unwrap().unwrap();
     handoff.await.unwrap().unwrap();
     session.wait_for_settled().await;

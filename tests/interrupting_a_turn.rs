@@ -14,7 +14,7 @@ use common::{assert_invariant, output, spawn_turn, wait_event, DropGuard, Gate, 
 use futures_util::{stream, StreamExt};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{LlmChunk, LlmRequest, LlmStream};
 use tokio::sync::mpsc;
 
@@ -55,14 +55,14 @@ impl Llm for SaysThenStalls {
 async fn interrupt_drops_the_stream_and_the_turn_returns_interrupted_with_what_was_said() {
     tokio::time::pause();
     let log = Log::default();
-    let io = RecordingIo::new();
+    let io = RecordingOutput::new();
     let session = Session::builder()
         .llm(Arc::new(SaysThenStalls {
             log: log.clone(),
             answered: Default::default(),
         }))
         .agent(Agent::builder("agent").build().unwrap())
-        .io(io.clone())
+        .output(io.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();

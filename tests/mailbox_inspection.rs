@@ -182,7 +182,7 @@ async fn pending_counts_queued_messages_until_they_are_handled_or_dropped() {
         .unwrap();
     let received_before = inspector.received("session/s1").unwrap().len();
     for _ in 0..3 {
-        session.playout_finished(switchboard::SpeechId(99), None);
+        session.transcript("uh", false);
     }
     assert_eq!(inspector.pending("session/s1").unwrap(), 3);
     assert_eq!(
@@ -192,7 +192,7 @@ async fn pending_counts_queued_messages_until_they_are_handled_or_dropped() {
 
     // Handled once the session's thread gets to them, while on_exit still waits.
     inspector
-        .wait_for("session/s1", "SpeechPlayedOut", Duration::from_secs(5))
+        .wait_for("session/s1", "UserTranscript", Duration::from_secs(5))
         .await
         .unwrap();
     tokio::task::yield_now().await;

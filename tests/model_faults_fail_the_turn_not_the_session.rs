@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::{wait_event, Query};
 use futures_util::{stream, StreamExt};
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingIo, Reply, ScriptedLlm};
+use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{
     ChatMessage, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
 };
@@ -79,7 +79,7 @@ async fn a_stream_that_never_yields_fails_the_turn_at_the_first_chunk_timeout() 
 #[actix::test]
 async fn a_stream_that_stalls_midway_times_out_and_keeps_what_was_said() {
     tokio::time::pause();
-    let io = RecordingIo::new();
+    let io = RecordingOutput::new();
     let llm = ScriptedLlm::new([Reply::text("Let me check").and_stall()]);
     let session = Session::builder()
         .llm(llm)
@@ -89,7 +89,7 @@ async fn a_stream_that_stalls_midway_times_out_and_keeps_what_was_said() {
                 .build()
                 .unwrap(),
         )
-        .io(io.clone())
+        .output(io.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -111,7 +111,7 @@ async fn a_stream_that_stalls_midway_times_out_and_keeps_what_was_said() {
 
 #[actix::test]
 async fn a_stream_that_errors_after_some_text_finishes_the_speech_and_keeps_the_text() {
-    let io = RecordingIo::new();
+    let io = RecordingOutput::new();
     let llm = ScriptedLlm::new([
         Reply::text("Your balance is").and_error(LlmError::Server {
             status: 502,
@@ -122,7 +122,7 @@ async fn a_stream_that_errors_after_some_text_finishes_the_speech_and_keeps_the_
     let session = Session::builder()
         .llm(llm)
         .agent(Agent::builder("agent").build().unwrap())
-        .io(io.clone())
+        .output(io.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();

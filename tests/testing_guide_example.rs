@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingIo, Reply, RunExpect, RunResultExt, ScriptedLlm};
+use switchboard::testing::{RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm};
 use switchboard::{SpeechId, ToolChoice};
 use tokio::sync::{broadcast, watch};
 
@@ -64,7 +64,7 @@ async fn next_event<T>(
 /// Picks the id of a new speech.
 fn speech_created(event: &SessionEvent) -> Option<SpeechId> {
     match event {
-        SessionEvent::SpeechCreated { speech, .. } => Some(*speech),
+        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
         _ => None,
     }
 }
@@ -357,11 +357,8 @@ async fn an_async_tool_finishes_in_the_background() {
         .contains_message(ChatRole::Assistant)
         .with_content("Searching now.");
     assert_eq!(
-        chat.items().last(),
-        Some(&ChatItem::message(
-            ChatRole::Assistant,
-            "I found 3 flights."
-        ))
+        chat.items().last().and_then(ChatItem::text),
+        Some("I found 3 flights.")
     );
     chat.check_invariant().unwrap();
     session.close().await.unwrap();
@@ -375,7 +372,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
         Reply::text("Searching now."),
         Reply::text("I found 3 flights."),
     ]);
-    let io = RecordingIo::manual_playout();
+    let io = RecordingOutput::manual_playout();
     let agent = Agent::builder("agent-a")
         .tool(search_flights(gate.clone()))
         .build()
@@ -383,7 +380,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     let session = Session::builder()
         .llm(llm.clone())
         .agent(agent)
-        .io(io.clone())
+        .output(io.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -411,12 +408,12 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
         (speech, "Searching now.")
     );
 
-    session.playout_finished(speech, None);
+    io.played_out(speech);
     turn.await.unwrap().unwrap();
     // Right after the playout, the deferred reply: a second speech.
     let reply = next_event(&mut events, speech_created).await;
     assert_eq!(io.last_speech().unwrap().text, "I found 3 flights.");
-    session.playout_finished(reply, None);
+    io.played_out(reply);
     session.wait_for_settled().await;
 
     assert_eq!(llm.request_count(), 3);

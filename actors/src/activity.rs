@@ -9,7 +9,8 @@
 //! - **Starts** on `StartActivity` (runs `on_enter`); **pauses** on `PauseActivity` (a
 //!   sub-task agent runs) and **resumes** on `ResumeActivity`; **stops** on
 //!   `CloseActivity` (runs `on_exit`, stops its toolsets).
-//! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InsertToolItems`,
+//! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
+//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserWords`, `InsertToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`,
 //!   `PlayoutFinished`, `GetChat`.
 //!
@@ -23,9 +24,15 @@
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
 //! - A panic in a hook or the LLM adapter, a stalled or failing model stream, fails the
 //!   turn with an error event; the activity takes the next turn.
+//! - Every assistant message knows its speech; a playout report cuts that message to what
+//!   was heard, and a speech nobody heard leaves no message.
+//! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
+//!   after the minimum duration or a transcript, and resumes after a false interruption.
 
+mod barge_in;
 mod companions;
 mod ledger;
+mod speaking;
 mod turn;
 
 use std::collections::HashMap;
@@ -44,18 +51,20 @@ use crate::error::{SessionError, UpdateError};
 use crate::events::{AgentState, SessionEvent};
 use crate::handoff::Handoff;
 use crate::ids::ActorId;
-use crate::io::SpeechId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
 use crate::llm::{Llm, LlmTimeouts, ToolSchema};
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::outcome::panic_message;
+use crate::output::SpeechId;
 use crate::prompts::Prompts;
 use crate::reentry;
 use crate::session::{PendingItem, Scope, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
+use crate::speech::SpeechHandle;
 use crate::tool::DuplicatePolicy;
 use crate::toolset::{StopRuns, StopToolset, ToolsetActor};
 
+use barge_in::{BargeIn, BargeInRules};
 use ledger::{Ledger, Sink};
 use turn::Turn;
 
@@ -87,6 +96,12 @@ pub(crate) enum TurnKind {
     Reply(Option<String>),
     /// The coalesced reply to background tool items.
     Deferred(Vec<PendingItem>),
+    /// A text the agent says as it is (`Session::say`).
+    Say {
+        text: String,
+        speech: SpeechHandle,
+        add_to_chat: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +146,12 @@ pub(crate) struct ActivityActor {
     /// Whether `get_running_tasks` and `cancel_task` are exposed.
     companions: bool,
     generation: u32,
+    /// Whether its turns may be interrupted, unless a `say` says otherwise (agent's
+    /// setting, else the session's).
+    allow_interruptions: bool,
+    barge_in: BargeIn,
+    barge_rules: BargeInRules,
+    barge_timer: Option<SpawnHandle>,
     _alive: AliveToken,
 }
 
@@ -148,6 +169,15 @@ impl ActivityActor {
             .def
             .llm_timeouts
             .unwrap_or(spec.shared.config.llm_timeouts);
+        let allow_interruptions = spec
+            .agent
+            .def
+            .allow_interruptions
+            .unwrap_or(spec.shared.config.allow_interruptions);
+        let barge_rules = BargeInRules {
+            min_duration: spec.shared.config.min_interruption_duration,
+            false_timeout: spec.shared.config.false_interruption_timeout,
+        };
         let actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
@@ -166,6 +196,10 @@ impl ActivityActor {
             status: Status::Starting,
             companions,
             generation: spec.generation,
+            allow_interruptions,
+            barge_in: BargeIn::Quiet,
+            barge_rules,
+            barge_timer: None,
             _alive: alive,
         };
         Child::new(Mailbox::new(actor.start(), probe), gone)
@@ -180,10 +214,7 @@ impl ActivityActor {
     }
 
     fn set_state(&self, state: AgentState) {
-        self.shared.emit_with(|| SessionEvent::AgentStateChanged {
-            agent: self.agent_name(),
-            state,
-        });
+        self.shared.set_agent_state(self.agent.name(), state);
     }
 
     /// Runs `f` on the ledger with a sink that emits each appended item and, when
@@ -394,26 +425,96 @@ impl Handler<StartTurn> for ActivityActor {
 }
 
 /// Sent by the session to stop the running turn now (`Session::interrupt`, a preempting
-/// handoff, a dropped `run` future): the LLM stream is dropped, no further step runs,
-/// and each call of the open step gets its output (a call that cancels on interruption
-/// is cancelled, the others move to the background). The reply comes once the turn ended
-/// (at once when none runs).
-pub(crate) struct InterruptTurn;
+/// handoff, a dropped `run` future, a user turn): the LLM stream is dropped, the output
+/// told to stop, no further step runs, and each call of the open step gets its output (a
+/// call that cancels on interruption is cancelled, the others move to the background).
+/// Refused (`Uninterruptible`) when the turn does not allow interruptions and `force` is
+/// not set. The reply comes once the turn ended (at once when none runs).
+pub(crate) struct InterruptTurn {
+    pub(crate) force: bool,
+}
 
 impl Message for InterruptTurn {
-    type Result = ();
+    type Result = Result<(), SessionError>;
 }
 
 impl Handler<InterruptTurn> for ActivityActor {
-    type Result = ResponseFuture<()>;
+    type Result = ResponseFuture<Result<(), SessionError>>;
 
-    fn handle(&mut self, _msg: InterruptTurn, ctx: &mut Self::Context) -> Self::Result {
-        let ended = self.interrupt(ctx);
+    fn handle(&mut self, msg: InterruptTurn, ctx: &mut Self::Context) -> Self::Result {
+        let ended = self.interrupt(msg.force, ctx);
         Box::pin(async move {
-            if let Some(ended) = ended {
+            if let Some(ended) = ended? {
                 let _ = ended.await;
             }
+            Ok(())
         })
+    }
+}
+
+/// Sent by the session for `SpeechHandle::interrupt`: the running turn stops if the
+/// speech is one of its own.
+pub(crate) struct InterruptSpeech {
+    pub(crate) speech: SpeechId,
+    pub(crate) force: bool,
+}
+
+impl Message for InterruptSpeech {
+    type Result = ();
+}
+
+impl Handler<InterruptSpeech> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InterruptSpeech, ctx: &mut Self::Context) {
+        self.interrupt_speech(msg.speech, msg.force, ctx);
+    }
+}
+
+/// Forwarded host input: the user started speaking. Over an interruptible turn this
+/// starts a barge-in (the output pauses if it can).
+pub(crate) struct UserStartedSpeaking;
+
+impl Message for UserStartedSpeaking {
+    type Result = ();
+}
+
+impl Handler<UserStartedSpeaking> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: UserStartedSpeaking, ctx: &mut Self::Context) {
+        self.user_started(ctx);
+    }
+}
+
+/// Forwarded host input: the user stopped speaking.
+pub(crate) struct UserStoppedSpeaking;
+
+impl Message for UserStoppedSpeaking {
+    type Result = ();
+}
+
+impl Handler<UserStoppedSpeaking> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: UserStoppedSpeaking, ctx: &mut Self::Context) {
+        self.user_stopped(ctx);
+    }
+}
+
+/// Forwarded host input: a transcript with words (interim or final) arrived, which makes
+/// a barge-in under way a real interruption.
+pub(crate) struct UserWords;
+
+impl Message for UserWords {
+    type Result = ();
+}
+
+impl Handler<UserWords> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: UserWords, ctx: &mut Self::Context) {
+        self.user_words(ctx);
     }
 }
 
@@ -550,7 +651,7 @@ impl Handler<CloseActivity> for ActivityActor {
     fn handle(&mut self, msg: CloseActivity, ctx: &mut Self::Context) -> Self::Result {
         let was_open = self.status != Status::Closed;
         self.status = Status::Closed;
-        self.stop_generation_for_close(&msg.reason, ctx);
+        self.stop_generation_for_close(ctx);
         self.ledger.refuse_held();
         let hook = self.run_hook(
             was_open.then(|| self.agent.def.on_exit.clone()).flatten(),
@@ -582,10 +683,11 @@ impl Handler<CloseActivity> for ActivityActor {
     }
 }
 
-/// Sent by the session when the host reports a speech's playout ended; `heard`, when
-/// given, replaces the message text with what the user actually heard.
+/// Forwarded from the output's `PlayoutReporter`: a speech's playout ended, in full or
+/// cut short with what was heard. Accepted for any speech at any time.
 pub(crate) struct PlayoutFinished {
     pub(crate) speech: SpeechId,
+    pub(crate) interrupted: bool,
     pub(crate) heard: Option<String>,
 }
 
@@ -596,8 +698,8 @@ impl Message for PlayoutFinished {
 impl Handler<PlayoutFinished> for ActivityActor {
     type Result = ();
 
-    fn handle(&mut self, msg: PlayoutFinished, _ctx: &mut Self::Context) {
-        self.playout_finished(msg.speech, msg.heard);
+    fn handle(&mut self, msg: PlayoutFinished, ctx: &mut Self::Context) {
+        self.playout_finished(msg.speech, msg.interrupted, msg.heard, ctx);
     }
 }
 
@@ -622,6 +724,10 @@ counted_handlers!(
     ActivityActor: StartActivity,
     StartTurn,
     InterruptTurn,
+    InterruptSpeech,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
+    UserWords,
     InsertToolItems,
     AppendItems,
     PauseActivity,

@@ -88,6 +88,7 @@ pub(crate) struct AgentDef {
     pub(crate) error_policy: ErrorPolicy,
     pub(crate) prompts: Prompts,
     pub(crate) llm_timeouts: Option<LlmTimeouts>,
+    pub(crate) allow_interruptions: Option<bool>,
 }
 
 impl fmt::Debug for Agent {
@@ -116,6 +117,7 @@ impl Agent {
                 error_policy: ErrorPolicy::new(),
                 prompts: Prompts::new(),
                 llm_timeouts: None,
+                allow_interruptions: None,
             },
         }
     }
@@ -185,6 +187,13 @@ impl AgentBuilder {
     /// (default: the session's, see `SessionBuilder::llm_timeouts`).
     pub fn llm_timeouts(mut self, timeouts: LlmTimeouts) -> Self {
         self.def.llm_timeouts = Some(timeouts);
+        self
+    }
+
+    /// Whether the user may interrupt this agent's speech (default: the session's
+    /// setting; a `say` may set its own).
+    pub fn allow_interruptions(mut self, allow: bool) -> Self {
+        self.def.allow_interruptions = Some(allow);
         self
     }
 

@@ -32,6 +32,10 @@ pub struct ChatMessage {
     /// model stream): `content` is then only what was said before.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub interrupted: bool,
+    /// For an assistant message: the speech that said it (a playout report for that
+    /// speech cuts this message to what was heard).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speech: Option<crate::output::SpeechId>,
 }
 
 /// A tool call the model made.
@@ -85,7 +89,16 @@ impl ChatItem {
             role,
             content: content.into(),
             interrupted: false,
+            speech: None,
         })
+    }
+
+    /// The text of a message item (`None` for other items).
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            Self::Message(m) => Some(&m.content),
+            _ => None,
+        }
     }
 
     /// The call id of a function call or output item.
@@ -142,6 +155,13 @@ impl ChatContext {
     /// Gives mutable access to the items, for hooks that edit the context.
     pub fn items_mut(&mut self) -> &mut Vec<ChatItem> {
         Arc::make_mut(&mut self.items)
+    }
+
+    /// Where the assistant message said by `speech` is, searching from the newest item.
+    pub fn position_of_speech(&self, speech: crate::output::SpeechId) -> Option<usize> {
+        self.items
+            .iter()
+            .rposition(|item| matches!(item, ChatItem::Message(m) if m.speech == Some(speech)))
     }
 
     /// Whether any function call or output uses this call id.

@@ -16,6 +16,11 @@ pub enum SessionError {
         /// The host call (`run`, `generate_reply`, `update_agent`, …).
         operation: &'static str,
     },
+    /// The current speech does not allow interruptions (its `say` options, the agent's or
+    /// the session's setting, or a tool holding them off); `Session::force_interrupt`
+    /// interrupts it anyway.
+    #[error("the current speech does not allow interruptions")]
+    Uninterruptible,
     /// Too much work is queued behind the current turn; try again once it has run.
     #[error("the session already has {limit} jobs queued")]
     QueueFull {
@@ -87,6 +92,18 @@ pub enum BuildError {
         field: String,
         /// The fields it may use.
         known: String,
+    },
+}
+
+/// Why a speech could not be interrupted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpeechError {
+    /// The speech does not allow interruptions now (see `SpeechHandle::force_interrupt`).
+    #[error("{speech} does not allow interruptions")]
+    Uninterruptible {
+        /// The speech.
+        speech: crate::output::SpeechId,
     },
 }
 

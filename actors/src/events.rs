@@ -4,13 +4,27 @@
 use std::time::Duration;
 
 use crate::chat::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
-use crate::io::SpeechId;
 use crate::llm::LlmUsage;
+use crate::output::SpeechId;
+use crate::speech::SpeechHandle;
+
+/// What the user is doing, as the host's input says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UserState {
+    /// Speaking (between `user_started_speaking` and `user_stopped_speaking`).
+    Speaking,
+    /// Not speaking.
+    #[default]
+    Listening,
+    /// Silent, with the agent idle, for the session's `user_away_timeout`.
+    Away,
+}
 
 /// What the agent is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum AgentState {
     /// The activity is starting (`on_enter` runs).
+    #[default]
     Initializing,
     /// Waiting for the user.
     Listening,
@@ -48,10 +62,18 @@ pub struct LlmMetrics {
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub enum SessionEvent {
-    /// A user turn came in.
+    /// The user said something: an interim transcript (`is_final == false`, for display
+    /// only) or a final one (a user turn), or text from `Session::run`.
     UserInputTranscribed {
         /// The text.
         text: String,
+        /// Whether it is final.
+        is_final: bool,
+    },
+    /// The user started or stopped speaking, or went away.
+    UserStateChanged {
+        /// The new state.
+        state: UserState,
     },
     /// An item was added to an agent's chat context.
     ConversationItemAdded {
@@ -80,8 +102,24 @@ pub enum SessionEvent {
     SpeechCreated {
         /// The agent.
         agent: String,
+        /// The speech (its handle: interrupt it, wait for its playout).
+        speech: SpeechHandle,
+    },
+    /// A speech ended: played out in full, or cut short with what the user heard.
+    SpeechPlayedOut {
         /// The speech.
         speech: SpeechId,
+        /// Whether it was cut short.
+        interrupted: bool,
+        /// What the user heard, when cut short and the output said.
+        heard: Option<String>,
+    },
+    /// The user talked over the agent, but not for long enough and without words: the
+    /// interruption was false. `resumed` says whether the paused speech went on (a
+    /// pausable output) or was simply never stopped.
+    AgentFalseInterruption {
+        /// Whether a paused speech was resumed.
+        resumed: bool,
     },
     /// The conversation moved to another agent.
     AgentHandoff {

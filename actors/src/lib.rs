@@ -16,7 +16,7 @@
 //! - `toolset` — `ToolsetActor`: a group of tools with its registry of running calls.
 //! - `tool_run` — `ToolRunActor`: one running tool call.
 //!
-//! Vocabulary: [`chat`], [`llm`], [`tool`], [`agent`], [`events`], [`io`]. Handles given
+//! Vocabulary: [`chat`], [`llm`], [`tool`], [`agent`], [`events`], [`output`], [`speech`]. Handles given
 //! to user code: [`Session`] and [`RunContext`]. Inspection: [`Inspector`] over the
 //! per-session [`Journal`] kept by the counted mailboxes in `mailbox`.
 //!
@@ -58,12 +58,13 @@ pub mod handoff;
 pub mod history;
 pub mod ids;
 pub mod inspector;
-pub mod io;
 pub mod llm;
+pub mod output;
 pub mod prompts;
 pub mod run_context;
 pub mod runtime;
 pub mod session_handle;
+pub mod speech;
 pub mod tool;
 
 mod activity;
@@ -81,25 +82,26 @@ mod toolset;
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
-pub use error::{BuildError, SessionError, TaskError, UpdateError};
+pub use error::{BuildError, SessionError, SpeechError, TaskError, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
-pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent};
+pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent, UserState};
 pub use handoff::Handoff;
 pub use history::{AgentChat, SessionHistory};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
-pub use io::{Io, NullIo, Playout, SpeechId};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
     ToolCallChunk, ToolChoice, ToolSchema,
 };
 pub use mailbox::{ActorSnapshot, Journal, Received};
+pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
 };
 pub use run_context::{AsyncRunContext, RunContext, UpdateMessage};
 pub use runtime::Engine;
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
+pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use tool::{
     DuplicatePolicy, NoArgs, StopResponse, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
@@ -115,4 +117,6 @@ fn _assert_handles_are_send_sync() {
     check::<Agent>();
     check::<Tool>();
     check::<SessionControl>();
+    check::<SpeechHandle>();
+    check::<PlayoutReporter>();
 }

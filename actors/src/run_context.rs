@@ -18,6 +18,7 @@ use crate::chat::FunctionCall;
 use crate::control::SessionControl;
 use crate::error::{TaskError, UpdateError};
 use crate::ids::ActorId;
+use crate::speech::SpeechHandle;
 
 /// An update's content: text (wrapped by the `update` template) or a structured value
 /// (passed as is).
@@ -51,6 +52,10 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     fn id(&self) -> &ActorId;
     /// Sends one update through the run; resolves once it is in a chat context.
     fn update(&self, message: UpdateMessage) -> BoxFuture<'static, Result<(), UpdateError>>;
+    /// Holds the calling turn's interruptions off until the run ends.
+    fn disallow_interruptions(&self);
+    /// The speech of the step that made the call, if it said something.
+    fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
     fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>>;
 }
@@ -141,6 +146,19 @@ impl RunContext {
     /// The call as recorded: canonical call id, tool name, raw arguments.
     pub fn function_call(&self) -> &FunctionCall {
         &self.call
+    }
+
+    /// Makes the speech of the calling turn uninterruptible while this tool runs: the user
+    /// cannot barge in on it and `cancel_task` refuses this call (as LiveKit's
+    /// `ctx.disallow_interruptions()`). Released when the tool ends.
+    pub fn disallow_interruptions(&self) {
+        self.port.disallow_interruptions();
+    }
+
+    /// The speech of the LLM step that made this call, if the model said something
+    /// before calling (wait for it to be heard with `wait_for_playout`).
+    pub fn speech(&self) -> Option<&SpeechHandle> {
+        self.port.speech()
     }
 
     /// The run actor's id, as the mailbox inspector shows it (`tool/s1/7:call_3`).

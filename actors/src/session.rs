@@ -8,7 +8,8 @@
 //!   `CloseSession` — sent by `Session::close` or when the host's last `Session` handle
 //!   is dropped — once all its children are gone.
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
-//!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `Interrupt`, `CancelTurn`,
+//!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `Interrupt`, `CutSpeech`, `Say`,
+//!   `UserSpeechStarted`, `UserSpeechEnded`, `UserTranscript`, `CancelTurn`,
 //!   `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
 //! - **Children reach it** only through [`SessionLinks`]: one counted link per message a
 //!   child may send, never the host's handle.
@@ -39,22 +40,27 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::activity::{
-    ActivityActor, GetChat, InsertToolItems, InterruptTurn, PlayoutFinished, StartTurn, TurnKind,
-    TurnOutcome,
+    ActivityActor, GetChat, InsertToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished,
+    StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking, UserStoppedSpeaking, UserWords,
 };
 use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
 use crate::control::ControlPort;
 use crate::error::{SessionError, TaskError, UpdateError};
-use crate::events::RunResult;
+use crate::events::UserState;
+use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::SessionHistory;
 use crate::ids::ActorId;
-use crate::io::SpeechId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
 use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
+use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
 use crate::shared::SessionShared;
+use crate::speech::{
+    Interruptibility, SayOptions, SpeechHandle, SpeechOutcome, SpeechPort, SpeechPriority,
+    SpeechStatus,
+};
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
@@ -186,6 +192,30 @@ pub(crate) struct SessionLinks {
     pub(crate) complete: Link<CompleteTask>,
     pub(crate) task: Link<RunTask>,
     reply: Link<QueueReply>,
+    cut: Link<CutSpeech>,
+    played: Link<SpeechPlayedOut>,
+}
+
+impl SpeechPort for SessionLinks {
+    fn interrupt(&self, speech: SpeechId, force: bool) {
+        // One per handle call; a host looping on it waits on nothing, but each call is a
+        // request the host made.
+        self.cut.tell(&ActorId::host(), CutSpeech { speech, force });
+    }
+}
+
+impl PlayoutPort for SessionLinks {
+    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+        // One per speech (bounded by the speeches the session made).
+        self.played.tell(
+            &ActorId::host(),
+            SpeechPlayedOut {
+                speech,
+                interrupted,
+                heard,
+            },
+        );
+    }
 }
 
 impl ControlPort for SessionLinks {
@@ -220,6 +250,9 @@ pub(crate) struct SessionActor {
     schedule: Schedule<Actors>,
     generations: HashMap<String, u32>,
     history: SessionHistory,
+    /// Voice input was seen: the user can go away (text sessions never do).
+    voice: bool,
+    away_timer: Option<SpawnHandle>,
     _alive: AliveToken,
 }
 
@@ -240,6 +273,8 @@ impl SessionActor {
             complete: me.link(),
             task: me.link(),
             reply: me.link(),
+            cut: me.link(),
+            played: me.link(),
         });
         Self {
             probe,
@@ -252,6 +287,8 @@ impl SessionActor {
             schedule: Schedule::new(),
             generations: HashMap::new(),
             history: SessionHistory::default(),
+            voice: false,
+            away_timer: None,
             _alive: alive,
         }
     }
@@ -281,6 +318,40 @@ impl SessionActor {
             *v = inactive;
             changed
         });
+        self.watch_for_away(inactive, ctx);
+    }
+
+    /// A voice session whose user stays silent while the agent is idle for
+    /// `user_away_timeout` marks the user away.
+    fn watch_for_away(&mut self, inactive: bool, ctx: &mut Context<Self>) {
+        let Some(timeout) = self.shared.config.user_away_timeout else {
+            return;
+        };
+        if !self.voice {
+            return;
+        }
+        if !inactive {
+            if let Some(timer) = self.away_timer.take() {
+                ctx.cancel_future(timer);
+            }
+            return;
+        }
+        if self.away_timer.is_none() && *self.shared.user_state.borrow() != UserState::Away {
+            self.away_timer = Some(ctx.run_later(timeout, |act, _| {
+                act.away_timer = None;
+                if act.schedule.is_inactive() {
+                    act.shared.set_user_state(UserState::Away);
+                }
+            }));
+        }
+    }
+
+    /// The agent whose settings a new speech takes (the current one, else the session's).
+    fn allows_interruptions(&self) -> bool {
+        self.schedule
+            .current()
+            .and_then(|current| current.agent.def.allow_interruptions)
+            .unwrap_or(self.shared.config.allow_interruptions)
     }
 
     fn start_turn(
@@ -372,7 +443,10 @@ impl SessionActor {
         match self.schedule.queue_handoff(planned, preempt) {
             Ok(interrupt) => {
                 if let Some(activity) = interrupt {
-                    activity.child.mailbox.tell(self.probe.id(), InterruptTurn);
+                    activity
+                        .child
+                        .mailbox
+                        .tell(self.probe.id(), InterruptTurn { force: true });
                 }
                 self.pump(ctx);
                 Ok(())
@@ -461,6 +535,8 @@ impl Handler<StartSession> for SessionActor {
 
     fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
         self.start_toolsets();
+        let reporter = PlayoutReporter::new(self.links.clone());
+        self.shared.with_output(|output| output.attach(reporter));
         let Some((agent, llm)) = self.first_agent.take() else {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
@@ -502,7 +578,10 @@ impl Handler<RunTurn> for SessionActor {
             kind: msg.kind,
             reply: Some(tx),
         };
-        if let Err((turn, why)) = self.schedule.queue_turn(TurnId::Host(msg.id), turn) {
+        if let Err((turn, why)) =
+            self.schedule
+                .queue_turn(TurnId::Host(msg.id), turn, SpeechPriority::Normal)
+        {
             if let Some(reply) = turn.reply {
                 let _ = reply.send(Err(refusal(why)));
             }
@@ -533,7 +612,7 @@ impl Handler<QueueReply> for SessionActor {
         };
         let queued = self
             .schedule
-            .queue_turn(TurnId::Engine, turn)
+            .queue_turn(TurnId::Engine, turn, SpeechPriority::Normal)
             .map_err(|(_, why)| refusal(why));
         self.pump(ctx);
         queued
@@ -672,26 +751,224 @@ impl Handler<DeliverToolItems> for SessionActor {
     }
 }
 
-/// Sent by the host (`Session::interrupt`): stops the current agent's turn now (its LLM
-/// stream is dropped, no further step runs, its calls get their outputs). The reply comes
-/// once that turn has ended; at once when none runs.
-pub(crate) struct Interrupt;
+/// Sent by the host (`Session::interrupt`, `Session::force_interrupt`): stops the current
+/// agent's turn now (its LLM stream is dropped, the output told to stop, no further step
+/// runs, its calls get their outputs). Refused when the turn does not allow interruptions
+/// and `force` is not set. The reply comes once that turn has ended; at once when none
+/// runs.
+pub(crate) struct Interrupt {
+    pub(crate) force: bool,
+}
 
 impl Message for Interrupt {
-    type Result = ();
+    type Result = Result<(), SessionError>;
 }
 
 impl Handler<Interrupt> for SessionActor {
-    type Result = ResponseFuture<()>;
+    type Result = ResponseFuture<Result<(), SessionError>>;
 
-    fn handle(&mut self, _msg: Interrupt, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: Interrupt, _ctx: &mut Self::Context) -> Self::Result {
         let Some(activity) = self.schedule.interrupt_target() else {
-            return Box::pin(async {});
+            return Box::pin(async { Ok(()) });
         };
-        let ask = activity.child.mailbox.ask(self.probe.id(), InterruptTurn);
-        Box::pin(async move {
-            let _ = ask.await;
-        })
+        let ask = activity
+            .child
+            .mailbox
+            .ask(self.probe.id(), InterruptTurn { force: msg.force });
+        Box::pin(async move { ask.await.unwrap_or(Ok(())) })
+    }
+}
+
+/// Sent by a `SpeechHandle` (`interrupt`, `force_interrupt`): a queued `say` is taken out
+/// of the queue; a speech of the running turn stops with its turn.
+pub(crate) struct CutSpeech {
+    pub(crate) speech: SpeechId,
+    pub(crate) force: bool,
+}
+
+impl Message for CutSpeech {
+    type Result = ();
+}
+
+impl Handler<CutSpeech> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: CutSpeech, ctx: &mut Self::Context) {
+        let queued = self.schedule.remove_turn(
+            |turn| matches!(&turn.kind, TurnKind::Say { speech, .. } if speech.id() == msg.speech),
+        );
+        if let Some(QueuedTurn {
+            kind: TurnKind::Say { speech, .. },
+            ..
+        }) = queued
+        {
+            speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
+                heard: Some(String::new()),
+            }));
+            self.pump(ctx);
+            return;
+        }
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(
+                self.probe.id(),
+                InterruptSpeech {
+                    speech: msg.speech,
+                    force: msg.force,
+                },
+            );
+        }
+    }
+}
+
+/// Sent by the host (`Session::say`): queues a text the agent says as it is. Answered with
+/// the speech's handle once it is queued.
+pub(crate) struct Say {
+    pub(crate) text: String,
+    pub(crate) options: SayOptions,
+}
+
+impl Message for Say {
+    type Result = Result<SpeechHandle, SessionError>;
+}
+
+impl Handler<Say> for SessionActor {
+    type Result = Result<SpeechHandle, SessionError>;
+
+    fn handle(&mut self, msg: Say, ctx: &mut Self::Context) -> Self::Result {
+        let allow = msg
+            .options
+            .allow_interruptions
+            .unwrap_or_else(|| self.allows_interruptions());
+        let speech = SpeechHandle::new(
+            SpeechId(self.shared.next_speech()),
+            Interruptibility::new(allow),
+            SpeechStatus::Queued,
+            self.links.clone(),
+        );
+        let turn = QueuedTurn {
+            kind: TurnKind::Say {
+                text: msg.text,
+                speech: speech.clone(),
+                add_to_chat: msg.options.add_to_chat,
+            },
+            reply: None,
+        };
+        let queued = self
+            .schedule
+            .queue_turn(TurnId::Engine, turn, msg.options.priority);
+        self.pump(ctx);
+        match queued {
+            Ok(()) => Ok(speech),
+            Err((_, why)) => {
+                speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
+                    heard: Some(String::new()),
+                }));
+                Err(refusal(why))
+            }
+        }
+    }
+}
+
+/// Host input (`Session::user_started_speaking`): the user started speaking. The user is
+/// speaking (deferred replies wait), and the current agent's turn may be barged in on.
+pub(crate) struct UserSpeechStarted;
+
+impl Message for UserSpeechStarted {
+    type Result = ();
+}
+
+impl Handler<UserSpeechStarted> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: UserSpeechStarted, ctx: &mut Self::Context) {
+        self.voice = true;
+        self.shared.set_user_state(UserState::Speaking);
+        self.schedule.set_user_speaking(true);
+        if let Some(current) = self.schedule.current() {
+            current
+                .child
+                .mailbox
+                .tell(self.probe.id(), UserStartedSpeaking);
+        }
+        self.pump(ctx);
+    }
+}
+
+/// Host input (`Session::user_stopped_speaking`): the user stopped speaking.
+pub(crate) struct UserSpeechEnded;
+
+impl Message for UserSpeechEnded {
+    type Result = ();
+}
+
+impl Handler<UserSpeechEnded> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: UserSpeechEnded, ctx: &mut Self::Context) {
+        self.voice = true;
+        self.shared.set_user_state(UserState::Listening);
+        self.schedule.set_user_speaking(false);
+        if let Some(current) = self.schedule.current() {
+            current
+                .child
+                .mailbox
+                .tell(self.probe.id(), UserStoppedSpeaking);
+        }
+        self.pump(ctx);
+    }
+}
+
+/// Host input (`Session::transcript`): what the user said, interim or final. Interim ones
+/// are events (and words that make a barge-in real); a final one is a user turn, which
+/// interrupts the running turn if it allows it instead of waiting behind it.
+pub(crate) struct UserTranscript {
+    pub(crate) text: String,
+    pub(crate) is_final: bool,
+}
+
+impl Message for UserTranscript {
+    type Result = ();
+}
+
+impl Handler<UserTranscript> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: UserTranscript, ctx: &mut Self::Context) {
+        self.voice = true;
+        let has_words = !msg.text.trim().is_empty();
+        if !msg.is_final {
+            self.shared
+                .emit_with(|| SessionEvent::UserInputTranscribed {
+                    text: msg.text.clone(),
+                    is_final: false,
+                });
+        }
+        if has_words {
+            if let Some(current) = self.schedule.current() {
+                current.child.mailbox.tell(self.probe.id(), UserWords);
+            }
+        }
+        if !(msg.is_final && has_words) {
+            return;
+        }
+        let turn = QueuedTurn {
+            kind: TurnKind::User(msg.text),
+            reply: None,
+        };
+        // The user's turn goes first; the turn running now stops if it allows it.
+        if self
+            .schedule
+            .queue_turn(TurnId::Engine, turn, SpeechPriority::High)
+            .is_ok()
+        {
+            if let Some(activity) = self.schedule.interrupt_target() {
+                activity
+                    .child
+                    .mailbox
+                    .tell(self.probe.id(), InterruptTurn { force: false });
+            }
+        }
+        self.pump(ctx);
     }
 }
 
@@ -711,18 +988,20 @@ impl Handler<CancelTurn> for SessionActor {
     fn handle(&mut self, msg: CancelTurn, ctx: &mut Self::Context) {
         match self.schedule.cancel_turn(msg.id) {
             Cancelled::Dequeued(_) => self.pump(ctx),
-            Cancelled::Running(activity) => {
-                activity.child.mailbox.tell(self.probe.id(), InterruptTurn)
-            }
+            Cancelled::Running(activity) => activity
+                .child
+                .mailbox
+                .tell(self.probe.id(), InterruptTurn { force: true }),
             Cancelled::NotFound => {}
         }
     }
 }
 
-/// Sent by the host when a speech's playout ended (voice I/O); forwarded to the current
-/// activity.
+/// Sent by the output's `PlayoutReporter`: a speech's playout ended, in full or cut
+/// short with what was heard; forwarded to the current activity, which owns the speech.
 pub(crate) struct SpeechPlayedOut {
     pub(crate) speech: SpeechId,
+    pub(crate) interrupted: bool,
     pub(crate) heard: Option<String>,
 }
 
@@ -739,6 +1018,7 @@ impl Handler<SpeechPlayedOut> for SessionActor {
                 self.probe.id(),
                 PlayoutFinished {
                     speech: msg.speech,
+                    interrupted: msg.interrupted,
                     heard: msg.heard,
                 },
             );
@@ -817,6 +1097,11 @@ counted_handlers!(
     CompleteTask,
     DeliverToolItems,
     Interrupt,
+    CutSpeech,
+    Say,
+    UserSpeechStarted,
+    UserSpeechEnded,
+    UserTranscript,
     CancelTurn,
     SpeechPlayedOut,
     ReadChat,

@@ -22,24 +22,26 @@ use crate::agent::Agent;
 use crate::chat::ChatContext;
 use crate::error::{BuildError, SessionError, TaskError};
 use crate::error_policy::ErrorPolicy;
+use crate::events::{AgentState, UserState};
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::SessionHistory;
 use crate::ids::{ActorId, SessionId};
 use crate::inspector::Inspector;
-use crate::io::{Io, NullIo, SpeechId};
 use crate::lifecycle::alive_pair;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
+use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, RunTask, RunTurn, SessionActor,
-    SpeechPlayedOut, StartSession,
+    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, RunTask, RunTurn, Say,
+    SessionActor, StartSession, UserSpeechEnded, UserSpeechStarted, UserTranscript,
 };
 use crate::shared::{SessionConfig, SessionShared, SessionTools, SharedParts};
+use crate::speech::{SayOptions, SpeechHandle};
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
 
 /// A running session: the host's handle on one conversation. Cheap to clone; every clone
@@ -185,17 +187,92 @@ impl Session {
         Ok(serde_json::from_value(value)?)
     }
 
-    /// Stops the current turn now: its LLM stream is dropped, no further step runs, and
-    /// every call of it gets its output (a tool that cancels on interruption is cancelled,
-    /// any other moves to the background and its result comes later). The interrupted
-    /// turn's `run` returns `Ok` with `interrupted` set; queued work goes on. Resolves once
-    /// the turn has ended (at once when none runs).
+    /// Stops the current turn now: its LLM stream is dropped, its speech cut on the
+    /// output, no further step runs, and every call of it gets its output (a tool that
+    /// cancels on interruption is cancelled, any other moves to the background and its
+    /// result comes later). The interrupted turn's `run` returns `Ok` with `interrupted`
+    /// set; queued work goes on. Resolves once the turn has ended (at once when none
+    /// runs). [`SessionError::Uninterruptible`] when the turn's speech does not allow
+    /// interruptions: see [`Session::force_interrupt`].
     pub async fn interrupt(&self) -> Result<(), SessionError> {
+        self.interrupt_with(false).await
+    }
+
+    /// [`Session::interrupt`], even when the speech does not allow interruptions.
+    pub async fn force_interrupt(&self) -> Result<(), SessionError> {
+        self.interrupt_with(true).await
+    }
+
+    async fn interrupt_with(&self, force: bool) -> Result<(), SessionError> {
         self.host
             .mailbox
-            .ask(&ActorId::host(), Interrupt)
+            .ask(&ActorId::host(), Interrupt { force })
             .await
-            .map_err(|_| SessionError::Closed)
+            .map_err(|_| SessionError::Closed)?
+    }
+
+    /// Queues `text` for the agent to say as it is (no LLM request), after what is queued
+    /// with the same priority; it goes into the chat context as an assistant message.
+    /// Returns its handle once queued: await `wait_for_playout` to know it was heard.
+    pub async fn say(&self, text: impl Into<String>) -> Result<SpeechHandle, SessionError> {
+        self.say_with(text, SayOptions::new()).await
+    }
+
+    /// [`Session::say`] with options: whether it may be interrupted, whether it goes into
+    /// the chat context, its priority.
+    pub async fn say_with(
+        &self,
+        text: impl Into<String>,
+        options: SayOptions,
+    ) -> Result<SpeechHandle, SessionError> {
+        self.host
+            .mailbox
+            .ask(
+                &ActorId::host(),
+                Say {
+                    text: text.into(),
+                    options,
+                },
+            )
+            .await
+            .unwrap_or(Err(SessionError::Closed))
+    }
+
+    /// Host input: the user started speaking (from the host's VAD). Deferred replies wait
+    /// while the user speaks; over an interruptible speech this starts a barge-in (the
+    /// output pauses if it can; see [`SessionBuilder::min_interruption_duration`]).
+    pub fn user_started_speaking(&self) {
+        // One message per input event, at the host's rate.
+        self.host.mailbox.tell(&ActorId::host(), UserSpeechStarted);
+    }
+
+    /// Host input: the user stopped speaking.
+    pub fn user_stopped_speaking(&self) {
+        self.host.mailbox.tell(&ActorId::host(), UserSpeechEnded);
+    }
+
+    /// Host input: what the user said (from the host's STT). An interim transcript
+    /// (`is_final == false`) is an event, and words that make a barge-in under way real; a
+    /// final one is a user turn, which interrupts the running turn if it allows it (or
+    /// runs right after it).
+    pub fn transcript(&self, text: impl Into<String>, is_final: bool) {
+        self.host.mailbox.tell(
+            &ActorId::host(),
+            UserTranscript {
+                text: text.into(),
+                is_final,
+            },
+        );
+    }
+
+    /// What the agent is doing now.
+    pub fn agent_state(&self) -> AgentState {
+        *self.shared().agent_state.borrow()
+    }
+
+    /// What the user is doing now, as the host's input says.
+    pub fn user_state(&self) -> UserState {
+        *self.shared().user_state.borrow()
     }
 
     /// Closes the session: waits for no queued work, cancels tool runs (with their grace
@@ -214,9 +291,10 @@ impl Session {
             .ok_or(SessionError::Closed)
     }
 
-    /// Resolves when the session is inactive: the current agent runs no turn and none is
-    /// queued, no handoff is under way, no deferred reply is pending. (Tools may still run
-    /// in the background: see [`Session::wait_for_settled`].)
+    /// Resolves when the session is inactive: no speech is queued, generating or playing
+    /// (the current agent runs no turn and none is queued), no handoff is under way, no
+    /// deferred reply is pending, and the user is not speaking. (Tools may still run in
+    /// the background: see [`Session::wait_for_settled`].)
     pub async fn wait_for_inactive(&self) {
         let mut rx = self.shared().inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
@@ -286,15 +364,6 @@ impl Session {
         self.read_current(|| ReadAgent).await
     }
 
-    /// Tells the session that a speech's playout ended (voice I/O whose
-    /// `Io::speech_finished` returned `Playout::Pending`); `heard` is what the user
-    /// actually heard, when it was cut short.
-    pub fn playout_finished(&self, speech: SpeechId, heard: Option<String>) {
-        self.host
-            .mailbox
-            .tell(&ActorId::host(), SpeechPlayedOut { speech, heard });
-    }
-
     /// The session actor's address, for sending it messages (`Handoff`). Like a
     /// `Session`, it is a host handle: it keeps the session alive.
     pub fn address(&self) -> SessionAddress {
@@ -359,7 +428,7 @@ pub struct SessionBuilder {
     llm: Option<Arc<dyn Llm>>,
     agent: Option<Agent>,
     toolsets: Vec<Toolset>,
-    io: Box<dyn Io>,
+    output: Box<dyn SpeechOutput>,
     userdata: Option<Arc<dyn Any + Send + Sync>>,
     max_tool_steps: u32,
     grace_period: Duration,
@@ -367,6 +436,10 @@ pub struct SessionBuilder {
     llm_timeouts: LlmTimeouts,
     max_calls_per_step: usize,
     max_argument_bytes: usize,
+    allow_interruptions: bool,
+    min_interruption_duration: Duration,
+    false_interruption_timeout: Option<Duration>,
+    user_away_timeout: Option<Duration>,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -381,7 +454,7 @@ impl Default for SessionBuilder {
             llm: None,
             agent: None,
             toolsets: Vec::new(),
-            io: Box::new(NullIo),
+            output: Box::new(NullOutput),
             userdata: None,
             max_tool_steps: 3,
             grace_period: Duration::from_secs(2),
@@ -389,6 +462,10 @@ impl Default for SessionBuilder {
             llm_timeouts: LlmTimeouts::default(),
             max_calls_per_step: 32,
             max_argument_bytes: 64 * 1024,
+            allow_interruptions: true,
+            min_interruption_duration: Duration::from_millis(500),
+            false_interruption_timeout: Some(Duration::from_secs(2)),
+            user_away_timeout: Some(Duration::from_secs(15)),
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -428,9 +505,10 @@ impl SessionBuilder {
         self
     }
 
-    /// Where speech goes (default: dropped; read turns from `RunResult` and events).
-    pub fn io(mut self, io: impl Io) -> Self {
-        self.io = Box::new(io);
+    /// Where speech goes (default: dropped; read turns from `RunResult` and events). The
+    /// session hands it a [`PlayoutReporter`](crate::PlayoutReporter) when it starts.
+    pub fn output(mut self, output: impl SpeechOutput) -> Self {
+        self.output = Box::new(output);
         self
     }
 
@@ -479,6 +557,35 @@ impl SessionBuilder {
     /// refused without being parsed, with an error output.
     pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
         self.max_argument_bytes = bytes;
+        self
+    }
+
+    /// Whether the user may interrupt the agents' speech (default true); an agent or a
+    /// `say` may set its own.
+    pub fn allow_interruptions(mut self, allow: bool) -> Self {
+        self.allow_interruptions = allow;
+        self
+    }
+
+    /// How long the user must talk over the agent before it is a real interruption
+    /// (default 0.5 s); a transcript with words makes it one at once.
+    pub fn min_interruption_duration(mut self, duration: Duration) -> Self {
+        self.min_interruption_duration = duration;
+        self
+    }
+
+    /// After the user stopped talking over the agent too briefly and without words, how
+    /// long to wait for a transcript before the paused speech resumes (default 2 s);
+    /// `None`: a paused speech never resumes (the pause becomes an interruption).
+    pub fn false_interruption_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.false_interruption_timeout = timeout;
+        self
+    }
+
+    /// How long the user of a voice session may stay silent, with the agent idle, before
+    /// their state is `Away` (default 15 s; `None`: never).
+    pub fn user_away_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.user_away_timeout = timeout;
         self
     }
 
@@ -580,6 +687,10 @@ impl SessionBuilder {
                 llm_timeouts: self.llm_timeouts,
                 max_calls_per_step: self.max_calls_per_step,
                 max_argument_bytes: self.max_argument_bytes,
+                allow_interruptions: self.allow_interruptions,
+                min_interruption_duration: self.min_interruption_duration,
+                false_interruption_timeout: self.false_interruption_timeout,
+                user_away_timeout: self.user_away_timeout,
             },
             llm: self.llm,
             error_policy: self.error_policy,
@@ -588,7 +699,7 @@ impl SessionBuilder {
             userdata: self.userdata,
             journal: journal.clone(),
             session_tools,
-            io: self.io,
+            output: self.output,
             event_capacity: self.event_capacity,
             gone,
         }));

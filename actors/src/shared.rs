@@ -17,13 +17,13 @@ use crate::agent::{check_tools, Agent};
 use crate::call_ids::CallIds;
 use crate::error::BuildError;
 use crate::error_policy::ErrorPolicy;
-use crate::events::SessionEvent;
+use crate::events::{AgentState, SessionEvent, UserState};
 use crate::history::SessionHistory;
 use crate::ids::SessionId;
-use crate::io::Io;
 use crate::lifecycle::AliveWaiter;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::Journal;
+use crate::output::SpeechOutput;
 use crate::prompts::Prompts;
 use crate::tool::MockBody;
 
@@ -36,6 +36,10 @@ pub(crate) struct SessionConfig {
     pub(crate) llm_timeouts: LlmTimeouts,
     pub(crate) max_calls_per_step: usize,
     pub(crate) max_argument_bytes: usize,
+    pub(crate) allow_interruptions: bool,
+    pub(crate) min_interruption_duration: Duration,
+    pub(crate) false_interruption_timeout: Option<Duration>,
+    pub(crate) user_away_timeout: Option<Duration>,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that
@@ -66,7 +70,9 @@ pub(crate) struct SessionShared {
     /// Moves each time a switch (handoff, sub-task start or end) ends: reads that found
     /// no current agent ask again then.
     pub(crate) switched: watch::Sender<u64>,
-    io: Mutex<Box<dyn Io>>,
+    output: Mutex<Box<dyn SpeechOutput>>,
+    pub(crate) agent_state: watch::Sender<AgentState>,
+    pub(crate) user_state: watch::Sender<UserState>,
     run_seq: AtomicU64,
     speech_seq: AtomicU64,
     step_seq: AtomicU64,
@@ -91,7 +97,7 @@ pub(crate) struct SharedParts {
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
     pub(crate) journal: Option<Arc<Journal>>,
     pub(crate) session_tools: SessionTools,
-    pub(crate) io: Box<dyn Io>,
+    pub(crate) output: Box<dyn SpeechOutput>,
     pub(crate) event_capacity: usize,
     pub(crate) gone: AliveWaiter,
 }
@@ -118,7 +124,9 @@ impl SessionShared {
             inactive,
             running_tools,
             switched,
-            io: Mutex::new(parts.io),
+            output: Mutex::new(parts.output),
+            agent_state: watch::channel(AgentState::Initializing).0,
+            user_state: watch::channel(UserState::Listening).0,
             run_seq: AtomicU64::new(0),
             speech_seq: AtomicU64::new(0),
             step_seq: AtomicU64::new(0),
@@ -169,17 +177,35 @@ impl SessionShared {
         self.turn_seq.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Calls the host's `Io`. A panic in it is caught and logged: host code must not take
-    /// the session down.
-    pub(crate) fn with_io<R: Default>(&self, f: impl FnOnce(&mut dyn Io) -> R) -> R {
-        // A panic inside the host's Io leaves it as it was; keep using it.
-        let mut io: MutexGuard<'_, Box<dyn Io>> = self.io.lock().unwrap_or_else(|p| p.into_inner());
-        match std::panic::catch_unwind(AssertUnwindSafe(|| f(io.as_mut()))) {
+    /// Calls the host's output. A panic in it is caught and logged: host code must not
+    /// take the session down.
+    pub(crate) fn with_output<R: Default>(&self, f: impl FnOnce(&mut dyn SpeechOutput) -> R) -> R {
+        // A panic inside the host's output leaves it as it was; keep using it.
+        let mut output: MutexGuard<'_, Box<dyn SpeechOutput>> =
+            self.output.lock().unwrap_or_else(|p| p.into_inner());
+        match std::panic::catch_unwind(AssertUnwindSafe(|| f(output.as_mut()))) {
             Ok(out) => out,
             Err(_) => {
-                tracing::error!(session = %self.id, "the host's Io panicked; the call was skipped");
+                tracing::error!(session = %self.id, "the host's speech output panicked; the call was skipped");
                 R::default()
             }
+        }
+    }
+
+    /// Sets what the agent does; subscribers hear of a change.
+    pub(crate) fn set_agent_state(&self, agent: &str, state: AgentState) {
+        if self.agent_state.send_replace(state) != state {
+            self.emit_with(|| SessionEvent::AgentStateChanged {
+                agent: agent.to_owned(),
+                state,
+            });
+        }
+    }
+
+    /// Sets what the user does; subscribers hear of a change.
+    pub(crate) fn set_user_state(&self, state: UserState) {
+        if self.user_state.send_replace(state) != state {
+            self.emit(SessionEvent::UserStateChanged { state });
         }
     }
 

@@ -20,6 +20,7 @@
 //! - A panic in the body becomes an error output; it never reaches the actor.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -42,6 +43,7 @@ use crate::reentry;
 use crate::run_context::{RunContext, RunPort, UpdateMessage};
 use crate::session::{CompleteTask, DeliverToolItems, QueueHandoff, RunTask, Scope, SessionLinks};
 use crate::shared::SessionShared;
+use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{PreparedBody, Tool, ToolResult};
 use crate::toolset::RunEnded;
 
@@ -55,6 +57,8 @@ pub(crate) struct RunSpec {
     pub(crate) tool: Tool,
     pub(crate) agent: Agent,
     pub(crate) is_task: bool,
+    pub(crate) interruptibility: Arc<Interruptibility>,
+    pub(crate) speech: Option<SpeechHandle>,
     pub(crate) scope: Scope,
     pub(crate) body: PreparedBody,
     pub(crate) immediate: oneshot::Sender<CallOutput>,
@@ -84,6 +88,9 @@ pub(crate) struct ToolRunActor {
     tool: Tool,
     agent: Agent,
     is_task: bool,
+    /// The calling turn's interruptions, which the tool may hold off while it runs.
+    hold: Arc<InterruptionHold>,
+    speech: Option<SpeechHandle>,
     scope: Scope,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
@@ -113,6 +120,11 @@ impl ToolRunActor {
             tool: spec.tool,
             agent: spec.agent,
             is_task: spec.is_task,
+            hold: Arc::new(InterruptionHold {
+                interruptibility: spec.interruptibility,
+                held: AtomicBool::new(false),
+            }),
+            speech: spec.speech,
             scope: spec.scope,
             shared: spec.shared,
             links: spec.links,
@@ -282,6 +294,27 @@ enum Next {
     CompleteTask(Value),
 }
 
+/// A tool's hold on its turn's interruptions: taken by `ctx.disallow_interruptions()`,
+/// released when the run stops.
+struct InterruptionHold {
+    interruptibility: Arc<Interruptibility>,
+    held: AtomicBool,
+}
+
+impl InterruptionHold {
+    fn take(&self) {
+        if !self.held.swap(true, Ordering::Relaxed) {
+            self.interruptibility.hold();
+        }
+    }
+
+    fn release(&self) {
+        if self.held.swap(false, Ordering::Relaxed) {
+            self.interruptibility.release();
+        }
+    }
+}
+
 /// What a tool's `RunContext` reaches: this run (updates) and the session (a sub-task),
 /// by narrow links.
 struct RunLinks {
@@ -290,6 +323,8 @@ struct RunLinks {
     key: u64,
     update: Link<ToolUpdate>,
     session: Arc<SessionLinks>,
+    hold: Arc<InterruptionHold>,
+    speech: Option<SpeechHandle>,
 }
 
 impl RunPort for RunLinks {
@@ -306,6 +341,14 @@ impl RunPort for RunLinks {
         }
         let ask = self.update.ask(&self.id, ToolUpdate { message });
         async move { ask.await.unwrap_or(Err(ended)) }.boxed()
+    }
+
+    fn disallow_interruptions(&self) {
+        self.hold.take();
+    }
+
+    fn speech(&self) -> Option<&SpeechHandle> {
+        self.speech.as_ref()
     }
 
     fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>> {
@@ -333,6 +376,8 @@ impl Actor for ToolRunActor {
             key: self.key,
             update: Mailbox::new(ctx.address(), self.probe.clone()).link(),
             session: self.links.clone(),
+            hold: self.hold.clone(),
+            speech: self.speech.clone(),
         });
         let control = SessionControl::new(
             self.shared.id.clone(),
@@ -368,6 +413,7 @@ impl Actor for ToolRunActor {
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.phase = RunPhase::Stopped;
+        self.hold.release();
         if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }

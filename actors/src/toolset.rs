@@ -33,7 +33,8 @@ use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::{Scope, SessionLinks};
 use crate::shared::SessionShared;
-use crate::tool::{DuplicatePolicy, Tool, CONFIRM_DUPLICATE_PARAM};
+use crate::speech::{Interruptibility, SpeechHandle};
+use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
 use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
 
 /// How many interrupted steps a toolset remembers for calls still being set up (a
@@ -44,6 +45,9 @@ const REMEMBERED_INTERRUPTS: usize = 16;
 struct RunEntry {
     call: FunctionCall,
     step: u64,
+    /// Whether the turn that made the call may be interrupted now: `cancel_task` refuses
+    /// a call whose speech holds interruptions off.
+    interruptibility: Arc<Interruptibility>,
     child: Child<ToolRunActor>,
     closed: bool,
     started: tokio::time::Instant,
@@ -143,13 +147,18 @@ impl ToolsetActor {
 
     fn spawn_run(
         &mut self,
+        msg: RunTool,
         tool: Tool,
-        call: FunctionCall,
-        step: u64,
-        agent: Agent,
-        is_task: bool,
-        body: crate::tool::PreparedBody,
+        body: PreparedBody,
     ) -> oneshot::Receiver<CallOutput> {
+        let RunTool {
+            call,
+            step,
+            agent,
+            is_task,
+            interruptibility,
+            speech,
+        } = msg;
         let key = self.shared.next_run();
         let (tx, rx) = oneshot::channel();
         let (alive, gone) = alive_pair();
@@ -160,6 +169,8 @@ impl ToolsetActor {
             tool,
             agent,
             is_task,
+            interruptibility: interruptibility.clone(),
+            speech,
             scope: self.scope.clone(),
             body,
             immediate: tx,
@@ -183,6 +194,7 @@ impl ToolsetActor {
             RunEntry {
                 call,
                 step,
+                interruptibility,
                 child: Child::new(mailbox, gone),
                 closed: false,
                 started: tokio::time::Instant::now(),
@@ -212,6 +224,10 @@ pub(crate) struct RunTool {
     pub(crate) agent: Agent,
     /// Whether that agent runs as a sub-task (only then may the tool complete a task).
     pub(crate) is_task: bool,
+    /// Whether the calling turn may be interrupted (shared with its speeches).
+    pub(crate) interruptibility: Arc<Interruptibility>,
+    /// The speech of the step that made the call, if it said something.
+    pub(crate) speech: Option<SpeechHandle>,
 }
 
 impl Message for RunTool {
@@ -250,7 +266,7 @@ impl Handler<RunTool> for ToolsetActor {
             Ok(body) => body,
             Err(reason) => return ready(args_error(tool.name(), &reason)),
         };
-        let body: crate::tool::PreparedBody = match (mock, raw) {
+        let body: PreparedBody = match (mock, raw) {
             (Some(mock), Some(raw)) => Box::new(move |ctx| mock(ctx, raw)),
             _ => body,
         };
@@ -278,15 +294,14 @@ impl Handler<RunTool> for ToolsetActor {
                     let reason: Arc<str> = Arc::from("replaced by a newer call");
                     let stopping = self.stop_runs(running, reason, true);
                     return Box::pin(stopping.into_actor(self).then(move |_, act, _| {
-                        let rx =
-                            act.spawn_run(tool, msg.call, msg.step, msg.agent, msg.is_task, body);
+                        let rx = act.spawn_run(msg, tool, body);
                         async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(act)
                     }));
                 }
             }
         }
         // 4. Run.
-        let rx = self.spawn_run(tool, msg.call, msg.step, msg.agent, msg.is_task, body);
+        let rx = self.spawn_run(msg, tool, body);
         Box::pin(async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(self))
     }
 }
@@ -460,6 +475,8 @@ pub(crate) enum CancelAnswer {
     Cancelled,
     /// The call runs here but its tool does not allow cancellation.
     NotCancellable { tool: String },
+    /// The call runs here but its speech holds interruptions off.
+    Uninterruptible,
     /// No running call with that id here.
     Unknown,
 }
@@ -486,12 +503,19 @@ impl Handler<CancelRun> for ToolsetActor {
         let Some((key, name)) = found else {
             return Box::pin(fut::ready(CancelAnswer::Unknown));
         };
+        let interruptible = self
+            .runs
+            .get(&key)
+            .is_some_and(|run| run.interruptibility.allows());
         let allowed = self
             .tools
             .get(&name)
             .is_some_and(|(tool, _)| tool.allows_cancellation());
         if !allowed {
             return Box::pin(fut::ready(CancelAnswer::NotCancellable { tool: name }));
+        }
+        if !interruptible {
+            return Box::pin(fut::ready(CancelAnswer::Uninterruptible));
         }
         let stopping = self.stop_runs(vec![key], Arc::from("cancelled by the model"), true);
         Box::pin(

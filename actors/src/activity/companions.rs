@@ -14,10 +14,7 @@ use crate::mailbox::Mailbox;
 use crate::outcome::CallOutput;
 use crate::toolset::{CancelAnswer, CancelRun, ListRuns, ToolsetActor};
 
-/// Lists the running calls the model may cancel.
-pub(crate) const GET_RUNNING_TASKS: &str = "get_running_tasks";
-/// Cancels one running call by id.
-pub(crate) const CANCEL_TASK: &str = "cancel_task";
+use crate::tool::{CANCEL_TASK, GET_RUNNING_TASKS};
 
 /// Whether `name` is a companion tool.
 pub(crate) fn is_companion(name: &str) -> bool {
@@ -87,6 +84,12 @@ pub(crate) async fn answer(
             CancelAnswer::NotCancellable { tool } => {
                 return CallOutput::error(format!(
                     "Error: {} ({tool}) cannot be cancelled",
+                    args.call_id
+                ))
+            }
+            CancelAnswer::Uninterruptible => {
+                return CallOutput::error(format!(
+                    "Error: {} cannot be cancelled now: its speech does not allow interruptions",
                     args.call_id
                 ))
             }

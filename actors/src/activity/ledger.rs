@@ -17,6 +17,42 @@ use tokio::sync::oneshot;
 use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
 use crate::error::UpdateError;
 use crate::outcome::{terminal_pair, CallOutput, Effect};
+use crate::output::SpeechId;
+
+/// What cutting a message to what was heard did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// No message of that speech.
+    NotFound,
+    /// The message now says what was heard, marked interrupted.
+    Shortened,
+    /// Nothing was heard: the message at this index was removed (an empty assistant
+    /// message is never kept: providers reject them).
+    Removed(usize),
+}
+
+/// Cuts the assistant message at `index` in `items` to `heard` (`None`: unknown, the text
+/// stays), marking it interrupted.
+pub(crate) fn cut_to_heard(items: &mut Vec<ChatItem>, index: usize, heard: Option<&str>) -> Cut {
+    let Some(ChatItem::Message(message)) = items.get_mut(index) else {
+        return Cut::NotFound;
+    };
+    match heard {
+        Some(heard) if heard.trim().is_empty() => {
+            items.remove(index);
+            Cut::Removed(index)
+        }
+        Some(heard) => {
+            message.content = heard.to_owned();
+            message.interrupted = true;
+            Cut::Shortened
+        }
+        None => {
+            message.interrupted = true;
+            Cut::Shortened
+        }
+    }
+}
 
 /// Someone waiting for held items to land: a tool's `ctx.update`.
 pub(crate) type ItemsWaiter = oneshot::Sender<Result<(), UpdateError>>;
@@ -88,23 +124,13 @@ impl Ledger {
         &mut self.chat
     }
 
-    /// Cuts the latest assistant message to what the user heard.
-    pub(crate) fn replace_last_assistant_text(&mut self, heard: String) {
-        let last = self
-            .chat
-            .items_mut()
-            .iter_mut()
-            .rev()
-            .find_map(|item| match item {
-                ChatItem::Message(m) if m.role == crate::chat::ChatRole::Assistant => Some(m),
-                _ => None,
-            });
-        if let Some(message) = last {
-            if message.content != heard {
-                message.content = heard;
-                message.interrupted = true;
-            }
-        }
+    /// Cuts the assistant message said by `speech` to what the user heard (see
+    /// [`cut_to_heard`]).
+    pub(crate) fn cut_speech(&mut self, speech: SpeechId, heard: Option<&str>) -> Cut {
+        let Some(index) = self.chat.position_of_speech(speech) else {
+            return Cut::NotFound;
+        };
+        cut_to_heard(self.chat.items_mut(), index, heard)
     }
 
     /// Appends an item that belongs to no step (a message, a handoff marker).
@@ -454,6 +480,40 @@ mod tests {
         ledger.commit(&mut sink);
         ledger.chat().check_invariant().unwrap();
         assert_eq!(ids(&ledger), ["call a", "out a", "call b", "out b"]);
+    }
+
+    fn said(speech: u64, text: &str) -> ChatItem {
+        ChatItem::Message(crate::chat::ChatMessage {
+            role: ChatRole::Assistant,
+            content: text.to_owned(),
+            interrupted: false,
+            speech: Some(SpeechId(speech)),
+        })
+    }
+
+    #[test]
+    fn a_cut_applies_to_the_message_of_its_own_speech() {
+        let mut ledger = Ledger::default();
+        let mut sink = no_sink();
+        ledger.append(said(1, "First sentence."), &mut sink);
+        ledger.append(said(2, "Second sentence here."), &mut sink);
+        assert_eq!(ledger.cut_speech(SpeechId(1), Some("First")), Cut::Shortened);
+        assert_eq!(ids(&ledger), ["msg First", "msg Second sentence here."]);
+        assert_eq!(ledger.cut_speech(SpeechId(9), Some("x")), Cut::NotFound);
+    }
+
+    #[test]
+    fn a_speech_nobody_heard_leaves_no_message() {
+        let mut ledger = Ledger::default();
+        let mut sink = no_sink();
+        ledger.append(ChatItem::message(ChatRole::User, "hi"), &mut sink);
+        ledger.append(said(1, "Unheard."), &mut sink);
+        assert_eq!(ledger.cut_speech(SpeechId(1), Some(" ")), Cut::Removed(1));
+        assert_eq!(ids(&ledger), ["msg hi"]);
+        // Unknown heard text: the text stays, marked interrupted.
+        ledger.append(said(2, "Maybe heard."), &mut sink);
+        assert_eq!(ledger.cut_speech(SpeechId(2), None), Cut::Shortened);
+        assert!(matches!(&ledger.chat().items()[1], ChatItem::Message(m) if m.interrupted));
     }
 
     #[test]

@@ -4,11 +4,12 @@
 //!
 //! A turn is in one [`Phase`] at a time: generating (the model's stream is consumed here,
 //! chunk by chunk, so an interruption knows exactly what was said), calling (the step's
-//! calls wait for their outputs), or playing (the turn is over, its speech still plays).
+//! calls wait for their outputs), or playing (the turn is over, its speeches still play).
 //! Every way out — the model's answer, a tool's handoff, a failed or stalled stream, an
 //! interruption, a close — goes through `finish_turn`, which answers the session once.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -20,16 +21,21 @@ use crate::agent::TurnDecision;
 use crate::chat::{ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::error::SessionError;
 use crate::events::{AgentState, LlmMetrics, SessionEvent};
-use crate::io::{Playout, SpeechId};
 use crate::llm::{LlmChunk, LlmError, LlmRequest, LlmUsage, ToolCallChunk, ToolChoice};
 use crate::llm_guard;
 use crate::mailbox::Mailbox;
 use crate::outcome::{excerpt, panic_message, CallOutput, Effect, QUOTE_LIMIT};
+use crate::output::Playout;
 use crate::prompts::ReplyPromptArgs;
 use crate::session::PendingItem;
+use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome};
 use crate::toolset::{InterruptStep, RunTool, ToolsetActor};
 
 use super::ledger::Committed;
+
+/// How long an interrupted turn waits for its output to report what the user heard of
+/// its cut speeches, before it ends without knowing.
+const CUT_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A turn in flight.
 pub(crate) struct Turn {
@@ -38,10 +44,12 @@ pub(crate) struct Turn {
     steps: u32,
     tool_choice: ToolChoice,
     extra_instructions: Option<String>,
-    interrupted: bool,
+    pub(super) interrupted: bool,
     phase: Phase,
-    /// The speech of the latest step, until the output reports its playout.
-    awaiting_playout: Option<SpeechId>,
+    /// Whether the turn may be interrupted now (shared with its speeches and calls).
+    pub(super) interruptibility: Arc<Interruptibility>,
+    /// The turn's speeches, oldest first (done or still playing).
+    pub(super) speeches: Vec<SpeechHandle>,
     done: oneshot::Sender<TurnOutcome>,
     /// Interruptions waiting for the turn to end.
     ended: Vec<oneshot::Sender<()>>,
@@ -49,7 +57,19 @@ pub(crate) struct Turn {
     span: tracing::Span,
 }
 
-enum Phase {
+impl Turn {
+    /// The latest speech still playing, if any.
+    pub(super) fn playing(&self) -> Option<&SpeechHandle> {
+        self.speeches.iter().rev().find(|s| !s.is_done())
+    }
+
+    /// Whether the user may interrupt it now.
+    pub(super) fn interruptible(&self) -> bool {
+        !self.interrupted && self.interruptibility.allows()
+    }
+}
+
+pub(super) enum Phase {
     /// Set up; no step started yet (or between two).
     Between,
     /// The model streams the answer of one step.
@@ -59,12 +79,13 @@ enum Phase {
         step: u64,
         toolsets: Vec<Mailbox<ToolsetActor>>,
     },
-    /// The turn is over; its speech is still playing.
+    /// The turn is over; its speeches still play (interrupted: until the output reports
+    /// what was heard, at most `CUT_REPORT_TIMEOUT`).
     Playing(TurnOutcome),
 }
 
 /// One LLM request being consumed.
-struct Generation {
+pub(super) struct Generation {
     step: u64,
     /// The `llm_request` span (its `speech` field is set when the speech starts).
     span: tracing::Span,
@@ -76,8 +97,21 @@ struct Generation {
     text: String,
     text_chunks: u32,
     calls: Vec<ToolCallChunk>,
-    speech: Option<SpeechId>,
+    pub(super) speech: Option<SpeechHandle>,
     usage: Option<LlmUsage>,
+    /// A playout report that came while the text still streamed: applied at the end.
+    pub(super) early_report: Option<(bool, Option<String>)>,
+}
+
+/// How a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    /// The stream ended on its own.
+    Complete,
+    /// The stream failed or timed out: what was said plays out.
+    Failed,
+    /// The turn was interrupted: the output is told to stop.
+    Cut,
 }
 
 impl ActivityActor {
@@ -91,6 +125,7 @@ impl ActivityActor {
             TurnKind::User(_) => "user",
             TurnKind::Reply(_) => "reply",
             TurnKind::Deferred(_) => "deferred",
+            TurnKind::Say { .. } => "say",
         };
         let span = tracing::info_span!(
             parent: &self.shared.span,
@@ -99,6 +134,10 @@ impl ActivityActor {
             agent = %self.agent.name(),
             kind = kind_name,
         );
+        let interruptibility = match &kind {
+            TurnKind::Say { speech, .. } => speech.interruptibility().clone(),
+            _ => Interruptibility::new(self.allow_interruptions),
+        };
         self.turn = Some(Turn {
             events: Vec::new(),
             steps: 0,
@@ -106,7 +145,8 @@ impl ActivityActor {
             extra_instructions: None,
             interrupted: false,
             phase: Phase::Between,
-            awaiting_playout: None,
+            interruptibility,
+            speeches: Vec::new(),
             done,
             ended: Vec::new(),
             span,
@@ -114,17 +154,20 @@ impl ActivityActor {
         self.set_state(AgentState::Thinking);
         match kind {
             TurnKind::User(text) => {
-                self.shared
-                    .emit(SessionEvent::UserInputTranscribed { text: text.clone() });
+                self.shared.emit(SessionEvent::UserInputTranscribed {
+                    text: text.clone(),
+                    is_final: true,
+                });
                 let mut message = ChatMessage {
                     role: ChatRole::User,
                     content: text,
                     interrupted: false,
+                    speech: None,
                 };
                 let decision = self.user_turn_hook(&mut message);
                 self.record(ChatItem::Message(message));
                 if decision == TurnDecision::StopResponse {
-                    self.finish_turn(TurnOutcome::default());
+                    self.finish_turn(TurnOutcome::default(), ctx);
                     return;
                 }
             }
@@ -136,9 +179,18 @@ impl ActivityActor {
             TurnKind::Deferred(pending) => {
                 if !self.prepare_deferred(pending) {
                     tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
-                    self.finish_turn(TurnOutcome::default());
+                    self.finish_turn(TurnOutcome::default(), ctx);
                     return;
                 }
+            }
+            TurnKind::Say {
+                text,
+                speech,
+                add_to_chat,
+            } => {
+                self.say(text, speech, add_to_chat);
+                self.finish_turn(TurnOutcome::default(), ctx);
+                return;
             }
         }
         self.start_llm_step(ctx);
@@ -250,24 +302,24 @@ impl ActivityActor {
                 calls: Vec::new(),
                 speech: None,
                 usage: None,
+                early_report: None,
             });
+        }
+    }
+
+    /// The generation of `step`, if it is the one running.
+    pub(super) fn generation_mut(&mut self, step: Option<u64>) -> Option<&mut Generation> {
+        match self.turn.as_mut().map(|t| &mut t.phase) {
+            Some(Phase::Generating(g)) if step.is_none_or(|s| g.step == s) => Some(g),
+            _ => None,
         }
     }
 
     /// One chunk of the model's answer: text goes to the output at once.
     fn on_chunk(&mut self, step: u64, chunk: Result<LlmChunk, LlmError>, ctx: &mut Context<Self>) {
-        let shared = &self.shared;
-        let agent = &self.agent;
-        let Some(Turn {
-            phase: Phase::Generating(generation),
-            ..
-        }) = self.turn.as_mut()
-        else {
+        let Some(generation) = self.generation_mut(Some(step)) else {
             return;
         };
-        if generation.step != step {
-            return;
-        }
         let chunk = match chunk {
             Ok(chunk) => chunk,
             Err(err) => return self.end_generation(step, Err(err), ctx),
@@ -280,52 +332,67 @@ impl ActivityActor {
         match chunk {
             LlmChunk::Text(text) => {
                 generation.text_chunks += 1;
-                let span = &generation.span;
-                let speech = *generation.speech.get_or_insert_with(|| {
-                    let speech = SpeechId(shared.next_speech());
-                    span.record("speech", tracing::field::display(speech));
-                    shared.with_io(|io| io.speech_started(speech, agent.name()));
-                    shared.emit(SessionEvent::SpeechCreated {
-                        agent: agent.name().to_owned(),
-                        speech,
-                    });
-                    shared.emit_with(|| SessionEvent::AgentStateChanged {
-                        agent: agent.name().to_owned(),
-                        state: AgentState::Speaking,
-                    });
-                    speech
-                });
-                shared.with_io(|io| io.speech_chunk(speech, &text));
                 generation.text.push_str(&text);
+                let speech = match generation.speech.clone() {
+                    Some(speech) => speech,
+                    None => self.open_generated_speech(),
+                };
+                self.shared
+                    .with_output(|output| output.speech_chunk(speech.id(), &text));
             }
             LlmChunk::ToolCall(call) => generation.calls.push(call),
             LlmChunk::Usage(usage) => generation.usage = Some(usage),
         }
     }
 
-    /// Takes the generation of `step` out of the turn, if it is the one running.
-    fn take_generation(&mut self, step: Option<u64>) -> Option<Generation> {
-        let turn = self.turn.as_mut()?;
-        match &turn.phase {
-            Phase::Generating(g) if step.is_none_or(|s| g.step == s) => {}
-            _ => return None,
+    /// The speech of the running generation, started at its first text.
+    fn open_generated_speech(&mut self) -> SpeechHandle {
+        let interruptibility = self
+            .turn
+            .as_ref()
+            .map(|t| t.interruptibility.clone())
+            .unwrap_or_else(|| Interruptibility::new(self.allow_interruptions));
+        let speech = self.start_speech(interruptibility);
+        if let Some(generation) = self.generation_mut(None) {
+            generation
+                .span
+                .record("speech", tracing::field::display(speech.id()));
+            generation.speech = Some(speech.clone());
         }
+        speech
+    }
+
+    /// Takes the running generation (of `step`, if given) out of the turn.
+    fn take_generation(&mut self, step: Option<u64>) -> Option<Generation> {
+        self.generation_mut(step)?;
+        let turn = self.turn.as_mut()?;
         match std::mem::replace(&mut turn.phase, Phase::Between) {
             Phase::Generating(generation) => Some(generation),
-            _ => None,
+            other => {
+                turn.phase = other;
+                None
+            }
         }
     }
 
-    /// Ends a generation: its stream is dropped, its speech finished on the output, what
-    /// was said recorded (marked interrupted when the stream did not end on its own), its
-    /// metrics emitted. Returns whether its speech still plays.
+    /// Ends a generation: its stream is dropped, its speech finished on the output (and
+    /// cut, on an interruption), what was said recorded (marked interrupted when the
+    /// stream did not end on its own), its metrics emitted.
     fn close_generation(
         &mut self,
         generation: Generation,
-        complete: bool,
+        ending: Ending,
         ctx: &mut Context<Self>,
-    ) -> Playout {
+    ) {
         ctx.cancel_future(generation.task);
+        let complete = ending == Ending::Complete;
+        tracing::debug!(
+            parent: &generation.span,
+            text_chunks = generation.text_chunks,
+            tool_calls = generation.calls.len(),
+            complete,
+            "LLM request ended"
+        );
         self.shared.emit_with(|| {
             SessionEvent::LlmMetrics(LlmMetrics {
                 agent: self.agent_name(),
@@ -337,24 +404,40 @@ impl ActivityActor {
                 cancelled: !complete,
             })
         });
-        let playout = match generation.speech {
-            Some(speech) => self.shared.with_io(|io| io.speech_finished(speech)),
-            None => Playout::Done,
+        let Some(speech) = generation.speech else {
+            return;
         };
         if !generation.text.is_empty() {
             self.last_reply_view = generation.view;
             self.record(ChatItem::Message(ChatMessage {
                 role: ChatRole::Assistant,
-                content: generation.text,
+                content: generation.text.clone(),
                 interrupted: !complete,
+                speech: Some(speech.id()),
             }));
         }
-        if let (Some(speech), Playout::Pending, true) = (generation.speech, playout, complete) {
-            if let Some(turn) = self.turn.as_mut() {
-                turn.awaiting_playout = Some(speech);
-            }
+        let playout = self
+            .shared
+            .with_output(|output| output.speech_finished(speech.id()));
+        if let Some((interrupted, heard)) = generation.early_report {
+            self.playout_finished(speech.id(), interrupted, heard, ctx);
+            return;
         }
-        playout
+        match (ending, playout) {
+            (Ending::Cut, Playout::Pending) => {
+                self.shared
+                    .with_output(|output| output.interrupt(speech.id()));
+            }
+            // Shown in full as far as it was generated.
+            (Ending::Cut, Playout::Done) => self.speech_ended(
+                &speech,
+                SpeechOutcome::Interrupted {
+                    heard: Some(generation.text),
+                },
+            ),
+            (_, Playout::Done) => self.speech_ended(&speech, SpeechOutcome::Played),
+            (_, Playout::Pending) => {}
+        }
     }
 
     /// The stream of `step` ended (or failed): record what was said, then run the calls
@@ -364,16 +447,21 @@ impl ActivityActor {
             return;
         };
         let calls = std::mem::take(&mut generation.calls);
-        self.close_generation(generation, result.is_ok(), ctx);
+        let ending = if result.is_ok() {
+            Ending::Complete
+        } else {
+            Ending::Failed
+        };
+        self.close_generation(generation, ending, ctx);
         match result {
             Err(err) => {
                 tracing::warn!(session = %self.shared.id, agent = %self.agent.name(), error = %err, "LLM request failed");
                 self.shared.emit(SessionEvent::Error {
                     message: err.to_string(),
                 });
-                self.finish_turn(TurnOutcome::failed(SessionError::Llm(err)));
+                self.finish_turn(TurnOutcome::failed(SessionError::Llm(err)), ctx);
             }
-            Ok(()) if calls.is_empty() => self.finish_turn(TurnOutcome::default()),
+            Ok(()) if calls.is_empty() => self.finish_turn(TurnOutcome::default(), ctx),
             Ok(()) => self.dispatch_calls(step, calls, ctx),
         }
     }
@@ -390,10 +478,14 @@ impl ActivityActor {
                 arguments: chunk.arguments,
             })
             .collect();
-        let tool_choice = self
-            .turn
-            .as_ref()
-            .map_or(ToolChoice::Auto, |t| t.tool_choice);
+        let (tool_choice, interruptibility, speech) = match self.turn.as_ref() {
+            Some(turn) => (
+                turn.tool_choice,
+                turn.interruptibility.clone(),
+                turn.speeches.last().cloned(),
+            ),
+            None => return,
+        };
         let limit = self.shared.config.max_calls_per_step;
         let max_bytes = self.shared.config.max_argument_bytes;
         self.with_ledger(true, |ledger, sink| {
@@ -453,6 +545,8 @@ impl ActivityActor {
                     step,
                     agent: self.agent.clone(),
                     is_task: self.is_task,
+                    interruptibility: interruptibility.clone(),
+                    speech: speech.clone(),
                 },
             );
             ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
@@ -548,20 +642,59 @@ impl ActivityActor {
         if reply && may_continue && steps < self.shared.config.max_tool_steps {
             self.start_llm_step(ctx);
         } else {
-            self.finish_turn(outcome);
+            self.finish_turn(outcome, ctx);
         }
     }
 
-    /// Ends the turn, after its speech has played if it still plays.
-    fn finish_turn(&mut self, outcome: TurnOutcome) {
+    /// Ends the turn once its speeches have played (an interrupted one: once the output
+    /// reported what was heard, or the report timeout passed).
+    pub(super) fn finish_turn(&mut self, outcome: TurnOutcome, ctx: &mut Context<Self>) {
         let Some(turn) = self.turn.as_mut() else {
             return;
         };
-        if turn.awaiting_playout.is_some() && self.status != Status::Closed {
-            turn.phase = Phase::Playing(outcome);
+        if turn.playing().is_none() || self.status == Status::Closed {
+            self.finish_turn_now(outcome);
             return;
         }
-        self.finish_turn_now(outcome);
+        let interrupted = turn.interrupted;
+        turn.phase = Phase::Playing(outcome);
+        if interrupted {
+            ctx.run_later(CUT_REPORT_TIMEOUT, |act, _| act.give_up_on_reports());
+        }
+    }
+
+    /// The output did not say in time what was heard of an interrupted turn's speeches:
+    /// they end as interrupted, heard unknown, and the turn ends.
+    fn give_up_on_reports(&mut self) {
+        let Some(turn) = self.turn.as_ref() else {
+            return;
+        };
+        if !matches!(turn.phase, Phase::Playing(_)) || !turn.interrupted {
+            return;
+        }
+        let playing: Vec<SpeechHandle> = turn
+            .speeches
+            .iter()
+            .filter(|s| !s.is_done())
+            .cloned()
+            .collect();
+        for speech in playing {
+            self.speech_ended(&speech, SpeechOutcome::Interrupted { heard: None });
+        }
+        self.finish_if_played();
+    }
+
+    /// Ends a turn waiting for its speeches once none plays any more.
+    pub(super) fn finish_if_played(&mut self) {
+        let Some(turn) = self.turn.as_mut() else {
+            return;
+        };
+        if turn.playing().is_some() || !matches!(turn.phase, Phase::Playing(_)) {
+            return;
+        }
+        if let Phase::Playing(outcome) = std::mem::replace(&mut turn.phase, Phase::Between) {
+            self.finish_turn_now(outcome);
+        }
     }
 
     /// Ends the turn now: answers the session (once) and whoever waits on an interruption.
@@ -569,6 +702,11 @@ impl ActivityActor {
         let Some(turn) = self.turn.take() else {
             return;
         };
+        // A turn that ends with speeches still playing (a close) cuts them short.
+        for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
+            self.speech_ended(speech, SpeechOutcome::Interrupted { heard: None });
+        }
+        self.end_barge_in();
         let mut events = turn.events;
         events.append(&mut outcome.events);
         outcome.events = events;
@@ -582,24 +720,54 @@ impl ActivityActor {
         }
     }
 
-    /// Stops the running turn now (see `InterruptTurn`). Returns what resolves once it has
-    /// ended, or `None` when no turn runs.
-    pub(super) fn interrupt(&mut self, ctx: &mut Context<Self>) -> Option<oneshot::Receiver<()>> {
+    /// Stops the running turn now (see `InterruptTurn`): `Err` when it does not allow
+    /// interruptions and `force` is not set. Returns what resolves once it has ended, or
+    /// `None` when no turn runs.
+    pub(super) fn interrupt(
+        &mut self,
+        force: bool,
+        ctx: &mut Context<Self>,
+    ) -> Result<Option<oneshot::Receiver<()>>, SessionError> {
         let agent = self.agent_name();
-        let turn = self.turn.as_mut()?;
+        let Some(turn) = self.turn.as_mut() else {
+            return Ok(None);
+        };
+        if !force && !turn.interrupted && !turn.interruptibility.allows() {
+            return Err(SessionError::Uninterruptible);
+        }
         let (tx, rx) = oneshot::channel();
         turn.ended.push(tx);
         if turn.interrupted {
-            return Some(rx);
+            return Ok(Some(rx));
         }
         turn.interrupted = true;
-        turn.awaiting_playout = None;
         self.shared.emit(SessionEvent::TurnInterrupted { agent });
-        let phase = std::mem::replace(&mut turn.phase, Phase::Between);
+        self.end_barge_in();
+        // Speeches of earlier steps still playing stop too.
+        let playing: Vec<_> = self
+            .turn
+            .as_ref()
+            .map(|t| {
+                t.speeches
+                    .iter()
+                    .filter(|s| !s.is_done())
+                    .map(|s| s.id())
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.shared.with_output(|output| {
+            for speech in playing {
+                output.interrupt(speech);
+            }
+        });
+        let phase = match self.turn.as_mut() {
+            Some(turn) => std::mem::replace(&mut turn.phase, Phase::Between),
+            None => return Ok(Some(rx)),
+        };
         match phase {
             Phase::Generating(generation) => {
-                self.close_generation(generation, false, ctx);
-                self.finish_turn_now(TurnOutcome::default());
+                self.close_generation(generation, Ending::Cut, ctx);
+                self.finish_turn(TurnOutcome::default(), ctx);
             }
             Phase::Calling { step, toolsets } => {
                 for toolset in &toolsets {
@@ -612,55 +780,25 @@ impl ActivityActor {
                 // Calls answered by the activity itself may all be in already.
                 self.maybe_commit(ctx);
             }
-            Phase::Playing(outcome) => self.finish_turn_now(outcome),
-            Phase::Between => self.finish_turn_now(TurnOutcome::default()),
+            Phase::Playing(outcome) => self.finish_turn(outcome, ctx),
+            Phase::Between => self.finish_turn(TurnOutcome::default(), ctx),
         }
-        Some(rx)
+        Ok(Some(rx))
     }
 
     /// A pause (a sub-task starts) while the model still streams: the generation stops
     /// where it is and the turn ends interrupted. A turn waiting on its calls stays open.
     pub(super) fn stop_generation_for_pause(&mut self, ctx: &mut Context<Self>) {
-        if let Some(generation) = self.take_generation(None) {
-            if let Some(turn) = self.turn.as_mut() {
-                turn.interrupted = true;
-                turn.awaiting_playout = None;
-            }
-            self.close_generation(generation, false, ctx);
-            self.finish_turn_now(TurnOutcome::default());
+        if self.generation_mut(None).is_some() {
+            let _ = self.interrupt(true, ctx);
         }
     }
 
-    /// A close while the model still streams: what was said is kept, the stream dropped.
-    pub(super) fn stop_generation_for_close(&mut self, _reason: &str, ctx: &mut Context<Self>) {
+    /// A close while the model still streams: what was said is kept, the stream dropped,
+    /// the output told to stop.
+    pub(super) fn stop_generation_for_close(&mut self, ctx: &mut Context<Self>) {
         if let Some(generation) = self.take_generation(None) {
-            self.close_generation(generation, false, ctx);
-        }
-        if let Some(turn) = self.turn.as_mut() {
-            turn.awaiting_playout = None;
-        }
-    }
-
-    /// The output reports that `speech` finished playing; `heard` is what the user heard
-    /// when it was cut short.
-    pub(super) fn playout_finished(&mut self, speech: SpeechId, heard: Option<String>) {
-        let Some(turn) = self.turn.as_mut() else {
-            return;
-        };
-        if turn.awaiting_playout != Some(speech) {
-            return;
-        }
-        turn.awaiting_playout = None;
-        if let Some(heard) = heard {
-            self.ledger.replace_last_assistant_text(heard);
-        }
-        let Some(turn) = self.turn.as_mut() else {
-            return;
-        };
-        if let Phase::Playing(_) = turn.phase {
-            if let Phase::Playing(outcome) = std::mem::replace(&mut turn.phase, Phase::Between) {
-                self.finish_turn_now(outcome);
-            }
+            self.close_generation(generation, Ending::Cut, ctx);
         }
     }
 }

@@ -13,13 +13,14 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::SessionActor;
-use crate::activity::{AppendItems, CloseActivity};
+use crate::activity::{AppendItems, CloseActivity, TurnKind};
 use crate::chat::{ChatItem, FunctionCall};
 use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::SessionEvent;
 use crate::history::AgentChat;
 use crate::lifecycle::stop_all;
 use crate::outcome::terminal_pair;
+use crate::speech::{SpeechOutcome, SpeechStatus};
 use crate::toolset::StopToolset;
 
 /// Sent by the host (`Session::close`, or the drop of its last `Session` handle): closes
@@ -45,6 +46,11 @@ impl SessionActor {
             return;
         };
         for turn in closing.turns {
+            if let TurnKind::Say { speech, .. } = &turn.kind {
+                speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
+                    heard: Some(String::new()),
+                }));
+            }
             if let Some(reply) = turn.reply {
                 let _ = reply.send(Err(SessionError::Closed));
             }

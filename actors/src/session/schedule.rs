@@ -28,6 +28,7 @@ use serde_json::Value;
 
 use crate::chat::ChatItem;
 use crate::ids::ActorId;
+use crate::speech::SpeechPriority;
 
 /// The actor's handles the schedule moves around.
 pub(crate) trait Work {
@@ -126,9 +127,18 @@ enum Switch<W: Work> {
 }
 
 enum Job<W: Work> {
-    Turn(TurnId, W::Turn),
+    Turn(TurnId, SpeechPriority, W::Turn),
     Handoff(W::Handoff),
     EndTask(Value),
+}
+
+impl<W: Work> Job<W> {
+    fn priority(&self) -> SpeechPriority {
+        match self {
+            Self::Turn(_, priority, _) => *priority,
+            Self::Handoff(_) | Self::EndTask(_) => SpeechPriority::Normal,
+        }
+    }
 }
 
 /// What to run now.
@@ -222,6 +232,8 @@ pub(crate) struct Schedule<W: Work> {
     tasks: VecDeque<(W::Task, W::TaskReply)>,
     held: Vec<W::Delivery>,
     pending: Vec<PendingItem>,
+    /// The user is speaking: the deferred reply waits (and the session is not inactive).
+    user_speaking: bool,
 }
 
 impl<W: Work> Default for Schedule<W> {
@@ -242,6 +254,7 @@ impl<W: Work> Schedule<W> {
             tasks: VecDeque::new(),
             held: Vec::new(),
             pending: Vec::new(),
+            user_speaking: false,
         }
     }
 
@@ -271,11 +284,13 @@ impl<W: Work> Schedule<W> {
 
     /// Whether nothing runs, waits or is pending: the current agent has no turn in
     /// flight (a turn open in a paused caller does not count: the task's agent listens),
-    /// nothing is queued, no deferred reply is due, no switch is under way.
+    /// nothing is queued, no deferred reply is due, no switch is under way, and the user
+    /// is not speaking.
     pub(crate) fn is_inactive(&self) -> bool {
         match &self.stage {
             Stage::Live { current, .. } => {
-                current.turn.is_none()
+                !self.user_speaking
+                    && current.turn.is_none()
                     && self.jobs.is_empty()
                     && self.tasks.is_empty()
                     && self.held.is_empty()
@@ -300,17 +315,40 @@ impl<W: Work> Schedule<W> {
         }
     }
 
-    /// Queues a turn after the work already queued.
+    /// Queues a turn after the work already queued with its priority or a higher one.
     pub(crate) fn queue_turn(
         &mut self,
         id: TurnId,
         turn: W::Turn,
+        priority: SpeechPriority,
     ) -> Result<(), (W::Turn, Refusal)> {
         if let Err(why) = self.admit() {
             return Err((turn, why));
         }
-        self.jobs.push_back(Job::Turn(id, turn));
+        let at = self
+            .jobs
+            .iter()
+            .position(|job| job.priority() < priority)
+            .unwrap_or(self.jobs.len());
+        self.jobs.insert(at, Job::Turn(id, priority, turn));
         Ok(())
+    }
+
+    /// Takes a queued turn out of the queue (a `say` interrupted before it played).
+    pub(crate) fn remove_turn(&mut self, matches: impl Fn(&W::Turn) -> bool) -> Option<W::Turn> {
+        let index = self
+            .jobs
+            .iter()
+            .position(|job| matches!(job, Job::Turn(_, _, turn) if matches(turn)))?;
+        match self.jobs.remove(index) {
+            Some(Job::Turn(_, _, turn)) => Some(turn),
+            _ => None,
+        }
+    }
+
+    /// The user started or stopped speaking: the deferred reply waits while they speak.
+    pub(crate) fn set_user_speaking(&mut self, speaking: bool) {
+        self.user_speaking = speaking;
     }
 
     /// Queues a handoff; a preempting one goes first and names the activity whose turn
@@ -372,7 +410,7 @@ impl<W: Work> Schedule<W> {
             return None;
         }
         match self.jobs.pop_front() {
-            Some(Job::Turn(id, turn)) => {
+            Some(Job::Turn(id, _, turn)) => {
                 current.turn = Some(id);
                 Some(Next::Turn {
                     activity: current.activity.clone(),
@@ -395,7 +433,7 @@ impl<W: Work> Schedule<W> {
                 self.switch(|task| Switch::EndingTask { task, value });
                 Some(Next::EndTask { task })
             }
-            None if !self.pending.is_empty() => {
+            None if !self.pending.is_empty() && !self.user_speaking => {
                 current.turn = Some(TurnId::Engine);
                 Some(Next::Deferred {
                     activity: current.activity.clone(),
@@ -593,9 +631,9 @@ impl<W: Work> Schedule<W> {
         if let Some(index) = self
             .jobs
             .iter()
-            .position(|job| matches!(job, Job::Turn(turn, _) if *turn == wanted))
+            .position(|job| matches!(job, Job::Turn(turn, _, _) if *turn == wanted))
         {
-            if let Some(Job::Turn(_, turn)) = self.jobs.remove(index) {
+            if let Some(Job::Turn(_, _, turn)) = self.jobs.remove(index) {
                 return Cancelled::Dequeued(turn);
             }
         }
@@ -631,7 +669,7 @@ impl<W: Work> Schedule<W> {
         let mut handoffs = Vec::new();
         for job in self.jobs.drain(..) {
             match job {
-                Job::Turn(_, turn) => turns.push(turn),
+                Job::Turn(_, _, turn) => turns.push(turn),
                 Job::Handoff(handoff) => handoffs.push(handoff),
                 Job::EndTask(_) => {}
             }
@@ -665,6 +703,8 @@ mod tests {
 
     type S = Schedule<Plain>;
 
+    const N: SpeechPriority = SpeechPriority::Normal;
+
     fn id(name: &str) -> ActorId {
         ActorId::new(format!("activity/s1/{name}"))
     }
@@ -689,7 +729,7 @@ mod tests {
     #[test]
     fn nothing_runs_before_the_first_agent_started() {
         let mut s = S::new();
-        s.queue_turn(TurnId::Host(1), "hello").unwrap();
+        s.queue_turn(TurnId::Host(1), "hello", N).unwrap();
         assert!(s.next().is_none());
         assert!(!s.is_inactive());
         assert!(s.entering(id("a"), "a"));
@@ -707,8 +747,8 @@ mod tests {
     #[test]
     fn turns_run_one_at_a_time_in_order() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "one").unwrap();
-        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        s.queue_turn(TurnId::Host(1), "one", N).unwrap();
+        s.queue_turn(TurnId::Host(2), "two", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { turn: "one", .. })));
         assert!(s.next().is_none(), "one runs");
         s.turn_done(&id("a"), After::Nothing);
@@ -721,7 +761,7 @@ mod tests {
     #[test]
     fn a_handoff_waits_for_the_turn_before_it_and_items_wait_for_the_handoff() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        s.queue_turn(TurnId::Host(1), "one", N).unwrap();
         s.queue_handoff("to b", false).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
         assert!(s.next().is_none());
@@ -739,7 +779,7 @@ mod tests {
             s.route(&Scope::Activity(id("a")), "late"),
             Route::ScopeClosed("late")
         ));
-        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        s.queue_turn(TurnId::Host(2), "two", N).unwrap();
         assert!(s.next().is_none());
         assert!(s.entering(id("b"), "b"));
         assert_eq!(s.entered(), vec!["update"]);
@@ -759,9 +799,9 @@ mod tests {
     #[test]
     fn a_handoff_a_turn_asks_for_runs_before_anything_queued() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        s.queue_turn(TurnId::Host(1), "one", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
-        s.queue_turn(TurnId::Host(2), "two").unwrap();
+        s.queue_turn(TurnId::Host(2), "two", N).unwrap();
         s.turn_done(&id("a"), After::Handoff("to b"));
         assert!(matches!(
             s.next(),
@@ -775,8 +815,8 @@ mod tests {
     #[test]
     fn a_preempting_handoff_jumps_the_queue_and_names_the_turn_to_interrupt() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "slow").unwrap();
-        s.queue_turn(TurnId::Host(2), "queued").unwrap();
+        s.queue_turn(TurnId::Host(1), "slow", N).unwrap();
+        s.queue_turn(TurnId::Host(2), "queued", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { turn: "slow", .. })));
         assert_eq!(s.queue_handoff("supervisor", true).unwrap(), Some("a"));
         assert!(s.next().is_none(), "the interrupted turn still has to end");
@@ -796,7 +836,7 @@ mod tests {
     #[test]
     fn a_sub_task_starts_at_once_even_mid_turn_and_its_end_resumes_the_caller() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "book").unwrap();
+        s.queue_turn(TurnId::Host(1), "book", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
         s.request_task("survey", "tool waits").unwrap();
         assert!(matches!(
@@ -815,7 +855,7 @@ mod tests {
             "the caller's open turn does not make the session busy"
         );
         // User turns go to the task's agent.
-        s.queue_turn(TurnId::Host(2), "answer").unwrap();
+        s.queue_turn(TurnId::Host(2), "answer", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t", .. })));
         s.turn_done(&id("t"), After::EndTask(Value::from(42)));
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t" })));
@@ -834,7 +874,7 @@ mod tests {
     fn a_task_end_with_no_task_running_is_dropped() {
         let mut s = live();
         s.queue_end_task(Value::Null).unwrap();
-        s.queue_turn(TurnId::Host(1), "next").unwrap();
+        s.queue_turn(TurnId::Host(1), "next", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { turn: "next", .. })));
     }
 
@@ -861,7 +901,7 @@ mod tests {
     #[test]
     fn deferred_items_coalesce_and_wait_for_an_idle_agent() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "one").unwrap();
+        s.queue_turn(TurnId::Host(1), "one", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
         s.add_pending(item(Scope::Session, "x/update_1"));
         s.add_pending(item(Scope::Activity(id("a")), "y/update_1"));
@@ -891,7 +931,7 @@ mod tests {
     fn queued_turns_go_before_the_deferred_reply() {
         let mut s = live();
         s.add_pending(item(Scope::Session, "x/update_1"));
-        s.queue_turn(TurnId::Host(1), "user").unwrap();
+        s.queue_turn(TurnId::Host(1), "user", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
     }
 
@@ -922,8 +962,8 @@ mod tests {
     #[test]
     fn a_dropped_run_future_dequeues_or_interrupts_its_turn() {
         let mut s = live();
-        s.queue_turn(TurnId::Host(1), "running").unwrap();
-        s.queue_turn(TurnId::Host(2), "queued").unwrap();
+        s.queue_turn(TurnId::Host(1), "running", N).unwrap();
+        s.queue_turn(TurnId::Host(2), "queued", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
         assert!(matches!(s.cancel_turn(2), Cancelled::Dequeued("queued")));
         assert!(matches!(s.cancel_turn(1), Cancelled::Running("a")));
@@ -933,13 +973,70 @@ mod tests {
     }
 
     #[test]
+    fn turns_run_by_priority_then_arrival() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "running", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.queue_turn(TurnId::Engine, "normal 1", N).unwrap();
+        s.queue_turn(TurnId::Engine, "low", SpeechPriority::Low)
+            .unwrap();
+        s.queue_turn(TurnId::Engine, "normal 2", N).unwrap();
+        s.queue_turn(TurnId::Engine, "high", SpeechPriority::High)
+            .unwrap();
+        let mut order = Vec::new();
+        loop {
+            s.turn_done(&id("a"), After::Nothing);
+            match s.next() {
+                Some(Next::Turn { turn, .. }) => order.push(turn),
+                _ => break,
+            }
+        }
+        assert_eq!(order, ["high", "normal 1", "normal 2", "low"]);
+    }
+
+    #[test]
+    fn a_queued_turn_can_be_taken_back() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "running", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.queue_turn(TurnId::Engine, "say hello", N).unwrap();
+        s.queue_turn(TurnId::Engine, "say bye", N).unwrap();
+        assert_eq!(s.remove_turn(|t| *t == "say hello"), Some("say hello"));
+        assert_eq!(s.remove_turn(|t| *t == "say hello"), None);
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(
+            s.next(),
+            Some(Next::Turn {
+                turn: "say bye",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn the_deferred_reply_waits_while_the_user_speaks() {
+        let mut s = live();
+        s.set_user_speaking(true);
+        s.add_pending(item(Scope::Session, "x/update_1"));
+        assert!(s.next().is_none());
+        assert!(!s.is_inactive(), "the user speaking is not inactive");
+        // A user turn still runs (it is how the user's words get in).
+        s.queue_turn(TurnId::Engine, "user", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "user", .. })));
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(s.next().is_none());
+        s.set_user_speaking(false);
+        assert!(matches!(s.next(), Some(Next::Deferred { .. })));
+    }
+
+    #[test]
     fn the_queue_is_bounded() {
         let mut s = live();
         for _ in 0..MAX_QUEUED {
-            s.queue_turn(TurnId::Engine, "reply").unwrap();
+            s.queue_turn(TurnId::Engine, "reply", N).unwrap();
         }
         assert!(matches!(
-            s.queue_turn(TurnId::Engine, "one too many"),
+            s.queue_turn(TurnId::Engine, "one too many", N),
             Err(("one too many", Refusal::QueueFull { .. }))
         ));
     }
@@ -953,7 +1050,7 @@ mod tests {
         s.entered();
         s.queue_handoff("to b", false).unwrap();
         assert!(matches!(s.next(), Some(Next::Handoff { .. })));
-        s.queue_turn(TurnId::Host(1), "waiting").unwrap();
+        s.queue_turn(TurnId::Host(1), "waiting", N).unwrap();
         assert!(matches!(s.route(&Scope::Session, "held"), Route::Held));
         let closing = s.close().unwrap();
         assert_eq!(closing.activities, ["t", "a"]);
@@ -962,7 +1059,7 @@ mod tests {
         assert_eq!(closing.held, ["held"]);
         assert!(s.close().is_none(), "a second close has nothing to do");
         assert!(matches!(
-            s.queue_turn(TurnId::Host(2), "late"),
+            s.queue_turn(TurnId::Host(2), "late", N),
             Err((_, Refusal::Closed))
         ));
         assert!(matches!(

@@ -1,0 +1,322 @@
+//! Barge-in: what the user talking over the agent does to its speech (SPEC §8), as a
+//! plain state machine the activity feeds with the user's input and its timers.
+//!
+//! The rules, each a unit test below:
+//! - The user starts speaking over an interruptible turn: a pausable output pauses at
+//!   once; nothing else happens yet.
+//! - The interruption becomes real once the user has spoken for `min_duration`, or a
+//!   transcript (interim or final, with words) arrives: the turn is interrupted.
+//! - The user stops before `min_duration` with no transcript: after
+//!   `false_timeout` without one, the interruption was false — a paused speech resumes
+//!   (`AgentFalseInterruption { resumed: true }`), an unpaused one was simply never
+//!   stopped (`resumed: false`). Without a `false_timeout` the pause becomes an
+//!   interruption when the user stops.
+//! - Over an uninterruptible turn, or with no turn, the user's speech does nothing here.
+//!
+//! Time comes in as arguments and timers go out as what to arm, so the actor only
+//! carries out decisions.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The settings of barge-in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BargeInRules {
+    /// How long the user must speak over the agent before it is a real interruption.
+    pub(crate) min_duration: Duration,
+    /// How long after the user stops, with no transcript, a paused speech waits before it
+    /// resumes; `None`: it never resumes (the pause becomes an interruption).
+    pub(crate) false_timeout: Option<Duration>,
+}
+
+/// Where a barge-in is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum BargeIn {
+    /// Nobody talks over the agent.
+    #[default]
+    Quiet,
+    /// The user talks over the agent since `since`; the output is paused if `paused`.
+    Overlapping { since: Instant, paused: bool },
+    /// The user stopped before it counted; waiting for a transcript until the false-
+    /// interruption timer fires.
+    Stopped { paused: bool },
+}
+
+/// What the activity does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BargeAction {
+    Nothing,
+    /// Pause the output, and arm the min-duration timer.
+    Pause,
+    /// Arm the min-duration timer (the output cannot pause).
+    Watch,
+    /// Arm the false-interruption timer.
+    AwaitTranscript,
+    /// Interrupt the turn.
+    Interrupt,
+    /// The interruption was false: resume the output if `paused` was set.
+    FalseInterruption {
+        resume: bool,
+    },
+}
+
+impl BargeIn {
+    /// The user started speaking. `interruptible`: a turn runs and allows interruptions.
+    pub(crate) fn user_started(
+        &mut self,
+        now: Instant,
+        interruptible: bool,
+        can_pause: bool,
+    ) -> BargeAction {
+        if !interruptible {
+            return BargeAction::Nothing;
+        }
+        match *self {
+            Self::Quiet => {
+                *self = Self::Overlapping {
+                    since: now,
+                    paused: can_pause,
+                };
+                if can_pause {
+                    BargeAction::Pause
+                } else {
+                    BargeAction::Watch
+                }
+            }
+            // Speaking again before the false-interruption timer: the same barge-in.
+            Self::Stopped { paused } => {
+                *self = Self::Overlapping { since: now, paused };
+                BargeAction::Watch
+            }
+            Self::Overlapping { .. } => BargeAction::Nothing,
+        }
+    }
+
+    /// The min-duration timer armed at `user_started` fired.
+    pub(crate) fn min_duration_passed(
+        &mut self,
+        now: Instant,
+        rules: &BargeInRules,
+    ) -> BargeAction {
+        match *self {
+            Self::Overlapping { since, .. } if now.duration_since(since) >= rules.min_duration => {
+                *self = Self::Quiet;
+                BargeAction::Interrupt
+            }
+            _ => BargeAction::Nothing,
+        }
+    }
+
+    /// The user stopped speaking.
+    pub(crate) fn user_stopped(&mut self, now: Instant, rules: &BargeInRules) -> BargeAction {
+        let Self::Overlapping { since, paused } = *self else {
+            return BargeAction::Nothing;
+        };
+        if now.duration_since(since) >= rules.min_duration {
+            *self = Self::Quiet;
+            return BargeAction::Interrupt;
+        }
+        match rules.false_timeout {
+            Some(_) => {
+                *self = Self::Stopped { paused };
+                BargeAction::AwaitTranscript
+            }
+            None if paused => {
+                *self = Self::Quiet;
+                BargeAction::Interrupt
+            }
+            None => {
+                *self = Self::Quiet;
+                BargeAction::FalseInterruption { resume: false }
+            }
+        }
+    }
+
+    /// A transcript with words arrived.
+    pub(crate) fn transcript(&mut self) -> BargeAction {
+        match *self {
+            Self::Quiet => BargeAction::Nothing,
+            Self::Overlapping { .. } | Self::Stopped { .. } => {
+                *self = Self::Quiet;
+                BargeAction::Interrupt
+            }
+        }
+    }
+
+    /// The false-interruption timer armed at `user_stopped` fired.
+    pub(crate) fn false_timeout_passed(&mut self) -> BargeAction {
+        match *self {
+            Self::Stopped { paused } => {
+                *self = Self::Quiet;
+                BargeAction::FalseInterruption { resume: paused }
+            }
+            _ => BargeAction::Nothing,
+        }
+    }
+
+    /// The turn ended (or was interrupted another way): nothing is left to barge in on.
+    pub(crate) fn turn_ended(&mut self) {
+        *self = Self::Quiet;
+    }
+
+    /// Whether the output is paused by this barge-in.
+    pub(crate) fn paused(&self) -> bool {
+        matches!(
+            self,
+            Self::Overlapping { paused: true, .. } | Self::Stopped { paused: true }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: BargeInRules = BargeInRules {
+        min_duration: Duration::from_millis(500),
+        false_timeout: Some(Duration::from_secs(2)),
+    };
+
+    fn at(ms: u64, base: Instant) -> Instant {
+        base + Duration::from_millis(ms)
+    }
+
+    #[test]
+    fn a_pausable_output_pauses_at_once_and_a_long_overlap_interrupts() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, true, true), BargeAction::Pause);
+        assert!(b.paused());
+        assert_eq!(
+            b.min_duration_passed(at(499, t0), &RULES),
+            BargeAction::Nothing
+        );
+        assert_eq!(
+            b.min_duration_passed(at(500, t0), &RULES),
+            BargeAction::Interrupt
+        );
+        assert_eq!(b, BargeIn::Quiet);
+    }
+
+    #[test]
+    fn without_pause_support_the_same_rule_interrupts() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, true, false), BargeAction::Watch);
+        assert!(!b.paused());
+        assert_eq!(
+            b.min_duration_passed(at(600, t0), &RULES),
+            BargeAction::Interrupt
+        );
+    }
+
+    #[test]
+    fn a_transcript_makes_it_real_at_once() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        assert_eq!(b.transcript(), BargeAction::Interrupt);
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        b.user_stopped(at(100, t0), &RULES);
+        assert_eq!(
+            b.transcript(),
+            BargeAction::Interrupt,
+            "also after the user stopped"
+        );
+    }
+
+    #[test]
+    fn a_short_overlap_without_words_resumes_after_the_false_timeout() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        assert_eq!(
+            b.user_stopped(at(200, t0), &RULES),
+            BargeAction::AwaitTranscript
+        );
+        assert_eq!(
+            b.min_duration_passed(at(500, t0), &RULES),
+            BargeAction::Nothing
+        );
+        assert_eq!(
+            b.false_timeout_passed(),
+            BargeAction::FalseInterruption { resume: true }
+        );
+        assert_eq!(b, BargeIn::Quiet);
+    }
+
+    #[test]
+    fn a_short_overlap_on_an_unpausable_output_is_ignored() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, false);
+        b.user_stopped(at(200, t0), &RULES);
+        assert_eq!(
+            b.false_timeout_passed(),
+            BargeAction::FalseInterruption { resume: false }
+        );
+    }
+
+    #[test]
+    fn stopping_after_the_min_duration_interrupts_even_before_the_timer() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        assert_eq!(b.user_stopped(at(700, t0), &RULES), BargeAction::Interrupt);
+    }
+
+    #[test]
+    fn speaking_again_before_the_false_timeout_keeps_the_pause() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        b.user_stopped(at(100, t0), &RULES);
+        assert_eq!(b.user_started(at(300, t0), true, true), BargeAction::Watch);
+        assert!(b.paused());
+        assert_eq!(
+            b.false_timeout_passed(),
+            BargeAction::Nothing,
+            "a stale timer"
+        );
+        assert_eq!(
+            b.min_duration_passed(at(800, t0), &RULES),
+            BargeAction::Interrupt
+        );
+    }
+
+    #[test]
+    fn without_a_false_timeout_a_paused_speech_stays_interrupted() {
+        let rules = BargeInRules {
+            false_timeout: None,
+            ..RULES
+        };
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        assert_eq!(b.user_stopped(at(100, t0), &rules), BargeAction::Interrupt);
+    }
+
+    #[test]
+    fn an_uninterruptible_turn_or_no_turn_ignores_the_user() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, false, true), BargeAction::Nothing);
+        assert_eq!(b.transcript(), BargeAction::Nothing);
+        assert_eq!(b.user_stopped(at(900, t0), &RULES), BargeAction::Nothing);
+        assert_eq!(b, BargeIn::Quiet);
+    }
+
+    #[test]
+    fn a_turn_that_ends_clears_the_barge_in() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true);
+        b.turn_ended();
+        assert_eq!(
+            b.min_duration_passed(at(900, t0), &RULES),
+            BargeAction::Nothing
+        );
+    }
+}

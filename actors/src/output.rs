@@ -1,0 +1,108 @@
+//! Agent output: the session streams each speech's text to a [`SpeechOutput`] the host
+//! provides — a console, a chat UI, a TTS pipeline.
+//!
+//! A text output finishes playout at once. A voice output returns [`Playout::Pending`]
+//! from `speech_finished` and reports the end later through the [`PlayoutReporter`] it was
+//! given when the session attached it: played out, or cut short with what the user heard.
+//! Reports are accepted for any speech at any time, also while its text still streams.
+//! The agent counts as speaking until then, so deferred replies to tool updates wait for
+//! the user to hear the current speech.
+
+use std::fmt;
+use std::sync::Arc;
+
+/// Identifies one speech of a session (`speech_1`, `speech_2`, … in creation order).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct SpeechId(pub u64);
+
+impl fmt::Display for SpeechId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "speech_{}", self.0)
+    }
+}
+
+/// Whether a speech whose text is complete has been played out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Playout {
+    /// Played (or there is nothing to play): the speech is done.
+    #[default]
+    Done,
+    /// Still playing; the output reports the end through its [`PlayoutReporter`].
+    Pending,
+}
+
+/// Where the agent's speech goes. The host implements it; the session calls it from its
+/// arbiter thread, once per chunk: keep each call short (hand the text to a channel).
+///
+/// Speeches come one at a time, in order: a speech's chunks, then its `speech_finished`,
+/// may overlap with the playing of the speech before it, which the output plays first.
+pub trait SpeechOutput: Send + 'static {
+    /// Called once when the session starts: how to report playout (keep it; it does not
+    /// keep the session alive).
+    fn attach(&mut self, _reporter: PlayoutReporter) {}
+    /// A speech starts.
+    fn speech_started(&mut self, _speech: SpeechId, _agent: &str) {}
+    /// A piece of the speech's text.
+    fn speech_chunk(&mut self, speech: SpeechId, text: &str);
+    /// The speech's text is complete; say whether playout is done.
+    fn speech_finished(&mut self, _speech: SpeechId) -> Playout {
+        Playout::Done
+    }
+    /// Stop playing `speech` now (the user interrupted it, or the host asked): drop what
+    /// is buffered, then report what was heard (`playout_finished(speech, true, heard)`).
+    fn interrupt(&mut self, _speech: SpeechId) {}
+    /// Whether `pause` and `resume` work: a pausable output lets a barge-in pause the
+    /// speech first and resume it if the interruption was false.
+    fn can_pause(&self) -> bool {
+        false
+    }
+    /// Pause playing `speech` (the user started talking over it).
+    fn pause(&mut self, _speech: SpeechId) {}
+    /// Resume a paused `speech` (the interruption was false).
+    fn resume(&mut self, _speech: SpeechId) {}
+}
+
+/// A [`SpeechOutput`] that drops the speech: for sessions driven only through
+/// `RunResult` and events.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NullOutput;
+
+impl SpeechOutput for NullOutput {
+    fn speech_chunk(&mut self, _speech: SpeechId, _text: &str) {}
+}
+
+/// What a playout report says to the engine (implemented by the session's links).
+pub(crate) trait PlayoutPort: Send + Sync + 'static {
+    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>);
+}
+
+/// How an output reports that a speech's playout ended. Cheap to clone; handed to the
+/// output by [`SpeechOutput::attach`].
+#[derive(Clone)]
+pub struct PlayoutReporter {
+    port: Arc<dyn PlayoutPort>,
+}
+
+impl fmt::Debug for PlayoutReporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PlayoutReporter")
+    }
+}
+
+impl PlayoutReporter {
+    pub(crate) fn new(port: Arc<dyn PlayoutPort>) -> Self {
+        Self { port }
+    }
+
+    /// The playout of `speech` ended: fully (`interrupted == false`), or cut short, with
+    /// `heard` the text the user heard (`None` when the output cannot tell). The speech's
+    /// message in the chat context is cut to `heard`; a speech of which nothing was heard
+    /// leaves no message. Accepted for any speech, at any time; ignored once the session
+    /// is gone.
+    pub fn playout_finished(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+        self.port.report(speech, interrupted, heard);
+    }
+}

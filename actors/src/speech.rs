@@ -1,0 +1,275 @@
+//! Speeches: every agent utterance — the text of one LLM step, a `say`, a deferred reply
+//! — has an id and a [`SpeechHandle`]: whether it may be interrupted, how to interrupt
+//! it, and how it ended (played, or cut short with what the user heard).
+//!
+//! Whether a speech may be interrupted is decided per turn: the `say` options, else the
+//! agent's setting, else the session's (default: yes). A tool may hold interruptions off
+//! while it runs (`RunContext::disallow_interruptions`): the speech of its turn is then
+//! not interruptible, by the user or by `cancel_task`, until the tool ends.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::error::SpeechError;
+use crate::output::SpeechId;
+
+/// Where a speech goes in the queue: speeches play one at a time, by priority, then in
+/// the order they were asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SpeechPriority {
+    /// After everything else queued.
+    Low,
+    /// Replies and `say` by default.
+    #[default]
+    Normal,
+    /// Before everything else queued (not before the turn that runs now).
+    High,
+}
+
+/// How `Session::say` speaks a text.
+#[derive(Clone, Copy, Debug)]
+pub struct SayOptions {
+    pub(crate) allow_interruptions: Option<bool>,
+    pub(crate) add_to_chat: bool,
+    pub(crate) priority: SpeechPriority,
+}
+
+impl Default for SayOptions {
+    fn default() -> Self {
+        Self {
+            allow_interruptions: None,
+            add_to_chat: true,
+            priority: SpeechPriority::Normal,
+        }
+    }
+}
+
+impl SayOptions {
+    /// The defaults: interruptible as the agent and session say, recorded in the chat
+    /// context, normal priority.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the user may interrupt it (default: the agent's, else the session's setting).
+    pub fn allow_interruptions(mut self, allow: bool) -> Self {
+        self.allow_interruptions = Some(allow);
+        self
+    }
+
+    /// Whether the text goes into the agent's chat context as an assistant message
+    /// (default true).
+    pub fn add_to_chat(mut self, add: bool) -> Self {
+        self.add_to_chat = add;
+        self
+    }
+
+    /// Its place in the queue (default normal).
+    pub fn priority(mut self, priority: SpeechPriority) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
+/// How a speech ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SpeechOutcome {
+    /// Played out in full.
+    Played,
+    /// Cut short: by the user, an interruption, or the session closing. `heard` is what
+    /// the user heard, when the output said (empty: nothing; `None`: unknown).
+    Interrupted {
+        /// What the user heard.
+        heard: Option<String>,
+    },
+}
+
+/// Whether a turn's speech may be interrupted now: its setting, and the tools holding
+/// interruptions off while they run. Shared by the turn's speeches and calls.
+#[derive(Debug)]
+pub(crate) struct Interruptibility {
+    allow: AtomicBool,
+    holds: AtomicUsize,
+}
+
+impl Interruptibility {
+    pub(crate) fn new(allow: bool) -> Arc<Self> {
+        Arc::new(Self {
+            allow: AtomicBool::new(allow),
+            holds: AtomicUsize::new(0),
+        })
+    }
+
+    /// Whether an interruption (not forced) is allowed now.
+    pub(crate) fn allows(&self) -> bool {
+        self.allow.load(Ordering::Relaxed) && self.holds.load(Ordering::Relaxed) == 0
+    }
+
+    pub(crate) fn set(&self, allow: bool) {
+        self.allow.store(allow, Ordering::Relaxed);
+    }
+
+    /// A tool holds interruptions off until it calls `release`.
+    pub(crate) fn hold(&self) {
+        self.holds.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn release(&self) {
+        // Never below zero, even if a release came without its hold.
+        let _ = self
+            .holds
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
+
+/// How a speech handle asks the engine to interrupt it (implemented by the session's
+/// links).
+pub(crate) trait SpeechPort: Send + Sync + 'static {
+    fn interrupt(&self, speech: SpeechId, force: bool);
+}
+
+/// Where a speech is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SpeechStatus {
+    /// Waiting in the queue (a `say` not started yet).
+    Queued,
+    /// Its text streams or plays.
+    Speaking,
+    /// Over.
+    Done(SpeechOutcome),
+}
+
+/// One speech of the agent. Cheap to clone; `Send + Sync`. It does not keep the session
+/// alive: once the session is gone, a speech that had not ended counts as interrupted.
+#[derive(Clone)]
+pub struct SpeechHandle {
+    inner: Arc<SpeechInner>,
+}
+
+struct SpeechInner {
+    id: SpeechId,
+    interruptibility: Arc<Interruptibility>,
+    status: watch::Sender<SpeechStatus>,
+    port: Arc<dyn SpeechPort>,
+}
+
+impl fmt::Debug for SpeechHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpeechHandle")
+            .field("id", &self.inner.id)
+            .field("status", &*self.inner.status.borrow())
+            .finish()
+    }
+}
+
+impl PartialEq for SpeechHandle {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.id == other.inner.id
+    }
+}
+
+impl SpeechHandle {
+    pub(crate) fn new(
+        id: SpeechId,
+        interruptibility: Arc<Interruptibility>,
+        status: SpeechStatus,
+        port: Arc<dyn SpeechPort>,
+    ) -> Self {
+        let (status, _) = watch::channel(status);
+        Self {
+            inner: Arc::new(SpeechInner {
+                id,
+                interruptibility,
+                status,
+                port,
+            }),
+        }
+    }
+
+    /// The speech's id.
+    pub fn id(&self) -> SpeechId {
+        self.inner.id
+    }
+
+    /// Whether the user (or a non-forced `interrupt`) may interrupt it now.
+    pub fn allow_interruptions(&self) -> bool {
+        self.inner.interruptibility.allows()
+    }
+
+    /// Allows or disallows interruptions of this speech's turn from now on (a tool that
+    /// holds them off still does until it ends).
+    pub fn set_allow_interruptions(&self, allow: bool) {
+        self.inner.interruptibility.set(allow);
+    }
+
+    /// Interrupts the speech: a queued one never plays; a playing one stops, and its turn
+    /// with it. `Err` when it does not allow interruptions (see
+    /// [`SpeechHandle::force_interrupt`]); `Ok` when it has already ended.
+    pub fn interrupt(&self) -> Result<(), SpeechError> {
+        if self.is_done() {
+            return Ok(());
+        }
+        if !self.allow_interruptions() {
+            return Err(SpeechError::Uninterruptible {
+                speech: self.inner.id,
+            });
+        }
+        self.inner.port.interrupt(self.inner.id, false);
+        Ok(())
+    }
+
+    /// Interrupts the speech even if it disallows interruptions.
+    pub fn force_interrupt(&self) {
+        if !self.is_done() {
+            self.inner.port.interrupt(self.inner.id, true);
+        }
+    }
+
+    /// Whether the speech has ended.
+    pub fn is_done(&self) -> bool {
+        matches!(*self.inner.status.borrow(), SpeechStatus::Done(_))
+    }
+
+    /// How it ended, once it has.
+    pub fn outcome(&self) -> Option<SpeechOutcome> {
+        match &*self.inner.status.borrow() {
+            SpeechStatus::Done(outcome) => Some(outcome.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits until the speech has played out or was cut short. Waiting on the speech of
+    /// one's own step from inside a tool is fine: a step's text is complete before its
+    /// tools run, so its playout does not wait for them.
+    pub async fn wait_for_playout(&self) -> SpeechOutcome {
+        let mut rx = self.inner.status.subscribe();
+        let done = rx
+            .wait_for(|status| matches!(status, SpeechStatus::Done(_)))
+            .await
+            .map(|status| status.clone());
+        match done {
+            Ok(SpeechStatus::Done(outcome)) => outcome,
+            // The engine dropped the speech without ending it: only when the session is
+            // gone, which cuts every speech short.
+            _ => SpeechOutcome::Interrupted { heard: None },
+        }
+    }
+
+    pub(crate) fn set_status(&self, status: SpeechStatus) {
+        self.inner.status.send_if_modified(|current| {
+            // A speech that has ended stays ended.
+            if matches!(current, SpeechStatus::Done(_)) || *current == status {
+                return false;
+            }
+            *current = status;
+            true
+        });
+    }
+
+    pub(crate) fn interruptibility(&self) -> &Arc<Interruptibility> {
+        &self.inner.interruptibility
+    }
+}
