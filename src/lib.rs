@@ -62,18 +62,20 @@ pub use switchboard_actors::{
     Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext,
     InspectError, Inspector, Journal, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
     LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, PromptArgs, Prompts,
-    Received, ReplyPromptArgs, RunContext, RunResult, Session, SessionAddress, SessionBuilder,
-    SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SpeechId, StopResponse,
+    Received, ReplyPromptArgs, RunContext, RunResult, SayOptions, Session, SessionAddress,
+    SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory, SessionId,
+    SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StopResponse,
     TaskError, Template, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
     ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
-    UpdateMessage, UpdatePromptArgs, CONFIRM_DUPLICATE_PARAM,
+    UpdateMessage, UpdatePromptArgs, UserState, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`.
 pub mod prelude {
     pub use switchboard_actors::{
-        Agent, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff, Llm,
-        NoArgs, RunContext, RunResult, Session, SessionError, SessionEvent, StopResponse, Tool,
-        ToolError, ToolFailure, ToolReturn, Toolset,
+        Agent, AgentState, ChatContext, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy,
+        ErrorRoute, Handoff, Inspector, Llm, NoArgs, RunContext, RunResult, SayOptions, Session,
+        SessionControl, SessionError, SessionEvent, SpeechHandle, SpeechOutcome, SpeechOutput,
+        StopResponse, Tool, ToolError, ToolFailure, ToolReturn, Toolset, UserState,
     };
 }

@@ -125,14 +125,28 @@ impl Inspector {
         kind: &str,
         timeout: Duration,
     ) -> Result<Received, InspectError> {
+        self.wait_for_nth(id, kind, 1, timeout).await
+    }
+
+    /// Waits until `id` has handled its `n`-th message of `kind` (1 for the first, counting
+    /// what it already handled), for at most `timeout`; returns that message. An actor
+    /// that does not exist yet is waited for too.
+    pub async fn wait_for_nth(
+        &self,
+        id: &str,
+        kind: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Received, InspectError> {
         let wait = async {
             loop {
                 let notified = self.journal.notified();
-                if let Some(found) = self
-                    .journal
-                    .snapshot(id)
-                    .and_then(|s| s.received.into_iter().find(|r| r.kind == kind))
-                {
+                if let Some(found) = self.journal.snapshot(id).and_then(|s| {
+                    s.received
+                        .into_iter()
+                        .filter(|r| r.kind == kind)
+                        .nth(n.saturating_sub(1))
+                }) {
                     return found;
                 }
                 notified.await;
@@ -142,7 +156,11 @@ impl Inspector {
             Ok(found) => Ok(found),
             Err(_) => Err(InspectError::Timeout {
                 id: id.to_owned(),
-                kind: kind.to_owned(),
+                kind: if n > 1 {
+                    format!("{kind} #{n}")
+                } else {
+                    kind.to_owned()
+                },
                 timeout,
                 received: self
                     .journal

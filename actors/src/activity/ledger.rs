@@ -497,7 +497,10 @@ mod tests {
         let mut sink = no_sink();
         ledger.append(said(1, "First sentence."), &mut sink);
         ledger.append(said(2, "Second sentence here."), &mut sink);
-        assert_eq!(ledger.cut_speech(SpeechId(1), Some("First")), Cut::Shortened);
+        assert_eq!(
+            ledger.cut_speech(SpeechId(1), Some("First")),
+            Cut::Shortened
+        );
         assert_eq!(ids(&ledger), ["msg First", "msg Second sentence here."]);
         assert_eq!(ledger.cut_speech(SpeechId(9), Some("x")), Cut::NotFound);
     }
