@@ -16,8 +16,9 @@ use actix::prelude::*;
 use crate::error::SessionError;
 use crate::ids::SessionId;
 
-/// Runs sessions. Cheap to clone; the engine's own threads stop when the last clone is
-/// dropped or on [`Engine::shutdown`].
+/// Runs sessions. Cheap to clone; each session keeps a clone, so the engine's own threads
+/// stop when the last clone — the host's and every session's — is dropped, or on
+/// [`Engine::shutdown`].
 #[derive(Clone, Debug)]
 pub struct Engine {
     inner: Arc<EngineInner>,

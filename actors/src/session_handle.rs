@@ -60,6 +60,9 @@ pub struct Session {
 struct Host {
     mailbox: Mailbox<SessionActor>,
     shared: Arc<SessionShared>,
+    /// The engine the session runs on: its threads live as long as a session does, even
+    /// if the host dropped its own `Engine`.
+    _engine: Engine,
 }
 
 impl Drop for Host {
@@ -717,6 +720,7 @@ impl SessionBuilder {
             host: Arc::new(Host {
                 mailbox: Mailbox::new(addr, probe),
                 shared,
+                _engine: engine.clone(),
             }),
         };
         session
