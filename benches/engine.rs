@@ -11,7 +11,8 @@
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10),
 //! `BENCH_S4_UPDATES` (3), `BENCH_INSPECT_ROUNDS` (4), `BENCH_SCENARIOS` (comma list, default
-//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, S3, S3_abandoned, S4, S4_parallel, S1_host, S1b_host,
+//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned,
+//! S4, S4_parallel, S1_host, S1b_host,
 //! S1c_host, S2_host, S4_host, S4_parallel_host).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
@@ -442,6 +443,135 @@ async fn abandoned_sessions(engine: &Engine) {
     );
 }
 
+/// Marks when the engine told the output to stop a speech.
+#[derive(Clone, Default)]
+struct StopWatchOutput {
+    interrupted: Arc<Mutex<Option<Instant>>>,
+}
+
+impl switchboard::SpeechOutput for StopWatchOutput {
+    fn speech_chunk(&mut self, _speech: switchboard::SpeechId, _text: &str) {}
+    fn interrupt(&mut self, _speech: switchboard::SpeechId) {
+        *self.interrupted.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+/// Says "Hello" then stalls, and marks when its stream is dropped.
+struct HelloThenStall {
+    dropped: Arc<Mutex<Option<Instant>>>,
+}
+
+struct MarkDrop(Arc<Mutex<Option<Instant>>>);
+
+impl Drop for MarkDrop {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap() = Some(Instant::now());
+    }
+}
+
+impl Llm for HelloThenStall {
+    fn chat(&self, _request: switchboard::LlmRequest) -> switchboard::LlmStream {
+        use futures_util::StreamExt;
+        let mark = MarkDrop(self.dropped.clone());
+        futures_util::stream::iter([Ok(switchboard::LlmChunk::Text("Hello".into()))])
+            .chain(futures_util::stream::pending())
+            .map(move |chunk| {
+                let _keep = &mark;
+                chunk
+            })
+            .boxed()
+    }
+}
+
+/// V1 barge-in: a turn streams a speech (then its model stalls); the host reports that
+/// the user started speaking (`min_interruption_duration` zero: a real interruption at
+/// once). Timed: from `user_started_speaking()` until both the output was told to stop and
+/// the LLM stream was dropped.
+async fn barge_in(engine: &Engine) {
+    let (n, warmup) = (env("BENCH_N", 2000), env("BENCH_WARMUP", 200));
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..warmup + n {
+        let dropped = Arc::new(Mutex::new(None));
+        let output = StopWatchOutput::default();
+        let session = Session::builder()
+            .llm(Arc::new(HelloThenStall {
+                dropped: dropped.clone(),
+            }))
+            .agent(Agent::builder("a").build().unwrap())
+            .output(output.clone())
+            .min_interruption_duration(std::time::Duration::ZERO)
+            .start(engine)
+            .await
+            .unwrap();
+        let mut events = session.subscribe();
+        let turn = {
+            let session = session.clone();
+            actix::spawn(async move { session.run("go").await })
+        };
+        while let Ok(event) = events.recv().await {
+            if matches!(event, SessionEvent::SpeechCreated { .. }) {
+                break;
+            }
+        }
+        let start = Instant::now();
+        session.user_started_speaking();
+        let result = turn.await.unwrap().unwrap();
+        assert!(result.interrupted);
+        let stopped = output.interrupted.lock().unwrap().unwrap();
+        let dropped_at = dropped.lock().unwrap().unwrap();
+        if i >= warmup {
+            samples.push((stopped.max(dropped_at) - start).as_secs_f64() * 1e6);
+        }
+        session.close().await.unwrap();
+    }
+    let s = stats(&samples);
+    println!(
+        r#"{{"scenario":"V1_barge_in","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{}}}"#,
+        s.mean, s.p50, s.p99, s.max, s.over_1ms
+    );
+}
+
+/// V2 streaming: one plain text turn whose reply comes in `BENCH_CHUNKS` chunks (1,000),
+/// against the same turn in one chunk; the difference per chunk is the engine's cost of
+/// taking a chunk from the model's stream to the output.
+async fn streaming(engine: &Engine) {
+    let chunks = env("BENCH_CHUNKS", 1000);
+    let n = env("BENCH_N", 2000) / 10;
+    let warmup = env("BENCH_WARMUP", 200) / 10;
+    let one_turn = |pieces: usize| async move {
+        let llm = ScriptedLlm::new([]);
+        llm.otherwise((0..pieces).fold(Reply::default(), |r, _| r.and_text("word ")));
+        let session = Session::builder()
+            .llm(llm)
+            .agent(Agent::builder("a").build().unwrap())
+            .output(StopWatchOutput::default())
+            .start(engine)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        session.run("go").await.unwrap();
+        let took = start.elapsed().as_secs_f64() * 1e6;
+        session.close().await.unwrap();
+        took
+    };
+    let (mut many, mut one) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for i in 0..warmup + n {
+        let (a, b) = (one_turn(chunks).await, one_turn(1).await);
+        if i >= warmup {
+            many.push(a);
+            one.push(b);
+        }
+    }
+    let (m, o) = (stats(&many), stats(&one));
+    println!(
+        r#"{{"scenario":"V2_streaming","chunks":{chunks},"n":{n},"turn_mean_us":{:.1},"one_chunk_turn_mean_us":{:.1},"per_chunk_us":{:.3},"per_chunk_p50_us":{:.3}}}"#,
+        m.mean,
+        o.mean,
+        (m.mean - o.mean) / (chunks - 1) as f64,
+        (m.p50 - o.p50) / (chunks - 1) as f64
+    );
+}
+
 /// S4: `BENCH_S4_SESSIONS` sessions started first (untimed, like the peer), then all
 /// driven at once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES`
 /// updates per call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()`
@@ -563,6 +693,12 @@ fn main() {
         }
         if wanted("S3") {
             idle_sessions(&engine).await;
+        }
+        if wanted("V1_barge_in") {
+            barge_in(&engine).await;
+        }
+        if wanted("V2_streaming") {
+            streaming(&engine).await;
         }
         if wanted("S3_abandoned") {
             abandoned_sessions(&engine).await;

@@ -372,7 +372,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
         Reply::text("Searching now."),
         Reply::text("I found 3 flights."),
     ]);
-    let io = RecordingOutput::manual_playout();
+    let out = RecordingOutput::manual_playout();
     let agent = Agent::builder("agent-a")
         .tool(search_flights(gate.clone()))
         .build()
@@ -380,7 +380,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     let session = Session::builder()
         .llm(llm.clone())
         .agent(agent)
-        .output(io.clone())
+        .output(out.clone())
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -402,18 +402,18 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     })
     .await;
     assert_eq!(llm.request_count(), 2, "no reply while the agent speaks");
-    let spoken = io.last_speech().unwrap();
+    let spoken = out.last_speech().unwrap();
     assert_eq!(
         (spoken.id, spoken.text.as_str()),
         (speech, "Searching now.")
     );
 
-    io.played_out(speech);
+    out.played_out(speech);
     turn.await.unwrap().unwrap();
     // Right after the playout, the deferred reply: a second speech.
     let reply = next_event(&mut events, speech_created).await;
-    assert_eq!(io.last_speech().unwrap().text, "I found 3 flights.");
-    io.played_out(reply);
+    assert_eq!(out.last_speech().unwrap().text, "I found 3 flights.");
+    out.played_out(reply);
     session.wait_for_settled().await;
 
     assert_eq!(llm.request_count(), 3);

@@ -3,7 +3,7 @@
 //!
 //! The rules, each a unit test below:
 //! - The user starts speaking over an interruptible turn: a pausable output pauses at
-//!   once; nothing else happens yet.
+//!   once; nothing else happens yet (with a zero `min_duration`: interrupted at once).
 //! - The interruption becomes real once the user has spoken for `min_duration`, or a
 //!   transcript (interim or final, with words) arrives: the turn is interrupted.
 //! - The user stops before `min_duration` with no transcript: after
@@ -63,14 +63,20 @@ pub(crate) enum BargeAction {
 
 impl BargeIn {
     /// The user started speaking. `interruptible`: a turn runs and allows interruptions.
+    /// With a zero `min_duration`, any speech of the user is a real interruption at once.
     pub(crate) fn user_started(
         &mut self,
         now: Instant,
         interruptible: bool,
         can_pause: bool,
+        rules: &BargeInRules,
     ) -> BargeAction {
         if !interruptible {
             return BargeAction::Nothing;
+        }
+        if rules.min_duration.is_zero() {
+            *self = Self::Quiet;
+            return BargeAction::Interrupt;
         }
         match *self {
             Self::Quiet => {
@@ -186,7 +192,7 @@ mod tests {
     fn a_pausable_output_pauses_at_once_and_a_long_overlap_interrupts() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        assert_eq!(b.user_started(t0, true, true), BargeAction::Pause);
+        assert_eq!(b.user_started(t0, true, true, &RULES), BargeAction::Pause);
         assert!(b.paused());
         assert_eq!(
             b.min_duration_passed(at(499, t0), &RULES),
@@ -203,7 +209,7 @@ mod tests {
     fn without_pause_support_the_same_rule_interrupts() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        assert_eq!(b.user_started(t0, true, false), BargeAction::Watch);
+        assert_eq!(b.user_started(t0, true, false, &RULES), BargeAction::Watch);
         assert!(!b.paused());
         assert_eq!(
             b.min_duration_passed(at(600, t0), &RULES),
@@ -215,10 +221,10 @@ mod tests {
     fn a_transcript_makes_it_real_at_once() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         assert_eq!(b.transcript(), BargeAction::Interrupt);
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         b.user_stopped(at(100, t0), &RULES);
         assert_eq!(
             b.transcript(),
@@ -231,7 +237,7 @@ mod tests {
     fn a_short_overlap_without_words_resumes_after_the_false_timeout() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         assert_eq!(
             b.user_stopped(at(200, t0), &RULES),
             BargeAction::AwaitTranscript
@@ -251,7 +257,7 @@ mod tests {
     fn a_short_overlap_on_an_unpausable_output_is_ignored() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, false);
+        b.user_started(t0, true, false, &RULES);
         b.user_stopped(at(200, t0), &RULES);
         assert_eq!(
             b.false_timeout_passed(),
@@ -263,7 +269,7 @@ mod tests {
     fn stopping_after_the_min_duration_interrupts_even_before_the_timer() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         assert_eq!(b.user_stopped(at(700, t0), &RULES), BargeAction::Interrupt);
     }
 
@@ -271,9 +277,12 @@ mod tests {
     fn speaking_again_before_the_false_timeout_keeps_the_pause() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         b.user_stopped(at(100, t0), &RULES);
-        assert_eq!(b.user_started(at(300, t0), true, true), BargeAction::Watch);
+        assert_eq!(
+            b.user_started(at(300, t0), true, true, &RULES),
+            BargeAction::Watch
+        );
         assert!(b.paused());
         assert_eq!(
             b.false_timeout_passed(),
@@ -294,7 +303,7 @@ mod tests {
         };
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         assert_eq!(b.user_stopped(at(100, t0), &rules), BargeAction::Interrupt);
     }
 
@@ -302,9 +311,26 @@ mod tests {
     fn an_uninterruptible_turn_or_no_turn_ignores_the_user() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        assert_eq!(b.user_started(t0, false, true), BargeAction::Nothing);
+        assert_eq!(
+            b.user_started(t0, false, true, &RULES),
+            BargeAction::Nothing
+        );
         assert_eq!(b.transcript(), BargeAction::Nothing);
         assert_eq!(b.user_stopped(at(900, t0), &RULES), BargeAction::Nothing);
+        assert_eq!(b, BargeIn::Quiet);
+    }
+
+    #[test]
+    fn with_no_minimum_duration_the_user_interrupts_at_once() {
+        let rules = BargeInRules {
+            min_duration: Duration::ZERO,
+            ..RULES
+        };
+        let mut b = BargeIn::default();
+        assert_eq!(
+            b.user_started(Instant::now(), true, true, &rules),
+            BargeAction::Interrupt
+        );
         assert_eq!(b, BargeIn::Quiet);
     }
 
@@ -312,7 +338,7 @@ mod tests {
     fn a_turn_that_ends_clears_the_barge_in() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        b.user_started(t0, true, true);
+        b.user_started(t0, true, true, &RULES);
         b.turn_ended();
         assert_eq!(
             b.min_duration_passed(at(900, t0), &RULES),

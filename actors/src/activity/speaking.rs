@@ -150,9 +150,9 @@ impl ActivityActor {
     pub(super) fn user_started(&mut self, ctx: &mut Context<Self>) {
         let interruptible = self.turn.as_ref().is_some_and(|t| t.interruptible());
         let can_pause = self.shared.with_output(|output| output.can_pause());
-        let action = self
-            .barge_in
-            .user_started(Instant::now(), interruptible, can_pause);
+        let action =
+            self.barge_in
+                .user_started(Instant::now(), interruptible, can_pause, &self.barge_rules);
         self.carry_out(action, ctx);
     }
 
