@@ -5,6 +5,7 @@
 //! beyond that format.
 //!
 //! ```no_run
+//! use std::sync::Arc;
 //! use switchboard::prelude::*;
 //! use switchboard::providers::openai::OpenAiLlm;
 //!
@@ -18,7 +19,7 @@
 //!     .temperature(0.3)
 //!     .build()?;
 //! let agent = Agent::builder("assistant").instructions("Be brief.").build()?;
-//! let session = Session::builder().llm(llm).agent(agent).start(&Engine::start()?).await?;
+//! let session = Session::builder().llm(Arc::new(llm)).agent(agent).start(&Engine::start()?).await?;
 //! # let _ = local; Ok(()) }
 //! ```
 //!
