@@ -14,8 +14,8 @@ use openai_server::{frame, reply, Answer, FakeOpenAi, Part};
 use switchboard::futures::StreamExt;
 use switchboard::providers::openai::{OpenAiLlm, RetryPolicy};
 use switchboard::{
-    ChatContext, ChatItem, ChatRole, Llm, LlmChunk, LlmError, LlmRequest, LlmStream,
-    LlmTimeouts, TimeoutStage, ToolChoice,
+    ChatContext, ChatItem, ChatRole, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts,
+    TimeoutStage, ToolChoice,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -158,8 +158,10 @@ async fn rate_limited_then_success_waits_what_the_server_asked() {
 #[tokio::test]
 async fn a_retry_after_longer_than_the_policy_allows_fails_at_once_with_the_wait() {
     let server = FakeOpenAi::start().await;
-    server.push([Answer::error(429, "tokens", Some("rate_limit_exceeded"), "Slow down")
-        .header("retry-after", "120")]);
+    server.push([
+        Answer::error(429, "tokens", Some("rate_limit_exceeded"), "Slow down")
+            .header("retry-after", "120"),
+    ]);
     let (_, error) = collect(llm(&server, quick_retries(2)).chat(ask())).await;
     assert_eq!(
         error,
@@ -220,7 +222,11 @@ async fn server_errors_are_retried_a_bounded_number_of_times_then_reported() {
             message: "The server had an error".into()
         })
     );
-    assert_eq!(server.requests().len(), 3, "the first attempt and 2 retries");
+    assert_eq!(
+        server.requests().len(),
+        3,
+        "the first attempt and 2 retries"
+    );
 }
 
 #[tokio::test]
@@ -344,7 +350,8 @@ async fn a_malformed_chunk_is_a_malformed_stream_after_the_text_before_it() {
 #[tokio::test]
 async fn dropping_the_stream_closes_the_connection_and_the_server_sees_it() {
     let server = FakeOpenAi::start().await;
-    let event = frame(r#"{"choices":[{"index":0,"delta":{"content":"la "},"finish_reason":null}]}"#);
+    let event =
+        frame(r#"{"choices":[{"index":0,"delta":{"content":"la "},"finish_reason":null}]}"#);
     server.push([Answer::sse(Vec::<String>::new()).then(Part::Endless {
         event,
         interval: Duration::from_millis(5),

@@ -148,7 +148,10 @@ async fn a_tool_call_split_across_many_chunks_is_one_whole_call() {
     assert_eq!(
         chunks,
         [
-            LlmChunk::ToolCall(weather_call("call_Vx3kQm8TzR2bLp9WnY4cHd7A", "Paris, France")),
+            LlmChunk::ToolCall(weather_call(
+                "call_Vx3kQm8TzR2bLp9WnY4cHd7A",
+                "Paris, France"
+            )),
             LlmChunk::Usage(LlmUsage {
                 prompt_tokens: 81,
                 completion_tokens: 23,
@@ -297,7 +300,9 @@ async fn requests_carry_what_the_api_expects_and_the_server_accepts_them() {
     first.extra_instructions = Some("Tell the user about the weather.".into());
     first.tool_choice = ToolChoice::None;
     let mut second = first.clone();
-    second.chat.push(ChatItem::message(ChatRole::User, "thanks"));
+    second
+        .chat
+        .push(ChatItem::message(ChatRole::User, "thanks"));
     second.tool_choice = ToolChoice::Auto;
     assert_eq!(collect(llm.chat(first)).await.1, None);
     assert_eq!(collect(llm.chat(second)).await.1, None);
@@ -324,7 +329,17 @@ async fn requests_carry_what_the_api_expects_and_the_server_accepts_them() {
         .collect();
     assert_eq!(
         roles,
-        ["system", "user", "assistant", "tool", "tool", "assistant", "tool", "assistant", "tool"]
+        [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool"
+        ]
     );
     let ids: Vec<&str> = [3, 4, 6, 8]
         .iter()

@@ -268,7 +268,15 @@ mod tests {
 
     #[test]
     fn escaped_ids_decode_back() {
-        for id in ["call_1", "call_1~2/update_3", "x-y", "a.b", "é/ü", "-d", "-h1"] {
+        for id in [
+            "call_1",
+            "call_1~2/update_3",
+            "x-y",
+            "a.b",
+            "é/ü",
+            "-d",
+            "-h1",
+        ] {
             let wire = encode_call_id(id);
             assert!(valid(&wire), "{wire}");
             assert_eq!(decode_call_id(&wire).as_deref(), Some(id), "{wire}");
@@ -320,7 +328,10 @@ mod tests {
         assert_ne!(encode_call_id(&wire), wire);
         let look_alike = "call_1-h0123456789AB";
         assert_eq!(encode_call_id(look_alike), "call_1-dh0123456789AB");
-        assert_eq!(decode_call_id("call_1-dh0123456789AB").as_deref(), Some(look_alike));
+        assert_eq!(
+            decode_call_id("call_1-dh0123456789AB").as_deref(),
+            Some(look_alike)
+        );
         assert_eq!(decode_call_id(&wire), None, "a hashed form needs its table");
     }
 
@@ -334,7 +345,10 @@ mod tests {
         assert_eq!(wire, encode_call_id(long), "deterministic");
         let very_long = "x/".repeat(5_000);
         assert!(valid(&encode_call_id(&very_long)));
-        assert!(valid(&encode_call_id("")), "even an empty id gets a wire id");
+        assert!(
+            valid(&encode_call_id("")),
+            "even an empty id gets a wire id"
+        );
         assert!(valid(&encode_call_id(&"é".repeat(30))));
     }
 
@@ -386,7 +400,8 @@ mod tests {
         let long = "y".repeat(50);
         let mut map = CallIdMap::new();
         let taken = hashed(&long, 0);
-        map.to_canonical.insert(taken.clone(), "someone else".into());
+        map.to_canonical
+            .insert(taken.clone(), "someone else".into());
         let wire = map.wire(&long).to_owned();
         assert_ne!(wire, taken);
         assert!(valid(&wire));

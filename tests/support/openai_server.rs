@@ -99,7 +99,8 @@ impl Answer {
 
     /// An error status with OpenAI's error JSON.
     pub fn error(status: u16, kind: &str, code: Option<&str>, message: &str) -> Self {
-        let body = json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+        let body =
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
         Self {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -339,7 +340,10 @@ impl FakeOpenAi {
             .requests()
             .into_iter()
             .enumerate()
-            .filter_map(|(i, r)| r.refused.map(|why| format!("request {i}: {why}\n{}", r.body)))
+            .filter_map(|(i, r)| {
+                r.refused
+                    .map(|why| format!("request {i}: {why}\n{}", r.body))
+            })
             .collect();
         assert!(
             refused.is_empty(),
@@ -552,7 +556,9 @@ pub fn check_request(body: &Value) -> Result<(), String> {
         match role {
             "system" | "user" => {
                 if !message["content"].is_string() {
-                    return Err(format!("Invalid 'messages[{i}].content': expected a string"));
+                    return Err(format!(
+                        "Invalid 'messages[{i}].content': expected a string"
+                    ));
                 }
             }
             "assistant" => {
@@ -595,7 +601,9 @@ pub fn check_request(body: &Value) -> Result<(), String> {
                     ));
                 }
                 if !message["content"].is_string() {
-                    return Err(format!("Invalid 'messages[{i}].content': expected a string"));
+                    return Err(format!(
+                        "Invalid 'messages[{i}].content': expected a string"
+                    ));
                 }
                 answered.insert(id.to_owned());
                 open.retain(|o| o != id);

@@ -282,8 +282,8 @@ mod tests {
                 ..
             }
         ));
-        let err = OpenAiBuilder::from_vars(vars(&[("OPENAI_BASE_URL", "http://x/v1")]))
-            .unwrap_err();
+        let err =
+            OpenAiBuilder::from_vars(vars(&[("OPENAI_BASE_URL", "http://x/v1")])).unwrap_err();
         assert!(err.to_string().contains("OPENAI_MODEL"), "{err}");
     }
 

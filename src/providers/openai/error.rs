@@ -124,7 +124,13 @@ pub(super) fn from_stream_error(body: ErrorBody) -> LlmError {
 /// form of `Retry-After` is not read: the providers send seconds.
 pub(super) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let number = |name: &str| -> Option<f64> {
-        let value = headers.get(name)?.to_str().ok()?.trim().parse::<f64>().ok()?;
+        let value = headers
+            .get(name)?
+            .to_str()
+            .ok()?
+            .trim()
+            .parse::<f64>()
+            .ok()?;
         (value.is_finite() && value >= 0.0).then_some(value)
     };
     if let Some(ms) = number("retry-after-ms") {
@@ -211,7 +217,9 @@ mod tests {
         );
         let f = from_status(404, &HeaderMap::new(), "");
         assert!(!f.retryable);
-        assert!(matches!(f.error, LlmError::BadRequest { status: 404, message } if message.contains("empty body")));
+        assert!(
+            matches!(f.error, LlmError::BadRequest { status: 404, message } if message.contains("empty body"))
+        );
     }
 
     #[test]
@@ -225,7 +233,10 @@ mod tests {
             Some(Duration::from_millis(1500))
         );
         assert_eq!(
-            retry_after(&headers(&[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")])),
+            retry_after(&headers(&[(
+                "retry-after",
+                "Wed, 21 Oct 2015 07:28:00 GMT"
+            )])),
             None
         );
         assert_eq!(retry_after(&headers(&[("retry-after", "-1")])), None);

@@ -118,7 +118,8 @@ impl Exchange {
         }
         if let LlmChunk::Usage(usage) = chunk {
             self.span.record("prompt_tokens", usage.prompt_tokens);
-            self.span.record("completion_tokens", usage.completion_tokens);
+            self.span
+                .record("completion_tokens", usage.completion_tokens);
         }
         self.forwarded = true;
     }

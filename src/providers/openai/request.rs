@@ -142,7 +142,10 @@ pub(super) fn body(
 fn messages<'a>(request: &'a LlmRequest, ids: &mut CallIdMap) -> Vec<Message<'a>> {
     let items = request.chat.items();
     let mut out = Vec::with_capacity(items.len() + 1);
-    let system = match (&*request.instructions, request.extra_instructions.as_deref()) {
+    let system = match (
+        &*request.instructions,
+        request.extra_instructions.as_deref(),
+    ) {
         ("", None) => None,
         (instructions, None) => Some(Cow::Borrowed(instructions)),
         ("", Some(extra)) => Some(Cow::Borrowed(extra)),
@@ -376,9 +379,15 @@ mod tests {
             ]
         );
         assert_eq!(body["messages"][2]["content"], Value::Null);
-        assert_eq!(body["messages"][5]["tool_calls"][0]["id"], "c1-t2-supdate_1");
+        assert_eq!(
+            body["messages"][5]["tool_calls"][0]["id"],
+            "c1-t2-supdate_1"
+        );
         assert_eq!(body["messages"][6]["tool_call_id"], "c1-t2-supdate_1");
-        assert_eq!(body["messages"][7]["tool_calls"][0]["id"], "c1-t2-sfinished");
+        assert_eq!(
+            body["messages"][7]["tool_calls"][0]["id"],
+            "c1-t2-sfinished"
+        );
     }
 
     #[test]

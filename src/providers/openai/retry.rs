@@ -79,7 +79,15 @@ mod tests {
         let ms = |n| Some(Duration::from_millis(n));
         assert_eq!(
             delays,
-            [ms(500), ms(1000), ms(2000), ms(4000), ms(8000), ms(8000), None]
+            [
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(8000),
+                None
+            ]
         );
     }
 

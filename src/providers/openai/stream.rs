@@ -308,7 +308,9 @@ mod tests {
         let err = StreamDecoder::default()
             .decode(r#"{"choices":[{"index":0,"delta":{"content":"#)
             .unwrap_err();
-        assert!(matches!(err, LlmError::MalformedStream { message } if message.contains("unreadable chunk")));
+        assert!(
+            matches!(err, LlmError::MalformedStream { message } if message.contains("unreadable chunk"))
+        );
     }
 
     #[test]
