@@ -35,6 +35,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
+use axum::serve::ListenerExt;
 use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::watch;
@@ -307,6 +308,11 @@ impl FakeOpenAi {
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        // Each event goes out when it is written, as from a real API: without this, Nagle's
+        // algorithm holds small writes until the client's delayed ACK (~40 ms).
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
