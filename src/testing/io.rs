@@ -82,21 +82,30 @@ impl Io for RecordingIo {
     }
 }
 
-/// An [`Io`] that prints each speech to stdout as `agent> text`.
+/// An [`Io`] that prints each speech to stdout as `agent> text`, each chunk as it comes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConsoleIo;
 
 impl Io for ConsoleIo {
     fn speech_started(&mut self, _speech: SpeechId, agent: &str) {
         print!("{agent}> ");
+        flush_stdout();
     }
 
     fn speech_chunk(&mut self, _speech: SpeechId, text: &str) {
         print!("{text}");
+        // A streamed answer shows word by word, not when the line ends.
+        flush_stdout();
     }
 
     fn speech_finished(&mut self, _speech: SpeechId) -> Playout {
         println!();
         Playout::Done
     }
+}
+
+fn flush_stdout() {
+    use std::io::Write;
+    // A closed stdout is not the session's problem.
+    let _ = std::io::stdout().flush();
 }
