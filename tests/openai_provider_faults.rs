@@ -259,7 +259,7 @@ async fn a_first_token_that_never_comes_times_out_and_the_request_is_closed() {
 async fn a_stall_between_chunks_times_out_after_the_text_already_forwarded() {
     let server = FakeOpenAi::start().await;
     server.push([Answer::recorded("text").truncate(3).then(Part::Stall)]);
-    let between = Duration::from_millis(200);
+    let between = Duration::from_millis(500);
     let llm = OpenAiLlm::builder()
         .base_url(server.base_url())
         .model("gpt-4.1-mini")
