@@ -60,6 +60,11 @@ use crate::{Llm, LlmError, LlmRequest, LlmStream, LlmTimeouts};
 
 /// A streaming chat-completions model. Cheap to clone; clones share one connection pool,
 /// and one instance may serve many sessions at once.
+///
+/// Keep one per [`Engine`](crate::Engine): a pooled connection is driven by the runtime
+/// that opened it (an engine's arbiters live as long as the engine). A connection left
+/// dead by a runtime that stopped fails its next request before anything is forwarded, so
+/// that request is retried on a new connection.
 #[derive(Clone)]
 pub struct OpenAiLlm {
     config: Arc<Config>,
