@@ -14,7 +14,12 @@
 //! - [`Agent`] — instructions, tools, an [`Llm`], hooks.
 //! - [`Tool`] / [`Toolset`] — typed arguments (serde + JSON schema), an async body with a
 //!   [`RunContext`] that can `update` the conversation while it keeps running.
+//! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
+//!   on by default) for OpenAI and compatible servers, and the call-id mapping any provider
+//!   adapter needs.
 //! - [`testing`] — [`testing::ScriptedLlm`] and recording I/O, for tests without network.
+//! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
+//!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
 //!
 //! # Example
@@ -50,7 +55,14 @@
 //! }
 //! ```
 
+pub mod providers;
 pub mod testing;
+
+/// The `futures-util` crate, re-exported: [`LlmStream`] is its `BoxStream`, and an
+/// [`Llm`] of your own builds one with `futures::stream::iter`, `StreamExt::boxed`, ….
+/// (`futures-util` rather than the `futures` facade: it holds everything a stream needs,
+/// and the engine depends on it already, so the versions always match.)
+pub use futures_util as futures;
 
 pub use switchboard_actors::{
     agent, chat, control, error, error_policy, events, handoff, history, ids, inspector, llm,
