@@ -2,7 +2,8 @@
 //! loopback server that checks every request as the real API does. A multi-turn
 //! conversation with an async tool that sends two updates (the second one and its result
 //! arrive later as `/update_1` and `/finished`), a handoff by a tool whose call id the model
-//! repeats (`~2`), and a deferred reply under the new agent.
+//! repeats (`~2`), and a deferred reply under the new agent; then barge-ins that close the
+//! HTTP request while the model still streams.
 #![cfg(feature = "openai")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -218,16 +219,82 @@ async fn a_conversation_with_updates_and_a_handoff_runs_against_the_real_wire_fo
 /// A barge-in while the model streams: the LLM stream is dropped, the server sees the
 /// connection closed, and the next turn's request is accepted (no empty assistant message,
 /// every call answered).
+/// The user barges in while the model still streams: the HTTP request is closed at once,
+/// the chat keeps what was heard (an assistant message cut short, or none when nothing was
+/// heard), and the next requests — which carry it — are accepted by the server.
 #[actix::test]
-#[ignore = "needs Session::interrupt (liveness issue)"]
-async fn a_barge_in_closes_the_request_and_the_next_request_is_accepted() {
-    // To write once `Session::interrupt()` lands:
-    // 1. The server answers the first turn with `Answer::recorded("text")` held on a gate
-    //    after its second part, and a `reply::text` for the next turn.
-    // 2. `spawn_turn(&session, "hi")`; wait until the I/O has the first text chunk.
-    // 3. `session.interrupt().await`; `server.wait_for_aborted(1).await`.
-    // 4. `session.run("again")` succeeds, `server.assert_none_refused()`, and the chat
-    //    holds the heard text as an interrupted assistant message (or none if nothing was
-    //    heard).
-    unimplemented!("Session::interrupt is not in this branch yet");
+async fn a_barge_in_closes_the_request_and_the_next_requests_are_accepted() {
+    // Real time: the server speaks real HTTP, and paused time would jump the engine's
+    // timeouts while the runtime waits on sockets.
+    let server = FakeOpenAi::start().await;
+    let stalls_after = |pieces: &[&str], keep: usize| {
+        // The role chunk, `keep` pieces, then nothing more: the model is still "talking".
+        reply::text(pieces).insert(1 + keep, openai_server::Part::Stall)
+    };
+    server.push([
+        stalls_after(&["Our specials", " today are", " soup and fish."], 2),
+        stalls_after(&["Certainly", ", let me", " check."], 1),
+        reply::text(&["Sure."]),
+    ]);
+    let llm = OpenAiLlm::builder()
+        .base_url(server.base_url())
+        .api_key("sk-test")
+        .model("gpt-4.1-mini")
+        .build()
+        .unwrap();
+    let out = RecordingOutput::manual_playout().pausable();
+    let session = Session::builder()
+        .llm(Arc::new(llm))
+        .agent(Agent::builder("waiter").build().unwrap())
+        .output(out.clone())
+        .min_interruption_duration(std::time::Duration::ZERO)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    let speech_created = |e: &SessionEvent| match e {
+        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
+        _ => None,
+    };
+
+    // Heard in part.
+    let turn = common::spawn_turn(&session, "what are the specials?");
+    let speech = wait_event(&mut events, speech_created).await;
+    session.user_started_speaking();
+    server.wait_for_aborted(1).await;
+    out.heard(speech, "Our specials");
+    let result = turn.await.unwrap().unwrap();
+    assert!(result.interrupted);
+    assert_eq!(
+        result.assistant_messages().collect::<Vec<_>>(),
+        ["Our specials"]
+    );
+    session.user_stopped_speaking();
+
+    // Nothing heard: no assistant message is kept (an empty one would be refused).
+    let turn = common::spawn_turn(&session, "and the wine?");
+    let speech = wait_event(&mut events, speech_created).await;
+    session.user_started_speaking();
+    server.wait_for_aborted(2).await;
+    out.heard(speech, "");
+    assert!(turn.await.unwrap().unwrap().interrupted);
+    session.user_stopped_speaking();
+
+    let turn = common::spawn_turn(&session, "never mind");
+    let speech = wait_event(&mut events, speech_created).await;
+    out.played_out(speech);
+    turn.await.unwrap().unwrap();
+    server.assert_none_refused();
+    let last = server.requests().pop().unwrap();
+    let assistant: Vec<String> = last.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(assistant, ["Our specials"]);
+    let chat = session.chat_context().await.unwrap();
+    assert_invariant(&chat);
+    session.close().await.unwrap();
 }
