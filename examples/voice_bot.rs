@@ -6,7 +6,9 @@
 //! cargo run --example voice_bot
 //! ```
 //!
-//! Runs on the bundled scripted model (no key, no network). It shows:
+//! Runs on the bundled scripted model (no key, no network); with `OPENAI_API_KEY` (or
+//! `OPENAI_BASE_URL`, `OPENAI_MODEL`) set, on that model instead (its words, and so the
+//! timings, will differ). It shows:
 //! - user input going in as the host's VAD and STT would send it: started / stopped
 //!   speaking, interim then final transcripts;
 //! - an async tool (`book_table`) that answers at once with an update and keeps working
@@ -24,6 +26,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchboard::prelude::*;
+use switchboard::providers::openai::OpenAiLlm;
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{Playout, PlayoutReporter, SpeechId, ToolChoice, UserState};
 use tokio::sync::mpsc;
@@ -69,7 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
 
     let session = Session::builder()
-        .llm(model())
+        .llm(model()?)
         .agent(concierge)
         .output(FakeTts::start(CHARS_PER_SECOND, started))
         .false_interruption_timeout(Some(Duration::from_millis(800)))
@@ -128,8 +131,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The real model when the environment names one, else the scripted one.
+fn model() -> Result<Arc<dyn Llm>, Box<dyn std::error::Error>> {
+    let configured = ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
+        .iter()
+        .any(|v| std::env::var(v).is_ok_and(|v| !v.is_empty()));
+    if configured {
+        let llm = OpenAiLlm::from_env()?;
+        println!("(model {} at {})", llm.model(), llm.endpoint());
+        return Ok(Arc::new(llm));
+    }
+    Ok(scripted())
+}
+
 /// The scripted model: answers by what the conversation holds, like a real one would.
-fn model() -> Arc<ScriptedLlm> {
+fn scripted() -> Arc<ScriptedLlm> {
     let llm = ScriptedLlm::new([]);
     llm.rule(|request| {
         let last = request.chat.items().last()?;
