@@ -249,24 +249,32 @@ impl ActivityActor {
         hook: Option<Hook>,
         which: &'static str,
     ) -> impl std::future::Future<Output = ()> + 'static {
-        let ctx = HookContext {
-            session: SessionControl::new(
-                self.shared.id.clone(),
-                self.id().clone(),
-                self.links.clone(),
-                self.shared.userdata.clone(),
-            ),
-            agent: self.agent.def.name.clone(),
-        };
-        let shared = self.shared.clone();
-        let agent = self.agent_name();
+        // Built only when there is a hook: most agents have none.
+        let call = hook.map(|hook| {
+            let ctx = HookContext {
+                session: SessionControl::new(
+                    self.shared.id.clone(),
+                    self.id().clone(),
+                    self.links.clone(),
+                    self.shared.userdata.clone(),
+                ),
+                agent: self.agent.def.name.clone(),
+            };
+            // The hook's closure runs here, in the handler: its panic is caught too.
+            let made = std::panic::catch_unwind(AssertUnwindSafe(|| hook(ctx)));
+            (made, self.shared.clone(), self.agent_name())
+        });
         async move {
-            let Some(hook) = hook else { return };
-            let run = reentry::inside(
-                shared.id.clone(),
-                AssertUnwindSafe(hook(ctx)).catch_unwind(),
-            );
-            if let Err(panic) = run.await {
+            let Some((made, shared, agent)) = call else {
+                return;
+            };
+            let outcome = match made {
+                Ok(run) => {
+                    reentry::inside(shared.id.clone(), AssertUnwindSafe(run).catch_unwind()).await
+                }
+                Err(panic) => Err(panic),
+            };
+            if let Err(panic) = outcome {
                 let message = format!(
                     "{which} hook of {agent} panicked: {}",
                     panic_message(&*panic)

@@ -32,17 +32,35 @@ impl SessionHistory {
             .find(|entry| entry.agent == agent)
             .map(|entry| &entry.chat)
     }
+}
 
-    /// Records an activation's chat context: a new entry when it starts (so the order is
-    /// the start order), replaced by its final context when it closes.
-    pub(crate) fn record(&mut self, entry: AgentChat) {
+/// The history as the session builds it: each activation's final chat context, recorded
+/// when it closes (nothing is kept for a running one), put in start order at the end.
+#[derive(Debug, Default)]
+pub(crate) struct HistoryBook {
+    closed: Vec<(u32, AgentChat)>,
+}
+
+impl HistoryBook {
+    /// Records the final context of the activation started `order`-th; a second record of
+    /// the same activation (a close racing a handoff) replaces the first.
+    pub(crate) fn record(&mut self, order: u32, entry: AgentChat) {
         match self
-            .agents
+            .closed
             .iter_mut()
-            .find(|e| e.activity == entry.activity)
+            .find(|(_, e)| e.activity == entry.activity)
         {
-            Some(existing) => *existing = entry,
-            None => self.agents.push(entry),
+            Some(existing) => *existing = (order, entry),
+            None => self.closed.push((order, entry)),
+        }
+    }
+
+    /// The history, activations in the order they started.
+    pub(crate) fn finish(&mut self) -> SessionHistory {
+        let mut closed = std::mem::take(&mut self.closed);
+        closed.sort_by_key(|(order, _)| *order);
+        SessionHistory {
+            agents: closed.into_iter().map(|(_, entry)| entry).collect(),
         }
     }
 }

@@ -8,38 +8,73 @@
 //! once the last clone is dropped. Waiters are clonable, so several parties (two
 //! concurrent `close()` calls, say) can all wait for the same actor.
 //!
+//! One small allocation per actor: a count of live tokens and a `Notify`, rather than a
+//! channel, because every idle session pays for its actors' tokens.
+//!
 //! [`Child`] names the step every parent repeats: ask the child to stop, then wait until
 //! it and everything it spawned are dropped.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::ids::ActorId;
 use crate::mailbox::{Counted, Mailbox};
 
+#[derive(Debug)]
+struct Liveness {
+    tokens: AtomicUsize,
+    gone: Notify,
+}
+
 /// Held by an actor and by the futures it spawns; the actor is gone when the last clone is.
-#[derive(Clone, Debug)]
-pub(crate) struct AliveToken(#[allow(dead_code)] Arc<watch::Sender<()>>);
+#[derive(Debug)]
+pub(crate) struct AliveToken(Arc<Liveness>);
+
+impl Clone for AliveToken {
+    fn clone(&self) -> Self {
+        self.0.tokens.fetch_add(1, Ordering::Relaxed);
+        Self(self.0.clone())
+    }
+}
+
+impl Drop for AliveToken {
+    fn drop(&mut self) {
+        // AcqRel: a waiter that sees zero sees everything the token holders did.
+        if self.0.tokens.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.gone.notify_waiters();
+        }
+    }
+}
 
 /// Resolves once every [`AliveToken`] of its pair is dropped. Cheap to clone.
 #[derive(Clone, Debug)]
-pub(crate) struct AliveWaiter(watch::Receiver<()>);
+pub(crate) struct AliveWaiter(Arc<Liveness>);
 
 impl AliveWaiter {
     /// Waits until the actor and everything it spawned are dropped.
-    pub(crate) async fn wait(mut self) {
-        // Nothing is ever sent: `changed` fails once the sender (the last token) is gone.
-        while self.0.changed().await.is_ok() {}
+    pub(crate) async fn wait(self) {
+        loop {
+            // Registered before the check, so a drop between the two is not missed.
+            let notified = self.0.gone.notified();
+            if self.0.tokens.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
     }
 }
 
 /// A new token and the waiter that watches it.
 pub(crate) fn alive_pair() -> (AliveToken, AliveWaiter) {
-    let (tx, rx) = watch::channel(());
-    (AliveToken(Arc::new(tx)), AliveWaiter(rx))
+    let liveness = Arc::new(Liveness {
+        tokens: AtomicUsize::new(1),
+        gone: Notify::new(),
+    });
+    (AliveToken(liveness.clone()), AliveWaiter(liveness))
 }
 
 /// A child actor as its parent holds it: where to send, and how to know it is gone.
@@ -131,5 +166,14 @@ mod tests {
         // Both waiters see it: several `close()` calls can wait for one actor.
         waiter.wait().await;
         other_waiter.wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_waiter_already_waiting_wakes_when_the_last_token_goes() {
+        let (token, waiter) = alive_pair();
+        let waiting = tokio::spawn(waiter.wait());
+        tokio::task::yield_now().await;
+        drop(token);
+        waiting.await.unwrap();
     }
 }

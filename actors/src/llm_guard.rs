@@ -19,15 +19,21 @@ use tokio::time::{Instant, Sleep};
 use crate::llm::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, TimeoutStage};
 use crate::outcome::panic_message;
 
-/// A guarded LLM stream (see the module docs).
-pub(crate) struct GuardedStream {
-    inner: Option<LlmStream>,
-    /// The request's span, entered while the adapter's stream is polled (its own logs and
-    /// spans nest under it).
-    span: tracing::Span,
-    timeouts: LlmTimeouts,
-    deadline: Pin<Box<Sleep>>,
-    got_first: bool,
+pin_project_lite::pin_project! {
+    /// A guarded LLM stream (see the module docs).
+    pub(crate) struct GuardedStream {
+        inner: Option<LlmStream>,
+        // The request's span, entered while the adapter's stream is polled (its own logs
+        // and spans nest under it).
+        span: tracing::Span,
+        timeouts: LlmTimeouts,
+        // The timer lives inline. It is armed at the first-chunk deadline, re-armed at
+        // the first chunk, and after that only when it fires early (chunks came since it
+        // was set): each later chunk costs a clock read, not a timer registration.
+        #[pin]
+        timer: Sleep,
+        last_chunk: Option<Instant>,
+    }
 }
 
 /// Starts `request` on `llm`, guarded.
@@ -51,16 +57,16 @@ pub(crate) fn open(
         inner: Some(inner),
         span,
         timeouts,
-        deadline: Box::pin(tokio::time::sleep(timeouts.first_chunk)),
-        got_first: false,
+        timer: tokio::time::sleep(timeouts.first_chunk),
+        last_chunk: None,
     }
 }
 
 impl Stream for GuardedStream {
     type Item = Result<LlmChunk, LlmError>;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let mut this = self.project();
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
@@ -68,33 +74,47 @@ impl Stream for GuardedStream {
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
         match polled {
             Ok(Poll::Ready(Some(Ok(chunk)))) => {
-                this.got_first = true;
-                let next = Instant::now() + this.timeouts.between_chunks;
-                this.deadline.as_mut().reset(next);
+                let now = Instant::now();
+                if this.last_chunk.replace(now).is_none() {
+                    // The first chunk: from now on the (maybe shorter) gap limit applies.
+                    this.timer
+                        .as_mut()
+                        .reset(now + this.timeouts.between_chunks);
+                }
                 Poll::Ready(Some(Ok(chunk)))
             }
             Ok(Poll::Ready(Some(Err(error)))) => {
-                this.inner = None;
+                *this.inner = None;
                 Poll::Ready(Some(Err(error)))
             }
             Ok(Poll::Ready(None)) => {
-                this.inner = None;
+                *this.inner = None;
                 Poll::Ready(None)
             }
-            Ok(Poll::Pending) => {
-                if this.deadline.as_mut().poll(cx).is_pending() {
+            Ok(Poll::Pending) => loop {
+                if this.timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
-                this.inner = None;
-                let (stage, after) = if this.got_first {
-                    (TimeoutStage::BetweenChunks, this.timeouts.between_chunks)
-                } else {
-                    (TimeoutStage::FirstChunk, this.timeouts.first_chunk)
+                let Some(last) = *this.last_chunk else {
+                    *this.inner = None;
+                    return Poll::Ready(Some(Err(LlmError::Timeout {
+                        stage: TimeoutStage::FirstChunk,
+                        after: this.timeouts.first_chunk,
+                    })));
                 };
-                Poll::Ready(Some(Err(LlmError::Timeout { stage, after })))
-            }
+                let due = last + this.timeouts.between_chunks;
+                if Instant::now() >= due {
+                    *this.inner = None;
+                    return Poll::Ready(Some(Err(LlmError::Timeout {
+                        stage: TimeoutStage::BetweenChunks,
+                        after: this.timeouts.between_chunks,
+                    })));
+                }
+                // Chunks came since the timer was set: wait for the real deadline.
+                this.timer.as_mut().reset(due);
+            },
             Err(panic) => {
-                this.inner = None;
+                *this.inner = None;
                 Poll::Ready(Some(Err(LlmError::Panicked {
                     message: panic_message(&*panic),
                 })))
@@ -158,7 +178,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stalled_stream_times_out_between_chunks_then_ends() {
-        let mut s = open(&Stalls, request(), T, tracing::Span::none());
+        let mut s = Box::pin(open(&Stalls, request(), T, tracing::Span::none()));
         assert!(matches!(s.next().await, Some(Ok(LlmChunk::Text(_)))));
         let started = Instant::now();
         match s.next().await {
@@ -180,7 +200,7 @@ mod tests {
                 stream::pending().boxed()
             }
         }
-        let mut s = open(&Silent, request(), T, tracing::Span::none());
+        let mut s = Box::pin(open(&Silent, request(), T, tracing::Span::none()));
         match s.next().await {
             Some(Err(LlmError::Timeout { stage, .. })) => {
                 assert_eq!(stage, TimeoutStage::FirstChunk)
@@ -191,14 +211,14 @@ mod tests {
 
     #[tokio::test]
     async fn panics_in_the_adapter_become_errors() {
-        let mut s = open(&Panics, request(), T, tracing::Span::none());
+        let mut s = Box::pin(open(&Panics, request(), T, tracing::Span::none()));
         assert!(matches!(s.next().await, Some(Ok(_))));
         assert!(matches!(
             s.next().await,
             Some(Err(LlmError::Panicked { message })) if message == "adapter bug"
         ));
         assert!(s.next().await.is_none());
-        let mut s = open(&PanicsAtOnce, request(), T, tracing::Span::none());
+        let mut s = Box::pin(open(&PanicsAtOnce, request(), T, tracing::Span::none()));
         assert!(matches!(
             s.next().await,
             Some(Err(LlmError::Panicked { .. }))

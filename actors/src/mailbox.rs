@@ -60,20 +60,23 @@ pub struct ActorSnapshot {
 #[derive(Debug)]
 pub(crate) struct Probe {
     id: ActorId,
-    pending: Arc<AtomicUsize>,
+    pending: AtomicUsize,
     journal: Option<Arc<Journal>>,
     record: Option<Arc<ActorRecord>>,
 }
 
 impl Probe {
     pub(crate) fn new(id: ActorId, journal: Option<Arc<Journal>>) -> Arc<Self> {
-        let pending = Arc::new(AtomicUsize::new(0));
-        let record = journal.as_ref().map(|j| j.register(&id, pending.clone()));
-        Arc::new(Self {
-            id,
-            pending,
-            journal,
-            record,
+        // The journal's record reads the queue count through a weak reference, so the
+        // count lives inline in the probe: one allocation per actor, not two.
+        Arc::new_cyclic(|probe| {
+            let record = journal.as_ref().map(|j| j.register(&id, probe.clone()));
+            Self {
+                id,
+                pending: AtomicUsize::new(0),
+                journal,
+                record,
+            }
         })
     }
 
@@ -152,6 +155,11 @@ impl<A: Actor> Mailbox<A> {
 
     pub(crate) fn id(&self) -> &ActorId {
         &self.probe.id
+    }
+
+    /// Whether the actor still takes messages.
+    pub(crate) fn connected(&self) -> bool {
+        self.addr.connected()
     }
 
     fn wrap<M>(&self, from: &ActorId, msg: M) -> Counted<M> {
@@ -253,11 +261,6 @@ where
     M: Message + Send + 'static,
     M::Result: Send,
 {
-    /// Whether the receiver still takes messages.
-    pub(crate) fn connected(&self) -> bool {
-        self.recipient.connected()
-    }
-
     fn wrap(&self, from: &ActorId, msg: M) -> Counted<M> {
         self.probe.pending.fetch_add(1, Ordering::Relaxed);
         Counted {
@@ -273,15 +276,6 @@ where
     /// [`Mailbox::tell`]).
     pub(crate) fn tell(&self, from: &ActorId, msg: M) {
         self.recipient.do_send(self.wrap(from, msg));
-    }
-
-    /// Sends a message and waits for the reply; waits for room when the mailbox is full.
-    pub(crate) fn ask(
-        &self,
-        from: &ActorId,
-        msg: M,
-    ) -> impl Future<Output = Result<M::Result, MailboxError>> + Send + 'static {
-        self.recipient.send(self.wrap(from, msg))
     }
 }
 
@@ -333,7 +327,9 @@ pub(crate) use counted_handlers;
 #[derive(Debug)]
 pub(crate) struct ActorRecord {
     id: ActorId,
-    pending: Arc<AtomicUsize>,
+    /// The actor's probe, for its queue count; gone once the actor and every message
+    /// queued for it are (then nothing is pending).
+    probe: std::sync::Weak<Probe>,
     started_at: DateTime<Utc>,
     state: Mutex<RecordState>,
 }
@@ -369,10 +365,10 @@ impl Journal {
         })
     }
 
-    fn register(&self, id: &ActorId, pending: Arc<AtomicUsize>) -> Arc<ActorRecord> {
+    fn register(&self, id: &ActorId, probe: std::sync::Weak<Probe>) -> Arc<ActorRecord> {
         let record = Arc::new(ActorRecord {
             id: id.clone(),
-            pending,
+            probe,
             started_at: Utc::now(),
             state: Mutex::new(RecordState::default()),
         });
@@ -441,7 +437,10 @@ impl Journal {
             id: record.id.clone(),
             started_at: record.started_at,
             stopped_at: state.stopped_at,
-            pending: record.pending.load(Ordering::Relaxed),
+            pending: record
+                .probe
+                .upgrade()
+                .map_or(0, |probe| probe.pending.load(Ordering::Relaxed)),
             received: state.received.iter().cloned().collect(),
             overwritten: state.overwritten,
         })

@@ -50,11 +50,11 @@ use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
-use crate::history::SessionHistory;
+use crate::history::{AgentChat, HistoryBook};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
-use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
+use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
 use crate::shared::SessionShared;
 use crate::speech::{
@@ -80,11 +80,22 @@ pub(crate) struct SessionToolset {
 pub(crate) struct ActivityRef {
     child: Child<ActivityActor>,
     agent: Agent,
+    /// Its place among the session's activations (the history's order).
+    order: u32,
 }
 
 impl ActivityRef {
     fn id(&self) -> &ActorId {
         self.child.id()
+    }
+
+    /// Its final chat context, for the history.
+    fn chat(&self, chat: crate::chat::ChatContext) -> AgentChat {
+        AgentChat {
+            agent: self.agent.name().to_owned(),
+            activity: self.id().clone(),
+            chat,
+        }
     }
 }
 
@@ -183,31 +194,67 @@ impl Work for Actors {
     type Delivery = Delivery;
 }
 
-/// What children may send to their session: one counted link per message. Tool runs
-/// deliver items, hand off, complete a task and ask for one; tools and hooks queue a
-/// reply or a handoff through `SessionControl`.
+/// What children may send to their session, and nothing else: one method per message a
+/// tool run, a tool's or hook's `SessionControl`, a `SpeechHandle` or the output's
+/// `PlayoutReporter` may send. It holds the session's counted address privately (this
+/// module is the only one that can reach it), so a child cannot send a turn, a close or
+/// an interrupt — the messages whose answer could wait on the child's own turn — and it is
+/// one address clone per session rather than one boxed recipient per message.
 pub(crate) struct SessionLinks {
-    pub(crate) items: Link<DeliverToolItems>,
-    pub(crate) handoff: Link<QueueHandoff>,
-    pub(crate) complete: Link<CompleteTask>,
-    pub(crate) task: Link<RunTask>,
-    reply: Link<QueueReply>,
-    cut: Link<CutSpeech>,
-    played: Link<SpeechPlayedOut>,
+    session: Mailbox<SessionActor>,
+}
+
+impl SessionLinks {
+    /// A run's later items (`/update_n`, `/finished`); resolves once they are in a chat
+    /// context (or why they never will be).
+    pub(crate) fn deliver(
+        &self,
+        from: &ActorId,
+        items: DeliverToolItems,
+    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static {
+        let ask = self.session.ask(from, items);
+        async move { ask.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+    }
+
+    /// A handoff a finished background run or a tool asks for; resolves once queued.
+    pub(crate) fn queue_handoff(
+        &self,
+        from: &ActorId,
+        handoff: Handoff,
+    ) -> impl std::future::Future<Output = Result<(), SessionError>> + Send + 'static {
+        let ask = self.session.ask(from, QueueHandoff { handoff });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }
+    }
+
+    /// A background run completed the current sub-task (one per run).
+    pub(crate) fn complete_task(&self, from: &ActorId, value: Value) {
+        self.session.tell(from, CompleteTask { value });
+    }
+
+    /// A tool runs a sub-task, exempt from its caller's pause.
+    pub(crate) fn run_task(
+        &self,
+        from: &ActorId,
+        agent: Agent,
+        exempt: Option<u64>,
+    ) -> impl std::future::Future<Output = Result<Value, TaskError>> + Send + 'static {
+        let ask = self.session.ask(from, RunTask { agent, exempt });
+        async move { ask.await.unwrap_or(Err(TaskError::SessionClosed)) }
+    }
 }
 
 impl SpeechPort for SessionLinks {
     fn interrupt(&self, speech: SpeechId, force: bool) {
-        // One per handle call; a host looping on it waits on nothing, but each call is a
-        // request the host made.
-        self.cut.tell(&ActorId::host(), CutSpeech { speech, force });
+        // One per handle call, at the pace of whoever holds the handle.
+        self.session
+            .tell(&ActorId::host(), CutSpeech { speech, force });
     }
 }
 
 impl PlayoutPort for SessionLinks {
     fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
         // One per speech (bounded by the speeches the session made).
-        self.played.tell(
+        self.session.tell(
             &ActorId::host(),
             SpeechPlayedOut {
                 speech,
@@ -224,7 +271,7 @@ impl ControlPort for SessionLinks {
         from: &ActorId,
         instructions: Option<String>,
     ) -> BoxFuture<'static, Result<(), SessionError>> {
-        let ask = self.reply.ask(from, QueueReply { instructions });
+        let ask = self.session.ask(from, QueueReply { instructions });
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 
@@ -233,8 +280,7 @@ impl ControlPort for SessionLinks {
         from: &ActorId,
         handoff: Handoff,
     ) -> BoxFuture<'static, Result<(), SessionError>> {
-        let ask = self.handoff.ask(from, QueueHandoff { handoff });
-        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+        SessionLinks::queue_handoff(self, from, handoff).boxed()
     }
 }
 
@@ -249,7 +295,9 @@ pub(crate) struct SessionActor {
     toolset_children: Vec<Child<ToolsetActor>>,
     schedule: Schedule<Actors>,
     generations: HashMap<String, u32>,
-    history: SessionHistory,
+    history: HistoryBook,
+    /// How many activities the session started (each one's place in the history).
+    started: u32,
     /// Voice input was seen: the user can go away (text sessions never do).
     voice: bool,
     away_timer: Option<SpawnHandle>,
@@ -266,15 +314,8 @@ impl SessionActor {
         toolsets: Vec<Toolset>,
         alive: AliveToken,
     ) -> Self {
-        let me = Mailbox::new(ctx.address(), probe.clone());
         let links = Arc::new(SessionLinks {
-            items: me.link(),
-            handoff: me.link(),
-            complete: me.link(),
-            task: me.link(),
-            reply: me.link(),
-            cut: me.link(),
-            played: me.link(),
+            session: Mailbox::new(ctx.address(), probe.clone()),
         });
         Self {
             probe,
@@ -286,7 +327,8 @@ impl SessionActor {
             toolset_children: Vec::new(),
             schedule: Schedule::new(),
             generations: HashMap::new(),
-            history: SessionHistory::default(),
+            history: HistoryBook::default(),
+            started: 0,
             voice: false,
             away_timer: None,
             _alive: alive,
@@ -336,7 +378,7 @@ impl SessionActor {
             }
             return;
         }
-        if self.away_timer.is_none() && *self.shared.user_state.borrow() != UserState::Away {
+        if self.away_timer.is_none() && self.shared.user_state() != UserState::Away {
             self.away_timer = Some(ctx.run_later(timeout, |act, _| {
                 act.away_timer = None;
                 if act.schedule.is_inactive() {
@@ -844,6 +886,7 @@ impl Handler<Say> for SessionActor {
             Interruptibility::new(allow),
             SpeechStatus::Queued,
             self.links.clone(),
+            self.shared.gone.clone(),
         );
         let turn = QueuedTurn {
             kind: TurnKind::Say {

@@ -270,12 +270,12 @@ impl Session {
 
     /// What the agent is doing now.
     pub fn agent_state(&self) -> AgentState {
-        *self.shared().agent_state.borrow()
+        self.shared().agent_state()
     }
 
     /// What the user is doing now, as the host's input says.
     pub fn user_state(&self) -> UserState {
-        *self.shared().user_state.borrow()
+        self.shared().user_state()
     }
 
     /// Closes the session: waits for no queued work, cancels tool runs (with their grace
@@ -307,14 +307,16 @@ impl Session {
     /// the session is inactive (every deferred reply has run). What a test awaits after
     /// letting background tools finish.
     pub async fn wait_for_settled(&self) {
-        let mut tools = self.shared().running_tools.subscribe();
-        let mut inactive = self.shared().inactive.subscribe();
+        let shared = self.shared();
+        let mut inactive = shared.inactive.subscribe();
         loop {
-            if *tools.borrow_and_update() == 0 && *inactive.borrow_and_update() {
+            // Created before the check: a change in between is not missed.
+            let no_tools = shared.running_tools.none();
+            if shared.running_tools.count() == 0 && *inactive.borrow_and_update() {
                 return;
             }
             tokio::select! {
-                changed = tools.changed() => if changed.is_err() { return },
+                () = no_tools => {}
                 changed = inactive.changed() => if changed.is_err() { return },
             }
         }
@@ -342,16 +344,12 @@ impl Session {
         T: Send + 'static,
         SessionActor: actix::Handler<crate::mailbox::Counted<M>>,
     {
-        let mut switched = self.shared().switched.subscribe();
         loop {
-            switched.borrow_and_update();
+            // Created before asking: a switch that ends in between still wakes it.
+            let switched = self.shared().switched.notified();
             match self.host.mailbox.ask(&ActorId::host(), read()).await {
                 Ok(Read::Now(value)) => return Ok(value),
-                Ok(Read::AfterSwitch) => {
-                    if switched.changed().await.is_err() {
-                        return Err(SessionError::Closed);
-                    }
-                }
+                Ok(Read::AfterSwitch) => switched.await,
                 Ok(Read::Closed) | Err(_) => return Err(SessionError::Closed),
             }
         }

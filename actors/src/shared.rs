@@ -7,11 +7,11 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::{broadcast, watch, Notify};
 
 use crate::agent::{check_tools, Agent};
 use crate::call_ids::CallIds;
@@ -66,13 +66,15 @@ pub(crate) struct SessionShared {
     event_capacity: usize,
     pub(crate) inactive: watch::Sender<bool>,
     /// How many tool runs are alive in the session.
-    pub(crate) running_tools: watch::Sender<usize>,
-    /// Moves each time a switch (handoff, sub-task start or end) ends: reads that found
+    pub(crate) running_tools: RunningTools,
+    /// Notified each time a switch (handoff, sub-task start or end) ends: reads that found
     /// no current agent ask again then.
-    pub(crate) switched: watch::Sender<u64>,
+    pub(crate) switched: Notify,
     output: Mutex<Box<dyn SpeechOutput>>,
-    pub(crate) agent_state: watch::Sender<AgentState>,
-    pub(crate) user_state: watch::Sender<UserState>,
+    // Plain atomics, not channels: nobody awaits them (events announce changes), and an
+    // idle session should not pay for a channel each.
+    agent_state: AtomicU8,
+    user_state: AtomicU8,
     run_seq: AtomicU64,
     speech_seq: AtomicU64,
     step_seq: AtomicU64,
@@ -84,6 +86,55 @@ pub(crate) struct SessionShared {
     pub(crate) history: OnceLock<SessionHistory>,
     /// The parent of every span of the session (turns, LLM requests, tool runs).
     pub(crate) span: tracing::Span,
+}
+
+fn agent_state_code(state: AgentState) -> u8 {
+    match state {
+        AgentState::Initializing => 0,
+        AgentState::Listening => 1,
+        AgentState::Thinking => 2,
+        AgentState::Speaking => 3,
+    }
+}
+
+fn user_state_code(state: UserState) -> u8 {
+    match state {
+        UserState::Speaking => 0,
+        UserState::Listening => 1,
+        UserState::Away => 2,
+    }
+}
+
+/// How many tool runs are alive, and a signal when none is.
+#[derive(Debug, Default)]
+pub(crate) struct RunningTools {
+    count: AtomicUsize,
+    none: Notify,
+}
+
+impl RunningTools {
+    pub(crate) fn started(&self) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ended(&self) {
+        let before = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .unwrap_or(0);
+        if before == 1 {
+            self.none.notify_waiters();
+        }
+    }
+
+    pub(crate) fn count(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    /// Resolves at the next time no run is alive (create it before checking `count`).
+    pub(crate) fn none(&self) -> tokio::sync::futures::Notified<'_> {
+        self.none.notified()
+    }
 }
 
 /// What a new [`SessionShared`] is made of.
@@ -105,8 +156,6 @@ pub(crate) struct SharedParts {
 impl SessionShared {
     pub(crate) fn new(parts: SharedParts) -> Self {
         let (inactive, _) = watch::channel(false);
-        let (running_tools, _) = watch::channel(0);
-        let (switched, _) = watch::channel(0);
         let span = tracing::info_span!("session", session = %parts.id);
         Self {
             span,
@@ -122,11 +171,11 @@ impl SessionShared {
             events: OnceLock::new(),
             event_capacity: parts.event_capacity.max(1),
             inactive,
-            running_tools,
-            switched,
+            running_tools: RunningTools::default(),
+            switched: Notify::new(),
             output: Mutex::new(parts.output),
-            agent_state: watch::channel(AgentState::Initializing).0,
-            user_state: watch::channel(UserState::Listening).0,
+            agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
+            user_state: AtomicU8::new(user_state_code(UserState::Listening)),
             run_seq: AtomicU64::new(0),
             speech_seq: AtomicU64::new(0),
             step_seq: AtomicU64::new(0),
@@ -194,7 +243,8 @@ impl SessionShared {
 
     /// Sets what the agent does; subscribers hear of a change.
     pub(crate) fn set_agent_state(&self, agent: &str, state: AgentState) {
-        if self.agent_state.send_replace(state) != state {
+        let code = agent_state_code(state);
+        if self.agent_state.swap(code, Ordering::Relaxed) != code {
             self.emit_with(|| SessionEvent::AgentStateChanged {
                 agent: agent.to_owned(),
                 state,
@@ -202,10 +252,30 @@ impl SessionShared {
         }
     }
 
+    /// What the agent does now.
+    pub(crate) fn agent_state(&self) -> AgentState {
+        match self.agent_state.load(Ordering::Relaxed) {
+            0 => AgentState::Initializing,
+            1 => AgentState::Listening,
+            2 => AgentState::Thinking,
+            _ => AgentState::Speaking,
+        }
+    }
+
     /// Sets what the user does; subscribers hear of a change.
     pub(crate) fn set_user_state(&self, state: UserState) {
-        if self.user_state.send_replace(state) != state {
+        let code = user_state_code(state);
+        if self.user_state.swap(code, Ordering::Relaxed) != code {
             self.emit(SessionEvent::UserStateChanged { state });
+        }
+    }
+
+    /// What the user does now.
+    pub(crate) fn user_state(&self) -> UserState {
+        match self.user_state.load(Ordering::Relaxed) {
+            0 => UserState::Speaking,
+            1 => UserState::Listening,
+            _ => UserState::Away,
         }
     }
 

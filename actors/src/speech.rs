@@ -9,11 +9,12 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::SpeechError;
+use crate::lifecycle::AliveWaiter;
 use crate::output::SpeechId;
 
 /// Where a speech goes in the queue: speeches play one at a time, by priority, then in
@@ -152,15 +153,27 @@ pub struct SpeechHandle {
 struct SpeechInner {
     id: SpeechId,
     interruptibility: Arc<Interruptibility>,
-    status: watch::Sender<SpeechStatus>,
+    // A lock and a notify, not a channel: every utterance has a handle, most are never
+    // awaited, and a channel would cost an allocation each.
+    status: Mutex<SpeechStatus>,
+    ended: Notify,
     port: Arc<dyn SpeechPort>,
+    /// The session's end: a speech still going then counts as interrupted.
+    session_gone: AliveWaiter,
+}
+
+impl SpeechInner {
+    fn status(&self) -> MutexGuard<'_, SpeechStatus> {
+        // The status is a plain value; a panic elsewhere cannot leave it half-written.
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 impl fmt::Debug for SpeechHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SpeechHandle")
             .field("id", &self.inner.id)
-            .field("status", &*self.inner.status.borrow())
+            .field("status", &*self.inner.status())
             .finish()
     }
 }
@@ -177,14 +190,16 @@ impl SpeechHandle {
         interruptibility: Arc<Interruptibility>,
         status: SpeechStatus,
         port: Arc<dyn SpeechPort>,
+        session_gone: AliveWaiter,
     ) -> Self {
-        let (status, _) = watch::channel(status);
         Self {
             inner: Arc::new(SpeechInner {
                 id,
                 interruptibility,
-                status,
+                status: Mutex::new(status),
+                ended: Notify::new(),
                 port,
+                session_gone,
             }),
         }
     }
@@ -230,12 +245,12 @@ impl SpeechHandle {
 
     /// Whether the speech has ended.
     pub fn is_done(&self) -> bool {
-        matches!(*self.inner.status.borrow(), SpeechStatus::Done(_))
+        matches!(*self.inner.status(), SpeechStatus::Done(_))
     }
 
     /// How it ended, once it has.
     pub fn outcome(&self) -> Option<SpeechOutcome> {
-        match &*self.inner.status.borrow() {
+        match &*self.inner.status() {
             SpeechStatus::Done(outcome) => Some(outcome.clone()),
             _ => None,
         }
@@ -244,29 +259,42 @@ impl SpeechHandle {
     /// Waits until the speech has played out or was cut short. Waiting on the speech of
     /// one's own step from inside a tool is fine: a step's text is complete before its
     /// tools run, so its playout does not wait for them.
+    ///
+    /// Never waits past the session: once the session is gone, a speech that had not
+    /// ended counts as interrupted (heard unknown).
     pub async fn wait_for_playout(&self) -> SpeechOutcome {
-        let mut rx = self.inner.status.subscribe();
-        let done = rx
-            .wait_for(|status| matches!(status, SpeechStatus::Done(_)))
-            .await
-            .map(|status| status.clone());
-        match done {
-            Ok(SpeechStatus::Done(outcome)) => outcome,
-            // The engine dropped the speech without ending it: only when the session is
-            // gone, which cuts every speech short.
-            _ => SpeechOutcome::Interrupted { heard: None },
+        let gone = self.inner.session_gone.clone().wait();
+        tokio::pin!(gone);
+        loop {
+            // Registered before the check, so an end in between is not missed.
+            let ended = self.inner.ended.notified();
+            if let Some(outcome) = self.outcome() {
+                return outcome;
+            }
+            tokio::select! {
+                () = ended => {}
+                () = &mut gone => {
+                    return self
+                        .outcome()
+                        .unwrap_or(SpeechOutcome::Interrupted { heard: None });
+                }
+            }
         }
     }
 
     pub(crate) fn set_status(&self, status: SpeechStatus) {
-        self.inner.status.send_if_modified(|current| {
+        let ends = matches!(status, SpeechStatus::Done(_));
+        {
+            let mut current = self.inner.status();
             // A speech that has ended stays ended.
-            if matches!(current, SpeechStatus::Done(_)) || *current == status {
-                return false;
+            if matches!(*current, SpeechStatus::Done(_)) {
+                return;
             }
             *current = status;
-            true
-        });
+        }
+        if ends {
+            self.inner.ended.notify_waiters();
+        }
     }
 
     pub(crate) fn interruptibility(&self) -> &Arc<Interruptibility> {

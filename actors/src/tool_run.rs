@@ -41,7 +41,7 @@ use crate::outcome::{classify, vet, CallOutput, Effect, ErrorPolicies};
 use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::reentry;
 use crate::run_context::{RunContext, RunPort, UpdateMessage};
-use crate::session::{CompleteTask, DeliverToolItems, QueueHandoff, RunTask, Scope, SessionLinks};
+use crate::session::{DeliverToolItems, Scope, SessionLinks};
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{PreparedBody, Tool, ToolResult};
@@ -112,7 +112,7 @@ impl ToolRunActor {
             spec.shared.journal.clone(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.running_tools.send_modify(|n| *n += 1);
+        spec.shared.running_tools.started();
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -168,7 +168,7 @@ impl ToolRunActor {
         reply: bool,
     ) -> impl std::future::Future<Output = Result<(), UpdateError>> + 'static {
         let items = self.item_pair(call_id, output, is_error);
-        let ask = self.links.items.ask(
+        self.links.deliver(
             self.id(),
             DeliverToolItems {
                 scope: self.scope.clone(),
@@ -176,8 +176,7 @@ impl ToolRunActor {
                 items,
                 reply,
             },
-        );
-        async move { ask.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+        )
     }
 
     /// Stops the run: nothing of it lands any more, `ctx.cancelled()` resolves, and the
@@ -268,13 +267,11 @@ impl ToolRunActor {
             // returned already.
             match (delivery.await, next) {
                 (Ok(()), Some(Next::Handoff(handoff))) => {
-                    if let Ok(Err(err)) = links.handoff.ask(&me, QueueHandoff { handoff }).await {
+                    if let Err(err) = links.queue_handoff(&me, handoff).await {
                         tracing::warn!(%err, "a background tool's handoff was refused");
                     }
                 }
-                (Ok(()), Some(Next::CompleteTask(value))) => {
-                    links.complete.tell(&me, CompleteTask { value })
-                }
+                (Ok(()), Some(Next::CompleteTask(value))) => links.complete_task(&me, value),
                 _ => {}
             }
         });
@@ -321,7 +318,8 @@ struct RunLinks {
     id: ActorId,
     call_id: Arc<str>,
     key: u64,
-    update: Link<ToolUpdate>,
+    /// This run's address; the context sends it only `ToolUpdate` (the port's one method).
+    update: Mailbox<ToolRunActor>,
     session: Arc<SessionLinks>,
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
@@ -352,14 +350,9 @@ impl RunPort for RunLinks {
     }
 
     fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>> {
-        let ask = self.session.task.ask(
-            &self.id,
-            RunTask {
-                agent,
-                exempt: Some(self.key),
-            },
-        );
-        async move { ask.await.unwrap_or(Err(TaskError::SessionClosed)) }.boxed()
+        self.session
+            .run_task(&self.id, agent, Some(self.key))
+            .boxed()
     }
 }
 
@@ -374,7 +367,7 @@ impl Actor for ToolRunActor {
             id: self.id().clone(),
             call_id: Arc::from(self.call.call_id.as_str()),
             key: self.key,
-            update: Mailbox::new(ctx.address(), self.probe.clone()).link(),
+            update: Mailbox::new(ctx.address(), self.probe.clone()),
             session: self.links.clone(),
             hold: self.hold.clone(),
             speech: self.speech.clone(),
@@ -418,9 +411,7 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared
-            .running_tools
-            .send_modify(|n| *n = n.saturating_sub(1));
+        self.shared.running_tools.ended();
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }

@@ -23,6 +23,7 @@ impl ActivityActor {
             interruptibility,
             SpeechStatus::Speaking,
             self.links.clone(),
+            self.shared.gone.clone(),
         );
         self.announce_speech(&speech);
         speech

@@ -17,7 +17,6 @@ use crate::activity::{AppendItems, CloseActivity, TurnKind};
 use crate::chat::{ChatItem, FunctionCall};
 use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::SessionEvent;
-use crate::history::AgentChat;
 use crate::lifecycle::stop_all;
 use crate::outcome::terminal_pair;
 use crate::speech::{SpeechOutcome, SpeechStatus};
@@ -69,7 +68,7 @@ impl SessionActor {
             let _ = delivery.done.send(Err(UpdateError::SessionClosed));
         }
         // Readers waiting for a switch to end learn that the session is closed.
-        self.shared.switched.send_modify(|n| *n += 1);
+        self.shared.switched.notify_waiters();
         let reason: Arc<str> = Arc::from(reason);
         let me = self.id();
         let each = reason.clone();
@@ -95,10 +94,7 @@ impl SessionActor {
                             },
                         );
                     }
-                    let names: Vec<_> = activities
-                        .iter()
-                        .map(|a| (a.agent.name().to_owned(), a.id().clone()))
-                        .collect();
+                    let names = activities.clone();
                     let each = reason.clone();
                     let closes =
                         stop_all(activities.into_iter().map(|a| a.child), &me, move || {
@@ -108,19 +104,15 @@ impl SessionActor {
                         });
                     async move { (names, closes.await) }.into_actor(act)
                 })
-                .map(|(names, chats), act, ctx| {
-                    for ((agent, activity), chat) in names.into_iter().zip(chats) {
+                .map(|(closed, chats), act, ctx| {
+                    for (activity, chat) in closed.iter().zip(chats) {
                         // An activity already gone (closed by a handoff under way) was
                         // recorded by that handoff.
                         if let Some(chat) = chat {
-                            act.history.record(AgentChat {
-                                agent,
-                                activity,
-                                chat,
-                            });
+                            act.history.record(activity.order, activity.chat(chat));
                         }
                     }
-                    let _ = act.shared.history.set(std::mem::take(&mut act.history));
+                    let _ = act.shared.history.set(act.history.finish());
                     act.shared.emit(SessionEvent::Closed);
                     act.shared.inactive.send_replace(true);
                     ctx.stop();

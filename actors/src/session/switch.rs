@@ -16,7 +16,6 @@ use crate::agent::{effective_policy, Agent};
 use crate::chat::ChatContext;
 use crate::error::SessionError;
 use crate::events::SessionEvent;
-use crate::history::AgentChat;
 use crate::ids::ActorId;
 use crate::lifecycle::Child;
 use crate::llm::Llm;
@@ -66,11 +65,8 @@ impl SessionActor {
             .stop(self.probe.id(), CloseActivity { reason });
         ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
             let chat = chat.unwrap_or_default();
-            act.history.record(AgentChat {
-                agent: from.clone(),
-                activity: outgoing.id().clone(),
-                chat: chat.clone(),
-            });
+            act.history
+                .record(outgoing.order, outgoing.chat(chat.clone()));
             if act.schedule.is_closed() {
                 planned.done.finish(Err(SessionError::Closed), &from, &to);
                 return;
@@ -123,9 +119,11 @@ impl SessionActor {
             session_toolsets: self.toolsets.clone(),
         });
         let id = child.id().clone();
+        self.started += 1;
         let activity = ActivityRef {
             child: child.clone(),
             agent: agent.clone(),
+            order: self.started,
         };
         if !self.schedule.entering(id.clone(), activity) {
             // The session closed while the previous agent was leaving: the new activity
@@ -139,11 +137,6 @@ impl SessionActor {
             then(self, Err(SessionError::Closed));
             return;
         }
-        self.history.record(AgentChat {
-            agent: agent.name().to_owned(),
-            activity: id,
-            chat: ChatContext::new(),
-        });
         let start = child.mailbox.ask(
             self.probe.id(),
             crate::activity::StartActivity { chat, handoff_from },
@@ -172,7 +165,7 @@ impl SessionActor {
 
     /// Tells readers waiting for a current agent that there is one again.
     fn switched(&self) {
-        self.shared.switched.send_modify(|n| *n += 1);
+        self.shared.switched.notify_waiters();
     }
 
     /// Pauses the caller (its agent-scoped runs stop, but the one awaiting the task),
@@ -218,11 +211,8 @@ impl SessionActor {
             },
         );
         ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
-            act.history.record(AgentChat {
-                agent: task.agent.name().to_owned(),
-                activity: task.id().clone(),
-                chat: chat.unwrap_or_default(),
-            });
+            act.history
+                .record(task.order, task.chat(chat.unwrap_or_default()));
             let Some(resumed) = act.schedule.task_closed() else {
                 return;
             };
