@@ -12,7 +12,7 @@
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10),
 //! `BENCH_S4_UPDATES` (3), `BENCH_INSPECT_ROUNDS` (4), `BENCH_SCENARIOS` (comma list, default
 //! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned,
-//! S4, S4_parallel, S1_host, S1b_host,
+//! S4, S4_parallel, S4_burst, S1_host, S1b_host,
 //! S1c_host, S2_host, S4_host, S4_parallel_host).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
@@ -572,6 +572,36 @@ async fn streaming(engine: &Engine) {
     );
 }
 
+/// S4_burst: one tool call that sends K updates in a row and returns; how many LLM
+/// requests the turn and its deferred replies cost (the peer's event loop coalesces a
+/// burst into one reply; ours settles before each deferred reply).
+async fn burst(engine: &Engine) {
+    for k in [1usize, 10, 100, 1_000, 4_000] {
+        let llm = llm_calling(Some("work"), 1);
+        let session = Session::builder()
+            .llm(llm.clone())
+            .agent(
+                Agent::builder("a")
+                    .tool(async_tool(k, None))
+                    .build()
+                    .unwrap(),
+            )
+            .start(engine)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        session.run("go").await.unwrap();
+        session.wait_for_settled().await;
+        let wall = start.elapsed().as_secs_f64();
+        println!(
+            r#"{{"scenario":"S4_burst","updates":{k},"llm_requests":{},"wall_ms":{:.2}}}"#,
+            llm.request_count(),
+            wall * 1e3
+        );
+        session.close().await.unwrap();
+    }
+}
+
 /// S4: `BENCH_S4_SESSIONS` sessions started first (untimed, like the peer), then all
 /// driven at once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES`
 /// updates per call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()`
@@ -708,6 +738,9 @@ fn main() {
         }
         if wanted("S4_parallel") {
             throughput(&engine, "S4_parallel", 1, env("BENCH_S4_CALLS", 10), false).await;
+        }
+        if wanted("S4_burst") {
+            burst(&engine).await;
         }
     });
     // A tokio host: the engine on its own threads (one arbiter per core), driven from

@@ -300,6 +300,10 @@ pub(crate) struct SessionActor {
     started: u32,
     /// Voice input was seen: the user can go away (text sessions never do).
     voice: bool,
+    /// Tool deliveries received so far, and those not yet in a chat context: what a
+    /// settling deferred reply watches.
+    deliveries_seen: u64,
+    deliveries_in_flight: usize,
     away_timer: Option<SpawnHandle>,
     _alive: AliveToken,
 }
@@ -330,6 +334,8 @@ impl SessionActor {
             history: HistoryBook::default(),
             started: 0,
             voice: false,
+            deliveries_seen: 0,
+            deliveries_in_flight: 0,
             away_timer: None,
             _alive: alive,
         }
@@ -352,6 +358,7 @@ impl SessionActor {
                 Next::Handoff { outgoing, handoff } => self.begin_handoff(outgoing, handoff, ctx),
                 Next::Task { caller, task } => self.begin_task(caller, task, ctx),
                 Next::EndTask { task } => self.begin_end_task(task, ctx),
+                Next::Settle => self.settle(0, 0, ctx),
             }
         }
         let inactive = self.schedule.is_inactive();
@@ -361,6 +368,28 @@ impl SessionActor {
             changed
         });
         self.watch_for_away(inactive, ctx);
+    }
+
+    /// Lets the tool deliveries already on their way land before the deferred reply starts,
+    /// so they join it: yields to the arbiter (every ready task — a tool body about to send
+    /// its next update, an activity inserting one — runs once per yield) until
+    /// `QUIET_ROUNDS` yields in a row pass with no new delivery and none in flight, at most
+    /// `SETTLE_ROUNDS` yields in all. No timer: when nothing is on its way, the reply starts
+    /// after a few yields (about a microsecond).
+    fn settle(&mut self, rounds: u32, quiet: u32, ctx: &mut Context<Self>) {
+        let seen = self.deliveries_seen;
+        ctx.spawn(fut::wrap_future::<_, Self>(tokio::task::yield_now()).map(
+            move |(), act, ctx| {
+                let busy = act.deliveries_seen != seen || act.deliveries_in_flight > 0;
+                let quiet = if busy { 0 } else { quiet + 1 };
+                if quiet < QUIET_ROUNDS && rounds < SETTLE_ROUNDS {
+                    act.settle(rounds + 1, quiet, ctx);
+                } else {
+                    act.schedule.settled();
+                    act.pump(ctx);
+                }
+            },
+        ));
     }
 
     /// A voice session whose user stays silent while the agent is idle for
@@ -519,7 +548,9 @@ impl SessionActor {
                     },
                 );
                 let done = delivery.done;
+                self.deliveries_in_flight += 1;
                 ctx.spawn(insert.into_actor(self).map(move |inserted, act, ctx| {
+                    act.deliveries_in_flight -= 1;
                     let inserted = inserted.unwrap_or(Err(UpdateError::SessionClosed));
                     if let (Ok(()), Some(item)) = (&inserted, pending) {
                         act.schedule.add_pending(item);
@@ -540,6 +571,15 @@ impl SessionActor {
         }
     }
 }
+
+/// How many yields a deferred reply waits at most for deliveries still on their way: a
+/// tool that updates without pause must not hold the reply back for ever.
+const SETTLE_ROUNDS: u32 = 64;
+
+/// How many yields in a row without a delivery mean nothing more is on its way: a tool's
+/// next update takes a few task hops (its run's reply, its body, its run's mailbox) to
+/// reach the session.
+const QUIET_ROUNDS: u32 = 5;
 
 /// The call id of the last output among `items` (what a deferred reply names).
 fn output_call_id(items: &[ChatItem]) -> Option<String> {
@@ -778,6 +818,7 @@ impl Handler<DeliverToolItems> for SessionActor {
     type Result = ResponseFuture<Result<(), UpdateError>>;
 
     fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) -> Self::Result {
+        self.deliveries_seen += 1;
         let (tx, rx) = oneshot::channel();
         self.deliver(
             Delivery {

@@ -14,8 +14,9 @@
 //!   even mid-turn (its caller's turn waits inside a tool); a preempting handoff jumps
 //!   the queue and names the turn to interrupt.
 //! - The deferred reply starts only when nothing else is queued and the current agent is
-//!   idle; its items are taken whole (coalesced), and items of an agent-scoped run whose
-//!   activity is no longer current never join it.
+//!   idle, and only after the actor has let the tool deliveries already on their way land
+//!   (`Next::Settle`, then `settled`); its items are taken whole (coalesced), and items of
+//!   an agent-scoped run whose activity is no longer current never join it.
 //! - During a switch, session-scoped tool items wait and go to the incoming agent;
 //!   agent-scoped ones are refused (their activity never takes items again).
 //! - A handoff or task end decided by a turn runs before anything queued.
@@ -163,6 +164,9 @@ pub(crate) enum Next<W: Work> {
     Task { caller: W::Activity, task: W::Task },
     /// Close the completed sub-task's activity, then resume its caller (`task_closed`).
     EndTask { task: W::Activity },
+    /// A deferred reply is due: first let the tool deliveries already on their way land
+    /// (they join it), then call `settled`.
+    Settle,
 }
 
 /// A caller resumed after its sub-task: who waits for the result, the result, and the
@@ -234,6 +238,18 @@ pub(crate) struct Schedule<W: Work> {
     pending: Vec<PendingItem>,
     /// The user is speaking: the deferred reply waits (and the session is not inactive).
     user_speaking: bool,
+    settle: Settle,
+}
+
+/// Where the deferred reply is in letting updates already on their way join it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Settle {
+    /// Nothing asked yet.
+    Idle,
+    /// The actor lets the arbiter run until no tool delivery is on its way.
+    Settling,
+    /// Done: the next `next()` starts the reply.
+    Settled,
 }
 
 impl<W: Work> Default for Schedule<W> {
@@ -255,6 +271,7 @@ impl<W: Work> Schedule<W> {
             held: Vec::new(),
             pending: Vec::new(),
             user_speaking: false,
+            settle: Settle::Idle,
         }
     }
 
@@ -346,6 +363,14 @@ impl<W: Work> Schedule<W> {
         }
     }
 
+    /// The settling asked for by `Next::Settle` is over: the deferred reply may start (with
+    /// every item pending by then).
+    pub(crate) fn settled(&mut self) {
+        if self.settle == Settle::Settling {
+            self.settle = Settle::Settled;
+        }
+    }
+
     /// The user started or stopped speaking: the deferred reply waits while they speak.
     pub(crate) fn set_user_speaking(&mut self, speaking: bool) {
         self.user_speaking = speaking;
@@ -411,6 +436,9 @@ impl<W: Work> Schedule<W> {
         }
         match self.jobs.pop_front() {
             Some(Job::Turn(id, _, turn)) => {
+                // A settling under way is for a reply that now waits behind this turn:
+                // it settles again after it.
+                self.settle = Settle::Idle;
                 current.turn = Some(id);
                 Some(Next::Turn {
                     activity: current.activity.clone(),
@@ -433,13 +461,21 @@ impl<W: Work> Schedule<W> {
                 self.switch(|task| Switch::EndingTask { task, value });
                 Some(Next::EndTask { task })
             }
-            None if !self.pending.is_empty() && !self.user_speaking => {
-                current.turn = Some(TurnId::Engine);
-                Some(Next::Deferred {
-                    activity: current.activity.clone(),
-                    items: std::mem::take(&mut self.pending),
-                })
-            }
+            None if !self.pending.is_empty() && !self.user_speaking => match self.settle {
+                Settle::Idle => {
+                    self.settle = Settle::Settling;
+                    Some(Next::Settle)
+                }
+                Settle::Settling => None,
+                Settle::Settled => {
+                    self.settle = Settle::Idle;
+                    current.turn = Some(TurnId::Engine);
+                    Some(Next::Deferred {
+                        activity: current.activity.clone(),
+                        items: std::mem::take(&mut self.pending),
+                    })
+                }
+            },
             None => None,
         }
     }
@@ -908,23 +944,48 @@ mod tests {
         assert!(s.next().is_none(), "the turn runs");
         assert!(!s.is_inactive());
         s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(s.next(), Some(Next::Settle)));
+        assert!(s.next().is_none(), "settling");
+        // An update that lands while the session settles joins the same reply.
+        s.add_pending(item(Scope::Session, "x/update_2"));
+        s.settled();
         match s.next() {
             Some(Next::Deferred {
                 activity: "a",
                 items,
             }) => {
                 let ids: Vec<_> = items.iter().map(|i| i.call_id.as_str()).collect();
-                assert_eq!(ids, ["x/update_1", "y/update_1"]);
+                assert_eq!(ids, ["x/update_1", "y/update_1", "x/update_2"]);
             }
             _ => panic!("expected the deferred reply"),
         }
         assert!(s.next().is_none(), "the reply runs");
-        s.add_pending(item(Scope::Session, "x/update_2"));
+        s.add_pending(item(Scope::Session, "x/update_3"));
         s.turn_done(&id("a"), After::Nothing);
         assert!(
-            matches!(s.next(), Some(Next::Deferred { .. })),
-            "one more reply"
+            matches!(s.next(), Some(Next::Settle)),
+            "one more reply, settled first"
         );
+        s.settled();
+        assert!(matches!(s.next(), Some(Next::Deferred { .. })));
+    }
+
+    #[test]
+    fn a_turn_queued_while_the_session_settles_goes_first() {
+        let mut s = live();
+        s.add_pending(item(Scope::Session, "x/update_1"));
+        assert!(matches!(s.next(), Some(Next::Settle)));
+        s.queue_turn(TurnId::Host(1), "user", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { turn: "user", .. })));
+        s.settled();
+        assert!(s.next().is_none(), "the turn runs");
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(
+            matches!(s.next(), Some(Next::Settle)),
+            "settles again after the turn"
+        );
+        s.settled();
+        assert!(matches!(s.next(), Some(Next::Deferred { .. })));
     }
 
     #[test]
@@ -947,6 +1008,8 @@ mod tests {
         s.entering(id("b"), "b");
         s.entered();
         s.add_pending(item(Scope::Activity(id("a")), "mine/update_3"));
+        assert!(matches!(s.next(), Some(Next::Settle)));
+        s.settled();
         match s.next() {
             Some(Next::Deferred {
                 activity: "b",
@@ -1026,6 +1089,8 @@ mod tests {
         s.turn_done(&id("a"), After::Nothing);
         assert!(s.next().is_none());
         s.set_user_speaking(false);
+        assert!(matches!(s.next(), Some(Next::Settle)));
+        s.settled();
         assert!(matches!(s.next(), Some(Next::Deferred { .. })));
     }
 
