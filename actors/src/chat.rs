@@ -5,6 +5,7 @@
 //! [`ChatContext::check_invariant`] states it as code so tests can assert it.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -111,55 +112,122 @@ impl ChatItem {
     }
 }
 
-/// An ordered list of chat items, cheap to snapshot.
+/// An ordered list of chat items, cheap to snapshot and to append to.
 ///
-/// The items sit behind an `Arc`: a snapshot for an LLM request is a reference count,
-/// and appending copies the list only while such a snapshot is still held (once per LLM
-/// step at most, never per update).
-#[derive(Clone, Debug, Default, PartialEq)]
+/// A chat context is a length into a shared, append-only log: cloning one (a snapshot
+/// for an LLM request, a copy for the host) is a reference count, and appending to the
+/// newest one writes the next slot of the log in place — the snapshots, shorter, never see
+/// it. Only growing the log past its capacity (amortized: it doubles) or editing items
+/// (`edit`) copies. So a turn costs the same with ten items of history or ten thousand.
+#[derive(Clone, Default)]
 pub struct ChatContext {
-    items: Arc<Vec<ChatItem>>,
+    log: Option<Arc<log::Log>>,
+    len: usize,
+}
+
+impl fmt::Debug for ChatContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.items()).finish()
+    }
+}
+
+impl PartialEq for ChatContext {
+    fn eq(&self, other: &Self) -> bool {
+        self.items() == other.items()
+    }
 }
 
 impl ChatContext {
-    /// An empty chat context.
+    /// An empty chat context (it allocates nothing until the first item).
     pub fn new() -> Self {
         Self::default()
     }
 
     /// The items, oldest first.
     pub fn items(&self) -> &[ChatItem] {
-        &self.items
+        match &self.log {
+            Some(log) => log.items(self.len),
+            None => &[],
+        }
     }
 
     /// How many items there are.
     pub fn len(&self) -> usize {
-        self.items.len()
+        self.len
     }
 
     /// Whether there are no items.
     pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
+        self.len == 0
     }
 
     /// Appends one item.
     pub fn push(&mut self, item: ChatItem) {
-        Arc::make_mut(&mut self.items).push(item);
+        let item = match &self.log {
+            Some(log) => match log.append(self.len, item) {
+                Ok(()) => {
+                    self.len += 1;
+                    return;
+                }
+                Err(item) => item,
+            },
+            None => item,
+        };
+        // Full, or another context appended here first: continue in a log of our own.
+        self.regrow(self.len + 1);
+        if let Some(log) = &self.log {
+            if log.append(self.len, item).is_ok() {
+                self.len += 1;
+            }
+        }
     }
 
     /// Appends several items in order.
     pub fn extend(&mut self, items: impl IntoIterator<Item = ChatItem>) {
-        Arc::make_mut(&mut self.items).extend(items);
+        for item in items {
+            self.push(item);
+        }
     }
 
-    /// Gives mutable access to the items, for hooks that edit the context.
-    pub fn items_mut(&mut self) -> &mut Vec<ChatItem> {
-        Arc::make_mut(&mut self.items)
+    /// Edits the items (for hooks that rewrite the context): `f` gets them as a `Vec`.
+    /// Costs a copy of the items when another context shares them.
+    pub fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<ChatItem>) -> R) -> R {
+        let mut items = self.take_items();
+        let out = f(&mut items);
+        *self = Self::from(items);
+        out
+    }
+
+    /// Moves this context's log to one with room for at least `needed` items.
+    fn regrow(&mut self, needed: usize) {
+        let items = self.take_items();
+        let capacity = needed.next_power_of_two().max(log::MIN_CAPACITY);
+        let fresh = log::Log::with_capacity(capacity);
+        let len = items.len();
+        for (at, item) in items.into_iter().enumerate() {
+            // A fresh log with room: every slot claims.
+            let _ = fresh.append(at, item);
+        }
+        self.log = Some(Arc::new(fresh));
+        self.len = len;
+    }
+
+    /// The items as a `Vec`: moved out when this context holds the only reference to its
+    /// log, cloned otherwise. Leaves the context empty.
+    fn take_items(&mut self) -> Vec<ChatItem> {
+        let len = std::mem::take(&mut self.len);
+        match self.log.take() {
+            None => Vec::new(),
+            Some(log) => match Arc::try_unwrap(log) {
+                Ok(log) => log.into_items(len),
+                Err(shared) => shared.items(len).to_vec(),
+            },
+        }
     }
 
     /// Where the assistant message said by `speech` is, searching from the newest item.
     pub fn position_of_speech(&self, speech: crate::output::SpeechId) -> Option<usize> {
-        self.items
+        self.items()
             .iter()
             .rposition(|item| matches!(item, ChatItem::Message(m) if m.speech == Some(speech)))
     }
@@ -169,16 +237,17 @@ impl ChatContext {
         self.position_of_call(call_id).is_some()
     }
 
-    /// Where the first item with this call id is.
+    /// Where the item with this call id is (searched from the newest: the ids asked for
+    /// are usually recent).
     pub fn position_of_call(&self, call_id: &str) -> Option<usize> {
-        self.items
+        self.items()
             .iter()
-            .position(|item| item.call_id() == Some(call_id))
+            .rposition(|item| item.call_id() == Some(call_id))
     }
 
     /// The function call outputs, in order.
     pub fn outputs(&self) -> impl Iterator<Item = &FunctionCallOutput> {
-        self.items.iter().filter_map(|item| match item {
+        self.items().iter().filter_map(|item| match item {
             ChatItem::FunctionCallOutput(o) => Some(o),
             _ => None,
         })
@@ -194,7 +263,7 @@ impl ChatContext {
     pub fn check_invariant(&self) -> Result<(), String> {
         let mut open: HashMap<&str, usize> = HashMap::new();
         let mut answered: HashMap<&str, usize> = HashMap::new();
-        for (index, item) in self.items.iter().enumerate() {
+        for (index, item) in self.items().iter().enumerate() {
             match item {
                 ChatItem::FunctionCall(call) => {
                     if open.contains_key(call.call_id.as_str())
@@ -228,8 +297,193 @@ impl ChatContext {
 
 impl From<Vec<ChatItem>> for ChatContext {
     fn from(items: Vec<ChatItem>) -> Self {
-        Self {
-            items: Arc::new(items),
+        let mut chat = Self::new();
+        if !items.is_empty() {
+            chat.regrow(items.len());
+            chat.extend(items);
         }
+        chat
+    }
+}
+
+/// The storage behind [`ChatContext`]: a fixed-capacity, append-only array of slots.
+mod log {
+    use std::cell::UnsafeCell;
+    use std::mem::MaybeUninit;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::ChatItem;
+
+    /// The smallest log a context grows into.
+    pub(super) const MIN_CAPACITY: usize = 8;
+
+    /// Slots `..filled` hold items; each slot is written once — by the context that
+    /// claimed it by moving `filled` past it — and never changed until the log drops.
+    pub(super) struct Log {
+        slots: Box<[UnsafeCell<MaybeUninit<ChatItem>>]>,
+        filled: AtomicUsize,
+    }
+
+    // SAFETY: a slot is written once, by the one context that won its claim (`append`), and
+    // is read only through contexts whose length covers it. Such a context is made from the
+    // writer after the write (`clone` needs the writer borrowed; another thread gets it
+    // through whatever synchronizes the hand-over), so no read overlaps the write; slots
+    // below a length are never written again. `ChatItem` is `Send + Sync`.
+    unsafe impl Send for Log {}
+    unsafe impl Sync for Log {}
+
+    impl Log {
+        pub(super) fn with_capacity(capacity: usize) -> Self {
+            Self {
+                slots: (0..capacity)
+                    .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                    .collect(),
+                filled: AtomicUsize::new(0),
+            }
+        }
+
+        /// Writes `item` at `at` if `at` is the next free slot (the caller's context ends
+        /// there, and nobody appended after it); gives it back otherwise.
+        pub(super) fn append(&self, at: usize, item: ChatItem) -> Result<(), ChatItem> {
+            if at >= self.slots.len()
+                || self
+                    .filled
+                    .compare_exchange(at, at + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_err()
+            {
+                return Err(item);
+            }
+            // SAFETY: the claim above made this caller the only writer of slot `at`, and
+            // no context covers it yet (see the `Sync` impl).
+            unsafe { (*self.slots[at].get()).write(item) };
+            Ok(())
+        }
+
+        /// The first `len` items (`len` is a context's length: every slot below it holds
+        /// an item and is no longer written).
+        pub(super) fn items(&self, len: usize) -> &[ChatItem] {
+            let len = len.min(self.slots.len());
+            // SAFETY: `UnsafeCell<MaybeUninit<T>>` has the layout of `T`; slots below a
+            // context's length are written and immutable (see the `Sync` impl).
+            unsafe { std::slice::from_raw_parts(self.slots.as_ptr().cast::<ChatItem>(), len) }
+        }
+
+        /// The first `len` items, moved out; the rest are dropped.
+        pub(super) fn into_items(mut self, len: usize) -> Vec<ChatItem> {
+            let filled = std::mem::take(self.filled.get_mut());
+            let mut items = Vec::with_capacity(len);
+            for (at, slot) in self.slots.iter_mut().take(filled).enumerate() {
+                // SAFETY: slots below `filled` are written; `filled` is now zero, so the
+                // log's drop will not touch them again.
+                let item = unsafe { slot.get_mut().assume_init_read() };
+                if at < len {
+                    items.push(item);
+                }
+            }
+            items
+        }
+    }
+
+    impl Drop for Log {
+        fn drop(&mut self) {
+            let filled = *self.filled.get_mut();
+            for slot in self.slots.iter_mut().take(filled) {
+                // SAFETY: slots below `filled` are written and dropped only here.
+                unsafe { slot.get_mut().assume_init_drop() };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn say(n: usize) -> ChatItem {
+        ChatItem::message(ChatRole::User, format!("message {n}"))
+    }
+
+    fn texts(chat: &ChatContext) -> Vec<String> {
+        chat.items()
+            .iter()
+            .map(|i| i.text().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_does_not_see_what_is_appended_after_it() {
+        let mut live = ChatContext::new();
+        live.push(say(0));
+        let snapshot = live.clone();
+        for n in 1..100 {
+            live.push(say(n));
+        }
+        assert_eq!(texts(&snapshot), ["message 0"]);
+        assert_eq!(live.len(), 100);
+        assert_eq!(live.items()[99].text(), Some("message 99"));
+    }
+
+    #[test]
+    fn appending_to_an_old_snapshot_copies_and_clobbers_nothing() {
+        let mut live = ChatContext::from(vec![say(0), say(1)]);
+        let mut old = live.clone();
+        live.push(say(2));
+        old.push(ChatItem::message(ChatRole::User, "a different 2"));
+        assert_eq!(texts(&live), ["message 0", "message 1", "message 2"]);
+        assert_eq!(texts(&old), ["message 0", "message 1", "a different 2"]);
+        // Two snapshots of the same length: the first append wins the slot, the second
+        // continues in a log of its own.
+        let mut a = live.clone();
+        let mut b = live.clone();
+        a.push(say(3));
+        b.push(ChatItem::message(ChatRole::User, "b's 3"));
+        assert_eq!(a.items()[3].text(), Some("message 3"));
+        assert_eq!(b.items()[3].text(), Some("b's 3"));
+    }
+
+    #[test]
+    fn edits_apply_to_one_context_only() {
+        let mut live = ChatContext::from(vec![say(0), say(1)]);
+        let snapshot = live.clone();
+        live.edit(|items| items.remove(0));
+        assert_eq!(texts(&live), ["message 1"]);
+        assert_eq!(texts(&snapshot), ["message 0", "message 1"]);
+        live.push(say(2));
+        assert_eq!(texts(&live), ["message 1", "message 2"]);
+    }
+
+    #[test]
+    fn an_empty_context_allocates_nothing_and_equality_is_by_items() {
+        let empty = ChatContext::new();
+        assert!(empty.log.is_none());
+        assert!(empty.items().is_empty());
+        let mut a = ChatContext::new();
+        a.push(say(0));
+        let b = ChatContext::from(vec![say(0)]);
+        assert_eq!(a, b);
+        assert_ne!(a, empty);
+    }
+
+    #[test]
+    fn snapshots_read_on_other_threads_while_the_context_grows() {
+        let mut live = ChatContext::new();
+        let mut readers = Vec::new();
+        for n in 0..2_000 {
+            live.push(say(n));
+            if n % 100 == 0 {
+                let snapshot = live.clone();
+                readers.push(std::thread::spawn(move || {
+                    for _ in 0..50 {
+                        let seen = texts(&snapshot);
+                        assert_eq!(seen.len(), n + 1);
+                        assert_eq!(seen[n], format!("message {n}"));
+                    }
+                }));
+            }
+        }
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        assert_eq!(live.len(), 2_000);
     }
 }

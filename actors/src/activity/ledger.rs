@@ -130,7 +130,7 @@ impl Ledger {
         let Some(index) = self.chat.position_of_speech(speech) else {
             return Cut::NotFound;
         };
-        cut_to_heard(self.chat.items_mut(), index, heard)
+        self.chat.edit(|items| cut_to_heard(items, index, heard))
     }
 
     /// Appends an item that belongs to no step (a message, a handoff marker).
