@@ -33,8 +33,9 @@ pub enum SessionError {
     /// The model failed during the turn.
     #[error(transparent)]
     Llm(#[from] crate::llm::LlmError),
-    /// A tool failed with an error whose route is `propagate` (SPEC §7); the session is
-    /// still up.
+    /// A tool failed with an error whose route is `propagate` (see `ErrorPolicy`): the
+    /// call got an error output, an error event was sent, and the turn fails; the session
+    /// is still up.
     #[error("tool {tool} failed: {message}")]
     ToolFailed {
         /// The tool's name.

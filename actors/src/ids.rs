@@ -1,6 +1,6 @@
 //! Identifiers: sessions, actors and tool runs.
 //!
-//! Actor ids are strings a person can read in a test failure (SPEC §12):
+//! Actor ids are strings a person can read in a test failure:
 //! `session/s1`, `activity/s1/agent-a#2`, `toolset/s1/booking`,
 //! `toolset/s1/agent-a#2/tools`, `tool/s1/7:call_3`. They are unique for the life of
 //! the engine: activities carry their generation and tool runs a per-session sequence

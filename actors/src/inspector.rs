@@ -1,5 +1,5 @@
-//! `Inspector`: a test's (or debugging host's) view of a session's actor mailboxes
-//! (SPEC §9).
+//! `Inspector`: a test's (or debugging host's) view of a session's actor mailboxes: which
+//! actors live, what each handled, how many messages wait for each.
 
 use std::fmt;
 use std::sync::Arc;

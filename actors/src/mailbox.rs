@@ -1,4 +1,5 @@
-//! The mailbox probe: counted addresses and the per-session journal (SPEC §9).
+//! The mailbox probe: counted addresses and the per-session journal that the
+//! `Inspector` reads.
 //!
 //! actix 0.13 does not say how many messages wait in a mailbox, so the engine counts
 //! them itself. Every send inside the engine goes through [`Mailbox`], which adds one to

@@ -1,4 +1,4 @@
-//! An [`LlmRequest`] as a chat-completions request body (SPEC §13 "Mapping").
+//! An [`LlmRequest`] as a chat-completions request body.
 //!
 //! - The agent's instructions, with the request's `extra_instructions` after a blank line,
 //!   are one system message, first.
