@@ -42,6 +42,7 @@ pub struct Received {
 
 /// What the journal knows of one actor.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ActorSnapshot {
     /// The actor's id.
     pub id: ActorId,
@@ -55,6 +56,11 @@ pub struct ActorSnapshot {
     pub received: Vec<Received>,
     /// How many older messages the ring buffer dropped.
     pub overwritten: u64,
+    /// For a tool run: the name of the tool it runs (its id names only the call).
+    pub tool: Option<String>,
+    /// For a tool run: the agent whose model made the call (a run of a session-scoped
+    /// toolset can outlive that agent's activity).
+    pub agent: Option<String>,
 }
 
 /// The probe of one actor: its queue count and, when inspecting, its journal entry.
@@ -66,10 +72,39 @@ pub(crate) struct Probe {
     record: Option<Arc<ActorRecord>>,
 }
 
+/// What the journal records of a tool run beyond its id: the tool and the calling agent.
+#[derive(Debug)]
+struct RunLabel {
+    tool: Arc<str>,
+    agent: Arc<str>,
+}
+
 impl Probe {
     pub(crate) fn new(id: ActorId, journal: Option<Arc<Journal>>) -> Arc<Self> {
+        Self::labeled(id, journal, None)
+    }
+
+    /// The probe of a tool run: the journal also records the tool's name and the agent
+    /// that called it, so a test can find the run without knowing the provider's call id.
+    pub(crate) fn tool_run(
+        id: ActorId,
+        journal: Option<Arc<Journal>>,
+        tool: &str,
+        agent: &str,
+    ) -> Arc<Self> {
+        // Allocated only when inspecting: without a journal the label is never built.
+        let label = journal.is_some().then(|| RunLabel {
+            tool: tool.into(),
+            agent: agent.into(),
+        });
+        Self::labeled(id, journal, label)
+    }
+
+    fn labeled(id: ActorId, journal: Option<Arc<Journal>>, label: Option<RunLabel>) -> Arc<Self> {
         let pending = Arc::new(AtomicUsize::new(0));
-        let record = journal.as_ref().map(|j| j.register(&id, pending.clone()));
+        let record = journal
+            .as_ref()
+            .map(|j| j.register(&id, pending.clone(), label));
         Arc::new(Self {
             id,
             pending,
@@ -336,6 +371,7 @@ pub(crate) struct ActorRecord {
     id: ActorId,
     pending: Arc<AtomicUsize>,
     started_at: DateTime<Utc>,
+    label: Option<RunLabel>,
     state: Mutex<RecordState>,
 }
 
@@ -370,11 +406,17 @@ impl Journal {
         })
     }
 
-    fn register(&self, id: &ActorId, pending: Arc<AtomicUsize>) -> Arc<ActorRecord> {
+    fn register(
+        &self,
+        id: &ActorId,
+        pending: Arc<AtomicUsize>,
+        label: Option<RunLabel>,
+    ) -> Arc<ActorRecord> {
         let record = Arc::new(ActorRecord {
             id: id.clone(),
             pending,
             started_at: Utc::now(),
+            label,
             state: Mutex::new(RecordState::default()),
         });
         self.actors.insert(id.clone(), record.clone());
@@ -445,6 +487,8 @@ impl Journal {
             pending: record.pending.load(Ordering::Relaxed),
             received: state.received.iter().cloned().collect(),
             overwritten: state.overwritten,
+            tool: record.label.as_ref().map(|l| l.tool.to_string()),
+            agent: record.label.as_ref().map(|l| l.agent.to_string()),
         })
     }
 
@@ -463,6 +507,17 @@ impl Journal {
             .collect();
         all.sort_by_key(|r| r.seq);
         all
+    }
+
+    /// The tool runs the journal knows, alive or not: id, tool name, calling agent.
+    pub(crate) fn runs(&self) -> Vec<(ActorId, Arc<str>, Arc<str>)> {
+        self.actors
+            .iter()
+            .filter_map(|entry| {
+                let label = entry.value().label.as_ref()?;
+                Some((entry.key().clone(), label.tool.clone(), label.agent.clone()))
+            })
+            .collect()
     }
 
     /// Waits until the journal changes (an actor starts or stops, a message is handled).
