@@ -6,10 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gate, Query};
+use common::Query;
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
 use switchboard::{ActorId, InspectError, NoArgs};
 
 fn handoff_agents() -> (Agent, Agent) {

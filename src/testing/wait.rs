@@ -94,9 +94,12 @@ impl fmt::Display for Saw<'_> {
 /// What a test waits for among session events: picks a value out of the event it wants,
 /// and says what that is for a failure message.
 ///
-/// Closures `FnMut(&SessionEvent) -> Option<T>` are matchers (described as "an event the
-/// test's closure picks"); [`event::matching`] gives one a description, and the
-/// functions of [`event`] are ready-made matchers for the usual events.
+/// The functions of [`event`] are ready-made matchers for the usual events, and
+/// [`event::matching`]`(what, |event| …)` turns a closure into one with a description.
+/// A bare closure `FnMut(&SessionEvent) -> Option<T>` is a matcher too (described as "an
+/// event the test's closure picks"), but needs its argument's type written out
+/// (`|event: &SessionEvent| …`): Rust infers a closure's argument types only from a
+/// closure bound, which `event::matching` has and a generic matcher does not.
 pub trait EventMatcher {
     /// What a match gives back (an id, a handle, `()`).
     type Output;
