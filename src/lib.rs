@@ -8,7 +8,8 @@
 //! # Layout
 //!
 //! - [`Engine`] — where sessions run: its own actix threads from a `#[tokio::main]`
-//!   program, or the current arbiter inside `#[actix::test]`.
+//!   program, or the current arbiter inside an actix system or `#[switchboard::test]`
+//!   (see [Runtimes](#runtimes)).
 //! - [`Session`] — the handle of one conversation: `run`, `update_agent`, `run_task`,
 //!   `close`, events, the mailbox [`Inspector`].
 //! - [`Agent`] — instructions, tools, an [`Llm`], hooks.
@@ -21,6 +22,43 @@
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
+//!
+//! # Runtimes
+//!
+//! switchboard runs on actix, which runs on tokio. Use one of three recipes:
+//!
+//! | where | entry point | engine | what you get |
+//! |---|---|---|---|
+//! | a host program (server, voice pipeline, CLI) | `#[tokio::main]`, any tokio runtime | [`Engine::start`] | the engine owns an actix system on its own threads (one per core) and spreads sessions over them; your program needs no actix |
+//! | a program already in an actix system (actix-web, `#[actix::main]`) | the system's | [`Engine::current`] | sessions run on the current arbiter, beside your actors |
+//! | tests | `#[switchboard::test]` | [`Engine::current`] | the session's actors run on the test's thread: a deterministic order, and `tokio::time::pause()` reaches them, so timeouts and grace periods pass at once in virtual time |
+//!
+//! `#[switchboard::test]` is actix's test attribute reached through this crate: a test
+//! needs no `actix` dependency (`#[actix::test]` is the same thing). Under a plain
+//! `#[tokio::test]`, [`Engine::current`] fails with [`SessionError::Engine`] (there is no
+//! actix system); [`Engine::start`] works there but runs the session on other threads,
+//! which paused time does not reach. Inside a test, spawn a turn with `tokio::spawn` or
+//! `actix::spawn`: both run it on the test's thread.
+//!
+//! ```
+//! use switchboard::prelude::*;
+//! use switchboard::testing::{Reply, ScriptedLlm};
+//!
+//! #[switchboard::test]
+//! async fn greets() {
+//!     tokio::time::pause(); // optional: virtual time for the session too
+//!     let session = Session::builder()
+//!         .llm(ScriptedLlm::new([Reply::text("Hello!")]))
+//!         .agent(Agent::builder("greeter").build().unwrap())
+//!         .start(&Engine::current().unwrap())
+//!         .await
+//!         .unwrap();
+//!     let result = session.run("hi").await.unwrap();
+//!     assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["Hello!"]);
+//!     session.close().await.unwrap();
+//! }
+//! # fn main() {}
+//! ```
 //!
 //! # Example
 //!
@@ -63,6 +101,18 @@ pub mod testing;
 /// (`futures-util` rather than the `futures` facade: it holds everything a stream needs,
 /// and the engine depends on it already, so the versions always match.)
 pub use futures_util as futures;
+
+/// Runs an `async fn` test in an actix system on the test's thread, where
+/// [`Engine::current`] starts sessions and paused tokio time reaches them (see
+/// [Runtimes](crate#runtimes)). No `actix` dependency needed.
+pub use switchboard_macros::test;
+
+/// What `#[switchboard::test]` expands to refers to these; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use actix::System;
+    pub use actix_macros::test;
+}
 
 pub use switchboard_actors::{
     agent, chat, control, error, error_policy, events, handoff, history, ids, inspector, llm,
