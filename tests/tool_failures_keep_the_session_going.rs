@@ -258,7 +258,7 @@ fn tool_name_clashes_are_build_errors_naming_both_owners() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        r#"tool name "lookup" is used twice: by agent agent-a and by toolset extra"#
+        r#"tool name "lookup" is used twice: by agent agent-a and by toolset extra of agent agent-a"#
     );
 }
 
