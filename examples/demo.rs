@@ -165,6 +165,7 @@ fn describe(item: &ChatItem) -> String {
         ChatItem::AgentHandoff { from, to } => {
             format!("handoff {} -> {to}", from.as_deref().unwrap_or("-"))
         }
+        other => format!("{other:?}"),
     }
 }
 

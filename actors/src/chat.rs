@@ -66,6 +66,7 @@ pub struct FunctionCallOutput {
 /// One item of a chat context.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ChatItem {
     /// A message.
     Message(ChatMessage),

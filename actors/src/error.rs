@@ -52,13 +52,15 @@ pub enum SessionError {
 
 /// Errors found when an agent, toolset or session is built or an activity starts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// Two tools an activity would see have the same name.
     #[error("tool name {name:?} is used twice: by {first} and by {second}")]
     DuplicateToolName {
         /// The clashing name.
         name: String,
-        /// Where the first tool comes from (`agent booker`, `toolset booking`, …).
+        /// Where the first tool comes from: `agent booker` (its bare tools),
+        /// `toolset booking of agent booker`, `session toolset booking`, `companion tools`.
         first: String,
         /// Where the second one comes from.
         second: String,
@@ -110,6 +112,7 @@ pub enum SpeechError {
 
 /// Why `ctx.update(..)` failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum UpdateError {
     /// The run already returned, was cancelled, or was stopped with its scope.
     #[error("the tool run {call_id} has ended; its updates go nowhere")]

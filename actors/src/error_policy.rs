@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 /// Where an unexpected tool error goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorRoute {
     /// The error's text goes to the model as an error output.
     Show,

@@ -17,7 +17,7 @@ pub struct ActorId(Arc<str>);
 
 impl ActorId {
     /// Wraps a string as an actor id.
-    pub fn new(id: impl Into<Arc<str>>) -> Self {
+    pub(crate) fn new(id: impl Into<Arc<str>>) -> Self {
         Self(id.into())
     }
 
@@ -27,7 +27,7 @@ impl ActorId {
     }
 
     /// The id that stands for the host program (code outside the engine) as a sender.
-    pub fn host() -> Self {
+    pub(crate) fn host() -> Self {
         Self::new("host")
     }
 

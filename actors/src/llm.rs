@@ -87,6 +87,7 @@ pub struct LlmUsage {
 
 /// Which wait of an LLM request ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimeoutStage {
     /// Opening the connection and getting the response headers.
     Connect,

@@ -388,7 +388,7 @@ struct RecordState {
 /// overwrote, so a long session never grows the journal without bound and a test can
 /// tell when the journal wrapped.
 #[derive(Debug)]
-pub struct Journal {
+pub(crate) struct Journal {
     capacity: usize,
     seq: AtomicU64,
     actors: DashMap<ActorId, Arc<ActorRecord>>,
@@ -397,7 +397,7 @@ pub struct Journal {
 
 impl Journal {
     /// A journal keeping the last `capacity` messages of each actor.
-    pub fn new(capacity: usize) -> Arc<Self> {
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             capacity: capacity.max(1),
             seq: AtomicU64::new(0),
@@ -458,7 +458,7 @@ impl Journal {
     }
 
     /// Ids of the actors that started and have not stopped, sorted.
-    pub fn live_actors(&self) -> Vec<ActorId> {
+    pub(crate) fn live_actors(&self) -> Vec<ActorId> {
         let mut live: Vec<ActorId> = self
             .actors
             .iter()
@@ -470,14 +470,14 @@ impl Journal {
     }
 
     /// Ids of every actor the journal has seen, alive or not, sorted.
-    pub fn actors(&self) -> Vec<ActorId> {
+    pub(crate) fn actors(&self) -> Vec<ActorId> {
         let mut all: Vec<ActorId> = self.actors.iter().map(|e| e.key().clone()).collect();
         all.sort();
         all
     }
 
     /// What the journal knows of one actor.
-    pub fn snapshot(&self, id: &str) -> Option<ActorSnapshot> {
+    pub(crate) fn snapshot(&self, id: &str) -> Option<ActorSnapshot> {
         let record = self.actors.get(&ActorId::new(id))?.value().clone();
         let state = Self::lock(&record);
         Some(ActorSnapshot {
@@ -493,7 +493,7 @@ impl Journal {
     }
 
     /// Every recorded message of every actor, in handling order.
-    pub fn all_received(&self) -> Vec<Received> {
+    pub(crate) fn all_received(&self) -> Vec<Received> {
         let mut all: Vec<Received> = self
             .actors
             .iter()
@@ -518,11 +518,6 @@ impl Journal {
                 Some((entry.key().clone(), label.tool.clone(), label.agent.clone()))
             })
             .collect()
-    }
-
-    /// Waits until the journal changes (an actor starts or stops, a message is handled).
-    pub async fn changed(&self) {
-        self.changed.notified().await;
     }
 
     /// A future that resolves on the next change; created before a check so that a

@@ -33,6 +33,7 @@ pub(crate) const COMPANION_TOOLS: &[&str] = &[GET_RUNNING_TASKS, CANCEL_TASK];
 /// What happens when the model calls a tool while an earlier call of it still runs in
 /// the same toolset (calls of one LLM step are never duplicates of each other).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DuplicatePolicy {
     /// Run both.
     Allow,
@@ -47,6 +48,7 @@ pub enum DuplicatePolicy {
 
 /// A tool body's successful result.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ToolReturn {
     /// Nothing to say: the output is empty and no further LLM step runs for it.
     Unit,
@@ -138,6 +140,7 @@ impl StopResponse {
 /// shown to the model.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("tool panicked: {message}")]
+#[non_exhaustive]
 pub struct ToolPanic {
     /// The panic's message.
     pub message: String,

@@ -912,6 +912,7 @@ fn describe(item: &ChatItem) -> String {
         ),
         ChatItem::FunctionCallOutput(output) => describe_output(output),
         ChatItem::AgentHandoff { from, to } => describe_handoff(from.as_deref(), to),
+        other => format!("{other:?}"),
     }
 }
 
@@ -965,6 +966,7 @@ pub(crate) fn summary(item: &ChatItem) -> String {
             "agent_handoff {} -> {to}",
             from.as_deref().unwrap_or("(none)")
         ),
+        other => cut_raw(&format!("{other:?}")),
     }
 }
 
