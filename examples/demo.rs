@@ -12,6 +12,9 @@
 //!   receptionist's tool actor is stopped and awaited, the booking keeps running and
 //!   finishes under the concierge, whose deferred reply tells the user;
 //! - the mailbox trace: every message each actor handled, and which actors stopped.
+//!
+//! Each section of the output starts with one line of legend in parentheses saying how to
+//! read it.
 
 use std::sync::Arc;
 
@@ -107,6 +110,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let mut events = session.subscribe();
 
+    println!("conversation:");
+    legend("`user>` is this program's input, `receptionist>` or `concierge>` what that agent said, indented lines the demo's notes");
     println!("user> Book a table for two at 8pm.");
     session.run("Book a table for two at 8pm.").await?;
     println!("user> Can I ask the concierge about parking?");
@@ -131,16 +136,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     session.wait_for_settled().await;
 
     println!("\nchat context of {}:", session.current_agent().await?);
+    legend("what its model sees next; `call_1/update_1` and `call_1/finished` are the later results of the booking's call_1, each written as a call and its output under a derived id, because a provider accepts a tool output only right after its call");
     for item in session.chat_context().await?.items() {
         println!("  {}", describe(item));
     }
 
     let inspector = session.inspector().ok_or("inspection is on")?;
     println!("\nmailbox trace (seq  from -> to: message):");
+    legend("every message an actor handled, in order; `host` is this program; a tool run sending `ToolUpdate` to itself is its body's `ctx.update` arriving at its own actor, where the body runs");
     for r in inspector.traffic() {
         println!("  {:>3}  {} -> {}: {}", r.seq, r.from, r.to, r.kind);
     }
     println!("\nactors:");
+    legend("`tool/s1/<n>:<call id>` is the session's n-th tool run; the receptionist's activity, toolset and waitlist run stopped at the handoff, the booking run when it returned, and the session's `booking` toolset lives until the close");
     for id in inspector.actors() {
         let actor = inspector.actor(id.as_str())?;
         let state = if actor.stopped_at.is_some() {
@@ -152,9 +160,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     session.close().await?;
     println!("\nafter close, live actors: {:?}", inspector.live_actors());
-    println!("LLM requests: {}", llm.request_count());
+    let requests = llm.requests();
+    let deferred = requests
+        .iter()
+        .filter(|r| r.tool_choice == ToolChoice::None)
+        .count();
+    println!("LLM requests: {}", requests.len());
+    legend(&format!(
+        "{} for the turns and their tool steps, the transfer and the concierge's greeting; {deferred} deferred replies, requests with tools off that tell the user a background result",
+        requests.len() - deferred
+    ));
     engine.shutdown();
     Ok(())
+}
+
+/// One line of legend under a section heading.
+fn legend(text: &str) {
+    println!("  ({text})");
 }
 
 fn describe(item: &ChatItem) -> String {
@@ -165,6 +187,7 @@ fn describe(item: &ChatItem) -> String {
         ChatItem::AgentHandoff { from, to } => {
             format!("handoff {} -> {to}", from.as_deref().unwrap_or("-"))
         }
+        other => format!("{other:?}"),
     }
 }
 

@@ -125,6 +125,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ChatItem::AgentHandoff { from, to } => {
                     println!("    handoff {} -> {to}", from.as_deref().unwrap_or("-"))
                 }
+                other => println!("    {other:?}"),
             }
         }
     }

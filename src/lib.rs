@@ -7,22 +7,72 @@
 //!
 //! # Layout
 //!
-//! - [`Engine`] — where sessions run: its own actix threads from a `#[tokio::main]`
-//!   program, or the current arbiter inside `#[actix::test]`.
-//! - [`Session`] — the handle of one conversation: `run`, `update_agent`, `run_task`,
-//!   `close`, events, the mailbox [`Inspector`].
-//! - [`Agent`] — instructions, tools, an [`Llm`], hooks.
-//! - [`Tool`] / [`Toolset`] — typed arguments (serde + JSON schema), an async body with a
-//!   [`RunContext`] that can `update` the conversation while it keeps running.
+//! Every public type has one path. The types an agent program names are at the crate
+//! root; modules remain only where they group a family a user navigates as a whole:
+//!
+//! - The root: [`Engine`] (where sessions run), [`Session`] (one conversation: `run`,
+//!   `update_agent`, `run_task`, `say`, `close`, events, the mailbox [`Inspector`]),
+//!   [`Agent`] (instructions, tools, an [`Llm`], hooks), [`Tool`] / [`Toolset`] (typed
+//!   arguments with a JSON schema, an async body with a [`RunContext`] that can `update`
+//!   the conversation while it keeps running), the chat vocabulary ([`ChatContext`],
+//!   [`ChatItem`]), the model interface ([`Llm`], [`LlmRequest`], [`LlmChunk`]), events,
+//!   errors, speech handles and outputs.
+//! - [`prelude`] — `use switchboard::prelude::*;` brings what an agent program usually
+//!   names (the same items as at the root, not other ones).
+//! - [`prompts`] — the texts the engine writes into the conversation: [`prompts::Prompts`],
+//!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
+//!   Only a program that rewords them goes there.
 //! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
 //!   on by default) for OpenAI and compatible servers, and the call-id mapping any provider
 //!   adapter needs.
-//! - [`testing`] — [`testing::ScriptedLlm`] and recording I/O, for tests without network.
+//! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
+//!   turn, a gate, bounded waits on events: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
+//! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
 //! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
 //!
+//! # Runtimes
+//!
+//! switchboard runs on actix, which runs on tokio. Use one of three recipes:
+//!
+//! | where | entry point | engine | what you get |
+//! |---|---|---|---|
+//! | a host program (server, voice pipeline, CLI) | `#[tokio::main]`, any tokio runtime | [`Engine::start`] | the engine owns an actix system on its own threads (one per core) and spreads sessions over them; your program needs no actix |
+//! | a program already in an actix system (actix-web, `#[actix::main]`) | the system's | [`Engine::current`] | sessions run on the current arbiter, beside your actors |
+//! | tests | `#[switchboard::test]` | [`Engine::current`] | the session's actors run on the test's thread: a deterministic order, and `tokio::time::pause()` reaches them, so timeouts and grace periods pass at once in virtual time |
+//!
+//! `#[switchboard::test]` is actix's test attribute reached through this crate: a test
+//! needs no `actix` dependency (`#[actix::test]` is the same thing). Under a plain
+//! `#[tokio::test]`, [`Engine::current`] fails with [`SessionError::Engine`] (there is no
+//! actix system); [`Engine::start`] works there but runs the session on other threads,
+//! which paused time does not reach. Inside a test, spawn a turn with `tokio::spawn` or
+//! `actix::spawn`: both run it on the test's thread.
+//!
+//! ```
+//! use switchboard::prelude::*;
+//! use switchboard::testing::{Reply, ScriptedLlm};
+//!
+//! #[switchboard::test]
+//! async fn greets() {
+//!     tokio::time::pause(); // optional: virtual time for the session too
+//!     let session = Session::builder()
+//!         .llm(ScriptedLlm::new([Reply::text("Hello!")]))
+//!         .agent(Agent::builder("greeter").build().unwrap())
+//!         .start(&Engine::current().unwrap())
+//!         .await
+//!         .unwrap();
+//!     let result = session.run("hi").await.unwrap();
+//!     assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["Hello!"]);
+//!     session.close().await.unwrap();
+//! }
+//! # fn main() {}
+//! ```
+//!
 //! # Example
+//!
+//! A host program: an async tool answers the model at once with its first update and
+//! finishes in the background; the agent then tells the user.
 //!
 //! ```
 //! use switchboard::prelude::*;
@@ -31,7 +81,7 @@
 //! #[derive(serde::Deserialize, schemars::JsonSchema)]
 //! struct Order { item: String }
 //!
-//! #[actix::main]
+//! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let order = Tool::new("order", "Orders an item", |ctx: RunContext, args: Order| async move {
 //!         ctx.update(format!("ordering {}", args.item)).await?; // first update: the answer for now
@@ -43,10 +93,10 @@
 //!         Reply::text("Your tea is ordered."),
 //!     ]);
 //!     let agent = Agent::builder("barista").instructions("Take orders.").tool(order).build()?;
-//!     let engine = Engine::current()?;
+//!     let engine = Engine::start()?; // the engine's own actix threads
 //!     let session = Session::builder().llm(llm.clone()).agent(agent).start(&engine).await?;
 //!     session.run("a tea please").await?;
-//!     session.wait_for_inactive().await; // the deferred reply to `/finished` has run
+//!     session.wait_for_settled().await; // the tool finished and the deferred reply ran
 //!     let chat = session.chat_context().await?;
 //!     assert!(chat.output_of("call_1/finished").is_some());
 //!     assert_eq!(llm.request_count(), 3);
@@ -64,30 +114,42 @@ pub mod testing;
 /// and the engine depends on it already, so the versions always match.)
 pub use futures_util as futures;
 
-pub use switchboard_actors::{
-    agent, chat, control, error, error_policy, events, handoff, history, ids, inspector, llm,
-    output, prompts, run_context, speech, tool,
-};
+/// Runs an `async fn` test in an actix system on the test's thread, where
+/// [`Engine::current`] starts sessions and paused tokio time reaches them (see
+/// [Runtimes](crate#runtimes)). No `actix` dependency needed.
+pub use switchboard_macros::test;
+
+/// What `#[switchboard::test]` expands to refers to these; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use actix::System;
+    pub use actix_macros::test;
+}
+
+pub use switchboard_actors::prompts;
+
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AsyncRunContext,
-    BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, DuplicatePromptArgs,
-    Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext,
-    InspectError, Inspector, Journal, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
-    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, PromptArgs, Prompts,
-    Received, ReplyPromptArgs, RunContext, RunResult, SayOptions, Session, SessionAddress,
-    SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory, SessionId,
-    SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StopResponse,
-    TaskError, Template, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
+    BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DuplicatePolicy, Engine, ErrorPolicy,
+    ErrorRoute, FunctionCall, FunctionCallOutput, Handoff, HookContext, InspectError, Inspector,
+    Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs,
+    NullOutput, Playout, PlayoutReporter, Received, RunContext, RunResult, SayOptions, Session,
+    SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory,
+    SessionId, SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority,
+    StopResponse, TaskError, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
     ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
-    UpdateMessage, UpdatePromptArgs, UserState, CONFIRM_DUPLICATE_PARAM,
+    UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
 };
 
-/// The names an agent program usually needs: `use switchboard::prelude::*;`.
+/// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the
+/// crate-root item of the same name.
 pub mod prelude {
     pub use switchboard_actors::{
-        Agent, AgentState, ChatContext, ChatItem, ChatRole, DuplicatePolicy, Engine, ErrorPolicy,
-        ErrorRoute, Handoff, Inspector, Llm, NoArgs, RunContext, RunResult, SayOptions, Session,
-        SessionControl, SessionError, SessionEvent, SpeechHandle, SpeechOutcome, SpeechOutput,
-        StopResponse, Tool, ToolError, ToolFailure, ToolReturn, Toolset, UserState,
+        Agent, AgentState, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+        DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff, HookContext, Inspector, Llm,
+        NoArgs, Playout, PlayoutReporter, RunContext, RunResult, SayOptions, Session,
+        SessionControl, SessionError, SessionEvent, SpeechHandle, SpeechId, SpeechOutcome,
+        SpeechOutput, StopResponse, Tool, ToolError, ToolFailure, ToolReturn, Toolset,
+        TurnDecision, UserState,
     };
 }

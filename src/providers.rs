@@ -2,7 +2,7 @@
 //!
 //! - [`openai`] (cargo feature `openai`, on by default) — streaming chat completions against
 //!   OpenAI or any compatible server (vLLM, Ollama, Groq, LiteLLM).
-//! - [`CallIdMap`] — the call-id mapping of SPEC §12 that any provider adapter needs: the
+//! - [`CallIdMap`] — the call-id mapping that any provider adapter needs: the
 //!   chat context keeps canonical ids such as `call_1~2/update_3`, which most providers
 //!   refuse (`/`, `~`, more than 40 characters). Not behind a feature: a user who writes an
 //!   adapter for another provider maps ids the same way.

@@ -1,14 +1,21 @@
-//! Testing support: a scripted model and a recording speech output, for users' tests and
-//! for ours.
-//! No network, no key.
+//! Testing support, for users' tests and for ours: a scripted model, a recording speech
+//! output, fluent assertions on a turn, a gate to hold a tool, and bounded waits on
+//! session events. No network, no key, no sleeps.
+//!
+//! `docs/testing.md` ("Testing an agent") walks through all of it.
 
+pub mod event;
 mod expect;
+mod gate;
 mod output;
 mod scripted_llm;
+mod wait;
 
 pub use expect::{
     expect, EventAssert, ExpectError, FunctionCallAssert, HandoffAssert, MessageAssert,
     OutputAssert, RunExpect, RunResultExt,
 };
+pub use gate::Gate;
 pub use output::{ConsoleOutput, OutputCall, RecordedSpeech, RecordingOutput};
-pub use scripted_llm::{Reply, ScriptedLlm};
+pub use scripted_llm::{HeldRequest, Reply, ScriptedLlm};
+pub use wait::{next_event, EventMatcher, EventWaiter, WaitError};

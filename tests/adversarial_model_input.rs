@@ -89,7 +89,7 @@ async fn calls_in_a_reply_that_allows_no_tools_do_not_run_and_nothing_loops() {
 async fn a_model_call_id_forging_a_derived_id_stays_unique() {
     let runs = Arc::new(AtomicUsize::new(0));
     let llm = ScriptedLlm::new([
-        Reply::default().and_raw_tool_call("x", "progress", r#"{"q": "a"}"#),
+        Reply::raw_tool_call("x", "progress", r#"{"q": "a"}"#),
         Reply::text("Started."),
     ]);
     llm.otherwise(Reply::text("ok"));
@@ -109,8 +109,7 @@ async fn a_model_call_id_forging_a_derived_id_stays_unique() {
     // The model now sends the ids the engine derived, and `x` again.
     llm.on_request(
         llm.request_count(),
-        Reply::default()
-            .and_raw_tool_call("x/finished", "progress", r#"{"q": "b"}"#)
+        Reply::raw_tool_call("x/finished", "progress", r#"{"q": "b"}"#)
             .and_raw_tool_call("x", "progress", r#"{"q": "c"}"#)
             .and_raw_tool_call("x~2", "progress", r#"{"q": "d"}"#),
     );
@@ -175,9 +174,7 @@ async fn huge_or_malformed_arguments_are_refused_without_quoting_them() {
     let huge = format!("{{\"q\": \"{}", "A".repeat(10 * 1024 * 1024));
     let malformed = format!("{{\"q\": 12, \"junk\": \"{}", "B".repeat(40 * 1024));
     let llm = ScriptedLlm::new([
-        Reply::default()
-            .and_raw_tool_call("c1", "progress", huge)
-            .and_raw_tool_call("c2", "progress", malformed),
+        Reply::raw_tool_call("c1", "progress", huge).and_raw_tool_call("c2", "progress", malformed),
         Reply::text("Those arguments were bad."),
     ]);
     let session = Session::builder()

@@ -5,12 +5,10 @@
 
 mod common;
 
-use common::{
-    assert_invariant, call_ids, output, output_added, spawn_turn, wait_event, Gate, Query,
-};
+use common::{assert_invariant, call_ids, output, spawn_turn, wait_event, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{ChatContext, ToolChoice};
 
 async fn start(tool: Tool, llm: std::sync::Arc<ScriptedLlm>) -> Session {
@@ -76,7 +74,7 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     .await;
     // While "Searching now." plays, the tool sends two more updates and returns.
     gate.open();
-    wait_event(&mut events, output_added("call_1/finished")).await;
+    wait_on(&mut events, event::output_added("call_1/finished")).await;
     assert_eq!(llm.request_count(), 2, "no reply while the agent speaks");
     let speech = io.last_speech().unwrap();
     assert_eq!(speech.text, "Searching now.");
@@ -306,9 +304,9 @@ async fn a_repeated_provider_call_id_is_made_unique() {
         |_ctx: RunContext, args: Query| async move { Ok::<_, ToolFailure>(args.q) },
     );
     let llm = ScriptedLlm::new([
-        Reply::default().and_raw_tool_call("dup", "echo", r#"{"q":"1"}"#),
+        Reply::raw_tool_call("dup", "echo", r#"{"q":"1"}"#),
         Reply::text("one"),
-        Reply::default().and_raw_tool_call("dup", "echo", r#"{"q":"2"}"#),
+        Reply::raw_tool_call("dup", "echo", r#"{"q":"2"}"#),
         Reply::text("two"),
     ]);
     let session = start(tool, llm.clone()).await;

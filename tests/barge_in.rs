@@ -11,10 +11,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, output, spawn_turn, wait_event, Gate, Query};
+use common::{assert_invariant, output, spawn_turn, wait_event, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{OutputCall, RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, OutputCall, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::SpeechId;
 use tokio::sync::mpsc;
 use tokio::time::advance;
@@ -45,11 +45,7 @@ async fn handled(inspector: &Inspector, agent: &str, kind: &str, n: usize) {
 }
 
 async fn speech_created(events: &mut tokio::sync::broadcast::Receiver<SessionEvent>) -> SpeechId {
-    wait_event(events, |e| match e {
-        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
-        _ => None,
-    })
-    .await
+    wait_on(events, event::speech_created()).await.id()
 }
 
 fn said(chat: &ChatContext) -> Vec<(String, bool)> {
@@ -177,7 +173,7 @@ async fn a_barge_in_during_a_tool_step_cancels_or_backgrounds_the_calls_and_the_
 
     // The booking finishes while the user still speaks: its reply waits for them.
     booking_gate.open();
-    wait_event(&mut events, common::output_added("call_1/finished")).await;
+    wait_on(&mut events, event::output_added("call_1/finished")).await;
     assert_eq!(llm.request_count(), 1, "no reply while the user speaks");
     session.user_stopped_speaking();
     let reply = speech_created(&mut events).await;

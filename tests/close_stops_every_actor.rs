@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{assert_invariant, spawn_turn, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
 
 #[actix::test]
 async fn close_leaves_no_live_actor_and_gives_running_calls_their_outputs() {
@@ -106,7 +106,7 @@ async fn close_leaves_no_live_actor_and_gives_running_calls_their_outputs() {
 
 #[actix::test]
 async fn close_mid_step_answers_every_call_with_session_closed() {
-    let gate = common::Gate::new();
+    let gate = Gate::new();
     let g = gate.clone();
     let slow = Tool::new("slow", "Slow", move |_ctx: RunContext, _: Query| {
         let g = g.clone();

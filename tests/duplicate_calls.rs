@@ -201,7 +201,7 @@ async fn a_malformed_replace_call_cancels_nothing() {
     let llm = ScriptedLlm::new([
         Reply::tool_call("watch", json!({"q": "a"})),
         Reply::text("Started."),
-        Reply::default().and_raw_tool_call("bad", "watch", r#"{"query": 1}"#),
+        Reply::raw_tool_call("bad", "watch", r#"{"query": 1}"#),
     ]);
     llm.otherwise(Reply::text("OK."));
     let session = Session::builder()

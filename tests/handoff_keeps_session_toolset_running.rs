@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{assert_invariant, call_ids, output, output_added, wait_event, Gate, Query};
+use common::{assert_invariant, call_ids, output, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, Reply, ScriptedLlm};
 use switchboard::{NoArgs, ToolChoice};
 
 #[actix::test]
@@ -74,7 +74,7 @@ async fn a_session_tool_finishes_under_the_new_agent() {
     assert!(inspector.is_alive("toolset/s1/booking"));
 
     gate.open();
-    wait_event(&mut events, output_added("call_1/finished")).await;
+    wait_on(&mut events, event::output_added("call_1/finished")).await;
     session.wait_for_settled().await;
 
     let chat_b = session.chat_context().await.unwrap();

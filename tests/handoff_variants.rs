@@ -4,10 +4,10 @@
 
 mod common;
 
-use common::{assert_invariant, output, Gate, Query};
+use common::{assert_invariant, output, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
 use switchboard::NoArgs;
 
 #[actix::test]

@@ -7,10 +7,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, call_ids, spawn_turn, wait_event, wait_started, Gate, Log, Query};
+use common::{assert_invariant, call_ids, spawn_turn, wait_event, wait_started, Log, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{Gate, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{NoArgs, ToolChoice, UpdateError};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]

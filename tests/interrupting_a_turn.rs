@@ -10,11 +10,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_invariant, output, spawn_turn, wait_event, DropGuard, Gate, Log, Query};
+use common::{assert_invariant, output, spawn_turn, wait_event, DropGuard, Log, Query};
 use futures_util::{stream, StreamExt};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{Gate, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{LlmChunk, LlmRequest, LlmStream};
 use tokio::sync::mpsc;
 

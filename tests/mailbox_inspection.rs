@@ -6,11 +6,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Gate, Query};
+use common::Query;
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{InspectError, NoArgs};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
+use switchboard::{ActorId, InspectError, NoArgs};
 
 fn handoff_agents() -> (Agent, Agent) {
     let b = Agent::builder("agent-b").build().unwrap();
@@ -237,5 +237,160 @@ async fn without_inspection_there_is_no_journal() {
         .await
         .unwrap();
     assert!(session.inspector().is_none());
+    session.close().await.unwrap();
+}
+
+/// `booker` has a bare tool, an agent-scoped toolset and a handoff to `book` (a name that
+/// is a prefix of its own); the session has a background toolset.
+fn booking_agents() -> Agent {
+    let book = Agent::builder("book").build().unwrap();
+    let to_book = book.clone();
+    let transfer = Tool::new(
+        "transfer",
+        "Transfers",
+        move |_ctx: RunContext, _: NoArgs| {
+            let book = to_book.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(book)) }
+        },
+    );
+    let book_table = Tool::new(
+        "book_table",
+        "Books",
+        |_ctx: RunContext, q: Query| async move { Ok::<_, ToolFailure>(format!("booked {}", q.q)) },
+    );
+    let note = Tool::new("note", "Notes", |_ctx: RunContext, _: Query| async move {
+        Ok::<_, ToolFailure>("noted")
+    });
+    Agent::builder("booker")
+        .tool(book_table)
+        .tool(transfer)
+        .toolset(Toolset::new("extras").tool(note))
+        .build()
+        .unwrap()
+}
+
+fn background_job() -> Tool {
+    Tool::new(
+        "job",
+        "Background job",
+        |ctx: RunContext, _: Query| async move {
+            ctx.update("running").await?;
+            ctx.cancelled().await;
+            Ok::<_, ToolFailure>(())
+        },
+    )
+}
+
+#[actix::test]
+async fn inspector_finds_actors_by_agent_and_runs_by_tool_without_guessing_call_ids() {
+    // Eleven calls of book_table in one step (run numbers 1 to 11, so a text sort would put
+    // 10 before 2), one with the model's own odd call id; then a note and a background job.
+    let mut many = Reply::raw_tool_call("odd-id", "book_table", r#"{"q": "0"}"#);
+    for i in 1..=10 {
+        many = many.and_tool_call("book_table", json!({"q": i.to_string()}));
+    }
+    let llm = ScriptedLlm::new([
+        many,
+        Reply::tool_call("note", json!({"q": "n"})).and_tool_call("job", json!({"q": "j"})),
+        Reply::text("Done."),
+        Reply::tool_call("transfer", json!({})),
+    ]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(booking_agents())
+        .toolset(Toolset::new("jobs").tool(background_job()))
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    session.run("book it").await.unwrap();
+
+    let runs = inspector.runs_of_tool("book_table");
+    assert_eq!(runs.len(), 11);
+    assert_eq!(runs[0], "tool/s1/1:odd-id");
+    assert_eq!(runs[1], "tool/s1/2:call_1");
+    assert_eq!(runs[10], "tool/s1/11:call_10");
+    let note = inspector.runs_of_tool("note");
+    assert_eq!(note, ["tool/s1/12:call_11"]);
+    let job = &inspector.runs_of_tool("job")[0];
+    let snapshot = inspector.actor(job.as_str()).unwrap();
+    assert_eq!(snapshot.tool.as_deref(), Some("job"));
+    assert_eq!(snapshot.agent.as_deref(), Some("booker"));
+    assert!(inspector.runs_of_tool("nothing").is_empty());
+
+    session.run("transfer me").await.unwrap();
+    let booker = inspector.actors_of_agent("booker");
+    for id in [
+        "activity/s1/booker#1",
+        "toolset/s1/booker#1/tools",
+        "toolset/s1/booker#1/extras",
+        "tool/s1/1:odd-id",
+        "tool/s1/12:call_11",
+        job.as_str(),
+    ] {
+        assert!(booker.iter().any(|b| b == id), "{id} in {booker:?}");
+    }
+    assert!(!booker.iter().any(|id| id.as_str().contains("/book#")));
+    assert!(!booker.iter().any(|id| id == "toolset/s1/jobs"));
+    // The session's background job outlives booker's activity; nothing else of it lives.
+    let live: Vec<&ActorId> = booker
+        .iter()
+        .filter(|id| inspector.is_alive(id.as_str()))
+        .collect();
+    assert_eq!(live, [job]);
+    assert_eq!(inspector.actors_of_agent("book"), ["activity/s1/book#1"]);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn wait_for_start_waits_for_an_actor_and_says_which_ones_exist_when_none_comes() {
+    tokio::time::pause();
+    let gate = Gate::new();
+    let g = gate.clone();
+    let slow = Tool::new("slow", "Slow", move |_ctx: RunContext, _: Query| {
+        let g = g.clone();
+        async move {
+            g.wait().await;
+            Ok::<_, ToolFailure>("done")
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("slow", json!({"q": "x"})),
+        Reply::text("Done."),
+    ]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(Agent::builder("agent-a").tool(slow).build().unwrap())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let s = session.clone();
+    let turn = actix::spawn(async move { s.run("go").await });
+    inspector
+        .wait_for_start("tool/s1/1:call_1", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(inspector.is_alive("tool/s1/1:call_1"));
+    // Already started: at once, also once it has stopped.
+    gate.open();
+    turn.await.unwrap().unwrap();
+    inspector
+        .wait_for_start("tool/s1/1:call_1", Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    let err = inspector
+        .wait_for_start("activity/s1/agent-b#1", Duration::from_secs(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, InspectError::NotStarted { id, .. } if id == "activity/s1/agent-b#1"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("did not start within 1s"), "{err}");
+    assert!(err.to_string().contains("activity/s1/agent-a#1"), "{err}");
     session.close().await.unwrap();
 }

@@ -13,12 +13,12 @@ mod openai_server;
 
 use std::sync::Arc;
 
-use common::{assert_invariant, call_ids, output, output_added, wait_event, Gate};
+use common::{assert_invariant, call_ids, output, wait_event, wait_on};
 use openai_server::{reply, FakeOpenAi};
 use serde_json::Value;
 use switchboard::prelude::*;
 use switchboard::providers::openai::OpenAiLlm;
-use switchboard::testing::RecordingOutput;
+use switchboard::testing::{event, Gate, RecordingOutput};
 use switchboard::NoArgs;
 
 /// A 35-character id, as some compatible servers write them: with `/update_1` it is too
@@ -125,7 +125,7 @@ async fn a_conversation_with_updates_and_a_handoff_runs_against_the_real_wire_fo
     // The second update arrives later: `/update_1` and a deferred reply without tools.
     found.open();
     let update_1 = Box::leak(format!("{BOOK_ID}/update_1").into_boxed_str());
-    wait_event(&mut events, output_added(update_1)).await;
+    wait_on(&mut events, event::output_added(update_1)).await;
     server.wait_for_requests(3).await;
     session.wait_for_inactive().await;
     let deferred = &server.requests()[2].body;

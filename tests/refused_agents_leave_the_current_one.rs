@@ -172,3 +172,20 @@ async fn completing_a_task_outside_a_sub_task_is_an_error_output_and_the_agent_s
     assert_eq!(session.current_agent().await.unwrap(), "main");
     session.close().await.unwrap();
 }
+
+#[actix::test]
+async fn a_clash_with_the_session_names_the_agent_that_owns_the_toolset() {
+    let llm = ScriptedLlm::new([]);
+    let session = session_with(llm, Agent::builder("front").build().unwrap()).await;
+    let concierge = Agent::builder("concierge")
+        .toolset(Toolset::new("booking").tool(lookup()))
+        .build()
+        .unwrap();
+    let error = session.update_agent(concierge).await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "tool name \"lookup\" is used twice: by toolset booking of agent concierge and by \
+         session toolset shared"
+    );
+    session.close().await.unwrap();
+}

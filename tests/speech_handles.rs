@@ -8,10 +8,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_invariant, output, spawn_turn, wait_event, Gate, Query};
+use common::{assert_invariant, output, spawn_turn, wait_event, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{OutputCall, RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, OutputCall, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{SpeechId, SpeechPriority};
 use tokio::sync::mpsc;
 use tokio::time::advance;
@@ -36,11 +36,7 @@ async fn session_with(
 async fn speech_created(
     events: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
 ) -> SpeechHandle {
-    wait_event(events, |e| match e {
-        SessionEvent::SpeechCreated { speech, .. } => Some(speech.clone()),
-        _ => None,
-    })
-    .await
+    wait_on(events, event::speech_created()).await
 }
 
 fn messages(chat: &ChatContext) -> Vec<(String, Option<SpeechId>, bool)> {
@@ -249,21 +245,11 @@ async fn reports_come_for_any_speech_at_any_time_and_cut_only_their_own_message(
 async fn a_report_that_comes_while_the_text_still_streams_applies_when_it_ends() {
     let out = RecordingOutput::manual_playout();
     let gate = Gate::new();
-    struct Slow(Gate);
-    impl Llm for Slow {
-        fn chat(&self, _request: switchboard::LlmRequest) -> switchboard::LlmStream {
-            use futures_util::StreamExt;
-            let gate = self.0.clone();
-            futures_util::stream::iter([Ok(switchboard::LlmChunk::Text("Hello there, ".into()))])
-                .chain(futures_util::stream::once(async move {
-                    gate.wait().await;
-                    Ok(switchboard::LlmChunk::Text("how are you?".into()))
-                }))
-                .boxed()
-        }
-    }
+    let llm = ScriptedLlm::new([Reply::text("Hello there, ")
+        .and_wait(&gate)
+        .and_text("how are you?")]);
     let session = Session::builder()
-        .llm(std::sync::Arc::new(Slow(gate.clone())))
+        .llm(llm)
         .agent(Agent::builder("agent").build().unwrap())
         .output(out.clone())
         .start(&Engine::current().unwrap())
@@ -361,7 +347,7 @@ async fn a_tool_can_hold_interruptions_off_while_it_runs() {
         refused.output
     );
     gate.open();
-    wait_event(&mut events, common::output_added("call_1/finished")).await;
+    wait_on(&mut events, event::output_added("call_1/finished")).await;
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1/finished"), "charged");
     assert_invariant(&chat);

@@ -1,10 +1,10 @@
 //! The companion of `docs/testing.md` ("Testing an agent"): the guide's examples, as
 //! tests that compile and pass. Copy this file into your own crate's `tests/` as a
-//! starting point: it needs `switchboard`, `actix`, `tokio` (features `sync`, `time`,
-//! `test-util`), `serde`, `serde_json` and `schemars` as dev-dependencies.
+//! starting point: it needs `switchboard`, `tokio` (features `rt`, `time`, `test-util`),
+//! `serde`, `serde_json` and `schemars` as dev-dependencies.
 //!
 //! No network, no key, no sleeps: the model is a [`ScriptedLlm`], and a test waits for
-//! what it needs (a gate it opens, an event, `wait_for_settled`), never for a duration.
+//! what it needs (a [`Gate`] it opens, an event, `wait_for_settled`), never for a duration.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,61 +13,10 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchboard::prelude::*;
-use switchboard::testing::{RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm};
-use switchboard::{SpeechId, ToolChoice};
-use tokio::sync::{broadcast, watch};
-
-// ---- helpers a test suite usually has ---------------------------------------------
-
-/// A gate the test opens to let a tool body go on: explicit synchronisation, no sleeps.
-#[derive(Clone)]
-struct Gate(Arc<watch::Sender<bool>>);
-
-impl Gate {
-    fn new() -> Self {
-        Self(Arc::new(watch::channel(false).0))
-    }
-
-    fn open(&self) {
-        self.0.send_replace(true);
-    }
-
-    async fn wait(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|open| *open).await;
-    }
-}
-
-/// Waits for the first session event `pick` returns `Some` for (at most 5 s, so a test
-/// that waits for an event that never comes fails instead of hanging).
-async fn next_event<T>(
-    events: &mut broadcast::Receiver<SessionEvent>,
-    mut pick: impl FnMut(&SessionEvent) -> Option<T>,
-) -> T {
-    let wait = async {
-        loop {
-            match events.recv().await {
-                Ok(event) => {
-                    if let Some(found) = pick(&event) {
-                        return found;
-                    }
-                }
-                Err(error) => panic!("event stream: {error}"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), wait)
-        .await
-        .expect("the awaited event did not come")
-}
-
-/// Picks the id of a new speech.
-fn speech_created(event: &SessionEvent) -> Option<SpeechId> {
-    match event {
-        SessionEvent::SpeechCreated { speech, .. } => Some(speech.id()),
-        _ => None,
-    }
-}
+use switchboard::testing::{
+    event, EventWaiter, Gate, RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm,
+};
+use switchboard::ToolChoice;
 
 // ---- the tools of the examples -----------------------------------------------------
 
@@ -137,7 +86,7 @@ fn search_flights(gate: Gate) -> Tool {
 
 // ---- the tests ---------------------------------------------------------------------
 
-#[actix::test]
+#[switchboard::test]
 async fn a_tool_turn_with_the_scripted_llm_and_fluent_assertions() {
     let llm = ScriptedLlm::new([
         Reply::tool_call("get_weather", json!({"city": "Paris"})),
@@ -194,14 +143,13 @@ async fn a_tool_turn_with_the_scripted_llm_and_fluent_assertions() {
     );
     // The second request has the tool's output in view.
     RunExpect::from_items(requests[1].chat.items())
-        .contains_function_call_output()
-        .for_call("call_1")
+        .contains_function_call_output_for("call_1")
         .with_output("sunny in Paris");
     assert_eq!(llm.remaining(), 0, "every scripted reply was used");
     session.close().await.unwrap();
 }
 
-#[actix::test]
+#[switchboard::test]
 async fn the_scripted_llm_answers_by_index_by_rule_or_otherwise() {
     let llm = ScriptedLlm::new([Reply::text("Welcome!")]);
     llm.when_user_says("opening hours", Reply::text("We open at 9."));
@@ -253,7 +201,7 @@ async fn the_scripted_llm_answers_by_index_by_rule_or_otherwise() {
     session.close().await.unwrap();
 }
 
-#[actix::test]
+#[switchboard::test]
 async fn a_mock_tool_replaces_the_body_in_one_session_only() {
     let real_runs = Arc::new(AtomicUsize::new(0));
     let engine = Engine::current().unwrap();
@@ -281,7 +229,8 @@ async fn a_mock_tool_replaces_the_body_in_one_session_only() {
     let result = mocked.run("a table for four").await.unwrap();
     result
         .expect()
-        .contains_function_call_output()
+        .contains_function_call("book_table")
+        .has_output()
         .with_output("mock booking for 4");
     // The model saw the real tool's schema.
     assert_eq!(
@@ -300,13 +249,14 @@ async fn a_mock_tool_replaces_the_body_in_one_session_only() {
     let result = real.run("a table for four").await.unwrap();
     result
         .expect()
-        .contains_function_call_output()
+        .contains_function_call("book_table")
+        .has_output()
         .with_output("real booking for 4");
     real.close().await.unwrap();
     assert_eq!(real_runs.load(Ordering::SeqCst), 1, "only the unmocked run");
 }
 
-#[actix::test]
+#[switchboard::test]
 async fn an_async_tool_finishes_in_the_background() {
     let gate = Gate::new();
     let llm = ScriptedLlm::new([
@@ -332,7 +282,7 @@ async fn an_async_tool_finishes_in_the_background() {
     // The first update was the call's output; the tool still runs.
     result
         .expect()
-        .contains_function_call_output()
+        .contains_function_call_output_for("call_1")
         .with_output("Update from search_flights: searching flights to Oslo");
     assert_eq!(llm.request_count(), 2);
 
@@ -364,7 +314,34 @@ async fn an_async_tool_finishes_in_the_background() {
     session.close().await.unwrap();
 }
 
-#[actix::test]
+#[switchboard::test]
+async fn a_held_request_lets_the_test_act_while_the_model_thinks() {
+    let llm = ScriptedLlm::new([Reply::text("Your balance is 12 euros.")]);
+    let held = llm.hold(0); // the first request streams only once released
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("agent-a").build().unwrap())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let s = session.clone();
+    let turn = tokio::spawn(async move { s.run("what is my balance?").await });
+
+    let request = held.requested(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        request.chat.items().last().and_then(ChatItem::text),
+        Some("what is my balance?")
+    );
+    assert_eq!(session.agent_state(), AgentState::Thinking);
+    // The user gives up while the model thinks: the request is dropped, nothing was said.
+    session.interrupt().await.unwrap();
+    let result = turn.await.unwrap().unwrap();
+    assert!(result.interrupted);
+    assert_eq!(result.assistant_messages().count(), 0);
+    session.close().await.unwrap();
+}
+
+#[switchboard::test]
 async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     let gate = Gate::new();
     let llm = ScriptedLlm::new([
@@ -384,23 +361,19 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
-    let mut events = session.subscribe();
+    let mut events = EventWaiter::new(&session); // subscribe before acting
 
     // The turn ends when its last speech has played out, so it runs in a task.
     let s = session.clone();
-    let turn = actix::spawn(async move { s.run("flights to Oslo?").await });
-    let speech = next_event(&mut events, speech_created).await;
+    let turn = tokio::spawn(async move { s.run("flights to Oslo?").await });
+    let speech = events.next(event::speech_created()).await.unwrap().id();
 
     // While "Searching now." plays, the tool returns: its result waits for the playout.
     gate.open();
-    next_event(&mut events, |event| match event {
-        SessionEvent::ConversationItemAdded {
-            item: ChatItem::FunctionCallOutput(output),
-            ..
-        } if output.call_id == "call_1/finished" => Some(()),
-        _ => None,
-    })
-    .await;
+    events
+        .next(event::output_added("call_1/finished"))
+        .await
+        .unwrap();
     assert_eq!(llm.request_count(), 2, "no reply while the agent speaks");
     let spoken = out.last_speech().unwrap();
     assert_eq!(
@@ -411,7 +384,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     out.played_out(speech);
     turn.await.unwrap().unwrap();
     // Right after the playout, the deferred reply: a second speech.
-    let reply = next_event(&mut events, speech_created).await;
+    let reply = events.next(event::speech_created()).await.unwrap().id();
     assert_eq!(out.last_speech().unwrap().text, "I found 3 flights.");
     out.played_out(reply);
     session.wait_for_settled().await;
@@ -427,7 +400,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     session.close().await.unwrap();
 }
 
-#[actix::test]
+#[switchboard::test]
 async fn a_handoff_stops_the_old_agents_tool_runs() {
     // Paused time reaches the session's actors (they run on this test's arbiter): the
     // 2 s grace period below passes at once, and `elapsed()` measures it.
@@ -474,6 +447,8 @@ async fn a_handoff_stops_the_old_agents_tool_runs() {
     let inspector = session.inspector().unwrap();
 
     session.run("watch the door").await.unwrap();
+    // A run's id holds the model's call id; find it by its tool instead of guessing.
+    assert_eq!(inspector.runs_of_tool("watch_door"), ["tool/s1/1:call_1"]);
     assert_eq!(
         inspector.live_actors(),
         [
@@ -487,7 +462,7 @@ async fn a_handoff_stops_the_old_agents_tool_runs() {
 
     let started = tokio::time::Instant::now();
     let s = session.clone();
-    let turn = actix::spawn(async move { s.run("transfer me").await });
+    let turn = tokio::spawn(async move { s.run("transfer me").await });
     // The run is told to stop, but ignores it: alive until the grace period ends.
     inspector
         .wait_for("tool/s1/1:call_1", "StopRun", Duration::from_secs(5))
@@ -506,6 +481,10 @@ async fn a_handoff_stops_the_old_agents_tool_runs() {
         .assert_stopped("toolset/s1/agent-a#1/tools")
         .unwrap();
     inspector.assert_stopped("activity/s1/agent-a#1").unwrap();
+    assert!(inspector
+        .actors_of_agent("agent-a")
+        .iter()
+        .all(|id| !inspector.is_alive(id.as_str())));
     // The session-scoped toolset survives the handoff.
     assert_eq!(
         inspector.live_actors(),

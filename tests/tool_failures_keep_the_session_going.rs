@@ -11,7 +11,7 @@ use std::sync::Arc;
 use common::{assert_invariant, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
 
 async fn session_with(tool: Tool, llm: Arc<ScriptedLlm>) -> Session {
     Session::builder()
@@ -71,9 +71,11 @@ async fn an_unknown_tool_gets_an_error_output_naming_the_tools() {
 async fn arguments_that_do_not_parse_never_run_the_body() {
     let runs = Arc::new(AtomicUsize::new(0));
     let llm = ScriptedLlm::new([
-        Reply::default()
-            .and_raw_tool_call("c1", "lookup", r#"{"query": "x"}"#)
-            .and_raw_tool_call("c2", "lookup", "{not json"),
+        Reply::raw_tool_call("c1", "lookup", r#"{"query": "x"}"#).and_raw_tool_call(
+            "c2",
+            "lookup",
+            "{not json",
+        ),
         Reply::text("Sorry, retrying."),
     ]);
     let session = session_with(counting_tool(runs.clone()), llm).await;
@@ -256,7 +258,7 @@ fn tool_name_clashes_are_build_errors_naming_both_owners() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        r#"tool name "lookup" is used twice: by agent agent-a and by toolset extra"#
+        r#"tool name "lookup" is used twice: by agent agent-a and by toolset extra of agent agent-a"#
     );
 }
 
@@ -283,7 +285,7 @@ async fn a_clash_with_a_session_toolset_fails_when_the_activity_starts() {
 
 #[actix::test]
 async fn a_propagated_error_after_an_update_emits_an_error_event_and_a_finished_output() {
-    let gate = common::Gate::new();
+    let gate = Gate::new();
     let g = gate.clone();
     let load = Tool::new("load", "Loads", move |ctx: RunContext, _: Query| {
         let g = g.clone();

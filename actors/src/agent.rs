@@ -144,15 +144,15 @@ impl Agent {
     /// The tool names this agent brings (bare tools and agent-scoped toolsets) with where
     /// each comes from.
     pub(crate) fn tool_owners(&self) -> impl Iterator<Item = (&str, String)> {
-        let agent = self.def.name.clone();
+        let agent = &self.def.name;
         self.def
             .tools
             .iter()
             .map(move |t| (t.name(), format!("agent {agent}")))
-            .chain(self.def.toolsets.iter().flat_map(|ts| {
+            .chain(self.def.toolsets.iter().flat_map(move |ts| {
                 ts.tools
                     .iter()
-                    .map(move |t| (t.name(), format!("toolset {}", ts.name)))
+                    .map(move |t| (t.name(), format!("toolset {} of agent {agent}", ts.name)))
             }))
     }
 }

@@ -1,6 +1,6 @@
 //! The chat context: what an agent has said and heard, in provider order.
 //!
-//! Invariant (SPEC §2): every [`FunctionCall`] item has exactly one
+//! Invariant: every [`FunctionCall`] item has exactly one
 //! [`FunctionCallOutput`] with the same `call_id`, after it, whatever happens.
 //! [`ChatContext::check_invariant`] states it as code so tests can assert it.
 
@@ -67,6 +67,7 @@ pub struct FunctionCallOutput {
 /// One item of a chat context.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ChatItem {
     /// A message.
     Message(ChatMessage),
@@ -258,8 +259,9 @@ impl ChatContext {
         self.outputs().find(|o| o.call_id == call_id)
     }
 
-    /// Checks SPEC §2: every function call has exactly one output with its call id, after
-    /// it, and no output lacks its call. Returns a description of the first breach.
+    /// Checks the chat-context invariant: every function call has exactly one output with
+    /// its call id, after it, and no output lacks its call (providers reject a context
+    /// that breaks it). Returns a description of the first breach.
     pub fn check_invariant(&self) -> Result<(), String> {
         let mut open: HashMap<&str, usize> = HashMap::new();
         let mut answered: HashMap<&str, usize> = HashMap::new();

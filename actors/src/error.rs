@@ -33,8 +33,9 @@ pub enum SessionError {
     /// The model failed during the turn.
     #[error(transparent)]
     Llm(#[from] crate::llm::LlmError),
-    /// A tool failed with an error whose route is `propagate` (SPEC §7); the session is
-    /// still up.
+    /// A tool failed with an error whose route is `propagate` (see `ErrorPolicy`): the
+    /// call got an error output, an error event was sent, and the turn fails; the session
+    /// is still up.
     #[error("tool {tool} failed: {message}")]
     ToolFailed {
         /// The tool's name.
@@ -51,13 +52,15 @@ pub enum SessionError {
 
 /// Errors found when an agent, toolset or session is built or an activity starts.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum BuildError {
     /// Two tools an activity would see have the same name.
     #[error("tool name {name:?} is used twice: by {first} and by {second}")]
     DuplicateToolName {
         /// The clashing name.
         name: String,
-        /// Where the first tool comes from (`agent booker`, `toolset booking`, …).
+        /// Where the first tool comes from: `agent booker` (its bare tools),
+        /// `toolset booking of agent booker`, `session toolset booking`, `companion tools`.
         first: String,
         /// Where the second one comes from.
         second: String,
@@ -109,6 +112,7 @@ pub enum SpeechError {
 
 /// Why `ctx.update(..)` failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum UpdateError {
     /// The run already returned, was cancelled, or was stopped with its scope.
     #[error("the tool run {call_id} has ended; its updates go nowhere")]

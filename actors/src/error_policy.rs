@@ -1,6 +1,11 @@
-//! Which tool errors the model sees (SPEC §7), after the AutoGen discussion in the seeds:
-//! the *caller* of a tool (session, agent) decides how its errors are routed, and a tool
-//! may narrow it.
+//! Which tool errors the model sees. A `ToolError` always reaches the model as an error
+//! output; any other error (a user error type, a panic) is routed by an [`ErrorPolicy`]:
+//! **show** (its text goes to the model), **hide** (the model sees
+//! `Error: internal error in <tool>`, the details go to the log) or **propagate** (an error
+//! event, and the turn fails with `SessionError::ToolFailed`; the session stays up). The
+//! *caller* of a tool (session, agent) decides how its errors are routed, and a tool may
+//! narrow it: rules are consulted tool → agent → session, the first that matches decides,
+//! and the default is hide. Panics are never shown.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -8,6 +13,7 @@ use std::sync::Arc;
 
 /// Where an unexpected tool error goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorRoute {
     /// The error's text goes to the model as an error output.
     Show,

@@ -10,6 +10,7 @@ use crate::speech::SpeechHandle;
 
 /// What the user is doing, as the host's input says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UserState {
     /// Speaking (between `user_started_speaking` and `user_stopped_speaking`).
     Speaking,
@@ -22,6 +23,7 @@ pub enum UserState {
 
 /// What the agent is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AgentState {
     /// The activity is starting (`on_enter` runs).
     #[default]

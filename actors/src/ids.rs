@@ -1,6 +1,6 @@
 //! Identifiers: sessions, actors and tool runs.
 //!
-//! Actor ids are strings a person can read in a test failure (SPEC §12):
+//! Actor ids are strings a person can read in a test failure:
 //! `session/s1`, `activity/s1/agent-a#2`, `toolset/s1/booking`,
 //! `toolset/s1/agent-a#2/tools`, `tool/s1/7:call_3`. They are unique for the life of
 //! the engine: activities carry their generation and tool runs a per-session sequence
@@ -17,7 +17,7 @@ pub struct ActorId(Arc<str>);
 
 impl ActorId {
     /// Wraps a string as an actor id.
-    pub fn new(id: impl Into<Arc<str>>) -> Self {
+    pub(crate) fn new(id: impl Into<Arc<str>>) -> Self {
         Self(id.into())
     }
 
@@ -27,7 +27,7 @@ impl ActorId {
     }
 
     /// The id that stands for the host program (code outside the engine) as a sender.
-    pub fn host() -> Self {
+    pub(crate) fn host() -> Self {
         Self::new("host")
     }
 

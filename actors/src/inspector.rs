@@ -1,5 +1,5 @@
-//! `Inspector`: a test's (or debugging host's) view of a session's actor mailboxes
-//! (SPEC §9).
+//! `Inspector`: a test's (or debugging host's) view of a session's actor mailboxes: which
+//! actors live, what each handled, how many messages wait for each.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use crate::mailbox::{ActorSnapshot, Journal, Received};
 
 /// Why an inspection check failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum InspectError {
     /// No actor with this id was ever seen in the session.
     #[error("no actor {id} in this session; actors seen: {known}")]
@@ -24,6 +25,16 @@ pub enum InspectError {
     StillAlive {
         /// The actor.
         id: String,
+    },
+    /// The awaited actor did not start in time.
+    #[error("actor {id} did not start within {timeout:?}; actors seen: {known}")]
+    NotStarted {
+        /// The actor.
+        id: String,
+        /// How long we waited.
+        timeout: Duration,
+        /// The ids the journal knows.
+        known: String,
     },
     /// The awaited message did not arrive in time.
     #[error("actor {id} received no {kind} within {timeout:?}; it received: {received}")]
@@ -67,6 +78,78 @@ impl Inspector {
     /// Every actor the session ever had, alive or stopped, sorted.
     pub fn actors(&self) -> Vec<ActorId> {
         self.journal.actors()
+    }
+
+    /// The actors that work for the agent named `agent`, alive or stopped, sorted: its
+    /// activities (`activity/s1/<agent>#<n>`, one per activation), their agent-scoped
+    /// toolsets (`toolset/s1/<agent>#<n>/<toolset>`, where `tools` holds its bare tools),
+    /// and the tool runs its model started, including runs of session-scoped toolsets,
+    /// which can outlive its activity. Keep the live ones with [`Inspector::is_alive`].
+    ///
+    /// ```
+    /// # use switchboard_actors::*;
+    /// # fn check(inspector: &Inspector) {
+    /// let live: Vec<ActorId> = inspector
+    ///     .actors_of_agent("booker")
+    ///     .into_iter()
+    ///     .filter(|id| inspector.is_alive(id.as_str()))
+    ///     .collect();
+    /// # }
+    /// ```
+    pub fn actors_of_agent(&self, agent: &str) -> Vec<ActorId> {
+        let activity = format!("activity/{}/{agent}#", self.session);
+        let toolset = format!("toolset/{}/{agent}#", self.session);
+        let mut found: Vec<ActorId> = self
+            .journal
+            .actors()
+            .into_iter()
+            .filter(|id| {
+                let id = id.as_str();
+                // The generation must follow the name, so `book` does not match `booker#1`.
+                let generation_then = |rest: &str, tail: fn(&str) -> bool| {
+                    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+                    digits > 0 && tail(&rest[digits..])
+                };
+                id.strip_prefix(&activity)
+                    .is_some_and(|rest| generation_then(rest, str::is_empty))
+                    || id
+                        .strip_prefix(&toolset)
+                        .is_some_and(|rest| generation_then(rest, |tail| tail.starts_with('/')))
+            })
+            .collect();
+        found.extend(
+            self.journal
+                .runs()
+                .into_iter()
+                .filter(|(_, _, caller)| &**caller == agent)
+                .map(|(id, _, _)| id),
+        );
+        found.sort();
+        found
+    }
+
+    /// The runs of the tool named `tool`, alive or stopped, in the order the calls started.
+    /// A run's id is `tool/s1/<n>:<call id>`, where `<n>` counts the session's runs and the
+    /// call id is the model's: this finds a run without guessing either.
+    pub fn runs_of_tool(&self, tool: &str) -> Vec<ActorId> {
+        let mut runs: Vec<(u64, ActorId)> = self
+            .journal
+            .runs()
+            .into_iter()
+            .filter(|(_, name, _)| &**name == tool)
+            .map(|(id, _, _)| (self.run_number(&id), id))
+            .collect();
+        runs.sort();
+        runs.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// The `<n>` of a run id `tool/s1/<n>:<call id>`.
+    fn run_number(&self, id: &ActorId) -> u64 {
+        id.as_str()
+            .strip_prefix(&format!("tool/{}/", self.session))
+            .and_then(|rest| rest.split_once(':'))
+            .and_then(|(n, _)| n.parse().ok())
+            .unwrap_or(u64::MAX)
     }
 
     /// Whether an actor is alive now.
@@ -177,6 +260,29 @@ impl Inspector {
         }
     }
 
+    /// Waits until the actor `id` has started (returns at once if it already has, even if
+    /// it has stopped since), for at most `timeout`. An actor starts when its parent
+    /// creates it; to wait until it has also handled its first message, use
+    /// [`Inspector::wait_for`] with that message's kind (an activity's is `StartActivity`).
+    pub async fn wait_for_start(&self, id: &str, timeout: Duration) -> Result<(), InspectError> {
+        let wait = async {
+            loop {
+                let notified = self.journal.notified();
+                if self.journal.snapshot(id).is_some() {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| InspectError::NotStarted {
+                id: id.to_owned(),
+                timeout,
+                known: self.known(),
+            })
+    }
+
     /// Waits until the actor `id` has stopped, for at most `timeout`.
     pub async fn wait_until_stopped(
         &self,
@@ -267,13 +373,17 @@ impl Inspector {
     fn unknown(&self, id: &str) -> InspectError {
         InspectError::UnknownActor {
             id: id.to_owned(),
-            known: self
-                .journal
-                .actors()
-                .iter()
-                .map(ActorId::to_string)
-                .collect::<Vec<_>>()
-                .join(", "),
+            known: self.known(),
         }
+    }
+
+    /// The ids the journal knows, for error messages.
+    fn known(&self) -> String {
+        self.journal
+            .actors()
+            .iter()
+            .map(ActorId::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }

@@ -18,7 +18,7 @@
 //!
 //! Vocabulary: [`chat`], [`llm`], [`tool`], [`agent`], [`events`], [`output`], [`speech`]. Handles given
 //! to user code: [`Session`] and [`RunContext`]. Inspection: [`Inspector`] over the
-//! per-session [`Journal`] kept by the counted mailboxes in `mailbox`.
+//! per-session journal kept by the counted mailboxes in `mailbox`.
 //!
 //! # Example
 //!
@@ -93,7 +93,7 @@ pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
     ToolCallChunk, ToolChoice, ToolSchema,
 };
-pub use mailbox::{ActorSnapshot, Journal, Received};
+pub use mailbox::{ActorSnapshot, Received};
 pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,

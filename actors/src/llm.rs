@@ -87,6 +87,7 @@ pub struct LlmUsage {
 
 /// Which wait of an LLM request ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TimeoutStage {
     /// Opening the connection and getting the response headers.
     Connect,
@@ -106,7 +107,7 @@ impl fmt::Display for TimeoutStage {
     }
 }
 
-/// How long the engine waits on a model (SPEC §2a): a request whose first chunk does not
+/// How long the engine waits on a model: a request whose first chunk does not
 /// come within `first_chunk`, or whose next chunk does not come within `between_chunks`,
 /// fails the turn with [`LlmError::Timeout`] and an error event. Set on the session
 /// (`SessionBuilder::llm_timeouts`) or an agent (`AgentBuilder::llm_timeouts`).

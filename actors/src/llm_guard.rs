@@ -1,5 +1,5 @@
 //! An LLM request as the engine consumes it: bounded in time and unable to take the
-//! activity down (SPEC §2a).
+//! activity down.
 //!
 //! [`open`] starts a request and wraps its stream: the first chunk must come within
 //! `first_chunk`, each next one within `between_chunks`, or the stream yields

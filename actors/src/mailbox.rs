@@ -1,4 +1,5 @@
-//! The mailbox probe: counted addresses and the per-session journal (SPEC §9).
+//! The mailbox probe: counted addresses and the per-session journal that the
+//! `Inspector` reads.
 //!
 //! actix 0.13 does not say how many messages wait in a mailbox, so the engine counts
 //! them itself. Every send inside the engine goes through [`Mailbox`], which adds one to
@@ -41,6 +42,7 @@ pub struct Received {
 
 /// What the journal knows of one actor.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ActorSnapshot {
     /// The actor's id.
     pub id: ActorId,
@@ -54,6 +56,11 @@ pub struct ActorSnapshot {
     pub received: Vec<Received>,
     /// How many older messages the ring buffer dropped.
     pub overwritten: u64,
+    /// For a tool run: the name of the tool it runs (its id names only the call).
+    pub tool: Option<String>,
+    /// For a tool run: the agent whose model made the call (a run of a session-scoped
+    /// toolset can outlive that agent's activity).
+    pub agent: Option<String>,
 }
 
 /// The probe of one actor: its queue count and, when inspecting, its journal entry.
@@ -65,12 +72,41 @@ pub(crate) struct Probe {
     record: Option<Arc<ActorRecord>>,
 }
 
+/// What the journal records of a tool run beyond its id: the tool and the calling agent.
+#[derive(Debug)]
+struct RunLabel {
+    tool: Arc<str>,
+    agent: Arc<str>,
+}
+
 impl Probe {
     pub(crate) fn new(id: ActorId, journal: Option<Arc<Journal>>) -> Arc<Self> {
+        Self::labeled(id, journal, None)
+    }
+
+    /// The probe of a tool run: the journal also records the tool's name and the agent
+    /// that called it, so a test can find the run without knowing the provider's call id.
+    pub(crate) fn tool_run(
+        id: ActorId,
+        journal: Option<Arc<Journal>>,
+        tool: &str,
+        agent: &str,
+    ) -> Arc<Self> {
+        // Allocated only when inspecting: without a journal the label is never built.
+        let label = journal.is_some().then(|| RunLabel {
+            tool: tool.into(),
+            agent: agent.into(),
+        });
+        Self::labeled(id, journal, label)
+    }
+
+    fn labeled(id: ActorId, journal: Option<Arc<Journal>>, label: Option<RunLabel>) -> Arc<Self> {
         // The journal's record reads the queue count through a weak reference, so the
         // count lives inline in the probe: one allocation per actor, not two.
         Arc::new_cyclic(|probe| {
-            let record = journal.as_ref().map(|j| j.register(&id, probe.clone()));
+            let record = journal
+                .as_ref()
+                .map(|j| j.register(&id, probe.clone(), label));
             Self {
                 id,
                 pending: AtomicUsize::new(0),
@@ -331,6 +367,7 @@ pub(crate) struct ActorRecord {
     /// queued for it are (then nothing is pending).
     probe: std::sync::Weak<Probe>,
     started_at: DateTime<Utc>,
+    label: Option<RunLabel>,
     state: Mutex<RecordState>,
 }
 
@@ -347,7 +384,7 @@ struct RecordState {
 /// overwrote, so a long session never grows the journal without bound and a test can
 /// tell when the journal wrapped.
 #[derive(Debug)]
-pub struct Journal {
+pub(crate) struct Journal {
     capacity: usize,
     seq: AtomicU64,
     actors: DashMap<ActorId, Arc<ActorRecord>>,
@@ -356,7 +393,7 @@ pub struct Journal {
 
 impl Journal {
     /// A journal keeping the last `capacity` messages of each actor.
-    pub fn new(capacity: usize) -> Arc<Self> {
+    pub(crate) fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             capacity: capacity.max(1),
             seq: AtomicU64::new(0),
@@ -365,11 +402,17 @@ impl Journal {
         })
     }
 
-    fn register(&self, id: &ActorId, probe: std::sync::Weak<Probe>) -> Arc<ActorRecord> {
+    fn register(
+        &self,
+        id: &ActorId,
+        probe: std::sync::Weak<Probe>,
+        label: Option<RunLabel>,
+    ) -> Arc<ActorRecord> {
         let record = Arc::new(ActorRecord {
             id: id.clone(),
             probe,
             started_at: Utc::now(),
+            label,
             state: Mutex::new(RecordState::default()),
         });
         self.actors.insert(id.clone(), record.clone());
@@ -411,7 +454,7 @@ impl Journal {
     }
 
     /// Ids of the actors that started and have not stopped, sorted.
-    pub fn live_actors(&self) -> Vec<ActorId> {
+    pub(crate) fn live_actors(&self) -> Vec<ActorId> {
         let mut live: Vec<ActorId> = self
             .actors
             .iter()
@@ -423,14 +466,14 @@ impl Journal {
     }
 
     /// Ids of every actor the journal has seen, alive or not, sorted.
-    pub fn actors(&self) -> Vec<ActorId> {
+    pub(crate) fn actors(&self) -> Vec<ActorId> {
         let mut all: Vec<ActorId> = self.actors.iter().map(|e| e.key().clone()).collect();
         all.sort();
         all
     }
 
     /// What the journal knows of one actor.
-    pub fn snapshot(&self, id: &str) -> Option<ActorSnapshot> {
+    pub(crate) fn snapshot(&self, id: &str) -> Option<ActorSnapshot> {
         let record = self.actors.get(&ActorId::new(id))?.value().clone();
         let state = Self::lock(&record);
         Some(ActorSnapshot {
@@ -443,11 +486,13 @@ impl Journal {
                 .map_or(0, |probe| probe.pending.load(Ordering::Relaxed)),
             received: state.received.iter().cloned().collect(),
             overwritten: state.overwritten,
+            tool: record.label.as_ref().map(|l| l.tool.to_string()),
+            agent: record.label.as_ref().map(|l| l.agent.to_string()),
         })
     }
 
     /// Every recorded message of every actor, in handling order.
-    pub fn all_received(&self) -> Vec<Received> {
+    pub(crate) fn all_received(&self) -> Vec<Received> {
         let mut all: Vec<Received> = self
             .actors
             .iter()
@@ -463,9 +508,15 @@ impl Journal {
         all
     }
 
-    /// Waits until the journal changes (an actor starts or stops, a message is handled).
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// The tool runs the journal knows, alive or not: id, tool name, calling agent.
+    pub(crate) fn runs(&self) -> Vec<(ActorId, Arc<str>, Arc<str>)> {
+        self.actors
+            .iter()
+            .filter_map(|entry| {
+                let label = entry.value().label.as_ref()?;
+                Some((entry.key().clone(), label.tool.clone(), label.agent.clone()))
+            })
+            .collect()
     }
 
     /// A future that resolves on the next change; created before a check so that a

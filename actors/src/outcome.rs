@@ -154,7 +154,7 @@ pub(crate) struct ErrorPolicies<'a> {
     pub(crate) levels: [&'a ErrorPolicy; 3],
 }
 
-/// Turns a body's result (or panic) into the recorded output, logging as SPEC §7 says:
+/// Turns a body's result (or panic) into the recorded output, logging each error once:
 /// `ToolError` at warn without backtrace, `StopResponse` at debug, anything else once
 /// with its cause chain.
 pub(crate) fn classify(

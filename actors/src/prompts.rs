@@ -1,4 +1,4 @@
-//! The four texts the engine writes into the conversation (SPEC §6): `update`,
+//! The four texts the engine writes into the conversation: `update`,
 //! `duplicate_reject`, `duplicate_confirm` and `reply`.
 //!
 //! Each is a [`Template`]: a format string with named fields (checked when built: an

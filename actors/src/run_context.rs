@@ -23,6 +23,7 @@ use crate::speech::SpeechHandle;
 /// An update's content: text (wrapped by the `update` template) or a structured value
 /// (passed as is).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum UpdateMessage {
     /// Text, wrapped by the update template.
     Text(String),

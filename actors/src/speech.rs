@@ -77,6 +77,7 @@ impl SayOptions {
 
 /// How a speech ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SpeechOutcome {
     /// Played out in full.
     Played,

@@ -1,5 +1,6 @@
 //! Tools: a typed argument struct, an async body taking a [`RunContext`], and per-tool
-//! policies (SPEC §5).
+//! policies: what happens on a duplicate call (`DuplicatePolicy`), whether the model may
+//! cancel a running call, and how its unexpected errors are routed.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -22,7 +23,7 @@ use crate::run_context::RunContext;
 /// The name of the boolean parameter that `on_duplicate = confirm` adds to a tool.
 pub const CONFIRM_DUPLICATE_PARAM: &str = "confirm_duplicate";
 
-/// Lists the running calls the model may cancel (a companion tool, SPEC §5).
+/// Lists the running calls the model may cancel (a companion tool).
 pub(crate) const GET_RUNNING_TASKS: &str = "get_running_tasks";
 /// Cancels one running call by id (a companion tool).
 pub(crate) const CANCEL_TASK: &str = "cancel_task";
@@ -32,6 +33,7 @@ pub(crate) const COMPANION_TOOLS: &[&str] = &[GET_RUNNING_TASKS, CANCEL_TASK];
 /// What happens when the model calls a tool while an earlier call of it still runs in
 /// the same toolset (calls of one LLM step are never duplicates of each other).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DuplicatePolicy {
     /// Run both.
     Allow,
@@ -46,6 +48,7 @@ pub enum DuplicatePolicy {
 
 /// A tool body's successful result.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum ToolReturn {
     /// Nothing to say: the output is empty and no further LLM step runs for it.
     Unit,
@@ -53,7 +56,8 @@ pub enum ToolReturn {
     Text(String),
     /// A structured value for the model (written as JSON text).
     Json(Value),
-    /// Hand the conversation to another agent (SPEC §4).
+    /// Hand the conversation to another agent: a handoff, once every call of the step has
+    /// its output. The agent that made the call gets an output naming the new agent.
     Handoff(Handoff),
     /// End the current sub-task agent with this result (see `RunContext::run_task`).
     CompleteTask(Value),
@@ -136,6 +140,7 @@ impl StopResponse {
 /// shown to the model.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("tool panicked: {message}")]
+#[non_exhaustive]
 pub struct ToolPanic {
     /// The panic's message.
     pub message: String,

@@ -107,9 +107,11 @@ pub(crate) struct ToolRunActor {
 impl ToolRunActor {
     /// Starts a run on the current arbiter; returns its counted address.
     pub(crate) fn spawn(spec: RunSpec) -> Mailbox<ToolRunActor> {
-        let probe = Probe::new(
+        let probe = Probe::tool_run(
             ActorId::tool_run(&spec.shared.id, spec.key, &spec.call.call_id),
             spec.shared.journal.clone(),
+            spec.tool.name(),
+            spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
         spec.shared.running_tools.started();

@@ -1,4 +1,4 @@
-//! Canonical call ids ↔ the ids a provider accepts (SPEC §12 "Provider call ids").
+//! Canonical call ids ↔ the ids a provider accepts.
 //!
 //! The chat context keeps canonical ids: the provider's own id made unique in the session
 //! (`call_1~2`) and the derived ids of async tools (`call_1/update_3`, `call_1/finished`).

@@ -1,4 +1,4 @@
-//! OpenAI-compatible chat completions, streamed (SPEC §13).
+//! OpenAI-compatible chat completions, streamed.
 //!
 //! [`OpenAiLlm`] is an [`Llm`] for OpenAI's API and every server that speaks its
 //! streaming chat-completions format: vLLM, Ollama, Groq, LiteLLM, …. It assumes nothing

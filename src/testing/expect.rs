@@ -370,6 +370,27 @@ impl<'a> RunExpect<'a> {
             .ok_or_else(|| self.not_found("a function call output among the events"))
     }
 
+    /// The output of the call with id `call_id` anywhere in the events (`"call_1"` for the
+    /// immediate output, `"call_1/finished"` for an async tool's final one); does not move
+    /// the cursor. Panics if there is none.
+    #[track_caller]
+    pub fn contains_function_call_output_for(&self, call_id: &str) -> OutputAssert<'a> {
+        check(self.try_contains_function_call_output_for(call_id))
+    }
+
+    /// The output of the call with id `call_id` anywhere in the events; does not move the
+    /// cursor.
+    pub fn try_contains_function_call_output_for(
+        &self,
+        call_id: &str,
+    ) -> Result<OutputAssert<'a>, ExpectError> {
+        self.find(|item| matches!(item, ChatItem::FunctionCallOutput(o) if o.call_id == call_id))
+            .and_then(|event| event.try_is_function_call_output().ok())
+            .ok_or_else(|| {
+                self.not_found(format!("the output of call `{call_id}` among the events"))
+            })
+    }
+
     /// The first handoff to `to` anywhere in the events; does not move the cursor. Panics
     /// if there is none.
     #[track_caller]
@@ -577,6 +598,48 @@ impl<'a> FunctionCallAssert<'a> {
                 format!("arguments {actual}"),
             ))
         }
+    }
+
+    /// The output of this call: the first output with its call id after it among the
+    /// events. Panics if there is none.
+    ///
+    /// ```
+    /// # use switchboard::testing::RunResultExt;
+    /// # fn check(result: &switchboard::RunResult) {
+    /// result
+    ///     .expect()
+    ///     .contains_function_call("book_table")
+    ///     .has_output()
+    ///     .with_output("booked");
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn has_output(self) -> OutputAssert<'a> {
+        check(self.try_has_output())
+    }
+
+    /// The output of this call: the first output with its call id after it among the
+    /// events.
+    pub fn try_has_output(self) -> Result<OutputAssert<'a>, ExpectError> {
+        let events = self.at.events;
+        let call_id = self.call.call_id.as_str();
+        events
+            .iter()
+            .enumerate()
+            .skip(self.at.index + 1)
+            .find_map(|(index, item)| match item {
+                ChatItem::FunctionCallOutput(output) if output.call_id == call_id => {
+                    Some(OutputAssert {
+                        at: At::new(events, index),
+                        output,
+                    })
+                }
+                _ => None,
+            })
+            .ok_or_else(|| {
+                self.at
+                    .fail(format!("an output of call `{call_id}` after it"), "none")
+            })
     }
 
     fn parsed_args(&self, expected: &Value, how: &str) -> Result<Value, ExpectError> {
@@ -849,6 +912,7 @@ fn describe(item: &ChatItem) -> String {
         ),
         ChatItem::FunctionCallOutput(output) => describe_output(output),
         ChatItem::AgentHandoff { from, to } => describe_handoff(from.as_deref(), to),
+        other => format!("{other:?}"),
     }
 }
 
@@ -878,7 +942,7 @@ fn describe_handoff(from: Option<&str>, to: &str) -> String {
 }
 
 /// One line of the event listing: the kind, then the essentials, long texts cut.
-fn summary(item: &ChatItem) -> String {
+pub(crate) fn summary(item: &ChatItem) -> String {
     match item {
         ChatItem::Message(message) => format!(
             "message {} {}",
@@ -902,6 +966,7 @@ fn summary(item: &ChatItem) -> String {
             "agent_handoff {} -> {to}",
             from.as_deref().unwrap_or("(none)")
         ),
+        other => cut_raw(&format!("{other:?}")),
     }
 }
 

@@ -21,8 +21,10 @@ pub struct RecordedSpeech {
     pub paused: bool,
 }
 
-/// One call the engine made on a [`RecordingOutput`], in order.
+/// One call the engine made on a [`RecordingOutput`], in order. New kinds may come as
+/// `SpeechOutput` grows: match with a wildcard arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum OutputCall {
     /// `speech_started`.
     Started(SpeechId),

@@ -1,16 +1,20 @@
 //! `ScriptedLlm`: a model for tests and demos, without network. It answers from a
 //! script and records every request, so a test can assert what the model was shown.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use futures_util::{stream, StreamExt};
+use futures_util::{future, stream, StreamExt};
 use serde_json::Value;
 use switchboard_actors::{
     ChatItem, ChatRole, Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmUsage, ToolCallChunk,
 };
+use tokio::sync::watch;
+
+use super::{Gate, WaitError};
 
 /// One scripted answer: text and tool calls, in order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -31,6 +35,8 @@ enum ReplyChunk {
     Error(LlmError),
     /// The stream yields nothing more and never ends, like a stalled provider.
     Stall,
+    /// The stream waits here until the gate opens.
+    Wait(Gate),
 }
 
 impl Reply {
@@ -50,6 +56,16 @@ impl Reply {
         Self::default().and_tool_call(name, arguments)
     }
 
+    /// An answer that calls `name` with this call id and raw argument text (which may be
+    /// invalid JSON, to test argument errors); see [`Reply::and_raw_tool_call`].
+    pub fn raw_tool_call(
+        call_id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<String>,
+    ) -> Self {
+        Self::default().and_raw_tool_call(call_id, name, arguments)
+    }
+
     /// Adds text.
     pub fn and_text(mut self, text: impl Into<String>) -> Self {
         self.chunks.push(ReplyChunk::Text(text.into()));
@@ -63,6 +79,21 @@ impl Reply {
             name: name.into(),
             arguments: arguments.to_string(),
         });
+        self
+    }
+
+    /// Then the stream waits until the test opens `gate`: what came before is streamed
+    /// (a speech has started), what comes after is not yet. To hold a whole request
+    /// instead, use [`ScriptedLlm::hold`].
+    ///
+    /// ```
+    /// use switchboard::testing::{Gate, Reply};
+    /// let gate = Gate::new();
+    /// let reply = Reply::text("Hello there, ").and_wait(&gate).and_text("how are you?");
+    /// # let _ = reply;
+    /// ```
+    pub fn and_wait(mut self, gate: &Gate) -> Self {
+        self.chunks.push(ReplyChunk::Wait(gate.clone()));
         self
     }
 
@@ -103,6 +134,69 @@ impl Reply {
 
 type Rule = Box<dyn Fn(&LlmRequest) -> Option<Reply> + Send + Sync>;
 
+/// One held request: the gate its answer waits on, and the request once it came.
+#[derive(Debug)]
+struct Hold {
+    gate: Gate,
+    request: watch::Sender<Option<LlmRequest>>,
+}
+
+/// A request of a [`ScriptedLlm`] held in flight until the test releases it: from
+/// [`ScriptedLlm::hold`].
+///
+/// The request is answered as usual (its reply is chosen when it arrives), but the
+/// answer's stream yields nothing until [`HeldRequest::release`]: the engine waits on the
+/// model, as it would on a slow provider. Meanwhile the test can act: interrupt, speak,
+/// hand off, close. Dropping the handle does not release the request.
+#[derive(Debug)]
+pub struct HeldRequest {
+    index: usize,
+    hold: Arc<Hold>,
+}
+
+impl HeldRequest {
+    /// The index of the held request (0 for the model's first request).
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Whether the engine has sent the request yet.
+    pub fn is_requested(&self) -> bool {
+        self.hold.request.borrow().is_some()
+    }
+
+    /// Waits until the engine has sent the request (at once if it has), for at most
+    /// `timeout`; returns it. Under paused time the timeout is virtual.
+    pub async fn requested(&self, timeout: Duration) -> Result<LlmRequest, WaitError> {
+        let mut request = self.hold.request.subscribe();
+        let wait = async {
+            // The sender lives in `self.hold`, so the channel cannot close while we wait.
+            match request.wait_for(Option::is_some).await {
+                Ok(request) => request.clone(),
+                Err(_) => None,
+            }
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Some(request)) => Ok(request),
+            Ok(None) | Err(_) => Err(WaitError::Timeout {
+                waited_for: format!("request {} to the scripted model", self.index),
+                timeout,
+                saw: Vec::new(),
+            }),
+        }
+    }
+
+    /// Lets the answer stream (at once if the request has not come yet: it will not wait).
+    pub fn release(&self) {
+        self.hold.gate.open();
+    }
+
+    /// Whether the request was released.
+    pub fn is_released(&self) -> bool {
+        self.hold.gate.is_open()
+    }
+}
+
 /// A scripted model: answers a request with, in this order, the reply set for its index
 /// ([`ScriptedLlm::on_request`]), the first rule that matches it ([`ScriptedLlm::rule`],
 /// [`ScriptedLlm::when_user_says`]), the next scripted [`Reply`], or the fallback
@@ -121,7 +215,8 @@ type Rule = Box<dyn Fn(&LlmRequest) -> Option<Reply> + Send + Sync>;
 pub struct ScriptedLlm {
     script: Mutex<VecDeque<Reply>>,
     rules: Mutex<Vec<Rule>>,
-    by_index: Mutex<std::collections::HashMap<usize, Reply>>,
+    by_index: Mutex<HashMap<usize, Reply>>,
+    holds: Mutex<HashMap<usize, Arc<Hold>>>,
     fallback: Mutex<Option<Reply>>,
     requests: Mutex<Vec<LlmRequest>>,
     next_call: AtomicU64,
@@ -148,6 +243,7 @@ impl ScriptedLlm {
             script: Mutex::new(replies.into_iter().collect()),
             rules: Mutex::new(Vec::new()),
             by_index: Mutex::new(Default::default()),
+            holds: Mutex::new(Default::default()),
             fallback: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             next_call: AtomicU64::new(0),
@@ -206,6 +302,48 @@ impl ScriptedLlm {
         *lock(&self.fallback) = Some(reply);
     }
 
+    /// Holds request number `index` (0 for the model's first request) in flight: its
+    /// answer streams only once the test calls [`HeldRequest::release`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use switchboard::prelude::*;
+    /// use switchboard::testing::{Reply, ScriptedLlm};
+    ///
+    /// # #[actix::main]
+    /// # async fn main() {
+    /// let llm = ScriptedLlm::new([Reply::text("Hello!")]);
+    /// let held = llm.hold(0);
+    /// let session = Session::builder()
+    ///     .llm(llm.clone())
+    ///     .agent(Agent::builder("agent-a").build().unwrap())
+    ///     .start(&Engine::current().unwrap())
+    ///     .await
+    ///     .unwrap();
+    /// let s = session.clone();
+    /// let turn = actix::spawn(async move { s.run("hi").await });
+    /// let request = held.requested(Duration::from_secs(5)).await.unwrap();
+    /// assert_eq!(session.agent_state(), AgentState::Thinking); // waiting on the model
+    /// # let _ = request;
+    /// held.release();
+    /// let result = turn.await.unwrap().unwrap();
+    /// assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["Hello!"]);
+    /// session.close().await.unwrap();
+    /// # }
+    /// ```
+    pub fn hold(&self, index: usize) -> HeldRequest {
+        let hold = lock(&self.holds)
+            .entry(index)
+            .or_insert_with(|| {
+                Arc::new(Hold {
+                    gate: Gate::new(),
+                    request: watch::channel(None).0,
+                })
+            })
+            .clone();
+        HeldRequest { index, hold }
+    }
+
     /// Every request received so far, in order.
     pub fn requests(&self) -> Vec<LlmRequest> {
         lock(&self.requests).clone()
@@ -238,8 +376,34 @@ impl ScriptedLlm {
 
 impl Llm for ScriptedLlm {
     fn chat(&self, request: LlmRequest) -> LlmStream {
+        let index = lock(&self.requests).len();
+        let hold = lock(&self.holds).get(&index).cloned();
+        let stream = self.stream(request, hold.as_ref());
+        match hold {
+            // Nothing streams until the test releases the request.
+            Some(hold) => stream::once(async move {
+                hold.gate.wait().await;
+                stream
+            })
+            .flatten()
+            .boxed(),
+            None => stream,
+        }
+    }
+
+    fn name(&self) -> &str {
+        "scripted"
+    }
+}
+
+impl ScriptedLlm {
+    /// Records `request` and builds the stream of its answer.
+    fn stream(&self, request: LlmRequest, hold: Option<&Arc<Hold>>) -> LlmStream {
         let reply = self.answer(&request);
         let described = reply.is_none().then(|| describe(&request));
+        if let Some(hold) = hold {
+            hold.request.send_replace(Some(request.clone()));
+        }
         lock(&self.requests).push(request);
         let Some(reply) = reply else {
             let message = format!(
@@ -251,10 +415,10 @@ impl Llm for ScriptedLlm {
             );
             return Box::pin(stream::iter([Err(LlmError::new(message))]));
         };
-        let mut chunks: Vec<Result<LlmChunk, LlmError>> = Vec::new();
+        let mut chunks: Vec<Step> = Vec::new();
         let mut stalls = false;
         for chunk in reply.chunks {
-            chunks.push(match chunk {
+            chunks.push(Step::Chunk(match chunk {
                 ReplyChunk::Text(text) => Ok(LlmChunk::Text(text)),
                 ReplyChunk::Call {
                     id,
@@ -272,23 +436,41 @@ impl Llm for ScriptedLlm {
                 })),
                 ReplyChunk::Usage(usage) => Ok(LlmChunk::Usage(usage)),
                 ReplyChunk::Error(error) => Err(error),
+                ReplyChunk::Wait(gate) => {
+                    chunks.push(Step::Wait(gate));
+                    continue;
+                }
                 ReplyChunk::Stall => {
                     stalls = true;
                     break;
                 }
-            });
+            }));
         }
-        let head = stream::iter(chunks);
+        let head = stream::iter(chunks)
+            .then(|step| async move {
+                match step {
+                    Step::Chunk(chunk) => Some(chunk),
+                    Step::Wait(gate) => {
+                        gate.wait().await;
+                        None
+                    }
+                }
+            })
+            .filter_map(future::ready);
         if stalls {
             head.chain(stream::pending()).boxed()
         } else {
             head.boxed()
         }
     }
+}
 
-    fn name(&self) -> &str {
-        "scripted"
-    }
+/// One step of a scripted answer's stream.
+enum Step {
+    /// A chunk to yield.
+    Chunk(Result<LlmChunk, LlmError>),
+    /// A gate to wait on before the next chunk.
+    Wait(Gate),
 }
 
 fn describe(request: &LlmRequest) -> String {

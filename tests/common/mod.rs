@@ -10,30 +10,12 @@
 use std::sync::{Arc, Mutex};
 
 use switchboard::prelude::*;
-use switchboard::ChatContext;
-use tokio::sync::watch;
+use switchboard::testing::{event, next_event, EventMatcher};
 
 /// Arguments of test tools.
 #[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
 pub struct Query {
     pub q: String,
-}
-
-/// A gate a test opens to let a tool body go on: explicit synchronisation, no sleeps.
-#[derive(Clone)]
-pub struct Gate(Arc<watch::Sender<bool>>);
-
-impl Gate {
-    pub fn new() -> Self {
-        Self(Arc::new(watch::channel(false).0))
-    }
-    pub fn open(&self) {
-        self.0.send_replace(true);
-    }
-    pub async fn wait(&self) {
-        let mut rx = self.0.subscribe();
-        let _ = rx.wait_for(|open| *open).await;
-    }
 }
 
 /// An ordered log that tool bodies, drop guards and hooks write to.
@@ -73,7 +55,7 @@ pub fn call_ids(chat: &ChatContext) -> Vec<String> {
         .collect()
 }
 
-/// Asserts SPEC §2's invariant with a readable failure.
+/// Asserts the chat-context invariant with a readable failure.
 pub fn assert_invariant(chat: &ChatContext) {
     if let Err(breach) = chat.check_invariant() {
         panic!(
@@ -91,40 +73,24 @@ pub fn output(chat: &ChatContext, call_id: &str) -> String {
         .clone()
 }
 
-/// Waits (up to 5 s of real time) for the first event matching `pred`, returning it.
+/// Waits (up to 5 s) for the first event `pick` returns `Some` for, returning it; the
+/// failure says what it saw.
 pub async fn wait_event<T>(
     rx: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
-    mut pred: impl FnMut(&SessionEvent) -> Option<T>,
+    pick: impl FnMut(&SessionEvent) -> Option<T>,
 ) -> T {
-    let wait = async {
-        loop {
-            match rx.recv().await {
-                Ok(event) => {
-                    if let Some(found) = pred(&event) {
-                        return found;
-                    }
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    panic!("event subscriber lagged by {n}")
-                }
-                Err(e) => panic!("event stream ended: {e}"),
-            }
-        }
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(5), wait)
-        .await
-        .expect("the awaited event did not come")
+    wait_on(rx, event::matching("the event the test picks", pick)).await
 }
 
-/// Matches the event that adds the output with this call id.
-pub fn output_added(call_id: &'static str) -> impl FnMut(&SessionEvent) -> Option<()> {
-    move |event| match event {
-        SessionEvent::ConversationItemAdded {
-            item: ChatItem::FunctionCallOutput(o),
-            ..
-        } if o.call_id == call_id => Some(()),
-        _ => None,
-    }
+/// Waits (up to 5 s) for the first event a matcher of `switchboard::testing::event`
+/// picks; the failure says what it waited for and what it saw.
+pub async fn wait_on<M: EventMatcher>(
+    rx: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
+    matcher: M,
+) -> M::Output {
+    next_event(rx, matcher, std::time::Duration::from_secs(5))
+        .await
+        .unwrap()
 }
 
 /// Runs a turn on the test's arbiter without awaiting it (it may wait on a sub-task, a

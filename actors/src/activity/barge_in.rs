@@ -1,4 +1,4 @@
-//! Barge-in: what the user talking over the agent does to its speech (SPEC §8), as a
+//! Barge-in: what the user talking over the agent does to its speech, as a
 //! plain state machine the activity feeds with the user's input and its timers.
 //!
 //! The rules, each a unit test below:

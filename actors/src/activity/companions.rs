@@ -1,4 +1,5 @@
-//! The companion tools `get_running_tasks` and `cancel_task` (SPEC §5).
+//! The companion tools `get_running_tasks` and `cancel_task`, which let the model list the
+//! running calls of cancellable tools and cancel one by id.
 //!
 //! An activity exposes both, always and byte-identical, as soon as any tool it can see
 //! allows cancellation, so the request schema never changes from turn to turn and the

@@ -1,7 +1,7 @@
 //! The step ledger of an activity: its chat context, and the one LLM step whose calls wait
 //! for their immediate outputs.
 //!
-//! Rules (SPEC §2, §3), each with a unit test below:
+//! Rules, each with a unit test below:
 //! - A step goes into the chat context whole, once its last call has an output: every
 //!   call of the step, then every output, in call order.
 //! - Items for a call of the open step (an `/update_n`, a terminal `/finished`) are held

@@ -197,7 +197,7 @@ impl OpenAiBuilder {
         ))
         .map_err(|e| invalid(e.to_string()))?;
         let client = reqwest::Client::builder()
-            // Our own timeouts bound each wait (SPEC §13); reqwest's would cut a long
+            // Our own timeouts bound each wait (`LlmTimeouts`); reqwest's would cut a long
             // answer that is still streaming.
             .connect_timeout(self.connect_timeout)
             .build()

@@ -1,4 +1,4 @@
-//! An [`LlmRequest`] as a chat-completions request body (SPEC §13 "Mapping").
+//! An [`LlmRequest`] as a chat-completions request body.
 //!
 //! - The agent's instructions, with the request's `extra_instructions` after a blank line,
 //!   are one system message, first.
@@ -183,7 +183,9 @@ fn messages<'a>(request: &'a LlmRequest, ids: &mut CallIdMap) -> Vec<Message<'a>
                 ChatRole::Assistant => (Some(m.content.as_str()), i + 1),
             },
             ChatItem::FunctionCall(_) => (None, i),
-            ChatItem::FunctionCallOutput(_) | ChatItem::AgentHandoff { .. } => {
+            // Outputs are sent right after their calls; the chat-completions format has no
+            // place for a handoff marker or for item kinds it does not know.
+            _ => {
                 i += 1;
                 continue;
             }
