@@ -270,6 +270,31 @@ impl<W: Work> Schedule<W> {
         }
     }
 
+    /// Every activity the schedule knows: the current one (or the one a switch moves),
+    /// then the callers paused under sub-tasks. Playout reports go to all of them: a
+    /// speech of a paused caller's turn can end while its sub-task runs.
+    pub(crate) fn activities(&self) -> Vec<&W::Activity> {
+        let (first, paused) = match &self.stage {
+            Stage::Live { current, paused } => (Some(current), paused),
+            Stage::Switching { paused, switch } => (
+                match switch {
+                    Switch::HandingOff { outgoing } => Some(outgoing),
+                    Switch::Pausing { caller, .. } => Some(caller),
+                    Switch::EndingTask { task, .. } => Some(task),
+                    Switch::Entering { incoming } => Some(incoming),
+                    Switch::Starting => None,
+                },
+                paused,
+            ),
+            Stage::Closed => return Vec::new(),
+        };
+        first
+            .into_iter()
+            .chain(paused.iter().map(|p| &p.frame))
+            .map(|frame| &frame.activity)
+            .collect()
+    }
+
     /// Whether an agent started now would be a sub-task (callers are paused under it):
     /// only a sub-task may complete a task.
     pub(crate) fn in_task(&self) -> bool {
@@ -868,6 +893,29 @@ mod tests {
         assert!(s.next().is_none(), "the caller's turn is still open");
         s.turn_done(&id("a"), After::Nothing);
         assert!(s.is_inactive());
+    }
+
+    #[test]
+    fn playout_reports_reach_the_paused_callers_too() {
+        let mut s = live();
+        assert_eq!(s.activities(), [&"a"]);
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert_eq!(s.activities(), [&"a"], "the caller, while it pauses");
+        assert!(s.entering(id("t"), "t"));
+        assert_eq!(
+            s.activities(),
+            [&"t", &"a"],
+            "the task's agent, while it enters"
+        );
+        s.entered();
+        assert_eq!(
+            s.activities(),
+            [&"t", &"a"],
+            "the task's agent and its paused caller"
+        );
+        s.close();
+        assert!(s.activities().is_empty());
     }
 
     #[test]
