@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -116,12 +118,16 @@ impl ToolsetActor {
         reason: Arc<str>,
         report: bool,
     ) -> impl std::future::Future<Output = Vec<FunctionCall>> + 'static {
-        let mut stops = Vec::new();
+        let mut stops: Vec<(Option<FunctionCall>, BoxFuture<'static, Option<bool>>)> = Vec::new();
         for key in keys {
             let Some(run) = self.runs.get_mut(&key) else {
                 continue;
             };
             if run.closed {
+                // Already stopping (a pause, a cancel, a `replace`, whose stop writes its
+                // output): wait for it all the same, so that whoever stops this toolset
+                // knows every run is gone when the answer comes.
+                stops.push((None, run.child.gone().map(|()| None).boxed()));
                 continue;
             }
             run.closed = true;
@@ -132,7 +138,7 @@ impl ToolsetActor {
                     report,
                 },
             );
-            stops.push((run.call.clone(), stop));
+            stops.push((Some(run.call.clone()), stop.boxed()));
         }
         async move {
             let (calls, stops): (Vec<_>, Vec<_>) = stops.into_iter().unzip();
@@ -140,7 +146,7 @@ impl ToolsetActor {
             calls
                 .into_iter()
                 .zip(background)
-                .filter_map(|(call, background)| background.unwrap_or(false).then_some(call))
+                .filter_map(|(call, background)| call.filter(|_| background.unwrap_or(false)))
                 .collect()
         }
     }
