@@ -66,6 +66,10 @@ pub(crate) struct ToolsetActor {
     /// What its runs send back when they stop.
     ended: Link<RunEnded>,
     interrupted_steps: VecDeque<u64>,
+    /// Set once `StopToolset` is handled: no run starts any more (a call still being set
+    /// up, such as a `replace` waiting for the runs it cancels, gets a terminal output),
+    /// so the runs that stop is waiting for are all there are.
+    closing: Option<Arc<str>>,
     _alive: AliveToken,
 }
 
@@ -96,6 +100,7 @@ impl ToolsetActor {
             links,
             prompts: Arc::new(prompts),
             interrupted_steps: VecDeque::new(),
+            closing: None,
             _alive: alive,
         });
         Child::new(Mailbox::new(addr, probe), gone)
@@ -299,16 +304,38 @@ impl Handler<RunTool> for ToolsetActor {
                 DuplicatePolicy::Replace => {
                     let reason: Arc<str> = Arc::from("replaced by a newer call");
                     let stopping = self.stop_runs(running, reason, true);
-                    return Box::pin(stopping.into_actor(self).then(move |_, act, _| {
-                        let rx = act.spawn_run(msg, tool, body);
-                        async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(act)
-                    }));
+                    return Box::pin(
+                        stopping
+                            .into_actor(self)
+                            .then(move |_, act, _| act.start_run(msg, tool, body).into_actor(act)),
+                    );
                 }
             }
         }
         // 4. Run.
-        let rx = self.spawn_run(msg, tool, body);
-        Box::pin(async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(self))
+        Box::pin(self.start_run(msg, tool, body).into_actor(self))
+    }
+}
+
+impl ToolsetActor {
+    /// Spawns the call's run and resolves with its immediate output; once the toolset is
+    /// closing, answers the terminal output instead of starting anything.
+    fn start_run(
+        &mut self,
+        msg: RunTool,
+        tool: Tool,
+        body: PreparedBody,
+    ) -> impl std::future::Future<Output = CallOutput> + 'static {
+        let started = match &self.closing {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(self.spawn_run(msg, tool, body)),
+        };
+        async move {
+            match started {
+                Ok(rx) => rx.await.unwrap_or_else(|_| lost()),
+                Err(reason) => CallOutput::ended(&reason),
+            }
+        }
     }
 }
 
@@ -423,6 +450,7 @@ impl Handler<StopToolset> for ToolsetActor {
     type Result = ResponseActFuture<Self, Vec<FunctionCall>>;
 
     fn handle(&mut self, msg: StopToolset, _ctx: &mut Self::Context) -> Self::Result {
+        self.closing = Some(msg.reason.clone());
         let keys: Vec<u64> = self.runs.keys().copied().collect();
         Box::pin(
             self.stop_runs(keys, msg.reason, false)
