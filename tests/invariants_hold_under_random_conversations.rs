@@ -155,4 +155,28 @@ mod regressions {
             end: End::Close(vec![]),
         });
     }
+
+    #[test]
+    fn interrupt_answers_after_a_replace_cancels_the_call_that_awaits_a_sub_task() {
+        let mut config = config();
+        config.manual_playout = false;
+        let task = Chunk::Call {
+            tool: 6, // bg_replace
+            behaviour: Behaviour::Task,
+            id: IdPick::Fresh,
+            confirm: false,
+        };
+        let text = || vec![vec![Chunk::Text(" ".into())]];
+        check(Case {
+            config,
+            ops: vec![
+                Op::Run(vec![vec![task.clone()]]),
+                Op::Run(vec![vec![task]]),
+                Op::Run(text()),
+                Op::Run(text()),
+                Op::Interrupt { force: false },
+            ],
+            end: End::DrainThenClose,
+        });
+    }
 }

@@ -1828,10 +1828,14 @@ pub fn run_case(case: &Case) -> Result<(), String> {
         tokio::time::pause();
         let mut harness = Harness::start(&case.config).await?;
         for (index, op) in case.ops.iter().enumerate() {
-            harness
-                .apply(op)
-                .await
-                .map_err(|e| format!("op {index} ({op:?}): {e}"))?;
+            let applied = harness.apply(op).await;
+            if applied.is_err() && std::env::var_os("RELIABILITY_TRACE").is_some() {
+                for r in harness.inspector.traffic() {
+                    eprintln!("traffic: {} {} -> {} {}", r.seq, r.from, r.to, r.kind);
+                }
+                eprintln!("live: {:?}", harness.inspector.live_actors());
+            }
+            applied.map_err(|e| format!("op {index} ({op:?}): {e}"))?;
             Harness::settle().await;
             harness
                 .observe()
