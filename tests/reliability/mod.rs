@@ -690,9 +690,17 @@ impl World {
         // Not bounded here: an update waits, by design, until its call's step is in the
         // chat (a sibling call of the step may hold it). The drain checks that none is
         // left waiting once the host has played its part.
+        struct InFlight<'a>(&'a AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                // Also when the waiting future is dropped (a host that gave up on it).
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
         self.updates_in_flight.fetch_add(1, Ordering::Relaxed);
+        let in_flight = InFlight(&self.updates_in_flight);
         let result = ctx.update(marker.clone()).await;
-        self.updates_in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(in_flight);
         lock(&self.updates).push(UpdateRecord {
             marker,
             call_id: ctx.function_call().call_id.clone(),
