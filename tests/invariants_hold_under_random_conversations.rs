@@ -179,4 +179,23 @@ mod regressions {
             end: End::DrainThenClose,
         });
     }
+
+    #[test]
+    fn an_update_held_behind_its_step_that_reaches_the_model_returns_ok() {
+        let mut config = config();
+        config.manual_playout = false;
+        config.max_tool_steps = 2;
+        check(Case {
+            config,
+            ops: vec![
+                Op::Run(vec![vec![
+                    call(Behaviour::Gated),
+                    call(Behaviour::Leak),
+                    call(Behaviour::QueueHandoff(Role::Alpha)),
+                ]]),
+                Op::LateUpdate(0),
+            ],
+            end: End::DrainThenClose,
+        });
+    }
 }

@@ -1530,6 +1530,9 @@ impl Harness {
                     // most once, like a first update.
                     let mut oks = 0;
                     let result = world.update(&ctx, scope, &mut oks, gone).await;
+                    if std::env::var_os("RELIABILITY_TRACE").is_some() {
+                        eprintln!("late update answered {result:?}");
+                    }
                     format!("{result:?}")
                 });
             }
