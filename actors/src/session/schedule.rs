@@ -93,6 +93,10 @@ impl<W: Work> Frame<W> {
 struct Paused<W: Work> {
     frame: Frame<W>,
     reply: W::TaskReply,
+    /// What a turn of it that ended while it was paused asked for (its own sub-task's
+    /// end, a handoff): it runs once the caller is current again, never on the sub-task
+    /// that runs now.
+    after: Vec<Job<W>>,
 }
 
 enum Stage<W: Work> {
@@ -503,6 +507,7 @@ impl<W: Work> Schedule<W> {
                 paused.push(Paused {
                     frame: caller,
                     reply,
+                    after: Vec::new(),
                 });
             }
             Switch::Starting | Switch::HandingOff { .. } => {}
@@ -564,6 +569,9 @@ impl<W: Work> Schedule<W> {
             current: caller.frame,
             paused,
         };
+        for job in caller.after.into_iter().rev() {
+            self.jobs.push_front(job);
+        }
         Some(Resumed {
             caller: activity,
             reply: caller.reply,
@@ -572,8 +580,25 @@ impl<W: Work> Schedule<W> {
         })
     }
 
-    /// A turn of activity `id` ended; what it asks for runs before anything queued.
+    /// A turn of activity `id` ended; what it asks for runs before anything queued — or,
+    /// when `id` is a caller paused under a sub-task, once it is current again.
     pub(crate) fn turn_done(&mut self, id: &ActorId, after: After<W>) {
+        let job = match after {
+            After::Nothing => None,
+            After::Handoff(handoff) => Some(Job::Handoff(handoff)),
+            After::EndTask(value) => Some(Job::EndTask(value)),
+        };
+        let paused_caller = match &mut self.stage {
+            Stage::Live { paused, .. } | Stage::Switching { paused, .. } => {
+                paused.iter_mut().find(|p| p.frame.id == *id)
+            }
+            Stage::Closed => None,
+        };
+        if let Some(caller) = paused_caller {
+            caller.frame.turn = None;
+            caller.after.extend(job);
+            return;
+        }
         let frames: Vec<&mut Frame<W>> = match &mut self.stage {
             Stage::Live { current, paused } => std::iter::once(current)
                 .chain(paused.iter_mut().map(|p| &mut p.frame))
@@ -598,10 +623,8 @@ impl<W: Work> Schedule<W> {
                 frame.turn = None;
             }
         }
-        match after {
-            After::Nothing => {}
-            After::Handoff(handoff) => self.jobs.push_front(Job::Handoff(handoff)),
-            After::EndTask(value) => self.jobs.push_front(Job::EndTask(value)),
+        if let Some(job) = job {
+            self.jobs.push_front(job);
         }
     }
 
@@ -685,13 +708,18 @@ impl<W: Work> Schedule<W> {
             },
         };
         let mut activities: Vec<W::Activity> = first.into_iter().map(|f| f.activity).collect();
+        let mut turns = Vec::new();
+        let mut handoffs = Vec::new();
         // Innermost caller first: the order they would have resumed in.
         for paused in paused.into_iter().rev() {
             activities.push(paused.frame.activity);
             task_replies.push(paused.reply);
+            for job in paused.after {
+                if let Job::Handoff(handoff) = job {
+                    handoffs.push(handoff);
+                }
+            }
         }
-        let mut turns = Vec::new();
-        let mut handoffs = Vec::new();
         for job in self.jobs.drain(..) {
             match job {
                 Job::Turn(_, _, turn) => turns.push(turn),
@@ -916,6 +944,39 @@ mod tests {
         );
         s.close();
         assert!(s.activities().is_empty());
+    }
+
+    #[test]
+    fn a_paused_task_that_finished_ends_after_the_sub_task_it_started_not_instead_of_it() {
+        let mut s = live();
+        s.request_task("first task", "a waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert!(s.entering(id("t1"), "t1"));
+        s.entered();
+        // The first task's agent runs a turn that completes it, still playing out…
+        s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
+        // …when a second sub-task starts on top of it.
+        s.request_task("second task", "host waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        assert!(s.entering(id("t2"), "t2"));
+        s.entered();
+        // The paused turn ends asking to end its task: not the one running now.
+        s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
+        assert!(s.next().is_none(), "the second task goes on");
+        assert_eq!(s.current(), Some(&"t2"));
+        s.queue_turn(TurnId::Host(2), "done", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
+        s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
+        let resumed = s.task_closed().unwrap();
+        assert_eq!((resumed.caller, resumed.reply), ("t1", "host waits"));
+        assert_eq!(resumed.value, Value::from(2));
+        // Now the first task's own end runs, and its caller gets its value.
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
+        let resumed = s.task_closed().unwrap();
+        assert_eq!((resumed.caller, resumed.reply), ("a", "a waits"));
+        assert_eq!(resumed.value, Value::from(1));
     }
 
     #[test]
