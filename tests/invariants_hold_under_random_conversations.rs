@@ -198,4 +198,143 @@ mod regressions {
             end: End::DrainThenClose,
         });
     }
+
+    #[test]
+    fn a_host_sub_task_that_pauses_a_finishing_sub_task_leaves_every_turn_answered() {
+        let finish = Chunk::Call {
+            tool: TOOLS.len() - 1,
+            behaviour: Behaviour::Return,
+            id: IdPick::Fresh,
+            confirm: false,
+        };
+        check(Case {
+            config: config(),
+            ops: vec![
+                Op::Run(vec![vec![call(Behaviour::Task)]]),
+                Op::Run(vec![vec![Chunk::Text("a".into()), finish]]),
+                Op::HostTask,
+                Op::Drain,
+            ],
+            end: End::DrainThenClose,
+        });
+    }
+}
+
+/// The shrunk case above, with values that tell the two sub-tasks apart.
+mod a_paused_sub_task_that_finished {
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+    use switchboard::prelude::*;
+    use switchboard::testing::{RecordingOutput, Reply, ScriptedLlm};
+    use switchboard::NoArgs;
+
+    fn finishing(name: &str, value: &'static str) -> Agent {
+        let finish = Tool::new(
+            format!("finish_{value}"),
+            "Completes the task",
+            move |_ctx: RunContext, _: NoArgs| async move { ToolReturn::complete_task(&value) },
+        );
+        Agent::builder(name).tool(finish).build().unwrap()
+    }
+
+    #[actix::test]
+    async fn ends_after_the_sub_task_started_on_top_of_it_and_each_caller_gets_its_own_value() {
+        tokio::time::pause();
+        let bound = Duration::from_secs(30);
+        let first = finishing("first", "one");
+        let ask = Tool::new(
+            "ask",
+            "Runs the first task",
+            move |ctx: RunContext, _: NoArgs| {
+                let first = first.clone();
+                async move {
+                    let value: Value = ctx.run_task(first).await?;
+                    Ok::<_, ToolFailure>(format!("first task gave {value}"))
+                }
+            },
+        );
+        let llm = ScriptedLlm::new([
+            Reply::tool_call("ask", json!({})),
+            // The first task's agent speaks and completes its task in one step.
+            Reply::text("Done here.").and_tool_call("finish_one", json!({})),
+        ]);
+        llm.when_user_says("second", Reply::tool_call("finish_two", json!({})));
+        llm.otherwise(Reply::text("ok"));
+        let out = RecordingOutput::manual_playout();
+        let session = Session::builder()
+            .llm(llm.clone())
+            .agent(Agent::builder("main").tool(ask).build().unwrap())
+            .output(out.clone())
+            .inspect(true)
+            .start(&Engine::current().unwrap())
+            .await
+            .unwrap();
+        let inspector = session.inspector().unwrap();
+        let main_turn = common_spawn(&session, "start");
+        inspector
+            .wait_for("activity/s1/first#1", "StartActivity", bound)
+            .await
+            .unwrap();
+        let first_turn = common_spawn(&session, "finish the first");
+        inspector
+            .wait_for("activity/s1/first#1", "StartTurn", bound)
+            .await
+            .unwrap();
+        // The first task's turn waits for its speech to be heard; a second sub-task starts.
+        let s = session.clone();
+        let second =
+            actix::spawn(async move { s.run_task::<Value>(finishing("second", "two")).await });
+        inspector
+            .wait_for("activity/s1/second#1", "StartActivity", bound)
+            .await
+            .unwrap();
+        let speech = out.speeches()[0].id;
+        out.played_out(speech);
+        tokio::time::timeout(bound, first_turn)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            session.current_agent().await.unwrap(),
+            "second",
+            "the second task goes on"
+        );
+        session.run("the second one").await.unwrap();
+        let second = tokio::time::timeout(bound, second)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(second, json!("two"));
+        // The first task ends now, and main answers (its speech played out as it comes).
+        let mut main_turn = main_turn;
+        let mut finished = None;
+        for _ in 0..10 {
+            for speech in out.speeches() {
+                out.played_out(speech.id);
+            }
+            if let Ok(done) = tokio::time::timeout(Duration::from_secs(1), &mut main_turn).await {
+                finished = Some(done);
+                break;
+            }
+        }
+        finished.expect("main's turn ended").unwrap().unwrap();
+        assert_eq!(session.current_agent().await.unwrap(), "main");
+        let chat = session.chat_context().await.unwrap();
+        assert_eq!(
+            chat.output_of("call_1").unwrap().output,
+            "first task gave \"one\""
+        );
+        session.close().await.unwrap();
+    }
+
+    fn common_spawn(
+        session: &Session,
+        text: &str,
+    ) -> tokio::task::JoinHandle<Result<RunResult, SessionError>> {
+        let (session, text) = (session.clone(), text.to_owned());
+        actix::spawn(async move { session.run(text).await })
+    }
 }

@@ -1128,12 +1128,15 @@ impl SpeechOutput for VoiceOutput {
 // ---------------------------------------------------------------------------------------
 
 /// Which activation is current, followed from the events: an `AgentHandoff` chat item
-/// starts an activation (a handoff or a sub-task), the `AgentHandoff` event says it was a
-/// handoff (the previous one is gone), a completed `finish_task` ends a sub-task (its
-/// caller is current again once it shows a sign of life).
+/// starts an activation (a handoff or a sub-task) on top of the one it comes from, the
+/// `AgentHandoff` event says it was a handoff (the previous one is gone), a completed
+/// `finish_task` marks a sub-task as ending (it is gone once an activation below it shows
+/// a sign of life, or a new one starts from below it).
 struct Tracker {
     stack: Vec<String>,
-    ending: Option<String>,
+    /// Activations whose `finish_task` completed: their sub-task ends when they are
+    /// current again (at once, unless a sub-task started on top of them meanwhile).
+    ending: Vec<String>,
     /// Which activation made each primary call.
     owner: HashMap<String, String>,
     closed: bool,
@@ -1143,7 +1146,7 @@ impl Tracker {
     fn new(first: String) -> Self {
         Self {
             stack: vec![first],
-            ending: None,
+            ending: Vec::new(),
             owner: HashMap::new(),
             closed: false,
         }
@@ -1153,19 +1156,36 @@ impl Tracker {
         self.stack.last().map(String::as_str).unwrap_or("")
     }
 
-    /// Whether a sub-task runs (one whose `finish_task` completed is over).
+    /// Whether a sub-task runs that is not ending.
     fn in_task(&self) -> bool {
-        let ending = self.ending.as_deref() == Some(self.top());
-        self.stack.len() > 1 + usize::from(ending)
+        self.stack[1..].iter().any(|a| !self.ending.contains(a))
     }
 
+    /// Whether everything above position `pos` of the stack is ending.
+    fn only_ending_above(&self, pos: usize) -> bool {
+        self.stack[pos + 1..]
+            .iter()
+            .all(|a| self.ending.contains(a))
+    }
+
+    /// Whether `agent` may be current now: the top, or below it with only ending
+    /// sub-tasks above it.
     fn may_receive(&self, agent: &str) -> bool {
-        if agent == self.top() {
-            return true;
+        match self.stack.iter().rposition(|a| a == agent) {
+            Some(pos) => self.only_ending_above(pos),
+            None => false,
         }
-        self.ending.as_deref() == Some(self.top())
-            && self.stack.len() > 1
-            && self.stack[self.stack.len() - 2] == agent
+    }
+
+    /// `agent` is current: whatever ended above it is gone.
+    fn current_is(&mut self, agent: &str) {
+        if let Some(pos) = self.stack.iter().rposition(|a| a == agent) {
+            if self.only_ending_above(pos) {
+                for gone in self.stack.split_off(pos + 1) {
+                    self.ending.retain(|e| *e != gone);
+                }
+            }
+        }
     }
 
     fn feed(&mut self, event: &SessionEvent, world: &World) {
@@ -1175,56 +1195,35 @@ impl Tracker {
         match event {
             SessionEvent::Closed => self.closed = true,
             SessionEvent::AgentHandoff {
-                from: Some(from),
-                to,
+                from: Some(from), ..
             } => {
                 if let Some(pos) = self.stack.iter().rposition(|a| a == from) {
                     self.stack.remove(pos);
                 }
-                if self.ending.as_deref() == Some(from.as_str()) {
-                    // A step that completed the sub-task and handed off: the engine does
-                    // the handoff and drops the task's end (see the ignored regression
-                    // test `a_step_that_completes_the_task_and_hands_off_ends_the_task`);
-                    // the sub-task goes on under the new agent.
-                    self.ending = None;
-                }
-                let _ = to;
+                // A step that completed the sub-task and handed off: the engine does the
+                // handoff and drops the task's end (see the ignored regression test
+                // `a_step_that_completes_the_task_and_hands_off_ends_the_task`); the
+                // sub-task goes on under the new agent.
+                self.ending.retain(|e| e != from);
             }
             SessionEvent::ConversationItemAdded { agent, item } => {
-                if let Some(ending) = self.ending.clone() {
-                    if self.stack.len() > 1
-                        && self.stack[self.stack.len() - 2] == *agent
-                        && ending == self.top()
-                    {
-                        self.stack.pop();
-                        self.ending = None;
+                if let ChatItem::AgentHandoff { from, to } = item {
+                    // An activation starts from the current one.
+                    if let Some(from) = from {
+                        self.current_is(from);
                     }
+                    self.stack.push(to.clone());
+                    return;
                 }
+                self.current_is(agent);
                 match item {
-                    ChatItem::AgentHandoff { from, to } => {
-                        // An activation starts from the current one: whatever sat above
-                        // it (a sub-task that ended without a sign of its caller) is over.
-                        if let Some(from) = from {
-                            if let Some(pos) = self.stack.iter().rposition(|a| a == from) {
-                                self.stack.truncate(pos + 1);
-                                if self
-                                    .ending
-                                    .as_ref()
-                                    .is_some_and(|e| !self.stack.contains(e))
-                                {
-                                    self.ending = None;
-                                }
-                            }
-                        }
-                        self.stack.push(to.clone());
-                    }
                     ChatItem::FunctionCallOutput(out)
                         if out.name == "finish_task"
                             && !out.is_error
                             && agent == self.top()
                             && self.stack.len() > 1 =>
                     {
-                        self.ending = Some(agent.clone());
+                        self.ending.push(agent.clone());
                     }
                     ChatItem::FunctionCall(call) => self.check_call(agent, &call.call_id, world),
                     _ => {}
