@@ -249,7 +249,7 @@ fn rss_kib() -> u64 {
 
 #[test]
 fn sessions_by_the_thousand_leave_no_actor_and_no_memory_behind() {
-    let sessions = env("SOAK_SESSIONS", 120);
+    let sessions = env("SOAK_SESSIONS", 300);
     let turns = env("SOAK_TURNS", 8);
     let rounds = env("SOAK_ROUNDS", 3);
     let batch = env("SOAK_BATCH", 100).max(1);
@@ -289,9 +289,9 @@ fn sessions_by_the_thousand_leave_no_actor_and_no_memory_behind() {
             let requests = llm.requests.load(Ordering::Relaxed) - requests_before;
             println!(
                 "round {round}: {sessions} sessions ({abandoned} abandoned) x {turns} turns, \
-                 {requests} LLM requests, {:.2} s wall, live actors 0, RSS {} MiB",
+                 {requests} LLM requests, {:.2} s wall, live actors 0, RSS {:.1} MiB",
                 started.elapsed().as_secs_f64(),
-                rss / 1024
+                rss as f64 / 1024.0
             );
             match first_rss {
                 None => first_rss = Some(rss),
