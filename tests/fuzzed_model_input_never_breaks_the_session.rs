@@ -308,7 +308,8 @@ fn run_model(model: &Model) -> Result<(), String> {
                     out.output
                 ));
             }
-            if !should_run && !(out.is_error && out.output.starts_with("Error")) {
+            let error_output = out.is_error && out.output.starts_with("Error");
+            if !should_run && !error_output {
                 let items: Vec<String> = chat
                     .items()
                     .iter()
@@ -330,7 +331,8 @@ fn run_model(model: &Model) -> Result<(), String> {
             let out = chat
                 .output_of(&id)
                 .ok_or_else(|| format!("deferred call {id:?} has no output"))?;
-            if !(out.is_error && out.output.starts_with("Error")) {
+            let error_output = out.is_error && out.output.starts_with("Error");
+            if !error_output {
                 return Err(format!(
                     "a call in a reply without tools got {:?}",
                     out.output

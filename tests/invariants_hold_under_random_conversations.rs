@@ -14,7 +14,7 @@ use reliability::{case, cases, run_case};
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(48),
+        cases: cases(64),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

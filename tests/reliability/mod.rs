@@ -1779,13 +1779,11 @@ impl Harness {
                     record.marker, record.call_id
                 ));
             }
-            if !record.ok {
-                if in_requests(&record.marker) {
-                    return fail(format!(
-                        "the failed update {} of {} reached the model",
-                        record.marker, record.call_id
-                    ));
-                }
+            if !record.ok && in_requests(&record.marker) {
+                return fail(format!(
+                    "the failed update {} of {} reached the model",
+                    record.marker, record.call_id
+                ));
             }
             if self.chats.is_empty() {
                 continue; // dropped: no history to read
