@@ -77,6 +77,10 @@ pub(crate) struct Frame<W: Work> {
     pub(crate) id: ActorId,
     pub(crate) activity: W::Activity,
     turn: Option<TurnId>,
+    /// What a turn of it that ended while it was pausing or paused under a sub-task asked
+    /// for (its own task's end, a handoff): it runs once this activity is current again,
+    /// never on the sub-task that runs on top of it.
+    after: Vec<Job<W>>,
 }
 
 impl<W: Work> Frame<W> {
@@ -85,6 +89,7 @@ impl<W: Work> Frame<W> {
             id,
             activity,
             turn: None,
+            after: Vec::new(),
         }
     }
 }
@@ -93,10 +98,6 @@ impl<W: Work> Frame<W> {
 struct Paused<W: Work> {
     frame: Frame<W>,
     reply: W::TaskReply,
-    /// What a turn of it that ended while it was paused asked for (its own sub-task's
-    /// end, a handoff): it runs once the caller is current again, never on the sub-task
-    /// that runs now.
-    after: Vec<Job<W>>,
 }
 
 enum Stage<W: Work> {
@@ -507,7 +508,6 @@ impl<W: Work> Schedule<W> {
                 paused.push(Paused {
                     frame: caller,
                     reply,
-                    after: Vec::new(),
                 });
             }
             Switch::Starting | Switch::HandingOff { .. } => {}
@@ -564,14 +564,15 @@ impl<W: Work> Schedule<W> {
         else {
             return None;
         };
-        let activity = caller.frame.activity.clone();
-        self.stage = Stage::Live {
-            current: caller.frame,
-            paused,
-        };
-        for job in caller.after.into_iter().rev() {
+        let mut frame = caller.frame;
+        let activity = frame.activity.clone();
+        for job in std::mem::take(&mut frame.after).into_iter().rev() {
             self.jobs.push_front(job);
         }
+        self.stage = Stage::Live {
+            current: frame,
+            paused,
+        };
         Some(Resumed {
             caller: activity,
             reply: caller.reply,
@@ -588,14 +589,26 @@ impl<W: Work> Schedule<W> {
             After::Handoff(handoff) => Some(Job::Handoff(handoff)),
             After::EndTask(value) => Some(Job::EndTask(value)),
         };
-        let paused_caller = match &mut self.stage {
-            Stage::Live { paused, .. } | Stage::Switching { paused, .. } => {
-                paused.iter_mut().find(|p| p.frame.id == *id)
+        // A caller pausing or paused under a sub-task keeps what its turn asked for.
+        let caller = match &mut self.stage {
+            Stage::Live { paused, .. } => paused
+                .iter_mut()
+                .map(|p| &mut p.frame)
+                .find(|f| f.id == *id),
+            Stage::Switching { paused, switch } => {
+                let pausing = match switch {
+                    Switch::Pausing { caller, .. } => Some(caller),
+                    _ => None,
+                };
+                pausing
+                    .into_iter()
+                    .chain(paused.iter_mut().map(|p| &mut p.frame))
+                    .find(|f| f.id == *id)
             }
             Stage::Closed => None,
         };
-        if let Some(caller) = paused_caller {
-            caller.frame.turn = None;
+        if let Some(caller) = caller {
+            caller.turn = None;
             caller.after.extend(job);
             return;
         }
@@ -707,14 +720,18 @@ impl<W: Work> Schedule<W> {
                 Switch::Entering { incoming } => (Some(incoming), paused, Vec::new()),
             },
         };
-        let mut activities: Vec<W::Activity> = first.into_iter().map(|f| f.activity).collect();
         let mut turns = Vec::new();
         let mut handoffs = Vec::new();
+        let mut frames: Vec<Frame<W>> = first.into_iter().collect();
         // Innermost caller first: the order they would have resumed in.
         for paused in paused.into_iter().rev() {
-            activities.push(paused.frame.activity);
+            frames.push(paused.frame);
             task_replies.push(paused.reply);
-            for job in paused.after {
+        }
+        let mut activities = Vec::with_capacity(frames.len());
+        for frame in frames {
+            activities.push(frame.activity);
+            for job in frame.after {
                 if let Job::Handoff(handoff) = job {
                     handoffs.push(handoff);
                 }
@@ -977,6 +994,31 @@ mod tests {
         let resumed = s.task_closed().unwrap();
         assert_eq!((resumed.caller, resumed.reply), ("a", "a waits"));
         assert_eq!(resumed.value, Value::from(1));
+    }
+
+    #[test]
+    fn a_task_end_from_a_caller_still_pausing_waits_for_it_too() {
+        let mut s = live();
+        s.request_task("first task", "a waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert!(s.entering(id("t1"), "t1"));
+        s.entered();
+        s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
+        s.request_task("second task", "host waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        // t1's turn ends while it is still pausing.
+        s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
+        assert!(s.entering(id("t2"), "t2"));
+        s.entered();
+        assert!(s.next().is_none(), "the second task goes on");
+        s.queue_turn(TurnId::Host(2), "done", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
+        s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
+        assert_eq!(s.task_closed().unwrap().value, Value::from(2));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
+        assert_eq!(s.task_closed().unwrap().value, Value::from(1));
     }
 
     #[test]
