@@ -218,6 +218,34 @@ mod regressions {
             end: End::DrainThenClose,
         });
     }
+
+    #[test]
+    fn nested_host_sub_tasks_over_a_turn_that_finishes_a_task_all_end() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        let finish = Chunk::Call {
+            tool: TOOLS.len() - 1,
+            behaviour: Behaviour::Return,
+            id: IdPick::Fresh,
+            confirm: false,
+        };
+        check(Case {
+            config,
+            ops: vec![
+                Op::Run(vec![vec![Chunk::Text(" ".into())]]),
+                Op::Run(vec![
+                    vec![call(Behaviour::Stubborn), Chunk::Text(" ".into())],
+                    vec![finish],
+                ]),
+                Op::Final(vec![vec![Chunk::Text("a".into())]]),
+                Op::HostTask,
+                Op::HostTask,
+                Op::UserStarts,
+                Op::HostTask,
+            ],
+            end: End::DrainThenClose,
+        });
+    }
 }
 
 /// The shrunk case above, with values that tell the two sub-tasks apart.
