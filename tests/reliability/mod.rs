@@ -1609,6 +1609,9 @@ impl Harness {
         self.closed = true;
         let history = history.map_err(|e| format!("the first close() failed: {e}"))?;
         for agent in &history.agents {
+            if std::env::var_os("RELIABILITY_TRACE").is_some() {
+                eprintln!("history: {} has {} items", agent.activity, agent.chat.len());
+            }
             check_chat(&format!("the history of {}", agent.activity), &agent.chat)?;
             self.chats.push(agent.chat.clone());
         }
@@ -1849,9 +1852,12 @@ pub fn run_case(case: &Case) -> Result<(), String> {
                 .observe()
                 .map_err(|e| format!("after op {index} ({op:?}): {e}"))?;
         }
-        harness
-            .end(&case.end)
-            .await
-            .map_err(|e| format!("at the end ({:?}): {e}", case.end))
+        let ended = harness.end(&case.end).await;
+        if ended.is_err() && std::env::var_os("RELIABILITY_TRACE").is_some() {
+            for r in harness.inspector.traffic() {
+                eprintln!("traffic: {} {} -> {} {}", r.seq, r.from, r.to, r.kind);
+            }
+        }
+        ended.map_err(|e| format!("at the end ({:?}): {e}", case.end))
     })
 }
