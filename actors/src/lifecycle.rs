@@ -107,6 +107,12 @@ impl<A: Actor> Child<A> {
         self.mailbox.id()
     }
 
+    /// Resolves once the child and every future it spawned are dropped (without asking it
+    /// to stop: for a child someone else is stopping).
+    pub(crate) fn gone(&self) -> impl std::future::Future<Output = ()> + 'static {
+        self.gone.clone().wait()
+    }
+
     /// Asks the child to stop with `msg` and waits until it is gone: its reply (if it
     /// answered before stopping), once the actor and every future it spawned are dropped.
     pub(crate) fn stop<M>(

@@ -1097,13 +1097,18 @@ impl Handler<SpeechPlayedOut> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: SpeechPlayedOut, _ctx: &mut Self::Context) {
-        if let Some(current) = self.schedule.current() {
-            current.child.mailbox.tell(
+        // Every activity the schedule knows, not only the current one: the speech may be
+        // a paused caller's (its turn waits for the report while its sub-task runs), or
+        // the report may come during a switch. An activity ignores speeches it did not
+        // make (speech ids are unique in the session). One per activity per report:
+        // bounded.
+        for activity in self.schedule.activities() {
+            activity.child.mailbox.tell(
                 self.probe.id(),
                 PlayoutFinished {
                     speech: msg.speech,
                     interrupted: msg.interrupted,
-                    heard: msg.heard,
+                    heard: msg.heard.clone(),
                 },
             );
         }

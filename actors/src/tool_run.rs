@@ -431,14 +431,19 @@ impl Message for ToolUpdate {
 }
 
 impl Handler<ToolUpdate> for ToolRunActor {
-    type Result = ResponseActFuture<Self, Result<(), UpdateError>>;
+    // A plain future on the arbiter, not an actor future: once the run accepted the
+    // update, its answer must not depend on the run living on. A body that returns while
+    // an update of it (from a context it handed out) waits behind its step would
+    // otherwise stop the run, drop the wait, and answer `Err` for an item that then
+    // lands in the chat.
+    type Result = ResponseFuture<Result<(), UpdateError>>;
 
     fn handle(&mut self, msg: ToolUpdate, _ctx: &mut Self::Context) -> Self::Result {
         if self.phase != RunPhase::Running {
             let err = UpdateError::RunEnded {
                 call_id: self.call.call_id.clone(),
             };
-            return Box::pin(fut::ready(Err(err)));
+            return Box::pin(std::future::ready(Err(err)));
         }
         let text = match msg.message {
             UpdateMessage::Text(message) => self.prompts.render_update(&UpdatePromptArgs {
@@ -451,11 +456,11 @@ impl Handler<ToolUpdate> for ToolRunActor {
         if let Some(immediate) = self.immediate.take() {
             // The first update answers the LLM step; the tool goes on in the background.
             let _ = immediate.send(CallOutput::reply(text));
-            return Box::pin(fut::ready(Ok(())));
+            return Box::pin(std::future::ready(Ok(())));
         }
         self.updates += 1;
         let call_id = format!("{}/update_{}", self.call.call_id, self.updates);
-        Box::pin(self.deliver(call_id, text, false, true).into_actor(self))
+        Box::pin(self.deliver(call_id, text, false, true))
     }
 }
 

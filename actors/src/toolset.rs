@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
@@ -64,6 +66,10 @@ pub(crate) struct ToolsetActor {
     /// What its runs send back when they stop.
     ended: Link<RunEnded>,
     interrupted_steps: VecDeque<u64>,
+    /// Set once `StopToolset` is handled: no run starts any more (a call still being set
+    /// up, such as a `replace` waiting for the runs it cancels, gets a terminal output),
+    /// so the runs that stop is waiting for are all there are.
+    closing: Option<Arc<str>>,
     _alive: AliveToken,
 }
 
@@ -94,6 +100,7 @@ impl ToolsetActor {
             links,
             prompts: Arc::new(prompts),
             interrupted_steps: VecDeque::new(),
+            closing: None,
             _alive: alive,
         });
         Child::new(Mailbox::new(addr, probe), gone)
@@ -116,12 +123,16 @@ impl ToolsetActor {
         reason: Arc<str>,
         report: bool,
     ) -> impl std::future::Future<Output = Vec<FunctionCall>> + 'static {
-        let mut stops = Vec::new();
+        let mut stops: Vec<(Option<FunctionCall>, BoxFuture<'static, Option<bool>>)> = Vec::new();
         for key in keys {
             let Some(run) = self.runs.get_mut(&key) else {
                 continue;
             };
             if run.closed {
+                // Already stopping (a pause, a cancel, a `replace`, whose stop writes its
+                // output): wait for it all the same, so that whoever stops this toolset
+                // knows every run is gone when the answer comes.
+                stops.push((None, run.child.gone().map(|()| None).boxed()));
                 continue;
             }
             run.closed = true;
@@ -132,7 +143,7 @@ impl ToolsetActor {
                     report,
                 },
             );
-            stops.push((run.call.clone(), stop));
+            stops.push((Some(run.call.clone()), stop.boxed()));
         }
         async move {
             let (calls, stops): (Vec<_>, Vec<_>) = stops.into_iter().unzip();
@@ -140,7 +151,7 @@ impl ToolsetActor {
             calls
                 .into_iter()
                 .zip(background)
-                .filter_map(|(call, background)| background.unwrap_or(false).then_some(call))
+                .filter_map(|(call, background)| call.filter(|_| background.unwrap_or(false)))
                 .collect()
         }
     }
@@ -293,16 +304,38 @@ impl Handler<RunTool> for ToolsetActor {
                 DuplicatePolicy::Replace => {
                     let reason: Arc<str> = Arc::from("replaced by a newer call");
                     let stopping = self.stop_runs(running, reason, true);
-                    return Box::pin(stopping.into_actor(self).then(move |_, act, _| {
-                        let rx = act.spawn_run(msg, tool, body);
-                        async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(act)
-                    }));
+                    return Box::pin(
+                        stopping
+                            .into_actor(self)
+                            .then(move |_, act, _| act.start_run(msg, tool, body).into_actor(act)),
+                    );
                 }
             }
         }
         // 4. Run.
-        let rx = self.spawn_run(msg, tool, body);
-        Box::pin(async move { rx.await.unwrap_or_else(|_| lost()) }.into_actor(self))
+        Box::pin(self.start_run(msg, tool, body).into_actor(self))
+    }
+}
+
+impl ToolsetActor {
+    /// Spawns the call's run and resolves with its immediate output; once the toolset is
+    /// closing, answers the terminal output instead of starting anything.
+    fn start_run(
+        &mut self,
+        msg: RunTool,
+        tool: Tool,
+        body: PreparedBody,
+    ) -> impl std::future::Future<Output = CallOutput> + 'static {
+        let started = match &self.closing {
+            Some(reason) => Err(reason.clone()),
+            None => Ok(self.spawn_run(msg, tool, body)),
+        };
+        async move {
+            match started {
+                Ok(rx) => rx.await.unwrap_or_else(|_| lost()),
+                Err(reason) => CallOutput::ended(&reason),
+            }
+        }
     }
 }
 
@@ -417,6 +450,7 @@ impl Handler<StopToolset> for ToolsetActor {
     type Result = ResponseActFuture<Self, Vec<FunctionCall>>;
 
     fn handle(&mut self, msg: StopToolset, _ctx: &mut Self::Context) -> Self::Result {
+        self.closing = Some(msg.reason.clone());
         let keys: Vec<u64> = self.runs.keys().copied().collect();
         Box::pin(
             self.stop_runs(keys, msg.reason, false)

@@ -787,10 +787,18 @@ impl ActivityActor {
     }
 
     /// A pause (a sub-task starts) while the model still streams: the generation stops
-    /// where it is and the turn ends interrupted. A turn waiting on its calls stays open.
+    /// where it is and the turn ends interrupted. A turn waiting on its calls stays open
+    /// (it commits on resume); if it was interrupted, whoever waits for the interruption
+    /// (`Session::interrupt`) is answered now: the turn runs no further step, and its
+    /// end waits for a sub-task that only the user and the model can finish.
     pub(super) fn stop_generation_for_pause(&mut self, ctx: &mut Context<Self>) {
         if self.generation_mut(None).is_some() {
             let _ = self.interrupt(true, ctx);
+        }
+        if let Some(turn) = self.turn.as_mut().filter(|t| t.interrupted) {
+            for ended in turn.ended.drain(..) {
+                let _ = ended.send(());
+            }
         }
     }
 

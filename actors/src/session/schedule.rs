@@ -78,6 +78,10 @@ pub(crate) struct Frame<W: Work> {
     pub(crate) id: ActorId,
     pub(crate) activity: W::Activity,
     turn: Option<TurnId>,
+    /// What a turn of it that ended while it was pausing or paused under a sub-task asked
+    /// for (its own task's end, a handoff): it runs once this activity is current again,
+    /// never on the sub-task that runs on top of it.
+    after: Vec<Job<W>>,
 }
 
 impl<W: Work> Frame<W> {
@@ -86,6 +90,7 @@ impl<W: Work> Frame<W> {
             id,
             activity,
             turn: None,
+            after: Vec::new(),
         }
     }
 }
@@ -285,6 +290,31 @@ impl<W: Work> Schedule<W> {
             Stage::Live { current, .. } => Some(&current.activity),
             _ => None,
         }
+    }
+
+    /// Every activity the schedule knows: the current one (or the one a switch moves),
+    /// then the callers paused under sub-tasks. Playout reports go to all of them: a
+    /// speech of a paused caller's turn can end while its sub-task runs.
+    pub(crate) fn activities(&self) -> Vec<&W::Activity> {
+        let (first, paused) = match &self.stage {
+            Stage::Live { current, paused } => (Some(current), paused),
+            Stage::Switching { paused, switch } => (
+                match switch {
+                    Switch::HandingOff { outgoing } => Some(outgoing),
+                    Switch::Pausing { caller, .. } => Some(caller),
+                    Switch::EndingTask { task, .. } => Some(task),
+                    Switch::Entering { incoming } => Some(incoming),
+                    Switch::Starting => None,
+                },
+                paused,
+            ),
+            Stage::Closed => return Vec::new(),
+        };
+        first
+            .into_iter()
+            .chain(paused.iter().map(|p| &p.frame))
+            .map(|frame| &frame.activity)
+            .collect()
     }
 
     /// Whether an agent started now would be a sub-task (callers are paused under it):
@@ -570,9 +600,13 @@ impl<W: Work> Schedule<W> {
         else {
             return None;
         };
-        let activity = caller.frame.activity.clone();
+        let mut frame = caller.frame;
+        let activity = frame.activity.clone();
+        for job in std::mem::take(&mut frame.after).into_iter().rev() {
+            self.jobs.push_front(job);
+        }
         self.stage = Stage::Live {
-            current: caller.frame,
+            current: frame,
             paused,
         };
         Some(Resumed {
@@ -583,8 +617,37 @@ impl<W: Work> Schedule<W> {
         })
     }
 
-    /// A turn of activity `id` ended; what it asks for runs before anything queued.
+    /// A turn of activity `id` ended; what it asks for runs before anything queued — or,
+    /// when `id` is a caller paused under a sub-task, once it is current again.
     pub(crate) fn turn_done(&mut self, id: &ActorId, after: After<W>) {
+        let job = match after {
+            After::Nothing => None,
+            After::Handoff(handoff) => Some(Job::Handoff(handoff)),
+            After::EndTask(value) => Some(Job::EndTask(value)),
+        };
+        // A caller pausing or paused under a sub-task keeps what its turn asked for.
+        let caller = match &mut self.stage {
+            Stage::Live { paused, .. } => paused
+                .iter_mut()
+                .map(|p| &mut p.frame)
+                .find(|f| f.id == *id),
+            Stage::Switching { paused, switch } => {
+                let pausing = match switch {
+                    Switch::Pausing { caller, .. } => Some(caller),
+                    _ => None,
+                };
+                pausing
+                    .into_iter()
+                    .chain(paused.iter_mut().map(|p| &mut p.frame))
+                    .find(|f| f.id == *id)
+            }
+            Stage::Closed => None,
+        };
+        if let Some(caller) = caller {
+            caller.turn = None;
+            caller.after.extend(job);
+            return;
+        }
         let frames: Vec<&mut Frame<W>> = match &mut self.stage {
             Stage::Live { current, paused } => std::iter::once(current)
                 .chain(paused.iter_mut().map(|p| &mut p.frame))
@@ -609,10 +672,8 @@ impl<W: Work> Schedule<W> {
                 frame.turn = None;
             }
         }
-        match after {
-            After::Nothing => {}
-            After::Handoff(handoff) => self.jobs.push_front(Job::Handoff(handoff)),
-            After::EndTask(value) => self.jobs.push_front(Job::EndTask(value)),
+        if let Some(job) = job {
+            self.jobs.push_front(job);
         }
     }
 
@@ -695,14 +756,23 @@ impl<W: Work> Schedule<W> {
                 Switch::Entering { incoming } => (Some(incoming), paused, Vec::new()),
             },
         };
-        let mut activities: Vec<W::Activity> = first.into_iter().map(|f| f.activity).collect();
-        // Innermost caller first: the order they would have resumed in.
-        for paused in paused.into_iter().rev() {
-            activities.push(paused.frame.activity);
-            task_replies.push(paused.reply);
-        }
         let mut turns = Vec::new();
         let mut handoffs = Vec::new();
+        let mut frames: Vec<Frame<W>> = first.into_iter().collect();
+        // Innermost caller first: the order they would have resumed in.
+        for paused in paused.into_iter().rev() {
+            frames.push(paused.frame);
+            task_replies.push(paused.reply);
+        }
+        let mut activities = Vec::with_capacity(frames.len());
+        for frame in frames {
+            activities.push(frame.activity);
+            for job in frame.after {
+                if let Job::Handoff(handoff) = job {
+                    handoffs.push(handoff);
+                }
+            }
+        }
         for job in self.jobs.drain(..) {
             match job {
                 Job::Turn(_, _, turn) => turns.push(turn),
@@ -904,6 +974,87 @@ mod tests {
         assert!(s.next().is_none(), "the caller's turn is still open");
         s.turn_done(&id("a"), After::Nothing);
         assert!(s.is_inactive());
+    }
+
+    #[test]
+    fn playout_reports_reach_the_paused_callers_too() {
+        let mut s = live();
+        assert_eq!(s.activities(), [&"a"]);
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert_eq!(s.activities(), [&"a"], "the caller, while it pauses");
+        assert!(s.entering(id("t"), "t"));
+        assert_eq!(
+            s.activities(),
+            [&"t", &"a"],
+            "the task's agent, while it enters"
+        );
+        s.entered();
+        assert_eq!(
+            s.activities(),
+            [&"t", &"a"],
+            "the task's agent and its paused caller"
+        );
+        s.close();
+        assert!(s.activities().is_empty());
+    }
+
+    #[test]
+    fn a_paused_task_that_finished_ends_after_the_sub_task_it_started_not_instead_of_it() {
+        let mut s = live();
+        s.request_task("first task", "a waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert!(s.entering(id("t1"), "t1"));
+        s.entered();
+        // The first task's agent runs a turn that completes it, still playing out…
+        s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
+        // …when a second sub-task starts on top of it.
+        s.request_task("second task", "host waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        assert!(s.entering(id("t2"), "t2"));
+        s.entered();
+        // The paused turn ends asking to end its task: not the one running now.
+        s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
+        assert!(s.next().is_none(), "the second task goes on");
+        assert_eq!(s.current(), Some(&"t2"));
+        s.queue_turn(TurnId::Host(2), "done", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
+        s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
+        let resumed = s.task_closed().unwrap();
+        assert_eq!((resumed.caller, resumed.reply), ("t1", "host waits"));
+        assert_eq!(resumed.value, Value::from(2));
+        // Now the first task's own end runs, and its caller gets its value.
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
+        let resumed = s.task_closed().unwrap();
+        assert_eq!((resumed.caller, resumed.reply), ("a", "a waits"));
+        assert_eq!(resumed.value, Value::from(1));
+    }
+
+    #[test]
+    fn a_task_end_from_a_caller_still_pausing_waits_for_it_too() {
+        let mut s = live();
+        s.request_task("first task", "a waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert!(s.entering(id("t1"), "t1"));
+        s.entered();
+        s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
+        s.request_task("second task", "host waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        // t1's turn ends while it is still pausing.
+        s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
+        assert!(s.entering(id("t2"), "t2"));
+        s.entered();
+        assert!(s.next().is_none(), "the second task goes on");
+        s.queue_turn(TurnId::Host(2), "done", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
+        s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
+        assert_eq!(s.task_closed().unwrap().value, Value::from(2));
+        assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
+        assert_eq!(s.task_closed().unwrap().value, Value::from(1));
     }
 
     #[test]
