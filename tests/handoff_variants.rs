@@ -164,3 +164,48 @@ async fn a_handoff_is_not_dropped_when_a_parallel_call_fails() {
     );
     session.close().await.unwrap();
 }
+
+/// Two handoffs asked for in one step: the first (in call order) is carried out, and the
+/// second's output tells the model it was not done, instead of a "Transferred" that lies.
+#[actix::test]
+async fn of_two_handoffs_in_one_step_the_first_is_done_and_the_second_reads_refused() {
+    let transfer = |tool: &'static str, to: Agent| {
+        Tool::new(tool, "Transfers", move |_ctx: RunContext, _: NoArgs| {
+            let to = to.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(to)) }
+        })
+    };
+    let billing = Agent::builder("billing").build().unwrap();
+    let support = Agent::builder("support").build().unwrap();
+    let llm = ScriptedLlm::new([Reply::tool_call("to_billing", json!({}))
+        .and_tool_call("to_support", json!({}))]);
+    llm.otherwise(Reply::text("Hello."));
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(
+            Agent::builder("front")
+                .tool(transfer("to_billing", billing))
+                .tool(transfer("to_support", support))
+                .build()
+                .unwrap(),
+        )
+        .inherit_chat_context(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("help").await.unwrap();
+    session.wait_for_settled().await;
+    assert_eq!(session.current_agent().await.unwrap(), "billing");
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(output(&chat, "call_1"), "Transferred to billing.");
+    assert_eq!(
+        output(&chat, "call_2"),
+        "Error: not done: an earlier call in this step already hands off to billing"
+    );
+    assert_invariant(&chat);
+    let history = session.close().await.unwrap();
+    assert!(
+        history.agents.iter().all(|a| a.agent != "support"),
+        "support never started: {history:?}"
+    );
+}

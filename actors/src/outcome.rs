@@ -130,6 +130,30 @@ pub(crate) fn vet(
     }
 }
 
+/// One step ends its agent at most once: the first handoff or task completion, in call
+/// order, is carried out; each later one becomes an error output asking for nothing, so
+/// the chat never says "Transferred" or "Task completed" for something that did not
+/// happen.
+pub(crate) fn keep_first_ending<'a>(outputs: impl IntoIterator<Item = &'a mut CallOutput>) {
+    let mut ending: Option<String> = None;
+    for out in outputs {
+        let what = match &out.effect {
+            Effect::Handoff(handoff) => format!("hands off to {}", handoff.agent.name()),
+            Effect::CompleteTask(_) => "completes the task".to_owned(),
+            _ => continue,
+        };
+        match &ending {
+            None => ending = Some(what),
+            Some(first) => {
+                tracing::warn!(ignored = %what, kept = %first, "a second ending in one step");
+                *out = CallOutput::refused(format!(
+                    "Error: not done: an earlier call in this step already {first}"
+                ));
+            }
+        }
+    }
+}
+
 /// The `/finished` pair of a background call that ended without a result: says why, and
 /// asks for no reply.
 pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
@@ -266,5 +290,64 @@ pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
         s.clone()
     } else {
         "non-string panic payload".to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::Agent;
+
+    fn handoff(to: &str) -> CallOutput {
+        // A name-only agent always builds.
+        let agent = Agent::builder(to).build().expect("a plain agent builds");
+        from_return(ToolReturn::Handoff(Handoff::to(agent)))
+    }
+
+    fn complete() -> CallOutput {
+        from_return(ToolReturn::CompleteTask(Value::Null))
+    }
+
+    fn kinds(outputs: &[CallOutput]) -> Vec<&str> {
+        outputs
+            .iter()
+            .map(|o| match &o.effect {
+                Effect::Handoff(_) => "handoff",
+                Effect::CompleteTask(_) => "complete",
+                Effect::Reply => "reply",
+                Effect::Quiet if o.is_error => "refused",
+                Effect::Quiet => "quiet",
+                Effect::Propagate(_) => "propagate",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_ending_of_a_step_wins_and_later_ones_read_as_refused() {
+        let mut outputs = vec![
+            CallOutput::reply("42".into()),
+            complete(),
+            handoff("billing"),
+            complete(),
+        ];
+        keep_first_ending(&mut outputs);
+        assert_eq!(kinds(&outputs), ["reply", "complete", "refused", "refused"]);
+        assert_eq!(
+            outputs[2].output,
+            "Error: not done: an earlier call in this step already completes the task"
+        );
+
+        let mut outputs = vec![handoff("billing"), handoff("support"), complete()];
+        keep_first_ending(&mut outputs);
+        assert_eq!(kinds(&outputs), ["handoff", "refused", "refused"]);
+        assert!(outputs[1].output.ends_with("already hands off to billing"));
+    }
+
+    #[test]
+    fn a_step_with_one_ending_is_left_alone() {
+        let mut outputs = vec![CallOutput::reply("a".into()), handoff("billing")];
+        keep_first_ending(&mut outputs);
+        assert_eq!(kinds(&outputs), ["reply", "handoff"]);
+        assert_eq!(outputs[1].output, "Transferred to billing.");
     }
 }

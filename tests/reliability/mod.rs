@@ -1200,10 +1200,8 @@ impl Tracker {
                 if let Some(pos) = self.stack.iter().rposition(|a| a == from) {
                     self.stack.remove(pos);
                 }
-                // A step that completed the sub-task and handed off: the engine does the
-                // handoff and drops the task's end (see the ignored regression test
-                // `a_step_that_completes_the_task_and_hands_off_ends_the_task`); the
-                // sub-task goes on under the new agent.
+                // A handoff from a sub-task agent: the sub-task goes on under the new
+                // agent (a step that also completed the task refuses the later of the two).
                 self.ending.retain(|e| e != from);
             }
             SessionEvent::ConversationItemAdded { agent, item } => {

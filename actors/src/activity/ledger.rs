@@ -187,7 +187,8 @@ impl Ledger {
         if !self.is_complete() {
             return None;
         }
-        let step = self.step.take()?;
+        let mut step = self.step.take()?;
+        crate::outcome::keep_first_ending(step.slots.iter_mut().filter_map(|s| s.output.as_mut()));
         let mut calls = Vec::with_capacity(step.slots.len());
         let mut outputs = Vec::with_capacity(step.slots.len());
         let mut effects = Vec::with_capacity(step.slots.len());

@@ -603,14 +603,8 @@ impl ActivityActor {
             match effect {
                 Effect::Reply => reply = true,
                 Effect::Quiet => {}
-                Effect::Handoff(handoff) => {
-                    // One handoff per step: the first one wins, the others are logged.
-                    if outcome.handoff.is_none() {
-                        outcome.handoff = Some(handoff);
-                    } else {
-                        tracing::warn!(tool = %call.name, "a second handoff in one step was ignored");
-                    }
-                }
+                // The ledger left at most one of these two per step (`keep_first_ending`).
+                Effect::Handoff(handoff) => outcome.handoff = Some(handoff),
                 Effect::CompleteTask(value) => outcome.task_result = Some(value),
                 Effect::Propagate(message) => {
                     self.shared.emit(SessionEvent::Error {
