@@ -145,11 +145,11 @@ pub use switchboard_actors::{
 /// crate-root item of the same name.
 pub mod prelude {
     pub use switchboard_actors::{
-        Agent, AgentState, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+        Agent, AgentChat, AgentState, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
         DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff, HookContext, Inspector, Llm,
         NoArgs, Playout, PlayoutReporter, RunContext, RunResult, SayOptions, Session,
-        SessionControl, SessionError, SessionEvent, SpeechHandle, SpeechId, SpeechOutcome,
-        SpeechOutput, StopResponse, Tool, ToolError, ToolFailure, ToolReturn, Toolset,
-        TurnDecision, UserState,
+        SessionControl, SessionError, SessionEvent, SessionHistory, SpeechHandle, SpeechId,
+        SpeechOutcome, SpeechOutput, StopResponse, Tool, ToolError, ToolFailure, ToolReturn,
+        Toolset, TurnDecision, UserState,
     };
 }

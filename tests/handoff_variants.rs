@@ -177,8 +177,9 @@ async fn of_two_handoffs_in_one_step_the_first_is_done_and_the_second_reads_refu
     };
     let billing = Agent::builder("billing").build().unwrap();
     let support = Agent::builder("support").build().unwrap();
-    let llm = ScriptedLlm::new([Reply::tool_call("to_billing", json!({}))
-        .and_tool_call("to_support", json!({}))]);
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("to_billing", json!({})).and_tool_call("to_support", json!({}))
+    ]);
     llm.otherwise(Reply::text("Hello."));
     let session = Session::builder()
         .llm(llm.clone())

@@ -12,7 +12,8 @@
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
 //!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserWords`, `InsertToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`,
-//!   `PlayoutFinished`, `GetChat`.
+//!   `PlayoutFinished`, `GetChat`, `ReadHistoryEntry`.
+//! - **Records** its final chat context in the session's history when it stops.
 //!
 //! Guarantees, each tested:
 //! - Every function call in the chat context has exactly one output after it, whatever
@@ -50,6 +51,7 @@ use crate::control::SessionControl;
 use crate::error::{SessionError, UpdateError};
 use crate::events::{AgentState, SessionEvent};
 use crate::handoff::Handoff;
+use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
 use crate::llm::{Llm, LlmTimeouts, ToolSchema};
@@ -112,6 +114,16 @@ enum Status {
     Closed,
 }
 
+/// An activation's place in the session's history.
+#[derive(Clone, Debug)]
+struct HistoryPlace {
+    /// Its place in start order.
+    order: u32,
+    /// How many items it was given at start.
+    inherited: usize,
+    sub_task_of: Option<SubTaskOf>,
+}
+
 /// Everything an activity is started with.
 pub(crate) struct ActivitySpec {
     pub(crate) agent: Agent,
@@ -152,6 +164,9 @@ pub(crate) struct ActivityActor {
     barge_in: BargeIn,
     barge_rules: BargeInRules,
     barge_timer: Option<SpawnHandle>,
+    /// Where this activation goes in the session's history: set when it starts (one
+    /// spawned but never started is no part of the conversation).
+    history_place: Option<HistoryPlace>,
     _alive: AliveToken,
 }
 
@@ -200,6 +215,7 @@ impl ActivityActor {
             barge_in: BargeIn::Quiet,
             barge_rules,
             barge_timer: None,
+            history_place: None,
             _alive: alive,
         };
         Child::new(Mailbox::new(actor.start(), probe), gone)
@@ -211,6 +227,18 @@ impl ActivityActor {
 
     fn agent_name(&self) -> String {
         self.agent.name().to_owned()
+    }
+
+    /// This activation's entry in the session's history, with its chat context now.
+    fn history_entry(&self, place: &HistoryPlace, live: bool) -> AgentChat {
+        AgentChat {
+            agent: self.agent_name(),
+            activity: self.id().clone(),
+            chat: self.ledger.chat().clone(),
+            inherited: place.inherited,
+            live,
+            sub_task_of: place.sub_task_of.clone(),
+        }
     }
 
     fn set_state(&self, state: AgentState) {
@@ -365,6 +393,13 @@ impl Actor for ActivityActor {
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.status = Status::Closed;
         self.ledger.refuse_held();
+        // Recorded here, whoever stopped it (a handoff, the end of a task, the session's
+        // close, or several of them racing): the session reads the book once every
+        // activity is gone, so no final chat context depends on whose reply arrived.
+        if let Some(place) = self.history_place.take() {
+            self.shared
+                .record_history(place.order, self.history_entry(&place, false));
+        }
         self.probe.stopped();
     }
 }
@@ -374,6 +409,10 @@ impl Actor for ActivityActor {
 pub(crate) struct StartActivity {
     /// The chat context to start from (inherited from the previous agent, or empty).
     pub(crate) chat: ChatContext,
+    /// Its place among the session's activations, for the history.
+    pub(crate) order: u32,
+    /// The sub-task it runs in, if any, for the history.
+    pub(crate) sub_task_of: Option<SubTaskOf>,
     /// The agent this one takes over from, recorded as a handoff item.
     pub(crate) handoff_from: Option<String>,
 }
@@ -386,6 +425,11 @@ impl Handler<StartActivity> for ActivityActor {
     type Result = ResponseActFuture<Self, ()>;
 
     fn handle(&mut self, msg: StartActivity, _ctx: &mut Self::Context) -> Self::Result {
+        self.history_place = Some(HistoryPlace {
+            order: msg.order,
+            inherited: msg.chat.len(),
+            sub_task_of: msg.sub_task_of,
+        });
         self.ledger = Ledger::new(msg.chat);
         if let Some(from) = msg.handoff_from {
             let item = ChatItem::AgentHandoff {
@@ -586,12 +630,14 @@ pub(crate) struct PauseActivity {
     pub(crate) exempt: Option<u64>,
 }
 
+/// The reply is how many items the chat context has once paused: where the sub-task's
+/// items go in the call's transcript.
 impl Message for PauseActivity {
-    type Result = ();
+    type Result = usize;
 }
 
 impl Handler<PauseActivity> for ActivityActor {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseActFuture<Self, usize>;
 
     fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
         self.stop_generation_for_pause(ctx);
@@ -617,6 +663,7 @@ impl Handler<PauseActivity> for ActivityActor {
                 act.with_ledger(false, |ledger, sink| {
                     ledger.write_terminal(calls, &reason, sink)
                 });
+                act.ledger.chat().len()
             },
         ))
     }
@@ -728,6 +775,30 @@ impl Handler<GetChat> for ActivityActor {
     }
 }
 
+/// Asks for this activation's history entry as it is now (none before it started).
+pub(crate) struct ReadHistoryEntry;
+
+impl Message for ReadHistoryEntry {
+    type Result = LiveEntry;
+}
+
+/// A running activation's history entry and its place in start order.
+pub(crate) struct LiveEntry(pub(crate) Option<(u32, AgentChat)>);
+
+plain_response!(LiveEntry);
+
+impl Handler<ReadHistoryEntry> for ActivityActor {
+    type Result = LiveEntry;
+
+    fn handle(&mut self, _msg: ReadHistoryEntry, _ctx: &mut Self::Context) -> Self::Result {
+        LiveEntry(
+            self.history_place
+                .as_ref()
+                .map(|place| (place.order, self.history_entry(place, true))),
+        )
+    }
+}
+
 counted_handlers!(
     ActivityActor: StartActivity,
     StartTurn,
@@ -743,4 +814,5 @@ counted_handlers!(
     CloseActivity,
     PlayoutFinished,
     GetChat,
+    ReadHistoryEntry,
 );

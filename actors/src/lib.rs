@@ -86,7 +86,7 @@ pub use error::{BuildError, SessionError, SpeechError, TaskError, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent, UserState};
 pub use handoff::Handoff;
-pub use history::{AgentChat, SessionHistory};
+pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
 pub use llm::{

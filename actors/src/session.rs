@@ -41,7 +41,8 @@ use tokio::sync::oneshot;
 
 use crate::activity::{
     ActivityActor, GetChat, InsertToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished,
-    StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking, UserStoppedSpeaking, UserWords,
+    ReadHistoryEntry, StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking, UserStoppedSpeaking,
+    UserWords,
 };
 use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
@@ -50,7 +51,7 @@ use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
-use crate::history::{AgentChat, HistoryBook};
+use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
@@ -67,6 +68,7 @@ use crate::toolset::ToolsetActor;
 pub(crate) use close::CloseSession;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub(crate) use schedule::{PendingItem, Scope};
+use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
 pub(crate) struct SessionToolset {
@@ -80,22 +82,13 @@ pub(crate) struct SessionToolset {
 pub(crate) struct ActivityRef {
     child: Child<ActivityActor>,
     agent: Agent,
-    /// Its place among the session's activations (the history's order).
-    order: u32,
+    /// The sub-task it runs in (an agent handed to inside a sub-task runs in it too).
+    sub_task_of: Option<SubTaskOf>,
 }
 
 impl ActivityRef {
     fn id(&self) -> &ActorId {
         self.child.id()
-    }
-
-    /// Its final chat context, for the history.
-    fn chat(&self, chat: crate::chat::ChatContext) -> AgentChat {
-        AgentChat {
-            agent: self.agent.name().to_owned(),
-            activity: self.id().clone(),
-            chat,
-        }
     }
 }
 
@@ -295,7 +288,6 @@ pub(crate) struct SessionActor {
     toolset_children: Vec<Child<ToolsetActor>>,
     schedule: Schedule<Actors>,
     generations: HashMap<String, u32>,
-    history: HistoryBook,
     /// How many activities the session started (each one's place in the history).
     started: u32,
     /// Voice input was seen: the user can go away (text sessions never do).
@@ -331,7 +323,6 @@ impl SessionActor {
             toolset_children: Vec::new(),
             schedule: Schedule::new(),
             generations: HashMap::new(),
-            history: HistoryBook::default(),
             started: 0,
             voice: false,
             deliveries_seen: 0,
@@ -623,7 +614,14 @@ impl Handler<StartSession> for SessionActor {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
         let (tx, rx) = oneshot::channel();
-        self.enter(agent, llm, ChatContext::new(), None, ctx, move |_, res| {
+        let first = Entry {
+            agent,
+            llm,
+            chat: ChatContext::new(),
+            handoff_from: None,
+            sub_task_of: None,
+        };
+        self.enter(first, ctx, move |_, res| {
             let _ = tx.send(res);
         });
         Box::pin(
@@ -1159,6 +1157,38 @@ impl Handler<ReadChat> for SessionActor {
     }
 }
 
+/// Asks for the history as it is now: the closed activations and the running ones.
+pub(crate) struct ReadHistory;
+
+impl Message for ReadHistory {
+    type Result = SessionHistory;
+}
+
+impl Handler<ReadHistory> for SessionActor {
+    type Result = ResponseFuture<SessionHistory>;
+
+    fn handle(&mut self, _msg: ReadHistory, _ctx: &mut Self::Context) -> Self::Result {
+        let me = self.probe.id().clone();
+        let asks: Vec<_> = self
+            .schedule
+            .activities()
+            .into_iter()
+            .map(|activity| activity.child.mailbox.ask(&me, ReadHistoryEntry))
+            .collect();
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            // An activity that stopped meanwhile answers nothing: it recorded itself in
+            // the book before its mailbox closed.
+            let live = futures_util::future::join_all(asks)
+                .await
+                .into_iter()
+                .filter_map(|entry| entry.ok().and_then(|live| live.0))
+                .collect();
+            shared.history(live)
+        })
+    }
+}
+
 /// Asks for the current agent's name.
 pub(crate) struct ReadAgent;
 
@@ -1194,6 +1224,7 @@ counted_handlers!(
     CancelTurn,
     SpeechPlayedOut,
     ReadChat,
+    ReadHistory,
     ReadAgent,
     CloseSession,
 );

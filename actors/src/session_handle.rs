@@ -37,8 +37,8 @@ use crate::reentry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, RunTask, RunTurn, Say,
-    SessionActor, StartSession, UserSpeechEnded, UserSpeechStarted, UserTranscript,
+    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, ReadHistory, RunTask, RunTurn,
+    Say, SessionActor, StartSession, UserSpeechEnded, UserSpeechStarted, UserTranscript,
 };
 use crate::shared::{SessionConfig, SessionShared, SessionTools, SharedParts};
 use crate::speech::{SayOptions, SpeechHandle};
@@ -286,12 +286,20 @@ impl Session {
         // Answered at once; an error means the session is gone already.
         let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
         self.shared().gone.clone().wait().await;
-        // Missing only when the engine shut down under the session.
-        self.shared()
-            .history
-            .get()
-            .cloned()
-            .ok_or(SessionError::Closed)
+        // Every activity recorded its final chat context as it stopped.
+        Ok(self.shared().history(Vec::new()))
+    }
+
+    /// The conversation so far, across agents: the final chat context of every agent
+    /// activation that ended and the current context of those still running (the current
+    /// agent, callers paused under a sub-task, an agent a handoff is closing), in the
+    /// order they started. Answers during a switch too; after close, the transcript.
+    pub async fn history(&self) -> SessionHistory {
+        match self.host.mailbox.ask(&ActorId::host(), ReadHistory).await {
+            Ok(history) => history,
+            // The session is gone: every activity is in the book.
+            Err(_) => self.shared().history(Vec::new()),
+        }
     }
 
     /// Resolves when the session is inactive: no speech is queued, generating or playing

@@ -18,7 +18,7 @@ use crate::call_ids::CallIds;
 use crate::error::BuildError;
 use crate::error_policy::ErrorPolicy;
 use crate::events::{AgentState, SessionEvent, UserState};
-use crate::history::SessionHistory;
+use crate::history::{AgentChat, HistoryBook, SessionHistory};
 use crate::ids::SessionId;
 use crate::lifecycle::AliveWaiter;
 use crate::llm::{Llm, LlmTimeouts};
@@ -82,8 +82,8 @@ pub(crate) struct SessionShared {
     call_ids: Mutex<CallIds>,
     /// Resolves once the session actor (and so every actor of the session) is gone.
     pub(crate) gone: AliveWaiter,
-    /// The transcript, written by the session actor just before it stops.
-    pub(crate) history: OnceLock<SessionHistory>,
+    /// The activations that closed, each recorded by its activity as it stopped.
+    history: Mutex<HistoryBook>,
     /// The parent of every span of the session (turns, LLM requests, tool runs).
     pub(crate) span: tracing::Span,
 }
@@ -182,7 +182,7 @@ impl SessionShared {
             turn_seq: AtomicU64::new(0),
             call_ids: Mutex::new(CallIds::default()),
             gone: parts.gone,
-            history: OnceLock::new(),
+            history: Mutex::new(HistoryBook::default()),
         }
     }
 
@@ -277,6 +277,23 @@ impl SessionShared {
             1 => UserState::Listening,
             _ => UserState::Away,
         }
+    }
+
+    /// Records the final chat context of a closed activation (`order`: its place in start
+    /// order).
+    pub(crate) fn record_history(&self, order: u32, entry: AgentChat) {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(order, entry);
+    }
+
+    /// The history: closed activations and `live` ones, in start order.
+    pub(crate) fn history(&self, live: Vec<(u32, AgentChat)>) -> SessionHistory {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .history(live)
     }
 
     /// The session-unique canonical id of a call the model made (see `call_ids`).

@@ -4,8 +4,8 @@
 //! requests, tool items held during a switch) and the pending reply is dropped; the
 //! session-scoped toolsets stop (runs cancelled with their grace period, awaited) and
 //! their background calls' terminal outputs go to the current agent; every activity
-//! (current, incoming, paused) closes as in a handoff; the history is published; the
-//! session actor stops. `Session::close` waits for the session actor to be dropped, so
+//! (current, incoming, paused) closes as in a handoff, recording its final chat context in
+//! the history as it stops; the session actor stops. `Session::close` waits for the session actor to be dropped, so
 //! when it returns no actor of the session is alive.
 
 use std::sync::Arc;
@@ -94,25 +94,17 @@ impl SessionActor {
                             },
                         );
                     }
-                    let names = activities.clone();
+                    // An activity a switch is closing gets a second close; each records
+                    // its final chat context itself as it stops, so none is lost.
                     let each = reason.clone();
-                    let closes =
-                        stop_all(activities.into_iter().map(|a| a.child), &me, move || {
-                            CloseActivity {
-                                reason: each.clone(),
-                            }
-                        });
-                    async move { (names, closes.await) }.into_actor(act)
-                })
-                .map(|(closed, chats), act, ctx| {
-                    for (activity, chat) in closed.iter().zip(chats) {
-                        // An activity already gone (closed by a handoff under way) was
-                        // recorded by that handoff.
-                        if let Some(chat) = chat {
-                            act.history.record(activity.order, activity.chat(chat));
+                    stop_all(activities.into_iter().map(|a| a.child), &me, move || {
+                        CloseActivity {
+                            reason: each.clone(),
                         }
-                    }
-                    let _ = act.shared.history.set(act.history.finish());
+                    })
+                    .into_actor(act)
+                })
+                .map(|_, act, ctx| {
                     act.shared.emit(SessionEvent::Closed);
                     act.shared.inactive.send_replace(true);
                     ctx.stop();

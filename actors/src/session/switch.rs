@@ -16,10 +16,23 @@ use crate::agent::{effective_policy, Agent};
 use crate::chat::ChatContext;
 use crate::error::SessionError;
 use crate::events::SessionEvent;
+use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::Child;
 use crate::llm::Llm;
 use crate::toolset::ToolsetActor;
+
+/// An activity about to start.
+pub(super) struct Entry {
+    pub(super) agent: Agent,
+    /// The model, already resolved (the agent's or the session's).
+    pub(super) llm: Arc<dyn Llm>,
+    /// The chat context it starts from.
+    pub(super) chat: ChatContext,
+    /// The agent it takes over from, recorded as a handoff item.
+    pub(super) handoff_from: Option<String>,
+    pub(super) sub_task_of: Option<SubTaskOf>,
+}
 
 impl SessionActor {
     /// Spawns the session-scoped toolsets (once, at start).
@@ -65,8 +78,6 @@ impl SessionActor {
             .stop(self.probe.id(), CloseActivity { reason });
         ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
             let chat = chat.unwrap_or_default();
-            act.history
-                .record(outgoing.order, outgoing.chat(chat.clone()));
             if act.schedule.is_closed() {
                 planned.done.finish(Err(SessionError::Closed), &from, &to);
                 return;
@@ -77,36 +88,40 @@ impl SessionActor {
                 ChatContext::new()
             };
             let PlannedHandoff { handoff, llm, done } = planned;
-            act.enter(
-                handoff.agent,
+            let entry = Entry {
+                agent: handoff.agent,
                 llm,
                 chat,
-                Some(from.clone()),
-                ctx,
-                move |act, res| {
-                    if res.is_ok() {
-                        act.shared.emit(SessionEvent::AgentHandoff {
-                            from: Some(from.clone()),
-                            to: to.clone(),
-                        });
-                    }
-                    done.finish(res, &from, &to);
-                },
-            );
+                handoff_from: Some(from.clone()),
+                sub_task_of: outgoing.sub_task_of,
+            };
+            act.enter(entry, ctx, move |act, res| {
+                if res.is_ok() {
+                    act.shared.emit(SessionEvent::AgentHandoff {
+                        from: Some(from.clone()),
+                        to: to.clone(),
+                    });
+                }
+                done.finish(res, &from, &to);
+            });
         }));
     }
 
-    /// Spawns and starts an activity of `agent`, makes it current, then calls `then` and
-    /// resumes the queue. `handoff_from` records who handed over.
+    /// Spawns and starts an activity of `entry.agent`, makes it current, then calls
+    /// `then` and resumes the queue.
     pub(super) fn enter(
         &mut self,
-        agent: Agent,
-        llm: Arc<dyn Llm>,
-        chat: ChatContext,
-        handoff_from: Option<String>,
+        entry: Entry,
         ctx: &mut Context<Self>,
         then: impl FnOnce(&mut Self, Result<(), SessionError>) + 'static,
     ) {
+        let Entry {
+            agent,
+            llm,
+            chat,
+            handoff_from,
+            sub_task_of,
+        } = entry;
         let generation = self.generations.entry(agent.name().to_owned()).or_insert(0);
         *generation += 1;
         let child: Child<ActivityActor> = ActivityActor::spawn(ActivitySpec {
@@ -123,7 +138,7 @@ impl SessionActor {
         let activity = ActivityRef {
             child: child.clone(),
             agent: agent.clone(),
-            order: self.started,
+            sub_task_of: sub_task_of.clone(),
         };
         if !self.schedule.entering(id.clone(), activity) {
             // The session closed while the previous agent was leaving: the new activity
@@ -139,7 +154,12 @@ impl SessionActor {
         }
         let start = child.mailbox.ask(
             self.probe.id(),
-            crate::activity::StartActivity { chat, handoff_from },
+            crate::activity::StartActivity {
+                chat,
+                order: self.started,
+                sub_task_of,
+                handoff_from,
+            },
         );
         ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
             if act.schedule.is_closed() {
@@ -183,22 +203,27 @@ impl SessionActor {
             },
         );
         let from = caller.agent.name().to_owned();
-        ctx.spawn(pause.into_actor(self).map(move |_, act, ctx| {
+        let caller_id = caller.id().clone();
+        ctx.spawn(pause.into_actor(self).map(move |paused_at, act, ctx| {
             if act.schedule.is_closed() {
                 return;
             }
-            act.enter(
-                task.agent,
-                task.llm,
-                ChatContext::new(),
-                Some(from),
-                ctx,
-                |_, res| {
-                    if let Err(err) = res {
-                        tracing::warn!(%err, "a sub-task agent did not start");
-                    }
-                },
-            );
+            let entry = Entry {
+                agent: task.agent,
+                llm: task.llm,
+                chat: ChatContext::new(),
+                handoff_from: Some(from),
+                sub_task_of: Some(SubTaskOf {
+                    caller: caller_id,
+                    // A caller that died while pausing: its items end where they are.
+                    after: paused_at.unwrap_or(usize::MAX),
+                }),
+            };
+            act.enter(entry, ctx, |_, res| {
+                if let Err(err) = res {
+                    tracing::warn!(%err, "a sub-task agent did not start");
+                }
+            });
         }));
     }
 
@@ -210,9 +235,7 @@ impl SessionActor {
                 reason: Arc::from("the task completed"),
             },
         );
-        ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
-            act.history
-                .record(task.order, task.chat(chat.unwrap_or_default()));
+        ctx.spawn(close.into_actor(self).map(move |_chat, act, ctx| {
             let Some(resumed) = act.schedule.task_closed() else {
                 return;
             };
