@@ -136,9 +136,9 @@ pub use switchboard_actors::{
     NullOutput, Playout, PlayoutReporter, Received, RunContext, RunResult, SayOptions, Session,
     SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory,
     SessionId, SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority,
-    StopResponse, TaskError, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
-    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, UpdateError,
-    UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
+    StopResponse, SubTaskOf, TaskError, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError,
+    ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure,
+    UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the
@@ -150,6 +150,6 @@ pub mod prelude {
         NoArgs, Playout, PlayoutReporter, RunContext, RunResult, SayOptions, Session,
         SessionControl, SessionError, SessionEvent, SessionHistory, SpeechHandle, SpeechId,
         SpeechOutcome, SpeechOutput, StopResponse, Tool, ToolError, ToolFailure, ToolReturn,
-        Toolset, TurnDecision, UserState,
+        Toolset, TurnDecision, TurnFailure, UserState,
     };
 }

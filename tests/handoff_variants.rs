@@ -148,9 +148,23 @@ async fn a_handoff_is_not_dropped_when_a_parallel_call_fails() {
         .run("check stock and transfer me")
         .await
         .unwrap_err();
+    let SessionError::TurnFailed {
+        failure: TurnFailure::Tool { ref tool, .. },
+        ref result,
+    } = err
+    else {
+        panic!("expected the stock tool to fail the turn, got {err}");
+    };
+    assert_eq!(tool, "stock");
+    // The failed turn still says what it did, the handoff included.
+    let outputs: Vec<&str> = result
+        .function_outputs()
+        .map(|o| o.output.as_str())
+        .collect();
+    assert_eq!(outputs, ["Error: internal error in stock", "Over to B."]);
     assert!(
-        matches!(err, SessionError::ToolFailed { ref tool, .. } if tool == "stock"),
-        "{err}"
+        matches!(result.events.last(), Some(ChatItem::AgentHandoff { to, .. }) if to == "agent-b"),
+        "{result:?}"
     );
     assert_eq!(session.current_agent().await.unwrap(), "agent-b");
     let chat = session.chat_context().await.unwrap();

@@ -50,7 +50,10 @@ async fn a_stream_that_never_yields_fails_the_turn_at_the_first_chunk_timeout() 
     let mut events = session.subscribe();
     let started = Instant::now();
     match session.run("hello").await {
-        Err(SessionError::Llm(LlmError::Timeout { stage, after })) => {
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(LlmError::Timeout { stage, after }),
+            ..
+        }) => {
             assert_eq!(stage, TimeoutStage::FirstChunk);
             assert_eq!(after, TIMEOUTS.first_chunk);
         }
@@ -94,8 +97,16 @@ async fn a_stream_that_stalls_midway_times_out_and_keeps_what_was_said() {
         .await
         .unwrap();
     match session.run("hello").await {
-        Err(SessionError::Llm(LlmError::Timeout { stage, .. })) => {
-            assert_eq!(stage, TimeoutStage::BetweenChunks)
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(LlmError::Timeout { stage, .. }),
+            result,
+        }) => {
+            assert_eq!(stage, TimeoutStage::BetweenChunks);
+            // What was said before the stall is in the failed turn's result, cut.
+            assert_eq!(
+                result.assistant_messages().collect::<Vec<_>>(),
+                ["Let me check"]
+            );
         }
         other => panic!("expected a between-chunks timeout, got {other:?}"),
     }
@@ -128,7 +139,10 @@ async fn a_stream_that_errors_after_some_text_finishes_the_speech_and_keeps_the_
         .unwrap();
     assert!(matches!(
         session.run("my balance?").await,
-        Err(SessionError::Llm(LlmError::Server { status: 502, .. }))
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(LlmError::Server { status: 502, .. }),
+            ..
+        })
     ));
     let speech = io.last_speech().unwrap();
     assert_eq!(
@@ -179,13 +193,19 @@ async fn a_panicking_adapter_fails_its_turns_and_the_session_and_its_close_still
         .await
         .unwrap();
     match session.run("one").await {
-        Err(SessionError::Llm(LlmError::Panicked { message })) => {
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(LlmError::Panicked { message }),
+            ..
+        }) => {
             assert_eq!(message, "bug in chat()")
         }
         other => panic!("expected the adapter's panic, got {other:?}"),
     }
     match session.run("two").await {
-        Err(SessionError::Llm(LlmError::Panicked { message })) => {
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(LlmError::Panicked { message }),
+            ..
+        }) => {
             assert_eq!(message, "bug mid-stream")
         }
         other => panic!("expected the adapter's panic, got {other:?}"),

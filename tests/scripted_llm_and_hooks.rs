@@ -36,7 +36,10 @@ async fn replies_by_turn_by_user_message_and_by_closure() {
     assert_eq!(say(s.run("the weather?").await.unwrap()), ["sunny"]);
     // Nothing left: the turn fails with the request printed, the session goes on.
     match s.run("anything else?").await {
-        Err(SessionError::Llm(err)) => {
+        Err(SessionError::TurnFailed {
+            failure: TurnFailure::Llm(err),
+            ..
+        }) => {
             let message = err.to_string();
             assert!(message.contains("index 3"), "{message}");
             assert!(message.contains("anything else?"), "{message}");

@@ -117,7 +117,10 @@ async fn the_history_follows_a_call_across_a_sub_task_and_a_handoff_without_repe
     assert!(user_said(&after_task.agents[1].chat, "it is a@b.c"));
     let task_of = after_task.agents[1].sub_task_of.as_ref().unwrap();
     assert_eq!(task_of.caller.as_str(), "activity/s1/front#1");
-    assert_eq!(task_of.after, 1, "front had the user's message when it paused");
+    assert_eq!(
+        task_of.after, 1,
+        "front had the user's message when it paused"
+    );
 
     // A handoff that inherits the context: billing starts with front's items.
     session.run("transfer me").await.unwrap();

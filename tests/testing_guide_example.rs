@@ -179,15 +179,15 @@ async fn the_scripted_llm_answers_by_index_by_rule_or_otherwise() {
 
     // Nothing left: the turn fails with what the model was shown, the session stays up.
     let error = session.run("thanks").await.unwrap_err();
-    match &error {
-        SessionError::Llm(llm_error) => {
+    match error.llm_error() {
+        Some(llm_error) => {
             assert!(
                 llm_error.to_string().contains("unexpected request"),
                 "{llm_error}"
             );
             assert!(llm_error.to_string().contains("thanks"), "{llm_error}");
         }
-        other => panic!("expected an LLM error, got {other}"),
+        None => panic!("expected an LLM error, got {error}"),
     }
 
     // A fallback answers whatever nothing else does.

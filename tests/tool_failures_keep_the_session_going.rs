@@ -200,11 +200,21 @@ async fn unexpected_errors_follow_the_return_error_policy() {
         .unwrap();
     let mut events = session.subscribe();
     match session.run("load").await {
-        Err(SessionError::ToolFailed {
-            tool,
-            call_id,
-            message,
+        Err(SessionError::TurnFailed {
+            failure:
+                TurnFailure::Tool {
+                    tool,
+                    call_id,
+                    message,
+                },
+            result,
         }) => {
+            // The failed turn's result has the call and its error output.
+            assert_eq!(result.function_calls().count(), 1);
+            assert_eq!(
+                result.function_outputs().next().unwrap().output,
+                "Error: internal error in load"
+            );
             assert_eq!(tool, "load");
             assert_eq!(call_id, "call_1");
             assert_eq!(

@@ -30,14 +30,62 @@ pub enum SessionError {
     /// The session or an agent is misconfigured.
     #[error(transparent)]
     Build(#[from] BuildError),
-    /// The model failed during the turn.
+    /// The turn failed (the model, or a tool whose error is routed `propagate`); the
+    /// session is still up. `result` holds what the turn did before it failed: its items
+    /// are in the chat context too.
+    #[error("{failure}")]
+    TurnFailed {
+        /// Why it failed.
+        failure: TurnFailure,
+        /// What the turn added before it failed.
+        result: Box<crate::events::RunResult>,
+    },
+    /// The engine cannot start sessions here (no actix system or engine thread).
+    #[error("cannot start a session: {0}")]
+    Engine(String),
+}
+
+impl SessionError {
+    /// A failed turn, before the session adds what the turn did.
+    pub(crate) fn turn_failed(failure: TurnFailure) -> Self {
+        Self::TurnFailed {
+            failure,
+            result: Box::default(),
+        }
+    }
+
+    /// What the turn did before it failed, for a failed turn.
+    pub fn run_result(&self) -> Option<&crate::events::RunResult> {
+        match self {
+            Self::TurnFailed { result, .. } => Some(result),
+            _ => None,
+        }
+    }
+
+    /// The model's error, when the model failed the turn.
+    pub fn llm_error(&self) -> Option<&crate::llm::LlmError> {
+        match self {
+            Self::TurnFailed {
+                failure: TurnFailure::Llm(err),
+                ..
+            } => Some(err),
+            _ => None,
+        }
+    }
+}
+
+/// Why a turn failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TurnFailure {
+    /// The model failed: an error from the provider, a timeout, a broken stream, a panic
+    /// in the adapter. The turn's partial text is kept, marked interrupted.
     #[error(transparent)]
     Llm(#[from] crate::llm::LlmError),
     /// A tool failed with an error whose route is `propagate` (see `ErrorPolicy`): the
-    /// call got an error output, an error event was sent, and the turn fails; the session
-    /// is still up.
+    /// call got an error output and an error event was sent.
     #[error("tool {tool} failed: {message}")]
-    ToolFailed {
+    Tool {
         /// The tool's name.
         tool: String,
         /// The call that failed.
@@ -45,9 +93,6 @@ pub enum SessionError {
         /// The error with its cause chain.
         message: String,
     },
-    /// The engine cannot start sessions here (no actix system or engine thread).
-    #[error("cannot start a session: {0}")]
-    Engine(String),
 }
 
 /// Errors found when an agent, toolset or session is built or an activity starts.

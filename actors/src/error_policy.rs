@@ -2,7 +2,7 @@
 //! output; any other error (a user error type, a panic) is routed by an [`ErrorPolicy`]:
 //! **show** (its text goes to the model), **hide** (the model sees
 //! `Error: internal error in <tool>`, the details go to the log) or **propagate** (an error
-//! event, and the turn fails with `SessionError::ToolFailed`; the session stays up). The
+//! event, and the turn fails with `TurnFailure::Tool`; the session stays up). The
 //! *caller* of a tool (session, agent) decides how its errors are routed, and a tool may
 //! narrow it: rules are consulted tool → agent → session, the first that matches decides,
 //! and the default is hide. Panics are never shown.

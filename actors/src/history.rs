@@ -188,10 +188,18 @@ mod tests {
                 // A sub-task of front after its first two items, which hands off inside
                 // the task to `checker` (inheriting one item), which runs a nested task.
                 within(activation("collector", said(&["a@b.c"]), 0), "front", 2),
-                within(activation("checker", said(&["a@b.c", "sure?"]), 1), "front", 2),
+                within(
+                    activation("checker", said(&["a@b.c", "sure?"]), 1),
+                    "front",
+                    2,
+                ),
                 within(activation("confirm", said(&["yes"]), 0), "checker", 1),
                 // Then front hands off, inheriting everything.
-                activation("billing", said(&["hi", "email please", "thanks", "bill"]), 3),
+                activation(
+                    "billing",
+                    said(&["hi", "email please", "thanks", "bill"]),
+                    3,
+                ),
             ],
         };
         assert_eq!(

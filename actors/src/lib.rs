@@ -82,7 +82,7 @@ mod toolset;
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
-pub use error::{BuildError, SessionError, SpeechError, TaskError, UpdateError};
+pub use error::{BuildError, SessionError, SpeechError, TaskError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent, UserState};
 pub use handoff::Handoff;

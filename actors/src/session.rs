@@ -145,7 +145,7 @@ impl HandoffDone {
                     });
                 }
                 let answer = match (failure, handed) {
-                    (Some(failure), _) => Err(failure),
+                    (Some(failure), _) => turn_answer(result, Some(failure)),
                     (None, handed) => handed.map(|()| result),
                 };
                 if let Some(reply) = reply {
@@ -153,6 +153,21 @@ impl HandoffDone {
                 }
             }
         }
+    }
+}
+
+/// A turn's answer: its result, or its failure carrying what it did.
+fn turn_answer(
+    result: RunResult,
+    failure: Option<SessionError>,
+) -> Result<RunResult, SessionError> {
+    match failure {
+        None => Ok(result),
+        Some(SessionError::TurnFailed { failure, .. }) => Err(SessionError::TurnFailed {
+            failure,
+            result: Box::new(result),
+        }),
+        Some(other) => Err(other),
     }
 }
 
@@ -454,7 +469,8 @@ impl SessionActor {
             }
         };
         if self.schedule.is_closed() {
-            answer(reply, Err(failure.unwrap_or(SessionError::Closed)));
+            let failure = failure.unwrap_or(SessionError::Closed);
+            answer(reply, turn_answer(result, Some(failure)));
             return;
         }
         // A failed turn (a propagated tool error) still performs the handoff or task end
@@ -476,10 +492,10 @@ impl SessionActor {
                 }
             }
         } else if let Some(value) = outcome.task_result {
-            answer(reply, failure.map_or(Ok(result), Err));
+            answer(reply, turn_answer(result, failure));
             After::EndTask(value)
         } else {
-            answer(reply, failure.map_or(Ok(result), Err));
+            answer(reply, turn_answer(result, failure));
             After::Nothing
         };
         self.schedule.turn_done(activity, after);

@@ -201,7 +201,7 @@ impl HeldRequest {
 /// ([`ScriptedLlm::on_request`]), the first rule that matches it ([`ScriptedLlm::rule`],
 /// [`ScriptedLlm::when_user_says`]), the next scripted [`Reply`], or the fallback
 /// ([`ScriptedLlm::otherwise`]). With none of them, the request fails the turn with an
-/// error that prints the request (`SessionError::Llm`), so an unexpected request fails
+/// error that prints the request (`TurnFailure::Llm`), so an unexpected request fails
 /// the test with what the model was shown.
 ///
 /// ```

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::{companions, ActivityActor, Status, TurnKind, TurnOutcome};
 use crate::agent::TurnDecision;
 use crate::chat::{ChatItem, ChatMessage, ChatRole, FunctionCall};
-use crate::error::SessionError;
+use crate::error::{SessionError, TurnFailure};
 use crate::events::{AgentState, LlmMetrics, SessionEvent};
 use crate::llm::{LlmChunk, LlmError, LlmRequest, LlmUsage, ToolCallChunk, ToolChoice};
 use crate::llm_guard;
@@ -459,7 +459,10 @@ impl ActivityActor {
                 self.shared.emit(SessionEvent::Error {
                     message: err.to_string(),
                 });
-                self.finish_turn(TurnOutcome::failed(SessionError::Llm(err)), ctx);
+                self.finish_turn(
+                    TurnOutcome::failed(SessionError::turn_failed(TurnFailure::Llm(err))),
+                    ctx,
+                );
             }
             Ok(()) if calls.is_empty() => self.finish_turn(TurnOutcome::default(), ctx),
             Ok(()) => self.dispatch_calls(step, calls, ctx),
@@ -610,11 +613,13 @@ impl ActivityActor {
                     self.shared.emit(SessionEvent::Error {
                         message: format!("tool {} failed: {message}", call.name),
                     });
-                    outcome.failure.get_or_insert(SessionError::ToolFailed {
-                        tool: call.name.clone(),
-                        call_id: call.call_id.clone(),
-                        message,
-                    });
+                    outcome
+                        .failure
+                        .get_or_insert(SessionError::turn_failed(TurnFailure::Tool {
+                            tool: call.name.clone(),
+                            call_id: call.call_id.clone(),
+                            message,
+                        }));
                 }
             }
         }
