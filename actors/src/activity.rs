@@ -430,6 +430,10 @@ impl Handler<StartActivity> for ActivityActor {
             inherited: msg.chat.len(),
             sub_task_of: msg.sub_task_of,
         });
+        self.shared.emit_with(|| SessionEvent::ChatContextSet {
+            agent: self.agent_name(),
+            chat: msg.chat.clone(),
+        });
         self.ledger = Ledger::new(msg.chat);
         if let Some(from) = msg.handoff_from {
             let item = ChatItem::AgentHandoff {

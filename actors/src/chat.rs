@@ -190,6 +190,18 @@ impl ChatContext {
         }
     }
 
+    /// Whether this context is `earlier` with items appended (and nothing else changed):
+    /// both read the same log, and this one is at least as long. Cheap; false also when
+    /// an append had to move to a new log, so a caller that needs certainty treats false
+    /// as "rewritten".
+    pub(crate) fn extends(&self, earlier: &ChatContext) -> bool {
+        match (&self.log, &earlier.log) {
+            (_, None) => true,
+            (Some(now), Some(then)) => Arc::ptr_eq(now, then) && self.len >= earlier.len,
+            (None, Some(_)) => false,
+        }
+    }
+
     /// Edits the items (for hooks that rewrite the context): `f` gets them as a `Vec`.
     /// Costs a copy of the items when another context shares them.
     pub fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<ChatItem>) -> R) -> R {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::chat::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
+use crate::chat::{ChatContext, ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
 use crate::llm::LlmUsage;
 use crate::output::SpeechId;
 use crate::speech::SpeechHandle;
@@ -77,12 +77,38 @@ pub enum SessionEvent {
         /// The new state.
         state: UserState,
     },
+    /// An agent's chat context was set as a whole: when an activation starts (to what it
+    /// inherited or was given, maybe nothing), and after a hook rewrote it. With the
+    /// three item events below, a subscriber can follow every chat context exactly.
+    ChatContextSet {
+        /// The agent.
+        agent: String,
+        /// The chat context now.
+        chat: ChatContext,
+    },
     /// An item was added to an agent's chat context.
     ConversationItemAdded {
         /// The agent whose chat context grew.
         agent: String,
         /// The item.
         item: ChatItem,
+    },
+    /// An item of an agent's chat context changed: an assistant message cut to what the
+    /// user heard of it.
+    ConversationItemChanged {
+        /// The agent.
+        agent: String,
+        /// Where the item is.
+        index: usize,
+        /// The item now.
+        item: ChatItem,
+    },
+    /// An item left an agent's chat context: an assistant message the user heard none of.
+    ConversationItemRemoved {
+        /// The agent.
+        agent: String,
+        /// Where the item was.
+        index: usize,
     },
     /// The calls of one LLM step have their outputs.
     FunctionToolsExecuted {

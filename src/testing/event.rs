@@ -168,6 +168,18 @@ pub(crate) fn describe(event: &SessionEvent) -> String {
         SessionEvent::ConversationItemAdded { agent, item } => {
             format!("ConversationItemAdded {agent}: {}", summary(item))
         }
+        SessionEvent::ConversationItemChanged { agent, index, item } => {
+            format!(
+                "ConversationItemChanged {agent} [{index}]: {}",
+                summary(item)
+            )
+        }
+        SessionEvent::ConversationItemRemoved { agent, index } => {
+            format!("ConversationItemRemoved {agent} [{index}]")
+        }
+        SessionEvent::ChatContextSet { agent, chat } => {
+            format!("ChatContextSet {agent}: {} items", chat.len())
+        }
         SessionEvent::FunctionToolsExecuted { agent, calls, .. } => format!(
             "FunctionToolsExecuted {agent}: {}",
             calls

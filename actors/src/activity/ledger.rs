@@ -24,8 +24,8 @@ use crate::output::SpeechId;
 pub(crate) enum Cut {
     /// No message of that speech.
     NotFound,
-    /// The message now says what was heard, marked interrupted.
-    Shortened,
+    /// The message at this index now says what was heard, marked interrupted.
+    Shortened(usize),
     /// Nothing was heard: the message at this index was removed (an empty assistant
     /// message is never kept: providers reject them).
     Removed(usize),
@@ -45,11 +45,11 @@ pub(crate) fn cut_to_heard(items: &mut Vec<ChatItem>, index: usize, heard: Optio
         Some(heard) => {
             message.content = heard.to_owned();
             message.interrupted = true;
-            Cut::Shortened
+            Cut::Shortened(index)
         }
         None => {
             message.interrupted = true;
-            Cut::Shortened
+            Cut::Shortened(index)
         }
     }
 }
@@ -500,7 +500,7 @@ mod tests {
         ledger.append(said(2, "Second sentence here."), &mut sink);
         assert_eq!(
             ledger.cut_speech(SpeechId(1), Some("First")),
-            Cut::Shortened
+            Cut::Shortened(0)
         );
         assert_eq!(ids(&ledger), ["msg First", "msg Second sentence here."]);
         assert_eq!(ledger.cut_speech(SpeechId(9), Some("x")), Cut::NotFound);
@@ -516,7 +516,7 @@ mod tests {
         assert_eq!(ids(&ledger), ["msg hi"]);
         // Unknown heard text: the text stays, marked interrupted.
         ledger.append(said(2, "Maybe heard."), &mut sink);
-        assert_eq!(ledger.cut_speech(SpeechId(2), None), Cut::Shortened);
+        assert_eq!(ledger.cut_speech(SpeechId(2), None), Cut::Shortened(1));
         assert!(matches!(&ledger.chat().items()[1], ChatItem::Message(m) if m.interrupted));
     }
 

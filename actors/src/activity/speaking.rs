@@ -99,10 +99,29 @@ impl ActivityActor {
             }
         }
         if interrupted {
-            if let Cut::Removed(index) = self.ledger.cut_speech(speech, heard.as_deref()) {
-                if self.last_reply_view > index {
-                    self.last_reply_view -= 1;
+            match self.ledger.cut_speech(speech, heard.as_deref()) {
+                Cut::Removed(index) => {
+                    if self.last_reply_view > index {
+                        self.last_reply_view -= 1;
+                    }
+                    self.shared
+                        .emit_with(|| SessionEvent::ConversationItemRemoved {
+                            agent: self.agent_name(),
+                            index,
+                        });
                 }
+                Cut::Shortened(index) => {
+                    let item = self.ledger.chat().items().get(index).cloned();
+                    if let Some(item) = item {
+                        self.shared
+                            .emit_with(|| SessionEvent::ConversationItemChanged {
+                                agent: self.agent_name(),
+                                index,
+                                item,
+                            });
+                    }
+                }
+                Cut::NotFound => {}
             }
             if let Some(turn) = self.turn.as_mut() {
                 if let Some(index) = turn.events.iter().rposition(

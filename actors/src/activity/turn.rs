@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::{companions, ActivityActor, Status, TurnKind, TurnOutcome};
 use crate::agent::TurnDecision;
-use crate::chat::{ChatItem, ChatMessage, ChatRole, FunctionCall};
+use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::error::{SessionError, TurnFailure};
 use crate::events::{AgentState, LlmMetrics, SessionEvent};
 use crate::llm::{LlmChunk, LlmError, LlmRequest, LlmUsage, ToolCallChunk, ToolChoice};
@@ -201,8 +201,11 @@ impl ActivityActor {
         let Some(hook) = self.agent.def.on_user_turn_completed.clone() else {
             return TurnDecision::Reply;
         };
+        let before = self.ledger.chat().clone();
         let chat = self.ledger.chat_mut();
-        match std::panic::catch_unwind(AssertUnwindSafe(|| hook(chat, message))) {
+        let decision = std::panic::catch_unwind(AssertUnwindSafe(|| hook(chat, message)));
+        self.announce_hook_edits(&before);
+        match decision {
             Ok(decision) => decision,
             Err(panic) => {
                 let message = format!(
@@ -214,6 +217,26 @@ impl ActivityActor {
                 self.shared.emit(SessionEvent::Error { message });
                 TurnDecision::Reply
             }
+        }
+    }
+
+    /// Tells subscribers what a hook did to the chat context: the items it appended, or
+    /// the whole context when it rewrote anything.
+    fn announce_hook_edits(&self, before: &ChatContext) {
+        let after = self.ledger.chat();
+        if after.extends(before) {
+            for item in &after.items()[before.len()..] {
+                self.shared
+                    .emit_with(|| SessionEvent::ConversationItemAdded {
+                        agent: self.agent_name(),
+                        item: item.clone(),
+                    });
+            }
+        } else {
+            self.shared.emit_with(|| SessionEvent::ChatContextSet {
+                agent: self.agent_name(),
+                chat: after.clone(),
+            });
         }
     }
 
