@@ -9,11 +9,13 @@
 //! ```
 //!
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
-//! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10),
-//! `BENCH_S4_UPDATES` (3), `BENCH_INSPECT_ROUNDS` (4), `BENCH_SCENARIOS` (comma list, default
-//! all of: S1, S1_agent, S1b, S1c, S2, S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned,
-//! S4, S4_parallel, S4_burst, S1_host, S1b_host,
-//! S1c_host, S2_host, S4_host, S4_parallel_host).
+//! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_SCALE_SESSIONS` (100000), `BENCH_SCALE_TASKS`
+//! (16), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10), `BENCH_S4_UPDATES` (3),
+//! `BENCH_INSPECT_ROUNDS` (4), `BENCH_HISTORY_ROUNDS` (4), `BENCH_ARBITER_ROUNDS` (5),
+//! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, S1_history,
+//! S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000, S4_parallel,
+//! S4_burst, S1_host, S1b_host, S1c_host, S2_host, S4_host, S4_parallel_host, S4_arbiters,
+//! S3_scale).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
 //! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
@@ -21,6 +23,21 @@
 //! tokio runtime with `Engine::start()`, which is what an embedding pays to cross threads.
 //! Each latency iteration uses a fresh session, like the peer; starting and closing it is
 //! not timed.
+//!
+//! Scaling scenarios:
+//!
+//! - `S1_history`: the S1 turn on a session whose chat context already holds 10, 100,
+//!   1,000 and 10,000 items (one line per size, sizes alternated in `BENCH_HISTORY_ROUNDS`
+//!   rounds). The goal: the turn costs the same, within 20 %, at every size.
+//! - `S3_scale`: `BENCH_SCALE_SESSIONS` idle sessions in one process, started and closed
+//!   from `BENCH_SCALE_TASKS` tasks of a tokio host over `Engine::start()`'s arbiters:
+//!   start and close rates, RSS per session, RSS after close, after a second batch and
+//!   after glibc's `malloc_trim`, and (in a third, inspected batch) the live actors while
+//!   held and after close.
+//! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
+//! - `S4_arbiters`: S4 from a tokio host on an engine of 1 arbiter and one of 2, in
+//!   `BENCH_ARBITER_ROUNDS` alternating rounds; the throughput of each and the ratio (the
+//!   goal: 2 arbiters do at least 1.7 times the work of one).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,7 +47,7 @@ use std::time::Instant;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{ChatItem, ChatRole, NoArgs, ToolChoice};
+use switchboard::{AgentBuilder, ChatItem, ChatRole, NoArgs, SessionBuilder, ToolChoice};
 use tokio::sync::mpsc;
 
 fn env(name: &str, default: usize) -> usize {
@@ -100,6 +117,67 @@ fn plain_tool() -> Tool {
     })
 }
 
+/// `count` items of an earlier conversation, as a chat context holds them: turns of a user
+/// message and the agent's answer, every fifth turn with a tool call and its output
+/// between them (never a call without its output).
+fn past_conversation(count: usize) -> Arc<[ChatItem]> {
+    let mut items = Vec::with_capacity(count);
+    let mut turn = 0;
+    while items.len() < count {
+        items.push(ChatItem::message(
+            ChatRole::User,
+            format!("Earlier question {turn}: what about the order I placed?"),
+        ));
+        if turn % 5 == 4 && items.len() + 2 <= count {
+            let call_id = format!("past_{turn}");
+            items.push(ChatItem::FunctionCall(switchboard::FunctionCall {
+                call_id: call_id.clone(),
+                name: "lookup".into(),
+                arguments: r#"{"order":"A-1234"}"#.into(),
+            }));
+            items.push(ChatItem::FunctionCallOutput(
+                switchboard::FunctionCallOutput {
+                    call_id,
+                    name: "lookup".into(),
+                    output: "shipped on Monday".into(),
+                    is_error: false,
+                },
+            ));
+        }
+        if items.len() < count {
+            items.push(ChatItem::message(
+                ChatRole::Assistant,
+                format!("Answer {turn}: it shipped on Monday and arrives tomorrow."),
+            ));
+        }
+        turn += 1;
+    }
+    items.into()
+}
+
+/// The user message that gives a fresh session its starting history (see [`with_history`]).
+const FILL: &str = "<fill history>";
+
+/// There is no builder option for a starting chat context, so an `on_user_turn_completed`
+/// hook gives one: on the message [`FILL`] it appends `past` so that, with `FILL` itself
+/// (recorded after the hook), the chat holds `past.len() + 1` items, and stops the reply
+/// (no LLM request). On any other message it does nothing; that check and the hook's
+/// call (a reference-counted snapshot of the chat, to see what the hook changed) are in
+/// the timed turn.
+fn with_history(agent: AgentBuilder, past: Option<Arc<[ChatItem]>>) -> AgentBuilder {
+    let Some(past) = past else {
+        return agent;
+    };
+    agent.on_user_turn_completed(move |chat, message| {
+        if message.content != FILL {
+            return TurnDecision::Reply;
+        }
+        let missing = past.len().saturating_sub(chat.len());
+        chat.extend(past.iter().take(missing).cloned());
+        TurnDecision::StopResponse
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Scenario {
     S1,
@@ -113,6 +191,7 @@ async fn session_for(
     engine: &Engine,
     scenario: Scenario,
     inspect: bool,
+    past: Option<Arc<[ChatItem]>>,
 ) -> (
     Session,
     Arc<ScriptedLlm>,
@@ -122,30 +201,24 @@ async fn session_for(
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let last: LastRequest = Arc::default();
     let llm_calling = |tool, calls| llm_timed(tool, calls, Some(last.clone()));
+    let a = || with_history(Agent::builder("a"), past.clone());
     let (agent, toolsets, llm) = match scenario {
         Scenario::S1 => (
-            Agent::builder("a").build().unwrap(),
+            a().build().unwrap(),
             vec![Toolset::new("async").tool(async_tool(1, None))],
             llm_calling(Some("work"), 1),
         ),
         Scenario::S1Agent => (
-            Agent::builder("a")
-                .tool(async_tool(1, None))
-                .build()
-                .unwrap(),
+            a().tool(async_tool(1, None)).build().unwrap(),
             vec![],
             llm_calling(Some("work"), 1),
         ),
         Scenario::S1b => (
-            Agent::builder("a").tool(plain_tool()).build().unwrap(),
+            a().tool(plain_tool()).build().unwrap(),
             vec![],
             llm_calling(Some("work"), 1),
         ),
-        Scenario::S1c => (
-            Agent::builder("a").build().unwrap(),
-            vec![],
-            llm_calling(None, 0),
-        ),
+        Scenario::S1c => (a().build().unwrap(), vec![], llm_calling(None, 0)),
         Scenario::S2 => {
             let b = Agent::builder("b")
                 .on_enter(move |_ctx| {
@@ -161,7 +234,7 @@ async fn session_for(
                 async move { Ok::<_, ToolFailure>(Handoff::to(b)) }
             });
             (
-                Agent::builder("a").tool(transfer).build().unwrap(),
+                a().tool(transfer).build().unwrap(),
                 vec![],
                 llm_calling(Some("work"), 1),
             )
@@ -211,17 +284,42 @@ struct Measured {
     requests: [usize; 5],
 }
 
-/// Times `n` turns after `warmup` untimed ones, a fresh session each.
+/// Chat items one S1 turn adds: the user's message, the call and its output (the first
+/// update), the reply, the `/finished` call and output, the deferred reply.
+const S1_TURN_ITEMS: usize = 7;
+
+/// Times `n` turns after `warmup` untimed ones, a fresh session each. With `past` (S1
+/// only), each session first gets that history (see [`with_history`]) and runs one S1
+/// turn, both untimed, so the timed turn starts on a chat of
+/// `past.len() + 1 + S1_TURN_ITEMS` items.
 async fn measure(
     engine: &Engine,
     scenario: Scenario,
     inspect: bool,
+    past: Option<Arc<[ChatItem]>>,
     n: usize,
     warmup: usize,
     into: &mut Measured,
 ) {
+    assert!(
+        past.is_none() || scenario == Scenario::S1,
+        "history is for S1"
+    );
+    let history = past.as_ref().map(|p| p.len() + 1 + S1_TURN_ITEMS);
     for i in 0..warmup + n {
-        let (session, llm, last, mut entered) = session_for(engine, scenario, inspect).await;
+        let (session, llm, last, mut entered) =
+            session_for(engine, scenario, inspect, past.clone()).await;
+        if history.is_some() {
+            session.run(FILL).await.unwrap();
+            // The turn before: filling thousands of items just now leaves the caches full
+            // of them, which a session whose history grew turn by turn would not see.
+            // Timed right after the fill, the 10,000-item turn cost 1.4-1.7 times the
+            // 10-item one; timed one turn later, 1.02-1.11 times (p50); 10 to 60 turns
+            // later on the same session, p50 19.5-19.8 µs at 10, 10,000 and 30,000 items.
+            session.run("go").await.unwrap();
+            session.wait_for_settled().await;
+        }
+        let earlier_requests = llm.request_count();
         let start = Instant::now();
         session.run("go").await.unwrap();
         let returned = Instant::now();
@@ -240,13 +338,25 @@ async fn measure(
                 .push((returned - start).as_secs_f64() * 1e6);
             let last = last.lock().unwrap().unwrap();
             into.last_request.push((last - start).as_secs_f64() * 1e6);
-            let requests = llm.requests();
+            let requests = &llm.requests()[earlier_requests..];
             into.requests[requests.len().min(4)] += 1;
+            if let Some(history) = history {
+                // The turn's first request saw the whole history, then its own message.
+                let first = &requests[0].chat;
+                assert_eq!(
+                    first.len(),
+                    history + 1,
+                    "{scenario:?}: history not in place"
+                );
+                if i == warmup {
+                    first.check_invariant().unwrap();
+                }
+            }
             if matches!(scenario, Scenario::S1 | Scenario::S1Agent | Scenario::S1b) {
                 // As the peer checks: the last reply had the tool's result in view.
                 let last = requests.last().unwrap();
                 assert!(
-                    last.chat.items().iter().any(|item| matches!(
+                    last.chat.items().iter().rev().any(|item| matches!(
                         item, ChatItem::FunctionCallOutput(o) if o.output.contains("RESULT 42")
                     )),
                     "{scenario:?}: the last LLM request did not see the result"
@@ -257,7 +367,8 @@ async fn measure(
     }
 }
 
-fn report(label: &str, m: &Measured) {
+/// One latency line; `fields` are extra JSON fields put after the label (`"k":v,` each).
+fn report(label: &str, fields: &str, m: &Measured) {
     let s = stats(&m.samples);
     let r = stats(&m.run_returned);
     let l = stats(&m.last_request);
@@ -271,7 +382,7 @@ fn report(label: &str, m: &Measured) {
         .map(|(k, c)| format!(r#""{k}":{c}"#))
         .collect();
     println!(
-        r#"{{"scenario":"{label}","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{},"run_returned_mean_us":{:.1},"last_llm_request_mean_us":{:.1},"llm_requests_per_turn":{:.2},"turns_by_llm_requests":{{{}}}}}"#,
+        r#"{{"scenario":"{label}",{fields}"n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{},"run_returned_mean_us":{:.1},"last_llm_request_mean_us":{:.1},"llm_requests_per_turn":{:.2},"turns_by_llm_requests":{{{}}}}}"#,
         s.mean,
         s.p50,
         s.p99,
@@ -290,12 +401,13 @@ async fn latency(engine: &Engine, scenario: Scenario, label: &str) {
         engine,
         scenario,
         false,
+        None,
         env("BENCH_N", 2000),
         env("BENCH_WARMUP", 200),
         &mut m,
     )
     .await;
-    report(label, &m);
+    report(label, "", &m);
 }
 
 /// S1b with mailbox inspection off and on, in alternating rounds so drift hits both.
@@ -305,11 +417,58 @@ async fn inspect_on_off(engine: &Engine) {
     let warmup = env("BENCH_WARMUP", 200);
     let (mut off, mut on) = (Measured::default(), Measured::default());
     for _ in 0..rounds {
-        measure(engine, Scenario::S1b, false, n, warmup, &mut off).await;
-        measure(engine, Scenario::S1b, true, n, warmup, &mut on).await;
+        measure(engine, Scenario::S1b, false, None, n, warmup, &mut off).await;
+        measure(engine, Scenario::S1b, true, None, n, warmup, &mut on).await;
     }
-    report("S1b_inspect_off", &off);
-    report("S1b_inspect_on", &on);
+    report("S1b_inspect_off", "", &off);
+    report("S1b_inspect_on", "", &on);
+}
+
+/// S1_history: the S1 turn (an async tool in a session toolset, one `ctx.update`, then
+/// its `/finished` and the deferred reply) on a session whose chat context already holds
+/// `size` items, for each size; the sizes alternate in rounds so drift hits all. Each
+/// iteration is a fresh session given its history by a hook, then one untimed S1 turn,
+/// then the timed one (see [`measure`]): so the rows are a session's second turn, which
+/// costs less than S1's first turn of a session.
+///
+/// What the history can cost here is the engine's own: the scripted LLM's work per
+/// request does not grow with the chat. It keeps each request (its `chat` is a snapshot,
+/// a reference count, not a copy), and the bench's rules read only the chat's last item;
+/// the check that the result was in view runs after the clock stops. A real provider
+/// serializes the whole chat into each request, which grows with the history and is not
+/// in these figures. The chat's log doubles its capacity when full (an amortized copy
+/// of the items); the timed turn adds 7 items, so only the 10-item size (16 slots) copies
+/// its log once, 16 items, inside the timed turn.
+async fn history_sizes(engine: &Engine) {
+    const SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
+    let rounds = env("BENCH_HISTORY_ROUNDS", 4).max(1);
+    let n = env("BENCH_N", 2000).div_ceil(rounds);
+    let warmup = env("BENCH_WARMUP", 200);
+    // The hook adds `size - 1 - S1_TURN_ITEMS` items, then `FILL` and an untimed turn.
+    let pasts: Vec<Arc<[ChatItem]>> = SIZES
+        .iter()
+        .map(|s| past_conversation(s - 1 - S1_TURN_ITEMS))
+        .collect();
+    let mut measured: Vec<Measured> = SIZES.iter().map(|_| Measured::default()).collect();
+    for _ in 0..rounds {
+        for (past, into) in pasts.iter().zip(&mut measured) {
+            let past = Some(past.clone());
+            measure(engine, Scenario::S1, false, past, n, warmup, into).await;
+        }
+    }
+    let (first_mean, first_p50) = {
+        let s = stats(&measured[0].samples);
+        (s.mean, s.p50)
+    };
+    for (size, m) in SIZES.iter().zip(&measured) {
+        let s = stats(&m.samples);
+        let fields = format!(
+            r#""history_items":{size},"mean_vs_10_items":{:.3},"p50_vs_10_items":{:.3},"#,
+            s.mean / first_mean,
+            s.p50 / first_p50
+        );
+        report("S1_history", &fields, m);
+    }
 }
 
 fn rss_kib() -> u64 {
@@ -376,10 +535,161 @@ async fn idle_sessions(engine: &Engine) {
     );
 }
 
+/// Asks glibc's allocator to give its free memory back to the system (`malloc_trim`), to
+/// tell memory it merely keeps from memory still in use. Returns false, and does nothing,
+/// where the allocator is not glibc's.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim_allocator() -> bool {
+    extern "C" {
+        fn malloc_trim(pad: usize) -> std::os::raw::c_int;
+    }
+    // SAFETY: `malloc_trim` takes no pointers and only releases memory that is free; it
+    // locks each arena itself, so other threads may allocate meanwhile.
+    unsafe { malloc_trim(0) };
+    true
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim_allocator() -> bool {
+    false
+}
+
+/// Starts `count` sessions from `tasks` tasks of the current tokio runtime, each task
+/// starting its share one after another (as a host accepting calls on several
+/// connections would); the engine places them round robin over its arbiters. Returns
+/// each task's sessions and the wall time.
+async fn start_many(
+    engine: &Engine,
+    session: impl Fn() -> SessionBuilder + Clone + Send + 'static,
+    count: usize,
+    tasks: usize,
+) -> (Vec<Vec<Session>>, f64) {
+    let wall = Instant::now();
+    let started: Vec<_> = (0..tasks)
+        .map(|t| {
+            let share = count / tasks + usize::from(t < count % tasks);
+            let (engine, session) = (engine.clone(), session.clone());
+            tokio::spawn(async move {
+                let mut mine = Vec::with_capacity(share);
+                for _ in 0..share {
+                    mine.push(session().start(&engine).await.unwrap());
+                }
+                mine
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(tasks);
+    for task in started {
+        all.push(task.await.unwrap());
+    }
+    (all, wall.elapsed().as_secs_f64())
+}
+
+/// Closes every session, each task of [`start_many`]'s its own share; `close()` resolves
+/// once every actor of its session is gone. Returns the wall time.
+async fn close_many(sessions: Vec<Vec<Session>>) -> f64 {
+    let wall = Instant::now();
+    let closing: Vec<_> = sessions
+        .into_iter()
+        .map(|mine| {
+            tokio::spawn(async move {
+                for session in mine {
+                    session.close().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in closing {
+        task.await.unwrap();
+    }
+    wall.elapsed().as_secs_f64()
+}
+
+/// S3_scale: `BENCH_SCALE_SESSIONS` idle sessions in one process, from a tokio host
+/// over `Engine::start()` (one arbiter per core, sessions round robin). All sessions share
+/// one agent and one model, as an embedding shares its provider client (S3 gives each
+/// session a model of its own). Three batches, each started in full and then closed:
+///
+/// 1. inspection off (the default): start and close rates, RSS growth per session, and
+///    RSS after close against RSS before the batch (taken after a `malloc_trim`, so that
+///    memory freed by earlier scenarios does not absorb the growth);
+/// 2. the same again: whether RSS grows again (pages kept by the allocator are reused) or
+///    not (leaked); then glibc's `malloc_trim`, to see how much of what RSS kept was free
+///    memory the allocator held;
+/// 3. inspection on (journal of 1 message per actor), only to count live actors: while
+///    the sessions are held, and after they closed. Its RSS includes the journals.
+async fn scale(engine: &Engine) {
+    let count = env("BENCH_SCALE_SESSIONS", 100_000).max(1);
+    let tasks = env("BENCH_SCALE_TASKS", 16).clamp(1, count);
+    let agent = Agent::builder("a").build().unwrap();
+    let llm: Arc<dyn Llm> = llm_calling(None, 0);
+    let plain = {
+        let (agent, llm) = (agent.clone(), llm.clone());
+        move || Session::builder().llm(llm.clone()).agent(agent.clone())
+    };
+    let inspected = move || {
+        Session::builder()
+            .llm(llm.clone())
+            .agent(agent.clone())
+            .inspect(true)
+            .journal_capacity(1)
+    };
+    // Warm the code paths and each thread's allocator outside the measurement.
+    let (warm, _) = start_many(engine, plain.clone(), tasks * 4, tasks).await;
+    close_many(warm).await;
+    // Free memory kept from the scenarios before this one would hide the growth.
+    trim_allocator();
+
+    let before = rss_kib();
+    let (sessions, start_wall) = start_many(engine, plain.clone(), count, tasks).await;
+    let with_them = rss_kib();
+    assert_eq!(sessions.iter().map(Vec::len).sum::<usize>(), count);
+    let close_wall = close_many(sessions).await;
+    let after_close = rss_kib();
+
+    let (again, _) = start_many(engine, plain, count, tasks).await;
+    close_many(again).await;
+    let after_second = rss_kib();
+    let trimmed = trim_allocator();
+    let after_trim = rss_kib();
+
+    let (sessions, _) = start_many(engine, inspected, count, tasks).await;
+    let rss_inspected = rss_kib();
+    let inspectors: Vec<Inspector> = sessions
+        .iter()
+        .flatten()
+        .map(|s| s.inspector().unwrap())
+        .collect();
+    let live_held: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
+    close_many(sessions).await;
+    let live_after: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
+    drop(inspectors);
+    let after_inspected = rss_kib();
+
+    let growth = with_them.saturating_sub(before);
+    println!(
+        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"rss_after_second_batch_kib":{after_second},"malloc_trim":{trimmed},"rss_after_trim_kib":{after_trim},"rss_after_trim_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
+        engine.arbiters(),
+        count as f64 / start_wall,
+        count as f64 / close_wall,
+        growth as f64 / count as f64,
+        after_close as f64 / before as f64,
+        after_close.saturating_sub(before) as f64 / growth.max(1) as f64,
+        after_trim as f64 / before as f64,
+        live_held as f64 / count as f64,
+        rss_inspected.saturating_sub(after_trim) as f64 / count as f64,
+    );
+}
+
 /// S3_abandoned: `BENCH_S3_SESSIONS` sessions, each with a tool still running in the
-/// background, dropped without `close()`: how long until no actor of any of them is
-/// alive, and the RSS before, with them alive, after the cleanup and after a second
-/// batch (memory reused, not leaked).
+/// background, held, then all their handles dropped at once without `close()`: the live
+/// actors while they are held, how long after the drop until no actor of any of them is
+/// alive, and the RSS before, with them held, after the cleanup and after a second batch
+/// (memory reused, not leaked).
+///
+/// The handles are kept until every session has started: the host's last handle dropping
+/// is what closes a session (like `close()`), so a batch that dropped each one as it went
+/// would count and weigh sessions that were already stopping.
 async fn abandoned_sessions(engine: &Engine) {
     let count = env("BENCH_S3_SESSIONS", 1000);
     let background = Tool::new(
@@ -392,11 +702,13 @@ async fn abandoned_sessions(engine: &Engine) {
         },
     );
     let agent = Agent::builder("a").tool(background).build().unwrap();
-    let llm = llm_calling(Some("background"), 1);
+    // Each session with its tool running, and its inspector (which keeps no actor alive).
+    // A model per batch: it keeps every request it answered (with its chat snapshot),
+    // which must go with the batch, not count as memory the engine kept.
     let batch = |count: usize| {
-        let (agent, llm) = (agent.clone(), llm.clone());
+        let (agent, llm) = (agent.clone(), llm_calling(Some("background"), 1));
         async move {
-            let mut inspectors = Vec::with_capacity(count);
+            let mut held = Vec::with_capacity(count);
             for _ in 0..count {
                 let session = Session::builder()
                     .llm(llm.clone())
@@ -408,38 +720,49 @@ async fn abandoned_sessions(engine: &Engine) {
                     .await
                     .unwrap();
                 session.run("go").await.unwrap();
-                inspectors.push(session.inspector().unwrap());
-                // Dropped here, without close().
+                let inspector = session.inspector().unwrap();
+                held.push((session, inspector));
             }
-            inspectors
+            held
         }
     };
+    let live = |inspectors: &[Inspector]| -> usize {
+        inspectors.iter().map(|i| i.live_actors().len()).sum()
+    };
+    // Drops every handle, then waits until every actor of every session is gone.
+    let abandon = |held: Vec<(Session, Inspector)>| async move {
+        let (sessions, inspectors): (Vec<Session>, Vec<Inspector>) = held.into_iter().unzip();
+        let wall = Instant::now();
+        drop(sessions);
+        for inspector in &inspectors {
+            inspector
+                .wait_until_all_stopped(std::time::Duration::from_secs(60))
+                .await
+                .unwrap();
+        }
+        (wall.elapsed().as_secs_f64(), inspectors)
+    };
+    // Warm the code paths outside the measurement, like S3.
+    let (_, warm) = abandon(batch(5).await).await;
+    drop(warm);
+
     let before = rss_kib();
-    let inspectors = batch(count).await;
+    let held = batch(count).await;
     let with_them = rss_kib();
-    let live_before: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
-    let wall = Instant::now();
-    for inspector in &inspectors {
-        inspector
-            .wait_until_all_stopped(std::time::Duration::from_secs(60))
-            .await
-            .unwrap();
-    }
-    let cleanup = wall.elapsed().as_secs_f64();
-    let live_after: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
+    let inspectors: Vec<Inspector> = held.iter().map(|(_, i)| i.clone()).collect();
+    let live_before = live(&inspectors);
+    drop(inspectors);
+    let (cleanup, inspectors) = abandon(held).await;
+    let live_after = live(&inspectors);
     drop(inspectors);
     let after_cleanup = rss_kib();
-    let second = batch(count).await;
-    for inspector in &second {
-        inspector
-            .wait_until_all_stopped(std::time::Duration::from_secs(60))
-            .await
-            .unwrap();
-    }
+    let (_, second) = abandon(batch(count).await).await;
     drop(second);
     let after_second = rss_kib();
     println!(
-        r#"{{"scenario":"S3_abandoned","sessions":{count},"live_actors_before_drop":{live_before},"live_actors_after":{live_after},"cleanup_wall_s":{cleanup:.3},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_after_cleanup_kib":{after_cleanup},"rss_after_second_batch_kib":{after_second}}}"#
+        r#"{{"scenario":"S3_abandoned","sessions":{count},"live_actors_before_drop":{live_before},"live_actors_per_session":{:.2},"live_actors_after":{live_after},"cleanup_wall_s":{cleanup:.4},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"rss_after_cleanup_kib":{after_cleanup},"rss_after_second_batch_kib":{after_second}}}"#,
+        live_before as f64 / count as f64,
+        with_them.saturating_sub(before) as f64 / count as f64,
     );
 }
 
@@ -602,12 +925,49 @@ async fn burst(engine: &Engine) {
     }
 }
 
-/// S4: `BENCH_S4_SESSIONS` sessions started first (untimed, like the peer), then all
-/// driven at once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES`
-/// updates per call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()`
-/// waits for the deferred reply). The clock stops when every session has settled.
-async fn throughput(engine: &Engine, label: &str, turns: usize, calls: usize, on_tokio: bool) {
-    let sessions = env("BENCH_S4_SESSIONS", 100);
+/// What one S4 run did.
+struct Throughput {
+    sessions: usize,
+    wall: f64,
+    updates: usize,
+    calls: usize,
+    llm_requests: usize,
+}
+
+impl Throughput {
+    fn updates_per_s(&self) -> f64 {
+        self.updates as f64 / self.wall
+    }
+
+    fn print(&self, label: &str) {
+        let Self {
+            sessions,
+            wall,
+            updates,
+            calls,
+            llm_requests,
+        } = self;
+        println!(
+            r#"{{"scenario":"{label}","sessions":{sessions},"wall_s":{wall:.4},"updates":{updates},"tool_calls":{calls},"updates_per_s":{:.0},"tool_calls_per_s":{:.0},"llm_requests":{llm_requests},"llm_requests_per_session":{:.2}}}"#,
+            self.updates_per_s(),
+            *calls as f64 / wall,
+            *llm_requests as f64 / *sessions as f64,
+        );
+    }
+}
+
+/// S4: `sessions` sessions started first (untimed, like the peer), then all driven at
+/// once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES` updates per
+/// call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()` waits for the
+/// deferred reply). The clock stops when every session has settled.
+async fn throughput(
+    engine: &Engine,
+    label: &str,
+    sessions: usize,
+    turns: usize,
+    calls: usize,
+    on_tokio: bool,
+) -> Throughput {
     let updates = env("BENCH_S4_UPDATES", 3);
     let counter = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let mut started = Vec::with_capacity(sessions);
@@ -662,11 +1022,52 @@ async fn throughput(engine: &Engine, label: &str, turns: usize, calls: usize, on
         (total_calls * updates, total_calls),
         "{label}: updates and calls done"
     );
+    Throughput {
+        sessions,
+        wall,
+        updates: done_updates,
+        calls: done_calls,
+        llm_requests,
+    }
+}
+
+/// S4_arbiters: S4 (sequential turns, one call each) from tasks of the tokio host, on an
+/// engine of 1 arbiter and one of 2 (`Engine::with_arbiters`), alternating in
+/// `BENCH_ARBITER_ROUNDS` rounds after one warm-up round (a fresh engine each run); the
+/// median updates/s of each and their ratio. The host's own tasks
+/// run on the same 2 vCPUs as the arbiters.
+async fn arbiter_scaling() {
+    let rounds = env("BENCH_ARBITER_ROUNDS", 5).max(1);
+    let sessions = env("BENCH_S4_SESSIONS", 100);
+    let calls = env("BENCH_S4_CALLS", 10);
+    let (mut one, mut two) = (Vec::new(), Vec::new());
+    // Round 0 warms up (the first run of a process is slower) and is not counted.
+    for round in 0..=rounds {
+        for (arbiters, into) in [(1, &mut one), (2, &mut two)] {
+            let engine = Engine::with_arbiters(arbiters).unwrap();
+            assert_eq!(engine.arbiters(), arbiters);
+            let t = throughput(&engine, "S4_arbiters", sessions, calls, 1, true).await;
+            if round > 0 {
+                into.push(t.updates_per_s());
+            }
+            engine.shutdown();
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (rounds_one, rounds_two) = (list(&one), list(&two));
+    let (m1, m2) = (median(&mut one), median(&mut two));
     println!(
-        r#"{{"scenario":"{label}","sessions":{sessions},"wall_s":{wall:.4},"updates":{done_updates},"tool_calls":{done_calls},"updates_per_s":{:.0},"tool_calls_per_s":{:.0},"llm_requests":{llm_requests},"llm_requests_per_session":{:.2}}}"#,
-        done_updates as f64 / wall,
-        done_calls as f64 / wall,
-        llm_requests as f64 / sessions as f64,
+        r#"{{"scenario":"S4_arbiters","sessions":{sessions},"rounds":{rounds},"updates_per_s_1_arbiter":{m1:.0},"updates_per_s_2_arbiters":{m2:.0},"ratio_2_to_1":{:.2},"rounds_1_arbiter":[{rounds_one}],"rounds_2_arbiters":[{rounds_two}]}}"#,
+        m2 / m1
     );
 }
 
@@ -718,6 +1119,9 @@ fn main() {
                 latency(&engine, scenario, label).await;
             }
         }
+        if wanted("S1_history") {
+            history_sizes(&engine).await;
+        }
         if wanted("S1b_inspect") {
             inspect_on_off(&engine).await;
         }
@@ -733,11 +1137,21 @@ fn main() {
         if wanted("S3_abandoned") {
             abandoned_sessions(&engine).await;
         }
+        let (sessions, calls) = (env("BENCH_S4_SESSIONS", 100), env("BENCH_S4_CALLS", 10));
         if wanted("S4") {
-            throughput(&engine, "S4", env("BENCH_S4_CALLS", 10), 1, false).await;
+            throughput(&engine, "S4", sessions, calls, 1, false)
+                .await
+                .print("S4");
+        }
+        if wanted("S4_1000") {
+            throughput(&engine, "S4_1000", 1000, calls, 1, false)
+                .await
+                .print("S4_1000");
         }
         if wanted("S4_parallel") {
-            throughput(&engine, "S4_parallel", 1, env("BENCH_S4_CALLS", 10), false).await;
+            throughput(&engine, "S4_parallel", sessions, 1, calls, false)
+                .await
+                .print("S4_parallel");
         }
         if wanted("S4_burst") {
             burst(&engine).await;
@@ -766,12 +1180,20 @@ fn main() {
         }
         for (label, parallel) in [("S4_host", false), ("S4_parallel_host", true)] {
             if wanted(label) {
-                let calls = env("BENCH_S4_CALLS", 10);
+                let (sessions, calls) = (env("BENCH_S4_SESSIONS", 100), env("BENCH_S4_CALLS", 10));
                 let (turns, per_turn) = if parallel { (1, calls) } else { (calls, 1) };
-                throughput(&engine, label, turns, per_turn, true).await;
+                throughput(&engine, label, sessions, turns, per_turn, true)
+                    .await
+                    .print(label);
             }
         }
+        if wanted("S3_scale") {
+            scale(&engine).await;
+        }
         engine.shutdown();
+        if wanted("S4_arbiters") {
+            arbiter_scaling().await;
+        }
     });
     println!(
         r#"{{"meta":true,"total_wall_s":{:.2},"loadavg_1m":{}}}"#,
