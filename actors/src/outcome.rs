@@ -43,6 +43,15 @@ impl CallOutput {
         }
     }
 
+    /// An output the model reads with whatever it is asked next; no step on its account.
+    pub(crate) fn quiet(output: String) -> Self {
+        Self {
+            output,
+            is_error: false,
+            effect: Effect::Quiet,
+        }
+    }
+
     pub(crate) fn error(output: String) -> Self {
         Self {
             output,
@@ -267,6 +276,7 @@ fn from_return(value: ToolReturn) -> CallOutput {
         },
         ToolReturn::Text(text) => CallOutput::reply(text),
         ToolReturn::Json(value) => CallOutput::reply(value.to_string()),
+        ToolReturn::NoReply(text) => CallOutput::quiet(text),
         ToolReturn::Handoff(handoff) => CallOutput {
             output: handoff
                 .message

@@ -52,7 +52,11 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     /// The run actor's id (`tool/s1/7:call_3`).
     fn id(&self) -> &ActorId;
     /// Sends one update through the run; resolves once it is in a chat context.
-    fn update(&self, message: UpdateMessage) -> BoxFuture<'static, Result<(), UpdateError>>;
+    fn update(
+        &self,
+        message: UpdateMessage,
+        reply: bool,
+    ) -> BoxFuture<'static, Result<(), UpdateError>>;
     /// Holds the calling turn's interruptions off until the run ends.
     fn disallow_interruptions(&self);
     /// The speech of the step that made the call, if it said something.
@@ -106,7 +110,20 @@ impl RunContext {
     /// Resolves once the update is in a chat context. Returns `Err` once the run has
     /// returned or been stopped (cancelled, replaced, its agent paused or closed).
     pub async fn update(&self, message: impl Into<UpdateMessage>) -> Result<(), UpdateError> {
-        self.port.update(message.into()).await
+        self.port.update(message.into(), true).await
+    }
+
+    /// Reports progress the model should see without answering it: like
+    /// [`update`](Self::update), but no reply is asked for it (the model reads it with
+    /// whatever it is asked next). A first update that is silent is the call's output for
+    /// the current step and asks for no further step on its own account; a later one
+    /// lands in the chat context and schedules no deferred reply. LiveKit's
+    /// `ctx.update(msg, silent=True)`.
+    pub async fn update_silently(
+        &self,
+        message: impl Into<UpdateMessage>,
+    ) -> Result<(), UpdateError> {
+        self.port.update(message.into(), false).await
     }
 
     /// Resolves when the call is cancelled (by the model, a `replace` duplicate, the stop

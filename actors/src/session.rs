@@ -10,9 +10,9 @@
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
 //!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `Interrupt`, `CutSpeech`, `Say`,
 //!   `UserSpeechStarted`, `UserSpeechEnded`, `UserTranscript`, `CancelTurn`,
-//!   `SpeechPlayedOut`, `ReadChat`, `ReadAgent`, `CloseSession`.
-//! - **Children reach it** only through [`SessionLinks`]: one counted link per message a
-//!   child may send, never the host's handle.
+//!   `SpeechPlayedOut`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`.
+//! - **Children reach it** only through [`SessionLinks`]: one counted address with a
+//!   method per message a child may send, never the host's handle.
 //!
 //! Guarantees, each tested:
 //! - Turns run one at a time, in the order they were asked for; a handoff waits for the
@@ -1096,7 +1096,8 @@ impl Handler<CancelTurn> for SessionActor {
 }
 
 /// Sent by the output's `PlayoutReporter`: a speech's playout ended, in full or cut
-/// short with what was heard; forwarded to the current activity, which owns the speech.
+/// short with what was heard; forwarded to every activity (the one that made the
+/// speech applies it).
 pub(crate) struct SpeechPlayedOut {
     pub(crate) speech: SpeechId,
     pub(crate) interrupted: bool,

@@ -56,6 +56,10 @@ pub enum ToolReturn {
     Text(String),
     /// A structured value for the model (written as JSON text).
     Json(Value),
+    /// Text kept in the chat context for the model to read later, with no reply asked
+    /// for it: no further step runs on its account (another call of the same step may
+    /// still want one). LiveKit's `ToolResult(output, reply_required=False)`.
+    NoReply(String),
     /// Hand the conversation to another agent: a handoff, once every call of the step has
     /// its output. The agent that made the call gets an output naming the new agent.
     Handoff(Handoff),
@@ -67,6 +71,11 @@ impl ToolReturn {
     /// Serializes a value as the tool's result.
     pub fn json<T: serde::Serialize>(value: &T) -> Result<Self, ToolFailure> {
         Ok(Self::Json(serde_json::to_value(value)?))
+    }
+
+    /// Text the model reads later, with no reply asked for it ([`ToolReturn::NoReply`]).
+    pub fn no_reply(text: impl Into<String>) -> Self {
+        Self::NoReply(text.into())
     }
 
     /// Ends the current sub-task agent with this result.

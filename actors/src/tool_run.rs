@@ -332,14 +332,18 @@ impl RunPort for RunLinks {
         &self.id
     }
 
-    fn update(&self, message: UpdateMessage) -> BoxFuture<'static, Result<(), UpdateError>> {
+    fn update(
+        &self,
+        message: UpdateMessage,
+        reply: bool,
+    ) -> BoxFuture<'static, Result<(), UpdateError>> {
         let ended = UpdateError::RunEnded {
             call_id: self.call_id.to_string(),
         };
         if !self.update.connected() {
             return async move { Err(ended) }.boxed();
         }
-        let ask = self.update.ask(&self.id, ToolUpdate { message });
+        let ask = self.update.ask(&self.id, ToolUpdate { message, reply });
         async move { ask.await.unwrap_or(Err(ended)) }.boxed()
     }
 
@@ -424,6 +428,8 @@ impl Actor for ToolRunActor {
 /// loop waits for room instead of growing the queue.
 pub(crate) struct ToolUpdate {
     pub(crate) message: UpdateMessage,
+    /// Whether the model is asked to answer it (`false`: `update_silently`).
+    pub(crate) reply: bool,
 }
 
 impl Message for ToolUpdate {
@@ -455,12 +461,17 @@ impl Handler<ToolUpdate> for ToolRunActor {
         };
         if let Some(immediate) = self.immediate.take() {
             // The first update answers the LLM step; the tool goes on in the background.
-            let _ = immediate.send(CallOutput::reply(text));
+            let output = if msg.reply {
+                CallOutput::reply(text)
+            } else {
+                CallOutput::quiet(text)
+            };
+            let _ = immediate.send(output);
             return Box::pin(std::future::ready(Ok(())));
         }
         self.updates += 1;
         let call_id = format!("{}/update_{}", self.call.call_id, self.updates);
-        Box::pin(self.deliver(call_id, text, false, true))
+        Box::pin(self.deliver(call_id, text, false, msg.reply))
     }
 }
 
