@@ -142,6 +142,7 @@ fn request(text: &str) -> LlmRequest {
             parameters: json!({"type": "object", "properties": {"location": {"type": "string"}}}),
         }]),
         tool_choice: ToolChoice::Auto,
+        deferred_call_ids: Vec::new(),
     }
 }
 

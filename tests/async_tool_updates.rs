@@ -119,6 +119,13 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     assert_eq!(llm.request_count(), 3);
     let reply = &llm.requests()[2];
     assert_eq!(reply.tool_choice, ToolChoice::None);
+    assert_eq!(
+        reply.deferred_call_ids,
+        ["call_1/update_1", "call_1/update_2", "call_1/finished"]
+    );
+    assert!(llm.requests()[..2]
+        .iter()
+        .all(|r| r.deferred_call_ids.is_empty()));
     let instructions = reply.extra_instructions.clone().unwrap();
     let ids: Vec<&str> = instructions
         .lines()
@@ -160,6 +167,9 @@ async fn updates_to_an_idle_session_are_answered_at_once() {
     // `/update_1` came after the step's second request was made, so one reply is due,
     // and it lists `call_1/update_1`.
     assert_eq!(deferred.len(), 1, "{:#?}", llm.requests());
+    assert!(deferred[0]
+        .deferred_call_ids
+        .contains(&"call_1/update_1".to_owned()));
     assert!(deferred[0]
         .extra_instructions
         .as_deref()
@@ -316,5 +326,78 @@ async fn a_repeated_provider_call_id_is_made_unique() {
     assert_eq!(output(&chat, "dup"), "1");
     assert_eq!(output(&chat, "dup~2"), "2");
     assert_invariant(&chat);
+    session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn a_deferred_reply_says_what_it_covers_and_is_skipped_when_a_reply_already_saw_it() {
+    let gate = Gate::new();
+    let tool = {
+        let gate = gate.clone();
+        Tool::new("search", "Searches", move |ctx: RunContext, _: Query| {
+            let gate = gate.clone();
+            async move {
+                ctx.update("searching").await?;
+                gate.wait().await;
+                Ok::<_, ToolFailure>("found it")
+            }
+        })
+    };
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("search", json!({"q": "keys"})),
+        Reply::text("Searching."),
+        Reply::text("Found them, on the shelf."),
+    ]);
+    let io = RecordingOutput::manual_playout();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(Agent::builder("agent-a").tool(tool).build().unwrap())
+        .output(io.clone())
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let mut events = session.subscribe();
+    let first = spawn_turn(&session, "where are my keys?");
+    let searching = wait_on(&mut events, event::speech_created()).await;
+    // While "Searching." plays, the result lands and the user asks again: the user's turn
+    // is queued first, so its reply sees the result, and the deferred reply is skipped.
+    gate.open();
+    wait_on(&mut events, event::output_added("call_1/finished")).await;
+    let second = spawn_turn(&session, "did you find them?");
+    inspector
+        .wait_for_nth(
+            "session/s1",
+            "RunTurn",
+            2,
+            std::time::Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    io.played_out(searching.id());
+    first.await.unwrap().unwrap();
+    let found = wait_on(&mut events, event::speech_created()).await;
+    io.played_out(found.id());
+    second.await.unwrap().unwrap();
+    session.wait_for_settled().await;
+
+    let decision = wait_event(&mut events, |e| match e {
+        SessionEvent::DeferredReply {
+            call_ids, decision, ..
+        } => Some((call_ids.clone(), *decision)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(
+        decision,
+        (
+            vec!["call_1/finished".to_owned()],
+            DeferredReplyDecision::AlreadyAnswered
+        )
+    );
+    assert_eq!(llm.request_count(), 3, "no request for the skipped reply");
+    assert!(llm.requests()[2].chat.contains_call("call_1/finished"));
+    assert!(llm.requests()[2].deferred_call_ids.is_empty());
     session.close().await.unwrap();
 }

@@ -48,6 +48,7 @@ fn ask() -> LlmRequest {
         chat: ChatContext::from(vec![ChatItem::message(ChatRole::User, "hi")]),
         tools: Arc::from(Vec::new()),
         tool_choice: ToolChoice::Auto,
+        deferred_call_ids: Vec::new(),
     }
 }
 

@@ -52,6 +52,7 @@ fn ask(text: &str) -> LlmRequest {
         chat: ChatContext::from(vec![ChatItem::message(ChatRole::User, text)]),
         tools: Arc::from(vec![weather_tool()]),
         tool_choice: ToolChoice::Auto,
+        deferred_call_ids: Vec::new(),
     }
 }
 

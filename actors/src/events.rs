@@ -21,6 +21,17 @@ pub enum UserState {
     Away,
 }
 
+/// What became of a deferred reply (see [`SessionEvent::DeferredReply`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeferredReplyDecision {
+    /// The model is asked to reply; the request's `deferred_call_ids` name the items.
+    Requested,
+    /// No request: the agent already spoke with every one of the items in view (an
+    /// answer it gave in the meantime covered them).
+    AlreadyAnswered,
+}
+
 /// What the agent is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -109,6 +120,16 @@ pub enum SessionEvent {
         agent: String,
         /// Where the item was.
         index: usize,
+    },
+    /// The session decided on a deferred reply: the answer to tool items that arrived
+    /// after their step (`/update_n`, `/finished`), coalesced into one reply.
+    DeferredReply {
+        /// The agent that answers (or would have).
+        agent: String,
+        /// The items' call ids the reply covers, oldest first.
+        call_ids: Vec<String>,
+        /// Whether a reply was asked of the model.
+        decision: DeferredReplyDecision,
     },
     /// The calls of one LLM step have their outputs.
     FunctionToolsExecuted {

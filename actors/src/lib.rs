@@ -84,7 +84,9 @@ pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, Funct
 pub use control::SessionControl;
 pub use error::{BuildError, SessionError, SpeechError, TaskError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
-pub use events::{AgentState, LlmMetrics, RunResult, SessionEvent, UserState};
+pub use events::{
+    AgentState, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+};
 pub use handoff::Handoff;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use ids::{ActorId, SessionId};

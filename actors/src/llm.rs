@@ -47,6 +47,9 @@ pub struct LlmRequest {
     pub tools: Arc<[ToolSchema]>,
     /// Whether tools may be called on this request.
     pub tool_choice: ToolChoice,
+    /// For a deferred reply, the call ids of the later tool items it answers
+    /// (`call_1/update_1`, `call_1/finished`, …), oldest first; empty for any other request.
+    pub deferred_call_ids: Vec<String>,
 }
 
 /// A tool call as the model streams it.

@@ -141,6 +141,7 @@ mod tests {
             chat: ChatContext::new(),
             tools: Vec::new().into(),
             tool_choice: ToolChoice::Auto,
+            deferred_call_ids: Vec::new(),
         }
     }
 

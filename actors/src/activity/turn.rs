@@ -20,7 +20,7 @@ use super::{companions, ActivityActor, Status, TurnKind, TurnOutcome};
 use crate::agent::TurnDecision;
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::error::{SessionError, TurnFailure};
-use crate::events::{AgentState, LlmMetrics, SessionEvent};
+use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
 use crate::llm::{LlmChunk, LlmError, LlmRequest, LlmUsage, ToolCallChunk, ToolChoice};
 use crate::llm_guard;
 use crate::mailbox::Mailbox;
@@ -44,6 +44,8 @@ pub(crate) struct Turn {
     steps: u32,
     tool_choice: ToolChoice,
     extra_instructions: Option<String>,
+    /// The later tool items a deferred reply answers (empty for other turns).
+    deferred_call_ids: Vec<String>,
     pub(super) interrupted: bool,
     phase: Phase,
     /// Whether the turn may be interrupted now (shared with its speeches and calls).
@@ -143,6 +145,7 @@ impl ActivityActor {
             steps: 0,
             tool_choice: ToolChoice::Auto,
             extra_instructions: None,
+            deferred_call_ids: Vec::new(),
             interrupted: false,
             phase: Phase::Between,
             interruptibility,
@@ -178,7 +181,6 @@ impl ActivityActor {
             }
             TurnKind::Deferred(pending) => {
                 if !self.prepare_deferred(pending) {
-                    tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
                     self.finish_turn(TurnOutcome::default(), ctx);
                     return;
                 }
@@ -262,20 +264,30 @@ impl ActivityActor {
             newest = newest.max(Some(position));
             ids.push(item.call_id);
         }
-        let Some(newest) = newest else {
-            return false;
-        };
         // Judged by chat position: an assistant message generated with the newest item in
         // view already answered it.
-        if self.last_reply_view > newest {
+        let due = newest.is_some_and(|newest| self.last_reply_view <= newest);
+        let decision = if due {
+            DeferredReplyDecision::Requested
+        } else {
+            tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
+            DeferredReplyDecision::AlreadyAnswered
+        };
+        self.shared.emit_with(|| SessionEvent::DeferredReply {
+            agent: self.agent_name(),
+            call_ids: ids.clone(),
+            decision,
+        });
+        if !due {
             return false;
         }
         let prompts = self.agent.def.prompts.or(&self.shared.prompts);
         if let Some(turn) = self.turn.as_mut() {
             turn.tool_choice = ToolChoice::None;
             turn.extra_instructions = Some(prompts.render_reply(&ReplyPromptArgs {
-                pending_call_ids: ids,
+                pending_call_ids: ids.clone(),
             }));
+            turn.deferred_call_ids = ids;
         }
         true
     }
@@ -292,6 +304,7 @@ impl ActivityActor {
             chat: self.ledger.chat().clone(),
             tools: self.schemas.clone(),
             tool_choice: turn.tool_choice,
+            deferred_call_ids: turn.deferred_call_ids.clone(),
         };
         let step = self.shared.next_step();
         let view = self.ledger.chat().len();

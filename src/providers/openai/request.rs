@@ -293,6 +293,7 @@ mod tests {
             chat: ChatContext::from(items),
             tools: tools.into(),
             tool_choice: ToolChoice::Auto,
+            deferred_call_ids: Vec::new(),
         }
     }
 
