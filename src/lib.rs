@@ -131,15 +131,15 @@ pub use switchboard_actors::prompts;
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AsyncRunContext,
     BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, Handoff,
-    HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
+    DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
+    Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
     LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received,
     RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
     SessionError, SessionEvent, SessionHistory, SessionId, SpeechError, SpeechHandle, SpeechId,
-    SpeechOutcome, SpeechOutput, SpeechPriority, StopResponse, SubTaskOf, TaskError, TimeoutStage,
-    Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState,
-    CONFIRM_DUPLICATE_PARAM,
+    SpeechOutcome, SpeechOutput, SpeechPriority, StartingChat, StopResponse, SubTaskOf, TaskError,
+    TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult,
+    ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage,
+    UserState, CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the
@@ -150,7 +150,7 @@ pub mod prelude {
         DeferredReplyDecision, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff,
         HookContext, Inspector, Llm, NoArgs, Playout, PlayoutReporter, RunContext, RunResult,
         SayOptions, Session, SessionControl, SessionError, SessionEvent, SessionHistory,
-        SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, StopResponse, Tool, ToolError,
-        ToolFailure, ToolReturn, Toolset, TurnDecision, TurnFailure, UserState,
+        SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, StartingChat, StopResponse, Tool,
+        ToolError, ToolFailure, ToolReturn, Toolset, TurnDecision, TurnFailure, UserState,
     };
 }

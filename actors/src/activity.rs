@@ -634,14 +634,14 @@ pub(crate) struct PauseActivity {
     pub(crate) exempt: Option<u64>,
 }
 
-/// The reply is how many items the chat context has once paused: where the sub-task's
-/// items go in the call's transcript.
+/// The reply is the chat context once paused: its length is where the sub-task's items go
+/// in the call's transcript, and a sub-task agent may start from it.
 impl Message for PauseActivity {
-    type Result = usize;
+    type Result = ChatContext;
 }
 
 impl Handler<PauseActivity> for ActivityActor {
-    type Result = ResponseActFuture<Self, usize>;
+    type Result = ResponseActFuture<Self, ChatContext>;
 
     fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
         self.stop_generation_for_pause(ctx);
@@ -667,7 +667,7 @@ impl Handler<PauseActivity> for ActivityActor {
                 act.with_ledger(false, |ledger, sink| {
                     ledger.write_terminal(calls, &reason, sink)
                 });
-                act.ledger.chat().len()
+                act.ledger.chat().clone()
             },
         ))
     }

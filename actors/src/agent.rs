@@ -15,6 +15,7 @@ use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::prompts::Prompts;
+use crate::starting_chat::StartingChat;
 use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
 
 pub(crate) use crate::tool::COMPANION_TOOLS;
@@ -89,6 +90,7 @@ pub(crate) struct AgentDef {
     pub(crate) prompts: Prompts,
     pub(crate) llm_timeouts: Option<LlmTimeouts>,
     pub(crate) allow_interruptions: Option<bool>,
+    pub(crate) starting_chat: Option<StartingChat>,
 }
 
 impl fmt::Debug for Agent {
@@ -118,6 +120,7 @@ impl Agent {
                 prompts: Prompts::new(),
                 llm_timeouts: None,
                 allow_interruptions: None,
+                starting_chat: None,
             },
         }
     }
@@ -130,6 +133,11 @@ impl Agent {
     /// Its instructions.
     pub fn instructions(&self) -> &str {
         &self.def.instructions
+    }
+
+    /// The chat context it asked to start with, if it did.
+    pub(crate) fn starting_chat(&self) -> Option<&StartingChat> {
+        self.def.starting_chat.as_ref()
     }
 
     /// Whether any tool the agent brings allows the model to cancel it.
@@ -174,6 +182,15 @@ impl AgentBuilder {
     /// The agent's instructions (its system prompt).
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.def.instructions = Arc::from(instructions.into());
+        self
+    }
+
+    /// The chat context this agent starts with whenever it becomes current: none, all or
+    /// the last items of the agent before it (for a sub-task, its caller's), or one given.
+    /// Default: for a handoff the session's `inherit_chat_context`, for a sub-task and
+    /// the first agent an empty one. A handoff's own choice (`Handoff::with_chat`) wins.
+    pub fn starting_chat(mut self, chat: StartingChat) -> Self {
+        self.def.starting_chat = Some(chat);
         self
     }
 

@@ -54,6 +54,14 @@ impl CallIds {
             }
         }
     }
+
+    /// Marks an id that came from outside (a chat context given to an agent) as issued.
+    /// Of a derived id (`x/finished`) its base is reserved: the derived ids of a later `x`
+    /// would equal it.
+    pub(crate) fn reserve(&mut self, id: &str) {
+        let base = id.split('/').next().unwrap_or(id);
+        self.issued.insert(Arc::from(base));
+    }
 }
 
 #[cfg(test)]
@@ -76,6 +84,16 @@ mod tests {
         assert_eq!(ids.canonical("x"), "x");
         assert_eq!(ids.canonical("x"), "x~3");
         assert_eq!(ids.canonical("x~2"), "x~2~2");
+    }
+
+    #[test]
+    fn a_reserved_id_and_the_base_of_a_reserved_derived_id_are_not_issued_again() {
+        let mut ids = CallIds::default();
+        ids.reserve("call_1");
+        ids.reserve("call_7/finished");
+        assert_eq!(ids.canonical("call_1"), "call_1~2");
+        assert_eq!(ids.canonical("call_7"), "call_7~2");
+        assert_eq!(ids.canonical("call_2"), "call_2");
     }
 
     #[test]

@@ -128,6 +128,12 @@ pub enum BuildError {
         /// The agent.
         agent: String,
     },
+    /// A chat context given to start an agent with breaks the one-output-per-call rule.
+    #[error("the given chat context cannot be continued: {reason}")]
+    InvalidChat {
+        /// What is wrong, naming the call and the item.
+        reason: String,
+    },
     /// The session has no starting agent.
     #[error("the session has no agent: call `.agent(..)` on the builder")]
     NoAgent,

@@ -1,6 +1,7 @@
 //! `Handoff`: the conversation moves to another agent.
 
 use crate::agent::Agent;
+use crate::starting_chat::StartingChat;
 
 /// Hands the conversation to another agent. Return it (or the agent) from a tool, call
 /// `Session::update_agent`, or send it to the session's address
@@ -17,6 +18,9 @@ pub struct Handoff {
     pub message: Option<String>,
     /// Whether it interrupts the current turn instead of waiting for it.
     pub interrupt: bool,
+    /// The chat context the new agent starts with (default: the agent's own choice, else
+    /// the session's `inherit_chat_context`).
+    pub chat: Option<StartingChat>,
 }
 
 impl Handoff {
@@ -26,12 +30,20 @@ impl Handoff {
             agent,
             message: None,
             interrupt: false,
+            chat: None,
         }
     }
 
     /// Sets the message the handing-off tool call returns to the model.
     pub fn with_message(mut self, message: impl Into<String>) -> Self {
         self.message = Some(message.into());
+        self
+    }
+
+    /// Sets the chat context the new agent starts with: none, all or the last items of
+    /// the current agent's, or one given. Wins over the agent's and the session's choice.
+    pub fn with_chat(mut self, chat: StartingChat) -> Self {
+        self.chat = Some(chat);
         self
     }
 

@@ -65,6 +65,7 @@ pub mod run_context;
 pub mod runtime;
 pub mod session_handle;
 pub mod speech;
+pub mod starting_chat;
 pub mod tool;
 
 mod activity;
@@ -104,6 +105,7 @@ pub use run_context::{AsyncRunContext, RunContext, UpdateMessage};
 pub use runtime::Engine;
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
+pub use starting_chat::{GivenChat, StartingChat};
 pub use tool::{
     DuplicatePolicy, NoArgs, StopResponse, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,

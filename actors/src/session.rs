@@ -62,6 +62,7 @@ use crate::speech::{
     Interruptibility, SayOptions, SpeechHandle, SpeechOutcome, SpeechPort, SpeechPriority,
     SpeechStatus,
 };
+use crate::starting_chat::StartingChat;
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
@@ -630,10 +631,12 @@ impl Handler<StartSession> for SessionActor {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
         let (tx, rx) = oneshot::channel();
+        let start = StartingChat::resolve(None, agent.starting_chat(), StartingChat::Empty);
+        let chat = self.starting_chat(&start, ChatContext::new());
         let first = Entry {
             agent,
             llm,
-            chat: ChatContext::new(),
+            chat,
             handoff_from: None,
             sub_task_of: None,
         };

@@ -15,6 +15,7 @@ use tokio::sync::{broadcast, watch, Notify};
 
 use crate::agent::{check_tools, Agent};
 use crate::call_ids::CallIds;
+use crate::chat::{ChatContext, ChatItem};
 use crate::error::BuildError;
 use crate::error_policy::ErrorPolicy;
 use crate::events::{AgentState, SessionEvent, UserState};
@@ -206,6 +207,17 @@ impl SessionShared {
         self.events
             .get_or_init(|| broadcast::channel(self.event_capacity).0)
             .subscribe()
+    }
+
+    /// Marks the call ids of a chat context from outside the session as issued: a model's
+    /// later call with one of them gets a fresh id.
+    pub(crate) fn reserve_call_ids(&self, chat: &ChatContext) {
+        let mut ids = self.call_ids.lock().unwrap_or_else(|p| p.into_inner());
+        for item in chat.items() {
+            if let ChatItem::FunctionCall(call) = item {
+                ids.reserve(&call.call_id);
+            }
+        }
     }
 
     pub(crate) fn next_run(&self) -> u64 {

@@ -20,6 +20,7 @@ use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::Child;
 use crate::llm::Llm;
+use crate::starting_chat::StartingChat;
 use crate::toolset::ToolsetActor;
 
 /// An activity about to start.
@@ -63,6 +64,17 @@ impl SessionActor {
         self.toolsets = Arc::from(toolsets);
     }
 
+    /// The chat context an agent starts with, by `start`, from the previous agent's. The
+    /// call ids of a given context are reserved, so the model's later ids never equal
+    /// them.
+    pub(super) fn starting_chat(&self, start: &StartingChat, previous: ChatContext) -> ChatContext {
+        let chat = start.apply(previous);
+        if matches!(start, StartingChat::Given(_)) {
+            self.shared.reserve_call_ids(&chat);
+        }
+        chat
+    }
+
     /// Closes the outgoing activity, then starts the handoff's agent.
     pub(super) fn begin_handoff(
         &mut self,
@@ -82,12 +94,18 @@ impl SessionActor {
                 planned.done.finish(Err(SessionError::Closed), &from, &to);
                 return;
             }
-            let chat = if act.shared.config.inherit_chat_context {
-                chat
-            } else {
-                ChatContext::new()
-            };
             let PlannedHandoff { handoff, llm, done } = planned;
+            let fallback = if act.shared.config.inherit_chat_context {
+                StartingChat::All
+            } else {
+                StartingChat::Empty
+            };
+            let start = StartingChat::resolve(
+                handoff.chat.as_ref(),
+                handoff.agent.starting_chat(),
+                fallback,
+            );
+            let chat = act.starting_chat(&start, chat);
             let entry = Entry {
                 agent: handoff.agent,
                 llm,
@@ -204,19 +222,23 @@ impl SessionActor {
         );
         let from = caller.agent.name().to_owned();
         let caller_id = caller.id().clone();
-        ctx.spawn(pause.into_actor(self).map(move |paused_at, act, ctx| {
+        ctx.spawn(pause.into_actor(self).map(move |paused, act, ctx| {
             if act.schedule.is_closed() {
                 return;
             }
+            // A caller that died while pausing: its items end where they are.
+            let after = paused.as_ref().map_or(usize::MAX, ChatContext::len);
+            let start =
+                StartingChat::resolve(None, task.agent.starting_chat(), StartingChat::Empty);
+            let chat = act.starting_chat(&start, paused.unwrap_or_default());
             let entry = Entry {
                 agent: task.agent,
                 llm: task.llm,
-                chat: ChatContext::new(),
+                chat,
                 handoff_from: Some(from),
                 sub_task_of: Some(SubTaskOf {
                     caller: caller_id,
-                    // A caller that died while pausing: its items end where they are.
-                    after: paused_at.unwrap_or(usize::MAX),
+                    after,
                 }),
             };
             act.enter(entry, ctx, |_, res| {
