@@ -298,11 +298,7 @@ async fn an_async_tool_finishes_in_the_background() {
     assert_eq!(requests.len(), 3, "exactly one deferred reply");
     let deferred = &requests[2];
     assert_eq!(deferred.tool_choice, ToolChoice::None);
-    assert!(deferred
-        .extra_instructions
-        .as_deref()
-        .unwrap()
-        .contains("call_1/finished"));
+    assert_eq!(deferred.deferred_call_ids, ["call_1/finished"]);
     RunExpect::from_items(chat.items())
         .contains_message(ChatRole::Assistant)
         .with_content("Searching now.");
