@@ -27,9 +27,12 @@ pin_project_lite::pin_project! {
         // and spans nest under it).
         span: tracing::Span,
         timeouts: LlmTimeouts,
-        // The timer lives inline. It is armed at the first-chunk deadline, re-armed at
-        // the first chunk, and after that only when it fires early (chunks came since it
-        // was set): each later chunk costs a clock read, not a timer registration.
+        // The timer lives inline, armed at the first-chunk deadline. It is moved only
+        // when the stream waits: earlier, to the gap deadline, the first time the stream
+        // waits after a chunk; later, when it fires while chunks keep coming. A chunk
+        // costs a clock read, never a timer registration: moving a registered timer
+        // earlier wakes the runtime's I/O driver (a syscall), and a model that answers
+        // without waiting (a cache, a scripted model) should not pay for that.
         #[pin]
         timer: Sleep,
         last_chunk: Option<Instant>,
@@ -74,13 +77,7 @@ impl Stream for GuardedStream {
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
         match polled {
             Ok(Poll::Ready(Some(Ok(chunk)))) => {
-                let now = Instant::now();
-                if this.last_chunk.replace(now).is_none() {
-                    // The first chunk: from now on the (maybe shorter) gap limit applies.
-                    this.timer
-                        .as_mut()
-                        .reset(now + this.timeouts.between_chunks);
-                }
+                *this.last_chunk = Some(Instant::now());
                 Poll::Ready(Some(Ok(chunk)))
             }
             Ok(Poll::Ready(Some(Err(error)))) => {
@@ -92,6 +89,13 @@ impl Stream for GuardedStream {
                 Poll::Ready(None)
             }
             Ok(Poll::Pending) => loop {
+                if let Some(last) = *this.last_chunk {
+                    // After a chunk the (maybe shorter) gap limit applies.
+                    let due = last + this.timeouts.between_chunks;
+                    if this.timer.deadline() > due {
+                        this.timer.as_mut().reset(due);
+                    }
+                }
                 if this.timer.as_mut().poll(cx).is_pending() {
                     return Poll::Pending;
                 }
