@@ -1,0 +1,175 @@
+//! The engine's layers, checked on its source: engine code never holds the host's handle,
+//! user-facing types never reach into an actor, plumbing names no actor, and vocabulary
+//! names only vocabulary. A module a file names is any `crate::<module>` path in it (a
+//! `use` or an inline path); `super::` inside an actor's own folder stays in that actor.
+//! The rules and why are in ARCHITECTURE.md ("Layers").
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The actor modules: the session, an activity, a toolset, a tool run.
+const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
+/// The host's handle.
+const HOST: &str = "session_handle";
+/// Types a user writes agents and tools with.
+const USER_DEFINED: &[&str] = &[
+    "agent",
+    "tool",
+    "run_context",
+    "control",
+    "speech",
+    "handoff",
+];
+/// The engine's plumbing.
+const PLUMBING: &[&str] = &[
+    "mailbox",
+    "lifecycle",
+    "outcome",
+    "shared",
+    "call_ids",
+    "llm_guard",
+    "reentry",
+];
+/// The words everything else is written in.
+const VOCABULARY: &[&str] = &[
+    "chat",
+    "llm",
+    "output",
+    "ids",
+    "events",
+    "error",
+    "error_policy",
+    "prompts",
+    "history",
+    "starting_chat",
+];
+
+/// The crate modules a source file names, other than itself.
+fn named_modules(source: &str, own: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for (at, _) in source.match_indices("crate::") {
+        let rest = &source[at + "crate::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if !name.is_empty() && name != own {
+            names.insert(name);
+        }
+    }
+    // `use crate::{a::X, b::Y}`: the names inside the braces.
+    for (at, _) in source.match_indices("use crate::{") {
+        let rest = &source[at + "use crate::{".len()..];
+        let Some(end) = rest.find("};") else { continue };
+        for part in rest[..end].split(',') {
+            let name: String = part
+                .trim()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != own {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+/// Every source file of module `module` (its file and, for a folder module, its children)
+/// with the modules it names, test code left out.
+fn module_imports(module: &str) -> Vec<(String, BTreeSet<String>)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("actors/src");
+    let mut files = vec![src.join(format!("{module}.rs"))];
+    if let Ok(children) = std::fs::read_dir(src.join(module)) {
+        let mut children: Vec<_> = children.filter_map(Result::ok).map(|e| e.path()).collect();
+        children.sort();
+        files.extend(children);
+    }
+    files
+        .into_iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "rs"))
+        .map(|path| {
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+            // Unit tests may build whatever they need, and doc links are not imports.
+            let code: String = text
+                .split("#[cfg(test)]")
+                .next()
+                .unwrap_or(&text)
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let shown = path
+                .strip_prefix(&src)
+                .unwrap_or(&path)
+                .display()
+                .to_string();
+            (shown, named_modules(&code, module))
+        })
+        .collect()
+}
+
+/// Checks that no file of the `modules` names anything in `forbidden`; lists every breach.
+fn check(modules: &[&str], forbidden: impl Fn(&str, &str) -> bool, rule: &str) {
+    let mut breaches = Vec::new();
+    for module in modules {
+        let files = module_imports(module);
+        assert!(!files.is_empty(), "no source for module {module}");
+        for (file, names) in files {
+            for name in names {
+                if forbidden(module, &name) {
+                    breaches.push(format!("{file} names crate::{name}"));
+                }
+            }
+        }
+    }
+    assert!(breaches.is_empty(), "{rule}:\n{}", breaches.join("\n"));
+}
+
+#[test]
+fn no_actor_holds_the_host_handle() {
+    check(
+        ACTORS,
+        |_, name| name == HOST,
+        "an actor file names the host handle",
+    );
+}
+
+#[test]
+fn user_defined_types_name_no_actor_and_not_the_host_handle() {
+    check(
+        USER_DEFINED,
+        |_, name| name == HOST || ACTORS.contains(&name),
+        "a user-facing type names an actor or the host handle",
+    );
+}
+
+#[test]
+fn plumbing_names_no_actor() {
+    check(
+        PLUMBING,
+        |_, name| name == HOST || ACTORS.contains(&name),
+        "plumbing names an actor or the host handle",
+    );
+}
+
+#[test]
+fn vocabulary_names_only_vocabulary() {
+    check(
+        VOCABULARY,
+        // The one exception: a `SpeechCreated` event hands subscribers the speech's handle.
+        |module, name| !VOCABULARY.contains(&name) && !(module == "events" && name == "speech"),
+        "vocabulary names something above it",
+    );
+}
+
+#[test]
+fn the_checker_sees_inline_paths_and_braced_imports() {
+    let source = "use crate::{chat::ChatItem, mailbox::Mailbox};\nfn f() { crate::session::x(); }";
+    let names = named_modules(source, "tool");
+    assert_eq!(
+        names.into_iter().collect::<Vec<_>>(),
+        ["chat", "mailbox", "session"]
+    );
+}
