@@ -1,8 +1,10 @@
 //! The engine's layers, checked on its source: engine code never holds the host's handle,
 //! user-facing types never reach into an actor, plumbing names no actor, and vocabulary
-//! names only vocabulary. A module a file names is any `crate::<module>` path in it (a
-//! `use` or an inline path); `super::` inside an actor's own folder stays in that actor.
-//! The rules and why are in ARCHITECTURE.md ("Layers").
+//! names only vocabulary. A module a file names is any `crate::<module>` path in its code
+//! (a `use` or an inline path; comments and unit tests left out); `super::` inside an
+//! actor's own folder stays in that actor. The rules and why are in ARCHITECTURE.md
+//! ("Crates and layers").
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -159,7 +161,7 @@ fn vocabulary_names_only_vocabulary() {
     check(
         VOCABULARY,
         // The one exception: a `SpeechCreated` event hands subscribers the speech's handle.
-        |module, name| !VOCABULARY.contains(&name) && !(module == "events" && name == "speech"),
+        |module, name| !VOCABULARY.contains(&name) && (module != "events" || name != "speech"),
         "vocabulary names something above it",
     );
 }
