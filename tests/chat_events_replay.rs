@@ -85,6 +85,27 @@ fn texts(items: &[ChatItem]) -> Vec<String> {
         .collect()
 }
 
+/// Runs a turn that makes `speeches` speeches, hands their ids to `report` (what the
+/// output reports of them), and awaits the turn.
+async fn spoken_turn(
+    session: &Session,
+    events: &mut broadcast::Receiver<SessionEvent>,
+    (text, speeches): (&str, usize),
+    report: impl FnOnce(&[SpeechId]),
+) {
+    let turn = spawn_turn(session, text);
+    let mut ids = Vec::new();
+    for _ in 0..speeches {
+        ids.push(wait_on(events, event::speech_created()).await.id());
+    }
+    report(&ids);
+    tokio::time::timeout(BOUND, turn)
+        .await
+        .expect("the turn did not end")
+        .unwrap()
+        .unwrap();
+}
+
 #[actix::test]
 async fn events_alone_rebuild_every_agents_chat_context() {
     let billing = Agent::builder("billing").build().unwrap();
@@ -151,45 +172,34 @@ async fn events_alone_rebuild_every_agents_chat_context() {
     let mut events = session.subscribe();
 
     // A step with an async update; its first speech is cut, the second plays out.
-    let turn = spawn_turn(&session, "hello, where is my order?");
-    let first = wait_on(&mut events, event::speech_created()).await.id();
-    let second = wait_on(&mut events, event::speech_created()).await.id();
-    out.played_out(second);
-    out.heard(first, "First");
-    tokio::time::timeout(BOUND, turn)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-
+    spoken_turn(
+        &session,
+        &mut events,
+        ("hello, where is my order?", 2),
+        |speeches| {
+            out.played_out(speeches[1]);
+            out.heard(speeches[0], "First");
+        },
+    )
+    .await;
     // A speech the user heard none of leaves the chat.
-    let turn = spawn_turn(&session, "and then?");
-    let unheard = wait_on(&mut events, event::speech_created()).await.id();
-    out.heard(unheard, "");
-    tokio::time::timeout(BOUND, turn)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-
+    spoken_turn(&session, &mut events, ("and then?", 1), |s| {
+        out.heard(s[0], "")
+    })
+    .await;
     // The hook rewrites the context; then a handoff that inherits it.
-    let turn = spawn_turn(&session, "forget what I said first");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    out.played_out(speech);
-    tokio::time::timeout(BOUND, turn)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    spoken_turn(
+        &session,
+        &mut events,
+        ("forget what I said first", 1),
+        |s| out.played_out(s[0]),
+    )
+    .await;
     session.run("transfer me").await.unwrap();
-    let turn = spawn_turn(&session, "what do I owe?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    out.played_out(speech);
-    tokio::time::timeout(BOUND, turn)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    spoken_turn(&session, &mut events, ("what do I owe?", 1), |s| {
+        out.played_out(s[0])
+    })
+    .await;
 
     let history = session.close().await.unwrap();
     let replay = tokio::time::timeout(BOUND, follower)
