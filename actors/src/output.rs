@@ -12,11 +12,12 @@ use std::fmt;
 use std::sync::Arc;
 
 /// Identifies one speech of a session (`speech_1`, `speech_2`, … in creation order).
+/// Only the session makes them: a speech id names a speech it created.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 #[serde(transparent)]
-pub struct SpeechId(pub u64);
+pub struct SpeechId(pub(crate) u64);
 
 impl fmt::Display for SpeechId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
