@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::{spawn_turn, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{event, RecordingOutput, Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, RecordingOutput, Reply, ScriptedLlm};
 use tokio::sync::broadcast;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -117,14 +117,23 @@ async fn events_alone_rebuild_every_agents_chat_context() {
             async move { Ok::<_, ToolFailure>(ToolReturn::from(billing)) }
         },
     );
-    let lookup = Tool::new(
-        "lookup",
-        "Looks up an order",
-        |ctx: RunContext, _: Query| async move {
-            ctx.update("looking in the archive").await?;
-            Ok::<_, ToolFailure>("shipped on Monday")
-        },
-    );
+    // The result waits for the test, so its deferred reply comes when the test says.
+    let archive = Gate::new();
+    let lookup = {
+        let archive = archive.clone();
+        Tool::new(
+            "lookup",
+            "Looks up an order",
+            move |ctx: RunContext, _: Query| {
+                let archive = archive.clone();
+                async move {
+                    ctx.update("looking in the archive").await?;
+                    archive.wait().await;
+                    Ok::<_, ToolFailure>("shipped on Monday")
+                }
+            },
+        )
+    };
     let host = Agent::builder("host")
         .tool(lookup)
         .tool(transfer)
@@ -146,6 +155,7 @@ async fn events_alone_rebuild_every_agents_chat_context() {
     let llm = ScriptedLlm::new([
         Reply::text("First part.").and_tool_call("lookup", json!({"q": "order"})),
         Reply::text("Second part."),
+        Reply::text("It shipped on Monday."),
         Reply::text("Words nobody heard."),
         Reply::text("Forgotten."),
         Reply::tool_call("transfer", json!({"q": "billing"})),
@@ -182,6 +192,11 @@ async fn events_alone_rebuild_every_agents_chat_context() {
         },
     )
     .await;
+    // The result lands in the background: a deferred reply, spoken and heard.
+    archive.open();
+    let deferred = wait_on(&mut events, event::speech_created()).await.id();
+    out.played_out(deferred);
+    session.wait_for_settled().await;
     // A speech the user heard none of leaves the chat.
     spoken_turn(&session, &mut events, ("and then?", 1), |s| {
         out.heard(s[0], "")
@@ -224,6 +239,11 @@ async fn events_alone_rebuild_every_agents_chat_context() {
         "the hook removed the first question: {host:?}"
     );
     assert!(host.contains(&"System The caller is known.".to_owned()));
+    assert!(host.contains(&"Assistant It shipped on Monday.".to_owned()));
+    assert!(
+        host.contains(&"Some(\"call_1/finished\")".to_owned()),
+        "{host:?}"
+    );
     let billing = texts(&replay.chats["billing"]);
     assert!(billing.contains(&"Assistant Billing here.".to_owned()));
     assert!(

@@ -385,8 +385,8 @@ impl SessionActor {
     /// after a few yields (about a microsecond).
     fn settle(&mut self, rounds: u32, quiet: u32, ctx: &mut Context<Self>) {
         let seen = self.deliveries_seen;
-        ctx.spawn(fut::wrap_future::<_, Self>(tokio::task::yield_now()).map(
-            move |(), act, ctx| {
+        ctx.spawn(
+            fut::wrap_future::<_, Self>(yield_to_ready_tasks()).map(move |(), act, ctx| {
                 let busy = act.deliveries_seen != seen || act.deliveries_in_flight > 0;
                 let quiet = if busy { 0 } else { quiet + 1 };
                 if quiet < QUIET_ROUNDS && rounds < SETTLE_ROUNDS {
@@ -395,8 +395,8 @@ impl SessionActor {
                     act.schedule.settled();
                     act.pump(ctx);
                 }
-            },
-        ));
+            }),
+        );
     }
 
     /// A voice session whose user stays silent while the agent is idle for
@@ -580,14 +580,30 @@ impl SessionActor {
     }
 }
 
+/// Lets every task of the arbiter that is ready now run before the caller goes on: wakes
+/// itself and is pending once, so it goes to the back of the arbiter's queue. Not
+/// `tokio::task::yield_now`, which also makes the runtime poll its I/O driver — a system
+/// call per yield, five or more per deferred reply — for events a settle does not wait for.
+fn yield_to_ready_tasks() -> impl std::future::Future<Output = ()> {
+    let mut yielded = false;
+    std::future::poll_fn(move |cx| {
+        if yielded {
+            return std::task::Poll::Ready(());
+        }
+        yielded = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+}
+
 /// How many yields a deferred reply waits at most for deliveries still on their way: a
 /// tool that updates without pause must not hold the reply back for ever.
-const SETTLE_ROUNDS: u32 = 64;
+const SETTLE_ROUNDS: u32 = 512;
 
 /// How many yields in a row without a delivery mean nothing more is on its way: a tool's
 /// next update takes a few task hops (its run's reply, its body, its run's mailbox) to
 /// reach the session.
-const QUIET_ROUNDS: u32 = 5;
+const QUIET_ROUNDS: u32 = 8;
 
 /// The call id of the last output among `items` (what a deferred reply names).
 fn output_call_id(items: &[ChatItem]) -> Option<String> {
