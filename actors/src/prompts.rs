@@ -10,8 +10,9 @@
 //! The defaults are short on purpose: a long explanation of the protocol makes models
 //! re-call tools with invented results.
 
+use std::borrow::Cow;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use crate::chat::FunctionCall;
 use crate::error::BuildError;
@@ -50,34 +51,36 @@ pub trait PromptArgs: Send + Sync + 'static {
     const TEMPLATE: &'static str;
     /// The fields a format string may name.
     const FIELDS: &'static [&'static str];
-    /// One field's text.
-    fn field(&self, name: &str) -> String;
+    /// One field's text (borrowed where the arguments hold it as it is: a template is
+    /// rendered for every update of every tool).
+    fn field(&self, name: &str) -> Cow<'_, str>;
 }
 
 impl PromptArgs for UpdatePromptArgs {
     const TEMPLATE: &'static str = "update";
     const FIELDS: &'static [&'static str] = &["function_name", "call_id", "message"];
-    fn field(&self, name: &str) -> String {
-        match name {
-            "function_name" => self.function_name.clone(),
-            "call_id" => self.call_id.clone(),
-            _ => self.message.clone(),
-        }
+    fn field(&self, name: &str) -> Cow<'_, str> {
+        Cow::Borrowed(match name {
+            "function_name" => &self.function_name,
+            "call_id" => &self.call_id,
+            _ => &self.message,
+        })
     }
 }
 
 impl PromptArgs for DuplicatePromptArgs {
     const TEMPLATE: &'static str = "duplicate";
     const FIELDS: &'static [&'static str] = &["function_name", "running_calls"];
-    fn field(&self, name: &str) -> String {
+    fn field(&self, name: &str) -> Cow<'_, str> {
         match name {
-            "function_name" => self.function_name.clone(),
-            _ => self
-                .running_calls
-                .iter()
-                .map(|c| serde_json::to_string(c).unwrap_or_else(|_| c.call_id.clone()))
-                .collect::<Vec<_>>()
-                .join("\n"),
+            "function_name" => Cow::Borrowed(&self.function_name),
+            _ => Cow::Owned(
+                self.running_calls
+                    .iter()
+                    .map(|c| serde_json::to_string(c).unwrap_or_else(|_| c.call_id.clone()))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
         }
     }
 }
@@ -85,8 +88,8 @@ impl PromptArgs for DuplicatePromptArgs {
 impl PromptArgs for ReplyPromptArgs {
     const TEMPLATE: &'static str = "reply";
     const FIELDS: &'static [&'static str] = &["pending_call_ids"];
-    fn field(&self, _name: &str) -> String {
-        self.pending_call_ids.join("\n")
+    fn field(&self, _name: &str) -> Cow<'_, str> {
+        Cow::Owned(self.pending_call_ids.join("\n"))
     }
 }
 
@@ -147,7 +150,7 @@ impl<A: PromptArgs> Template<A> {
         match &self.kind {
             Kind::Closure(render) => render(args),
             Kind::Format(pieces) => {
-                let mut out = String::new();
+                let mut out = String::with_capacity(64);
                 for piece in pieces.iter() {
                     match piece {
                         Piece::Text(text) => out.push_str(text),
@@ -277,31 +280,41 @@ impl Prompts {
     pub(crate) fn render_update(&self, args: &UpdatePromptArgs) -> String {
         match &self.update {
             Some(t) => t.render(args),
-            None => Template::builtin(DEFAULT_UPDATE).render(args),
+            None => BUILTIN_UPDATE.render(args),
         }
     }
 
     pub(crate) fn render_reject(&self, args: &DuplicatePromptArgs) -> String {
         match &self.duplicate_reject {
             Some(t) => t.render(args),
-            None => Template::builtin(DEFAULT_REJECT).render(args),
+            None => BUILTIN_REJECT.render(args),
         }
     }
 
     pub(crate) fn render_confirm(&self, args: &DuplicatePromptArgs) -> String {
         match &self.duplicate_confirm {
             Some(t) => t.render(args),
-            None => Template::builtin(DEFAULT_CONFIRM).render(args),
+            None => BUILTIN_CONFIRM.render(args),
         }
     }
 
     pub(crate) fn render_reply(&self, args: &ReplyPromptArgs) -> String {
         match &self.reply {
             Some(t) => t.render(args),
-            None => Template::builtin(DEFAULT_REPLY).render(args),
+            None => BUILTIN_REPLY.render(args),
         }
     }
 }
+
+// The built-in templates, parsed once: every update of every tool renders one.
+static BUILTIN_UPDATE: LazyLock<Template<UpdatePromptArgs>> =
+    LazyLock::new(|| Template::builtin(DEFAULT_UPDATE));
+static BUILTIN_REJECT: LazyLock<Template<DuplicatePromptArgs>> =
+    LazyLock::new(|| Template::builtin(DEFAULT_REJECT));
+static BUILTIN_CONFIRM: LazyLock<Template<DuplicatePromptArgs>> =
+    LazyLock::new(|| Template::builtin(DEFAULT_CONFIRM));
+static BUILTIN_REPLY: LazyLock<Template<ReplyPromptArgs>> =
+    LazyLock::new(|| Template::builtin(DEFAULT_REPLY));
 
 /// Default `update` text.
 pub const DEFAULT_UPDATE: &str = "Update from {function_name}: {message}";
