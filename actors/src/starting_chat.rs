@@ -55,6 +55,10 @@ impl StartingChat {
     pub(crate) fn apply(&self, previous: ChatContext) -> ChatContext {
         match self {
             Self::Empty => ChatContext::new(),
+            // A handoff's outgoing chat has an output for every call: share it as it is
+            // (no scan that grows with the history). Only a paused caller's chat has an
+            // open call to leave out.
+            Self::All if every_call_answered(previous.items()) => previous,
             Self::All => last_items(&previous, usize::MAX),
             Self::LastItems(n) => last_items(&previous, *n),
             Self::Given(given) => given.0.clone(),
@@ -93,11 +97,6 @@ fn last_items(chat: &ChatContext, n: usize) -> ChatContext {
             _ => None,
         })
         .collect();
-    let whole = tail.len() == items.len();
-    if whole && answered.len() == calls.len() && answered.len() == count_outputs(tail) {
-        // Nothing to drop: share the log instead of copying it.
-        return chat.clone();
-    }
     let kept: Vec<ChatItem> = tail
         .iter()
         .filter(|item| match item {
@@ -110,11 +109,16 @@ fn last_items(chat: &ChatContext, n: usize) -> ChatContext {
     ChatContext::from(kept)
 }
 
-fn count_outputs(items: &[ChatItem]) -> usize {
-    items
-        .iter()
-        .filter(|item| matches!(item, ChatItem::FunctionCallOutput(_)))
-        .count()
+/// Whether as many outputs as calls: with the engine's invariant (every output after its
+/// call, at most one per call) that is every call answered. A context a hook broke is
+/// passed on as the hook left it, as it always was.
+fn every_call_answered(items: &[ChatItem]) -> bool {
+    let balance = items.iter().fold(0isize, |balance, item| match item {
+        ChatItem::FunctionCall(_) => balance + 1,
+        ChatItem::FunctionCallOutput(_) => balance - 1,
+        _ => balance,
+    });
+    balance == 0
 }
 
 #[cfg(test)]
@@ -196,6 +200,9 @@ mod tests {
     fn each_choice_starts_where_it_says() {
         assert!(StartingChat::Empty.apply(previous()).is_empty());
         assert_eq!(StartingChat::All.apply(previous()), previous());
+        // A whole chat with every call answered is shared, not copied.
+        let whole = previous();
+        assert!(StartingChat::All.apply(whole.clone()).extends(&whole));
         let given = ChatContext::from(vec![say("summary: wants a refund")]);
         let start = StartingChat::given(given.clone()).unwrap();
         assert_eq!(start.apply(previous()), given);
