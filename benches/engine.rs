@@ -47,7 +47,10 @@ use std::time::Instant;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{AgentBuilder, ChatItem, ChatRole, NoArgs, SessionBuilder, ToolChoice};
+use switchboard::{
+    AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
+    SessionBuilder, ToolCallChunk, ToolChoice,
+};
 use tokio::sync::mpsc;
 
 fn env(name: &str, default: usize) -> usize {
@@ -90,6 +93,63 @@ fn llm_timed(
     }
     llm.otherwise(Reply::text("ok"));
     llm
+}
+
+/// The peer's `FakeLLM` for the throughput rows: the same answers as [`llm_calling`] (when
+/// the last item is the user's message and tools are allowed, `calls` calls to `tool`;
+/// otherwise "ok"), but it only counts requests. `ScriptedLlm` keeps every request it
+/// got, and with it a reference to each request's chat log: a log that is still shared
+/// when it must grow is copied item by item, work a real provider (which drops the
+/// request once sent) never causes. `BENCH_SCRIPTED=1` runs these rows on `ScriptedLlm`.
+struct CountingLlm {
+    tool: &'static str,
+    calls: usize,
+    requests: AtomicUsize,
+    next_call: AtomicUsize,
+}
+
+impl Llm for CountingLlm {
+    fn chat(&self, request: LlmRequest) -> LlmStream {
+        use switchboard::futures::StreamExt;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let user_last = matches!(
+            request.chat.items().last(),
+            Some(ChatItem::Message(m)) if m.role == ChatRole::User
+        );
+        let chunks: Vec<Result<LlmChunk, LlmError>> =
+            if user_last && request.tool_choice == ToolChoice::Auto {
+                (0..self.calls)
+                    .map(|_| {
+                        let n = self.next_call.fetch_add(1, Ordering::Relaxed) + 1;
+                        Ok(LlmChunk::ToolCall(ToolCallChunk {
+                            call_id: format!("call_{n}"),
+                            name: self.tool.to_owned(),
+                            arguments: "{}".to_owned(),
+                        }))
+                    })
+                    .collect()
+            } else {
+                vec![Ok(LlmChunk::Text("ok".to_owned()))]
+            };
+        switchboard::futures::stream::iter(chunks).boxed()
+    }
+}
+
+/// The model of a throughput row and how to read its request count.
+fn throughput_llm(calls: usize) -> (Arc<dyn Llm>, Box<dyn Fn() -> usize>) {
+    if env("BENCH_SCRIPTED", 0) == 1 {
+        let llm = llm_calling(Some("work"), calls);
+        let count = llm.clone();
+        return (llm, Box::new(move || count.request_count()));
+    }
+    let llm = Arc::new(CountingLlm {
+        tool: "work",
+        calls,
+        requests: AtomicUsize::new(0),
+        next_call: AtomicUsize::new(0),
+    });
+    let count = llm.clone();
+    (llm, Box::new(move || count.requests.load(Ordering::Relaxed)))
 }
 
 /// `updates` calls of `ctx.update`, then `RESULT 42`; counts finished updates and calls.
@@ -972,16 +1032,16 @@ async fn throughput(
     let counter = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let mut started = Vec::with_capacity(sessions);
     for _ in 0..sessions {
-        let llm = llm_calling(Some("work"), calls);
+        let (llm, requests) = throughput_llm(calls);
         let tool = async_tool(updates, Some(counter.clone())).on_duplicate(DuplicatePolicy::Allow);
         let session = Session::builder()
-            .llm(llm.clone())
+            .llm(llm)
             .agent(Agent::builder("a").build().unwrap())
             .toolset(Toolset::new("async").tool(tool))
             .start(engine)
             .await
             .unwrap();
-        started.push((session, llm));
+        started.push((session, requests));
     }
     let start = Instant::now();
     let drive = |session: Session| async move {
@@ -1008,7 +1068,7 @@ async fn throughput(
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    let llm_requests: usize = started.iter().map(|(_, llm)| llm.request_count()).sum();
+    let llm_requests: usize = started.iter().map(|(_, requests)| requests()).sum();
     for (session, _) in &started {
         session.close().await.unwrap();
     }

@@ -19,6 +19,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Orders an item",
         |ctx: RunContext, args: Order| async move {
             ctx.update(format!("ordering {}", args.item)).await?; // answers the model now
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await; // the kitchen
             Ok::<_, ToolFailure>(format!("{} ordered", args.item)) // arrives later as `/finished`
         },
     );

@@ -76,16 +76,22 @@
 //!
 //! ```
 //! use switchboard::prelude::*;
-//! use switchboard::testing::{Reply, ScriptedLlm};
+//! use switchboard::testing::{Gate, Reply, ScriptedLlm};
 //!
 //! #[derive(serde::Deserialize, schemars::JsonSchema)]
 //! struct Order { item: String }
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let order = Tool::new("order", "Orders an item", |ctx: RunContext, args: Order| async move {
-//!         ctx.update(format!("ordering {}", args.item)).await?; // first update: the answer for now
-//!         Ok::<_, ToolFailure>(format!("{} ordered", args.item)) // later: `/finished`
+//!     let kitchen = Gate::new(); // stands for the kitchen taking its time
+//!     let ready = kitchen.clone();
+//!     let order = Tool::new("order", "Orders an item", move |ctx: RunContext, args: Order| {
+//!         let ready = ready.clone();
+//!         async move {
+//!             ctx.update(format!("ordering {}", args.item)).await?; // first update: the answer for now
+//!             ready.wait().await;
+//!             Ok::<_, ToolFailure>(format!("{} ordered", args.item)) // later: `/finished`
+//!         }
 //!     });
 //!     let llm = ScriptedLlm::new([
 //!         Reply::tool_call("order", serde_json::json!({"item": "tea"})),
@@ -95,7 +101,8 @@
 //!     let agent = Agent::builder("barista").instructions("Take orders.").tool(order).build()?;
 //!     let engine = Engine::start()?; // the engine's own actix threads
 //!     let session = Session::builder().llm(llm.clone()).agent(agent).start(&engine).await?;
-//!     session.run("a tea please").await?;
+//!     session.run("a tea please").await?; // "Ordering your tea."
+//!     kitchen.open();
 //!     session.wait_for_settled().await; // the tool finished and the deferred reply ran
 //!     let chat = session.chat_context().await?;
 //!     assert!(chat.output_of("call_1/finished").is_some());

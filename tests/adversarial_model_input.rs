@@ -14,23 +14,32 @@ use std::sync::Arc;
 use common::{assert_invariant, output, Query};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
 use switchboard::{ChatContext, ToolChoice};
 
-/// An async tool: answers with an update, then returns; counts its runs.
-fn progress(runs: Arc<AtomicUsize>) -> Tool {
+/// An async tool: answers with an update, then returns once `finish` is open; counts its
+/// runs.
+fn progress(runs: Arc<AtomicUsize>, finish: Gate) -> Tool {
     Tool::new(
         "progress",
         "Reports progress",
         move |ctx: RunContext, _: Query| {
-            let runs = runs.clone();
+            let (runs, finish) = (runs.clone(), finish.clone());
             async move {
                 runs.fetch_add(1, Ordering::Relaxed);
                 ctx.update("working on it").await?;
+                finish.wait().await;
                 Ok::<_, ToolFailure>("finished")
             }
         },
     )
+}
+
+/// A gate already open: the tool finishes right after its update.
+fn open_gate() -> Gate {
+    let gate = Gate::new();
+    gate.open();
+    gate
 }
 
 fn call_ids(chat: &ChatContext) -> Vec<String> {
@@ -46,6 +55,7 @@ fn call_ids(chat: &ChatContext) -> Vec<String> {
 #[actix::test]
 async fn calls_in_a_reply_that_allows_no_tools_do_not_run_and_nothing_loops() {
     let runs = Arc::new(AtomicUsize::new(0));
+    let finish = Gate::new();
     let llm = ScriptedLlm::new([
         Reply::tool_call("progress", json!({"q": "a"})),
         Reply::text("Started."),
@@ -57,7 +67,7 @@ async fn calls_in_a_reply_that_allows_no_tools_do_not_run_and_nothing_loops() {
         .llm(llm.clone())
         .agent(
             Agent::builder("agent")
-                .tool(progress(runs.clone()))
+                .tool(progress(runs.clone(), finish.clone()))
                 .build()
                 .unwrap(),
         )
@@ -65,6 +75,9 @@ async fn calls_in_a_reply_that_allows_no_tools_do_not_run_and_nothing_loops() {
         .await
         .unwrap();
     session.run("start").await.unwrap();
+    // Finished after the turn's reply, so that `/finished` asks for a deferred reply of
+    // its own (had it landed before the second step, "Started." would answer it).
+    finish.open();
     session.wait_for_settled().await;
     assert_eq!(runs.load(Ordering::Relaxed), 1, "only the first call ran");
     let requests = llm.requests();
@@ -97,7 +110,7 @@ async fn a_model_call_id_forging_a_derived_id_stays_unique() {
         .llm(llm.clone())
         .agent(
             Agent::builder("agent")
-                .tool(progress(runs))
+                .tool(progress(runs, open_gate()))
                 .build()
                 .unwrap(),
         )
@@ -181,7 +194,7 @@ async fn huge_or_malformed_arguments_are_refused_without_quoting_them() {
         .llm(llm.clone())
         .agent(
             Agent::builder("agent")
-                .tool(progress(runs.clone()))
+                .tool(progress(runs.clone(), open_gate()))
                 .build()
                 .unwrap(),
         )

@@ -192,9 +192,16 @@ async fn a_barge_in_during_a_tool_step_cancels_or_backgrounds_the_calls_and_the_
 async fn a_barge_in_during_a_deferred_reply_cuts_it() {
     tokio::time::pause();
     let out = RecordingOutput::manual_playout().pausable();
-    let progress = Tool::new("order", "Orders", |ctx: RunContext, _: Query| async move {
-        ctx.update("ordering").await?;
-        Ok::<_, ToolFailure>("ordered")
+    // Finishes once the turn has replied, so that its `/finished` asks for a deferred reply.
+    let ordered = Gate::new();
+    let finish = ordered.clone();
+    let progress = Tool::new("order", "Orders", move |ctx: RunContext, _: Query| {
+        let finish = finish.clone();
+        async move {
+            ctx.update("ordering").await?;
+            finish.wait().await;
+            Ok::<_, ToolFailure>("ordered")
+        }
     });
     let llm = ScriptedLlm::new([
         Reply::tool_call("order", json!({"q": "tea"})),
@@ -217,6 +224,7 @@ async fn a_barge_in_during_a_deferred_reply_cuts_it() {
         .unwrap()
         .unwrap()
         .unwrap();
+    ordered.open();
     let deferred = speech_created(&mut events).await;
     assert_eq!(llm.request_count(), 3);
 

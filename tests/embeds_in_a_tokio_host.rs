@@ -56,7 +56,13 @@ async fn sessions_run_on_engine_threads_from_a_tokio_host() {
                 .await
                 .unwrap();
             let result = session.run(format!("q{n}")).await.unwrap();
-            assert_eq!(result.function_calls().count(), 1);
+            // The model's one call (its `/update_n` and `/finished` pairs may land
+            // within the turn too: the tool finishes at once).
+            let model_calls = result
+                .function_calls()
+                .filter(|c| !c.call_id.contains('/'))
+                .count();
+            assert_eq!(model_calls, 1);
             session.wait_for_settled().await;
             let chat = session.chat_context().await.unwrap();
             assert_invariant(&chat);

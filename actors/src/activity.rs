@@ -67,7 +67,7 @@ use crate::tool::DuplicatePolicy;
 use crate::toolset::{StopRuns, StopToolset, ToolsetActor};
 
 use barge_in::{BargeIn, BargeInRules};
-use ledger::{Ledger, Sink};
+use ledger::{ItemsWaiter, Ledger, Sink};
 use turn::Turn;
 
 /// What a finished turn reports to the session.
@@ -576,31 +576,31 @@ impl Handler<UserWords> for ActivityActor {
 
 /// Sent by the session to deliver a tool's later items (`/update_n`, `/finished`) to this
 /// agent's chat context. Held while the call's own step is not yet in the chat context;
-/// refused when the activity is paused or closed. The reply comes once the items are in.
+/// refused when the activity is paused or closed. `inserted` hears once the items are in
+/// (dropped unanswered if this activity stops with the message queued).
 pub(crate) struct InsertToolItems {
     pub(crate) base_call_id: String,
     pub(crate) items: Vec<ChatItem>,
+    pub(crate) inserted: ItemsWaiter,
 }
 
 impl Message for InsertToolItems {
-    type Result = Result<(), UpdateError>;
+    type Result = ();
 }
 
 impl Handler<InsertToolItems> for ActivityActor {
-    type Result = ResponseFuture<Result<(), UpdateError>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: InsertToolItems, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: InsertToolItems, _ctx: &mut Self::Context) {
         if !matches!(self.status, Status::Active | Status::Starting) {
-            let err = UpdateError::ScopeClosed {
+            let _ = msg.inserted.send(Err(UpdateError::ScopeClosed {
                 call_id: msg.base_call_id,
-            };
-            return Box::pin(async move { Err(err) });
+            }));
+            return;
         }
-        let (tx, rx) = oneshot::channel();
         self.with_ledger(false, |ledger, sink| {
-            ledger.insert(&msg.base_call_id, msg.items, Some(tx), sink)
+            ledger.insert(&msg.base_call_id, msg.items, Some(msg.inserted), sink)
         });
-        Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) })
     }
 }
 

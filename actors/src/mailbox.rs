@@ -193,11 +193,6 @@ impl<A: Actor> Mailbox<A> {
         &self.probe.id
     }
 
-    /// Whether the actor still takes messages.
-    pub(crate) fn connected(&self) -> bool {
-        self.addr.connected()
-    }
-
     fn wrap<M>(&self, from: &ActorId, msg: M) -> Counted<M> {
         self.probe.pending.fetch_add(1, Ordering::Relaxed);
         Counted {

@@ -188,7 +188,7 @@ pub(crate) struct Delivery {
     base_call_id: String,
     items: Vec<ChatItem>,
     reply: bool,
-    done: oneshot::Sender<Result<(), UpdateError>>,
+    done: DeliveryAnswer,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -216,13 +216,9 @@ pub(crate) struct SessionLinks {
 impl SessionLinks {
     /// A run's later items (`/update_n`, `/finished`); resolves once they are in a chat
     /// context (or why they never will be).
-    pub(crate) fn deliver(
-        &self,
-        from: &ActorId,
-        items: DeliverToolItems,
-    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static {
-        let ask = self.session.ask(from, items);
-        async move { ask.await.unwrap_or(Err(UpdateError::SessionClosed)) }
+    pub(crate) fn deliver(&self, from: &ActorId, items: DeliverToolItems) {
+        // One per update or finished run, each awaited before the next (see the message).
+        self.session.tell(from, items);
     }
 
     /// A handoff a finished background run or a tool asks for; resolves once queued.
@@ -548,33 +544,36 @@ impl SessionActor {
                         call_id,
                         items: Arc::from(delivery.items.clone()),
                     });
-                let insert = activity.child.mailbox.ask(
+                let (inserted, heard) = oneshot::channel();
+                activity.child.mailbox.tell(
                     self.probe.id(),
                     InsertToolItems {
                         base_call_id: delivery.base_call_id,
                         items: delivery.items,
+                        inserted,
                     },
                 );
                 let done = delivery.done;
                 self.deliveries_in_flight += 1;
-                ctx.spawn(insert.into_actor(self).map(move |inserted, act, ctx| {
+                ctx.spawn(heard.into_actor(self).map(move |inserted, act, ctx| {
                     act.deliveries_in_flight -= 1;
+                    // No answer: the activity stopped with the items still queued.
                     let inserted = inserted.unwrap_or(Err(UpdateError::SessionClosed));
                     if let (Ok(()), Some(item)) = (&inserted, pending) {
                         act.schedule.add_pending(item);
                     }
-                    let _ = done.send(inserted);
+                    done.send(inserted);
                     act.pump(ctx);
                 }));
             }
             Route::Held => {}
             Route::ScopeClosed(delivery) => {
-                let _ = delivery.done.send(Err(UpdateError::ScopeClosed {
+                delivery.done.send(Err(UpdateError::ScopeClosed {
                     call_id: delivery.base_call_id,
                 }));
             }
             Route::SessionClosed(delivery) => {
-                let _ = delivery.done.send(Err(UpdateError::SessionClosed));
+                delivery.done.send(Err(UpdateError::SessionClosed));
             }
         }
     }
@@ -832,38 +831,80 @@ impl Handler<CompleteTask> for SessionActor {
     }
 }
 
-/// Sent by a tool run with its later items (`/update_n`, `/finished`). The reply comes
-/// once they are in a chat context (or says why they never will be). Bounded: the run
-/// awaits each reply before its next update.
+/// Sent by a tool run with its later items (`/update_n`, `/finished`). `answer` hears
+/// once they are in a chat context (or why they never will be). Told, not asked: the
+/// answer travels with the message, so a delivery costs no reply future on the way.
+/// Bounded: whoever delivers awaits the answer before its next delivery.
 pub(crate) struct DeliverToolItems {
     pub(crate) scope: Scope,
     pub(crate) base_call_id: String,
     pub(crate) items: Vec<ChatItem>,
     /// Whether the items call for a deferred reply.
     pub(crate) reply: bool,
+    pub(crate) answer: DeliveryAnswer,
 }
 
 impl Message for DeliverToolItems {
-    type Result = Result<(), UpdateError>;
+    type Result = ();
 }
 
 impl Handler<DeliverToolItems> for SessionActor {
-    type Result = ResponseFuture<Result<(), UpdateError>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) {
         self.deliveries_seen += 1;
-        let (tx, rx) = oneshot::channel();
         self.deliver(
             Delivery {
                 scope: msg.scope,
                 base_call_id: msg.base_call_id,
                 items: msg.items,
                 reply: msg.reply,
-                done: tx,
+                done: msg.answer,
             },
             ctx,
         );
-        Box::pin(async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) })
+    }
+}
+
+/// Where the answer to one delivery of tool items goes: sent once, when the items are in
+/// a chat context or refused. Dropped unanswered — the session stopped with the delivery
+/// still queued — it answers [`UpdateError::SessionClosed`], so whoever waits always hears.
+pub(crate) struct DeliveryAnswer(Option<oneshot::Sender<Result<(), UpdateError>>>);
+
+impl DeliveryAnswer {
+    /// An answer that goes to `to`.
+    pub(crate) fn to(to: oneshot::Sender<Result<(), UpdateError>>) -> Self {
+        Self(Some(to))
+    }
+
+    /// An answer for whoever awaits the returned future (`SessionClosed` if it never comes).
+    pub(crate) fn awaited() -> (
+        Self,
+        impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static,
+    ) {
+        let (tx, rx) = oneshot::channel();
+        let heard = async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) };
+        (Self::to(tx), heard)
+    }
+
+    /// An answer nobody waits for (a run's terminal output written as it is stopped).
+    pub(crate) fn unheard() -> Self {
+        Self(None)
+    }
+
+    /// Answers (a waiter that went away is no one's concern).
+    pub(crate) fn send(mut self, result: Result<(), UpdateError>) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(result);
+        }
+    }
+}
+
+impl Drop for DeliveryAnswer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Err(UpdateError::SessionClosed));
+        }
     }
 }
 

@@ -41,7 +41,7 @@ use crate::outcome::{classify, vet, CallOutput, Effect, ErrorPolicies};
 use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::reentry;
 use crate::run_context::{RunContext, RunPort, UpdateMessage};
-use crate::session::{DeliverToolItems, Scope, SessionLinks};
+use crate::session::{DeliverToolItems, DeliveryAnswer, Scope, SessionLinks};
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{PreparedBody, Tool, ToolResult};
@@ -162,13 +162,16 @@ impl ToolRunActor {
         ]
     }
 
+    /// Sends an output of this call (`/update_n`, `/finished`) to the session; `answer`
+    /// hears once it is in a chat context.
     fn deliver(
         &self,
         call_id: String,
         output: String,
         is_error: bool,
         reply: bool,
-    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + 'static {
+        answer: DeliveryAnswer,
+    ) {
         let items = self.item_pair(call_id, output, is_error);
         self.links.deliver(
             self.id(),
@@ -177,8 +180,22 @@ impl ToolRunActor {
                 base_call_id: self.call.call_id.clone(),
                 items,
                 reply,
+                answer,
             },
-        )
+        );
+    }
+
+    /// [`deliver`](Self::deliver), resolving once the output is in a chat context.
+    fn deliver_awaited(
+        &self,
+        call_id: String,
+        output: String,
+        is_error: bool,
+        reply: bool,
+    ) -> impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static {
+        let (answer, heard) = DeliveryAnswer::awaited();
+        self.deliver(call_id, output, is_error, reply, answer);
+        heard
     }
 
     /// Stops the run: nothing of it lands any more, `ctx.cancelled()` resolves, and the
@@ -257,7 +274,7 @@ impl ToolRunActor {
             Effect::Reply | Effect::Propagate(_) => (true, None),
         };
         let finished = format!("{}/finished", self.call.call_id);
-        let delivery = self.deliver(finished, out.output, out.is_error, reply);
+        let delivery = self.deliver_awaited(finished, out.output, out.is_error, reply);
         let links = self.links.clone();
         let me = self.id().clone();
         // On a task of the arbiter, not of this actor: actix drops a request whose reply
@@ -337,14 +354,25 @@ impl RunPort for RunLinks {
         message: UpdateMessage,
         reply: bool,
     ) -> BoxFuture<'static, Result<(), UpdateError>> {
-        let ended = UpdateError::RunEnded {
-            call_id: self.call_id.to_string(),
-        };
-        if !self.update.connected() {
-            return async move { Err(ended) }.boxed();
+        let (answer, heard) = oneshot::channel();
+        self.update.tell(
+            &self.id,
+            ToolUpdate {
+                message,
+                reply,
+                answer,
+            },
+        );
+        let call_id = self.call_id.clone();
+        async move {
+            // No answer: the run was gone before it read the update.
+            heard.await.unwrap_or_else(|_| {
+                Err(UpdateError::RunEnded {
+                    call_id: call_id.to_string(),
+                })
+            })
         }
-        let ask = self.update.ask(&self.id, ToolUpdate { message, reply });
-        async move { ask.await.unwrap_or(Err(ended)) }.boxed()
+        .boxed()
     }
 
     fn disallow_interruptions(&self) {
@@ -423,33 +451,33 @@ impl Actor for ToolRunActor {
     }
 }
 
-/// Sent by a tool's `RunContext` for each `ctx.update(..)`; the reply says whether the
-/// update reached a chat context. Sent with `send().await`: a tool that updates in a
-/// loop waits for room instead of growing the queue.
+/// Sent by a tool's `RunContext` for each `ctx.update(..)`; `answer` says whether the
+/// update reached a chat context. Told, with the answer inside: it is passed on to the
+/// session and the activity, so an update costs no reply future at any hop and its answer
+/// does not depend on this run living on (a body that returns while an update it handed
+/// out waits behind its step must not turn that update into an `Err` for an item that
+/// then lands). Bounded: each `update` awaits its answer, so a tool that updates in a
+/// loop has one update on its way.
 pub(crate) struct ToolUpdate {
     pub(crate) message: UpdateMessage,
     /// Whether the model is asked to answer it (`false`: `update_silently`).
     pub(crate) reply: bool,
+    pub(crate) answer: oneshot::Sender<Result<(), UpdateError>>,
 }
 
 impl Message for ToolUpdate {
-    type Result = Result<(), UpdateError>;
+    type Result = ();
 }
 
 impl Handler<ToolUpdate> for ToolRunActor {
-    // A plain future on the arbiter, not an actor future: once the run accepted the
-    // update, its answer must not depend on the run living on. A body that returns while
-    // an update of it (from a context it handed out) waits behind its step would
-    // otherwise stop the run, drop the wait, and answer `Err` for an item that then
-    // lands in the chat.
-    type Result = ResponseFuture<Result<(), UpdateError>>;
+    type Result = ();
 
-    fn handle(&mut self, msg: ToolUpdate, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ToolUpdate, _ctx: &mut Self::Context) {
         if self.phase != RunPhase::Running {
-            let err = UpdateError::RunEnded {
+            let _ = msg.answer.send(Err(UpdateError::RunEnded {
                 call_id: self.call.call_id.clone(),
-            };
-            return Box::pin(std::future::ready(Err(err)));
+            }));
+            return;
         }
         let text = match msg.message {
             UpdateMessage::Text(message) => self.prompts.render_update(&UpdatePromptArgs {
@@ -467,11 +495,18 @@ impl Handler<ToolUpdate> for ToolRunActor {
                 CallOutput::quiet(text)
             };
             let _ = immediate.send(output);
-            return Box::pin(std::future::ready(Ok(())));
+            let _ = msg.answer.send(Ok(()));
+            return;
         }
         self.updates += 1;
         let call_id = format!("{}/update_{}", self.call.call_id, self.updates);
-        Box::pin(self.deliver(call_id, text, false, msg.reply))
+        self.deliver(
+            call_id,
+            text,
+            false,
+            msg.reply,
+            DeliveryAnswer::to(msg.answer),
+        );
     }
 }
 
@@ -499,12 +534,9 @@ impl Handler<StopRun> for ToolRunActor {
         if msg.report && background && !already_stopped {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);
-            // Fire and forget, on the arbiter rather than this actor (see `on_body_done`):
-            // the item reaches the chat context even once this run is gone.
-            let delivery = self.deliver(finished, out.output, false, false);
-            actix::spawn(async move {
-                let _ = delivery.await;
-            });
+            // Fire and forget: told to the session, the item reaches the chat context
+            // even once this run is gone.
+            self.deliver(finished, out.output, false, false, DeliveryAnswer::unheard());
         }
         background
     }

@@ -65,7 +65,7 @@ impl SessionActor {
             let _ = reply.send(Err(TaskError::SessionClosed));
         }
         for delivery in closing.held {
-            let _ = delivery.done.send(Err(UpdateError::SessionClosed));
+            delivery.done.send(Err(UpdateError::SessionClosed));
         }
         // Readers waiting for a switch to end learn that the session is closed.
         self.shared.switched.notify_waiters();
