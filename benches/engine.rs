@@ -53,7 +53,7 @@ use switchboard::{
     AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
     SessionBuilder, ToolCallChunk, ToolChoice,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -65,8 +65,11 @@ fn env(name: &str, default: usize) -> usize {
 /// Like the peer's FakeLLM: when the last item is the user's message (and tools are
 /// allowed), `calls` calls to `tool`; otherwise text. Never runs out.
 fn llm_calling(tool: Option<&'static str>, calls: usize) -> Arc<ScriptedLlm> {
-    llm_timed(tool, calls, None)
+    llm_timed(tool, calls, None, None)
 }
+
+/// How many requests a session's model has had: a tool of [`async_tool`] waits on it.
+type RequestCount = watch::Sender<usize>;
 
 /// When each LLM request arrived (the last one is kept).
 type LastRequest = Arc<Mutex<Option<Instant>>>;
@@ -75,8 +78,15 @@ fn llm_timed(
     tool: Option<&'static str>,
     calls: usize,
     last_request: Option<LastRequest>,
+    count: Option<RequestCount>,
 ) -> Arc<ScriptedLlm> {
     let llm = ScriptedLlm::new([]);
+    if let Some(count) = count {
+        llm.rule(move |_| {
+            count.send_modify(|n| *n += 1);
+            None
+        });
+    }
     if let Some(last) = last_request {
         llm.rule(move |_| {
             *last.lock().unwrap() = Some(Instant::now());
@@ -106,14 +116,14 @@ fn llm_timed(
 struct CountingLlm {
     tool: &'static str,
     calls: usize,
-    requests: AtomicUsize,
+    requests: RequestCount,
     next_call: AtomicUsize,
 }
 
 impl Llm for CountingLlm {
     fn chat(&self, request: LlmRequest) -> LlmStream {
         use switchboard::futures::StreamExt;
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.requests.send_modify(|n| *n += 1);
         let user_last = matches!(
             request.chat.items().last(),
             Some(ChatItem::Message(m)) if m.role == ChatRole::User
@@ -137,30 +147,44 @@ impl Llm for CountingLlm {
     }
 }
 
-/// The model of a throughput row and how to read its request count.
-fn throughput_llm(calls: usize) -> (Arc<dyn Llm>, Box<dyn Fn() -> usize>) {
+/// The model of a throughput row and its request count.
+fn throughput_llm(calls: usize) -> (Arc<dyn Llm>, watch::Receiver<usize>) {
+    let (count, requests) = watch::channel(0);
     if env("BENCH_SCRIPTED", 0) == 1 {
-        let llm = llm_calling(Some("work"), calls);
-        let count = llm.clone();
-        return (llm, Box::new(move || count.request_count()));
+        return (llm_timed(Some("work"), calls, None, Some(count)), requests);
     }
     let llm = Arc::new(CountingLlm {
         tool: "work",
         calls,
-        requests: AtomicUsize::new(0),
+        requests: count,
         next_call: AtomicUsize::new(0),
     });
-    let count = llm.clone();
-    (llm, Box::new(move || count.requests.load(Ordering::Relaxed)))
+    (llm, requests)
 }
 
 /// `updates` calls of `ctx.update`, then `RESULT 42`; counts finished updates and calls.
-fn async_tool(updates: usize, counter: Option<Arc<(AtomicUsize, AtomicUsize)>>) -> Tool {
+///
+/// With `requests` (the session model's request count), the body waits after its first
+/// update, which answers the step, until the model has had the step's next request: the
+/// peer's tool goes on only after that request, so its later updates and `/finished` are
+/// answered by deferred replies. Ours, going on at once, races its own step, and a
+/// `/finished` that lands before the step's next request is answered by that request —
+/// one request fewer than the peer, and not the same work.
+fn async_tool(
+    updates: usize,
+    counter: Option<Arc<(AtomicUsize, AtomicUsize)>>,
+    requests: Option<watch::Receiver<usize>>,
+) -> Tool {
     Tool::new("work", "Works", move |ctx: RunContext, _: NoArgs| {
-        let counter = counter.clone();
+        let (counter, mut requests) = (counter.clone(), requests.clone());
         async move {
+            // The request that made this call is counted already.
+            let asked = requests.as_mut().map(|r| *r.borrow_and_update());
             for n in 0..updates {
                 ctx.update(format!("step {n}")).await?;
+                if let (0, Some(requests), Some(asked)) = (n, requests.as_mut(), asked) {
+                    let _ = requests.wait_for(|count| *count > asked).await;
+                }
                 if let Some(c) = &counter {
                     c.0.fetch_add(1, Ordering::Relaxed);
                 }
@@ -262,16 +286,19 @@ async fn session_for(
 ) {
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let last: LastRequest = Arc::default();
-    let llm_calling = |tool, calls| llm_timed(tool, calls, Some(last.clone()));
+    let (count, requests) = watch::channel(0);
+    let llm_calling =
+        |tool, calls| llm_timed(tool, calls, Some(last.clone()), Some(count.clone()));
     let a = || with_history(Agent::builder("a"), past.clone());
+    let timed_tool = || async_tool(1, None, Some(requests.clone()));
     let (agent, toolsets, llm) = match scenario {
         Scenario::S1 => (
             a().build().unwrap(),
-            vec![Toolset::new("async").tool(async_tool(1, None))],
+            vec![Toolset::new("async").tool(timed_tool())],
             llm_calling(Some("work"), 1),
         ),
         Scenario::S1Agent => (
-            a().tool(async_tool(1, None)).build().unwrap(),
+            a().tool(timed_tool()).build().unwrap(),
             vec![],
             llm_calling(Some("work"), 1),
         ),
@@ -962,12 +989,13 @@ async fn streaming(engine: &Engine) {
 /// burst into one reply; ours settles before each deferred reply).
 async fn burst(engine: &Engine) {
     for k in [1usize, 10, 100, 1_000, 4_000] {
-        let llm = llm_calling(Some("work"), 1);
+        let (count, requests) = watch::channel(0);
+        let llm = llm_timed(Some("work"), 1, None, Some(count));
         let session = Session::builder()
             .llm(llm.clone())
             .agent(
                 Agent::builder("a")
-                    .tool(async_tool(k, None))
+                    .tool(async_tool(k, None, Some(requests)))
                     .build()
                     .unwrap(),
             )
@@ -1069,7 +1097,8 @@ async fn throughput(
     let mut started = Vec::with_capacity(sessions);
     for _ in 0..sessions {
         let (llm, requests) = throughput_llm(calls);
-        let tool = async_tool(updates, Some(counter.clone())).on_duplicate(DuplicatePolicy::Allow);
+        let tool = async_tool(updates, Some(counter.clone()), Some(requests.clone()))
+            .on_duplicate(DuplicatePolicy::Allow);
         let session = Session::builder()
             .llm(llm)
             .agent(Agent::builder("a").build().unwrap())
@@ -1104,7 +1133,7 @@ async fn throughput(
         }
     }
     let wall = start.elapsed().as_secs_f64();
-    let llm_requests: usize = started.iter().map(|(_, requests)| requests()).sum();
+    let llm_requests: usize = started.iter().map(|(_, requests)| *requests.borrow()).sum();
     for (session, _) in &started {
         session.close().await.unwrap();
     }
