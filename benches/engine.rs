@@ -287,8 +287,7 @@ async fn session_for(
     let (entered_tx, entered) = mpsc::unbounded_channel();
     let last: LastRequest = Arc::default();
     let (count, requests) = watch::channel(0);
-    let llm_calling =
-        |tool, calls| llm_timed(tool, calls, Some(last.clone()), Some(count.clone()));
+    let llm_calling = |tool, calls| llm_timed(tool, calls, Some(last.clone()), Some(count.clone()));
     let a = || with_history(Agent::builder("a"), past.clone());
     let timed_tool = || async_tool(1, None, Some(requests.clone()));
     let (agent, toolsets, llm) = match scenario {

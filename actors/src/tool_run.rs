@@ -536,7 +536,13 @@ impl Handler<StopRun> for ToolRunActor {
             let finished = format!("{}/finished", self.call.call_id);
             // Fire and forget: told to the session, the item reaches the chat context
             // even once this run is gone.
-            self.deliver(finished, out.output, false, false, DeliveryAnswer::unheard());
+            self.deliver(
+                finished,
+                out.output,
+                false,
+                false,
+                DeliveryAnswer::unheard(),
+            );
         }
         background
     }
