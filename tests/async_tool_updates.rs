@@ -401,3 +401,94 @@ async fn a_deferred_reply_says_what_it_covers_and_is_skipped_when_a_reply_alread
     assert!(llm.requests()[2].deferred_call_ids.is_empty());
     session.close().await.unwrap();
 }
+
+/// Counts how often the future it wraps is polled: each poll after the first is a wake-up
+/// of the task awaiting it.
+struct Polls<F> {
+    future: std::pin::Pin<Box<F>>,
+    polls: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl<F: std::future::Future> std::future::Future for Polls<F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.polls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.future.as_mut().poll(cx)
+    }
+}
+
+#[actix::test]
+async fn wait_for_settled_waits_for_the_last_tool_and_its_reply_and_wakes_once() {
+    let gate = Gate::new();
+    let g = gate.clone();
+    let tool = Tool::new("search", "Searches", move |ctx: RunContext, _: Query| {
+        let g = g.clone();
+        async move {
+            ctx.update("searching").await?;
+            g.wait().await;
+            Ok::<_, ToolFailure>("3 results")
+        }
+    });
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("search", json!({"q": "flights"})),
+        Reply::text("Searching now."),
+        Reply::text("Found 3."),
+    ]);
+    let deferred = llm.hold(2);
+    let agent = Agent::builder("agent-a").tool(tool).build().unwrap();
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(agent)
+        .inspect(true)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    session.run("find flights").await.unwrap();
+    let run = inspector.runs_of_tool("search").pop().unwrap();
+
+    let polls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = session.clone();
+    let waiter = actix::spawn(Polls {
+        future: Box::pin(async move { s.wait_for_settled().await }),
+        polls: polls.clone(),
+    });
+    // The tool returns: its run ends while the deferred reply waits on the model, so the
+    // session is active with no tool left, which is not settled.
+    gate.open();
+    deferred
+        .requested(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    inspector
+        .wait_until_stopped(run.as_str(), std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(!session.is_inactive(), "the deferred reply is under way");
+    assert!(
+        !waiter.is_finished(),
+        "settled before the deferred reply ran"
+    );
+
+    deferred.release();
+    tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+        .await
+        .expect("wait_for_settled did not resolve after the deferred reply")
+        .unwrap();
+    assert!(session.is_inactive());
+    let texts = texts(&session.chat_context().await.unwrap(), ChatRole::Assistant);
+    assert_eq!(texts, ["Searching now.", "Found 3."]);
+    // Polled once, woken once: the half-settles on the way (the session going active for
+    // the deferred reply, the last tool run ending) do not wake the waiter.
+    assert_eq!(
+        polls.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "wake-ups of the waiting task"
+    );
+    session.close().await.unwrap();
+}

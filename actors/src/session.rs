@@ -365,11 +365,7 @@ impl SessionActor {
             }
         }
         let inactive = self.schedule.is_inactive();
-        self.shared.inactive.send_if_modified(|v| {
-            let changed = *v != inactive;
-            *v = inactive;
-            changed
-        });
+        self.shared.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
     }
 

@@ -316,17 +316,13 @@ impl Session {
     /// letting background tools finish.
     pub async fn wait_for_settled(&self) {
         let shared = self.shared();
-        let mut inactive = shared.inactive.subscribe();
         loop {
-            // Created before the check: a change in between is not missed.
-            let no_tools = shared.running_tools.none();
-            if shared.running_tools.count() == 0 && *inactive.borrow_and_update() {
+            // Created before the check: a settle in between is not missed.
+            let settled = shared.settled();
+            if shared.is_settled() {
                 return;
             }
-            tokio::select! {
-                () = no_tools => {}
-                changed = inactive.changed() => if changed.is_err() { return },
-            }
+            settled.await;
         }
     }
 

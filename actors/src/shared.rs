@@ -65,9 +65,14 @@ pub(crate) struct SessionShared {
     /// front, which an idle session without listeners should not pay for.
     events: OnceLock<broadcast::Sender<SessionEvent>>,
     event_capacity: usize,
+    /// Whether the session is inactive; written only through [`Self::publish_inactive`].
     pub(crate) inactive: watch::Sender<bool>,
     /// How many tool runs are alive in the session.
-    pub(crate) running_tools: RunningTools,
+    running_tools: AtomicUsize,
+    /// Notified each time the session becomes settled (inactive, no tool run alive), for
+    /// `wait_for_settled`: one signal for the pair, so a waiting host is woken once per
+    /// settle, not once per half of it.
+    settled: Notify,
     /// Notified each time a switch (handoff, sub-task start or end) ends: reads that found
     /// no current agent ask again then.
     pub(crate) switched: Notify,
@@ -106,38 +111,6 @@ fn user_state_code(state: UserState) -> u8 {
     }
 }
 
-/// How many tool runs are alive, and a signal when none is.
-#[derive(Debug, Default)]
-pub(crate) struct RunningTools {
-    count: AtomicUsize,
-    none: Notify,
-}
-
-impl RunningTools {
-    pub(crate) fn started(&self) {
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn ended(&self) {
-        let before = self
-            .count
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .unwrap_or(0);
-        if before == 1 {
-            self.none.notify_waiters();
-        }
-    }
-
-    pub(crate) fn count(&self) -> usize {
-        self.count.load(Ordering::Acquire)
-    }
-
-    /// Resolves at the next time no run is alive (create it before checking `count`).
-    pub(crate) fn none(&self) -> tokio::sync::futures::Notified<'_> {
-        self.none.notified()
-    }
-}
-
 /// What a new [`SessionShared`] is made of.
 pub(crate) struct SharedParts {
     pub(crate) id: SessionId,
@@ -172,7 +145,8 @@ impl SessionShared {
             events: OnceLock::new(),
             event_capacity: parts.event_capacity.max(1),
             inactive,
-            running_tools: RunningTools::default(),
+            running_tools: AtomicUsize::new(0),
+            settled: Notify::new(),
             switched: Notify::new(),
             output: Mutex::new(parts.output),
             agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
@@ -185,6 +159,48 @@ impl SessionShared {
             gone: parts.gone,
             history: Mutex::new(HistoryBook::default()),
         }
+    }
+
+    /// A tool run of the session started.
+    pub(crate) fn tool_run_started(&self) {
+        self.running_tools.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A tool run of the session stopped; the last one settles an inactive session.
+    pub(crate) fn tool_run_ended(&self) {
+        let before = self
+            .running_tools
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .unwrap_or(0);
+        // Read after the count: whichever of this and `publish_inactive` comes second sees
+        // both halves and notifies (the watch's lock orders the two).
+        if before == 1 && *self.inactive.borrow() {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Publishes whether the session is inactive (watchers hear of changes only), and
+    /// settles it if no tool run is alive.
+    pub(crate) fn publish_inactive(&self, inactive: bool) {
+        self.inactive.send_if_modified(|v| {
+            let changed = *v != inactive;
+            *v = inactive;
+            changed
+        });
+        if inactive && self.running_tools.load(Ordering::Acquire) == 0 {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Whether the session is settled: inactive, and no tool run alive.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.running_tools.load(Ordering::Acquire) == 0 && *self.inactive.borrow()
+    }
+
+    /// Resolves at the next time the session settles; create it before checking
+    /// [`Self::is_settled`], so that a settle in between is not missed.
+    pub(crate) fn settled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.settled.notified()
     }
 
     /// Sends an event to subscribers (none listening is fine).

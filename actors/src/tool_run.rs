@@ -114,7 +114,7 @@ impl ToolRunActor {
             spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.running_tools.started();
+        spec.shared.tool_run_started();
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -445,7 +445,7 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.running_tools.ended();
+        self.shared.tool_run_ended();
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }

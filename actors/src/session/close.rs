@@ -106,7 +106,7 @@ impl SessionActor {
                 })
                 .map(|_, act, ctx| {
                     act.shared.emit(SessionEvent::Closed);
-                    act.shared.inactive.send_replace(true);
+                    act.shared.publish_inactive(true);
                     ctx.stop();
                 }),
         );
