@@ -37,9 +37,10 @@
 //!   after glibc's `malloc_trim`, and (in a third, inspected batch) the live actors while
 //!   held and after close.
 //! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
-//! - `S4_arbiters`: S4 from a tokio host on an engine of 1 arbiter and one of 2, in
-//!   `BENCH_ARBITER_ROUNDS` alternating rounds; the throughput of each and the ratio (the
-//!   goal: 2 arbiters do at least 1.7 times the work of one).
+//! - `S4_arbiters`: S4 (`BENCH_ARBITER_TURNS` turns per session, default 30) from a tokio
+//!   host on an engine of 1 arbiter and one of 2, in `BENCH_ARBITER_ROUNDS` (7)
+//!   alternating rounds; the throughput of each, the ratio (the goal: 2 arbiters do at
+//!   least 1.7 times the work of one) and the vCPUs the arbiters and the host used.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1156,42 +1157,85 @@ async fn throughput(
     }
 }
 
-/// S4_arbiters: S4 (sequential turns, one call each) from tasks of the tokio host, on an
-/// engine of 1 arbiter and one of 2 (`Engine::with_arbiters`), alternating in
-/// `BENCH_ARBITER_ROUNDS` rounds after one warm-up round (a fresh engine each run); the
-/// median updates/s of each and their ratio. The host's own tasks
-/// run on the same 2 vCPUs as the arbiters.
+/// CPU time (ns) used so far by this process's threads, split into the engine's arbiters
+/// (actix names them `actix-rt|system:…`), the tokio host's workers and the rest (the main
+/// thread, the engine's system thread), from `/proc/self/task/*/schedstat`. Linux only;
+/// elsewhere all zero.
+fn thread_cpu_ns() -> [u64; 3] {
+    let mut split = [0; 3];
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return split;
+    };
+    for task in tasks.flatten() {
+        let path = task.path();
+        let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        let ran: u64 = std::fs::read_to_string(path.join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .unwrap_or(0);
+        let slot = if name.starts_with("actix-rt") {
+            0
+        } else if name.starts_with("tokio-rt") {
+            1
+        } else {
+            2
+        };
+        split[slot] += ran;
+    }
+    split
+}
+
+/// S4_arbiters: S4 (sequential turns, one call each, `BENCH_ARBITER_TURNS` turns per
+/// session) from tasks of the tokio host, on an engine of 1 arbiter and one of 2
+/// (`Engine::with_arbiters`), alternating in `BENCH_ARBITER_ROUNDS` rounds after one
+/// warm-up round (a fresh engine each run); the median updates/s of each and their ratio,
+/// and the CPU the arbiters and the host's workers used over the counted rounds (in
+/// vCPUs): the host's tasks run on the same 2 vCPUs as the arbiters, so what the host
+/// uses with one arbiter is what two arbiters cannot have.
 async fn arbiter_scaling() {
-    let rounds = env("BENCH_ARBITER_ROUNDS", 5).max(1);
+    let rounds = env("BENCH_ARBITER_ROUNDS", 7).max(1);
     let sessions = env("BENCH_S4_SESSIONS", 100);
-    let calls = env("BENCH_S4_CALLS", 10);
-    let (mut one, mut two) = (Vec::new(), Vec::new());
+    let turns = env("BENCH_ARBITER_TURNS", 30);
+    let mut runs: [(Vec<f64>, [u64; 3], f64); 2] = Default::default();
     // Round 0 warms up (the first run of a process is slower) and is not counted.
     for round in 0..=rounds {
-        for (arbiters, into) in [(1, &mut one), (2, &mut two)] {
+        for (arbiters, into) in [1, 2].into_iter().zip(runs.iter_mut()) {
             let engine = Engine::with_arbiters(arbiters).unwrap();
             assert_eq!(engine.arbiters(), arbiters);
-            let t = throughput(&engine, "S4_arbiters", sessions, calls, 1, true).await;
+            let before = thread_cpu_ns();
+            let t = throughput(&engine, "S4_arbiters", sessions, turns, 1, true).await;
+            let after = thread_cpu_ns();
             if round > 0 {
-                into.push(t.updates_per_s());
+                into.0.push(t.updates_per_s());
+                for (sum, (a, b)) in into.1.iter_mut().zip(after.iter().zip(before)) {
+                    *sum += a - b;
+                }
+                into.2 += t.wall;
             }
             engine.shutdown();
         }
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
-    let list = |v: &[f64]| {
-        v.iter()
+    let fields = |(per_round, cpu, wall): &mut (Vec<f64>, [u64; 3], f64)| {
+        per_round.sort_by(|a, b| a.total_cmp(b));
+        let median = per_round[per_round.len() / 2];
+        let list = per_round
+            .iter()
             .map(|x| format!("{x:.0}"))
             .collect::<Vec<_>>()
-            .join(",")
+            .join(",");
+        let share = |ns: u64| ns as f64 / 1e9 / *wall;
+        let cpu = format!(
+            r#"{{"arbiters":{:.2},"host_workers":{:.2},"other":{:.2}}}"#,
+            share(cpu[0]),
+            share(cpu[1]),
+            share(cpu[2])
+        );
+        (median, list, cpu)
     };
-    let (rounds_one, rounds_two) = (list(&one), list(&two));
-    let (m1, m2) = (median(&mut one), median(&mut two));
+    let [one, two] = &mut runs;
+    let ((m1, rounds_one, cpu_one), (m2, rounds_two, cpu_two)) = (fields(one), fields(two));
     println!(
-        r#"{{"scenario":"S4_arbiters","sessions":{sessions},"rounds":{rounds},"updates_per_s_1_arbiter":{m1:.0},"updates_per_s_2_arbiters":{m2:.0},"ratio_2_to_1":{:.2},"rounds_1_arbiter":[{rounds_one}],"rounds_2_arbiters":[{rounds_two}]}}"#,
+        r#"{{"scenario":"S4_arbiters","sessions":{sessions},"turns":{turns},"rounds":{rounds},"updates_per_s_1_arbiter":{m1:.0},"updates_per_s_2_arbiters":{m2:.0},"ratio_2_to_1":{:.2},"rounds_1_arbiter":[{rounds_one}],"rounds_2_arbiters":[{rounds_two}],"vcpus_1_arbiter":{cpu_one},"vcpus_2_arbiters":{cpu_two}}}"#,
         m2 / m1
     );
 }
