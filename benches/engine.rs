@@ -11,13 +11,14 @@
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_SCALE_SESSIONS` (100000), `BENCH_SCALE_TASKS`
 //! (16), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10), `BENCH_S4_UPDATES` (3),
-//! `BENCH_INSPECT_ROUNDS` (4), `BENCH_HISTORY_ROUNDS` (4), `BENCH_ARBITER_ROUNDS` (5),
+//! `BENCH_INSPECT_ROUNDS` (4), `BENCH_HISTORY_ROUNDS` (4), `BENCH_ARBITER_ROUNDS` (7),
+//! `BENCH_ARBITER_TURNS` (30),
 //! `BENCH_S4_ROUNDS` (5: S4, S4_parallel and their host rows report the median round),
 //! `BENCH_SCRIPTED` (1: the throughput rows on `ScriptedLlm` instead of the counting fake),
 //! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, S1_history,
 //! S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000, S4_parallel,
-//! S4_burst, S1_host, S1b_host, S1c_host, S2_host, S4_host, S4_parallel_host, S4_arbiters,
-//! S3_scale).
+//! S4_burst, S1_host, S1b_host, S1c_host, S2_host, S4_host, S4_parallel_host, S3_scale,
+//! S4_arbiters_mt, S4_arbiters).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
 //! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
@@ -37,10 +38,11 @@
 //!   after glibc's `malloc_trim`, and (in a third, inspected batch) the live actors while
 //!   held and after close.
 //! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
-//! - `S4_arbiters`: S4 (`BENCH_ARBITER_TURNS` turns per session, default 30) from a tokio
-//!   host on an engine of 1 arbiter and one of 2, in `BENCH_ARBITER_ROUNDS` (7)
-//!   alternating rounds; the throughput of each, the ratio (the goal: 2 arbiters do at
-//!   least 1.7 times the work of one) and the vCPUs the arbiters and the host used.
+//! - `S4_arbiters`: S4 (`BENCH_ARBITER_TURNS` turns per session, default 30) from a
+//!   current-thread tokio host on an engine of 1 arbiter and one of 2, in
+//!   `BENCH_ARBITER_ROUNDS` (7) alternating rounds; the throughput of each, the ratio (the
+//!   goal: 2 arbiters do at least 1.7 times the work of one) and the vCPUs the arbiters
+//!   and the host used. `S4_arbiters_mt`: the same from the multi-thread host.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1158,9 +1160,9 @@ async fn throughput(
 }
 
 /// CPU time (ns) used so far by this process's threads, split into the engine's arbiters
-/// (actix names them `actix-rt|system:…`), the tokio host's workers and the rest (the main
-/// thread, the engine's system thread), from `/proc/self/task/*/schedstat`. Linux only;
-/// elsewhere all zero.
+/// (actix names them `actix-rt|system:…`), the workers of a multi-thread tokio host, and
+/// the rest (the main thread, which is the host of a current-thread runtime; the engine's
+/// system thread), from `/proc/self/task/*/schedstat`. Linux only; elsewhere all zero.
 fn thread_cpu_ns() -> [u64; 3] {
     let mut split = [0; 3];
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
@@ -1186,13 +1188,14 @@ fn thread_cpu_ns() -> [u64; 3] {
 }
 
 /// S4_arbiters: S4 (sequential turns, one call each, `BENCH_ARBITER_TURNS` turns per
-/// session) from tasks of the tokio host, on an engine of 1 arbiter and one of 2
+/// session) from tasks of a tokio host, on an engine of 1 arbiter and one of 2
 /// (`Engine::with_arbiters`), alternating in `BENCH_ARBITER_ROUNDS` rounds after one
 /// warm-up round (a fresh engine each run); the median updates/s of each and their ratio,
-/// and the CPU the arbiters and the host's workers used over the counted rounds (in
-/// vCPUs): the host's tasks run on the same 2 vCPUs as the arbiters, so what the host
-/// uses with one arbiter is what two arbiters cannot have.
-async fn arbiter_scaling() {
+/// and the CPU the arbiters and the host used over the counted rounds (in vCPUs): the
+/// host runs on the same 2 vCPUs as the arbiters, so what the host uses with one arbiter
+/// is what two arbiters cannot have. `label` says which host: `S4_arbiters` a
+/// current-thread runtime, `S4_arbiters_mt` a multi-thread one (2 workers).
+async fn arbiter_scaling(label: &str) {
     let rounds = env("BENCH_ARBITER_ROUNDS", 7).max(1);
     let sessions = env("BENCH_S4_SESSIONS", 100);
     let turns = env("BENCH_ARBITER_TURNS", 30);
@@ -1203,7 +1206,7 @@ async fn arbiter_scaling() {
             let engine = Engine::with_arbiters(arbiters).unwrap();
             assert_eq!(engine.arbiters(), arbiters);
             let before = thread_cpu_ns();
-            let t = throughput(&engine, "S4_arbiters", sessions, turns, 1, true).await;
+            let t = throughput(&engine, label, sessions, turns, 1, true).await;
             let after = thread_cpu_ns();
             if round > 0 {
                 into.0.push(t.updates_per_s());
@@ -1225,7 +1228,7 @@ async fn arbiter_scaling() {
             .join(",");
         let share = |ns: u64| ns as f64 / 1e9 / *wall;
         let cpu = format!(
-            r#"{{"arbiters":{:.2},"host_workers":{:.2},"other":{:.2}}}"#,
+            r#"{{"arbiters":{:.2},"host_workers":{:.2},"main_and_rest":{:.2}}}"#,
             share(cpu[0]),
             share(cpu[1]),
             share(cpu[2])
@@ -1235,7 +1238,7 @@ async fn arbiter_scaling() {
     let [one, two] = &mut runs;
     let ((m1, rounds_one, cpu_one), (m2, rounds_two, cpu_two)) = (fields(one), fields(two));
     println!(
-        r#"{{"scenario":"S4_arbiters","sessions":{sessions},"turns":{turns},"rounds":{rounds},"updates_per_s_1_arbiter":{m1:.0},"updates_per_s_2_arbiters":{m2:.0},"ratio_2_to_1":{:.2},"rounds_1_arbiter":[{rounds_one}],"rounds_2_arbiters":[{rounds_two}],"vcpus_1_arbiter":{cpu_one},"vcpus_2_arbiters":{cpu_two}}}"#,
+        r#"{{"scenario":"{label}","sessions":{sessions},"turns":{turns},"rounds":{rounds},"updates_per_s_1_arbiter":{m1:.0},"updates_per_s_2_arbiters":{m2:.0},"ratio_2_to_1":{:.2},"rounds_1_arbiter":[{rounds_one}],"rounds_2_arbiters":[{rounds_two}],"vcpus_1_arbiter":{cpu_one},"vcpus_2_arbiters":{cpu_two}}}"#,
         m2 / m1
     );
 }
@@ -1371,10 +1374,19 @@ fn main() {
             scale(&engine).await;
         }
         engine.shutdown();
-        if wanted("S4_arbiters") {
-            arbiter_scaling().await;
+        if wanted("S4_arbiters_mt") {
+            arbiter_scaling("S4_arbiters_mt").await;
         }
     });
+    // The same from a current-thread tokio host: one host thread, no workers waking each
+    // other, so the engine's own scaling shows.
+    if wanted("S4_arbiters") {
+        let host = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        host.block_on(async { tokio::spawn(arbiter_scaling("S4_arbiters")).await.unwrap() });
+    }
     println!(
         r#"{{"meta":true,"total_wall_s":{:.2},"loadavg_1m":{}}}"#,
         total.elapsed().as_secs_f64(),
