@@ -1159,14 +1159,15 @@ async fn throughput(
     }
 }
 
-/// CPU time (ns) used so far by this process's threads, split into the engine's arbiters
-/// (actix names them `actix-rt|system:…`), the workers of a multi-thread tokio host, and
-/// the rest (the main thread, which is the host of a current-thread runtime; the engine's
-/// system thread), from `/proc/self/task/*/schedstat`. Linux only; elsewhere all zero.
-fn thread_cpu_ns() -> [u64; 3] {
-    let mut split = [0; 3];
+/// CPU time (ns) used so far by each thread of this process, by thread id: which of the
+/// engine's arbiters (actix names them `actix-rt|system:…`, slot 0), the workers of a
+/// multi-thread tokio host (slot 1) and the rest (slot 2: the main thread, which is the
+/// host of a current-thread runtime; the engine's system thread) it is, from
+/// `/proc/self/task/*/schedstat`. Linux only; elsewhere empty.
+fn thread_cpu_ns() -> std::collections::HashMap<String, (usize, u64)> {
+    let mut threads = std::collections::HashMap::new();
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return split;
+        return threads;
     };
     for task in tasks.flatten() {
         let path = task.path();
@@ -1182,7 +1183,21 @@ fn thread_cpu_ns() -> [u64; 3] {
         } else {
             2
         };
-        split[slot] += ran;
+        threads.insert(task.file_name().to_string_lossy().into_owned(), (slot, ran));
+    }
+    threads
+}
+
+/// CPU time per slot of [`thread_cpu_ns`] between two readings; a thread that ended in
+/// between (an earlier engine's) is left out.
+fn cpu_between(
+    before: &std::collections::HashMap<String, (usize, u64)>,
+    after: &std::collections::HashMap<String, (usize, u64)>,
+) -> [u64; 3] {
+    let mut split = [0; 3];
+    for (tid, (slot, ran)) in after {
+        let earlier = before.get(tid).map_or(0, |(_, ran)| *ran);
+        split[*slot] += ran.saturating_sub(earlier);
     }
     split
 }
@@ -1210,8 +1225,8 @@ async fn arbiter_scaling(label: &str) {
             let after = thread_cpu_ns();
             if round > 0 {
                 into.0.push(t.updates_per_s());
-                for (sum, (a, b)) in into.1.iter_mut().zip(after.iter().zip(before)) {
-                    *sum += a - b;
+                for (sum, used) in into.1.iter_mut().zip(cpu_between(&before, &after)) {
+                    *sum += used;
                 }
                 into.2 += t.wall;
             }
