@@ -999,19 +999,26 @@ mod tests {
         assert!(s.activities().is_empty());
     }
 
-    #[test]
-    fn a_paused_task_that_finished_ends_after_the_sub_task_it_started_not_instead_of_it() {
+    /// A first sub-task `t1` runs a turn (that will complete it) when a second sub-task is
+    /// asked for on top of it, with `t1` as its caller.
+    fn second_task_over_a_turn_of_the_first() -> S {
         let mut s = live();
         s.request_task("first task", "a waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         assert!(s.entering(id("t1"), "t1"));
         s.entered();
-        // The first task's agent runs a turn that completes it, still playing out…
         s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
-        // …when a second sub-task starts on top of it.
         s.request_task("second task", "host waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        s
+    }
+
+    #[test]
+    fn a_paused_task_that_finished_ends_after_the_sub_task_it_started_not_instead_of_it() {
+        // The first task's agent runs a turn that completes it, still playing out, when a
+        // second sub-task starts on top of it.
+        let mut s = second_task_over_a_turn_of_the_first();
         assert!(s.entering(id("t2"), "t2"));
         s.entered();
         // The paused turn ends asking to end its task: not the one running now.
@@ -1034,15 +1041,7 @@ mod tests {
 
     #[test]
     fn a_task_end_from_a_caller_still_pausing_waits_for_it_too() {
-        let mut s = live();
-        s.request_task("first task", "a waits").unwrap();
-        assert!(matches!(s.next(), Some(Next::Task { .. })));
-        assert!(s.entering(id("t1"), "t1"));
-        s.entered();
-        s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
-        assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
-        s.request_task("second task", "host waits").unwrap();
-        assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
+        let mut s = second_task_over_a_turn_of_the_first();
         // t1's turn ends while it is still pausing.
         s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
         assert!(s.entering(id("t2"), "t2"));
