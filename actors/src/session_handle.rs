@@ -305,7 +305,8 @@ impl Session {
     /// Resolves when the session is inactive: no speech is queued, generating or playing
     /// (the current agent runs no turn and none is queued), no handoff is under way, no
     /// deferred reply is pending, and the user is not speaking. (Tools may still run in
-    /// the background: see [`Session::wait_for_settled`].)
+    /// the background: see [`Session::wait_for_settled`].) A host call: awaited from inside a
+    /// tool or hook of this same session, it waits on the turn that tool runs in.
     pub async fn wait_for_inactive(&self) {
         let mut rx = self.shared().inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
@@ -313,7 +314,8 @@ impl Session {
 
     /// Resolves when the session has settled: no tool call is running anywhere in it and
     /// the session is inactive (every deferred reply has run). What a test awaits after
-    /// letting background tools finish.
+    /// letting background tools finish. A host call: awaited from inside a tool of this
+    /// same session, it waits on that tool's own run and never resolves.
     pub async fn wait_for_settled(&self) {
         let shared = self.shared();
         loop {
