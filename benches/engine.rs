@@ -34,9 +34,9 @@
 //!   rounds). The goal: the turn costs the same, within 20 %, at every size.
 //! - `S3_scale`: `BENCH_SCALE_SESSIONS` idle sessions in one process, started and closed
 //!   from `BENCH_SCALE_TASKS` tasks of a tokio host over `Engine::start()`'s arbiters:
-//!   start and close rates, RSS per session, RSS after close, after a second batch and
-//!   after glibc's `malloc_trim`, and (in a third, inspected batch) the live actors while
-//!   held and after close.
+//!   start and close rates, RSS per session, RSS after close and after
+//!   `Engine::release_memory`, the same for a second batch, and (in a third, inspected
+//!   batch) the live actors while held and after close.
 //! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
 //! - `S4_arbiters`: S4 (`BENCH_ARBITER_TURNS` turns per session, default 30) from a
 //!   current-thread tokio host on an engine of 1 arbiter and one of 2, in
@@ -626,25 +626,6 @@ async fn idle_sessions(engine: &Engine) {
     );
 }
 
-/// Asks glibc's allocator to give its free memory back to the system (`malloc_trim`), to
-/// tell memory it merely keeps from memory still in use. Returns false, and does nothing,
-/// where the allocator is not glibc's.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim_allocator() -> bool {
-    extern "C" {
-        fn malloc_trim(pad: usize) -> std::os::raw::c_int;
-    }
-    // SAFETY: `malloc_trim` takes no pointers and only releases memory that is free; it
-    // locks each arena itself, so other threads may allocate meanwhile.
-    unsafe { malloc_trim(0) };
-    true
-}
-
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim_allocator() -> bool {
-    false
-}
-
 /// Starts `count` sessions from `tasks` tasks of the current tokio runtime, each task
 /// starting its share one after another (as a host accepting calls on several
 /// connections would); the engine places them round robin over its arbiters. Returns
@@ -701,12 +682,12 @@ async fn close_many(sessions: Vec<Vec<Session>>) -> f64 {
 /// one agent and one model, as an embedding shares its provider client (S3 gives each
 /// session a model of its own). Three batches, each started in full and then closed:
 ///
-/// 1. inspection off (the default): start and close rates, RSS growth per session, and
-///    RSS after close against RSS before the batch (taken after a `malloc_trim`, so that
-///    memory freed by earlier scenarios does not absorb the growth);
-/// 2. the same again: whether RSS grows again (pages kept by the allocator are reused) or
-///    not (leaked); then glibc's `malloc_trim`, to see how much of what RSS kept was free
-///    memory the allocator held;
+/// 1. inspection off (the default): start and close rates, RSS growth per session, RSS
+///    after close (glibc keeps the freed pages) and after `Engine::release_memory` (how
+///    long it took), both against RSS before the batch (itself taken after a release, so
+///    that memory freed by earlier scenarios does not absorb the growth);
+/// 2. the same again: RSS after close shows whether the pages are reused (about the first
+///    batch's) or leaked (growing), then after a second release;
 /// 3. inspection on (journal of 1 message per actor), only to count live actors: while
 ///    the sessions are held, and after they closed. Its RSS includes the journals.
 async fn scale(engine: &Engine) {
@@ -729,7 +710,7 @@ async fn scale(engine: &Engine) {
     let (warm, _) = start_many(engine, plain.clone(), tasks * 4, tasks).await;
     close_many(warm).await;
     // Free memory kept from the scenarios before this one would hide the growth.
-    trim_allocator();
+    engine.release_memory().await;
 
     let before = rss_kib();
     let (sessions, start_wall) = start_many(engine, plain.clone(), count, tasks).await;
@@ -737,12 +718,16 @@ async fn scale(engine: &Engine) {
     assert_eq!(sessions.iter().map(Vec::len).sum::<usize>(), count);
     let close_wall = close_many(sessions).await;
     let after_close = rss_kib();
+    let release_wall = Instant::now();
+    let released = engine.release_memory().await;
+    let release_ms = release_wall.elapsed().as_secs_f64() * 1e3;
+    let after_release = rss_kib();
 
     let (again, _) = start_many(engine, plain, count, tasks).await;
     close_many(again).await;
     let after_second = rss_kib();
-    let trimmed = trim_allocator();
-    let after_trim = rss_kib();
+    engine.release_memory().await;
+    let after_second_release = rss_kib();
 
     let (sessions, _) = start_many(engine, inspected, count, tasks).await;
     let rss_inspected = rss_kib();
@@ -756,19 +741,21 @@ async fn scale(engine: &Engine) {
     let live_after: usize = inspectors.iter().map(|i| i.live_actors().len()).sum();
     drop(inspectors);
     let after_inspected = rss_kib();
+    engine.release_memory().await;
 
     let growth = with_them.saturating_sub(before);
     println!(
-        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"rss_after_second_batch_kib":{after_second},"malloc_trim":{trimmed},"rss_after_trim_kib":{after_trim},"rss_after_trim_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
+        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"release_memory":"{released:?}","release_ms":{release_ms:.1},"rss_after_release_kib":{after_release},"rss_after_release_over_before":{:.3},"rss_after_second_batch_kib":{after_second},"rss_after_second_release_kib":{after_second_release},"rss_after_second_release_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
         engine.arbiters(),
         count as f64 / start_wall,
         count as f64 / close_wall,
         growth as f64 / count as f64,
         after_close as f64 / before as f64,
         after_close.saturating_sub(before) as f64 / growth.max(1) as f64,
-        after_trim as f64 / before as f64,
+        after_release as f64 / before as f64,
+        after_second_release as f64 / before as f64,
         live_held as f64 / count as f64,
-        rss_inspected.saturating_sub(after_trim) as f64 / count as f64,
+        rss_inspected.saturating_sub(after_second_release) as f64 / count as f64,
     );
 }
 

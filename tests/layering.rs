@@ -31,6 +31,7 @@ const PLUMBING: &[&str] = &[
     "call_ids",
     "llm_guard",
     "reentry",
+    "memory",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[

@@ -59,6 +59,7 @@ pub mod history;
 pub mod ids;
 pub mod inspector;
 pub mod llm;
+pub mod memory;
 pub mod output;
 pub mod prompts;
 pub mod run_context;
@@ -97,6 +98,7 @@ pub use llm::{
     ToolCallChunk, ToolChoice, ToolSchema,
 };
 pub use mailbox::{ActorSnapshot, Received};
+pub use memory::MemoryRelease;
 pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
