@@ -120,3 +120,21 @@ async fn release_memory_after_a_burst_of_sessions_and_the_engine_goes_on() {
     session.close().await.unwrap();
     engine.shutdown();
 }
+
+/// After `shutdown`, starting a session is a clear error, not a handle to nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_started_after_shutdown_is_a_clear_error() {
+    let engine = Engine::with_arbiters(1).unwrap();
+    engine.shutdown();
+    let agent = Agent::builder("agent-a").build().unwrap();
+    let err = Session::builder()
+        .llm(ScriptedLlm::new([]))
+        .agent(agent)
+        .start(&engine)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, SessionError::Engine(msg) if msg.contains("shut down")),
+        "{err}"
+    );
+}

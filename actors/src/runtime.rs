@@ -7,7 +7,7 @@
 //! [`Engine::current`] places sessions on the current arbiter, where paused test time
 //! reaches them.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -16,6 +16,9 @@ use actix::prelude::*;
 use crate::error::SessionError;
 use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
+
+/// actix's default mailbox capacity, as `Actor::start_in_arbiter` gives an actor.
+const MAILBOX_CAPACITY: usize = 16;
 
 /// Runs sessions. Cheap to clone; each session keeps a clone, so the engine's own threads
 /// stop when the last clone — the host's and every session's — is dropped, or on
@@ -30,6 +33,9 @@ struct EngineInner {
     arbiters: Vec<ArbiterHandle>,
     next: AtomicUsize,
     sessions: AtomicU64,
+    /// Set by [`Engine::shutdown`]: its arbiters may still be draining their queues for a
+    /// moment, and a session started on one then would only find its mailbox gone.
+    shut_down: AtomicBool,
     owned: Mutex<Option<OwnedSystem>>,
 }
 
@@ -80,6 +86,7 @@ impl Engine {
                 arbiters: handles,
                 next: AtomicUsize::new(0),
                 sessions: AtomicU64::new(0),
+                shut_down: AtomicBool::new(false),
                 owned: Mutex::new(Some(OwnedSystem {
                     system,
                     thread: Some(thread),
@@ -101,6 +108,7 @@ impl Engine {
                 arbiters: vec![arbiter],
                 next: AtomicUsize::new(0),
                 sessions: AtomicU64::new(0),
+                shut_down: AtomicBool::new(false),
                 owned: Mutex::new(None),
             }),
         })
@@ -111,8 +119,9 @@ impl Engine {
         self.inner.arbiters.len()
     }
 
-    /// Stops the engine's own threads (sessions still running are dropped). Does nothing
-    /// for an engine from [`Engine::current`].
+    /// Stops the engine's own threads (sessions still running are dropped); a session
+    /// started afterwards fails with [`SessionError::Engine`]. Does nothing for an engine
+    /// from [`Engine::current`].
     pub fn shutdown(&self) {
         let owned = self
             .inner
@@ -121,6 +130,7 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(mut owned) = owned {
+            self.inner.shut_down.store(true, Ordering::Release);
             owned.system.stop();
             if let Some(thread) = owned.thread.take() {
                 let _ = thread.join();
@@ -168,11 +178,23 @@ impl Engine {
         A: Actor<Context = Context<A>>,
         F: FnOnce(&mut Context<A>) -> A + Send + 'static,
     {
-        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
-        let arbiter = &self.inner.arbiters[index];
-        if !arbiter.spawn(async {}) {
+        if self.inner.shut_down.load(Ordering::Acquire) {
             return Err(SessionError::Engine("the engine has shut down".into()));
         }
-        Ok(A::start_in_arbiter(arbiter, make))
+        let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
+        let arbiter = &self.inner.arbiters[index];
+        // What `Actor::start_in_arbiter` does, but it drops the arbiter's answer to whether
+        // it took the job; asking that with a job of its own cost a second message (and
+        // task) on the arbiter per session.
+        let (tx, rx) = actix::dev::channel::channel(MAILBOX_CAPACITY);
+        let taken = arbiter.spawn_fn(move || {
+            let mut ctx = Context::with_receiver(rx);
+            let actor = make(&mut ctx);
+            actix::spawn(ctx.into_future(actor));
+        });
+        if !taken {
+            return Err(SessionError::Engine("the engine has shut down".into()));
+        }
+        Ok(Addr::new(tx))
     }
 }
