@@ -408,7 +408,7 @@ async fn measure(
             // 10-item one; timed one turn later, 1.02-1.11 times (p50); 10 to 60 turns
             // later on the same session, p50 19.5-19.8 µs at 10, 10,000 and 30,000 items.
             session.run("go").await.unwrap();
-            session.wait_for_settled().await;
+            session.wait_for_settled().await.unwrap();
         }
         let earlier_requests = llm.request_count();
         let start = Instant::now();
@@ -418,7 +418,7 @@ async fn measure(
             Scenario::S2 => entered.recv().await.unwrap(),
             Scenario::S1 | Scenario::S1Agent => {
                 // The deferred reply to `/finished` (or its skip) has run.
-                session.wait_for_settled().await;
+                session.wait_for_settled().await.unwrap();
                 Instant::now()
             }
             Scenario::S1b | Scenario::S1c => returned,
@@ -993,7 +993,7 @@ async fn burst(engine: &Engine) {
             .unwrap();
         let start = Instant::now();
         session.run("go").await.unwrap();
-        session.wait_for_settled().await;
+        session.wait_for_settled().await.unwrap();
         let wall = start.elapsed().as_secs_f64();
         println!(
             r#"{{"scenario":"S4_burst","updates":{k},"llm_requests":{},"wall_ms":{:.2}}}"#,
@@ -1101,7 +1101,7 @@ async fn throughput(
     let drive = |session: Session| async move {
         for _ in 0..turns {
             session.run("go").await.unwrap();
-            session.wait_for_settled().await;
+            session.wait_for_settled().await.unwrap();
         }
     };
     if on_tokio {

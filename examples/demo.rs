@@ -133,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    session.wait_for_settled().await;
+    session.wait_for_settled().await?;
 
     println!("\nchat context of {}:", session.current_agent().await?);
     legend("what its model sees next; `call_1/update_1` and `call_1/finished` are the later results of the booking's call_1, each written as a call and its output under a derived id, because a provider accepts a tool output only right after its call");

@@ -39,7 +39,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start(&engine)
         .await?;
     session.run("a tea please").await?;
-    session.wait_for_settled().await; // the tool finished and the agent told the user
+    session.wait_for_settled().await?; // the tool finished and the agent told the user
     session.close().await?;
     Ok(())
 }

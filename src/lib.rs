@@ -103,7 +103,7 @@
 //!     let session = Session::builder().llm(llm.clone()).agent(agent).start(&engine).await?;
 //!     session.run("a tea please").await?; // "Ordering your tea."
 //!     kitchen.open();
-//!     session.wait_for_settled().await; // the tool finished and the deferred reply ran
+//!     session.wait_for_settled().await?; // the tool finished and the deferred reply ran
 //!     let chat = session.chat_context().await?;
 //!     assert!(chat.output_of("call_1/finished").is_some());
 //!     assert_eq!(llm.request_count(), 3);

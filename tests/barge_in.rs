@@ -180,6 +180,7 @@ async fn a_barge_in_during_a_tool_step_cancels_or_backgrounds_the_calls_and_the_
     out.played_out(reply);
     tokio::time::timeout(BOUND, session.wait_for_settled())
         .await
+        .unwrap()
         .unwrap();
     assert_eq!(llm.request_count(), 2);
     let chat = session.chat_context().await.unwrap();

@@ -252,7 +252,8 @@ fn run_model(model: &Model) -> Result<(), String> {
             .map_err(|e| format!("run() failed: {e}"))?;
         tokio::time::timeout(BOUND, session.wait_for_settled())
             .await
-            .map_err(|_| "the session did not settle".to_owned())?;
+            .map_err(|_| "the session did not settle".to_owned())?
+            .map_err(|e| format!("wait_for_settled: {e}"))?;
         // The calls the model made in the turn's first step, in order: the calls before
         // the first output (the turn's events also hold background items that came in
         // while it still ran).

@@ -175,7 +175,9 @@ async fn interrupting_a_tool_step_cancels_some_calls_and_moves_the_others_to_the
     assert_eq!(output(&chat, "call_2"), "Cancelled: the user interrupted.");
     // The cancelled call noticed, the other runs on and its result comes later.
     booking_gate.open();
-    bounded("the deferred reply", session.wait_for_settled()).await;
+    bounded("the deferred reply", session.wait_for_settled())
+        .await
+        .unwrap();
     let chat = session.chat_context().await.unwrap();
     assert_invariant(&chat);
     assert_eq!(output(&chat, "call_1/finished"), "book_table done");

@@ -145,6 +145,8 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
                     format!("{:?}", session.run("again").await.map(|_| ())),
                     format!("{:?}", session.generate_reply(None).await.map(|_| ())),
                     format!("{:?}", session.update_agent(other.clone()).await),
+                    // It would wait on this very run.
+                    format!("{:?}", session.wait_for_settled().await),
                     format!("{:?}", session.run_task::<u32>(other).await.map(|_| ())),
                 ];
                 let _ = seen.set(answers);
@@ -165,11 +167,11 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
     host.set(session.clone()).unwrap();
     bounded("the turn", session.run("go")).await.unwrap();
     let answers = seen.get().unwrap();
-    for answer in &answers[..3] {
+    for answer in &answers[..4] {
         assert!(answer.contains("WouldDeadlock"), "{answer}");
     }
     assert_eq!(
-        answers[3],
+        answers[4],
         format!("{:?}", Err::<(), _>(TaskError::WouldDeadlock))
     );
     session.close().await.unwrap();

@@ -163,7 +163,8 @@ async fn one_session(
                 // this turn's.
                 tokio::time::timeout(BOUND, session.wait_for_settled())
                     .await
-                    .map_err(|_| format!("turn {turn}: the session did not settle"))?;
+                    .map_err(|_| format!("turn {turn}: the session did not settle"))?
+                    .map_err(|e| format!("turn {turn}: wait_for_settled: {e}"))?;
                 let mut events = session.subscribe();
                 let s = session.clone();
                 let running = actix::spawn(async move { s.run(text).await });

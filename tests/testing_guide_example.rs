@@ -287,7 +287,7 @@ async fn an_async_tool_finishes_in_the_background() {
     assert_eq!(llm.request_count(), 2);
 
     gate.open();
-    session.wait_for_settled().await;
+    session.wait_for_settled().await.unwrap();
 
     let chat = session.chat_context().await.unwrap();
     assert_eq!(
@@ -383,7 +383,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     let reply = events.next(event::speech_created()).await.unwrap().id();
     assert_eq!(out.last_speech().unwrap().text, "I found 3 flights.");
     out.played_out(reply);
-    session.wait_for_settled().await;
+    session.wait_for_settled().await.unwrap();
 
     assert_eq!(llm.request_count(), 3);
     assert_eq!(llm.requests()[2].tool_choice, ToolChoice::None);

@@ -3,7 +3,8 @@
 //! Tool bodies and hooks run inside a turn or a handoff of their session. If one of them
 //! got hold of the host's `Session` (captured from the host program) and awaited `run`,
 //! `generate_reply`, `update_agent` or `run_task` on it, the call would queue behind the
-//! very turn it runs in and never answer. The engine marks every tool body and hook it
+//! very turn it runs in and never answer; `wait_for_settled` would wait for its own run
+//! to end. The engine marks every tool body and hook it
 //! polls with its session's id (a task-local), and those host calls fail at once with
 //! `SessionError::WouldDeadlock` when they find their own session's mark.
 

@@ -305,8 +305,9 @@ impl Session {
     /// Resolves when the session is inactive: no speech is queued, generating or playing
     /// (the current agent runs no turn and none is queued), no handoff is under way, no
     /// deferred reply is pending, and the user is not speaking. (Tools may still run in
-    /// the background: see [`Session::wait_for_settled`].) A host call: awaited from inside a
-    /// tool or hook of this same session, it waits on the turn that tool runs in.
+    /// the background: see [`Session::wait_for_settled`].) A host call: a background tool
+    /// of this session may await it once its turn has ended, but awaited from a tool of the
+    /// turn in progress or from a hook, it waits on that turn or handoff and never resolves.
     pub async fn wait_for_inactive(&self) {
         let mut rx = self.shared().inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
@@ -314,15 +315,17 @@ impl Session {
 
     /// Resolves when the session has settled: no tool call is running anywhere in it and
     /// the session is inactive (every deferred reply has run). What a test awaits after
-    /// letting background tools finish. A host call: awaited from inside a tool of this
-    /// same session, it waits on that tool's own run and never resolves.
-    pub async fn wait_for_settled(&self) {
+    /// letting background tools finish. A host call: from inside a tool or hook of this
+    /// same session it would wait on its own run, so it fails at once with
+    /// [`SessionError::WouldDeadlock`].
+    pub async fn wait_for_settled(&self) -> Result<(), SessionError> {
+        self.check_reentry("wait_for_settled")?;
         let shared = self.shared();
         loop {
             // Created before the check: a settle in between is not missed.
             let settled = shared.settled();
             if shared.is_settled() {
-                return;
+                return Ok(());
             }
             settled.await;
         }

@@ -1663,7 +1663,7 @@ impl Harness {
             // of an inactive session with every host call answered will do too.
             let done = tokio::time::timeout(Duration::from_secs(3), session.wait_for_settled())
                 .await
-                .is_ok();
+                .is_ok_and(|settled| settled.is_ok());
             self.observe()?;
             let answered = self.outstanding.iter().all(|o| o.handle.is_finished())
                 && self.world.updates_in_flight.load(Ordering::Relaxed) == 0;
