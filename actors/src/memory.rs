@@ -6,8 +6,8 @@
 //! its fast bins unmerged, and the merged free space lies between chunks still in use (its
 //! per-thread caches, the arbiter's own state), so an arena's top is never free enough to
 //! shrink. The memory is reused by the next sessions, not leaked; only `malloc_trim` hands
-//! it back, and it holds each arena's lock while it walks that arena's free chunks (about
-//! 0.2 s for 480 MB here). So the engine never calls it by itself: the host asks, at a
+//! it back, and it holds each arena's lock while it walks that arena's free chunks (0.2–0.3
+//! s for 480 MB here). So the engine never calls it by itself: the host asks, at a
 //! moment it chooses, with [`Engine::release_memory`](crate::Engine::release_memory).
 
 /// What [`Engine::release_memory`](crate::Engine::release_memory) did.
@@ -52,8 +52,8 @@ fn trim() -> MemoryRelease {
         fn malloc_trim(pad: usize) -> std::os::raw::c_int;
     }
     // SAFETY: `malloc_trim` takes no pointer and only returns pages of chunks that are
-    // free; glibc locks each arena while it walks it, so other threads may allocate
-    // meanwhile.
+    // free; glibc locks each arena while it walks it, so threads allocating meanwhile are
+    // safe (those allocating in that arena wait).
     if unsafe { malloc_trim(0) } == 1 {
         MemoryRelease::Released
     } else {

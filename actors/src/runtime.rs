@@ -145,8 +145,8 @@ impl Engine {
     /// pages for the next sessions (see [`crate::memory`]). Call this at a quiet moment
     /// after such a burst, for example once a traffic peak is over. It runs glibc's
     /// `malloc_trim` on a thread of its own, so the caller's task only awaits it; but
-    /// meanwhile allocations in the arena being walked wait (0.2 s for 480 MB of free
-    /// memory measured here), including an arbiter's, so do not call it per session.
+    /// meanwhile allocations in the arena being walked wait (0.2–0.3 s for 480 MB of
+    /// free memory measured here), including an arbiter's, so do not call it per session.
     /// It affects the whole process, not only this engine; with an allocator other than
     /// glibc's it finds nothing to release, and on targets without glibc it answers
     /// [`MemoryRelease::Unsupported`].
