@@ -15,17 +15,18 @@
 //! `BENCH_ARBITER_TURNS` (30),
 //! `BENCH_S4_ROUNDS` (5: S4, S4_parallel and their host rows report the median round),
 //! `BENCH_SCRIPTED` (1: the throughput rows on `ScriptedLlm` instead of the counting fake),
-//! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, S1_history,
-//! S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000, S4_parallel,
-//! S4_burst, S1_host, S1b_host, S1c_host, S2_host, S4_host, S4_parallel_host, S3_scale,
-//! S4_arbiters_mt, S4_arbiters).
+//! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, round_trip,
+//! S1_history, S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000,
+//! S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host, S1c_host, S2_host, S4_host,
+//! S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
 //! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
 //! own event loop. S1, S1b, S1c and S2 run again (`*_host`) from a task of a multi-thread
 //! tokio runtime with `Engine::start()`, which is what an embedding pays to cross threads.
 //! Each latency iteration uses a fresh session, like the peer; starting and closing it is
-//! not timed.
+//! not timed. `round_trip` and `round_trip_host` time one bare actix message and its
+//! answer (no engine code) the same two ways: the floor a latency row stands on.
 //!
 //! Scaling scenarios:
 //!
@@ -1271,6 +1272,70 @@ fn meta() {
     );
 }
 
+/// An actor that answers [`Ping`] and does nothing else: the floor under every row that
+/// sends a message and awaits the answer.
+struct Echo;
+
+impl actix::Actor for Echo {
+    type Context = actix::Context<Self>;
+}
+
+struct Ping;
+
+impl actix::Message for Ping {
+    type Result = ();
+}
+
+impl actix::Handler<Ping> for Echo {
+    type Result = ();
+    fn handle(&mut self, _: Ping, _: &mut Self::Context) {}
+}
+
+/// `round_trip` / `round_trip_host`: one actix message to an [`Echo`] actor and its answer,
+/// awaited, with no engine code in it. Same arbiter: the actor on the arbiter of the
+/// task that sends. Host: the actor on an arbiter thread started as `Engine::start()`
+/// starts its own (an actix system thread, then `Arbiter::new()`), the sender a task of
+/// the multi-thread tokio host. What a host row pays to cross threads and back before
+/// any engine work, whichever engine; `run()` is one such round trip.
+async fn round_trip(arbiter: Option<actix::ArbiterHandle>, label: &str) {
+    use actix::Actor;
+    let echo = match &arbiter {
+        Some(arbiter) => Echo::start_in_arbiter(arbiter, |_| Echo),
+        None => Echo.start(),
+    };
+    let (n, warmup) = (env("BENCH_N", 2000), env("BENCH_WARMUP", 200));
+    let mut m = Measured::default();
+    for i in 0..warmup + n {
+        let start = Instant::now();
+        echo.send(Ping).await.unwrap();
+        let took = (start.elapsed()).as_secs_f64() * 1e6;
+        if i >= warmup {
+            m.samples.push(took);
+            m.run_returned.push(took);
+            m.last_request.push(0.0);
+        }
+    }
+    report(label, "", &m);
+}
+
+/// An arbiter thread as `Engine::start()` makes one, for [`round_trip`]; stopped with
+/// the returned system.
+fn echo_arbiter() -> (actix::System, actix::ArbiterHandle) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runner = actix::System::new();
+        let arbiter = runner.block_on(async {
+            let arbiter = actix::Arbiter::new();
+            tx.send((actix::System::current(), arbiter.handle()))
+                .unwrap();
+            arbiter
+        });
+        runner.run().unwrap();
+        drop(arbiter);
+    });
+    rx.recv().unwrap()
+}
+
 /// Whether `BENCH_SCENARIOS` (a comma list; unset: all) asks for scenario `name`.
 fn wanted(name: &str) -> bool {
     std::env::var("BENCH_SCENARIOS")
@@ -1298,6 +1363,9 @@ fn main() {
             if wanted(label) {
                 latency(&engine, scenario, label).await;
             }
+        }
+        if wanted("round_trip") {
+            round_trip(None, "round_trip").await;
         }
         if wanted("S1_history") {
             history_sizes(&engine).await;
@@ -1349,6 +1417,13 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
+        if wanted("round_trip_host") {
+            let (system, arbiter) = echo_arbiter();
+            tokio::spawn(async move { round_trip(Some(arbiter), "round_trip_host").await })
+                .await
+                .unwrap();
+            system.stop();
+        }
         let engine = Engine::start().unwrap();
         for (scenario, label) in [
             (Scenario::S1, "S1_host"),
