@@ -16,9 +16,9 @@
 //! `BENCH_S4_ROUNDS` (5: S4, S4_parallel and their host rows report the median round),
 //! `BENCH_SCRIPTED` (1: the throughput rows on `ScriptedLlm` instead of the counting fake),
 //! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, round_trip,
-//! S1_history, S1b_inspect, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000,
-//! S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host, S1c_host, S2_host, S4_host,
-//! S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
+//! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, V1_barge_in, V2_streaming, S3,
+//! S3_abandoned, S4, S4_1000, S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host,
+//! S1c_host, S2_host, S4_host, S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
 //! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
@@ -27,6 +27,11 @@
 //! Each latency iteration uses a fresh session, like the peer; starting and closing it is
 //! not timed. `round_trip` and `round_trip_host` time one bare actix message and its
 //! answer (no engine code) the same two ways: the floor a latency row stands on.
+//! `S1_idle`, `S1b_idle` and `S1c_idle` are S1, S1b and S1c on the same arbiter with the
+//! driving task asleep for a moment (tokio's 1 ms tick) before each timed turn: the
+//! arbiter parks, as it does between a host's calls, and the turn runs on a thread that
+//! just woke. (The peer's harness does the same with `asyncio.sleep(0.001)` before its
+//! timed `run()`: see BENCHMARKS.md.)
 //!
 //! Scaling scenarios:
 //!
@@ -380,19 +385,34 @@ struct Measured {
 /// update), the reply, the `/finished` call and output, the deferred reply.
 const S1_TURN_ITEMS: usize = 7;
 
-/// Times `n` turns after `warmup` untimed ones, a fresh session each. With `past` (S1
-/// only), each session first gets that history (see [`with_history`]) and runs one S1
-/// turn, both untimed, so the timed turn starts on a chat of
-/// `past.len() + 1 + S1_TURN_ITEMS` items.
+/// How the sessions of a latency row are set up before the timed turn.
+#[derive(Clone, Default)]
+struct Setup {
+    /// Mailbox inspection on.
+    inspect: bool,
+    /// S1 only: each session first gets this history (see [`with_history`]) and runs one
+    /// S1 turn, both untimed, so the timed turn starts on a chat of
+    /// `past.len() + 1 + S1_TURN_ITEMS` items.
+    past: Option<Arc<[ChatItem]>>,
+    /// The driving task sleeps [`IDLE`] right before each timed turn, so the arbiter has
+    /// nothing to do and parks (its vCPU goes idle) as it would between a host's calls.
+    idle_before: bool,
+}
+
+/// The pause of [`Setup::idle_before`]; tokio rounds a sleep up to its 1 ms tick.
+const IDLE: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Times `n` turns after `warmup` untimed ones, a fresh session each, set up as `setup`
+/// says.
 async fn measure(
     engine: &Engine,
     scenario: Scenario,
-    inspect: bool,
-    past: Option<Arc<[ChatItem]>>,
+    setup: &Setup,
     n: usize,
     warmup: usize,
     into: &mut Measured,
 ) {
+    let (inspect, past) = (setup.inspect, &setup.past);
     assert!(
         past.is_none() || scenario == Scenario::S1,
         "history is for S1"
@@ -410,6 +430,9 @@ async fn measure(
             // later on the same session, p50 19.5-19.8 µs at 10, 10,000 and 30,000 items.
             session.run("go").await.unwrap();
             session.wait_for_settled().await.unwrap();
+        }
+        if setup.idle_before {
+            tokio::time::sleep(IDLE).await;
         }
         let earlier_requests = llm.request_count();
         let start = Instant::now();
@@ -487,13 +510,12 @@ fn report(label: &str, fields: &str, m: &Measured) {
     );
 }
 
-async fn latency(engine: &Engine, scenario: Scenario, label: &str) {
+async fn latency(engine: &Engine, scenario: Scenario, setup: Setup, label: &str) {
     let mut m = Measured::default();
     measure(
         engine,
         scenario,
-        false,
-        None,
+        &setup,
         env("BENCH_N", 2000),
         env("BENCH_WARMUP", 200),
         &mut m,
@@ -509,8 +531,20 @@ async fn inspect_on_off(engine: &Engine) {
     let warmup = env("BENCH_WARMUP", 200);
     let (mut off, mut on) = (Measured::default(), Measured::default());
     for _ in 0..rounds {
-        measure(engine, Scenario::S1b, false, None, n, warmup, &mut off).await;
-        measure(engine, Scenario::S1b, true, None, n, warmup, &mut on).await;
+        let inspected = Setup {
+            inspect: true,
+            ..Setup::default()
+        };
+        measure(
+            engine,
+            Scenario::S1b,
+            &Setup::default(),
+            n,
+            warmup,
+            &mut off,
+        )
+        .await;
+        measure(engine, Scenario::S1b, &inspected, n, warmup, &mut on).await;
     }
     report("S1b_inspect_off", "", &off);
     report("S1b_inspect_on", "", &on);
@@ -544,8 +578,11 @@ async fn history_sizes(engine: &Engine) {
     let mut measured: Vec<Measured> = SIZES.iter().map(|_| Measured::default()).collect();
     for _ in 0..rounds {
         for (past, into) in pasts.iter().zip(&mut measured) {
-            let past = Some(past.clone());
-            measure(engine, Scenario::S1, false, past, n, warmup, into).await;
+            let setup = Setup {
+                past: Some(past.clone()),
+                ..Setup::default()
+            };
+            measure(engine, Scenario::S1, &setup, n, warmup, into).await;
         }
     }
     let (first_mean, first_p50) = {
@@ -1361,11 +1398,24 @@ fn main() {
             (Scenario::S2, "S2"),
         ] {
             if wanted(label) {
-                latency(&engine, scenario, label).await;
+                latency(&engine, scenario, Setup::default(), label).await;
             }
         }
         if wanted("round_trip") {
             round_trip(None, "round_trip").await;
+        }
+        let idle = Setup {
+            idle_before: true,
+            ..Setup::default()
+        };
+        for (scenario, label) in [
+            (Scenario::S1, "S1_idle"),
+            (Scenario::S1b, "S1b_idle"),
+            (Scenario::S1c, "S1c_idle"),
+        ] {
+            if wanted(label) {
+                latency(&engine, scenario, idle.clone(), label).await;
+            }
         }
         if wanted("S1_history") {
             history_sizes(&engine).await;
@@ -1433,9 +1483,11 @@ fn main() {
         ] {
             if wanted(label) {
                 let engine = engine.clone();
-                tokio::spawn(async move { latency(&engine, scenario, label).await })
-                    .await
-                    .unwrap();
+                tokio::spawn(
+                    async move { latency(&engine, scenario, Setup::default(), label).await },
+                )
+                .await
+                .unwrap();
             }
         }
         for (label, parallel) in [("S4_host", false), ("S4_parallel_host", true)] {
