@@ -1081,18 +1081,11 @@ impl Throughput {
 /// wall time, with the number of rounds and the slowest and fastest round's updates/s. One
 /// round of S4 lasts a few tens of milliseconds, short enough for one descheduling of
 /// the VM to halve it.
-async fn throughput_rounds(
-    engine: &Engine,
-    label: &str,
-    sessions: usize,
-    turns: usize,
-    calls: usize,
-    on_tokio: bool,
-) -> Throughput {
+async fn throughput_rounds(engine: &Engine, label: &str, load: Load) -> Throughput {
     let rounds = env("BENCH_S4_ROUNDS", 5).max(1);
     let mut runs = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        runs.push(throughput(engine, label, sessions, turns, calls, on_tokio).await);
+        runs.push(throughput(engine, label, load).await);
     }
     runs.sort_by(|a, b| a.wall.total_cmp(&b.wall));
     let fastest = runs[0].updates_per_s();
@@ -1102,18 +1095,31 @@ async fn throughput_rounds(
     median
 }
 
+/// The work of one throughput round: named, because S4 and S4_parallel differ only in
+/// which of `turns` and `calls` is 1.
+#[derive(Clone, Copy)]
+struct Load {
+    /// Sessions, all driven at once.
+    sessions: usize,
+    /// Turns per session, one after another.
+    turns: usize,
+    /// Tool calls the model makes in each turn (run in parallel).
+    calls: usize,
+    /// Driven from tasks of the tokio host (`tokio::spawn`) rather than actix tasks.
+    on_tokio: bool,
+}
+
 /// S4: `sessions` sessions started first (untimed, like the peer), then all driven at
 /// once: `turns` turns each of `calls` tool calls with `BENCH_S4_UPDATES` updates per
 /// call. Each turn is `run()` then `wait_for_settled()` (the peer's `run()` waits for the
 /// deferred reply). The clock stops when every session has settled.
-async fn throughput(
-    engine: &Engine,
-    label: &str,
-    sessions: usize,
-    turns: usize,
-    calls: usize,
-    on_tokio: bool,
-) -> Throughput {
+async fn throughput(engine: &Engine, label: &str, load: Load) -> Throughput {
+    let Load {
+        sessions,
+        turns,
+        calls,
+        on_tokio,
+    } = load;
     let updates = env("BENCH_S4_UPDATES", 3);
     let counter = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
     let mut started = Vec::with_capacity(sessions);
@@ -1241,7 +1247,13 @@ async fn arbiter_scaling(label: &str) {
             let engine = Engine::with_arbiters(arbiters).unwrap();
             assert_eq!(engine.arbiters(), arbiters);
             let before = thread_cpu_ns();
-            let t = throughput(&engine, label, sessions, turns, 1, true).await;
+            let load = Load {
+                sessions,
+                turns,
+                calls: 1,
+                on_tokio: true,
+            };
+            let t = throughput(&engine, label, load).await;
             let after = thread_cpu_ns();
             if round > 0 {
                 into.0.push(t.updates_per_s());
@@ -1432,18 +1444,31 @@ fn main() {
             abandoned_sessions(&engine).await;
         }
         let (sessions, calls) = (env("BENCH_S4_SESSIONS", 100), env("BENCH_S4_CALLS", 10));
+        let sequential = Load {
+            sessions,
+            turns: calls,
+            calls: 1,
+            on_tokio: false,
+        };
         if wanted("S4") {
-            throughput_rounds(&engine, "S4", sessions, calls, 1, false)
+            throughput_rounds(&engine, "S4", sequential)
                 .await
                 .print("S4");
         }
         if wanted("S4_1000") {
-            throughput(&engine, "S4_1000", 1000, calls, 1, false)
-                .await
-                .print("S4_1000");
+            let load = Load {
+                sessions: 1000,
+                ..sequential
+            };
+            throughput(&engine, "S4_1000", load).await.print("S4_1000");
         }
         if wanted("S4_parallel") {
-            throughput_rounds(&engine, "S4_parallel", sessions, 1, calls, false)
+            let load = Load {
+                turns: 1,
+                calls,
+                ..sequential
+            };
+            throughput_rounds(&engine, "S4_parallel", load)
                 .await
                 .print("S4_parallel");
         }
@@ -1490,9 +1515,13 @@ fn main() {
             if wanted(label) {
                 let (sessions, calls) = (env("BENCH_S4_SESSIONS", 100), env("BENCH_S4_CALLS", 10));
                 let (turns, per_turn) = if parallel { (1, calls) } else { (calls, 1) };
-                throughput_rounds(&engine, label, sessions, turns, per_turn, true)
-                    .await
-                    .print(label);
+                let load = Load {
+                    sessions,
+                    turns,
+                    calls: per_turn,
+                    on_tokio: true,
+                };
+                throughput_rounds(&engine, label, load).await.print(label);
             }
         }
         if wanted("S3_scale") {
