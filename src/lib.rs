@@ -139,14 +139,15 @@ pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AsyncRunContext,
     BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
     DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
-    Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
-    LlmStream, LlmTimeouts, LlmUsage, MemoryRelease, NoArgs, NullOutput, Playout, PlayoutReporter,
-    Received, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
-    SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SpeechError,
-    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StartingChat,
-    StopResponse, SubTaskOf, TaskError, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError,
-    ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure,
-    UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
+    Handoff, HookContext, IdleRelease, IdleReleased, IdleReleases, InspectError, Inspector, Llm,
+    LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, MemoryRelease,
+    NoArgs, NullOutput, Playout, PlayoutReporter, Received, RunContext, RunResult, SayOptions,
+    Session, SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent,
+    SessionHistory, SessionId, SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
+    SpeechPriority, StartingChat, StopResponse, SubTaskOf, TaskError, TimeoutStage, Tool,
+    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
+    ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState,
+    CONFIRM_DUPLICATE_PARAM,
 };
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the

@@ -8,7 +8,6 @@ use common::{assert_invariant, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::MemoryRelease;
 
 fn search() -> Tool {
     Tool::new(
@@ -86,39 +85,6 @@ async fn sessions_run_on_engine_threads_from_a_tokio_host() {
 fn engine_current_outside_actix_is_a_clear_error() {
     let err = Engine::current().unwrap_err();
     assert!(err.to_string().contains("Engine::start()"), "{err}");
-}
-
-/// The pages of a burst of closed sessions go back to the system when the host asks, and
-/// the engine goes on starting sessions after.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn release_memory_after_a_burst_of_sessions_and_the_engine_goes_on() {
-    let engine = Engine::with_arbiters(2).unwrap();
-    let llm = ScriptedLlm::new([]);
-    llm.otherwise(Reply::text("hello"));
-    let agent = Agent::builder("agent-a").build().unwrap();
-    let start = || Session::builder().llm(llm.clone()).agent(agent.clone());
-    let mut burst = Vec::new();
-    for _ in 0..2_000 {
-        burst.push(start().start(&engine).await.unwrap());
-    }
-    for session in burst {
-        session.close().await.unwrap();
-    }
-
-    let released = engine.release_memory().await;
-    if cfg!(all(target_os = "linux", target_env = "gnu")) {
-        // Two thousand sessions' chunks were freed on the arbiters: glibc has pages to
-        // return.
-        assert_eq!(released, MemoryRelease::Released);
-    } else {
-        assert_eq!(released, MemoryRelease::Unsupported);
-    }
-
-    let session = start().start(&engine).await.unwrap();
-    let result = session.run("hi").await.unwrap();
-    assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
-    session.close().await.unwrap();
-    engine.shutdown();
 }
 
 /// After `shutdown`, starting a session is a clear error, not a handle to nothing.

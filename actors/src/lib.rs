@@ -71,6 +71,7 @@ pub mod tool;
 
 mod activity;
 mod call_ids;
+mod idle_release;
 mod lifecycle;
 mod llm_guard;
 mod mailbox;
@@ -91,6 +92,7 @@ pub use events::{
 };
 pub use handoff::Handoff;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
+pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
 pub use llm::{

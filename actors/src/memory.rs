@@ -7,8 +7,9 @@
 //! per-thread caches, the arbiter's own state), so an arena's top is never free enough to
 //! shrink. The memory is reused by the next sessions, not leaked; only `malloc_trim` hands
 //! it back, and it holds each arena's lock while it walks that arena's free chunks (0.2–0.3
-//! s for 480 MB here). So the engine never calls it by itself: the host asks, at a
-//! moment it chooses, with [`Engine::release_memory`](crate::Engine::release_memory).
+//! s for 480 MB here). So the engine calls it by itself only once it has no live session
+//! left ([`IdleRelease`](crate::IdleRelease)); the host can also ask, at a moment it
+//! chooses, with [`Engine::release_memory`](crate::Engine::release_memory).
 
 /// What [`Engine::release_memory`](crate::Engine::release_memory) did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,8 +47,9 @@ pub(crate) async fn release() -> MemoryRelease {
     }
 }
 
+/// Runs the release on the calling thread, which it blocks for the walk.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn trim() -> MemoryRelease {
+pub(crate) fn trim() -> MemoryRelease {
     extern "C" {
         fn malloc_trim(pad: usize) -> std::os::raw::c_int;
     }
@@ -61,7 +63,8 @@ fn trim() -> MemoryRelease {
     }
 }
 
+/// Runs the release on the calling thread: nothing to do without glibc.
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn trim() -> MemoryRelease {
+pub(crate) fn trim() -> MemoryRelease {
     MemoryRelease::Unsupported
 }

@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use actix::prelude::*;
 
 use crate::error::SessionError;
+use crate::idle_release::{IdleMemory, IdleRelease, IdleReleases, SessionLease};
 use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
 
@@ -37,6 +38,9 @@ struct EngineInner {
     /// moment, and a session started on one then would only find its mailbox gone.
     shut_down: AtomicBool,
     owned: Mutex<Option<OwnedSystem>>,
+    /// Its own `Arc`: each running session holds it, and must not keep the engine (and so
+    /// its threads) alive after the host dropped its last handle.
+    idle: Arc<IdleMemory>,
 }
 
 #[derive(Debug)]
@@ -91,6 +95,7 @@ impl Engine {
                     system,
                     thread: Some(thread),
                 })),
+                idle: IdleMemory::new(),
             }),
         })
     }
@@ -110,6 +115,7 @@ impl Engine {
                 sessions: AtomicU64::new(0),
                 shut_down: AtomicBool::new(false),
                 owned: Mutex::new(None),
+                idle: IdleMemory::new(),
             }),
         })
     }
@@ -163,7 +169,49 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub async fn release_memory(&self) -> MemoryRelease {
+        self.inner.idle.released_by_host();
         memory::release().await
+    }
+
+    /// Sets when the engine gives the memory of closed sessions back by itself (default
+    /// [`IdleRelease::DEFAULT`]: once no session is live, after 1,000 have gone). Applies
+    /// from the next session that goes.
+    ///
+    /// ```
+    /// # fn demo(engine: &switchboard_actors::Engine) {
+    /// use switchboard_actors::IdleRelease;
+    /// // This host trims at moments of its own choosing, with `release_memory()`.
+    /// engine.set_idle_release(IdleRelease::Never);
+    /// assert_eq!(engine.idle_release(), IdleRelease::Never);
+    /// # }
+    /// ```
+    pub fn set_idle_release(&self, policy: IdleRelease) {
+        self.inner.idle.set_policy(policy);
+    }
+
+    /// When the engine gives memory back by itself (see [`Engine::set_idle_release`]).
+    pub fn idle_release(&self) -> IdleRelease {
+        self.inner.idle.policy()
+    }
+
+    /// The releases the engine makes by itself from now on, for a host that logs them or
+    /// measures RSS after one.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: switchboard_actors::Engine, calls: Vec<switchboard_actors::Session>)
+    /// # -> Result<(), switchboard_actors::SessionError> {
+    /// let mut releases = engine.idle_releases();
+    /// for session in calls {
+    ///     session.close().await?;
+    /// }
+    /// // The last session is gone: the engine trims on a thread of its own.
+    /// if let Some(done) = releases.next().await {
+    ///     println!("{} sessions gone, {:?}", done.sessions_gone, done.release);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn idle_releases(&self) -> IdleReleases {
+        self.inner.idle.subscribe()
     }
 
     pub(crate) fn next_session_id(&self) -> SessionId {
@@ -171,25 +219,29 @@ impl Engine {
         SessionId::new(format!("s{n}"))
     }
 
-    /// Starts an actor on the next arbiter, round robin; `make` builds it inside its own
-    /// context (so it can hand out links to itself).
-    pub(crate) fn start_actor<A, F>(&self, make: F) -> Result<Addr<A>, SessionError>
+    /// Starts a session's actor on the next arbiter, round robin; `make` builds it inside
+    /// its own context (so it can hand out links to itself) and keeps the lease that counts
+    /// the session as live for [`IdleRelease`] until the actor is dropped.
+    pub(crate) fn start_session_actor<A, F>(&self, make: F) -> Result<Addr<A>, SessionError>
     where
         A: Actor<Context = Context<A>>,
-        F: FnOnce(&mut Context<A>) -> A + Send + 'static,
+        F: FnOnce(&mut Context<A>, SessionLease) -> A + Send + 'static,
     {
         if self.inner.shut_down.load(Ordering::Acquire) {
             return Err(SessionError::Engine("the engine has shut down".into()));
         }
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
         let arbiter = &self.inner.arbiters[index];
+        // Counts the session as live from here until the actor drops it, or the job drops
+        // it if the arbiter never runs it.
+        let lease = self.inner.idle.lease();
         // What `Actor::start_in_arbiter` does, but it drops the arbiter's answer to whether
         // it took the job; asking that with a job of its own cost a second message (and
         // task) on the arbiter per session.
         let (tx, rx) = actix::dev::channel::channel(MAILBOX_CAPACITY);
         let taken = arbiter.spawn_fn(move || {
             let mut ctx = Context::with_receiver(rx);
-            let actor = make(&mut ctx);
+            let actor = make(&mut ctx, lease);
             actix::spawn(ctx.into_future(actor));
         });
         if !taken {

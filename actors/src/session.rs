@@ -52,6 +52,7 @@ use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
+use crate::idle_release::SessionLease;
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
@@ -309,6 +310,9 @@ pub(crate) struct SessionActor {
     deliveries_seen: u64,
     deliveries_in_flight: usize,
     away_timer: Option<SpawnHandle>,
+    /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
+    /// counts the session as gone.
+    _lease: SessionLease,
     _alive: AliveToken,
 }
 
@@ -320,7 +324,7 @@ impl SessionActor {
         probe: Arc<Probe>,
         first_agent: (Agent, Arc<dyn Llm>),
         toolsets: Vec<Toolset>,
-        alive: AliveToken,
+        (lease, alive): (SessionLease, AliveToken),
     ) -> Self {
         let links = Arc::new(SessionLinks {
             session: Mailbox::new(ctx.address(), probe.clone()),
@@ -340,6 +344,7 @@ impl SessionActor {
             deliveries_seen: 0,
             deliveries_in_flight: 0,
             away_timer: None,
+            _lease: lease,
             _alive: alive,
         }
     }

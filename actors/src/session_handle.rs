@@ -720,8 +720,15 @@ impl SessionBuilder {
         let toolsets = self.toolsets;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
-        let addr = engine.start_actor(move |ctx| {
-            SessionActor::new(ctx, actor_shared, actor_probe, first, toolsets, alive)
+        let addr = engine.start_session_actor(move |ctx, lease| {
+            SessionActor::new(
+                ctx,
+                actor_shared,
+                actor_probe,
+                first,
+                toolsets,
+                (lease, alive),
+            )
         })?;
         let session = Session {
             host: Arc::new(Host {

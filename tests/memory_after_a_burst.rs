@@ -1,0 +1,162 @@
+//! The memory of closed sessions goes back to the system: by the engine itself once its
+//! last session is gone (`IdleRelease`), or when the host asks (`release_memory`).
+//! Driven from a tokio host, as a server would; the release runs on a real thread, so
+//! waits are bounded in real time and fail saying what they waited for.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use switchboard::prelude::*;
+use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease, SessionBuilder};
+
+/// Far above a release's few milliseconds; only reached if the release never comes.
+const BOUND: Duration = Duration::from_secs(20);
+
+fn after(n: u64) -> IdleRelease {
+    IdleRelease::AfterClosing(NonZeroU64::new(n).unwrap())
+}
+
+fn engine_and_sessions() -> (Engine, impl Fn() -> SessionBuilder) {
+    let engine = Engine::with_arbiters(2).unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.otherwise(Reply::text("hello"));
+    let agent = Agent::builder("agent-a").build().unwrap();
+    let start = move || Session::builder().llm(llm.clone()).agent(agent.clone());
+    (engine, start)
+}
+
+async fn start_n(engine: &Engine, start: &impl Fn() -> SessionBuilder, n: usize) -> Vec<Session> {
+    let mut sessions = Vec::new();
+    for _ in 0..n {
+        sessions.push(start().start(engine).await.unwrap());
+    }
+    sessions
+}
+
+async fn close_all(sessions: Vec<Session>) {
+    for session in sessions {
+        session.close().await.unwrap();
+    }
+}
+
+async fn next_release(releases: &mut IdleReleases, waiting_for: &str) -> IdleReleased {
+    match tokio::time::timeout(BOUND, releases.next()).await {
+        Ok(Some(released)) => released,
+        Ok(None) => panic!("the engine was dropped while waiting for {waiting_for}"),
+        Err(_) => panic!("no idle release within {BOUND:?}: waited for {waiting_for}"),
+    }
+}
+
+fn assert_allocator_answered(release: MemoryRelease) {
+    if cfg!(all(target_os = "linux", target_env = "gnu")) {
+        assert_ne!(release, MemoryRelease::Unsupported);
+    } else {
+        assert_eq!(release, MemoryRelease::Unsupported);
+    }
+}
+
+#[test]
+fn an_engine_releases_by_itself_after_a_thousand_sessions_by_default() {
+    let engine = Engine::with_arbiters(1).unwrap();
+    assert_eq!(engine.idle_release(), after(1000));
+    assert_eq!(IdleRelease::default(), IdleRelease::DEFAULT);
+    engine.set_idle_release(IdleRelease::Never);
+    assert_eq!(engine.idle_release(), IdleRelease::Never);
+    engine.shutdown();
+}
+
+/// The release waits for both conditions: no live session, and enough gone since the last
+/// one. Which sessions it covered tells when it ran: a release at a wrong moment would
+/// have reported fewer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_releases_once_its_last_session_is_gone_and_enough_have_gone() {
+    let (engine, start) = engine_and_sessions();
+    engine.set_idle_release(after(4));
+    let mut releases = engine.idle_releases();
+
+    // Two gone, none live: too few for a release.
+    close_all(start_n(&engine, &start, 2).await).await;
+    // Three live; two of them go (four gone in all), but one is still live.
+    let mut three = start_n(&engine, &start, 3).await;
+    let last = three.pop().unwrap();
+    close_all(three).await;
+    // The last one goes: five gone, none live.
+    let result = last.run("hi").await.unwrap();
+    assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
+    last.close().await.unwrap();
+
+    let released = next_release(&mut releases, "the release after the fifth session").await;
+    assert_eq!(released.sessions_gone, 5, "{released:?}");
+    assert_allocator_answered(released.release);
+
+    // The count starts again after a release, and the engine goes on.
+    close_all(start_n(&engine, &start, 4).await).await;
+    let released = next_release(&mut releases, "the release after four more").await;
+    assert_eq!(released.sessions_gone, 4, "{released:?}");
+    engine.shutdown();
+}
+
+/// `Never` holds the engine back however many sessions go, and a release the host asks
+/// for restarts the count, so the engine does not trim again right after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_and_a_host_release_hold_the_engine_release_back() {
+    let (engine, start) = engine_and_sessions();
+    let mut releases = engine.idle_releases();
+
+    engine.set_idle_release(IdleRelease::Never);
+    close_all(start_n(&engine, &start, 3).await).await;
+    engine.set_idle_release(after(3));
+    // Three gone under `Never`, but counted: the next session going is the moment.
+    close_all(start_n(&engine, &start, 1).await).await;
+    let released = next_release(&mut releases, "the release after the fourth session").await;
+    assert_eq!(released.sessions_gone, 4, "{released:?}");
+
+    close_all(start_n(&engine, &start, 2).await).await;
+    assert_allocator_answered(engine.release_memory().await);
+    // Two gone before the host's release no longer count: it takes three more.
+    close_all(start_n(&engine, &start, 2).await).await;
+    close_all(start_n(&engine, &start, 1).await).await;
+    let released = next_release(&mut releases, "the release after three more").await;
+    assert_eq!(released.sessions_gone, 3, "{released:?}");
+    engine.shutdown();
+}
+
+/// The pages of a burst of closed sessions go back to the system when the host asks, and
+/// the engine goes on starting sessions after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_memory_after_a_burst_of_sessions_and_the_engine_goes_on() {
+    let (engine, start) = engine_and_sessions();
+    // The host trims itself; the engine's own release would race it for the free pages.
+    engine.set_idle_release(IdleRelease::Never);
+    close_all(start_n(&engine, &start, 2_000).await).await;
+
+    let released = engine.release_memory().await;
+    if cfg!(all(target_os = "linux", target_env = "gnu")) {
+        // Two thousand sessions' chunks were freed on the arbiters: glibc has pages to
+        // return.
+        assert_eq!(released, MemoryRelease::Released);
+    } else {
+        assert_eq!(released, MemoryRelease::Unsupported);
+    }
+
+    let session = start().start(&engine).await.unwrap();
+    let result = session.run("hi").await.unwrap();
+    assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
+    session.close().await.unwrap();
+    engine.shutdown();
+}
+
+/// A release needs the engine's own count, not the host's handles: dropping every handle
+/// without `close()` counts the sessions as gone once their actors are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_sessions_count_as_gone_once_their_actors_are() {
+    let (engine, start) = engine_and_sessions();
+    engine.set_idle_release(after(3));
+    let mut releases = engine.idle_releases();
+    drop(start_n(&engine, &start, 3).await);
+    let released = next_release(&mut releases, "the release after three dropped sessions").await;
+    assert_eq!(released.sessions_gone, 3, "{released:?}");
+    engine.shutdown();
+}
