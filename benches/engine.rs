@@ -40,8 +40,9 @@
 //!   rounds). The goal: the turn costs the same, within 20 %, at every size.
 //! - `S3_scale`: `BENCH_SCALE_SESSIONS` idle sessions in one process, started and closed
 //!   from `BENCH_SCALE_TASKS` tasks of a tokio host over `Engine::start()`'s arbiters:
-//!   start and close rates, RSS per session, RSS after close and after
-//!   `Engine::release_memory`, the same for a second batch, and (in a third, inspected
+//!   start and close rates, RSS per session, RSS after the engine's own release once the
+//!   last session is gone (`IdleRelease`, the default), a second batch with that off:
+//!   RSS after close and after `Engine::release_memory`, and (in a third, inspected
 //!   batch) the live actors while held and after close.
 //! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
 //! - `S4_arbiters`: S4 (`BENCH_ARBITER_TURNS` turns per session, default 30) from a
@@ -59,8 +60,8 @@ use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{
-    AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
-    SessionBuilder, ToolCallChunk, ToolChoice,
+    AgentBuilder, ChatItem, ChatRole, IdleRelease, LlmChunk, LlmError, LlmRequest, LlmStream,
+    NoArgs, SessionBuilder, ToolCallChunk, ToolChoice,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -715,12 +716,14 @@ async fn close_many(sessions: Vec<Vec<Session>>) -> f64 {
 /// one agent and one model, as an embedding shares its provider client (S3 gives each
 /// session a model of its own). Three batches, each started in full and then closed:
 ///
-/// 1. inspection off (the default): start and close rates, RSS growth per session, RSS
-///    after close (glibc keeps the freed pages) and after `Engine::release_memory` (how
-///    long it took), both against RSS before the batch (itself taken after a release, so
-///    that memory freed by earlier scenarios does not absorb the growth);
-/// 2. the same again: RSS after close shows whether the pages are reused (about the first
-///    batch's) or leaked (growing), then after a second release;
+/// 1. the engine as a host gets it: start and close rates, RSS growth per session, and
+///    RSS once the engine has released by itself (`IdleRelease::DEFAULT`: the last
+///    session is gone) with how long after the last `close()` returned that came, against
+///    RSS before the batch (itself taken after a release, so that memory freed by earlier
+///    scenarios does not absorb the growth);
+/// 2. the same with `IdleRelease::Never`: RSS after close shows what the allocator keeps
+///    without a release, and whether the pages are reused (about the first batch's peak)
+///    or leaked (growing); then `Engine::release_memory`, how long it took, RSS after;
 /// 3. inspection on (journal of 1 message per actor), only to count live actors: while
 ///    the sessions are held, and after they closed. Its RSS includes the journals.
 async fn scale(engine: &Engine) {
@@ -739,6 +742,7 @@ async fn scale(engine: &Engine) {
             .inspect(true)
             .journal_capacity(1)
     };
+    let policy = engine.idle_release();
     // Warm the code paths and each thread's allocator outside the measurement.
     let (warm, _) = start_many(engine, plain.clone(), tasks * 4, tasks).await;
     close_many(warm).await;
@@ -746,21 +750,30 @@ async fn scale(engine: &Engine) {
     engine.release_memory().await;
 
     let before = rss_kib();
+    let mut releases = engine.idle_releases();
     let (sessions, start_wall) = start_many(engine, plain.clone(), count, tasks).await;
     let with_them = rss_kib();
     assert_eq!(sessions.iter().map(Vec::len).sum::<usize>(), count);
     let close_wall = close_many(sessions).await;
+    let closed_at = Instant::now();
+    // Bounded: a session another scenario left live would hold the release back for ever.
+    let idle = tokio::time::timeout(std::time::Duration::from_secs(60), releases.next())
+        .await
+        .expect("no idle release within 60 s of the last close: is a session still live?")
+        .expect("the engine is alive");
+    let idle_release_ms = closed_at.elapsed().as_secs_f64() * 1e3;
+    let after_idle_release = rss_kib();
+
+    engine.set_idle_release(IdleRelease::Never);
+    let (again, _) = start_many(engine, plain, count, tasks).await;
+    let with_second = rss_kib();
+    close_many(again).await;
     let after_close = rss_kib();
     let release_wall = Instant::now();
     let released = engine.release_memory().await;
     let release_ms = release_wall.elapsed().as_secs_f64() * 1e3;
     let after_release = rss_kib();
-
-    let (again, _) = start_many(engine, plain, count, tasks).await;
-    close_many(again).await;
-    let after_second = rss_kib();
-    engine.release_memory().await;
-    let after_second_release = rss_kib();
+    engine.set_idle_release(policy);
 
     let (sessions, _) = start_many(engine, inspected, count, tasks).await;
     let rss_inspected = rss_kib();
@@ -778,17 +791,19 @@ async fn scale(engine: &Engine) {
 
     let growth = with_them.saturating_sub(before);
     println!(
-        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"release_memory":"{released:?}","release_ms":{release_ms:.1},"rss_after_release_kib":{after_release},"rss_after_release_over_before":{:.3},"rss_after_second_batch_kib":{after_second},"rss_after_second_release_kib":{after_second_release},"rss_after_second_release_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
+        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"idle_release":"{:?}","idle_release_sessions_gone":{},"idle_release_ms":{idle_release_ms:.1},"rss_after_idle_release_kib":{after_idle_release},"rss_after_idle_release_over_before":{:.3},"rss_with_second_batch_kib":{with_second},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"release_memory":"{released:?}","release_ms":{release_ms:.1},"rss_after_release_kib":{after_release},"rss_after_release_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
         engine.arbiters(),
         count as f64 / start_wall,
         count as f64 / close_wall,
         growth as f64 / count as f64,
+        idle.release,
+        idle.sessions_gone,
+        after_idle_release as f64 / before as f64,
         after_close as f64 / before as f64,
         after_close.saturating_sub(before) as f64 / growth.max(1) as f64,
         after_release as f64 / before as f64,
-        after_second_release as f64 / before as f64,
         live_held as f64 / count as f64,
-        rss_inspected.saturating_sub(after_second_release) as f64 / count as f64,
+        rss_inspected.saturating_sub(after_release) as f64 / count as f64,
     );
 }
 

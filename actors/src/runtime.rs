@@ -169,8 +169,29 @@ impl Engine {
     /// # Ok(()) }
     /// ```
     pub async fn release_memory(&self) -> MemoryRelease {
+        self.drain_arbiters().await;
         self.inner.idle.released_by_host();
         memory::release().await
+    }
+
+    /// Waits until each arbiter has run a job queued now: what a `close()` that just
+    /// returned left for an arbiter to drop (the session's context, its mailbox) is freed
+    /// before the walk, or its pages would stay with the allocator.
+    async fn drain_arbiters(&self) {
+        let queued: Vec<_> = self
+            .inner
+            .arbiters
+            .iter()
+            .filter_map(|arbiter| {
+                let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                // A stopped arbiter takes no job; there is nothing of it to wait for.
+                arbiter.spawn_fn(move || drop(tx.send(()))).then_some(rx)
+            })
+            .collect();
+        for ran in queued {
+            // An error means the arbiter stopped with the job unrun: nothing left to wait for.
+            let _ = ran.await;
+        }
     }
 
     /// Sets when the engine gives the memory of closed sessions back by itself (default
