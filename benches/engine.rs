@@ -791,13 +791,13 @@ async fn scale(engine: &Engine) {
 
     let growth = with_them.saturating_sub(before);
     println!(
-        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"idle_release":"{:?}","idle_release_sessions_gone":{},"idle_release_ms":{idle_release_ms:.1},"rss_after_idle_release_kib":{after_idle_release},"rss_after_idle_release_over_before":{:.3},"rss_with_second_batch_kib":{with_second},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"release_memory":"{released:?}","release_ms":{release_ms:.1},"rss_after_release_kib":{after_release},"rss_after_release_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
+        r#"{{"scenario":"S3_scale","sessions":{count},"tasks":{tasks},"arbiters":{},"start_wall_s":{start_wall:.3},"start_per_s":{:.0},"close_wall_s":{close_wall:.3},"close_per_s":{:.0},"rss_before_kib":{before},"rss_with_sessions_kib":{with_them},"rss_per_session_kib":{:.2},"idle_release":"{:?}","idle_release_peak_live":{},"idle_release_ms":{idle_release_ms:.1},"rss_after_idle_release_kib":{after_idle_release},"rss_after_idle_release_over_before":{:.3},"rss_with_second_batch_kib":{with_second},"rss_after_close_kib":{after_close},"rss_after_close_over_before":{:.3},"rss_kept_of_growth":{:.3},"release_memory":"{released:?}","release_ms":{release_ms:.1},"rss_after_release_kib":{after_release},"rss_after_release_over_before":{:.3},"live_actors_held":{live_held},"live_actors_per_session":{:.2},"live_actors_after_close":{live_after},"rss_with_inspected_sessions_kib":{rss_inspected},"rss_per_inspected_session_kib":{:.2},"rss_after_inspected_batch_kib":{after_inspected}}}"#,
         engine.arbiters(),
         count as f64 / start_wall,
         count as f64 / close_wall,
         growth as f64 / count as f64,
         idle.release,
-        idle.sessions_gone,
+        idle.peak_live,
         after_idle_release as f64 / before as f64,
         after_close as f64 / before as f64,
         after_close.saturating_sub(before) as f64 / growth.max(1) as f64,

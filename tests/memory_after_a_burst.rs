@@ -15,7 +15,7 @@ use switchboard::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease, Sessio
 const BOUND: Duration = Duration::from_secs(20);
 
 fn after(n: u64) -> IdleRelease {
-    IdleRelease::AfterClosing(NonZeroU64::new(n).unwrap())
+    IdleRelease::AfterPeak(NonZeroU64::new(n).unwrap())
 }
 
 fn engine_and_sessions() -> (Engine, impl Fn() -> SessionBuilder) {
@@ -67,39 +67,43 @@ fn an_engine_releases_by_itself_after_a_thousand_sessions_by_default() {
     engine.shutdown();
 }
 
-/// The release waits for both conditions: no live session, and enough gone since the last
-/// one. Which sessions it covered tells when it ran: a release at a wrong moment would
-/// have reported fewer.
+/// The release waits for both conditions: no live session, after a peak of enough live at
+/// once. The report says which release it is and the peak it followed: a release at a
+/// wrong moment would have come first, with a lower peak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_engine_releases_once_its_last_session_is_gone_and_enough_have_gone() {
+async fn the_engine_releases_once_its_last_session_is_gone_after_a_high_enough_peak() {
     let (engine, start) = engine_and_sessions();
-    engine.set_idle_release(after(4));
+    engine.set_idle_release(after(3));
     let mut releases = engine.idle_releases();
 
-    // Two gone, none live: too few for a release.
+    // A peak of two, then none live: too low for a release.
     close_all(start_n(&engine, &start, 2).await).await;
-    // Three live; two of them go (four gone in all), but one is still live.
+    // Sessions one after another never raise the peak, however many go.
+    for _ in 0..5 {
+        close_all(start_n(&engine, &start, 1).await).await;
+    }
+    // A peak of three; two go, but one is still live.
     let mut three = start_n(&engine, &start, 3).await;
     let last = three.pop().unwrap();
     close_all(three).await;
-    // The last one goes: five gone, none live.
     let result = last.run("hi").await.unwrap();
     assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
+    // The last one goes: none live after a peak of three.
     last.close().await.unwrap();
 
-    let released = next_release(&mut releases, "the release after the fifth session").await;
-    assert_eq!(released.sessions_gone, 5, "{released:?}");
+    let released = next_release(&mut releases, "the release after the peak of three").await;
+    assert_eq!((released.nth, released.peak_live), (1, 3), "{released:?}");
     assert_allocator_answered(released.release);
 
-    // The count starts again after a release, and the engine goes on.
+    // The peak starts again after a release, and the engine goes on.
     close_all(start_n(&engine, &start, 4).await).await;
-    let released = next_release(&mut releases, "the release after four more").await;
-    assert_eq!(released.sessions_gone, 4, "{released:?}");
+    let released = next_release(&mut releases, "the release after a peak of four").await;
+    assert_eq!((released.nth, released.peak_live), (2, 4), "{released:?}");
     engine.shutdown();
 }
 
-/// `Never` holds the engine back however many sessions go, and a release the host asks
-/// for restarts the count, so the engine does not trim again right after it.
+/// `Never` holds the engine back whatever the peak, and a release the host asks for
+/// restarts the peak, so the engine does not trim again right after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_and_a_host_release_hold_the_engine_release_back() {
     let (engine, start) = engine_and_sessions();
@@ -108,18 +112,20 @@ async fn never_and_a_host_release_hold_the_engine_release_back() {
     engine.set_idle_release(IdleRelease::Never);
     close_all(start_n(&engine, &start, 3).await).await;
     engine.set_idle_release(after(3));
-    // Three gone under `Never`, but counted: the next session going is the moment.
+    // The peak of three under `Never` still counts: the next drain is the moment.
     close_all(start_n(&engine, &start, 1).await).await;
-    let released = next_release(&mut releases, "the release after the fourth session").await;
-    assert_eq!(released.sessions_gone, 4, "{released:?}");
+    let released = next_release(&mut releases, "the release after the peak under Never").await;
+    assert_eq!((released.nth, released.peak_live), (1, 3), "{released:?}");
 
-    close_all(start_n(&engine, &start, 2).await).await;
+    engine.set_idle_release(IdleRelease::Never);
+    close_all(start_n(&engine, &start, 3).await).await;
     assert_allocator_answered(engine.release_memory().await);
-    // Two gone before the host's release no longer count: it takes three more.
-    close_all(start_n(&engine, &start, 2).await).await;
+    engine.set_idle_release(after(3));
+    // The peak of three before the host's release no longer counts.
     close_all(start_n(&engine, &start, 1).await).await;
-    let released = next_release(&mut releases, "the release after three more").await;
-    assert_eq!(released.sessions_gone, 3, "{released:?}");
+    close_all(start_n(&engine, &start, 3).await).await;
+    let released = next_release(&mut releases, "the release after a new peak of three").await;
+    assert_eq!((released.nth, released.peak_live), (2, 3), "{released:?}");
     engine.shutdown();
 }
 
@@ -157,6 +163,6 @@ async fn abandoned_sessions_count_as_gone_once_their_actors_are() {
     let mut releases = engine.idle_releases();
     drop(start_n(&engine, &start, 3).await);
     let released = next_release(&mut releases, "the release after three dropped sessions").await;
-    assert_eq!(released.sessions_gone, 3, "{released:?}");
+    assert_eq!((released.nth, released.peak_live), (1, 3), "{released:?}");
     engine.shutdown();
 }

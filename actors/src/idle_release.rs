@@ -4,10 +4,13 @@
 //! memory here), so run after some close while other sessions are live it would stall
 //! their arbiter. Once the engine's last session is gone no arbiter has a session to
 //! stall, and a burst that has just drained is exactly when the pages are worth handing
-//! back. So the engine counts its live sessions and the sessions gone since the last
-//! release, and when the count of live ones falls to zero with enough gone
-//! ([`IdleRelease`]) it trims on a thread of its own. Checking twice (at the drop and again
-//! on the release thread) keeps a session started meanwhile from being stalled by it.
+//! back. So the engine counts its live sessions and the most that were live at once since
+//! the last release, and when the count falls to zero after a high enough peak
+//! ([`IdleRelease`]) it trims on a thread of its own. The peak, not the number of sessions
+//! gone, is the measure: sessions one after another reuse the same memory and leave
+//! nothing to give back, and a release returns pages the next sessions fault in again.
+//! Checking twice (at the drop and again on the release thread) keeps a session started
+//! meanwhile from being stalled by it.
 
 use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -30,38 +33,39 @@ use crate::memory::{self, MemoryRelease};
 pub enum IdleRelease {
     /// The engine never releases by itself.
     Never,
-    /// When the engine's last live session is gone and at least this many sessions have
-    /// gone since the last release (by the engine or by the host). A few sessions leave
-    /// little to give back (4.8 KiB each when idle), so a steady trickle of calls that
-    /// passes through zero does not trim after each one.
-    AfterClosing(NonZeroU64),
+    /// When the engine's last live session is gone, if at least this many were live at
+    /// once since the last release (by the engine or by the host). Sessions that follow
+    /// each other reuse one another's memory, so a trickle of calls that passes through
+    /// zero never trims; a peak of this many leaves about this many idle sessions' memory
+    /// (4.8 KiB each) to give back.
+    AfterPeak(NonZeroU64),
 }
 
 impl IdleRelease {
-    /// The engines' default: `AfterClosing(1000)`, about 5 MB of idle sessions.
+    /// The engines' default: `AfterPeak(1000)`, about 5 MB of idle sessions.
     pub const DEFAULT: Self = match NonZeroU64::new(1000) {
-        Some(n) => Self::AfterClosing(n),
+        Some(n) => Self::AfterPeak(n),
         None => Self::Never,
     };
 
-    /// Whether a session going now, leaving `live` sessions and `gone` sessions gone since
-    /// the last release, is the moment to release.
-    fn releases_at(self, live: u64, gone: u64) -> bool {
+    /// Whether a session going now, leaving `live` sessions after a `peak` of live ones
+    /// since the last release, is the moment to release.
+    fn releases_at(self, live: u64, peak: u64) -> bool {
         match self {
             Self::Never => false,
-            Self::AfterClosing(enough) => live == 0 && gone >= enough.get(),
+            Self::AfterPeak(enough) => live == 0 && peak >= enough.get(),
         }
     }
 
     fn encode(self) -> u64 {
         match self {
             Self::Never => 0,
-            Self::AfterClosing(n) => n.get(),
+            Self::AfterPeak(n) => n.get(),
         }
     }
 
     fn decode(raw: u64) -> Self {
-        NonZeroU64::new(raw).map_or(Self::Never, Self::AfterClosing)
+        NonZeroU64::new(raw).map_or(Self::Never, Self::AfterPeak)
     }
 }
 
@@ -74,8 +78,10 @@ impl Default for IdleRelease {
 /// A release the engine made by itself, as [`IdleReleases`] reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdleReleased {
-    /// How many sessions had gone since the release before this one.
-    pub sessions_gone: u64,
+    /// Which of the engine's own releases this is, from 1.
+    pub nth: u64,
+    /// The most sessions live at once since the release before this one.
+    pub peak_live: u64,
     /// What the allocator did.
     pub release: MemoryRelease,
 }
@@ -97,12 +103,14 @@ impl IdleReleases {
     }
 }
 
-/// An engine's count of live sessions and of sessions gone since the last release.
+/// An engine's count of live sessions and their peak since the last release.
 #[derive(Debug)]
 pub(crate) struct IdleMemory {
     policy: AtomicU64,
     live: AtomicU64,
-    gone: AtomicU64,
+    peak: AtomicU64,
+    /// Releases made so far; only the release thread (one at a time) writes it.
+    made: AtomicU64,
     /// A release thread is running; one at a time covers every session gone before it.
     releasing: AtomicBool,
     reports: watch::Sender<Option<IdleReleased>>,
@@ -113,7 +121,8 @@ impl IdleMemory {
         Arc::new(Self {
             policy: AtomicU64::new(IdleRelease::DEFAULT.encode()),
             live: AtomicU64::new(0),
-            gone: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            made: AtomicU64::new(0),
             releasing: AtomicBool::new(false),
             reports: watch::Sender::new(None),
         })
@@ -135,19 +144,22 @@ impl IdleMemory {
 
     /// A session about to start; it counts as live until the lease is dropped.
     pub(crate) fn lease(self: &Arc<Self>) -> SessionLease {
-        self.live.fetch_add(1, Ordering::AcqRel);
+        let live = self.live.fetch_add(1, Ordering::AcqRel) + 1;
+        self.peak.fetch_max(live, Ordering::AcqRel);
         SessionLease(self.clone())
     }
 
-    /// The host released: sessions gone before it no longer count toward the next one.
+    /// The host released: the peak before it no longer counts toward the next release;
+    /// the sessions live now still do, their memory is not free yet.
     pub(crate) fn released_by_host(&self) {
-        self.gone.store(0, Ordering::Release);
+        self.peak
+            .store(self.live.load(Ordering::Acquire), Ordering::Release);
     }
 
     fn session_gone(self: &Arc<Self>) {
-        let gone = self.gone.fetch_add(1, Ordering::AcqRel) + 1;
         let live = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
-        if !self.policy().releases_at(live, gone) || self.releasing.swap(true, Ordering::AcqRel) {
+        let peak = self.peak.load(Ordering::Acquire);
+        if !self.policy().releases_at(live, peak) || self.releasing.swap(true, Ordering::AcqRel) {
             return;
         }
         let memory = self.clone();
@@ -164,10 +176,12 @@ impl IdleMemory {
     /// arena lock, so the release is left to the next time the engine drains.
     fn release_if_still_idle(&self) {
         if self.live.load(Ordering::Acquire) == 0 {
-            let sessions_gone = self.gone.swap(0, Ordering::AcqRel);
+            let peak_live = self.peak.swap(0, Ordering::AcqRel);
             let release = memory::trim();
+            let nth = self.made.fetch_add(1, Ordering::AcqRel) + 1;
             self.reports.send_replace(Some(IdleReleased {
-                sessions_gone,
+                nth,
+                peak_live,
                 release,
             }));
         }
@@ -191,14 +205,14 @@ mod tests {
     use super::*;
 
     fn after(n: u64) -> IdleRelease {
-        IdleRelease::AfterClosing(NonZeroU64::new(n).unwrap())
+        IdleRelease::AfterPeak(NonZeroU64::new(n).unwrap())
     }
 
     #[test]
-    fn releases_only_when_no_session_is_live_and_enough_have_gone() {
+    fn releases_only_when_no_session_is_live_after_a_high_enough_peak() {
         assert!(after(3).releases_at(0, 3));
         assert!(after(3).releases_at(0, 10));
-        assert!(!after(3).releases_at(0, 2), "too few gone");
+        assert!(!after(3).releases_at(0, 2), "too low a peak");
         assert!(!after(3).releases_at(1, 10), "a session is still live");
         assert!(!IdleRelease::Never.releases_at(0, u64::MAX));
     }

@@ -185,7 +185,11 @@ impl Engine {
             .filter_map(|arbiter| {
                 let (tx, rx) = tokio::sync::oneshot::channel::<()>();
                 // A stopped arbiter takes no job; there is nothing of it to wait for.
-                arbiter.spawn_fn(move || drop(tx.send(()))).then_some(rx)
+                arbiter
+                    .spawn_fn(move || {
+                        let _ = tx.send(());
+                    })
+                    .then_some(rx)
             })
             .collect();
         for ran in queued {
@@ -195,7 +199,7 @@ impl Engine {
     }
 
     /// Sets when the engine gives the memory of closed sessions back by itself (default
-    /// [`IdleRelease::DEFAULT`]: once no session is live, after 1,000 have gone). Applies
+    /// [`IdleRelease::DEFAULT`]: once no session is live, after a peak of 1,000). Applies
     /// from the next session that goes.
     ///
     /// ```
@@ -227,7 +231,7 @@ impl Engine {
     /// }
     /// // The last session is gone: the engine trims on a thread of its own.
     /// if let Some(done) = releases.next().await {
-    ///     println!("{} sessions gone, {:?}", done.sessions_gone, done.release);
+    ///     println!("release {} after a peak of {}: {:?}", done.nth, done.peak_live, done.release);
     /// }
     /// # Ok(()) }
     /// ```
