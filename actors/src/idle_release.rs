@@ -25,8 +25,9 @@ use crate::memory::{self, MemoryRelease};
 ///
 /// A release runs glibc's `malloc_trim` for the whole process (see [`crate::memory`]), on a
 /// thread of its own, only once the engine has no live session: the moment a traffic peak
-/// has fully drained. Allocations in an arena wait while it is walked, so a host that
-/// keeps large free memory of its own and cannot afford that pause chooses
+/// has fully drained. Allocations in an arena wait while it is walked (0.2–0.3 s after
+/// 100,000 idle sessions here), a session started during the walk included, so a host
+/// that keeps large free memory of its own or cannot afford that pause chooses
 /// [`IdleRelease::Never`] and calls [`Engine::release_memory`](crate::Engine::release_memory)
 /// when it suits it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,7 +112,7 @@ pub(crate) struct IdleMemory {
     peak: AtomicU64,
     /// Releases made so far; only the release thread (one at a time) writes it.
     made: AtomicU64,
-    /// A release thread is running; one at a time covers every session gone before it.
+    /// A release thread is running; one at a time, since one walk frees all there is.
     releasing: AtomicBool,
     reports: watch::Sender<Option<IdleReleased>>,
 }
@@ -157,6 +158,7 @@ impl IdleMemory {
     }
 
     fn session_gone(self: &Arc<Self>) {
+        // Never below zero: every lease was counted in by `lease()`.
         let live = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
         let peak = self.peak.load(Ordering::Acquire);
         if !self.policy().releases_at(live, peak) || self.releasing.swap(true, Ordering::AcqRel) {
@@ -176,7 +178,10 @@ impl IdleMemory {
     /// arena lock, so the release is left to the next time the engine drains.
     fn release_if_still_idle(&self) {
         if self.live.load(Ordering::Acquire) == 0 {
-            let peak_live = self.peak.swap(0, Ordering::AcqRel);
+            // A session started since the check is live after the release: it counts.
+            let peak_live = self
+                .peak
+                .swap(self.live.load(Ordering::Acquire), Ordering::AcqRel);
             let release = memory::trim();
             let nth = self.made.fetch_add(1, Ordering::AcqRel) + 1;
             self.reports.send_replace(Some(IdleReleased {
@@ -189,8 +194,8 @@ impl IdleMemory {
     }
 }
 
-/// Held for as long as a session's actor runs (dropped after the actor and everything it
-/// spawned); dropping it counts the session as gone.
+/// Held by a session's actor and dropped with it (before the actor's `AliveToken`, so
+/// `close()` returns after it); dropping it counts the session as gone.
 #[derive(Debug)]
 pub(crate) struct SessionLease(Arc<IdleMemory>);
 
