@@ -58,7 +58,7 @@ fn assert_allocator_answered(release: MemoryRelease) {
 }
 
 #[test]
-fn an_engine_releases_by_itself_after_a_peak_of_a_thousand_by_default() {
+fn the_default_is_a_release_after_a_peak_of_a_thousand_and_never_turns_it_off() {
     let engine = Engine::with_arbiters(1).unwrap();
     assert_eq!(engine.idle_release(), after(1000));
     assert_eq!(IdleRelease::default(), IdleRelease::DEFAULT);

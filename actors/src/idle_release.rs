@@ -96,8 +96,9 @@ pub struct IdleReleases {
 
 impl IdleReleases {
     /// Waits for the next release after the last one this receiver saw (or after it was
-    /// made); `None` once the engine is dropped. Releases that follow each other before
-    /// this is awaited are reported as the latest one.
+    /// made); `None` once the engine and every session it ran are dropped (nothing is left
+    /// to release). Releases that follow each other before this is awaited are reported as
+    /// the latest one.
     pub async fn next(&mut self) -> Option<IdleReleased> {
         self.reports.changed().await.ok()?;
         *self.reports.borrow_and_update()
@@ -110,8 +111,6 @@ pub(crate) struct IdleMemory {
     policy: AtomicU64,
     live: AtomicU64,
     peak: AtomicU64,
-    /// Releases made so far; only the release thread (one at a time) writes it.
-    made: AtomicU64,
     /// A release thread is running; one at a time, since one walk frees all there is.
     releasing: AtomicBool,
     reports: watch::Sender<Option<IdleReleased>>,
@@ -123,7 +122,6 @@ impl IdleMemory {
             policy: AtomicU64::new(IdleRelease::DEFAULT.encode()),
             live: AtomicU64::new(0),
             peak: AtomicU64::new(0),
-            made: AtomicU64::new(0),
             releasing: AtomicBool::new(false),
             reports: watch::Sender::new(None),
         })
@@ -183,12 +181,15 @@ impl IdleMemory {
                 .peak
                 .swap(self.live.load(Ordering::Acquire), Ordering::AcqRel);
             let release = memory::trim();
-            let nth = self.made.fetch_add(1, Ordering::AcqRel) + 1;
-            self.reports.send_replace(Some(IdleReleased {
-                nth,
-                peak_live,
-                release,
-            }));
+            // Only this thread sends, one at a time: the last report numbers the next.
+            self.reports.send_modify(|last| {
+                let nth = last.map_or(0, |r| r.nth) + 1;
+                *last = Some(IdleReleased {
+                    nth,
+                    peak_live,
+                    release,
+                });
+            });
         }
         self.releasing.store(false, Ordering::Release);
     }
