@@ -46,7 +46,8 @@ impl IdleRelease {
     /// The engines' default: `AfterPeak(1000)`, about 5 MB of idle sessions.
     pub const DEFAULT: Self = match NonZeroU64::new(1000) {
         Some(n) => Self::AfterPeak(n),
-        None => Self::Never,
+        // Evaluated when the crate compiles: a zero here would fail the build, not a run.
+        None => panic!("the default peak is not zero"),
     };
 
     /// Whether a session going now, leaving `live` sessions after a `peak` of live ones
