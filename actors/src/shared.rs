@@ -180,14 +180,16 @@ impl SessionShared {
     }
 
     /// Publishes whether the session is inactive (watchers hear of changes only), and
-    /// settles it if no tool run is alive.
+    /// settles it if it just became inactive with no tool run alive. The session publishes
+    /// at every pump; an inactive session that stays so has already settled, or settles
+    /// when its last run ends (`tool_run_ended`).
     pub(crate) fn publish_inactive(&self, inactive: bool) {
-        self.inactive.send_if_modified(|v| {
+        let became_inactive = self.inactive.send_if_modified(|v| {
             let changed = *v != inactive;
             *v = inactive;
             changed
-        });
-        if inactive && self.running_tools.load(Ordering::Acquire) == 0 {
+        }) && inactive;
+        if became_inactive && self.running_tools.load(Ordering::Acquire) == 0 {
             self.settled.notify_waiters();
         }
     }
