@@ -18,4 +18,4 @@ pub use expect::{
 pub use gate::Gate;
 pub use output::{ConsoleOutput, OutputCall, RecordedSpeech, RecordingOutput};
 pub use scripted_llm::{HeldRequest, Reply, ScriptedLlm};
-pub use wait::{next_event, EventMatcher, EventWaiter, WaitError};
+pub use wait::{next_event, settled, EventMatcher, EventWaiter, WaitError};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::Query;
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{settled, Reply, ScriptedLlm};
 use switchboard::TaskError;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -148,6 +148,8 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
                     // It would wait on this very run.
                     format!("{:?}", session.wait_for_settled().await),
                     format!("{:?}", session.run_task::<u32>(other).await.map(|_| ())),
+                    // The bounded wait of `switchboard::testing` is refused the same way.
+                    format!("{:?}", settled(&session, BOUND).await),
                 ];
                 let _ = seen.set(answers);
                 Ok::<_, ToolFailure>("done")
@@ -173,6 +175,13 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
     assert_eq!(
         answers[4],
         format!("{:?}", Err::<(), _>(TaskError::WouldDeadlock))
+    );
+    assert!(
+        answers[5].starts_with(
+            "Err(the session refused to wait for the session to settle: wait_for_settled was called"
+        ),
+        "{}",
+        answers[5]
     );
     session.close().await.unwrap();
 }

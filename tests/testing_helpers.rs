@@ -1,5 +1,5 @@
 //! The helpers of `switchboard::testing` that hold and wait: a gate on a tool, bounded
-//! waits on session events, a model request held in flight, a reply that pauses
+//! waits on session events and on the session settling, a model request held in flight, a reply that pauses
 //! mid-stream, and finding the output of a given call in a turn.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{
-    event, next_event, EventWaiter, Gate, RecordingOutput, Reply, RunResultExt, ScriptedLlm,
-    WaitError,
+    event, next_event, settled, EventWaiter, Gate, RecordingOutput, Reply, RunResultExt,
+    ScriptedLlm, WaitError,
 };
 use switchboard::{NoArgs, ToolChoice};
 
@@ -132,6 +132,53 @@ async fn a_wait_that_cannot_succeed_fails_at_once_under_paused_time_saying_what_
             .contains("waited for an event the test's closure picks"),
         "{error}"
     );
+}
+
+/// `settled` waits for the tool and the deferred reply; when the session cannot settle, it
+/// fails at once under paused time, saying what was missing and what it saw.
+#[actix::test]
+async fn a_bounded_settle_waits_for_the_tools_and_fails_saying_which_half_was_missing() {
+    tokio::time::pause();
+    let gate = Gate::new();
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("search", json!({})),
+        Reply::text("Searching."),
+    ]);
+    llm.otherwise(Reply::text("Found 3."));
+    let session = start(
+        llm.clone(),
+        Agent::builder("agent-a")
+            .tool(search(gate.clone()))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    session.run("search").await.unwrap();
+
+    // The gate stays shut: the session is inactive, but the tool still runs.
+    let started = tokio::time::Instant::now();
+    let error = settled(&session, Duration::from_secs(60))
+        .await
+        .unwrap_err();
+    assert!(started.elapsed() >= Duration::from_secs(60), "virtual time");
+    let WaitError::Timeout { waited_for, .. } = &error else {
+        panic!("expected a timeout, got {error}");
+    };
+    assert_eq!(
+        waited_for,
+        "the session to settle (it is inactive, but a tool call still runs)"
+    );
+
+    // Open, the tool finishes and its deferred reply runs before the wait ends.
+    gate.open();
+    settled(&session, BOUND).await.unwrap();
+    assert_eq!(llm.request_count(), 3, "the turn's two and the deferred reply");
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(
+        chat.items().last().and_then(|item| item.text()),
+        Some("Found 3.")
+    );
+    session.close().await.unwrap();
 }
 
 #[actix::test]

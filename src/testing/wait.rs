@@ -64,6 +64,15 @@ pub enum WaitError {
         /// What it saw meanwhile, oldest first (at most the last 20).
         saw: Vec<String>,
     },
+    /// The session refused the wait at once: [`settled`] awaited from a tool or hook of the
+    /// same session would wait on its own turn.
+    #[error("the session refused to wait for {waited_for}: {reason}")]
+    Refused {
+        /// What the test waited for.
+        waited_for: String,
+        /// The session's reason.
+        reason: String,
+    },
 }
 
 impl fmt::Debug for WaitError {
@@ -172,6 +181,77 @@ pub async fn next_event<M: EventMatcher>(
         Ok(Err(None)) => Err(WaitError::Closed { waited_for, saw }),
         Err(_) => Err(WaitError::Timeout {
             waited_for,
+            timeout,
+            saw,
+        }),
+    }
+}
+
+/// Waits at most `timeout` for the session to settle ([`Session::wait_for_settled`]: no
+/// tool call runs anywhere in it and it is inactive, every deferred reply done). A failure
+/// says which half was missing and what the session did meanwhile, instead of hanging.
+///
+/// Under paused time (`tokio::time::pause()`, with the session on the test's arbiter via
+/// `Engine::current()`) the timeout is virtual, as for [`next_event`]: a session that can
+/// no longer settle fails the wait at once.
+///
+/// ```
+/// use std::time::Duration;
+/// use switchboard::prelude::*;
+/// use switchboard::testing::{settled, Reply, ScriptedLlm};
+///
+/// # #[actix::main]
+/// # async fn main() {
+/// let session = Session::builder()
+///     .llm(ScriptedLlm::new([Reply::text("Hello!")]))
+///     .agent(Agent::builder("agent-a").build().unwrap())
+///     .start(&Engine::current().unwrap())
+///     .await
+///     .unwrap();
+/// session.run("hi").await.unwrap();
+/// settled(&session, Duration::from_secs(5)).await.unwrap();
+/// session.close().await.unwrap();
+/// # }
+/// ```
+pub async fn settled(session: &Session, timeout: Duration) -> Result<(), WaitError> {
+    const WAITED_FOR: &str = "the session to settle";
+    let mut events = session.subscribe();
+    let mut saw: Vec<String> = Vec::new();
+    // Records what the session does while the test waits; never ends by itself.
+    let record = async {
+        loop {
+            match events.recv().await {
+                Ok(event) => {
+                    if saw.len() == SAW_LIMIT {
+                        saw.remove(0);
+                    }
+                    saw.push(event::describe(&event));
+                }
+                Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => std::future::pending::<()>().await,
+            }
+        }
+    };
+    let outcome = tokio::time::timeout(timeout, async {
+        tokio::select! {
+            settled = session.wait_for_settled() => settled,
+            // `record` never ends; its output type is the other arm's.
+            never = record => never,
+        }
+    })
+    .await;
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(refused)) => Err(WaitError::Refused {
+            waited_for: WAITED_FOR.to_owned(),
+            reason: refused.to_string(),
+        }),
+        Err(_) => Err(WaitError::Timeout {
+            waited_for: if session.is_inactive() {
+                format!("{WAITED_FOR} (it is inactive, but a tool call still runs)")
+            } else {
+                format!("{WAITED_FOR} (it is still active: a turn, speech or deferred reply)")
+            },
             timeout,
             saw,
         }),
