@@ -78,7 +78,7 @@ async fn calls_in_a_reply_that_allows_no_tools_do_not_run_and_nothing_loops() {
     // Finished after the turn's reply, so that `/finished` asks for a deferred reply of
     // its own (had it landed before the second step, "Started." would answer it).
     finish.open();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(runs.load(Ordering::Relaxed), 1, "only the first call ran");
     let requests = llm.requests();
     assert_eq!(
@@ -118,7 +118,7 @@ async fn a_model_call_id_forging_a_derived_id_stays_unique() {
         .await
         .unwrap();
     session.run("start").await.unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     // The model now sends the ids the engine derived, and `x` again.
     llm.on_request(
         llm.request_count(),
@@ -127,7 +127,7 @@ async fn a_model_call_id_forging_a_derived_id_stays_unique() {
             .and_raw_tool_call("x~2", "progress", r#"{"q": "d"}"#),
     );
     session.run("again").await.unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     assert_invariant(&chat);
     let ids = call_ids(&chat);

@@ -93,7 +93,7 @@ async fn first_update_is_the_output_and_later_ones_get_one_coalesced_reply() {
     })
     .await;
     io.played_out(last);
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
 
     let chat = session.chat_context().await.unwrap();
     assert_eq!(
@@ -156,7 +156,7 @@ async fn updates_to_an_idle_session_are_answered_at_once() {
     llm.otherwise(Reply::text("ok"));
     let session = start(tool, llm.clone()).await;
     session.run("count").await.unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     assert_invariant(&chat);
     let deferred: Vec<_> = llm
@@ -223,7 +223,7 @@ async fn an_error_after_an_update_is_a_finished_error_output_with_exactly_one_re
     let session = start(tool, llm.clone()).await;
     session.run("pay").await.unwrap();
     gate.open();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     let finished = chat.output_of("call_1/finished").unwrap();
     assert!(finished.is_error);
@@ -286,7 +286,7 @@ async fn later_items_of_an_instant_tool_wait_for_their_own_step() {
         .await
         .unwrap();
     session.run("go").await.unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     let ids = call_ids(&chat);
     assert_eq!(
@@ -380,7 +380,7 @@ async fn a_deferred_reply_says_what_it_covers_and_is_skipped_when_a_reply_alread
     let found = wait_on(&mut events, event::speech_created()).await;
     io.played_out(found.id());
     second.await.unwrap().unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
 
     let decision = wait_event(&mut events, |e| match e {
         SessionEvent::DeferredReply {

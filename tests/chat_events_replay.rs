@@ -196,7 +196,7 @@ async fn events_alone_rebuild_every_agents_chat_context() {
     archive.open();
     let deferred = wait_on(&mut events, event::speech_created()).await.id();
     out.played_out(deferred);
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     // A speech the user heard none of leaves the chat.
     spoken_turn(&session, &mut events, ("and then?", 1), |s| {
         out.heard(s[0], "")

@@ -63,7 +63,7 @@ async fn sessions_run_on_engine_threads_from_a_tokio_host() {
                 .filter(|c| !c.call_id.contains('/'))
                 .count();
             assert_eq!(model_calls, 1);
-            session.wait_for_settled().await.unwrap();
+            common::settled(&session).await;
             let chat = session.chat_context().await.unwrap();
             assert_invariant(&chat);
             assert!(chat.outputs().any(|o| o.call_id.ends_with("/finished")));

@@ -75,7 +75,7 @@ async fn a_session_tool_finishes_under_the_new_agent() {
 
     gate.open();
     wait_on(&mut events, event::output_added("call_1/finished")).await;
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
 
     let chat_b = session.chat_context().await.unwrap();
     assert_eq!(
@@ -137,7 +137,7 @@ async fn nothing_reaches_the_old_agent_after_the_handoff() {
     // Handoff by message to the session's address.
     session.address().send(Handoff::to(agent_b)).await.unwrap();
     gate.open();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let mut after_handoff = Vec::new();
     while let Ok(event) = events.try_recv() {
         if let SessionEvent::ConversationItemAdded { agent, item } = event {
@@ -216,7 +216,7 @@ async fn an_update_during_the_handoff_waits_for_the_incoming_agent() {
         .unwrap();
     enter_gate.open();
     handoff.await.unwrap().unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat_b = session.chat_context().await.unwrap();
     assert!(
         chat_b.contains_call("call_1/update_1"),

@@ -90,7 +90,7 @@ async fn a_body_that_ignores_cancellation_is_dropped_before_the_next_agent_enter
             call_id: "call_1".into()
         })
     );
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(session.chat_context().await.unwrap(), chat_before);
     assert_eq!(llm.request_count(), requests_before);
     assert_invariant(&chat_before);
@@ -131,7 +131,7 @@ async fn a_cooperative_body_undoes_its_work_before_the_next_agent_enters() {
     );
     assert_eq!(log.entries(), ["undone", "b entered"]);
     // Its result after cancellation goes nowhere: the new agent has no items of it.
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat_b = session.chat_context().await.unwrap();
     assert!(!chat_b.contains_call("call_1/finished"));
     assert_eq!(llm.request_count(), 2);

@@ -44,7 +44,7 @@ async fn a_tool_that_already_updated_can_still_hand_off() {
         _ => None,
     })
     .await;
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(session.current_agent().await.unwrap(), "agent-b");
     // The old agent's context (inherited here) got the `/finished` naming the new agent,
     // and no reply was asked for it.
@@ -209,7 +209,7 @@ async fn of_two_handoffs_in_one_step_the_first_is_done_and_the_second_reads_refu
         .await
         .unwrap();
     session.run("help").await.unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(session.current_agent().await.unwrap(), "billing");
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1"), "Transferred to billing.");

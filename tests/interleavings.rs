@@ -335,7 +335,7 @@ async fn a_closed_activity_drops_its_pending_reply() {
     io.played_out(io.last_speech().unwrap().id);
     turn.await.unwrap().unwrap();
     handoff.await.unwrap().unwrap();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert!(
         llm.requests()
             .iter()

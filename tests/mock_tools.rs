@@ -116,7 +116,7 @@ async fn a_mock_that_updates_runs_in_the_background_like_the_real_body() {
         result.function_outputs().next().unwrap().output,
         "Update from get_weather: checking"
     );
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1/finished"), "mocked: cloudy");
     assert_invariant(&chat);
@@ -202,7 +202,7 @@ async fn end_to_end_a_mock_that_returns_directly() {
         result.assistant_messages().collect::<Vec<_>>(),
         ["It is snowing in Oslo."]
     );
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(llm.request_count(), 2);
     session.close().await.unwrap();
 }

@@ -140,7 +140,7 @@ async fn a_conversation_with_updates_and_a_handoff_runs_against_the_real_wire_fo
 
     // The booking, session-scoped, finishes under the concierge, who tells the user.
     confirmed.open();
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     // Turn 3, to the concierge.
     let result = session.run("Thanks!").await.unwrap();
     assert_eq!(

@@ -79,7 +79,7 @@ async fn a_silent_later_update_lands_without_a_reply_and_the_next_reply_reads_it
 
     second.open();
     wait_on(&mut events, event::output_added("call_1/finished")).await;
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(llm.request_count(), 3, "one deferred reply, for the result");
     let reply = &llm.requests()[2];
     assert_eq!(reply.tool_choice, ToolChoice::None);
@@ -117,7 +117,7 @@ async fn a_silent_first_update_is_the_output_and_asks_for_no_step() {
 
     gate.open();
     wait_on(&mut events, event::output_added("call_1/finished")).await;
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(llm.request_count(), 2, "the result still gets its reply");
     assert!(request_has_output(&llm, 1, "call_1", "queued"));
     session.close().await.unwrap();
@@ -153,7 +153,7 @@ async fn a_no_reply_result_is_kept_and_asks_for_no_step_unless_another_call_does
     assert!(request_has_output(&llm, 2, "call_2", "saved to your notes"));
     assert!(request_has_output(&llm, 2, "call_3", "3 notes"));
     assert!(request_has_output(&llm, 1, "call_1", "saved to your notes"));
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(llm.request_count(), 3, "and no deferred reply");
     assert_invariant(&session.chat_context().await.unwrap());
     session.close().await.unwrap();
@@ -182,7 +182,7 @@ async fn a_no_reply_result_after_an_update_schedules_no_deferred_reply() {
     session.run("archive it").await.unwrap();
     gate.open();
     wait_on(&mut events, event::output_added("call_1/finished")).await;
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     assert_eq!(llm.request_count(), 2, "the result asked for no reply");
     let chat = session.chat_context().await.unwrap();
     assert_eq!(

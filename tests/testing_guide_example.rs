@@ -4,7 +4,7 @@
 //! `serde`, `serde_json` and `schemars` as dev-dependencies.
 //!
 //! No network, no key, no sleeps: the model is a [`ScriptedLlm`], and a test waits for
-//! what it needs (a [`Gate`] it opens, an event, `wait_for_settled`), never for a duration.
+//! what it needs (a [`Gate`] it opens, an event, [`settled`]), never for a duration.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::testing::{
-    event, EventWaiter, Gate, RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm,
+    event, settled, EventWaiter, Gate, RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm,
 };
 use switchboard::ToolChoice;
 
@@ -287,7 +287,7 @@ async fn an_async_tool_finishes_in_the_background() {
     assert_eq!(llm.request_count(), 2);
 
     gate.open();
-    session.wait_for_settled().await.unwrap();
+    settled(&session, Duration::from_secs(5)).await.unwrap();
 
     let chat = session.chat_context().await.unwrap();
     assert_eq!(
@@ -383,7 +383,7 @@ async fn with_voice_io_the_deferred_reply_waits_for_the_playout() {
     let reply = events.next(event::speech_created()).await.unwrap().id();
     assert_eq!(out.last_speech().unwrap().text, "I found 3 flights.");
     out.played_out(reply);
-    session.wait_for_settled().await.unwrap();
+    settled(&session, Duration::from_secs(5)).await.unwrap();
 
     assert_eq!(llm.request_count(), 3);
     assert_eq!(llm.requests()[2].tool_choice, ToolChoice::None);

@@ -172,7 +172,11 @@ async fn a_bounded_settle_waits_for_the_tools_and_fails_saying_which_half_was_mi
     // Open, the tool finishes and its deferred reply runs before the wait ends.
     gate.open();
     settled(&session, BOUND).await.unwrap();
-    assert_eq!(llm.request_count(), 3, "the turn's two and the deferred reply");
+    assert_eq!(
+        llm.request_count(),
+        3,
+        "the turn's two and the deferred reply"
+    );
     let chat = session.chat_context().await.unwrap();
     assert_eq!(
         chat.items().last().and_then(|item| item.text()),

@@ -327,7 +327,7 @@ async fn a_propagated_error_after_an_update_emits_an_error_event_and_a_finished_
     })
     .await;
     assert!(message.contains("database unavailable"), "{message}");
-    session.wait_for_settled().await.unwrap();
+    common::settled(&session).await;
     let chat = session.chat_context().await.unwrap();
     let finished = chat.output_of("call_1/finished").unwrap();
     assert!(finished.is_error);

@@ -93,6 +93,14 @@ pub async fn wait_on<M: EventMatcher>(
         .unwrap()
 }
 
+/// Waits (up to 30 s, virtual under paused time) for the session to settle; the failure
+/// says which half was missing and what the session did meanwhile.
+pub async fn settled(session: &Session) {
+    switchboard::testing::settled(session, std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+}
+
 /// Runs a turn on the test's arbiter without awaiting it (it may wait on a sub-task, a
 /// handoff or a playout the test drives).
 pub fn spawn_turn(
