@@ -36,8 +36,9 @@ async fn start(llm: std::sync::Arc<ScriptedLlm>, agent: Agent) -> Session {
         .unwrap()
 }
 
-#[actix::test]
-async fn a_gate_holds_a_tool_until_the_test_opens_it_and_the_waiter_sees_its_result() {
+/// A session whose model calls `search` (behind the returned gate) and says "Searching.";
+/// every later request answers "Found 3.".
+async fn gated_search() -> (Gate, std::sync::Arc<ScriptedLlm>, Session) {
     let gate = Gate::new();
     let llm = ScriptedLlm::new([
         Reply::tool_call("search", json!({})),
@@ -52,6 +53,12 @@ async fn a_gate_holds_a_tool_until_the_test_opens_it_and_the_waiter_sees_its_res
             .unwrap(),
     )
     .await;
+    (gate, llm, session)
+}
+
+#[actix::test]
+async fn a_gate_holds_a_tool_until_the_test_opens_it_and_the_waiter_sees_its_result() {
+    let (gate, llm, session) = gated_search().await;
     let mut events = EventWaiter::new(&session);
 
     session.run("search").await.unwrap();
@@ -139,20 +146,7 @@ async fn a_wait_that_cannot_succeed_fails_at_once_under_paused_time_saying_what_
 #[actix::test]
 async fn a_bounded_settle_waits_for_the_tools_and_fails_saying_which_half_was_missing() {
     tokio::time::pause();
-    let gate = Gate::new();
-    let llm = ScriptedLlm::new([
-        Reply::tool_call("search", json!({})),
-        Reply::text("Searching."),
-    ]);
-    llm.otherwise(Reply::text("Found 3."));
-    let session = start(
-        llm.clone(),
-        Agent::builder("agent-a")
-            .tool(search(gate.clone()))
-            .build()
-            .unwrap(),
-    )
-    .await;
+    let (gate, llm, session) = gated_search().await;
     session.run("search").await.unwrap();
 
     // The gate stays shut: the session is inactive, but the tool still runs.
