@@ -178,7 +178,7 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
     );
     assert!(
         answers[5].starts_with(
-            "Err(the session refused to wait for the session to settle: wait_for_settled was called"
+            "Err(refused at once, waiting for the session to settle: wait_for_settled was called"
         ),
         "{}",
         answers[5]

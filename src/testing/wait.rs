@@ -66,7 +66,7 @@ pub enum WaitError {
     },
     /// The session refused the wait at once: [`settled`] awaited from a tool or hook of the
     /// same session would wait on its own turn.
-    #[error("the session refused to wait for {waited_for}: {reason}")]
+    #[error("refused at once, waiting for {waited_for}: {reason}")]
     Refused {
         /// What the test waited for.
         waited_for: String,
@@ -227,6 +227,7 @@ pub async fn settled(session: &Session, timeout: Duration) -> Result<(), WaitErr
                     }
                     saw.push(event::describe(&event));
                 }
+                // What it saw is only for a failure's message: a gap in it is fine.
                 Err(RecvError::Lagged(_)) => {}
                 Err(RecvError::Closed) => std::future::pending::<()>().await,
             }
