@@ -52,6 +52,9 @@ pub enum AgentState {
 pub struct LlmMetrics {
     /// The agent that asked.
     pub agent: String,
+    /// The model that answered: its [`Llm::name`](crate::Llm::name), or the one a wrapper
+    /// named with [`LlmChunk::ServedBy`](crate::LlmChunk::ServedBy).
+    pub llm: String,
     /// From the request to its first chunk (none if no chunk came).
     pub time_to_first_chunk: Option<Duration>,
     /// From the request to the end of its stream.

@@ -75,6 +75,11 @@ pub enum LlmChunk {
     /// engine puts it in the request's [`SessionEvent::LlmMetrics`](crate::SessionEvent)
     /// event.
     Usage(LlmUsage),
+    /// Which model serves this request, when the [`Llm`] is a wrapper over several (a
+    /// fallback chain says which of its models answered). The engine puts the name in the
+    /// request's [`LlmMetrics::llm`](crate::LlmMetrics); without it, the name is the
+    /// [`Llm::name`] the agent uses. Not text: nothing of it reaches the user.
+    ServedBy(String),
 }
 
 /// Token usage of one LLM request, as the provider reports it.

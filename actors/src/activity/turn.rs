@@ -101,6 +101,8 @@ pub(super) struct Generation {
     calls: Vec<ToolCallChunk>,
     pub(super) speech: Option<SpeechHandle>,
     usage: Option<LlmUsage>,
+    /// The model a wrapper said serves the request (`LlmChunk::ServedBy`).
+    llm: Option<String>,
     /// A playout report that came while the text still streamed: applied at the end.
     pub(super) early_report: Option<(bool, Option<String>)>,
 }
@@ -338,6 +340,7 @@ impl ActivityActor {
                 calls: Vec::new(),
                 speech: None,
                 usage: None,
+                llm: None,
                 early_report: None,
             });
         }
@@ -360,7 +363,7 @@ impl ActivityActor {
             Ok(chunk) => chunk,
             Err(err) => return self.end_generation(step, Err(err), ctx),
         };
-        if !matches!(chunk, LlmChunk::Usage(_)) {
+        if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
             generation
                 .first_chunk
                 .get_or_insert_with(|| generation.started.elapsed());
@@ -378,6 +381,7 @@ impl ActivityActor {
             }
             LlmChunk::ToolCall(call) => generation.calls.push(call),
             LlmChunk::Usage(usage) => generation.usage = Some(usage),
+            LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
         }
     }
 
@@ -432,6 +436,10 @@ impl ActivityActor {
         self.shared.emit_with(|| {
             SessionEvent::LlmMetrics(LlmMetrics {
                 agent: self.agent_name(),
+                llm: generation
+                    .llm
+                    .clone()
+                    .unwrap_or_else(|| self.llm.name().to_owned()),
                 time_to_first_chunk: generation.first_chunk,
                 duration: generation.started.elapsed(),
                 text_chunks: generation.text_chunks,
