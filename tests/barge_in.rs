@@ -154,7 +154,7 @@ async fn a_barge_in_during_a_tool_step_cancels_or_backgrounds_the_calls_and_the_
 
     session.user_started_speaking();
     session.transcript("wait", false); // words: the interruption is real at once
-    handled(&inspector, "host", "UserWords", 1).await;
+    handled(&inspector, "host", "UserTranscript", 1).await;
     out.heard(speech, "One moment.");
     let result = tokio::time::timeout(BOUND, turn)
         .await
@@ -278,7 +278,7 @@ async fn a_barge_in_on_the_first_of_two_speeches_cuts_each_to_what_was_heard() {
     // The first speech still plays (no report yet) while the second streams.
     session.user_started_speaking();
     session.transcript("no wait", true);
-    handled(&inspector, "guide", "UserWords", 1).await;
+    handled(&inspector, "guide", "UserTranscript", 1).await;
     let calls = out.calls();
     assert!(calls.contains(&OutputCall::Interrupt(first)), "{calls:?}");
     assert!(calls.contains(&OutputCall::Interrupt(second)), "{calls:?}");
@@ -406,7 +406,7 @@ async fn an_uninterruptible_speech_ignores_the_user() {
     let speech = speech_created(&mut events).await;
     session.user_started_speaking();
     session.transcript("stop", false);
-    handled(&inspector, "legal", "UserWords", 1).await;
+    handled(&inspector, "legal", "UserTranscript", 1).await;
     advance(Duration::from_secs(3)).await;
     assert!(
         !out.calls()

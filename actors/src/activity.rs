@@ -1,18 +1,22 @@
-//! `ActivityActor`: one activation of an agent in a session.
+//! `ActivityActor`: one activation of an agent in a session. It is the driver of its
+//! activation machine (`activity/activation.rs`): every message becomes an input, every
+//! command comes back out as a message, a spawned stream or hook, or a timer.
 //!
-//! - **Owns:** the agent's chat context and its step ledger (`activity/ledger.rs`), its
-//!   agent-scoped toolsets (a `ToolsetActor` for the bare tools, `tools`, and one per
-//!   agent toolset) and the LLM turn loop (`activity/turn.rs`).
+//! - **Owns:** the machine (the agent's chat context and step ledger, its turn, its
+//!   speeches, its barge-in, the tool items pending for a deferred reply), its agent-scoped
+//!   toolsets (a `ToolsetActor` for the bare tools, `tools`, and one per agent toolset),
+//!   and the one LLM stream of the step being generated.
 //! - **Parent:** the session. Sends it nothing but replies; its hooks reach the session
 //!   only through `SessionControl` (narrow links that queue work). Talks to toolsets (its
 //!   own and the session's) with `RunTool`, `InterruptStep`, `ListRuns`, `CancelRun`.
-//! - **Starts** on `StartActivity` (runs `on_enter`); **pauses** on `PauseActivity` (a
-//!   sub-task agent runs) and **resumes** on `ResumeActivity`; **stops** on
-//!   `CloseActivity` (runs `on_exit`, stops its toolsets).
+//! - **Starts** idle, with its toolsets, when the session spawns it; `StartActivity` runs
+//!   `on_enter`. **Pauses** on `PauseActivity` (a sub-task agent runs) and **resumes** on
+//!   `ResumeActivity`; **stops** on `CloseActivity` (runs `on_exit`, stops its toolsets).
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
-//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserWords`, `InsertToolItems`,
-//!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`,
-//!   `PlayoutFinished`, `GetChat`, `ReadHistoryEntry`.
+//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `DeliverToolItems`,
+//!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
+//!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
+//!   has on the session.
 //! - **Records** its final chat context in the session's history when it stops.
 //!
 //! Guarantees, each tested:
@@ -30,10 +34,10 @@
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
 //!   after the minimum duration or a transcript, and resumes after a false interruption.
 
+mod activation;
 mod barge_in;
 mod companions;
 mod ledger;
-mod speaking;
 mod turn;
 
 use std::collections::HashMap;
@@ -42,87 +46,34 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 use futures_util::FutureExt;
-use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::agent::{effective_policy, Agent, Hook, HookContext};
-use crate::chat::{ChatContext, ChatItem};
+use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::control::SessionControl;
-use crate::error::{SessionError, UpdateError};
-use crate::events::{AgentState, SessionEvent};
-use crate::handoff::Handoff;
-use crate::history::{AgentChat, SubTaskOf};
+use crate::delivery::{DeliveryAnswer, Scope};
+use crate::error::SessionError;
+use crate::events::SessionEvent;
+use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
-use crate::llm::{Llm, LlmTimeouts, ToolSchema};
+use crate::llm::{Llm, LlmTimeouts};
+use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
-use crate::outcome::panic_message;
+use crate::outcome::{panic_message, CallOutput};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
 use crate::reentry;
-use crate::session::{PendingItem, Scope, SessionLinks, SessionToolset};
+use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
-use crate::speech::SpeechHandle;
-use crate::tool::DuplicatePolicy;
-use crate::toolset::{StopRuns, StopToolset, ToolsetActor};
+use crate::tool::{DuplicatePolicy, Tool};
+use crate::toolset::{InterruptStep, RunTool, StopRuns, StopToolset, ToolsetActor};
 
-use barge_in::{BargeIn, BargeInRules};
-use ledger::{ItemsWaiter, Ledger, Sink};
-use turn::Turn;
-
-/// What a finished turn reports to the session.
-#[derive(Debug, Default)]
-pub(crate) struct TurnOutcome {
-    pub(crate) events: Vec<ChatItem>,
-    pub(crate) handoff: Option<Handoff>,
-    pub(crate) task_result: Option<Value>,
-    pub(crate) failure: Option<SessionError>,
-    pub(crate) interrupted: bool,
-}
-
-impl TurnOutcome {
-    pub(crate) fn failed(failure: SessionError) -> Self {
-        Self {
-            failure: Some(failure),
-            ..Self::default()
-        }
-    }
-}
-
-/// What kind of turn to run.
-#[derive(Debug)]
-pub(crate) enum TurnKind {
-    /// A user message.
-    User(String),
-    /// A reply with optional extra instructions (`generate_reply`).
-    Reply(Option<String>),
-    /// The coalesced reply to background tool items.
-    Deferred(Vec<PendingItem>),
-    /// A text the agent says as it is (`Session::say`).
-    Say {
-        text: String,
-        speech: SpeechHandle,
-        add_to_chat: bool,
-    },
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Status {
-    Starting,
-    Active,
-    Paused,
-    Closed,
-}
-
-/// An activation's place in the session's history.
-#[derive(Clone, Debug)]
-struct HistoryPlace {
-    /// Its place in start order.
-    order: u32,
-    /// How many items it was given at start.
-    inherited: usize,
-    sub_task_of: Option<SubTaskOf>,
-}
+pub(crate) use activation::PendingItem;
+use activation::{Activation, Command, Input, Setup, Tools};
+use turn::ToolsetKey;
+pub(crate) use turn::{TurnKind, TurnOutcome};
 
 /// Everything an activity is started with.
 pub(crate) struct ActivitySpec {
@@ -135,6 +86,25 @@ pub(crate) struct ActivitySpec {
     pub(crate) shared: Arc<SessionShared>,
     pub(crate) links: Arc<SessionLinks>,
     pub(crate) session_toolsets: Arc<[SessionToolset]>,
+    /// The chat context to start from (inherited, given, or empty).
+    pub(crate) chat: ChatContext,
+    /// Its place among the session's activations, for the history.
+    pub(crate) order: u32,
+    /// The sub-task it runs in, if any, for the history.
+    pub(crate) sub_task_of: Option<SubTaskOf>,
+    /// The agent this one takes over from, recorded as a handoff item.
+    pub(crate) handoff_from: Option<String>,
+    /// Session-scoped tool items pending for a deferred reply, from the agent before.
+    pub(crate) carried: Vec<PendingItem>,
+}
+
+/// What an activity leaves to the agent after it, when it pauses or closes: its chat
+/// context (what a next agent may inherit; its length is where a sub-task goes in the
+/// transcript) and the session-scoped items still pending for a deferred reply.
+#[derive(Default)]
+pub(crate) struct Handover {
+    pub(crate) chat: ChatContext,
+    pub(crate) pending: Vec<PendingItem>,
 }
 
 pub(crate) struct ActivityActor {
@@ -145,54 +115,50 @@ pub(crate) struct ActivityActor {
     is_task: bool,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
-    ledger: Ledger,
-    session_toolsets: Arc<[SessionToolset]>,
-    own_toolsets: Vec<Child<ToolsetActor>>,
-    /// Tool name → toolset that runs it.
-    routes: HashMap<String, Mailbox<ToolsetActor>>,
-    schemas: Arc<[ToolSchema]>,
-    turn: Option<Turn>,
-    /// Chat length the latest assistant message was generated from.
-    last_reply_view: usize,
-    status: Status,
-    /// Whether `get_running_tasks` and `cancel_task` are exposed.
-    companions: bool,
-    generation: u32,
-    /// Whether its turns may be interrupted, unless a `say` says otherwise (agent's
-    /// setting, else the session's).
-    allow_interruptions: bool,
-    barge_in: BargeIn,
-    barge_rules: BargeInRules,
-    barge_timer: Option<SpawnHandle>,
-    /// Where this activation goes in the session's history: set when it starts (one
-    /// spawned but never started is no part of the conversation).
-    history_place: Option<HistoryPlace>,
+    machine: Activation,
+    /// Every toolset it sees, indexed by `ToolsetKey`: its own first, then the session's.
+    toolsets: Vec<Mailbox<ToolsetActor>>,
+    /// Its own toolsets, its children.
+    own: Vec<Child<ToolsetActor>>,
+    /// The stream of the step being generated, to drop it when the machine says.
+    stream: Option<(u64, SpawnHandle)>,
+    /// The machine's commands, a buffer kept across inputs.
+    commands: Vec<Command>,
+    /// Who waits for `on_enter` (`StartActivity`).
+    entering: Vec<oneshot::Sender<()>>,
+    /// Who waits for a pause to have stopped the runs (`PauseActivity`).
+    pausing: Vec<oneshot::Sender<Handover>>,
+    /// Who waits for the close to end (`CloseActivity`).
+    closing: Vec<oneshot::Sender<Handover>>,
     _alive: AliveToken,
 }
 
 impl ActivityActor {
-    /// Starts an activity actor (idle until `StartActivity`) on the current arbiter.
+    /// Starts an activity actor and its own toolsets on the current arbiter; it stays
+    /// idle until `StartActivity`.
     pub(crate) fn spawn(spec: ActivitySpec) -> Child<ActivityActor> {
-        let probe = Probe::new(
-            ActorId::activity(&spec.shared.id, spec.agent.name(), spec.generation),
-            spec.shared.journal.clone(),
-        );
+        let id = ActorId::activity(spec.shared.id(), spec.agent.name(), spec.generation);
+        let probe = Probe::new(id.clone(), spec.shared.journal.clone());
         let (alive, gone) = alive_pair();
-        let companions = spec.shared.exposes_companions(&spec.agent);
         let timeouts = spec
             .agent
             .def
             .llm_timeouts
-            .unwrap_or(spec.shared.config.llm_timeouts);
-        let allow_interruptions = spec
-            .agent
-            .def
-            .allow_interruptions
-            .unwrap_or(spec.shared.config.allow_interruptions);
-        let barge_rules = BargeInRules {
-            min_duration: spec.shared.config.min_interruption_duration,
-            false_timeout: spec.shared.config.false_interruption_timeout,
-        };
+            .unwrap_or(spec.shared.settings.config.llm_timeouts);
+        let (own, toolsets, tools) = start_toolsets(&spec, &id);
+        let machine = Activation::new(Setup {
+            id,
+            agent: spec.agent.clone(),
+            llm_name: spec.llm.name().to_owned(),
+            shared: spec.shared.clone(),
+            speech_port: spec.links.clone(),
+            tools,
+            chat: spec.chat,
+            order: spec.order,
+            sub_task_of: spec.sub_task_of,
+            handoff_from: spec.handoff_from,
+            carried: spec.carried,
+        });
         let actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
@@ -201,73 +167,217 @@ impl ActivityActor {
             is_task: spec.is_task,
             shared: spec.shared,
             links: spec.links,
-            ledger: Ledger::default(),
-            session_toolsets: spec.session_toolsets,
-            own_toolsets: Vec::new(),
-            routes: HashMap::new(),
-            schemas: Arc::from(Vec::new()),
-            turn: None,
-            last_reply_view: 0,
-            status: Status::Starting,
-            companions,
-            generation: spec.generation,
-            allow_interruptions,
-            barge_in: BargeIn::Quiet,
-            barge_rules,
-            barge_timer: None,
-            history_place: None,
+            machine,
+            toolsets,
+            own,
+            stream: None,
+            commands: Vec::new(),
+            entering: Vec::new(),
+            pausing: Vec::new(),
+            closing: Vec::new(),
             _alive: alive,
         };
         Child::new(Mailbox::new(actor.start(), probe), gone)
     }
 
-    fn id(&self) -> &ActorId {
-        self.probe.id()
+    /// Feeds the machine one input and carries out what it asks.
+    fn feed(&mut self, input: Input, ctx: &mut Context<Self>) {
+        let mut commands = std::mem::take(&mut self.commands);
+        self.machine.handle(input, &mut commands);
+        for command in commands.drain(..) {
+            self.carry_out(command, ctx);
+        }
+        self.commands = commands;
     }
 
-    fn agent_name(&self) -> String {
-        self.agent.name().to_owned()
-    }
-
-    /// This activation's entry in the session's history, with its chat context now.
-    fn history_entry(&self, place: &HistoryPlace, live: bool) -> AgentChat {
-        AgentChat {
-            agent: self.agent_name(),
-            activity: self.id().clone(),
-            chat: self.ledger.chat().clone(),
-            inherited: place.inherited,
-            live,
-            sub_task_of: place.sub_task_of.clone(),
+    fn carry_out(&mut self, command: Command, ctx: &mut Context<Self>) {
+        match command {
+            Command::RunEnterHook => {
+                let hook = self.run_hook(self.agent.def.on_enter.clone(), "on_enter");
+                ctx.spawn(hook.into_actor(self).map(|(), act, ctx| {
+                    act.feed(Input::Entered, ctx);
+                    for waiter in act.entering.drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }));
+            }
+            Command::RunExitHook => {
+                let hook = self.run_hook(self.agent.def.on_exit.clone(), "on_exit");
+                ctx.spawn(
+                    hook.into_actor(self)
+                        .map(|(), act, ctx| act.feed(Input::ExitHookDone, ctx)),
+                );
+            }
+            Command::OpenStream {
+                step,
+                request,
+                span,
+            } => {
+                let stream = llm_guard::open(&*self.llm, request, self.timeouts, span);
+                let task = ctx.spawn(
+                    stream
+                        .into_actor(self)
+                        .map(move |chunk, act, ctx| match chunk {
+                            Ok(chunk) => act.feed(Input::Chunk { step, chunk }, ctx),
+                            Err(error) => act.feed(
+                                Input::StreamEnded {
+                                    step,
+                                    error: Some(error),
+                                },
+                                ctx,
+                            ),
+                        })
+                        .finish()
+                        .map(move |(), act, ctx| {
+                            act.feed(Input::StreamEnded { step, error: None }, ctx)
+                        }),
+                );
+                self.stream = Some((step, task));
+            }
+            Command::CancelStream { step } => {
+                if let Some((open, task)) = self.stream.take() {
+                    if open == step {
+                        ctx.cancel_future(task);
+                    } else {
+                        self.stream = Some((open, task));
+                    }
+                }
+            }
+            Command::RunTool {
+                step,
+                index,
+                toolset,
+                call,
+                interruptibility,
+                speech,
+            } => {
+                let Some(mailbox) = self.toolsets.get(toolset.0) else {
+                    // Not reached: keys come from this activity's own routes.
+                    return self.feed(
+                        Input::CallOutput {
+                            step,
+                            index,
+                            output: CallOutput::ended("the toolset is gone"),
+                        },
+                        ctx,
+                    );
+                };
+                let ask = mailbox.ask(
+                    self.probe.id(),
+                    RunTool {
+                        call,
+                        step,
+                        agent: self.agent.clone(),
+                        is_task: self.is_task,
+                        interruptibility,
+                        speech,
+                    },
+                );
+                ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
+                    let output = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
+                    act.feed(
+                        Input::CallOutput {
+                            step,
+                            index,
+                            output,
+                        },
+                        ctx,
+                    );
+                }));
+            }
+            Command::AnswerCompanion { step, index, call } => {
+                let answer = companions::answer(
+                    call.name,
+                    call.arguments,
+                    self.toolsets.clone(),
+                    self.probe.id().clone(),
+                );
+                ctx.spawn(answer.into_actor(self).map(move |output, act, ctx| {
+                    act.feed(
+                        Input::CallOutput {
+                            step,
+                            index,
+                            output,
+                        },
+                        ctx,
+                    );
+                }));
+            }
+            Command::InterruptStep { step, toolsets } => {
+                for key in toolsets {
+                    if let Some(toolset) = self.toolsets.get(key.0) {
+                        // One per toolset per step: bounded.
+                        toolset.tell(self.probe.id(), InterruptStep { step });
+                    }
+                }
+            }
+            Command::StopRuns { except, reason } => {
+                let stops: Vec<_> = self
+                    .own
+                    .iter()
+                    .map(|ts| {
+                        ts.mailbox.ask(
+                            self.probe.id(),
+                            StopRuns {
+                                reason: reason.clone(),
+                                except,
+                            },
+                        )
+                    })
+                    .collect();
+                ctx.spawn(futures_util::future::join_all(stops).into_actor(self).map(
+                    move |results, act, ctx| {
+                        let calls: Vec<FunctionCall> =
+                            results.into_iter().flatten().flatten().collect();
+                        act.feed(Input::RunsStopped { calls, reason }, ctx);
+                        let handover = act.handover();
+                        for waiter in act.pausing.drain(..) {
+                            let _ = waiter.send(Handover {
+                                chat: handover.chat.clone(),
+                                pending: handover.pending.clone(),
+                            });
+                        }
+                    },
+                ));
+            }
+            Command::StopToolsets { reason } => {
+                let each = reason.clone();
+                let stops = stop_all(self.own.clone(), self.probe.id(), move || StopToolset {
+                    reason: each.clone(),
+                });
+                ctx.spawn(stops.into_actor(self).map(|results, act, ctx| {
+                    let calls = results.into_iter().flatten().flatten().collect();
+                    act.feed(Input::ToolsetsStopped { calls }, ctx);
+                    let handover = act.handover();
+                    for waiter in act.closing.drain(..) {
+                        let _ = waiter.send(Handover {
+                            chat: handover.chat.clone(),
+                            pending: handover.pending.clone(),
+                        });
+                    }
+                    ctx.stop();
+                }));
+            }
+            Command::ArmTimer { at } => {
+                let after = at.saturating_duration_since(Instant::now());
+                ctx.run_later(after, |act, ctx| {
+                    act.feed(
+                        Input::Timer {
+                            now: Instant::now(),
+                        },
+                        ctx,
+                    )
+                });
+            }
         }
     }
 
-    fn set_state(&self, state: AgentState) {
-        self.shared.set_agent_state(self.agent.name(), state);
-    }
-
-    /// Runs `f` on the ledger with a sink that emits each appended item and, when
-    /// `in_turn`, adds it to the running turn's events.
-    fn with_ledger<R>(&mut self, in_turn: bool, f: impl FnOnce(&mut Ledger, Sink<'_>) -> R) -> R {
-        let shared = &self.shared;
-        let agent = &self.agent;
-        let turn = &mut self.turn;
-        let mut sink = |item: &ChatItem| {
-            shared.emit_with(|| SessionEvent::ConversationItemAdded {
-                agent: agent.name().to_owned(),
-                item: item.clone(),
-            });
-            if in_turn {
-                if let Some(turn) = turn.as_mut() {
-                    turn.events.push(item.clone());
-                }
-            }
-        };
-        f(&mut self.ledger, &mut sink)
-    }
-
-    /// Appends an item that belongs to the running turn (a message).
-    fn record(&mut self, item: ChatItem) {
-        self.with_ledger(true, |ledger, sink| ledger.append(item, sink));
+    /// The chat context now and the pending items the next agent takes over.
+    fn handover(&mut self) -> Handover {
+        Handover {
+            chat: self.machine.chat().clone(),
+            pending: self.machine.take_carried(),
+        }
     }
 
     /// Runs a lifecycle hook: marked as engine code of this session (so a host call made
@@ -281,16 +391,16 @@ impl ActivityActor {
         let call = hook.map(|hook| {
             let ctx = HookContext {
                 session: SessionControl::new(
-                    self.shared.id.clone(),
-                    self.id().clone(),
+                    self.shared.id().clone(),
+                    self.probe.id().clone(),
                     self.links.clone(),
-                    self.shared.userdata.clone(),
+                    self.shared.settings.userdata.clone(),
                 ),
                 agent: self.agent.def.name.clone(),
             };
             // The hook's closure runs here, in the handler: its panic is caught too.
             let made = std::panic::catch_unwind(AssertUnwindSafe(|| hook(ctx)));
-            (made, self.shared.clone(), self.agent_name())
+            (made, self.shared.clone(), self.agent.name().to_owned())
         });
         async move {
             let Some((made, shared, agent)) = call else {
@@ -298,7 +408,7 @@ impl ActivityActor {
             };
             let outcome = match made {
                 Ok(run) => {
-                    reentry::inside(shared.id.clone(), AssertUnwindSafe(run).catch_unwind()).await
+                    reentry::inside(shared.id().clone(), AssertUnwindSafe(run).catch_unwind()).await
                 }
                 Err(panic) => Err(panic),
             };
@@ -307,150 +417,127 @@ impl ActivityActor {
                     "{which} hook of {agent} panicked: {}",
                     panic_message(&*panic)
                 );
-                tracing::error!(session = %shared.id, %agent, "{message}");
-                shared.emit(SessionEvent::Error { message });
+                tracing::error!(session = %shared.id(), %agent, "{message}");
+                shared.events.emit(SessionEvent::Error { message });
             }
         }
     }
+}
 
-    /// Spawns the agent's own toolsets and computes the tool schemas (stable order:
-    /// bare tools, agent toolsets, session toolsets, companions).
-    fn start_toolsets(&mut self) {
-        let scope = Scope::Activity(self.id().clone());
-        let mut schemas = Vec::new();
-        type Group = (String, Vec<(crate::tool::Tool, DuplicatePolicy)>, Prompts);
-        let mut groups: Vec<Group> = Vec::new();
-        let agent_prompts = self.agent.def.prompts.or(&self.shared.prompts);
-        if !self.agent.def.tools.is_empty() {
-            let tools = self
-                .agent
-                .def
-                .tools
-                .iter()
-                .map(|t| {
-                    (
-                        t.clone(),
-                        t.duplicate_policy().unwrap_or(DuplicatePolicy::Reject),
-                    )
-                })
-                .collect();
-            groups.push(("tools".to_owned(), tools, agent_prompts.clone()));
-        }
-        for toolset in &self.agent.def.toolsets {
-            let tools = toolset
-                .tools
-                .iter()
-                .map(|t| (t.clone(), effective_policy(t, toolset)))
-                .collect();
-            groups.push((
-                toolset.name.clone(),
-                tools,
-                toolset.prompts.or(&agent_prompts),
-            ));
-        }
-        for (name, tools, prompts) in groups {
-            schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
-            let names: Vec<String> = tools.iter().map(|(t, _)| t.name().to_owned()).collect();
-            let child = ToolsetActor::spawn(
-                ActorId::agent_toolset(&self.shared.id, self.agent.name(), self.generation, &name),
-                scope.clone(),
-                tools,
-                prompts,
-                self.shared.clone(),
-                self.links.clone(),
-            );
-            for tool in names {
-                self.routes.insert(tool, child.mailbox.clone());
-            }
-            self.own_toolsets.push(child);
-        }
-        for toolset in self.session_toolsets.iter() {
-            schemas.extend(toolset.schemas.iter().cloned());
-            for tool in &toolset.tools {
-                self.routes
-                    .insert(tool.name().to_owned(), toolset.mailbox.clone());
-            }
-        }
-        if self.companions {
-            schemas.extend(companions::schemas());
-        }
-        self.schemas = Arc::from(schemas);
-    }
-
-    /// Every toolset this activity sees: its own, then the session's.
-    fn visible_toolsets(&self) -> Vec<Mailbox<ToolsetActor>> {
-        self.own_toolsets
+/// Spawns the agent's own toolsets and lists every toolset it sees, with the tool routes
+/// and schemas the machine uses (stable order: bare tools, agent toolsets, session
+/// toolsets, companions).
+fn start_toolsets(
+    spec: &ActivitySpec,
+    id: &ActorId,
+) -> (Vec<Child<ToolsetActor>>, Vec<Mailbox<ToolsetActor>>, Tools) {
+    let shared = &spec.shared;
+    let agent = &spec.agent;
+    let scope = Scope::Activity(id.clone());
+    let mut schemas = Vec::new();
+    let mut routes = HashMap::new();
+    let mut own = Vec::new();
+    let mut toolsets = Vec::new();
+    type Group = (String, Vec<(Tool, DuplicatePolicy)>, Prompts);
+    let mut groups: Vec<Group> = Vec::new();
+    let agent_prompts = agent.def.prompts.or(&shared.settings.prompts);
+    if !agent.def.tools.is_empty() {
+        let tools = agent
+            .def
+            .tools
             .iter()
-            .map(|ts| ts.mailbox.clone())
-            .chain(self.session_toolsets.iter().map(|ts| ts.mailbox.clone()))
-            .collect()
+            .map(|t| {
+                (
+                    t.clone(),
+                    t.duplicate_policy().unwrap_or(DuplicatePolicy::Reject),
+                )
+            })
+            .collect();
+        groups.push(("tools".to_owned(), tools, agent_prompts.clone()));
     }
+    for toolset in &agent.def.toolsets {
+        let tools = toolset
+            .tools
+            .iter()
+            .map(|t| (t.clone(), effective_policy(t, toolset)))
+            .collect();
+        groups.push((
+            toolset.name.clone(),
+            tools,
+            toolset.prompts.or(&agent_prompts),
+        ));
+    }
+    for (name, tools, prompts) in groups {
+        schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
+        let key = ToolsetKey(toolsets.len());
+        for (tool, _) in &tools {
+            routes.insert(tool.name().to_owned(), key);
+        }
+        let child = ToolsetActor::spawn(
+            ActorId::agent_toolset(shared.id(), agent.name(), spec.generation, &name),
+            scope.clone(),
+            tools,
+            prompts,
+            shared.clone(),
+            spec.links.clone(),
+        );
+        toolsets.push(child.mailbox.clone());
+        own.push(child);
+    }
+    for toolset in spec.session_toolsets.iter() {
+        let key = ToolsetKey(toolsets.len());
+        schemas.extend(toolset.schemas.iter().cloned());
+        for tool in &toolset.tools {
+            routes.insert(tool.name().to_owned(), key);
+        }
+        toolsets.push(toolset.mailbox.clone());
+    }
+    let companions = shared.settings.exposes_companions(agent);
+    if companions {
+        schemas.extend(companions::schemas());
+    }
+    let tools = Tools {
+        routes,
+        schemas: Arc::from(schemas),
+        companions,
+    };
+    (own, toolsets, tools)
 }
 
 impl Actor for ActivityActor {
     type Context = Context<Self>;
 
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.status = Status::Closed;
-        self.ledger.refuse_held();
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        self.feed(Input::Stopped, ctx);
         // Recorded here, whoever stopped it (a handoff, the end of a task, the session's
         // close, or several of them racing): the session reads the book once every
         // activity is gone, so no final chat context depends on whose reply arrived.
-        if let Some(place) = self.history_place.take() {
-            self.shared
-                .record_history(place.order, self.history_entry(&place, false));
+        if let Some((order, entry)) = self.machine.history_entry(false) {
+            self.shared.history.record(order, entry);
         }
         self.probe.stopped();
     }
 }
 
-/// Sent by the session once, right after it spawned the activity: starts the agent's
-/// toolsets and runs `on_enter`. The reply comes after `on_enter` returned.
-pub(crate) struct StartActivity {
-    /// The chat context to start from (inherited from the previous agent, or empty).
-    pub(crate) chat: ChatContext,
-    /// Its place among the session's activations, for the history.
-    pub(crate) order: u32,
-    /// The sub-task it runs in, if any, for the history.
-    pub(crate) sub_task_of: Option<SubTaskOf>,
-    /// The agent this one takes over from, recorded as a handoff item.
-    pub(crate) handoff_from: Option<String>,
-}
+/// Sent by the session once, right after it spawned the activity: runs `on_enter`. The
+/// reply comes after `on_enter` returned.
+pub(crate) struct StartActivity;
 
 impl Message for StartActivity {
     type Result = ();
 }
 
 impl Handler<StartActivity> for ActivityActor {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseFuture<()>;
 
-    fn handle(&mut self, msg: StartActivity, _ctx: &mut Self::Context) -> Self::Result {
-        self.history_place = Some(HistoryPlace {
-            order: msg.order,
-            inherited: msg.chat.len(),
-            sub_task_of: msg.sub_task_of,
-        });
-        self.shared.emit_with(|| SessionEvent::ChatContextSet {
-            agent: self.agent_name(),
-            chat: msg.chat.clone(),
-        });
-        self.ledger = Ledger::new(msg.chat);
-        if let Some(from) = msg.handoff_from {
-            let item = ChatItem::AgentHandoff {
-                from: Some(from),
-                to: self.agent_name(),
-            };
-            self.with_ledger(false, |ledger, sink| ledger.append(item, sink));
-        }
-        self.start_toolsets();
-        self.set_state(AgentState::Initializing);
-        let hook = self.run_hook(self.agent.def.on_enter.clone(), "on_enter");
-        Box::pin(hook.into_actor(self).map(|(), act, _| {
-            if act.status == Status::Starting {
-                act.status = Status::Active;
-            }
-            act.set_state(AgentState::Listening);
-        }))
+    fn handle(&mut self, _msg: StartActivity, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.entering.push(tx);
+        self.feed(Input::Enter, ctx);
+        Box::pin(async move {
+            // No answer: the activity stopped first, which the session finds out itself.
+            let _ = rx.await;
+        })
     }
 }
 
@@ -468,11 +555,14 @@ impl Handler<StartTurn> for ActivityActor {
     type Result = ResponseFuture<TurnOutcome>;
 
     fn handle(&mut self, msg: StartTurn, ctx: &mut Self::Context) -> Self::Result {
-        if self.turn.is_some() || self.status != Status::Active {
-            return Box::pin(async { TurnOutcome::failed(SessionError::Closed) });
-        }
-        let (tx, rx) = oneshot::channel();
-        self.begin_turn(msg.kind, tx, ctx);
+        let (done, rx) = oneshot::channel();
+        self.feed(
+            Input::RunTurn {
+                kind: msg.kind,
+                done,
+            },
+            ctx,
+        );
         Box::pin(async move {
             rx.await
                 .unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed))
@@ -480,12 +570,13 @@ impl Handler<StartTurn> for ActivityActor {
     }
 }
 
-/// Sent by the session to stop the running turn now (`Session::interrupt`, a preempting
-/// handoff, a dropped `run` future, a user turn): the LLM stream is dropped, the output
-/// told to stop, no further step runs, and each call of the open step gets its output (a
-/// call that cancels on interruption is cancelled, the others move to the background).
-/// Refused (`Uninterruptible`) when the turn does not allow interruptions and `force` is
-/// not set. The reply comes once the turn ended (at once when none runs).
+/// Stops the running turn now (`Session::interrupt`, a preempting handoff, a dropped
+/// `run` future): the LLM stream is dropped, the output told to stop, no further step
+/// runs, and each call of the open step gets its output (a call that cancels on
+/// interruption is cancelled, the others move to the background). Refused
+/// (`Uninterruptible`) when the turn does not allow interruptions and `force` is not set.
+/// The reply comes once the turn ended (at once when none runs). The host sends it to the
+/// session, which relays it to the current agent.
 pub(crate) struct InterruptTurn {
     pub(crate) force: bool,
 }
@@ -498,18 +589,21 @@ impl Handler<InterruptTurn> for ActivityActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
     fn handle(&mut self, msg: InterruptTurn, ctx: &mut Self::Context) -> Self::Result {
-        let ended = self.interrupt(msg.force, ctx);
-        Box::pin(async move {
-            if let Some(ended) = ended? {
-                let _ = ended.await;
-            }
-            Ok(())
-        })
+        let (waiter, rx) = oneshot::channel();
+        self.feed(
+            Input::Interrupt {
+                force: msg.force,
+                waiter,
+            },
+            ctx,
+        );
+        Box::pin(async move { rx.await.unwrap_or(Ok(())) })
     }
 }
 
-/// Sent by the session for `SpeechHandle::interrupt`: the running turn stops if the
-/// speech is one of its own.
+/// A `SpeechHandle` asked to interrupt its speech (`interrupt`, `force_interrupt`): the
+/// session takes a queued `say` out of its queue, or relays this to the activity that
+/// speaks it, whose turn stops.
 pub(crate) struct InterruptSpeech {
     pub(crate) speech: SpeechId,
     pub(crate) force: bool,
@@ -523,12 +617,19 @@ impl Handler<InterruptSpeech> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: InterruptSpeech, ctx: &mut Self::Context) {
-        self.interrupt_speech(msg.speech, msg.force, ctx);
+        self.feed(
+            Input::InterruptSpeech {
+                speech: msg.speech,
+                force: msg.force,
+            },
+            ctx,
+        );
     }
 }
 
-/// Forwarded host input: the user started speaking. Over an interruptible turn this
-/// starts a barge-in (the output pauses if it can).
+/// Host input (`Session::user_started_speaking`): the user started speaking. The session
+/// keeps the user's state and relays it to the current agent, whose turn may be barged in
+/// on (the output pauses if it can).
 pub(crate) struct UserStartedSpeaking;
 
 impl Message for UserStartedSpeaking {
@@ -539,11 +640,12 @@ impl Handler<UserStartedSpeaking> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, _msg: UserStartedSpeaking, ctx: &mut Self::Context) {
-        self.user_started(ctx);
+        self.feed(Input::UserStartedSpeaking { at: Instant::now() }, ctx);
     }
 }
 
-/// Forwarded host input: the user stopped speaking.
+/// Host input (`Session::user_stopped_speaking`): the user stopped speaking; relayed like
+/// [`UserStartedSpeaking`].
 pub(crate) struct UserStoppedSpeaking;
 
 impl Message for UserStoppedSpeaking {
@@ -554,53 +656,69 @@ impl Handler<UserStoppedSpeaking> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, _msg: UserStoppedSpeaking, ctx: &mut Self::Context) {
-        self.user_stopped(ctx);
+        self.feed(Input::UserStoppedSpeaking { at: Instant::now() }, ctx);
     }
 }
 
-/// Forwarded host input: a transcript with words (interim or final) arrived, which makes
-/// a barge-in under way a real interruption.
-pub(crate) struct UserWords;
+/// Host input (`Session::transcript`): what the user said, interim or final. The session
+/// turns a final one into a user turn and relays the transcript to the current agent:
+/// words make a barge-in under way real, and a final one interrupts an interruptible turn.
+pub(crate) struct UserTranscript {
+    pub(crate) text: String,
+    pub(crate) is_final: bool,
+}
 
-impl Message for UserWords {
+impl Message for UserTranscript {
     type Result = ();
 }
 
-impl Handler<UserWords> for ActivityActor {
+impl Handler<UserTranscript> for ActivityActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: UserWords, ctx: &mut Self::Context) {
-        self.user_words(ctx);
+    fn handle(&mut self, msg: UserTranscript, ctx: &mut Self::Context) {
+        self.feed(
+            Input::UserTranscript {
+                is_final: msg.is_final,
+                has_words: !msg.text.trim().is_empty(),
+            },
+            ctx,
+        );
     }
 }
 
-/// Sent by the session to deliver a tool's later items (`/update_n`, `/finished`) to this
-/// agent's chat context. Held while the call's own step is not yet in the chat context;
-/// refused when the activity is paused or closed. `inserted` hears once the items are in
-/// (dropped unanswered if this activity stops with the message queued).
-pub(crate) struct InsertToolItems {
+/// A tool run's later items (`/update_n`, `/finished`), sent to the session, which relays
+/// them to the activity they belong to: held while the call's own step is not yet in the
+/// chat context, refused when the activity is paused or closed. `answer` hears once the
+/// items are in (or why they never will be); whoever delivers awaits it before its next
+/// delivery, so deliveries are bounded. Told, not asked: the answer travels with the
+/// message, so a delivery costs no reply future on the way.
+pub(crate) struct DeliverToolItems {
+    pub(crate) scope: Scope,
     pub(crate) base_call_id: String,
     pub(crate) items: Vec<ChatItem>,
-    pub(crate) inserted: ItemsWaiter,
+    /// Whether the items call for a deferred reply.
+    pub(crate) reply: bool,
+    pub(crate) answer: DeliveryAnswer,
 }
 
-impl Message for InsertToolItems {
+impl Message for DeliverToolItems {
     type Result = ();
 }
 
-impl Handler<InsertToolItems> for ActivityActor {
+impl Handler<DeliverToolItems> for ActivityActor {
     type Result = ();
 
-    fn handle(&mut self, msg: InsertToolItems, _ctx: &mut Self::Context) {
-        if !matches!(self.status, Status::Active | Status::Starting) {
-            let _ = msg.inserted.send(Err(UpdateError::ScopeClosed {
-                call_id: msg.base_call_id,
-            }));
-            return;
-        }
-        self.with_ledger(false, |ledger, sink| {
-            ledger.insert(&msg.base_call_id, msg.items, Some(msg.inserted), sink)
-        });
+    fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) {
+        self.feed(
+            Input::Deliver {
+                scope: msg.scope,
+                base_call_id: msg.base_call_id,
+                items: msg.items,
+                reply: msg.reply,
+                answer: msg.answer,
+            },
+            ctx,
+        );
     }
 }
 
@@ -617,12 +735,8 @@ impl Message for AppendItems {
 impl Handler<AppendItems> for ActivityActor {
     type Result = ();
 
-    fn handle(&mut self, msg: AppendItems, _ctx: &mut Self::Context) {
-        self.with_ledger(false, |ledger, sink| {
-            for item in msg.items {
-                ledger.append(item, sink);
-            }
-        });
+    fn handle(&mut self, msg: AppendItems, ctx: &mut Self::Context) {
+        self.feed(Input::Append(msg.items), ctx);
     }
 }
 
@@ -634,47 +748,41 @@ pub(crate) struct PauseActivity {
     pub(crate) exempt: Option<u64>,
 }
 
-/// The reply is the chat context once paused: its length is where the sub-task's items go
-/// in the call's transcript, and a sub-task agent may start from it.
+/// The reply is what the task's agent takes over: the chat context once paused (its
+/// length is where the sub-task's items go in the transcript, and a sub-task agent may
+/// start from it) and the session-scoped items pending for a deferred reply.
 impl Message for PauseActivity {
-    type Result = ChatContext;
+    type Result = Handover;
 }
 
+plain_response!(Handover);
+
 impl Handler<PauseActivity> for ActivityActor {
-    type Result = ResponseActFuture<Self, ChatContext>;
+    type Result = ResponseFuture<Handover>;
 
     fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
-        self.stop_generation_for_pause(ctx);
-        self.status = Status::Paused;
-        self.ledger.refuse_held();
-        let reason: Arc<str> = Arc::from("the agent was paused for a sub-task");
-        let stops: Vec<_> = self
-            .own_toolsets
-            .iter()
-            .map(|ts| {
-                ts.mailbox.ask(
-                    self.probe.id(),
-                    StopRuns {
-                        reason: reason.clone(),
-                        except: msg.exempt,
-                    },
-                )
-            })
-            .collect();
-        Box::pin(futures_util::future::join_all(stops).into_actor(self).map(
-            move |results, act, _| {
-                let calls = results.into_iter().flatten().flatten().collect();
-                act.with_ledger(false, |ledger, sink| {
-                    ledger.write_terminal(calls, &reason, sink)
+        let (tx, rx) = oneshot::channel();
+        self.pausing.push(tx);
+        self.feed(Input::Pause { exempt: msg.exempt }, ctx);
+        if !self.machine.is_paused() {
+            // Not pausable (closing): nothing to stop, answer with what it has.
+            let handover = self.handover();
+            for waiter in self.pausing.drain(..) {
+                let _ = waiter.send(Handover {
+                    chat: handover.chat.clone(),
+                    pending: handover.pending.clone(),
                 });
-                act.ledger.chat().clone()
-            },
-        ))
+            }
+        }
+        Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }
 
-/// Sent by the session when the sub-task this activity waited for has ended.
-pub(crate) struct ResumeActivity;
+/// Sent by the session when the sub-task this activity waited for has ended, with the
+/// session-scoped items that were pending in it.
+pub(crate) struct ResumeActivity {
+    pub(crate) carried: Vec<PendingItem>,
+}
 
 impl Message for ResumeActivity {
     type Result = ();
@@ -683,67 +791,43 @@ impl Message for ResumeActivity {
 impl Handler<ResumeActivity> for ActivityActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: ResumeActivity, ctx: &mut Self::Context) {
-        if self.status == Status::Paused {
-            self.status = Status::Active;
-            self.maybe_commit(ctx);
-        }
+    fn handle(&mut self, msg: ResumeActivity, ctx: &mut Self::Context) {
+        self.feed(
+            Input::Resume {
+                carried: msg.carried,
+            },
+            ctx,
+        );
     }
 }
 
 /// Sent by the session to end this activity (handoff, end of a sub-task, session close):
 /// runs `on_exit`, stops its toolsets (every run cancelled, given the grace period and
-/// awaited), gives unfinished calls their terminal outputs, then stops. The reply is the
-/// final chat context, sent once every tool actor of this activity is gone. A second
-/// `CloseActivity` (a session closing during a handoff) gets the same context.
+/// awaited), gives unfinished calls their terminal outputs, then stops. The reply is what
+/// the next agent takes over, sent once every tool actor of this activity is gone. A
+/// second `CloseActivity` (a session closing during a handoff) gets the same context.
 pub(crate) struct CloseActivity {
     pub(crate) reason: Arc<str>,
 }
 
 impl Message for CloseActivity {
-    type Result = ChatContext;
+    type Result = Handover;
 }
 
 impl Handler<CloseActivity> for ActivityActor {
-    type Result = ResponseActFuture<Self, ChatContext>;
+    type Result = ResponseFuture<Handover>;
 
     fn handle(&mut self, msg: CloseActivity, ctx: &mut Self::Context) -> Self::Result {
-        let was_open = self.status != Status::Closed;
-        self.status = Status::Closed;
-        self.stop_generation_for_close(ctx);
-        self.ledger.refuse_held();
-        let hook = self.run_hook(
-            was_open.then(|| self.agent.def.on_exit.clone()).flatten(),
-            "on_exit",
-        );
-        let reason = msg.reason;
-        Box::pin(
-            hook.into_actor(self)
-                .then(move |(), act, _| {
-                    let each = reason.clone();
-                    let stops = stop_all(act.own_toolsets.clone(), act.probe.id(), move || {
-                        StopToolset {
-                            reason: each.clone(),
-                        }
-                    });
-                    async move { (stops.await, reason) }.into_actor(act)
-                })
-                .map(|(results, reason), act, ctx| {
-                    let calls = results.into_iter().flatten().flatten().collect();
-                    act.with_ledger(true, |ledger, sink| {
-                        ledger.abort(&reason, sink);
-                        ledger.write_terminal(calls, &reason, sink);
-                    });
-                    act.finish_turn_now(TurnOutcome::failed(SessionError::Closed));
-                    ctx.stop();
-                    act.ledger.chat().clone()
-                }),
-        )
+        let (tx, rx) = oneshot::channel();
+        self.closing.push(tx);
+        self.feed(Input::Close { reason: msg.reason }, ctx);
+        Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }
 
-/// Forwarded from the output's `PlayoutReporter`: a speech's playout ended, in full or
-/// cut short with what was heard. Accepted for any speech at any time.
+/// The output's `PlayoutReporter` reported the end of a speech's playout, in full or cut
+/// short with what was heard. Accepted by the session for any speech at any time and
+/// relayed to the activity that speaks it; a speech that already ended gets nothing.
 pub(crate) struct PlayoutFinished {
     pub(crate) speech: SpeechId,
     pub(crate) interrupted: bool,
@@ -758,24 +842,31 @@ impl Handler<PlayoutFinished> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: PlayoutFinished, ctx: &mut Self::Context) {
-        self.playout_finished(msg.speech, msg.interrupted, msg.heard, ctx);
+        self.feed(
+            Input::Playout {
+                speech: msg.speech,
+                interrupted: msg.interrupted,
+                heard: msg.heard,
+            },
+            ctx,
+        );
     }
 }
 
-/// Asks for a copy of the chat context (for the host or a test).
-pub(crate) struct GetChat;
+/// Asks for a copy of the current agent's chat context (for the host or a test): sent by
+/// the host to the session, which relays it to the current agent or answers that a switch
+/// is under way.
+pub(crate) struct ReadChat;
 
-impl Message for GetChat {
-    type Result = ChatContext;
+impl Message for ReadChat {
+    type Result = Read<ChatContext>;
 }
 
-plain_response!(ChatContext);
+impl Handler<ReadChat> for ActivityActor {
+    type Result = Read<ChatContext>;
 
-impl Handler<GetChat> for ActivityActor {
-    type Result = ChatContext;
-
-    fn handle(&mut self, _msg: GetChat, _ctx: &mut Self::Context) -> Self::Result {
-        self.ledger.chat().clone()
+    fn handle(&mut self, _msg: ReadChat, _ctx: &mut Self::Context) -> Self::Result {
+        Read::Now(self.machine.chat().clone())
     }
 }
 
@@ -787,7 +878,7 @@ impl Message for ReadHistoryEntry {
 }
 
 /// A running activation's history entry and its place in start order.
-pub(crate) struct LiveEntry(pub(crate) Option<(u32, AgentChat)>);
+pub(crate) struct LiveEntry(pub(crate) Option<(u32, crate::history::AgentChat)>);
 
 plain_response!(LiveEntry);
 
@@ -795,11 +886,7 @@ impl Handler<ReadHistoryEntry> for ActivityActor {
     type Result = LiveEntry;
 
     fn handle(&mut self, _msg: ReadHistoryEntry, _ctx: &mut Self::Context) -> Self::Result {
-        LiveEntry(
-            self.history_place
-                .as_ref()
-                .map(|place| (place.order, self.history_entry(place, true))),
-        )
+        LiveEntry(self.machine.history_entry(true))
     }
 }
 
@@ -810,13 +897,13 @@ counted_handlers!(
     InterruptSpeech,
     UserStartedSpeaking,
     UserStoppedSpeaking,
-    UserWords,
-    InsertToolItems,
+    UserTranscript,
+    DeliverToolItems,
     AppendItems,
     PauseActivity,
     ResumeActivity,
     CloseActivity,
     PlayoutFinished,
-    GetChat,
+    ReadChat,
     ReadHistoryEntry,
 );

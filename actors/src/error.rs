@@ -177,9 +177,9 @@ pub enum UpdateError {
         /// The call id.
         call_id: String,
     },
-    /// The session closed.
+    /// The session is closed.
     #[error("the session is closed")]
-    SessionClosed,
+    Closed,
 }
 
 /// Why a sub-task agent (`run_task`) gave no result.

@@ -71,6 +71,7 @@ pub mod tool;
 
 mod activity;
 mod call_ids;
+mod delivery;
 mod idle_release;
 mod lifecycle;
 mod llm_guard;

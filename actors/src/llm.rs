@@ -11,10 +11,11 @@ use serde_json::Value;
 use crate::chat::ChatContext;
 
 /// What the model may do with tools on this request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolChoice {
     /// The model decides.
+    #[default]
     Auto,
     /// The model must answer in text (used for the deferred reply to tool updates).
     None,

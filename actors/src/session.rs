@@ -1,16 +1,20 @@
 //! `SessionActor`: one conversation with one user.
 //!
-//! - **Owns:** the session-scoped toolsets, the [`Schedule`] (which agent is current, the
-//!   activities paused for sub-tasks, queued work, the one pending deferred reply) and
-//!   the session's history.
+//! - **Owns:** the session-scoped toolsets and the [`Schedule`] (which agent is current,
+//!   the activities paused for sub-tasks, queued work, whether a deferred reply is wanted,
+//!   what the user is doing). The history is written by each activity as it stops
+//!   (`SessionShared::history`); the session reads it.
 //! - **Parent of:** every activity and session-scoped `ToolsetActor`.
 //! - **Starts** with `Session::builder().start(..)` (`StartSession`); **stops** on
 //!   `CloseSession` — sent by `Session::close` or when the host's last `Session` handle
 //!   is dropped — once all its children are gone.
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
-//!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `Interrupt`, `CutSpeech`, `Say`,
-//!   `UserSpeechStarted`, `UserSpeechEnded`, `UserTranscript`, `CancelTurn`,
-//!   `SpeechPlayedOut`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`.
+//!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `InterruptTurn`, `InterruptSpeech`,
+//!   `Say`, `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `CancelTurn`,
+//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`. Those it
+//!   relays to an activity keep their name on the way: `DeliverToolItems`,
+//!   `InterruptTurn`, `InterruptSpeech`, the three user inputs, `PlayoutFinished`,
+//!   `ReadChat`.
 //! - **Children reach it** only through [`SessionLinks`]: one counted address with a
 //!   method per message a child may send, never the host's handle.
 //!
@@ -40,13 +44,14 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::activity::{
-    ActivityActor, GetChat, InsertToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished,
+    ActivityActor, DeliverToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished, ReadChat,
     ReadHistoryEntry, StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking, UserStoppedSpeaking,
-    UserWords,
+    UserTranscript,
 };
 use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
 use crate::control::ControlPort;
+use crate::delivery::Scope;
 use crate::error::{SessionError, TaskError, UpdateError};
 use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
@@ -69,7 +74,6 @@ use crate::toolset::ToolsetActor;
 
 pub(crate) use close::CloseSession;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
-pub(crate) use schedule::{PendingItem, Scope};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -183,15 +187,6 @@ pub(crate) struct PlannedTask {
     exempt: Option<u64>,
 }
 
-/// Tool items on their way to a chat context, and the run waiting for them.
-pub(crate) struct Delivery {
-    scope: Scope,
-    base_call_id: String,
-    items: Vec<ChatItem>,
-    reply: bool,
-    done: DeliveryAnswer,
-}
-
 /// The session actor's handles, as the schedule moves them.
 pub(crate) struct Actors;
 
@@ -201,7 +196,7 @@ impl Work for Actors {
     type Handoff = PlannedHandoff;
     type Task = PlannedTask;
     type TaskReply = TaskReply;
-    type Delivery = Delivery;
+    type Delivery = DeliverToolItems;
 }
 
 /// What children may send to their session, and nothing else: one method per message a
@@ -253,16 +248,17 @@ impl SpeechPort for SessionLinks {
     fn interrupt(&self, speech: SpeechId, force: bool) {
         // One per handle call, at the pace of whoever holds the handle.
         self.session
-            .tell(&ActorId::host(), CutSpeech { speech, force });
+            .tell(&ActorId::host(), InterruptSpeech { speech, force });
     }
 }
 
 impl PlayoutPort for SessionLinks {
     fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
-        // One per speech (bounded by the speeches the session made).
+        // One per report, at the host's pace; a report of a speech that has ended is
+        // dropped at the session.
         self.session.tell(
             &ActorId::host(),
-            SpeechPlayedOut {
+            PlayoutFinished {
                 speech,
                 interrupted,
                 heard,
@@ -305,10 +301,8 @@ pub(crate) struct SessionActor {
     started: u32,
     /// Voice input was seen: the user can go away (text sessions never do).
     voice: bool,
-    /// Tool deliveries received so far, and those not yet in a chat context: what a
-    /// settling deferred reply watches.
+    /// Tool deliveries received so far: what a settling deferred reply watches.
     deliveries_seen: u64,
-    deliveries_in_flight: usize,
     away_timer: Option<SpawnHandle>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
     /// counts the session as gone.
@@ -342,7 +336,6 @@ impl SessionActor {
             started: 0,
             voice: false,
             deliveries_seen: 0,
-            deliveries_in_flight: 0,
             away_timer: None,
             _lease: lease,
             _alive: alive,
@@ -360,8 +353,8 @@ impl SessionActor {
                 Next::Turn { activity, turn } => {
                     self.start_turn(activity, turn.kind, turn.reply, ctx)
                 }
-                Next::Deferred { activity, items } => {
-                    self.start_turn(activity, TurnKind::Deferred(items), None, ctx)
+                Next::Deferred { activity } => {
+                    self.start_turn(activity, TurnKind::Deferred, None, ctx)
                 }
                 Next::Handoff { outgoing, handoff } => self.begin_handoff(outgoing, handoff, ctx),
                 Next::Task { caller, task } => self.begin_task(caller, task, ctx),
@@ -370,21 +363,22 @@ impl SessionActor {
             }
         }
         let inactive = self.schedule.is_inactive();
-        self.shared.publish_inactive(inactive);
+        self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
     }
 
     /// Lets the tool deliveries already on their way land before the deferred reply starts,
     /// so they join it: yields to the arbiter (every ready task — a tool body about to send
-    /// its next update, an activity inserting one — runs once per yield) until
-    /// `QUIET_ROUNDS` yields in a row pass with no new delivery and none in flight, at most
-    /// `SETTLE_ROUNDS` yields in all. No timer: when nothing is on its way, the reply starts
-    /// after a few yields (about a microsecond).
+    /// its next update — runs once per yield) until `QUIET_ROUNDS` yields in a row pass
+    /// with no new delivery, at most `SETTLE_ROUNDS` yields in all. A delivery relayed to
+    /// the activity before the reply is in the reply: the activity's mailbox keeps the
+    /// order. No timer: when nothing is on its way, the reply starts after a few yields
+    /// (about a microsecond).
     fn settle(&mut self, rounds: u32, quiet: u32, ctx: &mut Context<Self>) {
         let seen = self.deliveries_seen;
         ctx.spawn(
             fut::wrap_future::<_, Self>(yield_to_ready_tasks()).map(move |(), act, ctx| {
-                let busy = act.deliveries_seen != seen || act.deliveries_in_flight > 0;
+                let busy = act.deliveries_seen != seen;
                 let quiet = if busy { 0 } else { quiet + 1 };
                 if quiet < QUIET_ROUNDS && rounds < SETTLE_ROUNDS {
                     act.settle(rounds + 1, quiet, ctx);
@@ -399,7 +393,7 @@ impl SessionActor {
     /// A voice session whose user stays silent while the agent is idle for
     /// `user_away_timeout` marks the user away.
     fn watch_for_away(&mut self, inactive: bool, ctx: &mut Context<Self>) {
-        let Some(timeout) = self.shared.config.user_away_timeout else {
+        let Some(timeout) = self.shared.settings.config.user_away_timeout else {
             return;
         };
         if !self.voice {
@@ -411,14 +405,22 @@ impl SessionActor {
             }
             return;
         }
-        if self.away_timer.is_none() && self.shared.user_state() != UserState::Away {
+        if self.away_timer.is_none() && self.schedule.user() != UserState::Away {
             self.away_timer = Some(ctx.run_later(timeout, |act, _| {
                 act.away_timer = None;
                 if act.schedule.is_inactive() {
-                    act.shared.set_user_state(UserState::Away);
+                    act.set_user(UserState::Away);
                 }
             }));
         }
+    }
+
+    /// The user's state changed: the schedule keeps it, the host reads the published copy.
+    fn set_user(&mut self, user: UserState) {
+        self.schedule.set_user(user);
+        self.shared
+            .host_view
+            .publish_user_state(&self.shared.events, user);
     }
 
     /// The agent whose settings a new speech takes (the current one, else the session's).
@@ -426,7 +428,7 @@ impl SessionActor {
         self.schedule
             .current()
             .and_then(|current| current.agent.def.allow_interruptions)
-            .unwrap_or(self.shared.config.allow_interruptions)
+            .unwrap_or(self.shared.settings.config.allow_interruptions)
     }
 
     fn start_turn(
@@ -502,7 +504,7 @@ impl SessionActor {
 
     /// Checks that the handoff's agent can start here (before anything is stopped).
     fn plan_handoff(&self, handoff: Handoff, done: HandoffDone) -> Result<PlannedHandoff, Refused> {
-        match self.shared.check_agent(&handoff.agent) {
+        match self.shared.settings.check_agent(&handoff.agent) {
             Ok(llm) => Ok(PlannedHandoff { handoff, llm, done }),
             Err(err) => Err(Box::new((done, err.into()))),
         }
@@ -531,50 +533,26 @@ impl SessionActor {
         }
     }
 
-    /// Sends tool items to the chat context they belong in, or holds or refuses them.
-    fn deliver(&mut self, delivery: Delivery, ctx: &mut Context<Self>) {
+    /// Relays tool items to the activity they belong in (which answers the run), or holds
+    /// or refuses them; items that ask for a reply make one wanted.
+    fn deliver(&mut self, delivery: DeliverToolItems) {
         let scope = delivery.scope.clone();
         match self.schedule.route(&scope, delivery) {
             Route::To(activity, delivery) => {
-                let pending = delivery
-                    .reply
-                    .then(|| output_call_id(&delivery.items))
-                    .flatten()
-                    .map(|call_id| PendingItem {
-                        scope,
-                        call_id,
-                        items: Arc::from(delivery.items.clone()),
-                    });
-                let (inserted, heard) = oneshot::channel();
-                activity.child.mailbox.tell(
-                    self.probe.id(),
-                    InsertToolItems {
-                        base_call_id: delivery.base_call_id,
-                        items: delivery.items,
-                        inserted,
-                    },
-                );
-                let done = delivery.done;
-                self.deliveries_in_flight += 1;
-                ctx.spawn(heard.into_actor(self).map(move |inserted, act, ctx| {
-                    act.deliveries_in_flight -= 1;
-                    // No answer: the activity stopped with the items still queued.
-                    let inserted = inserted.unwrap_or(Err(UpdateError::SessionClosed));
-                    if let (Ok(()), Some(item)) = (&inserted, pending) {
-                        act.schedule.add_pending(item);
-                    }
-                    done.send(inserted);
-                    act.pump(ctx);
-                }));
+                if delivery.reply {
+                    self.schedule.wants_reply();
+                }
+                // One per delivery; whoever delivers awaits its answer before the next.
+                activity.child.mailbox.tell(self.probe.id(), delivery);
             }
             Route::Held => {}
             Route::ScopeClosed(delivery) => {
-                delivery.done.send(Err(UpdateError::ScopeClosed {
+                delivery.answer.send(Err(UpdateError::ScopeClosed {
                     call_id: delivery.base_call_id,
                 }));
             }
             Route::SessionClosed(delivery) => {
-                delivery.done.send(Err(UpdateError::SessionClosed));
+                delivery.answer.send(Err(UpdateError::Closed));
             }
         }
     }
@@ -605,14 +583,6 @@ const SETTLE_ROUNDS: u32 = 512;
 /// reach the session.
 const QUIET_ROUNDS: u32 = 8;
 
-/// The call id of the last output among `items` (what a deferred reply names).
-fn output_call_id(items: &[ChatItem]) -> Option<String> {
-    items.iter().rev().find_map(|item| match item {
-        ChatItem::FunctionCallOutput(o) => Some(o.call_id.clone()),
-        _ => None,
-    })
-}
-
 fn refusal(why: Refusal) -> SessionError {
     match why {
         Refusal::Closed => SessionError::Closed,
@@ -642,7 +612,7 @@ impl Handler<StartSession> for SessionActor {
     fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
         self.start_toolsets();
         let reporter = PlayoutReporter::new(self.links.clone());
-        self.shared.with_output(|output| output.attach(reporter));
+        self.shared.output.call(|output| output.attach(reporter));
         let Some((agent, llm)) = self.first_agent.take() else {
             return Box::pin(fut::ready(Err(SessionError::Closed)));
         };
@@ -655,6 +625,7 @@ impl Handler<StartSession> for SessionActor {
             chat,
             handoff_from: None,
             sub_task_of: None,
+            carried: Vec::new(),
         };
         self.enter(first, ctx, move |_, res| {
             let _ = tx.send(res);
@@ -791,7 +762,7 @@ impl Handler<RunTask> for SessionActor {
 
     fn handle(&mut self, msg: RunTask, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        match self.shared.check_agent(&msg.agent) {
+        match self.shared.settings.check_agent(&msg.agent) {
             Err(err) => {
                 let _ = tx.send(Err(TaskError::NotStarted(err)));
             }
@@ -832,126 +803,36 @@ impl Handler<CompleteTask> for SessionActor {
     }
 }
 
-/// Sent by a tool run with its later items (`/update_n`, `/finished`). `answer` hears
-/// once they are in a chat context (or why they never will be). Told, not asked: the
-/// answer travels with the message, so a delivery costs no reply future on the way.
-/// Bounded: whoever delivers awaits the answer before its next delivery.
-pub(crate) struct DeliverToolItems {
-    pub(crate) scope: Scope,
-    pub(crate) base_call_id: String,
-    pub(crate) items: Vec<ChatItem>,
-    /// Whether the items call for a deferred reply.
-    pub(crate) reply: bool,
-    pub(crate) answer: DeliveryAnswer,
-}
-
-impl Message for DeliverToolItems {
-    type Result = ();
-}
-
 impl Handler<DeliverToolItems> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: DeliverToolItems, ctx: &mut Self::Context) {
         self.deliveries_seen += 1;
-        self.deliver(
-            Delivery {
-                scope: msg.scope,
-                base_call_id: msg.base_call_id,
-                items: msg.items,
-                reply: msg.reply,
-                done: msg.answer,
-            },
-            ctx,
-        );
+        self.deliver(msg);
+        self.pump(ctx);
     }
 }
 
-/// Where the answer to one delivery of tool items goes: sent once, when the items are in
-/// a chat context or refused. Dropped unanswered — the session stopped with the delivery
-/// still queued — it answers [`UpdateError::SessionClosed`], so whoever waits always hears.
-pub(crate) struct DeliveryAnswer(Option<oneshot::Sender<Result<(), UpdateError>>>);
-
-impl DeliveryAnswer {
-    /// An answer that goes to `to`.
-    pub(crate) fn to(to: oneshot::Sender<Result<(), UpdateError>>) -> Self {
-        Self(Some(to))
-    }
-
-    /// An answer for whoever awaits the returned future (`SessionClosed` if it never comes).
-    pub(crate) fn awaited() -> (
-        Self,
-        impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static,
-    ) {
-        let (tx, rx) = oneshot::channel();
-        let heard = async move { rx.await.unwrap_or(Err(UpdateError::SessionClosed)) };
-        (Self::to(tx), heard)
-    }
-
-    /// An answer nobody waits for (a run's terminal output written as it is stopped).
-    pub(crate) fn unheard() -> Self {
-        Self(None)
-    }
-
-    /// Answers (a waiter that went away is no one's concern).
-    pub(crate) fn send(mut self, result: Result<(), UpdateError>) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(result);
-        }
-    }
-}
-
-impl Drop for DeliveryAnswer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(Err(UpdateError::SessionClosed));
-        }
-    }
-}
-
-/// Sent by the host (`Session::interrupt`, `Session::force_interrupt`): stops the current
-/// agent's turn now (its LLM stream is dropped, the output told to stop, no further step
-/// runs, its calls get their outputs). Refused when the turn does not allow interruptions
-/// and `force` is not set. The reply comes once that turn has ended; at once when none
-/// runs.
-pub(crate) struct Interrupt {
-    pub(crate) force: bool,
-}
-
-impl Message for Interrupt {
-    type Result = Result<(), SessionError>;
-}
-
-impl Handler<Interrupt> for SessionActor {
+/// From the host (`Session::interrupt`, `Session::force_interrupt`): relayed to the
+/// current agent when a turn of it runs; answered at once when none does.
+impl Handler<InterruptTurn> for SessionActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
-    fn handle(&mut self, msg: Interrupt, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: InterruptTurn, _ctx: &mut Self::Context) -> Self::Result {
         let Some(activity) = self.schedule.interrupt_target() else {
             return Box::pin(async { Ok(()) });
         };
-        let ask = activity
-            .child
-            .mailbox
-            .ask(self.probe.id(), InterruptTurn { force: msg.force });
+        let ask = activity.child.mailbox.ask(self.probe.id(), msg);
         Box::pin(async move { ask.await.unwrap_or(Ok(())) })
     }
 }
 
-/// Sent by a `SpeechHandle` (`interrupt`, `force_interrupt`): a queued `say` is taken out
-/// of the queue; a speech of the running turn stops with its turn.
-pub(crate) struct CutSpeech {
-    pub(crate) speech: SpeechId,
-    pub(crate) force: bool,
-}
-
-impl Message for CutSpeech {
-    type Result = ();
-}
-
-impl Handler<CutSpeech> for SessionActor {
+/// From a `SpeechHandle`: a queued `say` leaves the queue; a speech under way is relayed to
+/// the activity that speaks it.
+impl Handler<InterruptSpeech> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: CutSpeech, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: InterruptSpeech, ctx: &mut Self::Context) {
         let queued = self.schedule.remove_turn(
             |turn| matches!(&turn.kind, TurnKind::Say { speech, .. } if speech.id() == msg.speech),
         );
@@ -966,15 +847,21 @@ impl Handler<CutSpeech> for SessionActor {
             self.pump(ctx);
             return;
         }
-        if let Some(current) = self.schedule.current() {
-            current.child.mailbox.tell(
-                self.probe.id(),
-                InterruptSpeech {
-                    speech: msg.speech,
-                    force: msg.force,
-                },
-            );
+        if let Some(owner) = self.speaker(msg.speech) {
+            owner.child.mailbox.tell(self.probe.id(), msg);
         }
+    }
+}
+
+impl SessionActor {
+    /// The activity that speaks `speech`, while the speech goes on.
+    fn speaker(&self, speech: SpeechId) -> Option<ActivityRef> {
+        let owner = self.shared.speeches.owner(speech)?;
+        self.schedule
+            .activities()
+            .into_iter()
+            .find(|activity| *activity.id() == owner)
+            .cloned()
     }
 }
 
@@ -998,7 +885,7 @@ impl Handler<Say> for SessionActor {
             .allow_interruptions
             .unwrap_or_else(|| self.allows_interruptions());
         let speech = SpeechHandle::new(
-            SpeechId(self.shared.next_speech()),
+            SpeechId(self.shared.ids.next_speech()),
             Interruptibility::new(allow),
             SpeechStatus::Queued,
             self.links.clone(),
@@ -1028,67 +915,38 @@ impl Handler<Say> for SessionActor {
     }
 }
 
-/// Host input (`Session::user_started_speaking`): the user started speaking. The user is
-/// speaking (deferred replies wait), and the current agent's turn may be barged in on.
-pub(crate) struct UserSpeechStarted;
-
-impl Message for UserSpeechStarted {
-    type Result = ();
-}
-
-impl Handler<UserSpeechStarted> for SessionActor {
+/// From the host: the user is speaking (deferred replies wait), and the current agent's
+/// turn may be barged in on.
+impl Handler<UserStartedSpeaking> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: UserSpeechStarted, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
         self.voice = true;
-        self.shared.set_user_state(UserState::Speaking);
-        self.schedule.set_user_speaking(true);
+        self.set_user(UserState::Speaking);
         if let Some(current) = self.schedule.current() {
-            current
-                .child
-                .mailbox
-                .tell(self.probe.id(), UserStartedSpeaking);
+            current.child.mailbox.tell(self.probe.id(), msg);
         }
         self.pump(ctx);
     }
 }
 
-/// Host input (`Session::user_stopped_speaking`): the user stopped speaking.
-pub(crate) struct UserSpeechEnded;
-
-impl Message for UserSpeechEnded {
-    type Result = ();
-}
-
-impl Handler<UserSpeechEnded> for SessionActor {
+/// From the host: the user stopped speaking.
+impl Handler<UserStoppedSpeaking> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, _msg: UserSpeechEnded, ctx: &mut Self::Context) {
+    fn handle(&mut self, msg: UserStoppedSpeaking, ctx: &mut Self::Context) {
         self.voice = true;
-        self.shared.set_user_state(UserState::Listening);
-        self.schedule.set_user_speaking(false);
+        self.set_user(UserState::Listening);
         if let Some(current) = self.schedule.current() {
-            current
-                .child
-                .mailbox
-                .tell(self.probe.id(), UserStoppedSpeaking);
+            current.child.mailbox.tell(self.probe.id(), msg);
         }
         self.pump(ctx);
     }
 }
 
-/// Host input (`Session::transcript`): what the user said, interim or final. Interim ones
-/// are events (and words that make a barge-in real); a final one is a user turn, which
-/// interrupts the running turn if it allows it instead of waiting behind it.
-pub(crate) struct UserTranscript {
-    pub(crate) text: String,
-    pub(crate) is_final: bool,
-}
-
-impl Message for UserTranscript {
-    type Result = ();
-}
-
+/// From the host: an interim transcript is an event; a final one with words is a user
+/// turn, which goes first. The transcript is relayed to the current agent, whose running
+/// turn stops for it if it allows it (words also make a barge-in real).
 impl Handler<UserTranscript> for SessionActor {
     type Result = ();
 
@@ -1097,35 +955,25 @@ impl Handler<UserTranscript> for SessionActor {
         let has_words = !msg.text.trim().is_empty();
         if !msg.is_final {
             self.shared
+                .events
                 .emit_with(|| SessionEvent::UserInputTranscribed {
                     text: msg.text.clone(),
                     is_final: false,
                 });
         }
+        let turn = (msg.is_final && has_words).then(|| QueuedTurn {
+            kind: TurnKind::User(msg.text.clone()),
+            reply: None,
+        });
         if has_words {
             if let Some(current) = self.schedule.current() {
-                current.child.mailbox.tell(self.probe.id(), UserWords);
+                current.child.mailbox.tell(self.probe.id(), msg);
             }
         }
-        if !(msg.is_final && has_words) {
-            return;
-        }
-        let turn = QueuedTurn {
-            kind: TurnKind::User(msg.text),
-            reply: None,
-        };
-        // The user's turn goes first; the turn running now stops if it allows it.
-        if self
-            .schedule
-            .queue_turn(TurnId::Engine, turn, SpeechPriority::High)
-            .is_ok()
-        {
-            if let Some(activity) = self.schedule.interrupt_target() {
-                activity
-                    .child
-                    .mailbox
-                    .tell(self.probe.id(), InterruptTurn { force: false });
-            }
+        if let Some(turn) = turn {
+            let _ = self
+                .schedule
+                .queue_turn(TurnId::Engine, turn, SpeechPriority::High);
         }
         self.pump(ctx);
     }
@@ -1156,37 +1004,16 @@ impl Handler<CancelTurn> for SessionActor {
     }
 }
 
-/// Sent by the output's `PlayoutReporter`: a speech's playout ended, in full or cut
-/// short with what was heard; forwarded to every activity (the one that made the
-/// speech applies it).
-pub(crate) struct SpeechPlayedOut {
-    pub(crate) speech: SpeechId,
-    pub(crate) interrupted: bool,
-    pub(crate) heard: Option<String>,
-}
-
-impl Message for SpeechPlayedOut {
-    type Result = ();
-}
-
-impl Handler<SpeechPlayedOut> for SessionActor {
+/// From the output's `PlayoutReporter`: relayed to the activity that speaks the speech,
+/// while it goes on; a report of a speech that has ended (or of none the session made)
+/// changes nothing.
+impl Handler<PlayoutFinished> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: SpeechPlayedOut, _ctx: &mut Self::Context) {
-        // Every activity the schedule knows, not only the current one: the speech may be
-        // a paused caller's (its turn waits for the report while its sub-task runs), or
-        // the report may come during a switch. An activity ignores speeches it did not
-        // make (speech ids are unique in the session). One per activity per report:
-        // bounded.
-        for activity in self.schedule.activities() {
-            activity.child.mailbox.tell(
-                self.probe.id(),
-                PlayoutFinished {
-                    speech: msg.speech,
-                    interrupted: msg.interrupted,
-                    heard: msg.heard.clone(),
-                },
-            );
+    fn handle(&mut self, msg: PlayoutFinished, _ctx: &mut Self::Context) {
+        if let Some(owner) = self.speaker(msg.speech) {
+            // One per report: bounded by the host's reports.
+            owner.child.mailbox.tell(self.probe.id(), msg);
         }
     }
 }
@@ -1210,25 +1037,15 @@ impl SessionActor {
     }
 }
 
-/// Asks for a copy of the current agent's chat context.
-pub(crate) struct ReadChat;
-
-impl Message for ReadChat {
-    type Result = Read<ChatContext>;
-}
-
+/// From the host (`Session::chat_context`): relayed to the current agent; during a switch,
+/// "ask again after it".
 impl Handler<ReadChat> for SessionActor {
     type Result = ResponseFuture<Read<ChatContext>>;
 
-    fn handle(&mut self, _msg: ReadChat, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: ReadChat, _ctx: &mut Self::Context) -> Self::Result {
         let me = self.probe.id().clone();
-        match self.read_current(|current| current.child.mailbox.ask(&me, GetChat)) {
-            Read::Now(ask) => Box::pin(async move {
-                match ask.await {
-                    Ok(chat) => Read::Now(chat),
-                    Err(_) => Read::Closed,
-                }
-            }),
+        match self.read_current(|current| current.child.mailbox.ask(&me, msg)) {
+            Read::Now(ask) => Box::pin(async move { ask.await.unwrap_or(Read::Closed) }),
             Read::AfterSwitch => Box::pin(async { Read::AfterSwitch }),
             Read::Closed => Box::pin(async { Read::Closed }),
         }
@@ -1262,7 +1079,7 @@ impl Handler<ReadHistory> for SessionActor {
                 .into_iter()
                 .filter_map(|entry| entry.ok().and_then(|live| live.0))
                 .collect();
-            shared.history(live)
+            shared.history.read(live)
         })
     }
 }
@@ -1274,7 +1091,7 @@ impl Message for ReadAgent {
     type Result = Read<String>;
 }
 
-plain_response!(Read<String>);
+plain_response!(Read<String>, Read<ChatContext>);
 
 impl Handler<ReadAgent> for SessionActor {
     type Result = Read<String>;
@@ -1293,14 +1110,14 @@ counted_handlers!(
     RunTask,
     CompleteTask,
     DeliverToolItems,
-    Interrupt,
-    CutSpeech,
+    InterruptTurn,
+    InterruptSpeech,
     Say,
-    UserSpeechStarted,
-    UserSpeechEnded,
+    UserStartedSpeaking,
+    UserStoppedSpeaking,
     UserTranscript,
     CancelTurn,
-    SpeechPlayedOut,
+    PlayoutFinished,
     ReadChat,
     ReadHistory,
     ReadAgent,

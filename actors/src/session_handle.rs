@@ -18,6 +18,9 @@ use std::future::Future;
 use serde_json::Value;
 
 use crate::activity::TurnKind;
+use crate::activity::{
+    InterruptTurn, ReadChat, UserStartedSpeaking, UserStoppedSpeaking, UserTranscript,
+};
 use crate::agent::Agent;
 use crate::chat::ChatContext;
 use crate::error::{BuildError, SessionError, TaskError};
@@ -37,10 +40,10 @@ use crate::reentry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CancelTurn, CloseSession, Interrupt, Read, ReadAgent, ReadChat, ReadHistory, RunTask, RunTurn,
-    Say, SessionActor, StartSession, UserSpeechEnded, UserSpeechStarted, UserTranscript,
+    CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RunTask, RunTurn, Say, SessionActor,
+    StartSession,
 };
-use crate::shared::{SessionConfig, SessionShared, SessionTools, SharedParts};
+use crate::shared::{SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
 
@@ -75,7 +78,7 @@ impl Drop for Host {
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
-            .field("id", &self.host.shared.id)
+            .field("id", self.host.shared.id())
             .finish()
     }
 }
@@ -106,7 +109,7 @@ impl Session {
 
     /// The session's id (`s1`, `s2`, …).
     pub fn id(&self) -> &SessionId {
-        &self.host.shared.id
+        self.host.shared.id()
     }
 
     fn shared(&self) -> &SessionShared {
@@ -128,7 +131,7 @@ impl Session {
         operation: &'static str,
     ) -> Result<RunResult, SessionError> {
         self.check_reentry(operation)?;
-        let id = self.shared().next_turn();
+        let id = self.shared().ids.next_turn();
         let mut guard = CancelOnDrop {
             mailbox: &self.host.mailbox,
             id,
@@ -209,7 +212,7 @@ impl Session {
     async fn interrupt_with(&self, force: bool) -> Result<(), SessionError> {
         self.host
             .mailbox
-            .ask(&ActorId::host(), Interrupt { force })
+            .ask(&ActorId::host(), InterruptTurn { force })
             .await
             .map_err(|_| SessionError::Closed)?
     }
@@ -246,12 +249,16 @@ impl Session {
     /// output pauses if it can; see [`SessionBuilder::min_interruption_duration`]).
     pub fn user_started_speaking(&self) {
         // One message per input event, at the host's rate.
-        self.host.mailbox.tell(&ActorId::host(), UserSpeechStarted);
+        self.host
+            .mailbox
+            .tell(&ActorId::host(), UserStartedSpeaking);
     }
 
     /// Host input: the user stopped speaking.
     pub fn user_stopped_speaking(&self) {
-        self.host.mailbox.tell(&ActorId::host(), UserSpeechEnded);
+        self.host
+            .mailbox
+            .tell(&ActorId::host(), UserStoppedSpeaking);
     }
 
     /// Host input: what the user said (from the host's STT). An interim transcript
@@ -270,12 +277,12 @@ impl Session {
 
     /// What the agent is doing now.
     pub fn agent_state(&self) -> AgentState {
-        self.shared().agent_state()
+        self.shared().host_view.agent_state()
     }
 
     /// What the user is doing now, as the host's input says.
     pub fn user_state(&self) -> UserState {
-        self.shared().user_state()
+        self.shared().host_view.user_state()
     }
 
     /// Closes the session: waits for no queued work, cancels tool runs (with their grace
@@ -287,7 +294,7 @@ impl Session {
         let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
         self.shared().gone.clone().wait().await;
         // Every activity recorded its final chat context as it stopped.
-        Ok(self.shared().history(Vec::new()))
+        Ok(self.shared().history.read(Vec::new()))
     }
 
     /// The conversation so far, across agents: the final chat context of every agent
@@ -298,7 +305,7 @@ impl Session {
         match self.host.mailbox.ask(&ActorId::host(), ReadHistory).await {
             Ok(history) => history,
             // The session is gone: every activity is in the book.
-            Err(_) => self.shared().history(Vec::new()),
+            Err(_) => self.shared().history.read(Vec::new()),
         }
     }
 
@@ -309,7 +316,7 @@ impl Session {
     /// of this session may await it once its turn has ended, but awaited from a tool of the
     /// turn in progress or from a hook, it waits on that turn or handoff and never resolves.
     pub async fn wait_for_inactive(&self) {
-        let mut rx = self.shared().inactive.subscribe();
+        let mut rx = self.shared().host_view.inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
     }
 
@@ -323,8 +330,8 @@ impl Session {
         let shared = self.shared();
         loop {
             // Created before the check: a settle in between is not missed.
-            let settled = shared.settled();
-            if shared.is_settled() {
+            let settled = shared.host_view.settled();
+            if shared.host_view.is_settled() {
                 return Ok(());
             }
             settled.await;
@@ -333,17 +340,17 @@ impl Session {
 
     /// Whether the session is inactive now.
     pub fn is_inactive(&self) -> bool {
-        *self.shared().inactive.borrow()
+        *self.shared().host_view.inactive.borrow()
     }
 
     /// A watch of the session's inactivity, for hosts that select over it.
     pub fn inactivity(&self) -> watch::Receiver<bool> {
-        self.shared().inactive.subscribe()
+        self.shared().host_view.inactive.subscribe()
     }
 
     /// Subscribes to the session's events (from now on).
     pub fn subscribe(&self) -> broadcast::Receiver<SessionEvent> {
-        self.shared().subscribe()
+        self.shared().events.subscribe()
     }
 
     /// Reads the current agent; during a handoff or sub-task switch, waits for it to end.
@@ -355,7 +362,7 @@ impl Session {
     {
         loop {
             // Created before asking: a switch that ends in between still wakes it.
-            let switched = self.shared().switched.notified();
+            let switched = self.shared().host_view.switched.notified();
             match self.host.mailbox.ask(&ActorId::host(), read()).await {
                 Ok(Read::Now(value)) => return Ok(value),
                 Ok(Read::AfterSwitch) => switched.await,
@@ -388,12 +395,12 @@ impl Session {
         self.shared()
             .journal
             .as_ref()
-            .map(|journal| Inspector::new(journal.clone(), self.shared().id.clone()))
+            .map(|journal| Inspector::new(journal.clone(), self.shared().id().clone()))
     }
 
     /// The session's user data, if it is a `T`.
     pub fn userdata<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
-        self.shared().userdata.clone()?.downcast().ok()
+        self.shared().settings.userdata.clone()?.downcast().ok()
     }
 }
 
@@ -415,7 +422,7 @@ impl SessionAddress {
     /// (interrupting it) for [`Handoff::interrupting`]. Refused at once with
     /// [`SessionError::Build`] when the agent cannot start here.
     pub async fn send(&self, handoff: Handoff) -> Result<(), SessionError> {
-        if reentry::is_inside(&self.host.shared.id) {
+        if reentry::is_inside(self.host.shared.id()) {
             return Err(SessionError::WouldDeadlock {
                 operation: "update_agent",
             });
@@ -688,34 +695,38 @@ impl SessionBuilder {
         let id = engine.next_session_id();
         let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
         let (alive, gone) = alive_pair();
+        let span = tracing::info_span!("session", session = %id);
         let shared = Arc::new(SessionShared::new(SharedParts {
-            id: id.clone(),
-            config: SessionConfig {
-                max_tool_steps: self.max_tool_steps,
-                grace_period: self.grace_period,
-                inherit_chat_context: self.inherit_chat_context,
-                llm_timeouts: self.llm_timeouts,
-                max_calls_per_step: self.max_calls_per_step,
-                max_argument_bytes: self.max_argument_bytes,
-                allow_interruptions: self.allow_interruptions,
-                min_interruption_duration: self.min_interruption_duration,
-                false_interruption_timeout: self.false_interruption_timeout,
-                user_away_timeout: self.user_away_timeout,
+            settings: SessionSettings {
+                id: id.clone(),
+                config: SessionConfig {
+                    max_tool_steps: self.max_tool_steps,
+                    grace_period: self.grace_period,
+                    inherit_chat_context: self.inherit_chat_context,
+                    llm_timeouts: self.llm_timeouts,
+                    max_calls_per_step: self.max_calls_per_step,
+                    max_argument_bytes: self.max_argument_bytes,
+                    allow_interruptions: self.allow_interruptions,
+                    min_interruption_duration: self.min_interruption_duration,
+                    false_interruption_timeout: self.false_interruption_timeout,
+                    user_away_timeout: self.user_away_timeout,
+                },
+                llm: self.llm,
+                error_policy: self.error_policy,
+                prompts: self.prompts,
+                mocks: self.mocks,
+                userdata: self.userdata,
+                session_tools,
             },
-            llm: self.llm,
-            error_policy: self.error_policy,
-            prompts: self.prompts,
-            mocks: self.mocks,
-            userdata: self.userdata,
             journal: journal.clone(),
-            session_tools,
             output: self.output,
             event_capacity: self.event_capacity,
             gone,
+            span,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
         // fails with the reason and leaves nothing behind.
-        let first = (agent.clone(), shared.check_agent(&agent)?);
+        let first = (agent.clone(), shared.settings.check_agent(&agent)?);
         let probe = Probe::new(ActorId::session_actor(&id), journal);
         let toolsets = self.toolsets;
         let actor_shared = shared.clone();

@@ -30,9 +30,11 @@ use serde_json::Value;
 use tokio::sync::{oneshot, watch};
 use tracing::Instrument;
 
+use crate::activity::DeliverToolItems;
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
+use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{TaskError, UpdateError};
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
@@ -41,7 +43,7 @@ use crate::outcome::{classify, vet, CallOutput, Effect, ErrorPolicies};
 use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::reentry;
 use crate::run_context::{RunContext, RunPort, UpdateMessage};
-use crate::session::{DeliverToolItems, DeliveryAnswer, Scope, SessionLinks};
+use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{PreparedBody, Tool, ToolResult};
@@ -108,13 +110,13 @@ impl ToolRunActor {
     /// Starts a run on the current arbiter; returns its counted address.
     pub(crate) fn spawn(spec: RunSpec) -> Mailbox<ToolRunActor> {
         let probe = Probe::tool_run(
-            ActorId::tool_run(&spec.shared.id, spec.key, &spec.call.call_id),
+            ActorId::tool_run(spec.shared.id(), spec.key, &spec.call.call_id),
             spec.shared.journal.clone(),
             spec.tool.name(),
             spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.tool_run_started();
+        spec.shared.host_view.tool_run_started();
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -216,7 +218,7 @@ impl ToolRunActor {
         if returned {
             ctx.stop();
         } else {
-            ctx.run_later(self.shared.config.grace_period, |act, ctx| {
+            ctx.run_later(self.shared.settings.config.grace_period, |act, ctx| {
                 if act.phase != RunPhase::Returned {
                     tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
                 }
@@ -241,13 +243,14 @@ impl ToolRunActor {
             levels: [
                 &self.tool.def.error_policy,
                 &self.agent.def.error_policy,
-                &self.shared.error_policy,
+                &self.shared.settings.error_policy,
             ],
         };
         let out = classify(&self.call.name, &self.call.call_id, result, &policies);
         let shared = &self.shared;
         let out = vet(out, self.is_task, |agent| {
             shared
+                .settings
                 .check_agent(agent)
                 .map(drop)
                 .map_err(|err| err.to_string())
@@ -263,7 +266,7 @@ impl ToolRunActor {
             return;
         }
         if let Effect::Propagate(message) = &out.effect {
-            self.shared.emit(crate::events::SessionEvent::Error {
+            self.shared.events.emit(crate::events::SessionEvent::Error {
                 message: format!("tool {} failed: {message}", self.call.name),
             });
         }
@@ -407,18 +410,18 @@ impl Actor for ToolRunActor {
             speech: self.speech.clone(),
         });
         let control = SessionControl::new(
-            self.shared.id.clone(),
+            self.shared.id().clone(),
             self.id().clone(),
             self.links.clone(),
-            self.shared.userdata.clone(),
+            self.shared.settings.userdata.clone(),
         );
         let run_ctx = RunContext::new(port, control, self.call.clone(), self.cancel.subscribe());
         let alive = self.alive.clone();
-        let session = self.shared.id.clone();
+        let session = self.shared.id().clone();
         let span = tracing::info_span!(
             parent: &self.shared.span,
             "tool_run",
-            session = %self.shared.id,
+            session = %self.shared.id(),
             agent = %self.agent.name(),
             tool = %self.call.name,
             call_id = %self.call.call_id,
@@ -445,7 +448,7 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.tool_run_ended();
+        self.shared.host_view.tool_run_ended();
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }

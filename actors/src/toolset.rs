@@ -28,12 +28,13 @@ use tokio::sync::oneshot;
 
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
+use crate::delivery::Scope;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
 use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
 use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
-use crate::session::{Scope, SessionLinks};
+use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
@@ -170,7 +171,7 @@ impl ToolsetActor {
             interruptibility,
             speech,
         } = msg;
-        let key = self.shared.next_run();
+        let key = self.shared.ids.next_run();
         let (tx, rx) = oneshot::channel();
         let (alive, gone) = alive_pair();
         let cancels_on_interruption = tool.cancels_on_interruption();
@@ -271,7 +272,7 @@ impl Handler<RunTool> for ToolsetActor {
             .and_then(|v| v.as_bool())
             .unwrap_or(false);
         // 2. Parse (a mock's arguments are checked against the real type too).
-        let mock = self.shared.mocks.get(tool.name()).cloned();
+        let mock = self.shared.settings.mocks.get(tool.name()).cloned();
         let raw = mock.is_some().then(|| args.clone());
         let body = match (tool.def.prepare)(args) {
             Ok(body) => body,

@@ -13,8 +13,10 @@
 //!   interruption when the user stops.
 //! - Over an uninterruptible turn, or with no turn, the user's speech does nothing here.
 //!
-//! Time comes in as arguments and timers go out as what to arm, so the actor only
-//! carries out decisions.
+//! Time comes in as arguments, and the one deadline that matters now goes out
+//! ([`BargeIn::deadline`]): the activation machine keeps at most one timer for it and
+//! calls [`BargeIn::tick`] when it fires, so a storm of starts and stops arms no timer
+//! per event.
 
 use std::time::Duration;
 
@@ -38,24 +40,20 @@ pub(crate) enum BargeIn {
     Quiet,
     /// The user talks over the agent since `since`; the output is paused if `paused`.
     Overlapping { since: Instant, paused: bool },
-    /// The user stopped before it counted; waiting for a transcript until the false-
-    /// interruption timer fires.
-    Stopped { paused: bool },
+    /// The user stopped (at `at`) before it counted; waiting for a transcript until the
+    /// false-interruption timeout.
+    Stopped { at: Instant, paused: bool },
 }
 
 /// What the activity does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BargeAction {
     Nothing,
-    /// Pause the output, and arm the min-duration timer.
+    /// Pause the output.
     Pause,
-    /// Arm the min-duration timer (the output cannot pause).
-    Watch,
-    /// Arm the false-interruption timer.
-    AwaitTranscript,
     /// Interrupt the turn.
     Interrupt,
-    /// The interruption was false: resume the output if `paused` was set.
+    /// The interruption was false: resume the output if `resume` is set.
     FalseInterruption {
         resume: bool,
     },
@@ -87,30 +85,15 @@ impl BargeIn {
                 if can_pause {
                     BargeAction::Pause
                 } else {
-                    BargeAction::Watch
+                    BargeAction::Nothing
                 }
             }
-            // Speaking again before the false-interruption timer: the same barge-in.
-            Self::Stopped { paused } => {
+            // Speaking again before the false-interruption timeout: the same barge-in.
+            Self::Stopped { paused, .. } => {
                 *self = Self::Overlapping { since: now, paused };
-                BargeAction::Watch
+                BargeAction::Nothing
             }
             Self::Overlapping { .. } => BargeAction::Nothing,
-        }
-    }
-
-    /// The min-duration timer armed at `user_started` fired.
-    pub(crate) fn min_duration_passed(
-        &mut self,
-        now: Instant,
-        rules: &BargeInRules,
-    ) -> BargeAction {
-        match *self {
-            Self::Overlapping { since, .. } if now.duration_since(since) >= rules.min_duration => {
-                *self = Self::Quiet;
-                BargeAction::Interrupt
-            }
-            _ => BargeAction::Nothing,
         }
     }
 
@@ -125,8 +108,8 @@ impl BargeIn {
         }
         match rules.false_timeout {
             Some(_) => {
-                *self = Self::Stopped { paused };
-                BargeAction::AwaitTranscript
+                *self = Self::Stopped { at: now, paused };
+                BargeAction::Nothing
             }
             None if paused => {
                 *self = Self::Quiet;
@@ -150,14 +133,27 @@ impl BargeIn {
         }
     }
 
-    /// The false-interruption timer armed at `user_stopped` fired.
-    pub(crate) fn false_timeout_passed(&mut self) -> BargeAction {
+    /// When the barge-in next decides something by itself: the end of the minimum
+    /// duration, or of the false-interruption timeout.
+    pub(crate) fn deadline(&self, rules: &BargeInRules) -> Option<Instant> {
         match *self {
-            Self::Stopped { paused } => {
-                *self = Self::Quiet;
-                BargeAction::FalseInterruption { resume: paused }
-            }
-            _ => BargeAction::Nothing,
+            Self::Quiet => None,
+            Self::Overlapping { since, .. } => Some(since + rules.min_duration),
+            Self::Stopped { at, .. } => rules.false_timeout.map(|timeout| at + timeout),
+        }
+    }
+
+    /// Time passed: a long enough overlap is a real interruption; a stop with no
+    /// transcript until the timeout was a false one. Early (a stale timer): nothing.
+    pub(crate) fn tick(&mut self, now: Instant, rules: &BargeInRules) -> BargeAction {
+        match self.deadline(rules) {
+            Some(due) if now >= due => {}
+            _ => return BargeAction::Nothing,
+        }
+        match std::mem::take(self) {
+            Self::Overlapping { .. } => BargeAction::Interrupt,
+            Self::Stopped { paused, .. } => BargeAction::FalseInterruption { resume: paused },
+            Self::Quiet => BargeAction::Nothing,
         }
     }
 
@@ -167,10 +163,11 @@ impl BargeIn {
     }
 
     /// Whether the output is paused by this barge-in.
-    pub(crate) fn paused(&self) -> bool {
+    #[cfg(test)]
+    fn paused(&self) -> bool {
         matches!(
             self,
-            Self::Overlapping { paused: true, .. } | Self::Stopped { paused: true }
+            Self::Overlapping { paused: true, .. } | Self::Stopped { paused: true, .. }
         )
     }
 }
@@ -194,27 +191,23 @@ mod tests {
         let mut b = BargeIn::default();
         assert_eq!(b.user_started(t0, true, true, &RULES), BargeAction::Pause);
         assert!(b.paused());
-        assert_eq!(
-            b.min_duration_passed(at(499, t0), &RULES),
-            BargeAction::Nothing
-        );
-        assert_eq!(
-            b.min_duration_passed(at(500, t0), &RULES),
-            BargeAction::Interrupt
-        );
+        assert_eq!(b.deadline(&RULES), Some(at(500, t0)));
+        assert_eq!(b.tick(at(499, t0), &RULES), BargeAction::Nothing);
+        assert_eq!(b.tick(at(500, t0), &RULES), BargeAction::Interrupt);
         assert_eq!(b, BargeIn::Quiet);
+        assert_eq!(b.deadline(&RULES), None);
     }
 
     #[test]
     fn without_pause_support_the_same_rule_interrupts() {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
-        assert_eq!(b.user_started(t0, true, false, &RULES), BargeAction::Watch);
-        assert!(!b.paused());
         assert_eq!(
-            b.min_duration_passed(at(600, t0), &RULES),
-            BargeAction::Interrupt
+            b.user_started(t0, true, false, &RULES),
+            BargeAction::Nothing
         );
+        assert!(!b.paused());
+        assert_eq!(b.tick(at(600, t0), &RULES), BargeAction::Interrupt);
     }
 
     #[test]
@@ -238,16 +231,11 @@ mod tests {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
         b.user_started(t0, true, true, &RULES);
+        assert_eq!(b.user_stopped(at(200, t0), &RULES), BargeAction::Nothing);
+        assert_eq!(b.deadline(&RULES), Some(at(2200, t0)));
+        assert_eq!(b.tick(at(500, t0), &RULES), BargeAction::Nothing);
         assert_eq!(
-            b.user_stopped(at(200, t0), &RULES),
-            BargeAction::AwaitTranscript
-        );
-        assert_eq!(
-            b.min_duration_passed(at(500, t0), &RULES),
-            BargeAction::Nothing
-        );
-        assert_eq!(
-            b.false_timeout_passed(),
+            b.tick(at(2200, t0), &RULES),
             BargeAction::FalseInterruption { resume: true }
         );
         assert_eq!(b, BargeIn::Quiet);
@@ -260,7 +248,7 @@ mod tests {
         b.user_started(t0, true, false, &RULES);
         b.user_stopped(at(200, t0), &RULES);
         assert_eq!(
-            b.false_timeout_passed(),
+            b.tick(at(2200, t0), &RULES),
             BargeAction::FalseInterruption { resume: false }
         );
     }
@@ -281,18 +269,26 @@ mod tests {
         b.user_stopped(at(100, t0), &RULES);
         assert_eq!(
             b.user_started(at(300, t0), true, true, &RULES),
-            BargeAction::Watch
+            BargeAction::Nothing
         );
         assert!(b.paused());
         assert_eq!(
-            b.false_timeout_passed(),
-            BargeAction::Nothing,
-            "a stale timer"
+            b.tick(at(2100, t0), &RULES),
+            BargeAction::Interrupt,
+            "the overlap that started again at 300 ms has lasted long enough"
         );
-        assert_eq!(
-            b.min_duration_passed(at(800, t0), &RULES),
-            BargeAction::Interrupt
-        );
+    }
+
+    #[test]
+    fn a_stale_tick_decides_nothing() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, true, &RULES);
+        b.user_stopped(at(100, t0), &RULES);
+        b.user_started(at(300, t0), true, true, &RULES);
+        // The timer armed for the first overlap's minimum fires at 500 ms.
+        assert_eq!(b.tick(at(500, t0), &RULES), BargeAction::Nothing);
+        assert_eq!(b.deadline(&RULES), Some(at(800, t0)));
     }
 
     #[test]
@@ -340,9 +336,6 @@ mod tests {
         let mut b = BargeIn::default();
         b.user_started(t0, true, true, &RULES);
         b.turn_ended();
-        assert_eq!(
-            b.min_duration_passed(at(900, t0), &RULES),
-            BargeAction::Nothing
-        );
+        assert_eq!(b.tick(at(900, t0), &RULES), BargeAction::Nothing);
     }
 }

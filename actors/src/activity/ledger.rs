@@ -12,9 +12,8 @@
 //! So every function call in the chat context has exactly one output after it, whatever
 //! order outputs, updates, aborts and terminal items arrive in. The actor only feeds it.
 
-use tokio::sync::oneshot;
-
 use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
+use crate::delivery::DeliveryAnswer;
 use crate::error::UpdateError;
 use crate::outcome::{terminal_pair, CallOutput, Effect};
 use crate::output::SpeechId;
@@ -54,9 +53,6 @@ pub(crate) fn cut_to_heard(items: &mut Vec<ChatItem>, index: usize, heard: Optio
     }
 }
 
-/// Someone waiting for held items to land: a tool's `ctx.update`.
-pub(crate) type ItemsWaiter = oneshot::Sender<Result<(), UpdateError>>;
-
 /// Told of every item appended to the chat context (events, the turn's record).
 pub(crate) type Sink<'a> = &'a mut dyn FnMut(&ChatItem);
 
@@ -83,9 +79,9 @@ struct Slot {
 struct Held {
     base_call_id: String,
     items: Vec<ChatItem>,
-    /// The tool's `ctx.update` waiting for the items; none for the engine's own terminal
-    /// items.
-    waiter: Option<ItemsWaiter>,
+    /// The tool's `ctx.update` waiting for the items; unheard for the engine's own
+    /// terminal items.
+    answer: DeliveryAnswer,
 }
 
 /// A step as it went into the chat context.
@@ -231,28 +227,26 @@ impl Ledger {
     }
 
     /// Adds a call's later items: held while the call's step is open, appended otherwise.
-    /// `waiter` learns when they land (or that they never will).
+    /// `answer` learns when they land (or that they never will).
     pub(crate) fn insert(
         &mut self,
         base_call_id: &str,
         items: Vec<ChatItem>,
-        waiter: Option<ItemsWaiter>,
+        answer: DeliveryAnswer,
         sink: Sink<'_>,
     ) -> Inserted {
         if self.open_calls().any(|c| c.call_id == base_call_id) {
             self.held.push(Held {
                 base_call_id: base_call_id.to_owned(),
                 items,
-                waiter,
+                answer,
             });
             return Inserted::Held;
         }
         for item in items {
             self.append(item, sink);
         }
-        if let Some(waiter) = waiter {
-            let _ = waiter.send(Ok(()));
-        }
+        answer.send(Ok(()));
         Inserted::Appended
     }
 
@@ -267,25 +261,28 @@ impl Ledger {
         for call in calls {
             let base = call.call_id.clone();
             let items = terminal_pair(call, reason).to_vec();
-            self.insert(&base, items, None, sink);
+            self.insert(&base, items, DeliveryAnswer::unheard(), sink);
         }
     }
 
     /// Refuses the tools' held updates (their scope is pausing or closing: they will
     /// never land); the engine's own terminal items stay held until their step commits.
-    pub(crate) fn refuse_held(&mut self) {
+    /// Returns the output call ids of the refused items.
+    pub(crate) fn refuse_held(&mut self) -> Vec<String> {
         let mut kept = Vec::new();
+        let mut refused = Vec::new();
         for held in std::mem::take(&mut self.held) {
-            match held.waiter {
-                Some(waiter) => {
-                    let _ = waiter.send(Err(UpdateError::ScopeClosed {
-                        call_id: held.base_call_id,
-                    }));
-                }
-                None => kept.push(held),
+            if held.answer.is_heard() {
+                refused.extend(output_call_id(&held.items));
+                held.answer.send(Err(UpdateError::ScopeClosed {
+                    call_id: held.base_call_id,
+                }));
+            } else {
+                kept.push(held);
             }
         }
         self.held = kept;
+        refused
     }
 
     fn release_held(&mut self, sink: Sink<'_>) {
@@ -302,11 +299,17 @@ impl Ledger {
             for item in held.items {
                 self.append(item, sink);
             }
-            if let Some(waiter) = held.waiter {
-                let _ = waiter.send(Ok(()));
-            }
+            held.answer.send(Ok(()));
         }
     }
+}
+
+/// The call id of the last output among `items` (what a deferred reply names).
+pub(crate) fn output_call_id(items: &[ChatItem]) -> Option<String> {
+    items.iter().rev().find_map(|item| match item {
+        ChatItem::FunctionCallOutput(o) => Some(o.call_id.clone()),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -372,8 +375,8 @@ mod tests {
         let mut ledger = Ledger::default();
         let mut sink = no_sink();
         ledger.open_step(1, vec![call("a")], &mut sink);
-        let (tx, mut rx) = oneshot::channel();
-        let where_ = ledger.insert("a", pair("a/update_1"), Some(tx), &mut sink);
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let where_ = ledger.insert("a", pair("a/update_1"), DeliveryAnswer::to(tx), &mut sink);
         assert_eq!(where_, Inserted::Held);
         assert!(rx.try_recv().is_err(), "not in the chat yet");
         ledger.answer(1, 0, CallOutput::reply("first update".into()));
@@ -394,9 +397,9 @@ mod tests {
         ledger.answer(1, 0, CallOutput::reply("x".into()));
         ledger.commit(&mut sink);
         ledger.open_step(2, vec![call("b")], &mut sink);
-        let (tx, mut rx) = oneshot::channel();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
         assert_eq!(
-            ledger.insert("a", pair("a/finished"), Some(tx), &mut sink),
+            ledger.insert("a", pair("a/finished"), DeliveryAnswer::to(tx), &mut sink),
             Inserted::Appended
         );
         assert_eq!(rx.try_recv().unwrap(), Ok(()));
@@ -447,10 +450,10 @@ mod tests {
         ledger.open_step(1, vec![call("a"), call("b")], &mut sink);
         // `a` answered (it went to the background), then was stopped by a pause.
         ledger.answer(1, 0, CallOutput::reply("started".into()));
-        let (tx, mut rx) = oneshot::channel();
-        ledger.insert("a", pair("a/update_1"), Some(tx), &mut sink);
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        ledger.insert("a", pair("a/update_1"), DeliveryAnswer::to(tx), &mut sink);
         ledger.write_terminal(vec![call("a")], "the agent was paused", &mut sink);
-        ledger.refuse_held();
+        assert_eq!(ledger.refuse_held(), ["a/update_1"]);
         assert!(matches!(
             rx.try_recv().unwrap(),
             Err(UpdateError::ScopeClosed { .. })

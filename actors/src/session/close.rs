@@ -65,10 +65,10 @@ impl SessionActor {
             let _ = reply.send(Err(TaskError::SessionClosed));
         }
         for delivery in closing.held {
-            delivery.done.send(Err(UpdateError::SessionClosed));
+            delivery.answer.send(Err(UpdateError::Closed));
         }
         // Readers waiting for a switch to end learn that the session is closed.
-        self.shared.switched.notify_waiters();
+        self.shared.host_view.switched.notify_waiters();
         let reason: Arc<str> = Arc::from(reason);
         let me = self.id();
         let each = reason.clone();
@@ -105,8 +105,8 @@ impl SessionActor {
                     .into_actor(act)
                 })
                 .map(|_, act, ctx| {
-                    act.shared.emit(SessionEvent::Closed);
-                    act.shared.publish_inactive(true);
+                    act.shared.events.emit(SessionEvent::Closed);
+                    act.shared.host_view.publish_inactive(true);
                     ctx.stop();
                 }),
         );

@@ -13,21 +13,24 @@
 //!   at a time, when the current agent has no turn in flight; a sub-task starts at once,
 //!   even mid-turn (its caller's turn waits inside a tool); a preempting handoff jumps
 //!   the queue and names the turn to interrupt.
-//! - The deferred reply starts only when nothing else is queued and the current agent is
-//!   idle, and only after the actor has let the tool deliveries already on their way land
-//!   (`Next::Settle`, then `settled`); its items are taken whole (coalesced), and items of
-//!   an agent-scoped run whose activity is no longer current never join it.
+//! - The deferred reply starts only when nothing else is queued, the current agent is
+//!   idle and the user is not speaking, and only after the actor has let the tool
+//!   deliveries already on their way land (`Next::Settle`, then `settled`). The schedule
+//!   knows only *that* one is wanted — items that ask for a reply were routed to the
+//!   current agent, or an agent took over pending items; which items, and whether the
+//!   reply is still due, the activity decides. A switch hands the wish to the agent that
+//!   takes over.
 //! - During a switch, session-scoped tool items wait and go to the incoming agent;
 //!   agent-scoped ones are refused (their activity never takes items again).
 //! - A handoff or task end decided by a turn runs before anything queued.
 //! - A close hands back every activity to stop and everything to fail, once.
 
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::chat::ChatItem;
+use crate::delivery::Scope;
+use crate::events::UserState;
 use crate::ids::ActorId;
 use crate::speech::SpeechPriority;
 
@@ -45,24 +48,6 @@ pub(crate) trait Work {
     type TaskReply;
     /// Tool items on their way, with the run waiting for them.
     type Delivery;
-}
-
-/// Which scope a tool run belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// A session-scoped toolset: items go to the agent current at delivery time.
-    Session,
-    /// An agent-scoped toolset of this activity: items go only there.
-    Activity(ActorId),
-}
-
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug)]
-pub(crate) struct PendingItem {
-    pub(crate) scope: Scope,
-    /// The output's call id (`{id}/update_n` or `{id}/finished`).
-    pub(crate) call_id: String,
-    pub(crate) items: Arc<[ChatItem]>,
 }
 
 /// Identifies a turn: one a host awaits (and may cancel by dropping its future), or one
@@ -154,11 +139,8 @@ pub(crate) enum Next<W: Work> {
         activity: W::Activity,
         turn: W::Turn,
     },
-    /// Run the coalesced reply to these tool items in the current activity.
-    Deferred {
-        activity: W::Activity,
-        items: Vec<PendingItem>,
-    },
+    /// Run the coalesced reply to the tool items pending in the current activity.
+    Deferred { activity: W::Activity },
     /// Close `outgoing`, then start the handoff's agent (`entering`, then `entered`).
     Handoff {
         outgoing: W::Activity,
@@ -240,9 +222,13 @@ pub(crate) struct Schedule<W: Work> {
     jobs: VecDeque<Job<W>>,
     tasks: VecDeque<(W::Task, W::TaskReply)>,
     held: Vec<W::Delivery>,
-    pending: Vec<PendingItem>,
-    /// The user is speaking: the deferred reply waits (and the session is not inactive).
-    user_speaking: bool,
+    /// Tool items that ask for a reply reached the current agent (or it took over pending
+    /// ones) since its last deferred reply started.
+    reply_wanted: bool,
+    /// What the user does, as the host's input says: while they speak the deferred reply
+    /// waits and the session is not inactive. The one place it is kept; the host reads a
+    /// published copy.
+    user: UserState,
     settle: Settle,
 }
 
@@ -274,8 +260,8 @@ impl<W: Work> Schedule<W> {
             jobs: VecDeque::new(),
             tasks: VecDeque::new(),
             held: Vec::new(),
-            pending: Vec::new(),
-            user_speaking: false,
+            reply_wanted: false,
+            user: UserState::Listening,
             settle: Settle::Idle,
         }
     }
@@ -336,12 +322,12 @@ impl<W: Work> Schedule<W> {
     pub(crate) fn is_inactive(&self) -> bool {
         match &self.stage {
             Stage::Live { current, .. } => {
-                !self.user_speaking
+                !self.user_speaking()
                     && current.turn.is_none()
                     && self.jobs.is_empty()
                     && self.tasks.is_empty()
                     && self.held.is_empty()
-                    && self.pending.is_empty()
+                    && !self.reply_wanted
             }
             Stage::Switching { .. } => false,
             Stage::Closed => true,
@@ -401,9 +387,26 @@ impl<W: Work> Schedule<W> {
         }
     }
 
-    /// The user started or stopped speaking: the deferred reply waits while they speak.
-    pub(crate) fn set_user_speaking(&mut self, speaking: bool) {
-        self.user_speaking = speaking;
+    /// What the user does now (the host's input, or away after a silence).
+    pub(crate) fn set_user(&mut self, user: UserState) {
+        self.user = user;
+    }
+
+    /// What the user does, as the schedule knows it.
+    pub(crate) fn user(&self) -> UserState {
+        self.user
+    }
+
+    fn user_speaking(&self) -> bool {
+        self.user == UserState::Speaking
+    }
+
+    /// Tool items that ask for a reply were routed to the current agent: a deferred reply
+    /// is wanted once it is idle.
+    pub(crate) fn wants_reply(&mut self) {
+        if matches!(self.stage, Stage::Live { .. }) {
+            self.reply_wanted = true;
+        }
     }
 
     /// Queues a handoff; a preempting one goes first and names the activity whose turn
@@ -455,6 +458,8 @@ impl<W: Work> Schedule<W> {
         };
         if let Some((task, reply)) = self.tasks.pop_front() {
             let activity = current.activity.clone();
+            // The caller hands its pending items to the task's agent.
+            self.reply_wanted = false;
             self.switch(|caller| Switch::Pausing { caller, reply });
             return Some(Next::Task {
                 caller: activity,
@@ -477,7 +482,8 @@ impl<W: Work> Schedule<W> {
             }
             Some(Job::Handoff(handoff)) => {
                 let outgoing = current.activity.clone();
-                self.forget_pending_of_current();
+                // The outgoing agent hands its pending items to the one that takes over.
+                self.reply_wanted = false;
                 self.switch(|outgoing| Switch::HandingOff { outgoing });
                 Some(Next::Handoff { outgoing, handoff })
             }
@@ -487,11 +493,11 @@ impl<W: Work> Schedule<W> {
                     return self.next();
                 }
                 let task = current.activity.clone();
-                self.forget_pending_of_current();
+                self.reply_wanted = false;
                 self.switch(|task| Switch::EndingTask { task, value });
                 Some(Next::EndTask { task })
             }
-            None if !self.pending.is_empty() && !self.user_speaking => match self.settle {
+            None if self.reply_wanted && self.user != UserState::Speaking => match self.settle {
                 Settle::Idle => {
                     self.settle = Settle::Settling;
                     Some(Next::Settle)
@@ -499,10 +505,10 @@ impl<W: Work> Schedule<W> {
                 Settle::Settling => None,
                 Settle::Settled => {
                     self.settle = Settle::Idle;
+                    self.reply_wanted = false;
                     current.turn = Some(TurnId::Engine);
                     Some(Next::Deferred {
                         activity: current.activity.clone(),
-                        items: std::mem::take(&mut self.pending),
                     })
                 }
             },
@@ -520,15 +526,6 @@ impl<W: Work> Schedule<W> {
         }
     }
 
-    /// The agent leaving: its own items leave the pending reply.
-    fn forget_pending_of_current(&mut self) {
-        if let Stage::Live { current, .. } = &self.stage {
-            let id = current.id.clone();
-            self.pending
-                .retain(|p| p.scope != Scope::Activity(id.clone()));
-        }
-    }
-
     /// The activity spawned to end the switch under way. Returns `false` when the
     /// session closed meanwhile (the actor then stops the new activity itself).
     pub(crate) fn entering(&mut self, id: ActorId, activity: W::Activity) -> bool {
@@ -538,9 +535,6 @@ impl<W: Work> Schedule<W> {
         let incoming = Frame::new(id, activity);
         match std::mem::replace(switch, Switch::Starting) {
             Switch::Pausing { caller, reply } => {
-                // Only its own items leave the pending reply; its open turn stays with it.
-                self.pending
-                    .retain(|p| p.scope != Scope::Activity(caller.id.clone()));
                 paused.push(Paused {
                     frame: caller,
                     reply,
@@ -558,9 +552,10 @@ impl<W: Work> Schedule<W> {
         true
     }
 
-    /// The incoming activity has started: it is current. Returns the tool items held
-    /// during the switch, to route again.
-    pub(crate) fn entered(&mut self) -> Vec<W::Delivery> {
+    /// The incoming activity has started: it is current. `reply_wanted`: it took over
+    /// items pending for a deferred reply. Returns the tool items held during the switch,
+    /// to route again.
+    pub(crate) fn entered(&mut self, reply_wanted: bool) -> Vec<W::Delivery> {
         let Stage::Switching {
             paused,
             switch: Switch::Entering { .. },
@@ -578,12 +573,14 @@ impl<W: Work> Schedule<W> {
                 current: incoming,
                 paused,
             };
+            self.reply_wanted = reply_wanted;
         }
         std::mem::take(&mut self.held)
     }
 
     /// The completed sub-task's activity is gone: its caller is current again.
-    pub(crate) fn task_closed(&mut self) -> Option<Resumed<W>> {
+    /// `reply_wanted`: the caller takes over items pending for a deferred reply.
+    pub(crate) fn task_closed(&mut self, reply_wanted: bool) -> Option<Resumed<W>> {
         let Stage::Switching {
             switch: Switch::EndingTask { .. },
             paused,
@@ -609,6 +606,7 @@ impl<W: Work> Schedule<W> {
             current: frame,
             paused,
         };
+        self.reply_wanted = reply_wanted;
         Some(Resumed {
             caller: activity,
             reply: caller.reply,
@@ -699,20 +697,6 @@ impl<W: Work> Schedule<W> {
         }
     }
 
-    /// Tool items that landed and call for a reply join the pending one — unless they
-    /// belong to an agent-scoped run whose activity is no longer current.
-    pub(crate) fn add_pending(&mut self, item: PendingItem) {
-        let keep = match (&self.stage, &item.scope) {
-            (Stage::Closed, _) => false,
-            (_, Scope::Session) => true,
-            (Stage::Live { current, .. }, Scope::Activity(owner)) => *owner == current.id,
-            (Stage::Switching { .. }, Scope::Activity(_)) => false,
-        };
-        if keep {
-            self.pending.push(item);
-        }
-    }
-
     /// The activity whose turn an interruption stops, if a turn runs in the current one.
     pub(crate) fn interrupt_target(&self) -> Option<W::Activity> {
         match &self.stage {
@@ -780,7 +764,7 @@ impl<W: Work> Schedule<W> {
                 Job::EndTask(_) => {}
             }
         }
-        self.pending.clear();
+        self.reply_wanted = false;
         Some(Closing {
             activities,
             turns,
@@ -819,17 +803,9 @@ mod tests {
     fn live() -> S {
         let mut s = S::new();
         assert!(s.entering(id("a"), "a"));
-        assert!(s.entered().is_empty());
+        assert!(s.entered(false).is_empty());
         assert_eq!(s.current(), Some(&"a"));
         s
-    }
-
-    fn item(scope: Scope, call_id: &str) -> PendingItem {
-        PendingItem {
-            scope,
-            call_id: call_id.to_owned(),
-            items: Arc::from(Vec::new()),
-        }
     }
 
     #[test]
@@ -840,7 +816,7 @@ mod tests {
         assert!(!s.is_inactive());
         assert!(s.entering(id("a"), "a"));
         assert!(s.next().is_none(), "on_enter still runs");
-        s.entered();
+        s.entered(false);
         assert!(matches!(
             s.next(),
             Some(Next::Turn {
@@ -888,7 +864,7 @@ mod tests {
         s.queue_turn(TurnId::Host(2), "two", N).unwrap();
         assert!(s.next().is_none());
         assert!(s.entering(id("b"), "b"));
-        assert_eq!(s.entered(), vec!["update"]);
+        assert_eq!(s.entered(false), vec!["update"]);
         assert!(matches!(
             s.route(&Scope::Session, "next"),
             Route::To("b", "next")
@@ -954,7 +930,7 @@ mod tests {
         ));
         assert!(s.in_task());
         assert!(s.entering(id("t"), "t"));
-        s.entered();
+        s.entered(false);
         assert_eq!(s.current(), Some(&"t"));
         assert!(
             s.is_inactive(),
@@ -965,7 +941,7 @@ mod tests {
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t", .. })));
         s.turn_done(&id("t"), After::EndTask(Value::from(42)));
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t" })));
-        let resumed = s.task_closed().unwrap();
+        let resumed = s.task_closed(false).unwrap();
         assert_eq!(resumed.caller, "a");
         assert_eq!(resumed.reply, "tool waits");
         assert_eq!(resumed.value, Value::from(42));
@@ -989,7 +965,7 @@ mod tests {
             [&"t", &"a"],
             "the task's agent, while it enters"
         );
-        s.entered();
+        s.entered(false);
         assert_eq!(
             s.activities(),
             [&"t", &"a"],
@@ -1006,7 +982,7 @@ mod tests {
         s.request_task("first task", "a waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         assert!(s.entering(id("t1"), "t1"));
-        s.entered();
+        s.entered(false);
         s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
         s.request_task("second task", "host waits").unwrap();
@@ -1020,7 +996,7 @@ mod tests {
         // second sub-task starts on top of it.
         let mut s = second_task_over_a_turn_of_the_first();
         assert!(s.entering(id("t2"), "t2"));
-        s.entered();
+        s.entered(false);
         // The paused turn ends asking to end its task: not the one running now.
         s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
         assert!(s.next().is_none(), "the second task goes on");
@@ -1029,12 +1005,12 @@ mod tests {
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
         s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
-        let resumed = s.task_closed().unwrap();
+        let resumed = s.task_closed(false).unwrap();
         assert_eq!((resumed.caller, resumed.reply), ("t1", "host waits"));
         assert_eq!(resumed.value, Value::from(2));
         // Now the first task's own end runs, and its caller gets its value.
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
-        let resumed = s.task_closed().unwrap();
+        let resumed = s.task_closed(false).unwrap();
         assert_eq!((resumed.caller, resumed.reply), ("a", "a waits"));
         assert_eq!(resumed.value, Value::from(1));
     }
@@ -1045,15 +1021,15 @@ mod tests {
         // t1's turn ends while it is still pausing.
         s.turn_done(&id("t1"), After::EndTask(Value::from(1)));
         assert!(s.entering(id("t2"), "t2"));
-        s.entered();
+        s.entered(false);
         assert!(s.next().is_none(), "the second task goes on");
         s.queue_turn(TurnId::Host(2), "done", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t2", .. })));
         s.turn_done(&id("t2"), After::EndTask(Value::from(2)));
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
-        assert_eq!(s.task_closed().unwrap().value, Value::from(2));
+        assert_eq!(s.task_closed(false).unwrap().value, Value::from(2));
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t1" })));
-        assert_eq!(s.task_closed().unwrap().value, Value::from(1));
+        assert_eq!(s.task_closed(false).unwrap().value, Value::from(1));
     }
 
     #[test]
@@ -1070,7 +1046,7 @@ mod tests {
         s.request_task("survey", "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         s.entering(id("t"), "t");
-        s.entered();
+        s.entered(false);
         s.queue_handoff("to t2", false).unwrap();
         assert!(matches!(
             s.next(),
@@ -1078,10 +1054,10 @@ mod tests {
         ));
         assert!(s.in_task(), "the agent that takes over is still a sub-task");
         s.entering(id("t2"), "t2");
-        s.entered();
+        s.entered(false);
         s.queue_end_task(Value::from("done")).unwrap();
         assert!(matches!(s.next(), Some(Next::EndTask { task: "t2" })));
-        assert_eq!(s.task_closed().unwrap().caller, "a");
+        assert_eq!(s.task_closed(false).unwrap().caller, "a");
     }
 
     #[test]
@@ -1089,28 +1065,19 @@ mod tests {
         let mut s = live();
         s.queue_turn(TurnId::Host(1), "one", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
-        s.add_pending(item(Scope::Session, "x/update_1"));
-        s.add_pending(item(Scope::Activity(id("a")), "y/update_1"));
+        s.wants_reply();
+        s.wants_reply();
         assert!(s.next().is_none(), "the turn runs");
         assert!(!s.is_inactive());
         s.turn_done(&id("a"), After::Nothing);
         assert!(matches!(s.next(), Some(Next::Settle)));
         assert!(s.next().is_none(), "settling");
         // An update that lands while the session settles joins the same reply.
-        s.add_pending(item(Scope::Session, "x/update_2"));
+        s.wants_reply();
         s.settled();
-        match s.next() {
-            Some(Next::Deferred {
-                activity: "a",
-                items,
-            }) => {
-                let ids: Vec<_> = items.iter().map(|i| i.call_id.as_str()).collect();
-                assert_eq!(ids, ["x/update_1", "y/update_1", "x/update_2"]);
-            }
-            _ => panic!("expected the deferred reply"),
-        }
+        assert!(matches!(s.next(), Some(Next::Deferred { activity: "a" })));
         assert!(s.next().is_none(), "the reply runs");
-        s.add_pending(item(Scope::Session, "x/update_3"));
+        s.wants_reply();
         s.turn_done(&id("a"), After::Nothing);
         assert!(
             matches!(s.next(), Some(Next::Settle)),
@@ -1118,12 +1085,15 @@ mod tests {
         );
         s.settled();
         assert!(matches!(s.next(), Some(Next::Deferred { .. })));
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(s.next().is_none(), "nothing more was wanted");
+        assert!(s.is_inactive());
     }
 
     #[test]
     fn a_turn_queued_while_the_session_settles_goes_first() {
         let mut s = live();
-        s.add_pending(item(Scope::Session, "x/update_1"));
+        s.wants_reply();
         assert!(matches!(s.next(), Some(Next::Settle)));
         s.queue_turn(TurnId::Host(1), "user", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { turn: "user", .. })));
@@ -1141,35 +1111,47 @@ mod tests {
     #[test]
     fn queued_turns_go_before_the_deferred_reply() {
         let mut s = live();
-        s.add_pending(item(Scope::Session, "x/update_1"));
+        s.wants_reply();
         s.queue_turn(TurnId::Host(1), "user", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
     }
 
     #[test]
-    fn an_outgoing_agents_own_items_leave_the_pending_reply() {
+    fn a_switch_hands_the_wanted_reply_to_the_agent_that_takes_over() {
         let mut s = live();
-        s.add_pending(item(Scope::Activity(id("a")), "mine/update_1"));
-        s.add_pending(item(Scope::Session, "shared/update_1"));
+        s.wants_reply();
         s.queue_handoff("to b", false).unwrap();
         assert!(matches!(s.next(), Some(Next::Handoff { .. })));
-        // A late item of the old agent's run never joins.
-        s.add_pending(item(Scope::Activity(id("a")), "mine/update_2"));
+        // Mid-switch nothing is current: a wish for a reply has nowhere to go.
+        s.wants_reply();
         s.entering(id("b"), "b");
-        s.entered();
-        s.add_pending(item(Scope::Activity(id("a")), "mine/update_3"));
+        // The outgoing agent had only its own items pending: none came over.
+        s.entered(false);
+        assert!(s.next().is_none());
+        assert!(s.is_inactive());
+        s.queue_handoff("to c", false).unwrap();
+        assert!(matches!(s.next(), Some(Next::Handoff { .. })));
+        s.entering(id("c"), "c");
+        // Session-scoped items came over with the switch: c answers them.
+        s.entered(true);
         assert!(matches!(s.next(), Some(Next::Settle)));
         s.settled();
-        match s.next() {
-            Some(Next::Deferred {
-                activity: "b",
-                items,
-            }) => {
-                let ids: Vec<_> = items.iter().map(|i| i.call_id.as_str()).collect();
-                assert_eq!(ids, ["shared/update_1"]);
-            }
-            _ => panic!("expected the deferred reply"),
-        }
+        assert!(matches!(s.next(), Some(Next::Deferred { activity: "c" })));
+    }
+
+    #[test]
+    fn a_task_hands_the_wanted_reply_back_to_its_caller() {
+        let mut s = live();
+        s.wants_reply();
+        s.request_task("survey", "tool waits").unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        s.entering(id("t"), "t");
+        s.entered(true);
+        s.queue_end_task(Value::Null).unwrap();
+        assert!(matches!(s.next(), Some(Next::EndTask { .. })));
+        s.task_closed(true).unwrap();
+        s.turn_done(&id("a"), After::Nothing);
+        assert!(matches!(s.next(), Some(Next::Settle)));
     }
 
     #[test]
@@ -1229,8 +1211,8 @@ mod tests {
     #[test]
     fn the_deferred_reply_waits_while_the_user_speaks() {
         let mut s = live();
-        s.set_user_speaking(true);
-        s.add_pending(item(Scope::Session, "x/update_1"));
+        s.set_user(UserState::Speaking);
+        s.wants_reply();
         assert!(s.next().is_none());
         assert!(!s.is_inactive(), "the user speaking is not inactive");
         // A user turn still runs (it is how the user's words get in).
@@ -1238,7 +1220,7 @@ mod tests {
         assert!(matches!(s.next(), Some(Next::Turn { turn: "user", .. })));
         s.turn_done(&id("a"), After::Nothing);
         assert!(s.next().is_none());
-        s.set_user_speaking(false);
+        s.set_user(UserState::Listening);
         assert!(matches!(s.next(), Some(Next::Settle)));
         s.settled();
         assert!(matches!(s.next(), Some(Next::Deferred { .. })));
@@ -1262,7 +1244,7 @@ mod tests {
         s.request_task("survey", "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         s.entering(id("t"), "t");
-        s.entered();
+        s.entered(false);
         s.queue_handoff("to b", false).unwrap();
         assert!(matches!(s.next(), Some(Next::Handoff { .. })));
         s.queue_turn(TurnId::Host(1), "waiting", N).unwrap();

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::{ActivityRef, PlannedHandoff, PlannedTask, SessionActor, SessionToolset};
-use crate::activity::{ActivityActor, ActivitySpec, CloseActivity, PauseActivity, ResumeActivity};
+use crate::activity::{
+    ActivityActor, ActivitySpec, CloseActivity, Handover, PauseActivity, PendingItem,
+    ResumeActivity, StartActivity,
+};
 use crate::agent::{effective_policy, Agent};
 use crate::chat::ChatContext;
 use crate::error::SessionError;
@@ -33,6 +36,8 @@ pub(super) struct Entry {
     /// The agent it takes over from, recorded as a handoff item.
     pub(super) handoff_from: Option<String>,
     pub(super) sub_task_of: Option<SubTaskOf>,
+    /// Session-scoped tool items pending for a deferred reply, from the agent before.
+    pub(super) carried: Vec<PendingItem>,
 }
 
 impl SessionActor {
@@ -47,10 +52,10 @@ impl SessionActor {
                 .collect();
             let schemas = tools.iter().map(|(t, p)| t.schema(*p)).collect();
             let child = ToolsetActor::spawn(
-                ActorId::session_toolset(&self.shared.id, &def.name),
+                ActorId::session_toolset(self.shared.id(), &def.name),
                 super::Scope::Session,
                 tools,
-                def.prompts.or(&self.shared.prompts),
+                def.prompts.or(&self.shared.settings.prompts),
                 self.shared.clone(),
                 self.links.clone(),
             );
@@ -70,7 +75,7 @@ impl SessionActor {
     pub(super) fn starting_chat(&self, start: &StartingChat, previous: ChatContext) -> ChatContext {
         let chat = start.apply(previous);
         if matches!(start, StartingChat::Given(_)) {
-            self.shared.reserve_call_ids(&chat);
+            self.shared.ids.reserve_call_ids(&chat);
         }
         chat
     }
@@ -88,14 +93,14 @@ impl SessionActor {
         let close = outgoing
             .child
             .stop(self.probe.id(), CloseActivity { reason });
-        ctx.spawn(close.into_actor(self).map(move |chat, act, ctx| {
-            let chat = chat.unwrap_or_default();
+        ctx.spawn(close.into_actor(self).map(move |left, act, ctx| {
+            let Handover { chat, pending } = left.unwrap_or_default();
             if act.schedule.is_closed() {
                 planned.done.finish(Err(SessionError::Closed), &from, &to);
                 return;
             }
             let PlannedHandoff { handoff, llm, done } = planned;
-            let fallback = if act.shared.config.inherit_chat_context {
+            let fallback = if act.shared.settings.config.inherit_chat_context {
                 StartingChat::All
             } else {
                 StartingChat::Empty
@@ -112,10 +117,11 @@ impl SessionActor {
                 chat,
                 handoff_from: Some(from.clone()),
                 sub_task_of: outgoing.sub_task_of,
+                carried: pending,
             };
             act.enter(entry, ctx, move |act, res| {
                 if res.is_ok() {
-                    act.shared.emit(SessionEvent::AgentHandoff {
+                    act.shared.events.emit(SessionEvent::AgentHandoff {
                         from: Some(from.clone()),
                         to: to.clone(),
                     });
@@ -139,9 +145,12 @@ impl SessionActor {
             chat,
             handoff_from,
             sub_task_of,
+            carried,
         } = entry;
         let generation = self.generations.entry(agent.name().to_owned()).or_insert(0);
         *generation += 1;
+        self.started += 1;
+        let reply_wanted = !carried.is_empty();
         let child: Child<ActivityActor> = ActivityActor::spawn(ActivitySpec {
             agent: agent.clone(),
             llm,
@@ -150,9 +159,13 @@ impl SessionActor {
             shared: self.shared.clone(),
             links: self.links.clone(),
             session_toolsets: self.toolsets.clone(),
+            chat,
+            order: self.started,
+            sub_task_of: sub_task_of.clone(),
+            handoff_from,
+            carried,
         });
         let id = child.id().clone();
-        self.started += 1;
         let activity = ActivityRef {
             child: child.clone(),
             agent: agent.clone(),
@@ -160,7 +173,8 @@ impl SessionActor {
         };
         if !self.schedule.entering(id.clone(), activity) {
             // The session closed while the previous agent was leaving: the new activity
-            // never starts; stop it (it has no toolsets yet) and let the close finish.
+            // never starts; stop it (its toolsets have no runs yet) and let the close
+            // finish.
             child.mailbox.tell(
                 self.probe.id(),
                 CloseActivity {
@@ -170,15 +184,7 @@ impl SessionActor {
             then(self, Err(SessionError::Closed));
             return;
         }
-        let start = child.mailbox.ask(
-            self.probe.id(),
-            crate::activity::StartActivity {
-                chat,
-                order: self.started,
-                sub_task_of,
-                handoff_from,
-            },
-        );
+        let start = child.mailbox.ask(self.probe.id(), StartActivity);
         ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
             if act.schedule.is_closed() {
                 then(act, Err(SessionError::Closed));
@@ -191,11 +197,11 @@ impl SessionActor {
                 act.begin_close("the agent's activity stopped unexpectedly", ctx);
                 return;
             }
-            let held = act.schedule.entered();
+            let held = act.schedule.entered(reply_wanted);
             act.switched();
             then(act, Ok(()));
             for delivery in held {
-                act.deliver(delivery, ctx);
+                act.deliver(delivery);
             }
             act.pump(ctx);
         }));
@@ -203,7 +209,7 @@ impl SessionActor {
 
     /// Tells readers waiting for a current agent that there is one again.
     fn switched(&self) {
-        self.shared.switched.notify_waiters();
+        self.shared.host_view.switched.notify_waiters();
     }
 
     /// Pauses the caller (its agent-scoped runs stop, but the one awaiting the task),
@@ -227,10 +233,11 @@ impl SessionActor {
                 return;
             }
             // A caller that died while pausing: its items end where they are.
-            let after = paused.as_ref().map_or(usize::MAX, ChatContext::len);
+            let after = paused.as_ref().map_or(usize::MAX, |p| p.chat.len());
+            let Handover { chat, pending } = paused.unwrap_or_default();
             let start =
                 StartingChat::resolve(None, task.agent.starting_chat(), StartingChat::Empty);
-            let chat = act.starting_chat(&start, paused.unwrap_or_default());
+            let chat = act.starting_chat(&start, chat);
             let entry = Entry {
                 agent: task.agent,
                 llm: task.llm,
@@ -240,6 +247,7 @@ impl SessionActor {
                     caller: caller_id,
                     after,
                 }),
+                carried: pending,
             };
             act.enter(entry, ctx, |_, res| {
                 if let Err(err) = res {
@@ -257,19 +265,20 @@ impl SessionActor {
                 reason: Arc::from("the task completed"),
             },
         );
-        ctx.spawn(close.into_actor(self).map(move |_chat, act, ctx| {
-            let Some(resumed) = act.schedule.task_closed() else {
+        ctx.spawn(close.into_actor(self).map(move |left, act, ctx| {
+            let pending = left.map(|left| left.pending).unwrap_or_default();
+            let Some(resumed) = act.schedule.task_closed(!pending.is_empty()) else {
                 return;
             };
             resumed
                 .caller
                 .child
                 .mailbox
-                .tell(act.probe.id(), ResumeActivity);
+                .tell(act.probe.id(), ResumeActivity { carried: pending });
             act.switched();
             let _ = resumed.reply.send(Ok(resumed.value));
             for delivery in resumed.held {
-                act.deliver(delivery, ctx);
+                act.deliver(delivery);
             }
             act.pump(ctx);
         }));

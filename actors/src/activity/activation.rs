@@ -1,0 +1,1809 @@
+//! The activation machine: one activation of an agent — its chat context, its turn, its
+//! speeches, its barge-in, the tool items pending for a deferred reply — as a plain type.
+//! `ActivityActor` feeds it every input and carries out the commands it returns; nothing
+//! here sends a message, spawns or arms a timer.
+//!
+//! # States
+//!
+//! ```text
+//!  Created ──Enter──▶ Entering ──Entered──▶ Listening ◀──turn ends── Running(turn)
+//!     │                  │                   │    └──────RunTurn──────▶ │
+//!     │                  │                   └──Pause──▶ Paused(turn?) ◀┘ Pause
+//!     │                  │                      Resume: back to Listening or Running
+//!     └──────────────────┴─ Close (from any state) ─▶ Closing{turn?} ──ToolsetsStopped──▶ Closed
+//! ```
+//!
+//! Each state owns what it holds: a turn exists only in `Running`, `Paused` (the turn whose
+//! tool awaits a sub-task, or whose speech still plays) and `Closing`; whether the
+//! activation was ever entered (and so belongs in the session's history) is part of
+//! `Closing` and `Closed`. A turn's own phase — generating, calling, playing — is in
+//! [`Phase`].
+//!
+//! # Inputs and commands
+//!
+//! [`Activation::handle`] takes every [`Input`] (a chunk, a stream's end, a call's output,
+//! an interruption, a pause, a resume, a close, a playout report, the user's voice, a
+//! timer, tool items) and pushes the [`Command`]s the actor must carry out: open or cancel
+//! a stream, run a tool, interrupt a step, stop runs or toolsets, run a hook, arm the one
+//! timer. Two ports are called directly, because each is a plain call that answers at once
+//! and its answer is part of the next decision: the host's speech output (`speech_finished`
+//! says whether playout is done; `can_pause` decides a barge-in) and the session's event
+//! channel (an event is built only when someone listens). A turn's answer and the answers
+//! to interruptions are oneshot replies the machine sends itself.
+//!
+//! # Decisions, each with a unit test below
+//!
+//! - A turn starts only when the activation listens; anywhere else it is answered at once.
+//! - Which calls of a step are refused, and whether a step goes on (`turn.rs`).
+//! - A step's calls and outputs go into the chat context together, once the last output
+//!   is in (the ledger); a paused activation commits on resume.
+//! - An interruption is refused when the turn holds interruptions off and it is not
+//!   forced; otherwise the stream is cut, the output told to stop, the step's calls get
+//!   their outputs, no further step runs, and the waiter is answered once the turn ended.
+//! - A deferred reply is due unless an assistant message was generated with the newest
+//!   pending item in view (judged by chat position); items the agent lacks are inserted
+//!   first. It is decided here, in one place.
+//! - Tool items land only while the activation is current; a pause or close refuses the
+//!   tools' held items, keeps the session-scoped pending ones for the next agent, and
+//!   drops its own.
+//! - A playout report applies once, to the message of its own speech; a report that comes
+//!   while the text still streams is applied when the stream ends.
+//! - Barge-in (`barge_in.rs`) pauses, interrupts or resumes; the next deadline of the
+//!   barge-in or of an interrupted turn's wait for its reports is the one timer armed.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::barge_in::{BargeAction, BargeIn, BargeInRules};
+use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
+use super::turn::{
+    refusal, Ask, CallLimits, Ending, Generation, InterruptWaiter, Phase, StepEnd, ToolsetKey,
+    Turn, TurnKind, TurnOutcome,
+};
+use crate::agent::{Agent, TurnDecision};
+use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
+use crate::delivery::{DeliveryAnswer, Scope};
+use crate::error::{SessionError, TurnFailure, UpdateError};
+use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
+use crate::history::{AgentChat, SubTaskOf};
+use crate::ids::ActorId;
+use crate::llm::{LlmChunk, LlmError, LlmRequest, ToolChoice, ToolSchema};
+use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
+use crate::output::{Playout, SpeechId};
+use crate::prompts::ReplyPromptArgs;
+use crate::shared::SessionShared;
+use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
+
+/// How long an interrupted turn waits for its output to report what the user heard of
+/// its cut speeches, before it ends without knowing.
+pub(crate) const CUT_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A tool output waiting for the deferred reply.
+#[derive(Clone, Debug)]
+pub(crate) struct PendingItem {
+    pub(crate) scope: Scope,
+    /// The output's call id (`{id}/update_n` or `{id}/finished`).
+    pub(crate) call_id: String,
+    pub(crate) items: Arc<[ChatItem]>,
+}
+
+/// Where the activation is; each state owns what it holds.
+pub(crate) enum State {
+    /// Spawned with its start data; `on_enter` has not started.
+    Created,
+    /// `on_enter` runs.
+    Entering,
+    /// Current and idle: takes a turn.
+    Listening,
+    /// Current, running a turn.
+    Running(Box<Turn>),
+    /// Paused under a sub-task, with the turn whose tool awaits the task (or whose speech
+    /// still plays), if any.
+    Paused(Option<Box<Turn>>),
+    /// `on_exit` and the stop of its toolsets run; the turn ends when they are done.
+    Closing {
+        entered: bool,
+        turn: Option<Box<Turn>>,
+        reason: Arc<str>,
+    },
+    /// Done: nothing lands any more.
+    Closed { entered: bool },
+}
+
+impl State {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::Entering => "entering",
+            Self::Listening => "listening",
+            Self::Running(_) => "running",
+            Self::Paused(_) => "paused",
+            Self::Closing { .. } => "closing",
+            Self::Closed { .. } => "closed",
+        }
+    }
+
+    /// Whether this is the session's current agent (it takes turns and tool items).
+    fn is_current(&self) -> bool {
+        matches!(self, Self::Entering | Self::Listening | Self::Running(_))
+    }
+}
+
+/// Everything that happens to an activation.
+pub(crate) enum Input {
+    /// `StartActivity`: start (`on_enter` is about to run).
+    Enter,
+    /// `on_enter` returned.
+    Entered,
+    /// Run one turn; `done` hears its outcome.
+    RunTurn {
+        kind: TurnKind,
+        done: oneshot::Sender<TurnOutcome>,
+    },
+    /// A chunk of step `step`'s stream.
+    Chunk { step: u64, chunk: LlmChunk },
+    /// Step `step`'s stream ended, on its own or with an error.
+    StreamEnded { step: u64, error: Option<LlmError> },
+    /// The immediate output of call `index` of step `step`.
+    CallOutput {
+        step: u64,
+        index: usize,
+        output: CallOutput,
+    },
+    /// Stop the running turn now; `waiter` hears once it ended (or that it may not).
+    Interrupt {
+        force: bool,
+        waiter: InterruptWaiter,
+    },
+    /// A handle asked to interrupt `speech`.
+    InterruptSpeech { speech: SpeechId, force: bool },
+    /// The user started speaking.
+    UserStartedSpeaking { at: Instant },
+    /// The user stopped speaking.
+    UserStoppedSpeaking { at: Instant },
+    /// A transcript arrived.
+    UserTranscript { is_final: bool, has_words: bool },
+    /// The output reported the end of a speech's playout.
+    Playout {
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+    },
+    /// A run's later items (`/update_n`, `/finished`).
+    Deliver {
+        scope: Scope,
+        base_call_id: String,
+        items: Vec<ChatItem>,
+        reply: bool,
+        answer: DeliveryAnswer,
+    },
+    /// Items the session wrote (terminal outputs of session runs at close).
+    Append(Vec<ChatItem>),
+    /// A sub-task starts: pause, stopping own runs but `exempt`.
+    Pause { exempt: Option<u64> },
+    /// The runs a pause stopped are gone; `calls` ran in the background.
+    RunsStopped {
+        calls: Vec<FunctionCall>,
+        reason: Arc<str>,
+    },
+    /// The sub-task ended; `carried` are the session-scoped items pending in it.
+    Resume { carried: Vec<PendingItem> },
+    /// End the activation (handoff, end of a task, session close).
+    Close { reason: Arc<str> },
+    /// `on_exit` returned.
+    ExitHookDone,
+    /// Every own toolset is gone; `calls` ran in the background.
+    ToolsetsStopped { calls: Vec<FunctionCall> },
+    /// The armed timer fired.
+    Timer { now: Instant },
+    /// The actor stopped, whoever stopped it.
+    Stopped,
+}
+
+/// What the actor must do.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Run `on_enter`, then feed `Entered`.
+    RunEnterHook,
+    /// Run `on_exit`, then feed `ExitHookDone`.
+    RunExitHook,
+    /// Open the LLM request of step `step` and feed its chunks and end.
+    OpenStream {
+        step: u64,
+        request: LlmRequest,
+        span: tracing::Span,
+    },
+    /// Drop step `step`'s stream (which closes an HTTP request).
+    CancelStream { step: u64 },
+    /// Send call `index` of step `step` to its toolset; feed its output.
+    RunTool {
+        step: u64,
+        index: usize,
+        toolset: ToolsetKey,
+        call: FunctionCall,
+        interruptibility: Arc<Interruptibility>,
+        speech: Option<SpeechHandle>,
+    },
+    /// Answer a companion call (`get_running_tasks`, `cancel_task`) by asking every
+    /// toolset; feed its output.
+    AnswerCompanion {
+        step: u64,
+        index: usize,
+        call: FunctionCall,
+    },
+    /// The step was interrupted: tell each toolset with calls of it.
+    InterruptStep {
+        step: u64,
+        toolsets: Vec<ToolsetKey>,
+    },
+    /// Pause: stop every run of the own toolsets but `except`; feed `RunsStopped`.
+    StopRuns {
+        except: Option<u64>,
+        reason: Arc<str>,
+    },
+    /// Close: stop the own toolsets (awaited); feed `ToolsetsStopped`.
+    StopToolsets { reason: Arc<str> },
+    /// Feed `Timer` at `at` (one timer is enough: the machine asks again for the next).
+    ArmTimer { at: Instant },
+}
+
+/// The tools an activation sees, by name, and what it shows the model.
+pub(crate) struct Tools {
+    /// Tool name → the toolset that runs it.
+    pub(crate) routes: HashMap<String, ToolsetKey>,
+    /// Every schema, in a stable order (bare tools, agent toolsets, session toolsets,
+    /// companions), shared by every request.
+    pub(crate) schemas: Arc<[ToolSchema]>,
+    /// Whether `get_running_tasks` and `cancel_task` are exposed.
+    pub(crate) companions: bool,
+}
+
+/// Where an activation goes in the session's history.
+#[derive(Clone, Debug)]
+pub(crate) struct Place {
+    /// Its place in start order.
+    pub(crate) order: u32,
+    /// How many items it was given at start.
+    pub(crate) inherited: usize,
+    pub(crate) sub_task_of: Option<SubTaskOf>,
+}
+
+/// Everything an activation starts from.
+pub(crate) struct Setup {
+    pub(crate) id: ActorId,
+    pub(crate) agent: Agent,
+    /// The model's name, for metrics when the stream does not name another.
+    pub(crate) llm_name: String,
+    pub(crate) shared: Arc<SessionShared>,
+    /// How its speeches' handles reach the session.
+    pub(crate) speech_port: Arc<dyn SpeechPort>,
+    pub(crate) tools: Tools,
+    /// The chat context it starts from.
+    pub(crate) chat: ChatContext,
+    pub(crate) order: u32,
+    pub(crate) sub_task_of: Option<SubTaskOf>,
+    /// The agent it takes over from, recorded as a handoff item.
+    pub(crate) handoff_from: Option<String>,
+    /// Session-scoped items pending for a deferred reply, carried over from the agent
+    /// before it.
+    pub(crate) carried: Vec<PendingItem>,
+}
+
+/// Where a turn's step is committed from: the current activation goes on to the next
+/// step, a paused one holds the step until it resumes, a closing one commits and ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Where {
+    Current,
+    Paused,
+    Closing,
+}
+
+/// The limits and timings an activation applies.
+#[derive(Clone, Copy, Debug)]
+struct Rules {
+    max_tool_steps: u32,
+    limits: CallLimits,
+    /// Whether its turns may be interrupted, unless a `say` says otherwise (agent's
+    /// setting, else the session's).
+    allow_interruptions: bool,
+    barge: BargeInRules,
+}
+
+/// The activation machine (see the module docs).
+pub(crate) struct Activation {
+    id: ActorId,
+    agent: Agent,
+    llm_name: String,
+    shared: Arc<SessionShared>,
+    speech_port: Arc<dyn SpeechPort>,
+    rules: Rules,
+    tools: Tools,
+    place: Place,
+    handoff_from: Option<String>,
+    state: State,
+    ledger: Ledger,
+    /// Chat length the latest assistant message was generated from.
+    last_reply_view: usize,
+    /// Items that landed here and ask for a deferred reply.
+    pending: Vec<PendingItem>,
+    /// Session-scoped pending items a pause or close handed back, for the next agent.
+    carried: Vec<PendingItem>,
+    barge_in: BargeIn,
+    /// Whether it is current now (set from the state after each input): only the current
+    /// activation publishes the agent's state.
+    current: bool,
+    /// A turn ended during the input being handled.
+    turn_ended: bool,
+    /// The timer the actor has armed, if any.
+    armed: Option<Instant>,
+}
+
+impl Activation {
+    pub(crate) fn new(setup: Setup) -> Self {
+        let config = &setup.shared.settings.config;
+        let rules = Rules {
+            max_tool_steps: config.max_tool_steps,
+            limits: CallLimits {
+                max_calls_per_step: config.max_calls_per_step,
+                max_argument_bytes: config.max_argument_bytes,
+            },
+            allow_interruptions: setup
+                .agent
+                .def
+                .allow_interruptions
+                .unwrap_or(config.allow_interruptions),
+            barge: BargeInRules {
+                min_duration: config.min_interruption_duration,
+                false_timeout: config.false_interruption_timeout,
+            },
+        };
+        Self {
+            place: Place {
+                order: setup.order,
+                inherited: setup.chat.len(),
+                sub_task_of: setup.sub_task_of,
+            },
+            id: setup.id,
+            agent: setup.agent,
+            llm_name: setup.llm_name,
+            shared: setup.shared,
+            speech_port: setup.speech_port,
+            rules,
+            tools: setup.tools,
+            handoff_from: setup.handoff_from,
+            state: State::Created,
+            ledger: Ledger::new(setup.chat),
+            last_reply_view: 0,
+            pending: setup.carried,
+            carried: Vec::new(),
+            barge_in: BargeIn::Quiet,
+            current: false,
+            turn_ended: false,
+            armed: None,
+        }
+    }
+
+    /// The chat context now (a snapshot: cloning it is a reference count).
+    pub(crate) fn chat(&self) -> &ChatContext {
+        self.ledger.chat()
+    }
+
+    /// Whether it is paused under a sub-task.
+    pub(crate) fn is_paused(&self) -> bool {
+        matches!(self.state, State::Paused(_))
+    }
+
+    /// The session-scoped items pending here that the next agent takes over (after a
+    /// pause or close).
+    pub(crate) fn take_carried(&mut self) -> Vec<PendingItem> {
+        std::mem::take(&mut self.carried)
+    }
+
+    /// Its entry in the session's history, with its chat context now; none if it never
+    /// started (one spawned but never entered is no part of the conversation).
+    pub(crate) fn history_entry(&self, live: bool) -> Option<(u32, AgentChat)> {
+        let entered = match &self.state {
+            State::Created => false,
+            State::Closing { entered, .. } | State::Closed { entered } => *entered,
+            _ => true,
+        };
+        entered.then(|| {
+            (
+                self.place.order,
+                AgentChat {
+                    agent: self.agent.name().to_owned(),
+                    activity: self.id.clone(),
+                    chat: self.ledger.chat().clone(),
+                    inherited: self.place.inherited,
+                    live,
+                    sub_task_of: self.place.sub_task_of.clone(),
+                },
+            )
+        })
+    }
+
+    /// Takes one input; pushes what the actor must do onto `out`.
+    pub(crate) fn handle(&mut self, input: Input, out: &mut Vec<Command>) {
+        // Every transition takes the state and returns the next one.
+        let state = std::mem::replace(&mut self.state, State::Closed { entered: false });
+        self.state = self.step(state, input, out);
+        self.current = self.state.is_current();
+        if std::mem::take(&mut self.turn_ended) {
+            // The agent listens again (published only if it is still current).
+            self.publish(AgentState::Listening);
+        }
+        self.arm(out);
+    }
+
+    fn step(&mut self, state: State, input: Input, out: &mut Vec<Command>) -> State {
+        match input {
+            Input::Enter => match state {
+                State::Created => {
+                    self.enter(out);
+                    State::Entering
+                }
+                other => other,
+            },
+            Input::Entered => match state {
+                State::Entering => {
+                    self.current = true;
+                    self.publish(AgentState::Listening);
+                    State::Listening
+                }
+                other => other,
+            },
+            Input::RunTurn { kind, done } => match state {
+                State::Listening => match self.begin_turn(kind, done, out) {
+                    Some(turn) => State::Running(turn),
+                    None => State::Listening,
+                },
+                other => {
+                    // The session sends a turn only to its idle current agent; anything
+                    // else means it is no longer current.
+                    tracing::debug!(activity = %self.id, state = other.name(), "a turn came to an activity that does not take one");
+                    refuse_turn(kind, done);
+                    other
+                }
+            },
+            Input::Chunk { step, chunk } => match state {
+                State::Running(turn) => running(self.on_chunk(turn, step, chunk)),
+                other => other,
+            },
+            Input::StreamEnded { step, error } => match state {
+                State::Running(turn) => running(self.on_stream_end(turn, step, error, out)),
+                other => other,
+            },
+            Input::CallOutput {
+                step,
+                index,
+                output,
+            } => match state {
+                State::Running(turn) => {
+                    let turn = self.on_call_output(turn, step, index, output, Where::Current, out);
+                    running(turn)
+                }
+                // Recorded now, committed on resume: the step's items land after the
+                // sub-task.
+                State::Paused(Some(turn)) => State::Paused(self.on_call_output(
+                    turn,
+                    step,
+                    index,
+                    output,
+                    Where::Paused,
+                    out,
+                )),
+                State::Closing {
+                    entered,
+                    turn: Some(turn),
+                    reason,
+                } => State::Closing {
+                    entered,
+                    turn: self.on_call_output(turn, step, index, output, Where::Closing, out),
+                    reason,
+                },
+                other => other,
+            },
+            Input::Interrupt { force, waiter } => match state {
+                State::Running(turn) => match self.try_interrupt(turn, force, out) {
+                    Ok(Some(mut turn)) => {
+                        turn.waiters.push(waiter);
+                        State::Running(turn)
+                    }
+                    Ok(None) => {
+                        let _ = waiter.send(Ok(()));
+                        State::Listening
+                    }
+                    Err(turn) => {
+                        let _ = waiter.send(Err(SessionError::Uninterruptible));
+                        State::Running(turn)
+                    }
+                },
+                other => {
+                    // No turn of the current agent runs: nothing to stop.
+                    let _ = waiter.send(Ok(()));
+                    other
+                }
+            },
+            Input::InterruptSpeech { speech, force } => match state {
+                State::Running(turn) if turn.owns(speech) => {
+                    match self.try_interrupt(turn, force, out) {
+                        Ok(turn) => running(turn),
+                        Err(turn) => State::Running(turn),
+                    }
+                }
+                State::Paused(Some(turn)) if turn.owns(speech) => {
+                    // A paused caller's speech still playing: stop its playout; the
+                    // report ends it.
+                    self.shared.output.call(|output| output.interrupt(speech));
+                    State::Paused(Some(turn))
+                }
+                other => other,
+            },
+            Input::UserStartedSpeaking { at } => {
+                let interruptible = matches!(&state, State::Running(turn) if turn.interruptible());
+                let can_pause = interruptible && self.shared.output.call(|o| o.can_pause());
+                let action =
+                    self.barge_in
+                        .user_started(at, interruptible, can_pause, &self.rules.barge);
+                self.barge(state, action, out)
+            }
+            Input::UserStoppedSpeaking { at } => {
+                let action = self.barge_in.user_stopped(at, &self.rules.barge);
+                self.barge(state, action, out)
+            }
+            Input::UserTranscript {
+                is_final,
+                has_words,
+            } => {
+                if !has_words {
+                    return state;
+                }
+                let action = self.barge_in.transcript();
+                let state = self.barge(state, action, out);
+                match state {
+                    // A user turn goes first: the running turn stops if it allows it.
+                    State::Running(turn) if is_final && !turn.interrupted => {
+                        match self.try_interrupt(turn, false, out) {
+                            Ok(turn) => running(turn),
+                            Err(turn) => State::Running(turn),
+                        }
+                    }
+                    other => other,
+                }
+            }
+            Input::Playout {
+                speech,
+                interrupted,
+                heard,
+            } => match state {
+                State::Running(mut turn) => {
+                    if self.report_while_generating(&mut turn, speech, interrupted, &heard) {
+                        return State::Running(turn);
+                    }
+                    self.apply_report(Some(&mut turn), speech, interrupted, heard);
+                    running(self.finish_if_played(turn))
+                }
+                State::Paused(Some(mut turn)) => {
+                    self.apply_report(Some(&mut turn), speech, interrupted, heard);
+                    State::Paused(self.finish_if_played(turn))
+                }
+                State::Closing {
+                    entered,
+                    turn: Some(mut turn),
+                    reason,
+                } => {
+                    self.apply_report(Some(&mut turn), speech, interrupted, heard);
+                    State::Closing {
+                        entered,
+                        turn: Some(turn),
+                        reason,
+                    }
+                }
+                other => {
+                    self.apply_report(None, speech, interrupted, heard);
+                    other
+                }
+            },
+            Input::Deliver {
+                scope,
+                base_call_id,
+                items,
+                reply,
+                answer,
+            } => {
+                if !state.is_current() {
+                    answer.send(Err(UpdateError::ScopeClosed {
+                        call_id: base_call_id,
+                    }));
+                    return state;
+                }
+                let pending = reply
+                    .then(|| output_call_id(&items))
+                    .flatten()
+                    .map(|call_id| PendingItem {
+                        scope,
+                        call_id,
+                        items: Arc::from(items.clone()),
+                    });
+                self.with_ledger(None, |ledger, sink| {
+                    ledger.insert(&base_call_id, items, answer, sink)
+                });
+                self.pending.extend(pending);
+                state
+            }
+            Input::Append(items) => {
+                self.with_ledger(None, |ledger, sink| {
+                    for item in items {
+                        ledger.append(item, sink);
+                    }
+                });
+                state
+            }
+            Input::Pause { exempt } => self.pause(state, exempt, out),
+            Input::RunsStopped { calls, reason } => {
+                self.with_ledger(None, |ledger, sink| {
+                    ledger.write_terminal(calls, &reason, sink)
+                });
+                state
+            }
+            Input::Resume { carried } => match state {
+                State::Paused(turn) => {
+                    self.pending.extend(carried);
+                    self.current = true;
+                    match turn {
+                        Some(turn) => running(self.maybe_commit(turn, Where::Current, out)),
+                        None => {
+                            self.publish(AgentState::Listening);
+                            State::Listening
+                        }
+                    }
+                }
+                other => {
+                    self.carried.extend(carried);
+                    other
+                }
+            },
+            Input::Close { reason } => self.close(state, reason, out),
+            Input::ExitHookDone => {
+                if let State::Closing { reason, .. } = &state {
+                    out.push(Command::StopToolsets {
+                        reason: reason.clone(),
+                    });
+                }
+                state
+            }
+            Input::ToolsetsStopped { calls } => self.closed(state, calls),
+            Input::Timer { now } => {
+                self.armed = None;
+                let action = self.barge_in.tick(now, &self.rules.barge);
+                let state = self.barge(state, action, out);
+                match state {
+                    State::Running(turn) => running(self.give_up_if_due(turn, now)),
+                    State::Paused(Some(turn)) => State::Paused(self.give_up_if_due(turn, now)),
+                    other => other,
+                }
+            }
+            Input::Stopped => {
+                let entered = match &state {
+                    State::Created => false,
+                    State::Closing { entered, .. } | State::Closed { entered } => *entered,
+                    _ => true,
+                };
+                self.refuse_held();
+                let turn = match state {
+                    State::Running(turn) => Some(turn),
+                    State::Paused(turn) | State::Closing { turn, .. } => turn,
+                    _ => None,
+                };
+                if let Some(turn) = turn {
+                    self.finish_now(turn, TurnOutcome::failed(SessionError::Closed));
+                }
+                State::Closed { entered }
+            }
+        }
+    }
+
+    /// Arms the one timer for the next deadline, unless one at or before it is armed.
+    fn arm(&mut self, out: &mut Vec<Command>) {
+        let turn_deadline = match &self.state {
+            State::Running(turn) | State::Paused(Some(turn)) => match &turn.phase {
+                Phase::Playing { give_up_at, .. } => *give_up_at,
+                _ => None,
+            },
+            _ => None,
+        };
+        let next = match (self.barge_in.deadline(&self.rules.barge), turn_deadline) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let Some(next) = next else {
+            return;
+        };
+        if self.armed.is_some_and(|armed| armed <= next) {
+            return;
+        }
+        self.armed = Some(next);
+        out.push(Command::ArmTimer { at: next });
+    }
+
+    /// Publishes what the agent does, if this activation is current.
+    fn publish(&self, state: AgentState) {
+        if self.current {
+            self.shared
+                .host_view
+                .set_agent_state(&self.shared.events, self.agent.name(), state);
+        }
+    }
+
+    fn agent_name(&self) -> String {
+        self.agent.name().to_owned()
+    }
+
+    /// Runs `f` on the ledger with a sink that emits each appended item and, given a
+    /// turn, adds it to the turn's events.
+    fn with_ledger<R>(
+        &mut self,
+        turn: Option<&mut Vec<ChatItem>>,
+        f: impl FnOnce(&mut Ledger, Sink<'_>) -> R,
+    ) -> R {
+        let events = &self.shared.events;
+        let agent = &self.agent;
+        let mut turn = turn;
+        let mut sink = |item: &ChatItem| {
+            events.emit_with(|| SessionEvent::ConversationItemAdded {
+                agent: agent.name().to_owned(),
+                item: item.clone(),
+            });
+            if let Some(turn) = turn.as_mut() {
+                turn.push(item.clone());
+            }
+        };
+        f(&mut self.ledger, &mut sink)
+    }
+
+    /// Appends an item that belongs to the turn (a message).
+    fn record(&mut self, events: &mut Vec<ChatItem>, item: ChatItem) {
+        self.with_ledger(Some(events), |ledger, sink| ledger.append(item, sink));
+    }
+
+    /// Refuses the tools' held items, and forgets them in the pending reply.
+    fn refuse_held(&mut self) {
+        let refused = self.ledger.refuse_held();
+        if !refused.is_empty() {
+            self.pending.retain(|p| !refused.contains(&p.call_id));
+        }
+    }
+
+    // ---- Entering -------------------------------------------------------------------
+
+    fn enter(&mut self, out: &mut Vec<Command>) {
+        self.current = true;
+        self.shared
+            .events
+            .emit_with(|| SessionEvent::ChatContextSet {
+                agent: self.agent.name().to_owned(),
+                chat: self.ledger.chat().clone(),
+            });
+        if let Some(from) = self.handoff_from.take() {
+            let item = ChatItem::AgentHandoff {
+                from: Some(from),
+                to: self.agent_name(),
+            };
+            self.with_ledger(None, |ledger, sink| ledger.append(item, sink));
+        }
+        self.publish(AgentState::Initializing);
+        out.push(Command::RunEnterHook);
+    }
+
+    // ---- Turns ----------------------------------------------------------------------
+
+    /// Starts a turn: returns it while it runs, `None` when it ended at once.
+    fn begin_turn(
+        &mut self,
+        kind: TurnKind,
+        done: oneshot::Sender<TurnOutcome>,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        let span = tracing::info_span!(
+            parent: &self.shared.span,
+            "turn",
+            session = %self.shared.id(),
+            agent = %self.agent.name(),
+            kind = kind.name(),
+        );
+        let interruptibility = match &kind {
+            TurnKind::Say { speech, .. } => speech.interruptibility().clone(),
+            _ => Interruptibility::new(self.rules.allow_interruptions),
+        };
+        self.publish(AgentState::Thinking);
+        let mut events = Vec::new();
+        let mut speeches = Vec::new();
+        let ask = match kind {
+            TurnKind::User(text) => {
+                self.shared.events.emit(SessionEvent::UserInputTranscribed {
+                    text: text.clone(),
+                    is_final: true,
+                });
+                let mut message = ChatMessage {
+                    role: ChatRole::User,
+                    content: text,
+                    interrupted: false,
+                    speech: None,
+                };
+                let decision = self.user_turn_hook(&mut message);
+                self.record(&mut events, ChatItem::Message(message));
+                (decision == TurnDecision::Reply).then(Ask::default)
+            }
+            TurnKind::Reply(instructions) => Some(Ask {
+                extra_instructions: instructions,
+                ..Ask::default()
+            }),
+            TurnKind::Deferred => self.deferred_reply(&mut events),
+            TurnKind::Say {
+                text,
+                speech,
+                add_to_chat,
+            } => {
+                self.say(&mut events, text, &speech, add_to_chat);
+                speeches.push(speech);
+                None
+            }
+        };
+        let phase = match &ask {
+            Some(ask) => Phase::Generating(self.open_generation(ask, &span, out)),
+            None => Phase::Playing {
+                outcome: TurnOutcome::default(),
+                give_up_at: None,
+            },
+        };
+        let turn = Box::new(Turn {
+            events,
+            steps: u32::from(ask.is_some()),
+            ask: ask.unwrap_or_default(),
+            interrupted: false,
+            interruptibility,
+            speeches,
+            done,
+            waiters: Vec::new(),
+            span,
+            phase,
+        });
+        match turn.phase {
+            Phase::Playing { .. } => self.finish_if_played(turn),
+            _ => Some(turn),
+        }
+    }
+
+    /// Runs `on_user_turn_completed`, catching its panics (the reply goes ahead).
+    fn user_turn_hook(&mut self, message: &mut ChatMessage) -> TurnDecision {
+        let Some(hook) = self.agent.def.on_user_turn_completed.clone() else {
+            return TurnDecision::Reply;
+        };
+        let before = self.ledger.chat().clone();
+        let chat = self.ledger.chat_mut();
+        let decision = std::panic::catch_unwind(AssertUnwindSafe(|| hook(chat, message)));
+        self.announce_hook_edits(&before);
+        match decision {
+            Ok(decision) => decision,
+            Err(panic) => {
+                let message = format!(
+                    "on_user_turn_completed hook of {} panicked: {}",
+                    self.agent.name(),
+                    panic_message(&*panic)
+                );
+                tracing::error!(session = %self.shared.id(), "{message}");
+                self.shared.events.emit(SessionEvent::Error { message });
+                TurnDecision::Reply
+            }
+        }
+    }
+
+    /// Tells subscribers what a hook did to the chat context: the items it appended, or
+    /// the whole context when it rewrote anything.
+    fn announce_hook_edits(&self, before: &ChatContext) {
+        let after = self.ledger.chat();
+        if after.extends(before) {
+            for item in &after.items()[before.len()..] {
+                self.shared
+                    .events
+                    .emit_with(|| SessionEvent::ConversationItemAdded {
+                        agent: self.agent_name(),
+                        item: item.clone(),
+                    });
+            }
+        } else {
+            self.shared
+                .events
+                .emit_with(|| SessionEvent::ChatContextSet {
+                    agent: self.agent_name(),
+                    chat: after.clone(),
+                });
+        }
+    }
+
+    /// The deferred reply, decided here: inserts the pending items this agent lacks, and
+    /// asks the model only if no assistant message was generated with the newest of them
+    /// in view. `None`: no reply is due.
+    fn deferred_reply(&mut self, events: &mut Vec<ChatItem>) -> Option<Ask> {
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return None;
+        }
+        let mut newest = None;
+        let mut ids = Vec::with_capacity(pending.len());
+        for item in pending {
+            // An agent that became current after the update lacks it: insert it first, so
+            // the reply never names a call id the model cannot see.
+            let position = match self.ledger.chat().position_of_call(&item.call_id) {
+                Some(position) => position,
+                None => {
+                    let at = self.ledger.chat().len();
+                    self.with_ledger(Some(events), |ledger, sink| {
+                        for entry in item.items.iter() {
+                            ledger.append(entry.clone(), sink);
+                        }
+                    });
+                    at
+                }
+            };
+            newest = newest.max(Some(position));
+            ids.push(item.call_id);
+        }
+        let due = reply_due(self.last_reply_view, newest);
+        let decision = if due {
+            DeferredReplyDecision::Requested
+        } else {
+            tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
+            DeferredReplyDecision::AlreadyAnswered
+        };
+        self.shared
+            .events
+            .emit_with(|| SessionEvent::DeferredReply {
+                agent: self.agent_name(),
+                call_ids: ids.clone(),
+                decision,
+            });
+        due.then(|| {
+            let prompts = self.agent.def.prompts.or(&self.shared.settings.prompts);
+            Ask {
+                tool_choice: ToolChoice::None,
+                extra_instructions: Some(prompts.render_reply(&ReplyPromptArgs {
+                    pending_call_ids: ids.clone(),
+                })),
+                deferred_call_ids: ids,
+            }
+        })
+    }
+
+    /// Opens one LLM step: the request, its span, the command to stream it.
+    fn open_generation(
+        &mut self,
+        ask: &Ask,
+        turn_span: &tracing::Span,
+        out: &mut Vec<Command>,
+    ) -> Generation {
+        let request = LlmRequest {
+            agent: self.agent.def.name.clone(),
+            instructions: self.agent.def.instructions.clone(),
+            extra_instructions: ask.extra_instructions.clone(),
+            chat: self.ledger.chat().clone(),
+            tools: self.tools.schemas.clone(),
+            tool_choice: ask.tool_choice,
+            deferred_call_ids: ask.deferred_call_ids.clone(),
+        };
+        let step = self.shared.ids.next_step();
+        let span = tracing::info_span!(
+            parent: turn_span,
+            "llm_request",
+            session = %self.shared.id(),
+            agent = %self.agent.name(),
+            llm = %self.llm_name,
+            step,
+            speech = tracing::field::Empty,
+        );
+        out.push(Command::OpenStream {
+            step,
+            request,
+            span: span.clone(),
+        });
+        Generation {
+            step,
+            span,
+            view: self.ledger.chat().len(),
+            started: Instant::now(),
+            first_chunk: None,
+            text: String::new(),
+            text_chunks: 0,
+            calls: Vec::new(),
+            speech: None,
+            usage: None,
+            llm: None,
+            early_report: None,
+        }
+    }
+
+    /// One chunk of the model's answer: text goes to the output at once.
+    fn on_chunk(&mut self, mut turn: Box<Turn>, step: u64, chunk: LlmChunk) -> Option<Box<Turn>> {
+        let Phase::Generating(generation) = &mut turn.phase else {
+            return Some(turn);
+        };
+        if generation.step != step {
+            return Some(turn);
+        }
+        if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
+            generation
+                .first_chunk
+                .get_or_insert_with(|| generation.started.elapsed());
+        }
+        match chunk {
+            LlmChunk::Text(text) => {
+                generation.text_chunks += 1;
+                generation.text.push_str(&text);
+                let speech = match generation.speech.clone() {
+                    Some(speech) => speech,
+                    None => self.open_generated_speech(&mut turn),
+                };
+                self.shared
+                    .output
+                    .call(|output| output.speech_chunk(speech.id(), &text));
+            }
+            LlmChunk::ToolCall(call) => generation.calls.push(call),
+            LlmChunk::Usage(usage) => generation.usage = Some(usage),
+            LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
+        }
+        Some(turn)
+    }
+
+    /// The speech of the running generation, started at its first text.
+    fn open_generated_speech(&mut self, turn: &mut Turn) -> SpeechHandle {
+        let speech = self.start_speech(turn.interruptibility.clone());
+        turn.speeches.push(speech.clone());
+        if let Phase::Generating(generation) = &mut turn.phase {
+            generation
+                .span
+                .record("speech", tracing::field::display(speech.id()));
+            generation.speech = Some(speech.clone());
+        }
+        speech
+    }
+
+    /// The stream of `step` ended (or failed): record what was said, then run the calls
+    /// or end the turn.
+    fn on_stream_end(
+        &mut self,
+        mut turn: Box<Turn>,
+        step: u64,
+        error: Option<LlmError>,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        let generation = match turn.phase {
+            Phase::Generating(generation) if generation.step == step => generation,
+            other => {
+                turn.phase = other;
+                return Some(turn);
+            }
+        };
+        let mut generation = generation;
+        let calls = std::mem::take(&mut generation.calls);
+        let ending = if error.is_none() {
+            Ending::Complete
+        } else {
+            Ending::Failed
+        };
+        // The phase the turn moves to is decided below; until then it is over.
+        turn.phase = Phase::Playing {
+            outcome: TurnOutcome::default(),
+            give_up_at: None,
+        };
+        self.close_generation(&mut turn, generation, ending, out);
+        match error {
+            Some(err) => {
+                tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %err, "LLM request failed");
+                self.shared.events.emit(SessionEvent::Error {
+                    message: err.to_string(),
+                });
+                self.finish(
+                    turn,
+                    TurnOutcome::failed(SessionError::turn_failed(TurnFailure::Llm(err))),
+                    false,
+                )
+            }
+            None if calls.is_empty() => self.finish(turn, TurnOutcome::default(), false),
+            None => self.dispatch(turn, step, calls, out),
+        }
+    }
+
+    /// Ends a generation: its stream is dropped, its speech finished on the output (and
+    /// cut, on an interruption), what was said recorded (marked interrupted when the
+    /// stream did not end on its own), its metrics emitted.
+    fn close_generation(
+        &mut self,
+        turn: &mut Turn,
+        generation: Generation,
+        ending: Ending,
+        out: &mut Vec<Command>,
+    ) {
+        if ending != Ending::Complete {
+            out.push(Command::CancelStream {
+                step: generation.step,
+            });
+        }
+        let complete = ending == Ending::Complete;
+        tracing::debug!(
+            parent: &generation.span,
+            text_chunks = generation.text_chunks,
+            tool_calls = generation.calls.len(),
+            complete,
+            "LLM request ended"
+        );
+        self.shared.events.emit_with(|| {
+            SessionEvent::LlmMetrics(LlmMetrics {
+                agent: self.agent_name(),
+                llm: generation
+                    .llm
+                    .clone()
+                    .unwrap_or_else(|| self.llm_name.clone()),
+                time_to_first_chunk: generation.first_chunk,
+                duration: generation.started.elapsed(),
+                text_chunks: generation.text_chunks,
+                tool_calls: u32::try_from(generation.calls.len()).unwrap_or(u32::MAX),
+                usage: generation.usage,
+                cancelled: !complete,
+            })
+        });
+        let Some(speech) = generation.speech else {
+            return;
+        };
+        if !generation.text.is_empty() {
+            self.last_reply_view = generation.view;
+            self.record(
+                &mut turn.events,
+                ChatItem::Message(ChatMessage {
+                    role: ChatRole::Assistant,
+                    content: generation.text.clone(),
+                    interrupted: !complete,
+                    speech: Some(speech.id()),
+                }),
+            );
+        }
+        let playout = self
+            .shared
+            .output
+            .call(|output| output.speech_finished(speech.id()));
+        if let Some((interrupted, heard)) = generation.early_report {
+            self.apply_report(Some(turn), speech.id(), interrupted, heard);
+            return;
+        }
+        match (ending, playout) {
+            (Ending::Cut, Playout::Pending) => {
+                self.shared
+                    .output
+                    .call(|output| output.interrupt(speech.id()));
+            }
+            // Shown in full as far as it was generated.
+            (Ending::Cut, Playout::Done) => self.speech_ended(
+                &speech,
+                SpeechOutcome::Interrupted {
+                    heard: Some(generation.text),
+                },
+            ),
+            (_, Playout::Done) => self.speech_ended(&speech, SpeechOutcome::Played),
+            (_, Playout::Pending) => {}
+        }
+    }
+
+    /// Opens the step in the ledger and sends each call to its toolset, or answers it at
+    /// once when it may not run.
+    fn dispatch(
+        &mut self,
+        mut turn: Box<Turn>,
+        step: u64,
+        chunks: Vec<crate::llm::ToolCallChunk>,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        self.publish(AgentState::Thinking);
+        let calls: Vec<FunctionCall> = chunks
+            .into_iter()
+            .map(|chunk| FunctionCall {
+                call_id: self.shared.ids.canonical_call_id(&chunk.call_id),
+                name: chunk.name,
+                arguments: chunk.arguments,
+            })
+            .collect();
+        let speech = turn.speeches.last().cloned();
+        self.with_ledger(Some(&mut turn.events), |ledger, sink| {
+            ledger.open_step(step, calls.clone(), sink)
+        });
+        let mut toolsets: Vec<ToolsetKey> = Vec::new();
+        for (index, call) in calls.into_iter().enumerate() {
+            if let Some(out) = refusal(&call, index, turn.ask.tool_choice, self.rules.limits) {
+                self.ledger.answer(step, index, out);
+                continue;
+            }
+            if self.tools.companions && super::companions::is_companion(&call.name) {
+                out.push(Command::AnswerCompanion { step, index, call });
+                continue;
+            }
+            let Some(toolset) = self.tools.routes.get(&call.name).copied() else {
+                let available: Vec<&str> =
+                    self.tools.schemas.iter().map(|s| s.name.as_str()).collect();
+                let output = CallOutput::error(format!(
+                    "Error: unknown tool {}; available tools: {}",
+                    excerpt(&call.name, QUOTE_LIMIT),
+                    available.join(", ")
+                ));
+                self.ledger.answer(step, index, output);
+                continue;
+            };
+            if !toolsets.contains(&toolset) {
+                toolsets.push(toolset);
+            }
+            out.push(Command::RunTool {
+                step,
+                index,
+                toolset,
+                call,
+                interruptibility: turn.interruptibility.clone(),
+                speech: speech.clone(),
+            });
+        }
+        turn.phase = Phase::Calling { step, toolsets };
+        self.maybe_commit(turn, Where::Current, out)
+    }
+
+    fn on_call_output(
+        &mut self,
+        turn: Box<Turn>,
+        step: u64,
+        index: usize,
+        output: CallOutput,
+        from: Where,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        if self.ledger.answer(step, index, output) {
+            return self.maybe_commit(turn, from, out);
+        }
+        Some(turn)
+    }
+
+    /// Commits the open step once every call has its output, then decides what follows
+    /// (a paused activation commits on resume; a closing one commits and ends).
+    fn maybe_commit(
+        &mut self,
+        mut turn: Box<Turn>,
+        from: Where,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        if !matches!(turn.phase, Phase::Calling { .. }) || from == Where::Paused {
+            return Some(turn);
+        }
+        let Some(committed) =
+            self.with_ledger(Some(&mut turn.events), |ledger, sink| ledger.commit(sink))
+        else {
+            return Some(turn);
+        };
+        let end = StepEnd::of(&committed.calls, committed.effects);
+        for (tool, message) in &end.propagated {
+            self.shared.events.emit(SessionEvent::Error {
+                message: format!("tool {tool} failed: {message}"),
+            });
+        }
+        self.shared
+            .events
+            .emit_with(|| SessionEvent::FunctionToolsExecuted {
+                agent: self.agent_name(),
+                calls: committed.calls,
+                outputs: committed.outputs,
+            });
+        if end.goes_on(
+            turn.steps,
+            self.rules.max_tool_steps,
+            turn.interrupted,
+            from == Where::Current,
+        ) {
+            turn.steps += 1;
+            turn.phase = Phase::Generating(self.open_generation(&turn.ask, &turn.span, out));
+            return Some(turn);
+        }
+        self.finish(turn, end.outcome, from == Where::Closing)
+    }
+
+    /// Ends the turn once its speeches have played (an interrupted one: once the output
+    /// reported what was heard, or the report timeout passed). `closing`: ends now.
+    fn finish(&mut self, mut turn: Box<Turn>, outcome: TurnOutcome, closing: bool) -> Option<Box<Turn>> {
+        if turn.playing().is_none() || closing {
+            self.finish_now(turn, outcome);
+            return None;
+        }
+        let give_up_at = turn
+            .interrupted
+            .then(|| Instant::now() + CUT_REPORT_TIMEOUT);
+        turn.phase = Phase::Playing {
+            outcome,
+            give_up_at,
+        };
+        Some(turn)
+    }
+
+    /// Ends a turn waiting for its speeches once none plays any more.
+    fn finish_if_played(&mut self, turn: Box<Turn>) -> Option<Box<Turn>> {
+        if turn.playing().is_some() || !matches!(turn.phase, Phase::Playing { .. }) {
+            return Some(turn);
+        }
+        let mut turn = turn;
+        let outcome = match std::mem::replace(
+            &mut turn.phase,
+            Phase::Playing {
+                outcome: TurnOutcome::default(),
+                give_up_at: None,
+            },
+        ) {
+            Phase::Playing { outcome, .. } => outcome,
+            _ => TurnOutcome::default(),
+        };
+        self.finish_now(turn, outcome);
+        None
+    }
+
+    /// The output did not say in time what was heard of an interrupted turn's speeches:
+    /// they end as interrupted, heard unknown, and the turn ends.
+    fn give_up_if_due(&mut self, turn: Box<Turn>, now: Instant) -> Option<Box<Turn>> {
+        let due = matches!(turn.phase, Phase::Playing { give_up_at: Some(at), .. } if now >= at);
+        if !due {
+            return Some(turn);
+        }
+        let playing: Vec<SpeechHandle> = turn
+            .speeches
+            .iter()
+            .filter(|s| !s.is_done())
+            .cloned()
+            .collect();
+        for speech in playing {
+            self.speech_ended(&speech, SpeechOutcome::Interrupted { heard: None });
+        }
+        self.finish_if_played(turn)
+    }
+
+    /// Ends the turn now: answers the session (once) and whoever waits on an interruption.
+    fn finish_now(&mut self, turn: Box<Turn>, mut outcome: TurnOutcome) {
+        // A turn that ends with speeches still playing (a close) cuts them short.
+        for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
+            self.speech_ended(speech, SpeechOutcome::Interrupted { heard: None });
+        }
+        self.barge_in.turn_ended();
+        let mut events = turn.events;
+        events.append(&mut outcome.events);
+        outcome.events = events;
+        outcome.interrupted |= turn.interrupted;
+        let _ = turn.done.send(outcome);
+        for waiter in turn.waiters {
+            let _ = waiter.send(Ok(()));
+        }
+        self.turn_ended = true;
+    }
+
+    /// Stops the turn now (see `Input::Interrupt`): `Err` with the turn unchanged when it
+    /// does not allow interruptions and `force` is not set; else the turn if it goes on
+    /// (waiting for its calls or its reports), `None` if it ended.
+    fn try_interrupt(
+        &mut self,
+        mut turn: Box<Turn>,
+        force: bool,
+        out: &mut Vec<Command>,
+    ) -> Result<Option<Box<Turn>>, Box<Turn>> {
+        if turn.interrupted {
+            return Ok(Some(turn));
+        }
+        if !force && !turn.interruptibility.allows() {
+            return Err(turn);
+        }
+        turn.interrupted = true;
+        self.shared.events.emit(SessionEvent::TurnInterrupted {
+            agent: self.agent_name(),
+        });
+        self.barge_in.turn_ended();
+        // Speeches of earlier steps still playing stop too.
+        let playing: Vec<SpeechId> = turn
+            .speeches
+            .iter()
+            .filter(|s| !s.is_done())
+            .map(|s| s.id())
+            .collect();
+        self.shared.output.call(|output| {
+            for speech in playing {
+                output.interrupt(speech);
+            }
+        });
+        let phase = std::mem::replace(
+            &mut turn.phase,
+            Phase::Playing {
+                outcome: TurnOutcome::default(),
+                give_up_at: None,
+            },
+        );
+        Ok(match phase {
+            Phase::Generating(generation) => {
+                self.close_generation(&mut turn, generation, Ending::Cut, out);
+                self.finish(turn, TurnOutcome::default(), false)
+            }
+            Phase::Calling { step, toolsets } => {
+                out.push(Command::InterruptStep {
+                    step,
+                    toolsets: toolsets.clone(),
+                });
+                turn.phase = Phase::Calling { step, toolsets };
+                // Calls answered by the activity itself may all be in already.
+                self.maybe_commit(turn, Where::Current, out)
+            }
+            Phase::Playing { outcome, .. } => self.finish(turn, outcome, false),
+        })
+    }
+
+    // ---- Speeches -------------------------------------------------------------------
+
+    /// Starts a new speech on the output.
+    fn start_speech(&mut self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
+        let speech = SpeechHandle::new(
+            SpeechId(self.shared.ids.next_speech()),
+            interruptibility,
+            SpeechStatus::Speaking,
+            self.speech_port.clone(),
+            self.shared.gone.clone(),
+        );
+        self.announce_speech(&speech);
+        speech
+    }
+
+    fn announce_speech(&mut self, speech: &SpeechHandle) {
+        self.shared.speeches.started(speech.id(), &self.id);
+        let agent = self.agent.name();
+        self.shared
+            .output
+            .call(|output| output.speech_started(speech.id(), agent));
+        self.shared
+            .events
+            .emit_with(|| SessionEvent::SpeechCreated {
+                agent: agent.to_owned(),
+                speech: speech.clone(),
+            });
+        self.publish(AgentState::Speaking);
+    }
+
+    /// A `say` turn: the text goes to the output as one chunk and, if asked, into the chat.
+    fn say(
+        &mut self,
+        events: &mut Vec<ChatItem>,
+        text: String,
+        speech: &SpeechHandle,
+        add_to_chat: bool,
+    ) {
+        speech.set_status(SpeechStatus::Speaking);
+        self.announce_speech(speech);
+        self.shared
+            .output
+            .call(|output| output.speech_chunk(speech.id(), &text));
+        if add_to_chat && !text.is_empty() {
+            self.record(
+                events,
+                ChatItem::Message(ChatMessage {
+                    role: ChatRole::Assistant,
+                    content: text,
+                    interrupted: false,
+                    speech: Some(speech.id()),
+                }),
+            );
+        }
+        let playout = self
+            .shared
+            .output
+            .call(|output| output.speech_finished(speech.id()));
+        if playout == Playout::Done {
+            self.speech_ended(speech, SpeechOutcome::Played);
+        }
+    }
+
+    /// A speech is over: its handle learns how, subscribers get `SpeechPlayedOut`, and
+    /// later reports of it change nothing.
+    fn speech_ended(&mut self, speech: &SpeechHandle, outcome: SpeechOutcome) {
+        if speech.is_done() {
+            return;
+        }
+        self.shared.speeches.ended(speech.id());
+        let (interrupted, heard) = match &outcome {
+            SpeechOutcome::Played => (false, None),
+            SpeechOutcome::Interrupted { heard } => (true, heard.clone()),
+        };
+        speech.set_status(SpeechStatus::Done(outcome));
+        self.shared.events.emit(SessionEvent::SpeechPlayedOut {
+            speech: speech.id(),
+            interrupted,
+            heard,
+        });
+    }
+
+    /// A report for the speech still streaming is kept until its stream ends.
+    fn report_while_generating(
+        &mut self,
+        turn: &mut Turn,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: &Option<String>,
+    ) -> bool {
+        match &mut turn.phase {
+            Phase::Generating(generation)
+                if generation.speech.as_ref().is_some_and(|s| s.id() == speech) =>
+            {
+                generation.early_report = Some((interrupted, heard.clone()));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The output reports the end of `speech`'s playout: its message is cut to what was
+    /// heard (removed when nothing was), in the chat context and the turn's events, and
+    /// the speech ends.
+    fn apply_report(
+        &mut self,
+        turn: Option<&mut Turn>,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+    ) {
+        let Some(turn) = turn else {
+            return;
+        };
+        let Some(handle) = turn.speeches.iter().find(|s| s.id() == speech).cloned() else {
+            return;
+        };
+        if handle.is_done() {
+            return;
+        }
+        if interrupted {
+            match self.ledger.cut_speech(speech, heard.as_deref()) {
+                Cut::Removed(index) => {
+                    if self.last_reply_view > index {
+                        self.last_reply_view -= 1;
+                    }
+                    self.shared
+                        .events
+                        .emit_with(|| SessionEvent::ConversationItemRemoved {
+                            agent: self.agent_name(),
+                            index,
+                        });
+                }
+                Cut::Shortened(index) => {
+                    if let Some(item) = self.ledger.chat().items().get(index).cloned() {
+                        self.shared
+                            .events
+                            .emit_with(|| SessionEvent::ConversationItemChanged {
+                                agent: self.agent_name(),
+                                index,
+                                item,
+                            });
+                    }
+                }
+                Cut::NotFound => {}
+            }
+            if let Some(index) = turn
+                .events
+                .iter()
+                .rposition(|item| matches!(item, ChatItem::Message(m) if m.speech == Some(speech)))
+            {
+                cut_to_heard(&mut turn.events, index, heard.as_deref());
+            }
+        }
+        let outcome = if interrupted {
+            SpeechOutcome::Interrupted { heard }
+        } else {
+            SpeechOutcome::Played
+        };
+        self.speech_ended(&handle, outcome);
+    }
+
+    /// Carries out what the barge-in decided.
+    fn barge(&mut self, state: State, action: BargeAction, out: &mut Vec<Command>) -> State {
+        match (action, state) {
+            (BargeAction::Nothing, state) => state,
+            (BargeAction::Pause, State::Running(turn)) => {
+                if let Some(speech) = turn.playing().map(|s| s.id()) {
+                    self.shared.output.call(|output| output.pause(speech));
+                }
+                self.publish(AgentState::Listening);
+                State::Running(turn)
+            }
+            (BargeAction::Interrupt, State::Running(turn)) => {
+                // Interruptions may have been held off since the user started.
+                match self.try_interrupt(turn, false, out) {
+                    Ok(turn) => running(turn),
+                    Err(turn) => {
+                        self.resume_output(&turn);
+                        State::Running(turn)
+                    }
+                }
+            }
+            (BargeAction::FalseInterruption { resume }, state) => {
+                if let (true, State::Running(turn)) = (resume, &state) {
+                    self.resume_output(turn);
+                }
+                self.shared
+                    .events
+                    .emit(SessionEvent::AgentFalseInterruption { resumed: resume });
+                state
+            }
+            // The turn ended meanwhile: nothing is left to pause or interrupt.
+            (BargeAction::Pause | BargeAction::Interrupt, state) => state,
+        }
+    }
+
+    /// Resumes a speech paused by a barge-in that did not become an interruption.
+    fn resume_output(&self, turn: &Turn) {
+        if let Some(speech) = turn.playing().map(|s| s.id()) {
+            self.shared.output.call(|output| output.resume(speech));
+            self.publish(AgentState::Speaking);
+        }
+    }
+
+    // ---- Pause and close ------------------------------------------------------------
+
+    /// A sub-task starts: a turn still generating stops where it is (interrupted); a turn
+    /// waiting on its calls stays open and commits on resume — if it was interrupted,
+    /// whoever waits for that is answered now (its end waits for a sub-task only the user
+    /// and the model can finish). The tools' held items are refused; session-scoped
+    /// pending items go to the task's agent, its own are dropped.
+    fn pause(&mut self, state: State, exempt: Option<u64>, out: &mut Vec<Command>) -> State {
+        let turn = match state {
+            State::Running(turn) => {
+                let generating = matches!(turn.phase, Phase::Generating(_));
+                let turn = if generating {
+                    match self.try_interrupt(turn, true, out) {
+                        Ok(turn) => turn,
+                        Err(turn) => Some(turn),
+                    }
+                } else {
+                    Some(turn)
+                };
+                turn.map(|mut turn| {
+                    if turn.interrupted {
+                        for waiter in turn.waiters.drain(..) {
+                            let _ = waiter.send(Ok(()));
+                        }
+                    }
+                    turn
+                })
+            }
+            State::Listening | State::Entering => None,
+            other => return other,
+        };
+        self.refuse_held();
+        self.hand_back_pending();
+        out.push(Command::StopRuns {
+            except: exempt,
+            reason: Arc::from("the agent was paused for a sub-task"),
+        });
+        State::Paused(turn)
+    }
+
+    /// Session-scoped pending items go to whichever agent is current next; its own are
+    /// dropped (their scope no longer takes items).
+    fn hand_back_pending(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        self.carried
+            .extend(pending.into_iter().filter(|p| p.scope == Scope::Session));
+    }
+
+    /// Starts closing: a stream is cut, the tools' held items refused; an activation that
+    /// ran runs `on_exit` before its toolsets stop, one never entered stops them at once.
+    /// A second close waits for the same toolsets.
+    fn close(&mut self, state: State, reason: Arc<str>, out: &mut Vec<Command>) -> State {
+        let (entered, turn) = match state {
+            State::Created => {
+                out.push(Command::StopToolsets {
+                    reason: reason.clone(),
+                });
+                return State::Closing {
+                    entered: false,
+                    turn: None,
+                    reason,
+                };
+            }
+            State::Closing { .. } | State::Closed { .. } => {
+                out.push(Command::StopToolsets { reason });
+                return state;
+            }
+            State::Entering | State::Listening => (true, None),
+            State::Running(turn) => (true, Some(turn)),
+            State::Paused(turn) => (true, turn),
+        };
+        let turn = turn.map(|mut turn| {
+            let phase = std::mem::replace(
+                &mut turn.phase,
+                Phase::Playing {
+                    outcome: TurnOutcome::failed(SessionError::Closed),
+                    give_up_at: None,
+                },
+            );
+            match phase {
+                Phase::Generating(generation) => {
+                    self.close_generation(&mut turn, generation, Ending::Cut, out)
+                }
+                other => turn.phase = other,
+            }
+            turn
+        });
+        self.refuse_held();
+        self.hand_back_pending();
+        out.push(Command::RunExitHook);
+        State::Closing {
+            entered,
+            turn,
+            reason,
+        }
+    }
+
+    /// The own toolsets are gone: every call still without an output gets its terminal
+    /// one, background calls their `/finished`, and the turn ends.
+    fn closed(&mut self, state: State, calls: Vec<FunctionCall>) -> State {
+        match state {
+            State::Closing {
+                entered,
+                turn,
+                reason,
+            } => {
+                match turn {
+                    Some(mut turn) => {
+                        self.with_ledger(Some(&mut turn.events), |ledger, sink| {
+                            ledger.abort(&reason, sink);
+                            ledger.write_terminal(calls, &reason, sink);
+                        });
+                        self.finish_now(turn, TurnOutcome::failed(SessionError::Closed));
+                    }
+                    None => self.with_ledger(None, |ledger, sink| {
+                        ledger.abort(&reason, sink);
+                        ledger.write_terminal(calls, &reason, sink);
+                    }),
+                }
+                self.hand_back_pending();
+                State::Closed { entered }
+            }
+            other => {
+                if !calls.is_empty() {
+                    let reason = "the session closed";
+                    self.with_ledger(None, |ledger, sink| {
+                        ledger.write_terminal(calls, reason, sink)
+                    });
+                }
+                other
+            }
+        }
+    }
+}
+
+/// The state after a running turn went a step: still running, or listening.
+fn running(turn: Option<Box<Turn>>) -> State {
+    match turn {
+        Some(turn) => State::Running(turn),
+        None => State::Listening,
+    }
+}
+
+/// Whether a deferred reply is still due: no assistant message was generated from a chat
+/// context that already held the newest pending item (`newest`, its position).
+fn reply_due(last_reply_view: usize, newest: Option<usize>) -> bool {
+    newest.is_some_and(|newest| last_reply_view <= newest)
+}
+
+/// Answers a turn that cannot run here: a queued `say` counts as interrupted, unheard.
+fn refuse_turn(kind: TurnKind, done: oneshot::Sender<TurnOutcome>) {
+    if let TurnKind::Say { speech, .. } = kind {
+        speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
+            heard: Some(String::new()),
+        }));
+    }
+    let _ = done.send(TurnOutcome::failed(SessionError::Closed));
+}

@@ -1,0 +1,70 @@
+//! Tool items on their way to a chat context: which scope a run belongs to, and the answer
+//! the run waits for.
+//!
+//! A run's later items (`/update_n`, `/finished`) travel once down — run → session (which
+//! knows the current agent) → activity — and the activity answers the run directly once
+//! they are in its chat context, or says why they never will be.
+
+use tokio::sync::oneshot;
+
+use crate::error::UpdateError;
+use crate::ids::ActorId;
+
+/// Which scope a tool run belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Scope {
+    /// A session-scoped toolset: items go to the agent current at delivery time.
+    Session,
+    /// An agent-scoped toolset of this activity: items go only there.
+    Activity(ActorId),
+}
+
+/// Where the answer to one delivery of tool items goes: sent once, when the items are in
+/// a chat context or refused. Dropped unanswered — the session or activity stopped with
+/// the delivery still queued or held — it answers [`UpdateError::Closed`], so whoever
+/// waits always hears.
+#[derive(Debug)]
+pub(crate) struct DeliveryAnswer(Option<oneshot::Sender<Result<(), UpdateError>>>);
+
+impl DeliveryAnswer {
+    /// An answer that goes to `to`.
+    pub(crate) fn to(to: oneshot::Sender<Result<(), UpdateError>>) -> Self {
+        Self(Some(to))
+    }
+
+    /// An answer for whoever awaits the returned future (`Closed` if it never comes).
+    pub(crate) fn awaited() -> (
+        Self,
+        impl std::future::Future<Output = Result<(), UpdateError>> + Send + 'static,
+    ) {
+        let (tx, rx) = oneshot::channel();
+        let heard = async move { rx.await.unwrap_or(Err(UpdateError::Closed)) };
+        (Self::to(tx), heard)
+    }
+
+    /// An answer nobody waits for (a run's terminal output written as it is stopped, the
+    /// engine's own items).
+    pub(crate) fn unheard() -> Self {
+        Self(None)
+    }
+
+    /// Whether somebody waits for it (a tool's `ctx.update`).
+    pub(crate) fn is_heard(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Answers (a waiter that went away is no one's concern).
+    pub(crate) fn send(mut self, result: Result<(), UpdateError>) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(result);
+        }
+    }
+}
+
+impl Drop for DeliveryAnswer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Err(UpdateError::Closed));
+        }
+    }
+}

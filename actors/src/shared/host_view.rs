@@ -1,0 +1,146 @@
+//! What the host reads of a session without sending it a message: whether it is inactive
+//! or settled, whether a switch just ended, what the user and the agent are doing.
+//!
+//! The session actor writes all of it, with two exceptions, each for a reason: the agent
+//! state is written by the current activity (it alone knows when it thinks or speaks,
+//! and a message per change would cost the hot path), and the count of live tool runs by
+//! each run as it starts and stops (a counter, so that the settle signal needs no message).
+
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+
+use tokio::sync::{watch, Notify};
+
+use crate::events::{AgentState, SessionEvent, UserState};
+use crate::shared::Events;
+
+pub(crate) struct HostView {
+    /// Whether the session is inactive; written only through [`Self::publish_inactive`].
+    pub(crate) inactive: watch::Sender<bool>,
+    /// How many tool runs are alive in the session.
+    running_tools: AtomicUsize,
+    /// Notified each time the session becomes settled (inactive, no tool run alive), for
+    /// `wait_for_settled`: one signal for the pair, so a waiting host is woken once per
+    /// settle, not once per half of it.
+    settled: Notify,
+    /// Notified each time a switch (handoff, sub-task start or end) ends: reads that found
+    /// no current agent ask again then.
+    pub(crate) switched: Notify,
+    // Plain atomics, not channels: nobody awaits them (events announce changes), and an
+    // idle session should not pay for a channel each.
+    agent_state: AtomicU8,
+    user_state: AtomicU8,
+}
+
+fn agent_state_code(state: AgentState) -> u8 {
+    match state {
+        AgentState::Initializing => 0,
+        AgentState::Listening => 1,
+        AgentState::Thinking => 2,
+        AgentState::Speaking => 3,
+    }
+}
+
+fn user_state_code(state: UserState) -> u8 {
+    match state {
+        UserState::Speaking => 0,
+        UserState::Listening => 1,
+        UserState::Away => 2,
+    }
+}
+
+impl HostView {
+    pub(crate) fn new() -> Self {
+        let (inactive, _) = watch::channel(false);
+        Self {
+            inactive,
+            running_tools: AtomicUsize::new(0),
+            settled: Notify::new(),
+            switched: Notify::new(),
+            agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
+            user_state: AtomicU8::new(user_state_code(UserState::Listening)),
+        }
+    }
+
+    /// A tool run of the session started.
+    pub(crate) fn tool_run_started(&self) {
+        self.running_tools.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A tool run of the session stopped; the last one settles an inactive session.
+    pub(crate) fn tool_run_ended(&self) {
+        let before = self
+            .running_tools
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .unwrap_or(0);
+        // Read after the count: whichever of this and `publish_inactive` comes second sees
+        // both halves and notifies (the watch's lock orders the two).
+        if before == 1 && *self.inactive.borrow() {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Publishes whether the session is inactive (watchers hear of changes only), and
+    /// settles it if it just became inactive with no tool run alive. The session publishes
+    /// at every pump; an inactive session that stays so has already settled, or settles
+    /// when its last run ends (`tool_run_ended`).
+    pub(crate) fn publish_inactive(&self, inactive: bool) {
+        let became_inactive = self.inactive.send_if_modified(|v| {
+            let changed = *v != inactive;
+            *v = inactive;
+            changed
+        }) && inactive;
+        if became_inactive && self.running_tools.load(Ordering::Acquire) == 0 {
+            self.settled.notify_waiters();
+        }
+    }
+
+    /// Whether the session is settled: inactive, and no tool run alive.
+    pub(crate) fn is_settled(&self) -> bool {
+        self.running_tools.load(Ordering::Acquire) == 0 && *self.inactive.borrow()
+    }
+
+    /// Resolves at the next time the session settles; create it before checking
+    /// [`Self::is_settled`], so that a settle in between is not missed.
+    pub(crate) fn settled(&self) -> tokio::sync::futures::Notified<'_> {
+        self.settled.notified()
+    }
+
+    /// Sets what the agent does; subscribers hear of a change.
+    pub(crate) fn set_agent_state(&self, events: &Events, agent: &str, state: AgentState) {
+        let code = agent_state_code(state);
+        if self.agent_state.swap(code, Ordering::Relaxed) != code {
+            events.emit_with(|| SessionEvent::AgentStateChanged {
+                agent: agent.to_owned(),
+                state,
+            });
+        }
+    }
+
+    /// What the agent does now.
+    pub(crate) fn agent_state(&self) -> AgentState {
+        match self.agent_state.load(Ordering::Relaxed) {
+            0 => AgentState::Initializing,
+            1 => AgentState::Listening,
+            2 => AgentState::Thinking,
+            _ => AgentState::Speaking,
+        }
+    }
+
+    /// Publishes what the user does (the session's schedule owns it); subscribers hear of
+    /// a change.
+    pub(crate) fn publish_user_state(&self, events: &Events, state: UserState) {
+        let code = user_state_code(state);
+        if self.user_state.swap(code, Ordering::Relaxed) != code {
+            events.emit(SessionEvent::UserStateChanged { state });
+        }
+    }
+
+    /// What the user does now.
+    pub(crate) fn user_state(&self) -> UserState {
+        match self.user_state.load(Ordering::Relaxed) {
+            0 => UserState::Speaking,
+            1 => UserState::Listening,
+            _ => UserState::Away,
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! A session's settings: fixed when it starts, read by every actor, written by none.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::agent::{check_tools, Agent};
+use crate::error::BuildError;
+use crate::error_policy::ErrorPolicy;
+use crate::ids::SessionId;
+use crate::llm::{Llm, LlmTimeouts};
+use crate::prompts::Prompts;
+use crate::tool::MockBody;
+
+/// The limits and timings of a session.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionConfig {
+    pub(crate) max_tool_steps: u32,
+    pub(crate) grace_period: Duration,
+    pub(crate) inherit_chat_context: bool,
+    pub(crate) llm_timeouts: LlmTimeouts,
+    pub(crate) max_calls_per_step: usize,
+    pub(crate) max_argument_bytes: usize,
+    pub(crate) allow_interruptions: bool,
+    pub(crate) min_interruption_duration: Duration,
+    pub(crate) false_interruption_timeout: Option<Duration>,
+    pub(crate) user_away_timeout: Option<Duration>,
+}
+
+/// The tool names of the session-scoped toolsets, with their owners, for checking that
+/// an agent can start here before anything is stopped for it.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SessionTools {
+    pub(crate) owners: Vec<(String, String)>,
+    pub(crate) any_cancellable: bool,
+}
+
+/// Everything a session is configured with.
+pub(crate) struct SessionSettings {
+    pub(crate) id: SessionId,
+    pub(crate) config: SessionConfig,
+    pub(crate) llm: Option<Arc<dyn Llm>>,
+    pub(crate) error_policy: ErrorPolicy,
+    pub(crate) prompts: Prompts,
+    pub(crate) mocks: HashMap<String, MockBody>,
+    pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
+    pub(crate) session_tools: SessionTools,
+}
+
+impl SessionSettings {
+    /// Checks that an activity of `agent` can start in this session: an LLM to use, and
+    /// tool names unique among everything it would see. Done before anything is stopped
+    /// for a handoff or sub-task, so a refused agent leaves the current one in place.
+    pub(crate) fn check_agent(&self, agent: &Agent) -> Result<Arc<dyn Llm>, BuildError> {
+        let llm = agent
+            .def
+            .llm
+            .clone()
+            .or_else(|| self.llm.clone())
+            .ok_or_else(|| BuildError::NoLlm {
+                agent: agent.name().to_owned(),
+            })?;
+        let companions = self.exposes_companions(agent);
+        let companion_owner = "companion tools".to_owned();
+        check_tools(
+            agent
+                .tool_owners()
+                .chain(
+                    self.session_tools
+                        .owners
+                        .iter()
+                        .map(|(name, owner)| (name.as_str(), owner.clone())),
+                )
+                .chain(
+                    companions
+                        .then_some(crate::agent::COMPANION_TOOLS)
+                        .into_iter()
+                        .flatten()
+                        .map(|name| (*name, companion_owner.clone())),
+                ),
+        )?;
+        Ok(llm)
+    }
+
+    /// Whether an activity of `agent` exposes `get_running_tasks` and `cancel_task`: some
+    /// tool it sees allows cancellation.
+    pub(crate) fn exposes_companions(&self, agent: &Agent) -> bool {
+        self.session_tools.any_cancellable || agent.any_cancellable()
+    }
+}
