@@ -126,3 +126,43 @@ impl History {
             .history(live)
     }
 }
+
+#[cfg(test)]
+impl SessionShared {
+    /// A session's shared state with the builder's defaults, for unit tests of the plain
+    /// machines.
+    pub(crate) fn for_tests(output: Box<dyn SpeechOutput>) -> Arc<Self> {
+        use std::collections::HashMap;
+        use std::time::Duration;
+
+        let (_alive, gone) = crate::lifecycle::alive_pair();
+        Arc::new(Self::new(SharedParts {
+            settings: SessionSettings {
+                id: crate::ids::SessionId::new("s1".to_owned()),
+                config: SessionConfig {
+                    max_tool_steps: 3,
+                    grace_period: Duration::from_secs(2),
+                    inherit_chat_context: false,
+                    llm_timeouts: crate::llm::LlmTimeouts::default(),
+                    max_calls_per_step: 32,
+                    max_argument_bytes: 64 * 1024,
+                    allow_interruptions: true,
+                    min_interruption_duration: Duration::from_millis(500),
+                    false_interruption_timeout: Some(Duration::from_secs(2)),
+                    user_away_timeout: None,
+                },
+                llm: None,
+                error_policy: crate::error_policy::ErrorPolicy::new(),
+                prompts: crate::prompts::Prompts::new(),
+                mocks: HashMap::new(),
+                userdata: None,
+                session_tools: SessionTools::default(),
+            },
+            journal: None,
+            output,
+            event_capacity: 1024,
+            gone,
+            span: tracing::Span::none(),
+        }))
+    }
+}

@@ -1315,7 +1315,12 @@ impl Activation {
 
     /// Ends the turn once its speeches have played (an interrupted one: once the output
     /// reported what was heard, or the report timeout passed). `closing`: ends now.
-    fn finish(&mut self, mut turn: Box<Turn>, outcome: TurnOutcome, closing: bool) -> Option<Box<Turn>> {
+    fn finish(
+        &mut self,
+        mut turn: Box<Turn>,
+        outcome: TurnOutcome,
+        closing: bool,
+    ) -> Option<Box<Turn>> {
         if turn.playing().is_none() || closing {
             self.finish_now(turn, outcome);
             return None;
@@ -1807,3 +1812,6 @@ fn refuse_turn(kind: TurnKind, done: oneshot::Sender<TurnOutcome>) {
     }
     let _ = done.send(TurnOutcome::failed(SessionError::Closed));
 }
+
+#[cfg(test)]
+mod tests;
