@@ -163,6 +163,59 @@ pub(crate) fn keep_first_ending<'a>(outputs: impl IntoIterator<Item = &'a mut Ca
     }
 }
 
+/// What a call that finished in the background — after its first update, or moved there
+/// by an interruption — asks for with its result.
+#[derive(Debug)]
+pub(crate) enum BackgroundFinish {
+    /// Nothing: a unit return after updates adds nothing more.
+    Nothing,
+    /// A `/finished` output; once it is in a chat context, `then` follows.
+    Finished {
+        output: String,
+        is_error: bool,
+        /// Whether it asks for a deferred reply: a value or an error the model should
+        /// answer (not a quiet output, a handoff or a task's end).
+        reply: bool,
+        then: AfterFinished,
+        /// An error routed `propagate`: the session's error event says it.
+        error_event: Option<String>,
+    },
+}
+
+/// What a background call's result asks of the session after its `/finished` landed.
+#[derive(Debug)]
+pub(crate) enum AfterFinished {
+    Nothing,
+    Handoff(Handoff),
+    CompleteTask(Value),
+}
+
+/// Decides what a background finish of `tool` does with its output (see
+/// [`BackgroundFinish`]).
+pub(crate) fn finish_in_background(tool: &str, out: CallOutput) -> BackgroundFinish {
+    if out.is_unit() {
+        return BackgroundFinish::Nothing;
+    }
+    let (reply, then, error_event) = match out.effect {
+        Effect::Handoff(handoff) => (false, AfterFinished::Handoff(handoff), None),
+        Effect::CompleteTask(value) => (false, AfterFinished::CompleteTask(value), None),
+        Effect::Quiet => (false, AfterFinished::Nothing, None),
+        Effect::Reply => (true, AfterFinished::Nothing, None),
+        Effect::Propagate(message) => (
+            true,
+            AfterFinished::Nothing,
+            Some(format!("tool {tool} failed: {message}")),
+        ),
+    };
+    BackgroundFinish::Finished {
+        output: out.output,
+        is_error: out.is_error,
+        reply,
+        then,
+        error_event,
+    }
+}
+
 /// The `/finished` pair of a background call that ended without a result: says why, and
 /// asks for no reply.
 pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
@@ -351,6 +404,61 @@ mod tests {
         keep_first_ending(&mut outputs);
         assert_eq!(kinds(&outputs), ["handoff", "refused", "refused"]);
         assert!(outputs[1].output.ends_with("already hands off to billing"));
+    }
+
+    /// `(reply, then, error event)` of a background finish.
+    fn finish(out: CallOutput) -> Option<(bool, &'static str, bool)> {
+        match finish_in_background("search", out) {
+            BackgroundFinish::Nothing => None,
+            BackgroundFinish::Finished {
+                reply,
+                then,
+                error_event,
+                ..
+            } => Some((
+                reply,
+                match then {
+                    AfterFinished::Nothing => "nothing",
+                    AfterFinished::Handoff(_) => "handoff",
+                    AfterFinished::CompleteTask(_) => "complete",
+                },
+                error_event.is_some(),
+            )),
+        }
+    }
+
+    #[test]
+    fn a_background_finish_asks_for_a_reply_only_for_what_the_model_should_answer() {
+        assert_eq!(
+            finish(from_return(ToolReturn::Unit)),
+            None,
+            "unit adds nothing"
+        );
+        assert_eq!(
+            finish(CallOutput::reply("found".into())),
+            Some((true, "nothing", false))
+        );
+        assert_eq!(
+            finish(CallOutput::quiet("noted".into())),
+            Some((false, "nothing", false))
+        );
+        assert_eq!(
+            finish(CallOutput::error("Error: no table".into())),
+            Some((true, "nothing", false)),
+            "an error the model reads"
+        );
+        let propagated = CallOutput {
+            output: "Error: internal error in search".into(),
+            is_error: true,
+            effect: Effect::Propagate("db down".into()),
+        };
+        assert_eq!(finish(propagated), Some((true, "nothing", true)));
+    }
+
+    #[test]
+    fn a_background_handoff_or_task_end_follows_its_finished_output_and_asks_no_reply() {
+        assert_eq!(finish(handoff("billing")), Some((false, "handoff", false)));
+        assert_eq!(finish(complete()), Some((false, "complete", false)));
     }
 
     #[test]

@@ -39,7 +39,9 @@ use crate::error::{TaskError, UpdateError};
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
 use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
-use crate::outcome::{classify, vet, CallOutput, Effect, ErrorPolicies};
+use crate::outcome::{
+    classify, finish_in_background, vet, AfterFinished, BackgroundFinish, CallOutput, ErrorPolicies,
+};
 use crate::prompts::{Prompts, UpdatePromptArgs};
 use crate::reentry;
 use crate::run_context::{RunContext, RunPort, UpdateMessage};
@@ -261,23 +263,24 @@ impl ToolRunActor {
             return;
         }
         // Finished in the background, after an update or an interruption.
-        if out.is_unit() {
+        let BackgroundFinish::Finished {
+            output,
+            is_error,
+            reply,
+            then,
+            error_event,
+        } = finish_in_background(&self.call.name, out)
+        else {
             ctx.stop();
             return;
-        }
-        if let Effect::Propagate(message) = &out.effect {
-            self.shared.events.emit(crate::events::SessionEvent::Error {
-                message: format!("tool {} failed: {message}", self.call.name),
-            });
-        }
-        let (reply, next) = match out.effect {
-            Effect::Handoff(handoff) => (false, Some(Next::Handoff(handoff))),
-            Effect::CompleteTask(value) => (false, Some(Next::CompleteTask(value))),
-            Effect::Quiet => (false, None),
-            Effect::Reply | Effect::Propagate(_) => (true, None),
         };
+        if let Some(message) = error_event {
+            self.shared
+                .events
+                .emit(crate::events::SessionEvent::Error { message });
+        }
         let finished = format!("{}/finished", self.call.call_id);
-        let delivery = self.deliver_awaited(finished, out.output, out.is_error, reply);
+        let delivery = self.deliver_awaited(finished, output, is_error, reply);
         let links = self.links.clone();
         let me = self.id().clone();
         // On a task of the arbiter, not of this actor: actix drops a request whose reply
@@ -287,13 +290,13 @@ impl ToolRunActor {
         let task = actix::spawn(async move {
             // The handoff (or task end) this run performs does not stop it: the body has
             // returned already.
-            match (delivery.await, next) {
-                (Ok(()), Some(Next::Handoff(handoff))) => {
+            match (delivery.await, then) {
+                (Ok(()), AfterFinished::Handoff(handoff)) => {
                     if let Err(err) = links.queue_handoff(&me, handoff).await {
                         tracing::warn!(%err, "a background tool's handoff was refused");
                     }
                 }
-                (Ok(()), Some(Next::CompleteTask(value))) => links.complete_task(&me, value),
+                (Ok(()), AfterFinished::CompleteTask(value)) => links.complete_task(&me, value),
                 _ => {}
             }
         });
@@ -305,12 +308,6 @@ impl ToolRunActor {
             .map(|(), _, ctx| ctx.stop()),
         );
     }
-}
-
-/// What a background run's final result asks the session to do after its `/finished`.
-enum Next {
-    Handoff(crate::handoff::Handoff),
-    CompleteTask(Value),
 }
 
 /// A tool's hold on its turn's interruptions: taken by `ctx.disallow_interruptions()`,

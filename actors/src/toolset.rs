@@ -17,6 +17,8 @@
 //!   interruption) or moved to the background, even a call still waiting for a
 //!   `replace` duplicate to stop.
 
+mod duplicates;
+
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
@@ -39,6 +41,8 @@ use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
 use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
+
+use duplicates::{is_duplicate, on_duplicate, OnDuplicate, Running};
 
 /// How many interrupted steps a toolset remembers for calls still being set up (a
 /// `replace` waiting for the old run to stop): steps of one activity are sequential, so a
@@ -107,11 +111,18 @@ impl ToolsetActor {
         Child::new(Mailbox::new(addr, probe), gone)
     }
 
-    /// Running calls of `name` started in an earlier step than `step`.
+    /// Running calls that a call of `name` in step `step` duplicates.
     fn duplicates_of(&self, name: &str, step: u64) -> Vec<u64> {
         self.runs
             .iter()
-            .filter(|(_, run)| !run.closed && run.call.name == name && run.step != step)
+            .filter(|(_, run)| {
+                let running = Running {
+                    tool: &run.call.name,
+                    step: run.step,
+                    stopping: run.closed,
+                };
+                is_duplicate(running, name, step)
+            })
             .map(|(key, _)| *key)
             .collect()
     }
@@ -284,33 +295,33 @@ impl Handler<RunTool> for ToolsetActor {
         };
         // 3. Duplicates.
         let running = self.duplicates_of(tool.name(), msg.step);
-        if !running.is_empty() {
-            let calls: Vec<FunctionCall> = running
-                .iter()
-                .filter_map(|key| self.runs.get(key).map(|r| r.call.clone()))
-                .collect();
-            let args = || DuplicatePromptArgs {
+        let answer = |act: &Self, confirm: bool| {
+            let args = DuplicatePromptArgs {
                 function_name: tool.name().to_owned(),
-                running_calls: calls.clone(),
+                running_calls: running
+                    .iter()
+                    .filter_map(|key| act.runs.get(key).map(|r| r.call.clone()))
+                    .collect(),
             };
-            match policy {
-                DuplicatePolicy::Allow => {}
-                DuplicatePolicy::Reject => {
-                    return ready(CallOutput::reply(self.prompts.render_reject(&args())))
-                }
-                DuplicatePolicy::Confirm if !confirmed => {
-                    return ready(CallOutput::reply(self.prompts.render_confirm(&args())))
-                }
-                DuplicatePolicy::Confirm => {}
-                DuplicatePolicy::Replace => {
-                    let reason: Arc<str> = Arc::from("replaced by a newer call");
-                    let stopping = self.stop_runs(running, reason, true);
-                    return Box::pin(
-                        stopping
-                            .into_actor(self)
-                            .then(move |_, act, _| act.start_run(msg, tool, body).into_actor(act)),
-                    );
-                }
+            let text = if confirm {
+                act.prompts.render_confirm(&args)
+            } else {
+                act.prompts.render_reject(&args)
+            };
+            ready(CallOutput::reply(text))
+        };
+        match on_duplicate(policy, !running.is_empty(), confirmed) {
+            OnDuplicate::Run => {}
+            OnDuplicate::Reject => return answer(self, false),
+            OnDuplicate::AskToConfirm => return answer(self, true),
+            OnDuplicate::Replace => {
+                let reason: Arc<str> = Arc::from("replaced by a newer call");
+                let stopping = self.stop_runs(running, reason, true);
+                return Box::pin(
+                    stopping
+                        .into_actor(self)
+                        .then(move |_, act, _| act.start_run(msg, tool, body).into_actor(act)),
+                );
             }
         }
         // 4. Run.
