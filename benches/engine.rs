@@ -41,7 +41,7 @@
 //! - `S3_scale`: `BENCH_SCALE_SESSIONS` idle sessions in one process, started and closed
 //!   from `BENCH_SCALE_TASKS` tasks of a tokio host over `Engine::start()`'s arbiters:
 //!   start and close rates, RSS per session, RSS after the engine's own release once the
-//!   last session is gone (`IdleRelease`, the default), a second batch with that off:
+//!   last session is gone (`IdleRelease::AFTER_BURST`), a second batch with that off:
 //!   RSS after close and after `Engine::release_memory`, and (in a third, inspected
 //!   batch) the live actors while held and after close.
 //! - `S4_1000`: S4 with 1,000 sessions, whatever `BENCH_S4_SESSIONS` says.
@@ -57,11 +57,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::json;
+use switchboard::memory::IdleRelease;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{
-    AgentBuilder, ChatItem, ChatRole, IdleRelease, LlmChunk, LlmError, LlmRequest, LlmStream,
-    NoArgs, SessionBuilder, ToolCallChunk, ToolChoice,
+    AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
+    SessionBuilder, ToolCallChunk, ToolChoice,
 };
 use tokio::sync::{mpsc, watch};
 
@@ -270,7 +271,7 @@ fn with_history(agent: AgentBuilder, past: Option<Arc<[ChatItem]>>) -> AgentBuil
         }
         let missing = past.len().saturating_sub(chat.len());
         chat.extend(past.iter().take(missing).cloned());
-        TurnDecision::StopResponse
+        TurnDecision::NoReply
     })
 }
 
@@ -717,8 +718,8 @@ async fn close_many(sessions: Vec<Vec<Session>>) -> f64 {
 /// session a model of its own). Three batches, each started in full and then closed:
 ///
 /// 1. the engine as a host gets it: start and close rates, RSS growth per session, and
-///    RSS once the engine has released by itself (`IdleRelease::DEFAULT`: the last
-///    session is gone) with how long after the last `close()` returned that came, against
+///    RSS once the engine has released by itself (`IdleRelease::AFTER_BURST`, set for
+///    this batch: the default is `Never`; the last session is gone) with how long after the last `close()` returned that came, against
 ///    RSS before the batch (itself taken after a release, so that memory freed by earlier
 ///    scenarios does not absorb the growth);
 /// 2. the same with `IdleRelease::Never`: RSS after close shows what the allocator keeps
@@ -749,6 +750,7 @@ async fn scale(engine: &Engine) {
     // Free memory kept from the scenarios before this one would hide the growth.
     engine.release_memory().await;
 
+    engine.set_idle_release(IdleRelease::AFTER_BURST);
     let before = rss_kib();
     let mut releases = engine.idle_releases();
     let (sessions, start_wall) = start_many(engine, plain.clone(), count, tasks).await;

@@ -22,6 +22,7 @@
 //! - [`prompts`] — the texts the engine writes into the conversation: [`prompts::Prompts`],
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
+//! - [`memory`] — handing the memory of a drained traffic peak back to the system.
 //! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
 //!   on by default) for OpenAI and compatible servers, and the call-id mapping any provider
 //!   adapter needs.
@@ -133,22 +134,43 @@ pub mod __private {
     pub use actix_macros::test;
 }
 
-pub use switchboard_actors::prompts;
-
 pub use switchboard_actors::{
-    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AsyncRunContext,
-    BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
-    Handoff, HookContext, IdleRelease, IdleReleased, IdleReleases, InspectError, Inspector, Llm,
-    LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, MemoryRelease,
-    NoArgs, NullOutput, Playout, PlayoutReporter, Received, RunContext, RunResult, SayOptions,
-    Session, SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent,
-    SessionHistory, SessionId, SpeechError, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
-    SpeechPriority, StartingChat, StopResponse, SubTaskOf, TaskError, TimeoutStage, Tool,
-    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState,
-    CONFIRM_DUPLICATE_PARAM,
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, BuildError, ChatContext,
+    ChatItem, ChatMessage, ChatRole, DeferredReplyDecision, DuplicatePolicy, Engine, EngineError,
+    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
+    InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RunContext,
+    RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
+    SessionEvent, SessionHistory, SessionId, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
+    SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice,
+    ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision,
+    TurnFailure, UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
 };
+#[allow(deprecated)]
+pub use switchboard_actors::{AsyncRunContext, StopResponse};
+
+/// The texts the engine writes into the conversation — the `update` wrapper, the two
+/// duplicate answers, the deferred `reply` instructions — and how to reword them: a
+/// [`Prompts`](prompts::Prompts) set on the session, an agent or a toolset, one
+/// [`Template`](prompts::Template) per text (a format string with named fields, checked
+/// when built, or a closure over the text's typed arguments), and the default texts.
+pub mod prompts {
+    pub use switchboard_actors::{
+        DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
+        DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
+    };
+}
+
+/// The memory of closed sessions: glibc keeps the pages of a drained traffic peak unless
+/// they are handed back. [`Engine::release_memory`] does it when the host asks
+/// ([`MemoryRelease`](memory::MemoryRelease) says what it found);
+/// [`Engine::set_idle_release`] with an [`IdleRelease`](memory::IdleRelease) lets the
+/// engine do it by itself once its last session of a peak is gone (off by default), and
+/// [`Engine::idle_releases`] reports each such release
+/// ([`IdleReleases`](memory::IdleReleases), [`IdleReleased`](memory::IdleReleased)).
+pub mod memory {
+    pub use switchboard_actors::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease};
+}
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the
 /// crate-root item of the same name.
@@ -157,8 +179,8 @@ pub mod prelude {
         Agent, AgentChat, AgentState, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
         DeferredReplyDecision, DuplicatePolicy, Engine, ErrorPolicy, ErrorRoute, Handoff,
         HookContext, Inspector, Llm, NoArgs, Playout, PlayoutReporter, RunContext, RunResult,
-        SayOptions, Session, SessionControl, SessionError, SessionEvent, SessionHistory,
-        SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, StartingChat, StopResponse, Tool,
+        SayOptions, Session, SessionBuilder, SessionControl, SessionError, SessionEvent,
+        SessionHistory, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, StartingChat, Tool,
         ToolError, ToolFailure, ToolReturn, Toolset, TurnDecision, TurnFailure, UserState,
     };
 }

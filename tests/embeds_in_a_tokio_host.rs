@@ -8,6 +8,7 @@ use common::{assert_invariant, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::EngineError;
 
 fn search() -> Tool {
     Tool::new(
@@ -100,7 +101,7 @@ async fn a_session_started_after_shutdown_is_a_clear_error() {
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, SessionError::Engine(msg) if msg.contains("shut down")),
+        matches!(&err, SessionError::Engine(EngineError::ShutDown)),
         "{err}"
     );
 }

@@ -9,6 +9,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+/// The host's side: its handle on a session, the engine, the mailbox inspector.
+const HOST_SIDE: &[&str] = &["session_handle", "runtime", "inspector"];
 /// The actor modules: the session, an activity, a toolset, a tool run.
 const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
 /// The host's handle.
@@ -32,6 +34,8 @@ const PLUMBING: &[&str] = &[
     "llm_guard",
     "reentry",
     "memory",
+    "idle_release",
+    "delivery",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[
@@ -81,13 +85,9 @@ fn named_modules(source: &str, own: &str) -> BTreeSet<String> {
 /// Every source file of module `module` (its file and, for a folder module, its children)
 /// with the modules it names, test code left out.
 fn module_imports(module: &str) -> Vec<(String, BTreeSet<String>)> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("actors/src");
+    let src = source_root();
     let mut files = vec![src.join(format!("{module}.rs"))];
-    if let Ok(children) = std::fs::read_dir(src.join(module)) {
-        let mut children: Vec<_> = children.filter_map(Result::ok).map(|e| e.path()).collect();
-        children.sort();
-        files.extend(children);
-    }
+    files.extend(rust_files(&src.join(module)));
     files
         .into_iter()
         .filter(|path| path.extension().is_some_and(|e| e == "rs"))
@@ -111,6 +111,28 @@ fn module_imports(module: &str) -> Vec<(String, BTreeSet<String>)> {
             (shown, named_modules(&code, module))
         })
         .collect()
+}
+
+fn source_root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("actors/src")
+}
+
+/// Every `.rs` file under `dir`, at any depth, in a stable order.
+fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut paths: Vec<_> = entries.filter_map(Result::ok).map(|e| e.path()).collect();
+    paths.sort();
+    let mut files = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
 }
 
 /// Checks that no file of the `modules` names anything in `forbidden`; lists every breach.
@@ -164,6 +186,54 @@ fn vocabulary_names_only_vocabulary() {
         // The one exception: a `SpeechCreated` event hands subscribers the speech's handle.
         |module, name| !VOCABULARY.contains(&name) && (module != "events" || name != "speech"),
         "vocabulary names something above it",
+    );
+}
+
+#[test]
+fn every_source_file_of_the_engine_is_in_a_layer() {
+    let src = source_root();
+    let layers: Vec<&str> = HOST_SIDE
+        .iter()
+        .chain(ACTORS)
+        .chain(USER_DEFINED)
+        .chain(PLUMBING)
+        .chain(VOCABULARY)
+        .copied()
+        .collect();
+    let mut outside = Vec::new();
+    for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).unwrap();
+        let top = relative
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned();
+        if top != "lib" && !layers.contains(&top.as_str()) {
+            outside.push(relative.display().to_string());
+        }
+    }
+    assert!(
+        outside.is_empty(),
+        "files in no layer (add each to one in this test and in ARCHITECTURE.md):\n{}",
+        outside.join("\n")
+    );
+}
+
+#[test]
+fn the_host_side_is_reached_by_nothing_below_it() {
+    check(
+        &ACTORS
+            .iter()
+            .chain(USER_DEFINED)
+            .chain(PLUMBING)
+            .chain(VOCABULARY)
+            .copied()
+            .collect::<Vec<_>>(),
+        |_, name| HOST_SIDE.contains(&name),
+        "a file below the host side names it",
     );
 }
 

@@ -7,9 +7,10 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use switchboard::memory::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease};
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease, SessionBuilder};
+use switchboard::SessionBuilder;
 
 /// Far above a release's few milliseconds; only reached if the release never comes.
 const BOUND: Duration = Duration::from_secs(20);
@@ -58,10 +59,12 @@ fn assert_allocator_answered(release: MemoryRelease) {
 }
 
 #[test]
-fn the_default_is_a_release_after_a_peak_of_a_thousand_and_never_turns_it_off() {
+fn the_engine_releases_nothing_by_default_and_a_burst_setting_turns_it_on() {
     let engine = Engine::with_arbiters(1).unwrap();
-    assert_eq!(engine.idle_release(), after(1000));
+    assert_eq!(engine.idle_release(), IdleRelease::Never);
     assert_eq!(IdleRelease::default(), IdleRelease::DEFAULT);
+    engine.set_idle_release(IdleRelease::AFTER_BURST);
+    assert_eq!(engine.idle_release(), after(1000));
     engine.set_idle_release(IdleRelease::Never);
     assert_eq!(engine.idle_release(), IdleRelease::Never);
     engine.shutdown();

@@ -13,7 +13,6 @@ use common::Query;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{settled, Reply, ScriptedLlm};
-use switchboard::TaskError;
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -174,7 +173,12 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
     }
     assert_eq!(
         answers[4],
-        format!("{:?}", Err::<(), _>(TaskError::WouldDeadlock))
+        format!(
+            "{:?}",
+            Err::<(), _>(SessionError::WouldDeadlock {
+                operation: "run_task"
+            })
+        )
     );
     assert!(
         answers[5].starts_with(

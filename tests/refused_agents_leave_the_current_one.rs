@@ -10,7 +10,7 @@ use common::{assert_invariant, output, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{BuildError, TaskError};
+use switchboard::BuildError;
 
 fn lookup() -> Tool {
     Tool::new(
@@ -116,7 +116,7 @@ async fn a_sub_task_that_cannot_start_fails_its_caller_which_stays_current() {
         |ctx: RunContext, _: Query| async move {
             match ctx.run_task::<String>(clashing()).await {
                 Ok(answer) => Ok::<_, ToolFailure>(answer),
-                Err(TaskError::NotStarted(err)) => Ok(format!("no survey: {err}")),
+                Err(SessionError::Build(err)) => Ok(format!("no survey: {err}")),
                 Err(other) => Err(other.into()),
             }
         },

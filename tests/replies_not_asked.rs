@@ -1,4 +1,4 @@
-//! Output the model should read without answering it: `ctx.update_silently(..)` (an update
+//! Output the model should read without answering it: `ctx.update_no_reply(..)` (an update
 //! that asks for no reply) and `ToolReturn::NoReply` (a result kept in the chat with no
 //! step on its account), as LiveKit's `ctx.update(msg, silent=True)` and
 //! `ToolResult(output, reply_required=False)`. Each lands in the chat context; the model
@@ -47,7 +47,7 @@ async fn a_silent_later_update_lands_without_a_reply_and_the_next_reply_reads_it
             async move {
                 ctx.update("checking").await?;
                 first.wait().await;
-                ctx.update_silently("half way").await?;
+                ctx.update_no_reply("half way").await?;
                 let _ = landed.send(());
                 second.wait().await;
                 Ok::<_, ToolFailure>("all good")
@@ -97,7 +97,7 @@ async fn a_silent_first_update_is_the_output_and_asks_for_no_step() {
         Tool::new("send", "Sends", move |ctx: RunContext, _: Query| {
             let gate = gate.clone();
             async move {
-                ctx.update_silently("queued").await?;
+                ctx.update_no_reply("queued").await?;
                 gate.wait().await;
                 Ok::<_, ToolFailure>("delivered")
             }

@@ -63,7 +63,7 @@ async fn on_user_turn_completed_edits_the_message_or_stops_the_reply() {
         .on_user_turn_completed(|_chat, message| {
             if message.content.contains("secret") {
                 message.content = "[redacted]".into();
-                return TurnDecision::StopResponse;
+                return TurnDecision::NoReply;
             }
             TurnDecision::Reply
         })

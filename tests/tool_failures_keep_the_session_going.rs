@@ -238,13 +238,15 @@ async fn unexpected_errors_follow_the_return_error_policy() {
     session.close().await.unwrap();
 }
 
+/// The deprecated `StopResponse` still says what `ToolReturn::no_reply` says.
 #[actix::test]
+#[allow(deprecated)]
 async fn stop_response_records_the_output_and_ends_the_turn() {
     let hangup = Tool::new(
         "hang_up",
         "Ends the call",
         |_ctx: RunContext, _: Query| async move {
-            Err::<(), _>(StopResponse::with_output("call ended").into())
+            Err::<(), _>(switchboard::StopResponse::with_output("call ended").into())
         },
     );
     let llm = ScriptedLlm::new([Reply::tool_call("hang_up", json!({"q": "x"}))]);

@@ -22,10 +22,17 @@ pub(crate) use crate::tool::COMPANION_TOOLS;
 
 /// What `on_user_turn_completed` decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TurnDecision {
     /// Ask the model for a reply.
     Reply,
     /// Keep the user's message but do not reply.
+    NoReply,
+    /// Keep the user's message but do not reply.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use TurnDecision::NoReply: \"no reply\" is said one way"
+    )]
     StopResponse,
 }
 

@@ -10,15 +10,15 @@ pub enum SessionError {
     Closed,
     /// A host call made from inside a tool or hook of this same session, which would wait
     /// on the turn or handoff it runs in. Use the tool's or hook's `session()`
-    /// (`SessionControl`), which queues the work and returns.
-    #[error("{operation} was called on the host's Session from inside a tool or hook of the same session; awaiting it would wait on itself. Use ctx.session(), which queues the work")]
+    /// (`SessionControl`), which queues the work and returns, or `RunContext::run_task`.
+    #[error("{operation} was called on the host's Session from inside a tool or hook of the same session; awaiting it would wait on itself. Use ctx.session(), which queues the work, or ctx.run_task")]
     WouldDeadlock {
         /// The host call (`run`, `generate_reply`, `update_agent`, …).
         operation: &'static str,
     },
     /// The current speech does not allow interruptions (its `say` options, the agent's or
-    /// the session's setting, or a tool holding them off); `Session::force_interrupt`
-    /// interrupts it anyway.
+    /// the session's setting, or a tool holding them off); `Session::force_interrupt` and
+    /// `SpeechHandle::force_interrupt` interrupt it anyway.
     #[error("the current speech does not allow interruptions")]
     Uninterruptible,
     /// Too much work is queued behind the current turn; try again once it has run.
@@ -27,7 +27,8 @@ pub enum SessionError {
         /// How many jobs a session queues at most.
         limit: usize,
     },
-    /// The session or an agent is misconfigured.
+    /// The session or an agent is misconfigured; for a handoff or a sub-task, its agent
+    /// cannot start here (a tool-name clash, no LLM) and the current agent stays.
     #[error(transparent)]
     Build(#[from] BuildError),
     /// The turn failed (the model, or a tool whose error is routed `propagate`); the
@@ -40,9 +41,30 @@ pub enum SessionError {
         /// What the turn added before it failed.
         result: Box<crate::events::RunResult>,
     },
-    /// The engine cannot start sessions here (no actix system or engine thread).
-    #[error("cannot start a session: {0}")]
-    Engine(String),
+    /// The engine cannot run the session (no actix system here, or it shut down).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// A sub-task's result did not have the type `run_task` asked for.
+    #[error("the sub-task's result has an unexpected shape: {0}")]
+    TaskResult(#[source] serde_json::Error),
+}
+
+/// Why the engine cannot run sessions.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// `Engine::current()` outside an actix system.
+    #[error("no actix arbiter on this thread: use Engine::start() from a tokio program, or write the test with #[switchboard::test]")]
+    NoArbiter,
+    /// The engine was shut down (`Engine::shutdown`): start a new one.
+    #[error("the engine has shut down")]
+    ShutDown,
+    /// The operating system refused the engine's thread.
+    #[error("cannot start the engine's thread: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// The engine's thread stopped before its actix system started.
+    #[error("the engine's thread stopped before its actix system started")]
+    NotStarted,
 }
 
 impl SessionError {
@@ -149,18 +171,6 @@ pub enum BuildError {
     },
 }
 
-/// Why a speech could not be interrupted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SpeechError {
-    /// The speech does not allow interruptions now (see `SpeechHandle::force_interrupt`).
-    #[error("{speech} does not allow interruptions")]
-    Uninterruptible {
-        /// The speech.
-        speech: crate::output::SpeechId,
-    },
-}
-
 /// Why `ctx.update(..)` failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -180,24 +190,4 @@ pub enum UpdateError {
     /// The session is closed.
     #[error("the session is closed")]
     Closed,
-}
-
-/// Why a sub-task agent (`run_task`) gave no result.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TaskError {
-    /// The session closed (or is gone) before the task completed.
-    #[error("the session closed before the task completed")]
-    SessionClosed,
-    /// The sub-task agent cannot start here (a tool-name clash, no LLM); the caller stays
-    /// current.
-    #[error("the sub-task agent did not start: {0}")]
-    NotStarted(#[from] BuildError),
-    /// The task's result did not have the expected type.
-    #[error("the task's result has an unexpected shape: {0}")]
-    BadResult(#[from] serde_json::Error),
-    /// `run_task` was called on the host's `Session` from inside a tool or hook of the
-    /// same session; use `RunContext::run_task`.
-    #[error("run_task was called on the host's Session from inside a tool or hook of the same session; use ctx.run_task")]
-    WouldDeadlock,
 }

@@ -23,13 +23,16 @@ use crate::memory::{self, MemoryRelease};
 /// When an [`Engine`](crate::Engine) gives the memory of closed sessions back to the system
 /// by itself; set with [`Engine::set_idle_release`](crate::Engine::set_idle_release).
 ///
-/// A release runs glibc's `malloc_trim` for the whole process (see [`crate::memory`]), on a
-/// thread of its own, only once the engine has no live session: the moment a traffic peak
-/// has fully drained. Allocations in an arena wait while it is walked (0.2–0.3 s after
-/// 100,000 idle sessions here), a session started during the walk included, so a host
-/// that keeps large free memory of its own or cannot afford that pause chooses
-/// [`IdleRelease::Never`] and calls [`Engine::release_memory`](crate::Engine::release_memory)
-/// when it suits it.
+/// Off by default ([`IdleRelease::Never`]): a library does no process-wide work unasked. A
+/// release runs glibc's `malloc_trim` for the whole process (see
+/// [`Engine::release_memory`](crate::Engine::release_memory)), on a thread of its own,
+/// only once the engine has no live session: the moment a traffic peak has fully drained.
+/// Allocations in an arena wait while it is walked (0.2–0.3 s after 100,000 idle sessions
+/// here), a session started during the walk included, and the walk covers the host's
+/// arenas too. It pays for a host whose peaks leave many MB it wants back and that can
+/// afford that pause once the peak is over: [`IdleRelease::AFTER_BURST`] turns it on
+/// after a peak of a thousand sessions. A host with plans of its own calls
+/// [`Engine::release_memory`](crate::Engine::release_memory) when it suits it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IdleRelease {
     /// The engine never releases by itself.
@@ -43,11 +46,15 @@ pub enum IdleRelease {
 }
 
 impl IdleRelease {
-    /// The engines' default: `AfterPeak(1000)`, about 5 MB of idle sessions.
-    pub const DEFAULT: Self = match NonZeroU64::new(1000) {
+    /// The engines' default: `Never` (no process-wide work unasked).
+    pub const DEFAULT: Self = Self::Never;
+
+    /// A release after a peak of 1,000 live sessions (about 5 MB of idle sessions): the
+    /// setting for a host that wants the memory of its traffic peaks back.
+    pub const AFTER_BURST: Self = match NonZeroU64::new(1000) {
         Some(n) => Self::AfterPeak(n),
         // Evaluated when the crate compiles: a zero here would fail the build, not a run.
-        None => panic!("the default peak is not zero"),
+        None => panic!("the peak is not zero"),
     };
 
     /// Whether a session going now, leaving `live` sessions after a `peak` of live ones
@@ -229,6 +236,7 @@ mod tests {
         for policy in [IdleRelease::Never, after(1), after(1000), after(u64::MAX)] {
             assert_eq!(IdleRelease::decode(policy.encode()), policy);
         }
-        assert_eq!(IdleRelease::default(), after(1000));
+        assert_eq!(IdleRelease::default(), IdleRelease::Never);
+        assert_eq!(IdleRelease::AFTER_BURST, after(1000));
     }
 }

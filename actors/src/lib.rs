@@ -48,45 +48,46 @@
 //! }
 //! ```
 
-pub mod agent;
-pub mod chat;
-pub mod control;
-pub mod error;
-pub mod error_policy;
-pub mod events;
-pub mod handoff;
-pub mod history;
-pub mod ids;
-pub mod inspector;
-pub mod llm;
-pub mod memory;
-pub mod output;
-pub mod prompts;
-pub mod run_context;
-pub mod runtime;
-pub mod session_handle;
-pub mod speech;
-pub mod starting_chat;
-pub mod tool;
-
+// Every public type has one path: the crate root. The modules are the engine's layout
+// (see `ARCHITECTURE.md`), not part of its surface.
 mod activity;
+mod agent;
 mod call_ids;
+mod chat;
+mod control;
 mod delivery;
+mod error;
+mod error_policy;
+mod events;
+mod handoff;
+mod history;
 mod idle_release;
+mod ids;
+mod inspector;
 mod lifecycle;
+mod llm;
 mod llm_guard;
 mod mailbox;
+mod memory;
 mod outcome;
+mod output;
+mod prompts;
 mod reentry;
+mod run_context;
+mod runtime;
 mod session;
+mod session_handle;
 mod shared;
+mod speech;
+mod starting_chat;
+mod tool;
 mod tool_run;
 mod toolset;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
-pub use error::{BuildError, SessionError, SpeechError, TaskError, TurnFailure, UpdateError};
+pub use error::{BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
     AgentState, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
@@ -105,15 +106,20 @@ pub use memory::MemoryRelease;
 pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
+    DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
 };
-pub use run_context::{AsyncRunContext, RunContext, UpdateMessage};
+#[allow(deprecated)]
+pub use run_context::AsyncRunContext;
+pub use run_context::{RunContext, UpdateMessage};
 pub use runtime::Engine;
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
+#[allow(deprecated)]
+pub use tool::StopResponse;
 pub use tool::{
-    DuplicatePolicy, NoArgs, StopResponse, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
-    ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
+    DuplicatePolicy, NoArgs, Tool, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
+    Toolset, CONFIRM_DUPLICATE_PARAM,
 };
 
 #[allow(dead_code)]

@@ -16,7 +16,7 @@ use crate::tool::{ToolPanic, ToolResult, ToolReturn};
 pub(crate) enum Effect {
     /// The model should see it: another LLM step (or a deferred reply) follows.
     Reply,
-    /// Recorded, nothing follows (unit, `StopResponse`, a terminal "cancelled").
+    /// Recorded, nothing follows (no reply, a terminal "cancelled").
     Quiet,
     /// Hand the conversation to another agent.
     Handoff(Handoff),
@@ -267,6 +267,7 @@ pub(crate) fn classify(
         tracing::warn!(tool, call_id, error = %err, "tool error returned to the model");
         return CallOutput::error(error_text(&err.0));
     }
+    #[allow(deprecated)] // The deprecated signal still works as it always did.
     if let Some(stop) = failure.as_stop_response() {
         tracing::debug!(tool, call_id, "tool stopped the response");
         return CallOutput {
@@ -322,11 +323,8 @@ pub(crate) fn internal_error(tool: &str) -> String {
 
 fn from_return(value: ToolReturn) -> CallOutput {
     match value {
-        ToolReturn::Unit => CallOutput {
-            output: String::new(),
-            is_error: false,
-            effect: Effect::Quiet,
-        },
+        #[allow(deprecated)]
+        ToolReturn::Unit => CallOutput::quiet(String::new()),
         ToolReturn::Text(text) => CallOutput::reply(text),
         ToolReturn::Json(value) => CallOutput::reply(value.to_string()),
         ToolReturn::NoReply(text) => CallOutput::quiet(text),
@@ -430,7 +428,7 @@ mod tests {
     #[test]
     fn a_background_finish_asks_for_a_reply_only_for_what_the_model_should_answer() {
         assert_eq!(
-            finish(from_return(ToolReturn::Unit)),
+            finish(from_return(ToolReturn::from(()))),
             None,
             "unit adds nothing"
         );

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
 use crate::control::SessionControl;
-use crate::error::{TaskError, UpdateError};
+use crate::error::{SessionError, UpdateError};
 use crate::ids::ActorId;
 use crate::speech::SpeechHandle;
 
@@ -62,7 +62,7 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     /// The speech of the step that made the call, if it said something.
     fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
-    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>>;
+    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, SessionError>>;
 }
 
 /// The context of one tool call: send updates, notice cancellation, queue work on the
@@ -75,7 +75,12 @@ pub struct RunContext {
     cancelled: watch::Receiver<bool>,
 }
 
-/// Kept for users of the peer's name: async tools need no special context type.
+/// The peer's name for the context of an async tool. Every tool may update and keep
+/// running, so there is no special context type.
+#[deprecated(
+    since = "0.1.0",
+    note = "use RunContext: async tools need no special context"
+)]
 pub type AsyncRunContext = RunContext;
 
 impl fmt::Debug for RunContext {
@@ -115,15 +120,27 @@ impl RunContext {
 
     /// Reports progress the model should see without answering it: like
     /// [`update`](Self::update), but no reply is asked for it (the model reads it with
-    /// whatever it is asked next). A first update that is silent is the call's output for
+    /// whatever it is asked next). A first update with no reply is the call's output for
     /// the current step and asks for no further step on its own account; a later one
     /// lands in the chat context and schedules no deferred reply. LiveKit's
-    /// `ctx.update(msg, silent=True)`.
-    pub async fn update_silently(
+    /// `ctx.update(msg, silent=True)`; the update form of [`ToolReturn::NoReply`](crate::ToolReturn::NoReply).
+    pub async fn update_no_reply(
         &self,
         message: impl Into<UpdateMessage>,
     ) -> Result<(), UpdateError> {
         self.port.update(message.into(), false).await
+    }
+
+    /// [`update_no_reply`](Self::update_no_reply), under its earlier name.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use update_no_reply: \"no reply\" is said one way"
+    )]
+    pub async fn update_silently(
+        &self,
+        message: impl Into<UpdateMessage>,
+    ) -> Result<(), UpdateError> {
+        self.update_no_reply(message).await
     }
 
     /// Resolves when the call is cancelled (by the model, a `replace` duplicate, the stop
@@ -187,8 +204,8 @@ impl RunContext {
     /// Runs a sub-task agent and returns its typed result. The calling agent is paused
     /// meanwhile (its other agent-scoped runs stop); this run is exempt and produces its
     /// output when the caller resumes.
-    pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, TaskError> {
+    pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, SessionError> {
         let value = self.port.run_task(agent).await?;
-        Ok(serde_json::from_value(value)?)
+        serde_json::from_value(value).map_err(SessionError::TaskResult)
     }
 }

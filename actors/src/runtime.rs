@@ -13,7 +13,7 @@ use std::thread::JoinHandle;
 
 use actix::prelude::*;
 
-use crate::error::SessionError;
+use crate::error::{EngineError, SessionError};
 use crate::idle_release::{IdleMemory, IdleRelease, IdleReleases, SessionLease};
 use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
@@ -59,13 +59,13 @@ impl Drop for EngineInner {
 
 impl Engine {
     /// Starts an engine with its own actix system and one arbiter per core.
-    pub fn start() -> Result<Self, SessionError> {
+    pub fn start() -> Result<Self, EngineError> {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self::with_arbiters(cores)
     }
 
     /// Starts an engine with its own actix system and `arbiters` arbiter threads.
-    pub fn with_arbiters(arbiters: usize) -> Result<Self, SessionError> {
+    pub fn with_arbiters(arbiters: usize) -> Result<Self, EngineError> {
         let arbiters = arbiters.max(1);
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -81,10 +81,8 @@ impl Engine {
                 let _ = runner.run();
                 drop(owned);
             })
-            .map_err(|e| SessionError::Engine(format!("cannot spawn the engine thread: {e}")))?;
-        let (system, handles) = rx
-            .recv()
-            .map_err(|_| SessionError::Engine("the engine thread did not start".into()))?;
+            .map_err(EngineError::Spawn)?;
+        let (system, handles) = rx.recv().map_err(|_| EngineError::NotStarted)?;
         Ok(Self {
             inner: Arc::new(EngineInner {
                 arbiters: handles,
@@ -102,12 +100,8 @@ impl Engine {
 
     /// An engine that places sessions on the current actix arbiter (inside
     /// `#[actix::test]`, `#[actix::main]` or an actix system you run).
-    pub fn current() -> Result<Self, SessionError> {
-        let arbiter = Arbiter::try_current().ok_or_else(|| {
-            SessionError::Engine(
-                "no actix arbiter on this thread: use Engine::start() from a tokio program".into(),
-            )
-        })?;
+    pub fn current() -> Result<Self, EngineError> {
+        let arbiter = Arbiter::try_current().ok_or(EngineError::NoArbiter)?;
         Ok(Self {
             inner: Arc::new(EngineInner {
                 arbiters: vec![arbiter],
@@ -126,7 +120,7 @@ impl Engine {
     }
 
     /// Stops the engine's own threads (sessions still running are dropped); a session
-    /// started afterwards fails with [`SessionError::Engine`]. Does nothing for an engine
+    /// started afterwards fails with [`EngineError::ShutDown`]. Does nothing for an engine
     /// from [`Engine::current`].
     pub fn shutdown(&self) {
         let owned = self
@@ -253,7 +247,7 @@ impl Engine {
         F: FnOnce(&mut Context<A>, SessionLease) -> A + Send + 'static,
     {
         if self.inner.shut_down.load(Ordering::Acquire) {
-            return Err(SessionError::Engine("the engine has shut down".into()));
+            return Err(EngineError::ShutDown.into());
         }
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
         let arbiter = &self.inner.arbiters[index];
@@ -270,7 +264,7 @@ impl Engine {
             actix::spawn(ctx.into_future(actor));
         });
         if !taken {
-            return Err(SessionError::Engine("the engine has shut down".into()));
+            return Err(EngineError::ShutDown.into());
         }
         Ok(Addr::new(tx))
     }

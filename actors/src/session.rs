@@ -52,7 +52,7 @@ use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
 use crate::control::ControlPort;
 use crate::delivery::Scope;
-use crate::error::{SessionError, TaskError, UpdateError};
+use crate::error::{SessionError, UpdateError};
 use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
@@ -99,7 +99,7 @@ impl ActivityRef {
 }
 
 type Reply<T> = oneshot::Sender<Result<T, SessionError>>;
-type TaskReply = oneshot::Sender<Result<Value, TaskError>>;
+type TaskReply = oneshot::Sender<Result<Value, SessionError>>;
 
 /// A turn waiting for its agent.
 pub(crate) struct QueuedTurn {
@@ -238,9 +238,9 @@ impl SessionLinks {
         from: &ActorId,
         agent: Agent,
         exempt: Option<u64>,
-    ) -> impl std::future::Future<Output = Result<Value, TaskError>> + Send + 'static {
+    ) -> impl std::future::Future<Output = Result<Value, SessionError>> + Send + 'static {
         let ask = self.session.ask(from, RunTask { agent, exempt });
-        async move { ask.await.unwrap_or(Err(TaskError::SessionClosed)) }
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }
     }
 }
 
@@ -754,17 +754,17 @@ pub(crate) struct RunTask {
 }
 
 impl Message for RunTask {
-    type Result = Result<Value, TaskError>;
+    type Result = Result<Value, SessionError>;
 }
 
 impl Handler<RunTask> for SessionActor {
-    type Result = ResponseFuture<Result<Value, TaskError>>;
+    type Result = ResponseFuture<Result<Value, SessionError>>;
 
     fn handle(&mut self, msg: RunTask, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         match self.shared.settings.check_agent(&msg.agent) {
             Err(err) => {
-                let _ = tx.send(Err(TaskError::NotStarted(err)));
+                let _ = tx.send(Err(SessionError::Build(err)));
             }
             Ok(llm) => {
                 let task = PlannedTask {
@@ -773,12 +773,12 @@ impl Handler<RunTask> for SessionActor {
                     exempt: msg.exempt,
                 };
                 if let Err((reply, _)) = self.schedule.request_task(task, tx) {
-                    let _ = reply.send(Err(TaskError::SessionClosed));
+                    let _ = reply.send(Err(SessionError::Closed));
                 }
                 self.pump(ctx);
             }
         }
-        Box::pin(async move { rx.await.unwrap_or(Err(TaskError::SessionClosed)) })
+        Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
     }
 }
 

@@ -23,7 +23,7 @@ use crate::activity::{
 };
 use crate::agent::Agent;
 use crate::chat::ChatContext;
-use crate::error::{BuildError, SessionError, TaskError};
+use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
 use crate::events::{AgentState, UserState};
 use crate::events::{RunResult, SessionEvent};
@@ -174,10 +174,8 @@ impl Session {
 
     /// Runs a sub-task agent until a tool of it returns `ToolReturn::CompleteTask`,
     /// pausing the current agent meanwhile; returns the typed result.
-    pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, TaskError> {
-        if reentry::is_inside(self.id()) {
-            return Err(TaskError::WouldDeadlock);
-        }
+    pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, SessionError> {
+        self.check_reentry("run_task")?;
         let value = self
             .host
             .mailbox
@@ -189,8 +187,8 @@ impl Session {
                 },
             )
             .await
-            .unwrap_or(Err(TaskError::SessionClosed))?;
-        Ok(serde_json::from_value(value)?)
+            .unwrap_or(Err(SessionError::Closed))?;
+        serde_json::from_value(value).map_err(SessionError::TaskResult)
     }
 
     /// Stops the current turn now: its LLM stream is dropped, its speech cut on the

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::error::SpeechError;
+use crate::error::SessionError;
 use crate::lifecycle::AliveWaiter;
 use crate::output::SpeechId;
 
@@ -224,14 +224,12 @@ impl SpeechHandle {
     /// Interrupts the speech: a queued one never plays; a playing one stops, and its turn
     /// with it. `Err` when it does not allow interruptions (see
     /// [`SpeechHandle::force_interrupt`]); `Ok` when it has already ended.
-    pub fn interrupt(&self) -> Result<(), SpeechError> {
+    pub fn interrupt(&self) -> Result<(), SessionError> {
         if self.is_done() {
             return Ok(());
         }
         if !self.allow_interruptions() {
-            return Err(SpeechError::Uninterruptible {
-                speech: self.inner.id,
-            });
+            return Err(SessionError::Uninterruptible);
         }
         self.inner.port.interrupt(self.inner.id, false);
         Ok(())

@@ -47,10 +47,18 @@ pub enum DuplicatePolicy {
 }
 
 /// A tool body's successful result.
+///
+/// "No reply" is said one way: [`ToolReturn::NoReply`] (or [`ToolReturn::no_reply`]) —
+/// the output is kept for the model to read later and asks for no further step. A body
+/// that returns `()` is `NoReply` with an empty output: nothing at all.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ToolReturn {
     /// Nothing to say: the output is empty and no further LLM step runs for it.
+    #[deprecated(
+        since = "0.1.0",
+        note = "return `()` or `ToolReturn::no_reply(\"\")`: both say \"no reply\" the one way"
+    )]
     Unit,
     /// Text for the model.
     Text(String),
@@ -86,7 +94,7 @@ impl ToolReturn {
 
 impl From<()> for ToolReturn {
     fn from(_: ()) -> Self {
-        Self::Unit
+        Self::NoReply(String::new())
     }
 }
 impl From<String> for ToolReturn {
@@ -129,13 +137,19 @@ impl ToolError {
 }
 
 /// A signal, not an error: the tool's output is recorded, but no further LLM step runs.
+/// It says what [`ToolReturn::NoReply`] says, through the error path.
 #[derive(Debug, Clone, Default, PartialEq, Eq, thiserror::Error)]
 #[error("stop response")]
+#[deprecated(
+    since = "0.1.0",
+    note = "return `Ok(ToolReturn::no_reply(output))`: \"no reply\" is said one way"
+)]
 pub struct StopResponse {
     /// The output to record for the call (empty by default).
     pub output: String,
 }
 
+#[allow(deprecated)]
 impl StopResponse {
     /// Stops the response, recording `output` as the call's output.
     pub fn with_output(output: impl Into<String>) -> Self {
@@ -172,6 +186,11 @@ impl ToolFailure {
     }
 
     /// The signal, if it is a [`StopResponse`].
+    #[deprecated(
+        since = "0.1.0",
+        note = "StopResponse is deprecated: see ToolReturn::NoReply"
+    )]
+    #[allow(deprecated)]
     pub fn as_stop_response(&self) -> Option<&StopResponse> {
         self.0.downcast_ref()
     }

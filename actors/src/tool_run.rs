@@ -35,7 +35,7 @@ use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
-use crate::error::{TaskError, UpdateError};
+use crate::error::{SessionError, UpdateError};
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
 use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
@@ -383,7 +383,7 @@ impl RunPort for RunLinks {
         self.speech.as_ref()
     }
 
-    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, TaskError>> {
+    fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, SessionError>> {
         self.session
             .run_task(&self.id, agent, Some(self.key))
             .boxed()

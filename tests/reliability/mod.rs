@@ -729,16 +729,18 @@ impl World {
             Behaviour::Return => Ok(ToolReturn::Text("returned".into())),
             Behaviour::Fail => Err(ToolError::new("the tool said no").into()),
             Behaviour::Panic => panic!("{PLANTED} in a tool"),
-            Behaviour::Unit => Ok(ToolReturn::Unit),
-            Behaviour::Stop => Err(StopResponse::with_output("stopped").into()),
+            Behaviour::Unit => Ok(ToolReturn::from(())),
+            // The deprecated signal, still honoured: "no reply" through the error path.
+            #[allow(deprecated)]
+            Behaviour::Stop => Err(switchboard::StopResponse::with_output("stopped").into()),
             Behaviour::Updates(n) => {
                 if self.update(&ctx, scope, &mut oks, false).await.is_err() {
-                    return Ok(ToolReturn::Unit);
+                    return Ok(ToolReturn::from(()));
                 }
                 let _ = self.gate().await;
                 for _ in 1..n {
                     if self.update(&ctx, scope, &mut oks, false).await.is_err() {
-                        return Ok(ToolReturn::Unit);
+                        return Ok(ToolReturn::from(()));
                     }
                 }
                 Ok(ToolReturn::Text("all updates sent".into()))
@@ -750,7 +752,7 @@ impl World {
             Behaviour::Stubborn => {
                 let _ = self.update(&ctx, scope, &mut oks, false).await;
                 std::future::pending::<()>().await;
-                Ok(ToolReturn::Unit)
+                Ok(ToolReturn::from(()))
             }
             Behaviour::Polite => {
                 let _ = self.update(&ctx, scope, &mut oks, false).await;
@@ -782,7 +784,7 @@ impl World {
                     Ok(_) => Ok(ToolReturn::Text("reply queued".into())),
                     Err(_) => {
                         self.violation("ctx.session().generate_reply did not answer in time");
-                        Ok(ToolReturn::Unit)
+                        Ok(ToolReturn::from(()))
                     }
                 }
             }
@@ -792,7 +794,7 @@ impl World {
                     Ok(_) => Ok(ToolReturn::Text("handoff queued".into())),
                     Err(_) => {
                         self.violation("ctx.session().update_agent did not answer in time");
-                        Ok(ToolReturn::Unit)
+                        Ok(ToolReturn::from(()))
                     }
                 }
             }

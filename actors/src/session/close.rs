@@ -15,7 +15,7 @@ use actix::prelude::*;
 use super::SessionActor;
 use crate::activity::{AppendItems, CloseActivity, TurnKind};
 use crate::chat::{ChatItem, FunctionCall};
-use crate::error::{SessionError, TaskError, UpdateError};
+use crate::error::{SessionError, UpdateError};
 use crate::events::SessionEvent;
 use crate::lifecycle::stop_all;
 use crate::outcome::terminal_pair;
@@ -59,10 +59,10 @@ impl SessionActor {
             handoff.done.finish(Err(SessionError::Closed), "", &to);
         }
         for (_, reply) in closing.tasks {
-            let _ = reply.send(Err(TaskError::SessionClosed));
+            let _ = reply.send(Err(SessionError::Closed));
         }
         for reply in closing.task_replies {
-            let _ = reply.send(Err(TaskError::SessionClosed));
+            let _ = reply.send(Err(SessionError::Closed));
         }
         for delivery in closing.held {
             delivery.answer.send(Err(UpdateError::Closed));

@@ -390,7 +390,7 @@ fn a_turn_starts_only_when_the_activation_listens() {
 #[test]
 fn a_user_turn_hook_that_stops_the_response_keeps_the_message_and_asks_nothing() {
     let agent = Agent::builder("a")
-        .on_user_turn_completed(|_, _| crate::agent::TurnDecision::StopResponse)
+        .on_user_turn_completed(|_, _| crate::agent::TurnDecision::NoReply)
         .build()
         .unwrap();
     let mut f = setup(Output::default(), agent, ChatContext::new(), Vec::new());
