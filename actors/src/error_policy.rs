@@ -39,7 +39,7 @@ struct Rule {
 /// (tool → agent → session → default [`ErrorRoute::Hide`]).
 ///
 /// ```
-/// use switchboard_actors::{ErrorPolicy, ErrorRoute};
+/// use switchboard::{ErrorPolicy, ErrorRoute};
 /// #[derive(Debug, thiserror::Error)]
 /// #[error("card declined")]
 /// struct Declined;

@@ -87,7 +87,7 @@ impl Inspector {
     /// which can outlive its activity. Keep the live ones with [`Inspector::is_alive`].
     ///
     /// ```
-    /// # use switchboard_actors::*;
+    /// # use switchboard::*;
     /// # fn check(inspector: &Inspector) {
     /// let live: Vec<ActorId> = inspector
     ///     .actors_of_agent("booker")

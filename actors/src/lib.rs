@@ -7,25 +7,20 @@
 //!
 //! # Layout
 //!
-//! The module tree follows the actor tree (see `ARCHITECTURE.md`):
-//!
-//! - `session` — `SessionActor`: one conversation; owns session-scoped toolsets and the
-//!   schedule (which agent is current, queued work, the deferred reply).
-//! - `activity` — `ActivityActor`: one activation of an agent; owns its chat context, its
-//!   agent-scoped toolsets and the LLM turn loop.
-//! - `toolset` — `ToolsetActor`: a group of tools with its registry of running calls.
-//! - `tool_run` — `ToolRunActor`: one running tool call.
-//!
-//! Vocabulary: [`chat`], [`llm`], [`tool`], [`agent`], [`events`], [`output`], [`speech`]. Handles given
-//! to user code: [`Session`] and [`RunContext`]. Inspection: [`Inspector`] over the
-//! per-session journal kept by the counted mailboxes in `mailbox`.
+//! The module tree follows the actor tree (see `ARCHITECTURE.md`): `session` (the
+//! `SessionActor` and its schedule), `activity` (an `ActivityActor` and its activation
+//! machine), `toolset`, `tool_run`; the vocabulary (chat items, the model trait, events,
+//! errors, speech and output), the types users write agents with (agents, tools, their
+//! contexts), and the host's side ([`Session`], [`Engine`], [`Inspector`]). Every module
+//! is private: each public type has one path, the crate root.
 //!
 //! # Example
 //!
 //! ```
 //! use std::sync::Arc;
-//! use futures_util::stream;
-//! use switchboard_actors::*;
+//! use switchboard::futures::stream;
+//! use switchboard::prelude::*;
+//! use switchboard::{LlmChunk, LlmRequest, LlmStream};
 //!
 //! /// A model that always says hello.
 //! struct Hello;
@@ -35,9 +30,9 @@
 //!     }
 //! }
 //!
-//! #[actix::main]
-//! async fn main() -> Result<(), SessionError> {
-//!     let engine = Engine::current()?;
+//! #[tokio::main(flavor = "current_thread")]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let engine = Engine::start()?;
 //!     let agent = Agent::builder("greeter").instructions("Greet.").build()?;
 //!     let session = Session::builder().llm(Arc::new(Hello)).agent(agent).start(&engine).await?;
 //!     let result = session.run("hi").await?;

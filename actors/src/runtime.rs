@@ -142,7 +142,7 @@ impl Engine {
     /// any to give.
     ///
     /// After a burst of sessions closes, the process keeps its RSS: glibc holds the freed
-    /// pages for the next sessions (see [`crate::memory`]). Call this at a quiet moment
+    /// pages for the next sessions (see [`MemoryRelease`](crate::MemoryRelease)). Call this at a quiet moment
     /// after such a burst, for example once a traffic peak is over. It runs glibc's
     /// `malloc_trim` on a thread of its own, so the caller's task only awaits it; but
     /// meanwhile allocations in the arena being walked wait (0.2–0.3 s for 480 MB of
@@ -152,8 +152,8 @@ impl Engine {
     /// [`MemoryRelease::Unsupported`].
     ///
     /// ```no_run
-    /// # async fn demo(engine: switchboard_actors::Engine, calls: Vec<switchboard_actors::Session>)
-    /// # -> Result<(), switchboard_actors::SessionError> {
+    /// # async fn demo(engine: switchboard::Engine, calls: Vec<switchboard::Session>)
+    /// # -> Result<(), switchboard::SessionError> {
     /// for session in calls {
     ///     session.close().await?;
     /// }
@@ -197,8 +197,8 @@ impl Engine {
     /// from the next session that goes.
     ///
     /// ```
-    /// # fn demo(engine: &switchboard_actors::Engine) {
-    /// use switchboard_actors::IdleRelease;
+    /// # fn demo(engine: &switchboard::Engine) {
+    /// use switchboard::memory::IdleRelease;
     /// // This host trims at moments of its own choosing, with `release_memory()`.
     /// engine.set_idle_release(IdleRelease::Never);
     /// assert_eq!(engine.idle_release(), IdleRelease::Never);
@@ -217,8 +217,8 @@ impl Engine {
     /// measures RSS after one.
     ///
     /// ```no_run
-    /// # async fn demo(engine: switchboard_actors::Engine, calls: Vec<switchboard_actors::Session>)
-    /// # -> Result<(), switchboard_actors::SessionError> {
+    /// # async fn demo(engine: switchboard::Engine, calls: Vec<switchboard::Session>)
+    /// # -> Result<(), switchboard::SessionError> {
     /// let mut releases = engine.idle_releases();
     /// for session in calls {
     ///     session.close().await?;

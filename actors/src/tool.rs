@@ -244,7 +244,7 @@ pub struct NoArgs {}
 /// policies. Cheap to clone (shared).
 ///
 /// ```
-/// use switchboard_actors::{Tool, RunContext, ToolFailure};
+/// use switchboard::{Tool, RunContext, ToolFailure};
 /// #[derive(serde::Deserialize, schemars::JsonSchema)]
 /// struct Weather { city: String }
 /// let tool = Tool::new("get_weather", "Current weather in a city",
