@@ -15,6 +15,27 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// not set.
 pub const DEFAULT_MODEL: &str = "gpt-4.1-mini";
 
+/// The provider's own bounds on each attempt of a request (first chunk 4 s, between chunks
+/// 10 s), inside the session's [`LlmTimeouts`] (10 s each by default).
+///
+/// The session's first-chunk bound is the outer one: it runs from the request over every
+/// attempt, and when it ends the turn fails, whatever the provider was doing. So an
+/// attempt must give up well before it for a retry to happen at all: with these defaults an
+/// attempt that hears nothing for 4 s is dropped, the retry goes out after the 0.5 s
+/// backoff of [`RetryPolicy::default`], and it too has 4 s, ending at 8.5 s, before the
+/// session's 10 s. 4 s is several times the time to first token of a chat model on a
+/// hosted API (well under 2 s usually), so a healthy answer is not cut; raise both this
+/// and the session's bound for a model that thinks before it speaks (a reasoning model, a
+/// local model loading on its first request).
+///
+/// Between chunks the provider waits as long as the session does by default: once text
+/// was forwarded there is no retry (the agent would say it twice), so a shorter bound
+/// would only fail a slow answer sooner. See "Timeouts in layers" in the [module docs](super#timeouts-in-layers).
+pub const DEFAULT_ATTEMPT_TIMEOUTS: LlmTimeouts = LlmTimeouts {
+    first_chunk: Duration::from_secs(4),
+    between_chunks: Duration::from_secs(10),
+};
+
 /// Body fields the provider writes itself; [`OpenAiBuilder::extra_body`] refuses them.
 const RESERVED_FIELDS: &[&str] = &[
     "model",
@@ -91,7 +112,7 @@ impl Default for OpenAiBuilder {
             parallel_tool_calls: None,
             extra: Map::new(),
             connect_timeout: Duration::from_secs(10),
-            timeouts: LlmTimeouts::default(),
+            timeouts: DEFAULT_ATTEMPT_TIMEOUTS,
             retry: RetryPolicy::default(),
         }
     }
@@ -140,14 +161,19 @@ impl OpenAiBuilder {
     }
 
     /// How long opening the connection and getting the response headers may take
-    /// (default 10 s).
+    /// (default 10 s). The headers are also awaited within the attempt's first-chunk bound
+    /// ([`OpenAiBuilder::timeouts`]), whichever ends sooner: some proxies hold them back
+    /// until the model starts answering.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// How long the first chunk and each next chunk may take (default: [`LlmTimeouts`]'s,
-    /// 10 s each). The first-chunk wait starts when the request is sent.
+    /// How long the first chunk and each next chunk of one attempt may take (default:
+    /// [`DEFAULT_ATTEMPT_TIMEOUTS`], 4 s and 10 s). The first-chunk wait starts when the
+    /// attempt is sent. Keep the first-chunk bound, times the attempts that should fit,
+    /// plus the backoffs, under the session's ([`LlmTimeouts`], 10 s by default): the
+    /// session's bound covers every attempt, and ends the turn when it runs out.
     pub fn timeouts(mut self, timeouts: LlmTimeouts) -> Self {
         self.timeouts = timeouts;
         self
@@ -310,6 +336,22 @@ mod tests {
             "http://127.0.0.1:11434/v1/chat/completions"
         );
         assert_eq!(llm.config.api_key, None);
+    }
+
+    #[test]
+    fn a_stalled_attempt_and_its_retry_fit_inside_the_sessions_first_chunk_bound() {
+        let attempt = DEFAULT_ATTEMPT_TIMEOUTS.first_chunk;
+        let backoff = RetryPolicy::default().delay(1, None).unwrap();
+        let session = LlmTimeouts::default();
+        assert!(
+            attempt * 2 + backoff < session.first_chunk,
+            "two attempts of {attempt:?} and a backoff of {backoff:?} must fit in the \
+             session's {:?}",
+            session.first_chunk
+        );
+        assert!(DEFAULT_ATTEMPT_TIMEOUTS.between_chunks <= session.between_chunks);
+        let builder = OpenAiBuilder::default();
+        assert_eq!(builder.timeouts, DEFAULT_ATTEMPT_TIMEOUTS);
     }
 
     #[test]
