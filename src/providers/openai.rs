@@ -133,7 +133,8 @@ impl OpenAiLlm {
         &self.config.model
     }
 
-    /// Where requests go: `{base_url}/chat/completions`.
+    /// Where requests go: `{base_url}/chat/completions` (a base URL that already ends in
+    /// `/chat/completions` is this endpoint itself).
     pub fn endpoint(&self) -> &str {
         self.config.endpoint.as_str()
     }

@@ -63,6 +63,16 @@ pub enum OpenAiConfigError {
     /// No model was set.
     #[error("no model set: call `.model(\"…\")` on the builder")]
     MissingModel,
+    /// The base URL has no scheme (`127.0.0.1:8000/v1`): the URL parser would read it as
+    /// relative, or take the host for a scheme.
+    #[error(
+        "base URL {url:?} has no scheme: write \"http://{url}\" (a local server) or \
+         \"https://{url}\""
+    )]
+    MissingScheme {
+        /// The URL as given.
+        url: String,
+    },
     /// The base URL is not an `http` or `https` URL.
     #[error("invalid base URL {url:?}: {reason}")]
     InvalidBaseUrl {
@@ -121,7 +131,10 @@ impl Default for OpenAiBuilder {
 impl OpenAiBuilder {
     /// The API's base URL, up to the version (`https://api.openai.com/v1`,
     /// `http://localhost:11434/v1` for Ollama, `http://localhost:8000/v1` for vLLM);
-    /// requests go to `{base_url}/chat/completions`.
+    /// requests go to `{base_url}/chat/completions`. The whole endpoint, as some servers'
+    /// docs print it (`…/v1/chat/completions`), is taken to mean the same: the suffix is
+    /// not added twice ([`OpenAiLlm::endpoint`] says where requests go). A query (an
+    /// `api-version`) is kept.
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
         self
@@ -208,20 +221,8 @@ impl OpenAiBuilder {
                 hint,
             });
         }
-        let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
-            url: self.base_url.clone(),
-            reason,
-        };
-        let base = reqwest::Url::parse(&self.base_url).map_err(|e| invalid(e.to_string()))?;
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err(invalid("the scheme must be http or https".into()));
-        }
-        let host = base.host_str().unwrap_or_default().to_owned();
-        let endpoint = reqwest::Url::parse(&format!(
-            "{}/chat/completions",
-            self.base_url.trim_end_matches('/')
-        ))
-        .map_err(|e| invalid(e.to_string()))?;
+        let endpoint = endpoint(&self.base_url)?;
+        let host = endpoint.host_str().unwrap_or_default().to_owned();
         let client = reqwest::Client::builder()
             // Our own timeouts bound each wait (`LlmTimeouts`); reqwest's would cut a long
             // answer that is still streaming.
@@ -283,6 +284,38 @@ impl OpenAiBuilder {
         }
         Ok(builder)
     }
+}
+
+/// Where requests go for `base_url`: `{base_url}/chat/completions`, the suffix added once.
+fn endpoint(base_url: &str) -> Result<reqwest::Url, OpenAiConfigError> {
+    let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
+        url: base_url.to_owned(),
+        reason,
+    };
+    let trimmed = base_url.trim();
+    if trimmed.is_empty() {
+        return Err(invalid(format!(
+            "it is empty; OpenAI's is {DEFAULT_BASE_URL}"
+        )));
+    }
+    // `127.0.0.1:8000/v1` does not parse ("relative URL without a base") and
+    // `localhost:11434/v1` parses with `localhost` as its scheme: both mean a missing
+    // `http://`. A mistyped scheme (`http:/x`, `htps://x`) is left to the parser.
+    if !trimmed.contains("://") && !trimmed.starts_with("http:") && !trimmed.starts_with("https:") {
+        return Err(OpenAiConfigError::MissingScheme {
+            url: trimmed.to_owned(),
+        });
+    }
+    let mut url = reqwest::Url::parse(trimmed).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https".into()));
+    }
+    let path = url.path().trim_end_matches('/');
+    let path = path.strip_suffix("/chat/completions").unwrap_or(path);
+    let path = format!("{path}/chat/completions");
+    url.set_path(&path);
+    url.set_fragment(None);
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -352,6 +385,29 @@ mod tests {
         assert!(DEFAULT_ATTEMPT_TIMEOUTS.between_chunks <= session.between_chunks);
         let builder = OpenAiBuilder::default();
         assert_eq!(builder.timeouts, DEFAULT_ATTEMPT_TIMEOUTS);
+    }
+
+    #[test]
+    fn the_endpoint_is_the_base_url_and_the_suffix_once_with_its_query() {
+        let at = |base: &str| endpoint(base).unwrap().to_string();
+        let expected = "http://127.0.0.1:8000/v1/chat/completions";
+        for base in [
+            "http://127.0.0.1:8000/v1",
+            "http://127.0.0.1:8000/v1/",
+            "http://127.0.0.1:8000/v1/chat/completions",
+            "http://127.0.0.1:8000/v1/chat/completions/",
+            " http://127.0.0.1:8000/v1 ",
+        ] {
+            assert_eq!(at(base), expected, "{base}");
+        }
+        assert_eq!(
+            at("https://x.openai.azure.com/openai/deployments/d?api-version=2024-10-21"),
+            "https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            at("http://localhost:8080"),
+            "http://localhost:8080/chat/completions"
+        );
     }
 
     #[test]

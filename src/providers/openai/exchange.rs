@@ -178,7 +178,12 @@ impl Exchange {
                 Ok(Ok(text)) => text,
                 _ => String::new(),
             };
-            return Err(from_status(status.as_u16(), &headers, &text));
+            return Err(from_status(
+                status.as_u16(),
+                &headers,
+                &text,
+                self.config.endpoint.as_str(),
+            ));
         }
         tracing::debug!(status = status.as_u16(), "LLM answer streaming");
         Ok(Box::pin(response.bytes_stream().eventsource()))
