@@ -107,6 +107,9 @@ struct Config {
     host: String,
     api_key: Option<String>,
     model: String,
+    /// `openai/{model}`: what [`Llm::name`] says, so metrics and a fallback over two
+    /// models tell them apart.
+    name: String,
     temperature: Option<f64>,
     parallel_tool_calls: Option<bool>,
     extra: Map<String, Value>,
@@ -175,7 +178,10 @@ impl Llm for OpenAiLlm {
         exchange::start(self.config.clone(), self.client.clone(), body, span)
     }
 
+    /// `openai/{model}`, e.g. `openai/gpt-4.1-mini` (the provider is the wire format; the
+    /// model tells two instances apart in [`LlmMetrics`](crate::LlmMetrics) and in a
+    /// fallback over several models).
     fn name(&self) -> &str {
-        "openai"
+        &self.config.name
     }
 }

@@ -236,6 +236,7 @@ impl OpenAiBuilder {
                 endpoint,
                 host,
                 api_key: self.api_key.filter(|k| !k.is_empty()),
+                name: format!("openai/{model}"),
                 model,
                 temperature: self.temperature,
                 parallel_tool_calls: self.parallel_tool_calls,
@@ -353,6 +354,7 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(llm.config.model, DEFAULT_MODEL);
+        assert_eq!(crate::Llm::name(&llm), "openai/gpt-4.1-mini");
         assert_eq!(
             llm.config.endpoint.as_str(),
             "https://api.openai.com/v1/chat/completions"
