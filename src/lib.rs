@@ -23,8 +23,9 @@
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
 //! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
-//!   on by default) for OpenAI and compatible servers, and the call-id mapping any provider
-//!   adapter needs.
+//!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
+//!   models as one, moving to the next when one fails before answering), and the call-id
+//!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
 //!   turn, a gate, bounded waits on events: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
