@@ -24,8 +24,9 @@
 //!   Only a program that rewords them goes there.
 //! - [`memory`] — handing the memory of a drained traffic peak back to the system.
 //! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
-//!   on by default) for OpenAI and compatible servers, and the call-id mapping any provider
-//!   adapter needs.
+//!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
+//!   models as one, moving to the next when one fails before answering), and the call-id
+//!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
 //!   turn, a gate, bounded waits on events: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an

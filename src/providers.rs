@@ -2,6 +2,10 @@
 //!
 //! - [`openai`] (cargo feature `openai`, on by default) — streaming chat completions against
 //!   OpenAI or any compatible server (vLLM, Ollama, Groq, LiteLLM).
+//! - [`FallbackLlm`] — several models as one: each request goes to the first healthy
+//!   model and moves to the next on a failure of the model before anything was forwarded;
+//!   a model that failed is skipped for a cool-down. Not behind a feature: it wraps any
+//!   [`Llm`](crate::Llm).
 //! - [`CallIdMap`] — the call-id mapping that any provider adapter needs: the
 //!   chat context keeps canonical ids such as `call_1~2/update_3`, which most providers
 //!   refuse (`/`, `~`, more than 40 characters). Not behind a feature: a user who writes an
@@ -11,7 +15,9 @@
 //! feature off (`default-features = false`) and none of the HTTP stack is compiled.
 
 mod call_ids;
+mod fallback;
 #[cfg(feature = "openai")]
 pub mod openai;
 
 pub use call_ids::{decode_call_id, encode_call_id, CallIdMap, WIRE_ID_MAX_LEN};
+pub use fallback::{FallbackBuilder, FallbackError, FallbackLlm};

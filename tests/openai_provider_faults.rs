@@ -314,6 +314,41 @@ async fn headers_that_never_come_time_out_as_connect() {
 }
 
 #[tokio::test]
+async fn headers_held_back_past_the_first_chunk_bound_time_out_as_first_chunk() {
+    // A proxy that sends its headers only once the model answers: the attempt's
+    // first-chunk bound covers the headers too, even with a longer connect timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (accepted, mut accepted_rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Ok((socket, _)) = listener.accept().await {
+            let _ = accepted.send(socket).await; // kept open by the receiver
+        }
+    });
+    let first_chunk = Duration::from_millis(200);
+    let llm = OpenAiLlm::builder()
+        .base_url(format!("http://{addr}/v1"))
+        .model("m")
+        .connect_timeout(Duration::from_secs(30))
+        .timeouts(LlmTimeouts {
+            first_chunk,
+            between_chunks: Duration::from_secs(30),
+        })
+        .retry(RetryPolicy::none())
+        .build()
+        .unwrap();
+    let (_, error) = collect(llm.chat(ask())).await;
+    assert_eq!(
+        error,
+        Some(LlmError::Timeout {
+            stage: TimeoutStage::FirstChunk,
+            after: first_chunk
+        })
+    );
+    assert!(accepted_rx.recv().await.is_some());
+}
+
+#[tokio::test]
 async fn an_unreachable_server_is_a_connect_error_after_the_retries() {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -35,6 +35,33 @@
 //!   first forwarded chunk ([`RetryPolicy`]), typed errors, and the HTTP connection closed
 //!   when the stream is dropped.
 //!
+//! # Timeouts in layers
+//!
+//! Two layers bound the wait for a model, and with the defaults they nest:
+//!
+//! | layer | first chunk | between chunks | set with |
+//! |---|---|---|---|
+//! | the session (outer): the whole request, every attempt | 10 s | 10 s | `SessionBuilder::llm_timeouts`, `AgentBuilder::llm_timeouts` |
+//! | this provider: one attempt | 4 s ([`DEFAULT_ATTEMPT_TIMEOUTS`]) | 10 s | [`OpenAiBuilder::timeouts`], [`OpenAiBuilder::connect_timeout`] |
+//!
+//! - The session's bound is the outer one. Its first-chunk wait starts when the engine
+//!   asks and runs over every attempt and backoff; when it ends, the turn fails with
+//!   [`LlmError::Timeout`] and the request is dropped, whatever the provider was doing.
+//! - An attempt that hears nothing within its own bound (the headers included) is dropped
+//!   and retried after a backoff ([`RetryPolicy`]: 0.5 s, then 1 s). With the defaults a
+//!   stalled attempt and its retry take at most 4 + 0.5 + 4 = 8.5 s, inside the session's
+//!   10 s; a third attempt would start at 9.5 s and is cut by the session. A request that
+//!   fails fast (a 5xx, a refused connection) gets all three attempts.
+//! - Retries happen only before anything was forwarded to the engine. After the first
+//!   chunk a stall or a cut fails the turn: a retry would make the agent say its words
+//!   twice. So between chunks there is nothing to leave room for, and both layers wait
+//!   10 s.
+//! - To change one layer, keep the sum in mind: the session's first-chunk bound should
+//!   exceed the attempts you want to fit times the attempt's bound, plus the backoffs.
+//!   For a model that thinks before it speaks, raise both (e.g. attempt 20 s, one retry,
+//!   session 45 s); to fail fast instead, lower the session's and set
+//!   [`RetryPolicy::none`].
+//!
 //! Each request runs in a `tracing` span `llm_request` (provider, model, host, and once
 //! known the attempt, HTTP status, time to first token and token usage); events are logged
 //! at debug and trace level only, except a warning per retry.
@@ -53,7 +80,9 @@ use std::time::Duration;
 use futures_util::stream as futures_stream;
 use serde_json::{Map, Value};
 
-pub use builder::{OpenAiBuilder, OpenAiConfigError, DEFAULT_BASE_URL, DEFAULT_MODEL};
+pub use builder::{
+    OpenAiBuilder, OpenAiConfigError, DEFAULT_ATTEMPT_TIMEOUTS, DEFAULT_BASE_URL, DEFAULT_MODEL,
+};
 pub use retry::RetryPolicy;
 
 use crate::{Llm, LlmError, LlmRequest, LlmStream, LlmTimeouts};
@@ -78,6 +107,9 @@ struct Config {
     host: String,
     api_key: Option<String>,
     model: String,
+    /// `openai/{model}`: what [`Llm::name`] says, so metrics and a fallback over two
+    /// models tell them apart.
+    name: String,
     temperature: Option<f64>,
     parallel_tool_calls: Option<bool>,
     extra: Map<String, Value>,
@@ -104,7 +136,8 @@ impl OpenAiLlm {
         &self.config.model
     }
 
-    /// Where requests go: `{base_url}/chat/completions`.
+    /// Where requests go: `{base_url}/chat/completions` (a base URL that already ends in
+    /// `/chat/completions` is this endpoint itself).
     pub fn endpoint(&self) -> &str {
         self.config.endpoint.as_str()
     }
@@ -145,7 +178,10 @@ impl Llm for OpenAiLlm {
         exchange::start(self.config.clone(), self.client.clone(), body, span)
     }
 
+    /// `openai/{model}`, e.g. `openai/gpt-4.1-mini` (the provider is the wire format; the
+    /// model tells two instances apart in [`LlmMetrics`](crate::LlmMetrics) and in a
+    /// fallback over several models).
     fn name(&self) -> &str {
-        "openai"
+        &self.config.name
     }
 }

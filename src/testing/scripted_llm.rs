@@ -220,11 +220,13 @@ pub struct ScriptedLlm {
     fallback: Mutex<Option<Reply>>,
     requests: Mutex<Vec<LlmRequest>>,
     next_call: AtomicU64,
+    name: String,
 }
 
 impl fmt::Debug for ScriptedLlm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ScriptedLlm")
+            .field("name", &self.name)
             .field("remaining", &lock(&self.script).len())
             .field("requests", &lock(&self.requests).len())
             .finish()
@@ -239,6 +241,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl ScriptedLlm {
     /// A model that answers with these replies, in order.
     pub fn new(replies: impl IntoIterator<Item = Reply>) -> Arc<Self> {
+        Self::named("scripted", replies)
+    }
+
+    /// A model named `name` ([`Llm::name`]; `scripted` for [`ScriptedLlm::new`]) that
+    /// answers with these replies, in order: tells several models apart in
+    /// [`LlmMetrics`](switchboard_actors::LlmMetrics), e.g. the models of a
+    /// [`FallbackLlm`](crate::providers::FallbackLlm).
+    pub fn named(name: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Arc<Self> {
         Arc::new(Self {
             script: Mutex::new(replies.into_iter().collect()),
             rules: Mutex::new(Vec::new()),
@@ -247,6 +257,7 @@ impl ScriptedLlm {
             fallback: Mutex::new(None),
             requests: Mutex::new(Vec::new()),
             next_call: AtomicU64::new(0),
+            name: name.into(),
         })
     }
 
@@ -392,7 +403,7 @@ impl Llm for ScriptedLlm {
     }
 
     fn name(&self) -> &str {
-        "scripted"
+        &self.name
     }
 }
 

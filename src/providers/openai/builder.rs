@@ -15,6 +15,27 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// not set.
 pub const DEFAULT_MODEL: &str = "gpt-4.1-mini";
 
+/// The provider's own bounds on each attempt of a request (first chunk 4 s, between chunks
+/// 10 s), inside the session's [`LlmTimeouts`] (10 s each by default).
+///
+/// The session's first-chunk bound is the outer one: it runs from the request over every
+/// attempt, and when it ends the turn fails, whatever the provider was doing. So an
+/// attempt must give up well before it for a retry to happen at all: with these defaults an
+/// attempt that hears nothing for 4 s is dropped, the retry goes out after the 0.5 s
+/// backoff of [`RetryPolicy::default`], and it too has 4 s, ending at 8.5 s, before the
+/// session's 10 s. 4 s is several times the time to first token of a chat model on a
+/// hosted API (well under 2 s usually), so a healthy answer is not cut; raise both this
+/// and the session's bound for a model that thinks before it speaks (a reasoning model, a
+/// local model loading on its first request).
+///
+/// Between chunks the provider waits as long as the session does by default: once text
+/// was forwarded there is no retry (the agent would say it twice), so a shorter bound
+/// would only fail a slow answer sooner. See "Timeouts in layers" in the [module docs](super#timeouts-in-layers).
+pub const DEFAULT_ATTEMPT_TIMEOUTS: LlmTimeouts = LlmTimeouts {
+    first_chunk: Duration::from_secs(4),
+    between_chunks: Duration::from_secs(10),
+};
+
 /// Body fields the provider writes itself; [`OpenAiBuilder::extra_body`] refuses them.
 const RESERVED_FIELDS: &[&str] = &[
     "model",
@@ -42,6 +63,16 @@ pub enum OpenAiConfigError {
     /// No model was set.
     #[error("no model set: call `.model(\"…\")` on the builder")]
     MissingModel,
+    /// The base URL has no scheme (`127.0.0.1:8000/v1`): the URL parser would read it as
+    /// relative, or take the host for a scheme.
+    #[error(
+        "base URL {url:?} has no scheme: write \"http://{url}\" (a local server) or \
+         \"https://{url}\""
+    )]
+    MissingScheme {
+        /// The URL as given.
+        url: String,
+    },
     /// The base URL is not an `http` or `https` URL.
     #[error("invalid base URL {url:?}: {reason}")]
     InvalidBaseUrl {
@@ -91,7 +122,7 @@ impl Default for OpenAiBuilder {
             parallel_tool_calls: None,
             extra: Map::new(),
             connect_timeout: Duration::from_secs(10),
-            timeouts: LlmTimeouts::default(),
+            timeouts: DEFAULT_ATTEMPT_TIMEOUTS,
             retry: RetryPolicy::default(),
         }
     }
@@ -100,7 +131,10 @@ impl Default for OpenAiBuilder {
 impl OpenAiBuilder {
     /// The API's base URL, up to the version (`https://api.openai.com/v1`,
     /// `http://localhost:11434/v1` for Ollama, `http://localhost:8000/v1` for vLLM);
-    /// requests go to `{base_url}/chat/completions`.
+    /// requests go to `{base_url}/chat/completions`. The whole endpoint, as some servers'
+    /// docs print it (`…/v1/chat/completions`), is taken to mean the same: the suffix is
+    /// not added twice ([`OpenAiLlm::endpoint`] says where requests go). A query (an
+    /// `api-version`) is kept.
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
         self
@@ -140,14 +174,19 @@ impl OpenAiBuilder {
     }
 
     /// How long opening the connection and getting the response headers may take
-    /// (default 10 s).
+    /// (default 10 s). The headers are also awaited within the attempt's first-chunk bound
+    /// ([`OpenAiBuilder::timeouts`]), whichever ends sooner: some proxies hold them back
+    /// until the model starts answering.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
     }
 
-    /// How long the first chunk and each next chunk may take (default: [`LlmTimeouts`]'s,
-    /// 10 s each). The first-chunk wait starts when the request is sent.
+    /// How long the first chunk and each next chunk of one attempt may take (default:
+    /// [`DEFAULT_ATTEMPT_TIMEOUTS`], 4 s and 10 s). The first-chunk wait starts when the
+    /// attempt is sent. Keep the first-chunk bound, times the attempts that should fit,
+    /// plus the backoffs, under the session's ([`LlmTimeouts`], 10 s by default): the
+    /// session's bound covers every attempt, and ends the turn when it runs out.
     pub fn timeouts(mut self, timeouts: LlmTimeouts) -> Self {
         self.timeouts = timeouts;
         self
@@ -182,20 +221,8 @@ impl OpenAiBuilder {
                 hint,
             });
         }
-        let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
-            url: self.base_url.clone(),
-            reason,
-        };
-        let base = reqwest::Url::parse(&self.base_url).map_err(|e| invalid(e.to_string()))?;
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err(invalid("the scheme must be http or https".into()));
-        }
-        let host = base.host_str().unwrap_or_default().to_owned();
-        let endpoint = reqwest::Url::parse(&format!(
-            "{}/chat/completions",
-            self.base_url.trim_end_matches('/')
-        ))
-        .map_err(|e| invalid(e.to_string()))?;
+        let endpoint = endpoint(&self.base_url)?;
+        let host = endpoint.host_str().unwrap_or_default().to_owned();
         let client = reqwest::Client::builder()
             // Our own timeouts bound each wait (`LlmTimeouts`); reqwest's would cut a long
             // answer that is still streaming.
@@ -209,6 +236,7 @@ impl OpenAiBuilder {
                 endpoint,
                 host,
                 api_key: self.api_key.filter(|k| !k.is_empty()),
+                name: format!("openai/{model}"),
                 model,
                 temperature: self.temperature,
                 parallel_tool_calls: self.parallel_tool_calls,
@@ -259,6 +287,38 @@ impl OpenAiBuilder {
     }
 }
 
+/// Where requests go for `base_url`: `{base_url}/chat/completions`, the suffix added once.
+fn endpoint(base_url: &str) -> Result<reqwest::Url, OpenAiConfigError> {
+    let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
+        url: base_url.to_owned(),
+        reason,
+    };
+    let trimmed = base_url.trim();
+    if trimmed.is_empty() {
+        return Err(invalid(format!(
+            "it is empty; OpenAI's is {DEFAULT_BASE_URL}"
+        )));
+    }
+    // `127.0.0.1:8000/v1` does not parse ("relative URL without a base") and
+    // `localhost:11434/v1` parses with `localhost` as its scheme: both mean a missing
+    // `http://`. A mistyped scheme (`http:/x`, `htps://x`) is left to the parser.
+    if !trimmed.contains("://") && !trimmed.starts_with("http:") && !trimmed.starts_with("https:") {
+        return Err(OpenAiConfigError::MissingScheme {
+            url: trimmed.to_owned(),
+        });
+    }
+    let mut url = reqwest::Url::parse(trimmed).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https".into()));
+    }
+    let path = url.path().trim_end_matches('/');
+    let path = path.strip_suffix("/chat/completions").unwrap_or(path);
+    let path = format!("{path}/chat/completions");
+    url.set_path(&path);
+    url.set_fragment(None);
+    Ok(url)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,6 +354,7 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(llm.config.model, DEFAULT_MODEL);
+        assert_eq!(crate::Llm::name(&llm), "openai/gpt-4.1-mini");
         assert_eq!(
             llm.config.endpoint.as_str(),
             "https://api.openai.com/v1/chat/completions"
@@ -310,6 +371,45 @@ mod tests {
             "http://127.0.0.1:11434/v1/chat/completions"
         );
         assert_eq!(llm.config.api_key, None);
+    }
+
+    #[test]
+    fn a_stalled_attempt_and_its_retry_fit_inside_the_sessions_first_chunk_bound() {
+        let attempt = DEFAULT_ATTEMPT_TIMEOUTS.first_chunk;
+        let backoff = RetryPolicy::default().delay(1, None).unwrap();
+        let session = LlmTimeouts::default();
+        assert!(
+            attempt * 2 + backoff < session.first_chunk,
+            "two attempts of {attempt:?} and a backoff of {backoff:?} must fit in the \
+             session's {:?}",
+            session.first_chunk
+        );
+        assert!(DEFAULT_ATTEMPT_TIMEOUTS.between_chunks <= session.between_chunks);
+        let builder = OpenAiBuilder::default();
+        assert_eq!(builder.timeouts, DEFAULT_ATTEMPT_TIMEOUTS);
+    }
+
+    #[test]
+    fn the_endpoint_is_the_base_url_and_the_suffix_once_with_its_query() {
+        let at = |base: &str| endpoint(base).unwrap().to_string();
+        let expected = "http://127.0.0.1:8000/v1/chat/completions";
+        for base in [
+            "http://127.0.0.1:8000/v1",
+            "http://127.0.0.1:8000/v1/",
+            "http://127.0.0.1:8000/v1/chat/completions",
+            "http://127.0.0.1:8000/v1/chat/completions/",
+            " http://127.0.0.1:8000/v1 ",
+        ] {
+            assert_eq!(at(base), expected, "{base}");
+        }
+        assert_eq!(
+            at("https://x.openai.azure.com/openai/deployments/d?api-version=2024-10-21"),
+            "https://x.openai.azure.com/openai/deployments/d/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(
+            at("http://localhost:8080"),
+            "http://localhost:8080/chat/completions"
+        );
     }
 
     #[test]

@@ -73,8 +73,9 @@ impl ErrorBody {
 /// How much of a body that is not OpenAI's error JSON goes into the message.
 const RAW_BODY_PREFIX: usize = 300;
 
-/// The failure for an HTTP error status, from its headers and body text.
-pub(super) fn from_status(status: u16, headers: &HeaderMap, body: &str) -> Failure {
+/// The failure for an HTTP error status of a request to `endpoint`, from its headers and
+/// body text.
+pub(super) fn from_status(status: u16, headers: &HeaderMap, body: &str, endpoint: &str) -> Failure {
     let parsed = serde_json::from_str::<Envelope>(body).ok().map(|e| e.error);
     let message = match parsed.as_ref().and_then(|e| e.message.clone()) {
         Some(message) => message,
@@ -96,6 +97,21 @@ pub(super) fn from_status(status: u16, headers: &HeaderMap, body: &str) -> Failu
         500..=599 => (LlmError::Server { status, message }, true),
         // Request timeout and conflict: the official clients retry these too.
         408 | 409 => (LlmError::Server { status, message }, true),
+        // The URL is the likeliest mistake: say which one was asked.
+        404 | 405 => {
+            let message = match parsed {
+                // The API answered (a model that does not exist, a path it knows is
+                // wrong): its words, and where they came from.
+                Some(_) => format!("{message} (POST {endpoint})"),
+                // A router with nothing there.
+                None => format!(
+                    "no chat-completions endpoint at {endpoint}: check the base URL, which \
+                     ends where `/chat/completions` is added (`https://api.openai.com/v1`, \
+                     `http://localhost:11434/v1`); the server said: {message}"
+                ),
+            };
+            (LlmError::BadRequest { status, message }, false)
+        }
         _ => (LlmError::BadRequest { status, message }, false),
     };
     Failure {
@@ -179,11 +195,13 @@ mod tests {
         map
     }
 
+    const URL: &str = "http://127.0.0.1:8000/v2/chat/completions";
+
     const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4.1-mini","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
 
     #[test]
     fn statuses_map_to_typed_errors_with_the_providers_message() {
-        let f = from_status(429, &headers(&[("retry-after", "2")]), OPENAI_429);
+        let f = from_status(429, &headers(&[("retry-after", "2")]), OPENAI_429, URL);
         assert!(f.retryable);
         assert_eq!(
             f.error,
@@ -193,20 +211,20 @@ mod tests {
             }
         );
         let body = r#"{"error":{"message":"Incorrect API key provided","type":"invalid_request_error","code":"invalid_api_key"}}"#;
-        let f = from_status(401, &HeaderMap::new(), body);
+        let f = from_status(401, &HeaderMap::new(), body, URL);
         assert!(!f.retryable);
         assert!(matches!(f.error, LlmError::Auth { message } if message.starts_with("Incorrect")));
         let body = r#"{"error":{"message":"This model's maximum context length is 128000 tokens.","type":"invalid_request_error","code":"context_length_exceeded"}}"#;
         assert!(matches!(
-            from_status(400, &HeaderMap::new(), body).error,
+            from_status(400, &HeaderMap::new(), body, URL).error,
             LlmError::ContextTooLong { .. }
         ));
         let vllm = r#"{"object":"error","error":{"message":"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens.","type":"BadRequestError","code":400}}"#;
         assert!(matches!(
-            from_status(400, &HeaderMap::new(), vllm).error,
+            from_status(400, &HeaderMap::new(), vllm, URL).error,
             LlmError::ContextTooLong { .. }
         ));
-        let f = from_status(503, &HeaderMap::new(), "upstream overloaded");
+        let f = from_status(503, &HeaderMap::new(), "upstream overloaded", URL);
         assert!(f.retryable);
         assert_eq!(
             f.error,
@@ -215,10 +233,41 @@ mod tests {
                 message: "upstream overloaded".into()
             }
         );
-        let f = from_status(404, &HeaderMap::new(), "");
+        let f = from_status(404, &HeaderMap::new(), "", URL);
         assert!(!f.retryable);
         assert!(
-            matches!(f.error, LlmError::BadRequest { status: 404, message } if message.contains("empty body"))
+            matches!(f.error, LlmError::BadRequest { status: 404, message } if message.contains("empty body") && message.contains(URL))
+        );
+    }
+
+    #[test]
+    fn a_404_names_the_url_and_says_whether_anything_answered_there() {
+        let missing_model = r#"{"error":{"message":"The model `gpt-9` does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}"#;
+        let LlmError::BadRequest { message, .. } =
+            from_status(404, &HeaderMap::new(), missing_model, URL).error
+        else {
+            panic!("a 404 is a bad request")
+        };
+        assert_eq!(
+            message,
+            format!(
+                "The model `gpt-9` does not exist or you do not have access to it. (POST {URL})"
+            )
+        );
+        let LlmError::BadRequest { message, .. } =
+            from_status(404, &HeaderMap::new(), r#"{"detail":"Not Found"}"#, URL).error
+        else {
+            panic!("a 404 is a bad request")
+        };
+        assert!(
+            message.starts_with(&format!(
+                "no chat-completions endpoint at {URL}: check the base URL"
+            )),
+            "{message}"
+        );
+        assert!(
+            message.ends_with(r#"the server said: {"detail":"Not Found"}"#),
+            "{message}"
         );
     }
 

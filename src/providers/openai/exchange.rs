@@ -131,7 +131,8 @@ impl Exchange {
         self.config.retry.delay(self.attempt, failure.retry_after)
     }
 
-    /// Sends the request; the events of a successful answer.
+    /// Sends the request; the events of a successful answer. Waits for the headers at most
+    /// the connect timeout or the first-chunk bound, whichever is shorter.
     async fn send(&mut self) -> Result<Events, Failure> {
         self.attempt += 1;
         self.span.record("attempt", self.attempt);
@@ -149,14 +150,18 @@ impl Exchange {
         if let Some(key) = &self.config.api_key {
             request = request.bearer_auth(key);
         }
+        // The headers come before the first chunk, so the attempt's first-chunk bound
+        // covers them too: a server (or proxy) that holds them back until the model
+        // answers is given up on, and retried, as soon as one that sends them at once.
         let connect = self.config.connect_timeout;
-        let response = match timeout(connect, request.send()).await {
-            Err(_) => {
-                return Err(Failure::retryable(LlmError::Timeout {
-                    stage: TimeoutStage::Connect,
-                    after: connect,
-                }))
-            }
+        let first_chunk = self.config.timeouts.first_chunk;
+        let (stage, wait) = if first_chunk < connect {
+            (TimeoutStage::FirstChunk, first_chunk)
+        } else {
+            (TimeoutStage::Connect, connect)
+        };
+        let response = match timeout(wait, request.send()).await {
+            Err(_) => return Err(Failure::retryable(LlmError::Timeout { stage, after: wait })),
             Ok(Err(error)) => {
                 return Err(Failure::retryable(LlmError::Connect {
                     message: chain(&error),
@@ -173,7 +178,12 @@ impl Exchange {
                 Ok(Ok(text)) => text,
                 _ => String::new(),
             };
-            return Err(from_status(status.as_u16(), &headers, &text));
+            return Err(from_status(
+                status.as_u16(),
+                &headers,
+                &text,
+                self.config.endpoint.as_str(),
+            ));
         }
         tracing::debug!(status = status.as_u16(), "LLM answer streaming");
         Ok(Box::pin(response.bytes_stream().eventsource()))
