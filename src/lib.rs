@@ -23,7 +23,7 @@
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
 //! - [`memory`] — handing the memory of a drained traffic peak back to the system.
-//! - [`providers`] — real models: [`providers::openai::OpenAiLlm`] (cargo feature `openai`,
+//! - [`providers`] — real models: `providers::openai::OpenAiLlm` (cargo feature `openai`,
 //!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
 //!   models as one, moving to the next when one fails before answering), and the call-id
 //!   mapping any provider adapter needs.

@@ -1,6 +1,6 @@
 //! Real models: [`Llm`](crate::Llm) implementations that talk to a provider over HTTP.
 //!
-//! - [`openai`] (cargo feature `openai`, on by default) — streaming chat completions against
+//! - `openai` (cargo feature `openai`, on by default) — streaming chat completions against
 //!   OpenAI or any compatible server (vLLM, Ollama, Groq, LiteLLM).
 //! - [`FallbackLlm`] — several models as one: each request goes to the first healthy
 //!   model and moves to the next on a failure of the model before anything was forwarded;
