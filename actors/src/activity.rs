@@ -122,10 +122,8 @@ pub(crate) struct ActivityActor {
     own: Vec<Child<ToolsetActor>>,
     /// The stream of the step being generated, to drop it when the machine says.
     stream: Option<(u64, SpawnHandle)>,
-    /// The machine's commands, a buffer kept across inputs.
-    commands: Vec<Command>,
     /// Who waits for `on_enter` (`StartActivity`).
-    entering: Vec<oneshot::Sender<()>>,
+    entering: Option<oneshot::Sender<()>>,
     /// Who waits for a pause to have stopped the runs (`PauseActivity`).
     pausing: Vec<oneshot::Sender<Handover>>,
     /// Who waits for the close to end (`CloseActivity`).
@@ -149,7 +147,7 @@ impl ActivityActor {
         let machine = Activation::new(Setup {
             id,
             agent: spec.agent.clone(),
-            llm_name: spec.llm.name().to_owned(),
+            llm: spec.llm.clone(),
             shared: spec.shared.clone(),
             speech_port: spec.links.clone(),
             tools,
@@ -171,8 +169,7 @@ impl ActivityActor {
             toolsets,
             own,
             stream: None,
-            commands: Vec::new(),
-            entering: Vec::new(),
+            entering: None,
             pausing: Vec::new(),
             closing: Vec::new(),
             _alive: alive,
@@ -180,14 +177,15 @@ impl ActivityActor {
         Child::new(Mailbox::new(actor.start(), probe), gone)
     }
 
-    /// Feeds the machine one input and carries out what it asks.
+    /// Feeds the machine one input and carries out what it asks. The command list is
+    /// not kept between inputs: most inputs (a chunk) ask for nothing and allocate
+    /// nothing, and an idle activity should not hold a buffer sized for its busiest turn.
     fn feed(&mut self, input: Input, ctx: &mut Context<Self>) {
-        let mut commands = std::mem::take(&mut self.commands);
+        let mut commands = Vec::new();
         self.machine.handle(input, &mut commands);
-        for command in commands.drain(..) {
+        for command in commands {
             self.carry_out(command, ctx);
         }
-        self.commands = commands;
     }
 
     fn carry_out(&mut self, command: Command, ctx: &mut Context<Self>) {
@@ -196,8 +194,8 @@ impl ActivityActor {
                 let hook = self.run_hook(self.agent.def.on_enter.clone(), "on_enter");
                 ctx.spawn(hook.into_actor(self).map(|(), act, ctx| {
                     act.feed(Input::Entered, ctx);
-                    for waiter in act.entering.drain(..) {
-                        let _ = waiter.send(());
+                    if let Some(entered) = act.entering.take() {
+                        let _ = entered.send(());
                     }
                 }));
             }
@@ -519,54 +517,52 @@ impl Actor for ActivityActor {
     }
 }
 
-/// Sent by the session once, right after it spawned the activity: runs `on_enter`. The
-/// reply comes after `on_enter` returned.
-pub(crate) struct StartActivity;
+/// Sent by the session once, right after it spawned the activity: runs `on_enter`.
+/// `entered` hears once `on_enter` returned (dropped unanswered if the activity stops
+/// first, which the session reads as its end). Told, not asked: the answer travels with
+/// the message, so no reply future is spawned for it.
+pub(crate) struct StartActivity {
+    pub(crate) entered: oneshot::Sender<()>,
+}
 
 impl Message for StartActivity {
     type Result = ();
 }
 
 impl Handler<StartActivity> for ActivityActor {
-    type Result = ResponseFuture<()>;
+    type Result = ();
 
-    fn handle(&mut self, _msg: StartActivity, ctx: &mut Self::Context) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.entering.push(tx);
+    fn handle(&mut self, msg: StartActivity, ctx: &mut Self::Context) {
+        self.entering = Some(msg.entered);
         self.feed(Input::Enter, ctx);
-        Box::pin(async move {
-            // No answer: the activity stopped first, which the session finds out itself.
-            let _ = rx.await;
-        })
     }
 }
 
 /// Sent by the session to run one turn; the session sends the next only after this one
-/// answered, so an activity runs one turn at a time. The reply is the turn's outcome.
+/// answered, so an activity runs one turn at a time. `done` hears the turn's outcome
+/// (dropped unanswered if the activity stops first: the session reads it as closed).
+/// Told, with the answer inside, rather than asked: an asked message whose answer comes
+/// later is a future actix spawns as a task of its own, one per turn.
 pub(crate) struct StartTurn {
     pub(crate) kind: TurnKind,
+    pub(crate) done: oneshot::Sender<TurnOutcome>,
 }
 
 impl Message for StartTurn {
-    type Result = TurnOutcome;
+    type Result = ();
 }
 
 impl Handler<StartTurn> for ActivityActor {
-    type Result = ResponseFuture<TurnOutcome>;
+    type Result = ();
 
-    fn handle(&mut self, msg: StartTurn, ctx: &mut Self::Context) -> Self::Result {
-        let (done, rx) = oneshot::channel();
+    fn handle(&mut self, msg: StartTurn, ctx: &mut Self::Context) {
         self.feed(
             Input::RunTurn {
                 kind: msg.kind,
-                done,
+                done: msg.done,
             },
             ctx,
         );
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed))
-        })
     }
 }
 

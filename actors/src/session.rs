@@ -438,13 +438,16 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
-        let ask = activity
+        let (done, outcome) = oneshot::channel();
+        // One per turn, and the session sends the next only after this one answered.
+        activity
             .child
             .mailbox
-            .ask(self.probe.id(), StartTurn { kind });
+            .tell(self.probe.id(), StartTurn { kind, done });
         let id = activity.id().clone();
         let agent = activity.agent.name().to_owned();
-        ctx.spawn(ask.into_actor(self).map(move |outcome, act, ctx| {
+        ctx.spawn(outcome.into_actor(self).map(move |outcome, act, ctx| {
+            // No answer: the activity stopped with the turn queued or running.
             let outcome = outcome.unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed));
             act.turn_done(&id, &agent, outcome, reply, ctx);
         }));

@@ -72,7 +72,7 @@ use crate::error::{SessionError, TurnFailure, UpdateError};
 use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{LlmChunk, LlmError, LlmRequest, ToolChoice, ToolSchema};
+use crate::llm::{Llm, LlmChunk, LlmError, LlmRequest, ToolChoice, ToolSchema};
 use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
@@ -277,8 +277,8 @@ pub(crate) struct Place {
 pub(crate) struct Setup {
     pub(crate) id: ActorId,
     pub(crate) agent: Agent,
-    /// The model's name, for metrics when the stream does not name another.
-    pub(crate) llm_name: String,
+    /// The model (its name goes in the metrics when the stream does not name another).
+    pub(crate) llm: Arc<dyn Llm>,
     pub(crate) shared: Arc<SessionShared>,
     /// How its speeches' handles reach the session.
     pub(crate) speech_port: Arc<dyn SpeechPort>,
@@ -318,7 +318,7 @@ struct Rules {
 pub(crate) struct Activation {
     id: ActorId,
     agent: Agent,
-    llm_name: String,
+    llm: Arc<dyn Llm>,
     shared: Arc<SessionShared>,
     speech_port: Arc<dyn SpeechPort>,
     rules: Rules,
@@ -370,7 +370,7 @@ impl Activation {
             },
             id: setup.id,
             agent: setup.agent,
-            llm_name: setup.llm_name,
+            llm: setup.llm,
             shared: setup.shared,
             speech_port: setup.speech_port,
             rules,
@@ -429,6 +429,24 @@ impl Activation {
 
     /// Takes one input; pushes what the actor must do onto `out`.
     pub(crate) fn handle(&mut self, input: Input, out: &mut Vec<Command>) {
+        // The per-token path: a chunk changes no state and sets no deadline, so it skips
+        // the transition table (this is most of a streamed reply's inputs).
+        let input = match input {
+            Input::Chunk { step, chunk } => {
+                if let State::Running(turn) = &mut self.state {
+                    let speaker = Speaker {
+                        id: &self.id,
+                        agent: &self.agent,
+                        shared: &self.shared,
+                        port: &self.speech_port,
+                        current: self.current,
+                    };
+                    on_chunk(&speaker, turn, step, chunk);
+                }
+                return;
+            }
+            other => other,
+        };
         // Every transition takes the state and returns the next one.
         let state = std::mem::replace(&mut self.state, State::Closed { entered: false });
         self.state = self.step(state, input, out);
@@ -470,10 +488,8 @@ impl Activation {
                     other
                 }
             },
-            Input::Chunk { step, chunk } => match state {
-                State::Running(turn) => running(self.on_chunk(turn, step, chunk)),
-                other => other,
-            },
+            // Taken by `handle` before the table.
+            Input::Chunk { .. } => state,
             Input::StreamEnded { step, error } => match state {
                 State::Running(turn) => running(self.on_stream_end(turn, step, error, out)),
                 other => other,
@@ -731,13 +747,20 @@ impl Activation {
         out.push(Command::ArmTimer { at: next });
     }
 
+    /// The fields a speech is made and announced with.
+    fn speaker(&self) -> Speaker<'_> {
+        Speaker {
+            id: &self.id,
+            agent: &self.agent,
+            shared: &self.shared,
+            port: &self.speech_port,
+            current: self.current,
+        }
+    }
+
     /// Publishes what the agent does, if this activation is current.
     fn publish(&self, state: AgentState) {
-        if self.current {
-            self.shared
-                .host_view
-                .set_agent_state(&self.shared.events, self.agent.name(), state);
-        }
+        self.speaker().publish(state);
     }
 
     fn agent_name(&self) -> String {
@@ -1002,7 +1025,7 @@ impl Activation {
             "llm_request",
             session = %self.shared.id(),
             agent = %self.agent.name(),
-            llm = %self.llm_name,
+            llm = %self.llm.name(),
             step,
             speech = tracing::field::Empty,
         );
@@ -1025,51 +1048,6 @@ impl Activation {
             llm: None,
             early_report: None,
         }
-    }
-
-    /// One chunk of the model's answer: text goes to the output at once.
-    fn on_chunk(&mut self, mut turn: Box<Turn>, step: u64, chunk: LlmChunk) -> Option<Box<Turn>> {
-        let Phase::Generating(generation) = &mut turn.phase else {
-            return Some(turn);
-        };
-        if generation.step != step {
-            return Some(turn);
-        }
-        if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
-            generation
-                .first_chunk
-                .get_or_insert_with(|| generation.started.elapsed());
-        }
-        match chunk {
-            LlmChunk::Text(text) => {
-                generation.text_chunks += 1;
-                generation.text.push_str(&text);
-                let speech = match generation.speech.clone() {
-                    Some(speech) => speech,
-                    None => self.open_generated_speech(&mut turn),
-                };
-                self.shared
-                    .output
-                    .call(|output| output.speech_chunk(speech.id(), &text));
-            }
-            LlmChunk::ToolCall(call) => generation.calls.push(call),
-            LlmChunk::Usage(usage) => generation.usage = Some(usage),
-            LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
-        }
-        Some(turn)
-    }
-
-    /// The speech of the running generation, started at its first text.
-    fn open_generated_speech(&mut self, turn: &mut Turn) -> SpeechHandle {
-        let speech = self.start_speech(turn.interruptibility.clone());
-        turn.speeches.push(speech.clone());
-        if let Phase::Generating(generation) = &mut turn.phase {
-            generation
-                .span
-                .record("speech", tracing::field::display(speech.id()));
-            generation.speech = Some(speech.clone());
-        }
-        speech
     }
 
     /// The stream of `step` ended (or failed): record what was said, then run the calls
@@ -1147,7 +1125,7 @@ impl Activation {
                 llm: generation
                     .llm
                     .clone()
-                    .unwrap_or_else(|| self.llm_name.clone()),
+                    .unwrap_or_else(|| self.llm.name().to_owned()),
                 time_to_first_chunk: generation.first_chunk,
                 duration: generation.started.elapsed(),
                 text_chunks: generation.text_chunks,
@@ -1451,32 +1429,8 @@ impl Activation {
 
     // ---- Speeches -------------------------------------------------------------------
 
-    /// Starts a new speech on the output.
-    fn start_speech(&mut self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
-        let speech = SpeechHandle::new(
-            SpeechId(self.shared.ids.next_speech()),
-            interruptibility,
-            SpeechStatus::Speaking,
-            self.speech_port.clone(),
-            self.shared.gone.clone(),
-        );
-        self.announce_speech(&speech);
-        speech
-    }
-
     fn announce_speech(&mut self, speech: &SpeechHandle) {
-        self.shared.speeches.started(speech.id(), &self.id);
-        let agent = self.agent.name();
-        self.shared
-            .output
-            .call(|output| output.speech_started(speech.id(), agent));
-        self.shared
-            .events
-            .emit_with(|| SessionEvent::SpeechCreated {
-                agent: agent.to_owned(),
-                speech: speech.clone(),
-            });
-        self.publish(AgentState::Speaking);
+        self.speaker().announce(speech);
     }
 
     /// A `say` turn: the text goes to the output as one chunk and, if asked, into the chat.
@@ -1786,6 +1740,97 @@ impl Activation {
                 other
             }
         }
+    }
+}
+
+/// What a speech is made and announced with: the fields of an activation that the
+/// per-token path borrows while the turn is borrowed from its state.
+struct Speaker<'a> {
+    id: &'a ActorId,
+    agent: &'a Agent,
+    shared: &'a SessionShared,
+    port: &'a Arc<dyn SpeechPort>,
+    current: bool,
+}
+
+impl Speaker<'_> {
+    /// Publishes what the agent does, if the activation is current.
+    fn publish(&self, state: AgentState) {
+        if self.current {
+            self.shared
+                .host_view
+                .set_agent_state(&self.shared.events, self.agent.name(), state);
+        }
+    }
+
+    /// Starts a new speech on the output.
+    fn start(&self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
+        let speech = SpeechHandle::new(
+            SpeechId(self.shared.ids.next_speech()),
+            interruptibility,
+            SpeechStatus::Speaking,
+            self.port.clone(),
+            self.shared.gone.clone(),
+        );
+        self.announce(&speech);
+        speech
+    }
+
+    fn announce(&self, speech: &SpeechHandle) {
+        self.shared.speeches.started(speech.id(), self.id);
+        let agent = self.agent.name();
+        self.shared
+            .output
+            .call(|output| output.speech_started(speech.id(), agent));
+        self.shared
+            .events
+            .emit_with(|| SessionEvent::SpeechCreated {
+                agent: agent.to_owned(),
+                speech: speech.clone(),
+            });
+        self.publish(AgentState::Speaking);
+    }
+}
+
+/// One chunk of the model's answer: text goes to the output at once, its speech started
+/// at the first text.
+fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) {
+    let Phase::Generating(generation) = &mut turn.phase else {
+        return;
+    };
+    if generation.step != step {
+        return;
+    }
+    if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
+        generation
+            .first_chunk
+            .get_or_insert_with(|| generation.started.elapsed());
+    }
+    match chunk {
+        LlmChunk::Text(text) => {
+            generation.text_chunks += 1;
+            generation.text.push_str(&text);
+            let speech = match &generation.speech {
+                Some(speech) => speech.id(),
+                None => {
+                    let speech = speaker.start(turn.interruptibility.clone());
+                    generation
+                        .span
+                        .record("speech", tracing::field::display(speech.id()));
+                    generation.speech = Some(speech.clone());
+                    let id = speech.id();
+                    turn.speeches.push(speech);
+                    id
+                }
+            };
+            speaker
+                .shared
+                .output
+                .call(|output| output.speech_chunk(speech, &text));
+        }
+        LlmChunk::ToolCall(call) => generation.calls.push(call),
+        LlmChunk::Usage(usage) => generation.usage = Some(usage),
+        LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
     }
 }
 

@@ -184,8 +184,12 @@ impl SessionActor {
             then(self, Err(SessionError::Closed));
             return;
         }
-        let start = child.mailbox.ask(self.probe.id(), StartActivity);
-        ctx.spawn(start.into_actor(self).map(move |started, act, ctx| {
+        let (entered, started) = tokio::sync::oneshot::channel();
+        // Once per activity.
+        child
+            .mailbox
+            .tell(self.probe.id(), StartActivity { entered });
+        ctx.spawn(started.into_actor(self).map(move |started, act, ctx| {
             if act.schedule.is_closed() {
                 then(act, Err(SessionError::Closed));
                 return;

@@ -75,6 +75,19 @@ impl SpeechOutput for Output {
     }
 }
 
+/// A model the machine never calls (the tests feed its chunks).
+struct Silent;
+
+impl Llm for Silent {
+    fn chat(&self, _request: LlmRequest) -> crate::llm::LlmStream {
+        Box::pin(futures_util::stream::empty())
+    }
+
+    fn name(&self) -> &str {
+        "scripted"
+    }
+}
+
 /// Speech handles made by the machine interrupt through this; the tests feed
 /// `InterruptSpeech` themselves.
 struct NoPort;
@@ -112,7 +125,7 @@ fn setup(output: Output, agent: Agent, chat: ChatContext, carried: Vec<PendingIt
     let machine = Activation::new(Setup {
         id: ActorId::new("activity/s1/a#1"),
         agent,
-        llm_name: "scripted".to_owned(),
+        llm: Arc::new(Silent),
         shared,
         speech_port: Arc::new(NoPort),
         tools,
