@@ -333,7 +333,6 @@ impl ClusterClient {
     }
 
     /// The newest refusal that names `subject`, if the server refused one.
-    #[allow(dead_code)] // the gateway, next, fails an input fast with it
     pub(crate) fn refusal_of(&self, subject: &str) -> Option<String> {
         let quoted = format!("\"{subject}\"");
         self.lock_refusals()
