@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{ConnectErrorKind, ConnectOptions, Event, ServerError};
@@ -199,7 +199,7 @@ impl NatsConnect {
     /// connection, the client reconnects by itself for as long as it lives.
     pub async fn connect(self) -> Result<ClusterClient, ConnectError> {
         let (connections, reconnections) = watch::channel(0u64);
-        let refusals = Arc::new(Mutex::new(VecDeque::new()));
+        let refusals = Arc::new(watch::channel(VecDeque::new()).0);
         let mut options = match self.auth.clone() {
             Auth::None => ConnectOptions::new(),
             Auth::UserPassword(user, password) => {
@@ -272,7 +272,11 @@ impl NatsConnect {
 
 /// What the client library reports about the connection: counted reconnections, and
 /// refusals kept for the operations that caused them.
-fn on_event(event: Event, connections: &watch::Sender<u64>, refusals: &Mutex<VecDeque<String>>) {
+fn on_event(
+    event: Event,
+    connections: &watch::Sender<u64>,
+    refusals: &watch::Sender<VecDeque<String>>,
+) {
     match event {
         Event::Connected => {
             connections.send_modify(|n| *n += 1);
@@ -283,11 +287,12 @@ fn on_event(event: Event, connections: &watch::Sender<u64>, refusals: &Mutex<Vec
             if message.contains("Permissions Violation") =>
         {
             tracing::warn!(%message, "nats: the server refused an operation");
-            let mut kept = refusals.lock().unwrap_or_else(|p| p.into_inner());
-            if kept.len() == REFUSALS_KEPT {
-                kept.pop_front();
-            }
-            kept.push_back(message);
+            refusals.send_modify(|kept| {
+                if kept.len() == REFUSALS_KEPT {
+                    kept.pop_front();
+                }
+                kept.push_back(message);
+            });
         }
         other => tracing::debug!(event = %other, "nats"),
     }
@@ -303,7 +308,7 @@ pub struct ClusterClient {
 struct ClientInner {
     client: async_nats::Client,
     reconnections: watch::Receiver<u64>,
-    refusals: Arc<Mutex<VecDeque<String>>>,
+    refusals: Arc<watch::Sender<VecDeque<String>>>,
 }
 
 impl fmt::Debug for ClusterClient {
@@ -329,24 +334,35 @@ impl ClusterClient {
     /// The operations the server refused (permission violations), oldest first, as the
     /// server worded them: `Permissions Violation for Publish to "sb.jobs"`.
     pub fn refusals(&self) -> Vec<String> {
-        self.lock_refusals().iter().cloned().collect()
+        self.inner.refusals.borrow().iter().cloned().collect()
+    }
+
+    /// Waits, at most `timeout`, for the server to refuse an operation on `subject`
+    /// (the refusal comes a moment after the operation, from the server); returns its
+    /// words, or `None` if it did not refuse one.
+    pub async fn refused(&self, subject: &str, timeout: Duration) -> Option<String> {
+        let mut refusals = self.inner.refusals.subscribe();
+        let quoted = format!("\"{subject}\"");
+        let found = tokio::time::timeout(
+            timeout,
+            refusals.wait_for(|kept| kept.iter().any(|m| m.contains(&quoted))),
+        )
+        .await;
+        match found {
+            Ok(Ok(_)) => self.refusal_of(subject),
+            _ => None,
+        }
     }
 
     /// The newest refusal that names `subject`, if the server refused one.
     pub(crate) fn refusal_of(&self, subject: &str) -> Option<String> {
         let quoted = format!("\"{subject}\"");
-        self.lock_refusals()
+        self.inner
+            .refusals
+            .borrow()
             .iter()
             .rev()
             .find(|message| message.contains(&quoted))
             .cloned()
-    }
-
-    fn lock_refusals(&self) -> std::sync::MutexGuard<'_, VecDeque<String>> {
-        // A plain list of strings: a panic elsewhere cannot leave it half-written.
-        self.inner
-            .refusals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -8,6 +8,7 @@ mod gateway;
 pub mod local;
 mod namespace;
 mod ownership;
+mod permissions;
 mod protocol;
 mod remote_event;
 mod remote_session;
@@ -18,6 +19,7 @@ pub use connect::{ClusterClient, ConnectError, NatsConnect};
 pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
 pub use namespace::{NameError, Namespace, SessionKey};
 pub use ownership::{OwnerRecord, OwnerState};
+pub use permissions::Permissions;
 pub use protocol::WorkerInfo;
 pub use remote_event::{
     EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
@@ -25,4 +27,4 @@ pub use remote_event::{
 };
 pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
 pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
-pub use worker::{DrainReport, Worker, WorkerError, WorkerOptions};
+pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};

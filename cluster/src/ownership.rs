@@ -45,9 +45,11 @@ pub struct OwnerRecord {
     pub state: OwnerState,
 }
 
-/// Whether an owned session runs.
+/// Whether an owned session runs. (Phase 2 adds the state of a session handed back for
+/// another worker to resume.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OwnerState {
     /// It runs on `worker`.
     Running,

@@ -505,7 +505,11 @@ impl RemoteSession {
 
     /// Closes the session on its worker (`Session::close`) and returns its transcript.
     pub async fn close(&self) -> Result<RemoteHistory, GatewayError> {
-        match self.send_and_wait(Input::Close).await? {
+        let outcome = self.send_and_wait(Input::Close).await?;
+        // Closed: dropping the handle has nothing left to close (its `SessionEnded` may
+        // still be on its way).
+        self.inner.started_here.store(false, Ordering::SeqCst);
+        match outcome {
             InputOutcome::History { history } => Ok(history),
             other => Err(self.unexpected("close", &other)),
         }

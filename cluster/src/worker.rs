@@ -325,6 +325,38 @@ impl Worker {
     }
 }
 
+/// Creates what a cluster needs on NATS — the jobs stream, its consumer and the owners
+/// bucket — if they do not exist yet: what an operator runs once with an admin user when
+/// workers may not create them (`WorkerOptions::provision(false)`; the subjects each role
+/// needs are in ARCHITECTURE.md, "Who may connect"). A worker with `provision(true)` does
+/// the same at its start.
+pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<(), WorkerError> {
+    let setup = |what: &'static str| {
+        move |reason: String| WorkerError::Setup {
+            worker: "(provisioning)".to_owned(),
+            what,
+            reason,
+        }
+    };
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build(client.nats().clone());
+    dispatch::jobs_consumer(&js, namespace, true)
+        .await
+        .map_err(setup("jobs stream"))?;
+    let defaults = WorkerOptions::new("provisioning");
+    Owners::open(
+        js,
+        namespace,
+        defaults.lease,
+        defaults.ended_retention,
+        true,
+    )
+    .await
+    .map_err(setup("owners bucket"))?;
+    Ok(())
+}
+
 impl Shared {
     fn info(&self) -> WorkerInfo {
         self.hosting.counts.info(&self.name, self.options.capacity)
@@ -385,6 +417,8 @@ impl Shared {
 /// Pulls jobs for as many free slots as there are, until the worker drains.
 async fn pull(shared: Arc<Shared>) {
     let mut drain = shared.drain.subscribe();
+    let mut connections = shared.hosting.client.connections();
+    connections.borrow_and_update();
     let mut failures = 0u32;
     loop {
         if shared.draining() {
@@ -429,8 +463,15 @@ async fn pull(shared: Arc<Shared>) {
         failures = 0;
         // The batch ends by itself (its jobs came, or it expired): read it to the end
         // even when draining, handing back what comes, so no job sits delivered to a
-        // worker that will not run it.
-        while let Some(message) = batch.next().await {
+        // worker that will not run it. A reconnection ends it early: the pull request
+        // died with the old connection (a restarted server forgot it), and the client
+        // would only notice seconds after it expired.
+        loop {
+            let message = tokio::select! {
+                message = batch.next() => message,
+                _ = connections.changed() => break,
+            };
+            let Some(message) = message else { break };
             match message {
                 Ok(message) => match slots.pop() {
                     Some(slot) if !shared.draining() => shared.spawn_session(message, slot),

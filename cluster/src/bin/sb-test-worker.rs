@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! sb-test-worker --url nats://127.0.0.1:4222 --user switchboard --password secret \
-//!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5]
+//!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5] \
+//!     [--no-provision]
 //! ```
 //!
 //! (`--token T`, `--nkey SEED` or `--creds FILE` instead of a user; `SB_NATS_PASSWORD`
@@ -130,6 +131,7 @@ struct Args {
     namespace: Namespace,
     lease: Duration,
     drain: Duration,
+    provision: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -144,6 +146,7 @@ fn parse_args() -> Result<Args, String> {
     let mut namespace = Namespace::default();
     let mut lease = Duration::from_secs(10);
     let mut drain = Duration::from_secs(5);
+    let mut provision = true;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -166,6 +169,7 @@ fn parse_args() -> Result<Args, String> {
                     value()?.parse().map_err(|e| format!("--drain-secs: {e}"))?,
                 )
             }
+            "--no-provision" => provision = false,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -186,6 +190,7 @@ fn parse_args() -> Result<Args, String> {
         namespace,
         lease,
         drain,
+        provision,
     })
 }
 
@@ -195,7 +200,8 @@ async fn run(args: Args) -> Result<(), String> {
     let options = WorkerOptions::new(args.name.clone())
         .capacity(args.capacity)
         .namespace(args.namespace)
-        .lease(args.lease);
+        .lease(args.lease)
+        .provision(args.provision);
     let worker = Worker::start(client, engine, TestAgents, options)
         .await
         .map_err(|e| e.to_string())?;

@@ -145,11 +145,18 @@ mod tests {
         for _ in 0..60 {
             log.record(chunk(&text));
         }
-        let (first, complete) = log.since(1);
-        assert!(!complete);
-        let next = first.last().map_or(0, |e| e.seq) + 1;
-        let (rest, complete) = log.since(next);
-        assert!(complete);
-        assert_eq!(first.len() + rest.len(), 60);
+        let mut parts = 0;
+        let mut seen = Vec::new();
+        loop {
+            let from = seen.last().map_or(1, |seq| seq + 1);
+            let (events, complete) = log.since(from);
+            parts += 1;
+            seen.extend(events.iter().map(|e| e.seq));
+            if complete {
+                break;
+            }
+        }
+        assert!(parts > 1, "600 KB of events do not fit one reply");
+        assert_eq!(seen, (1..=60).collect::<Vec<u64>>());
     }
 }
