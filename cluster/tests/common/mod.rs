@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use switchboard_cluster::local::{NatsServer, ServerAuth};
 use switchboard_cluster::{
-    ClusterClient, Gateway, GatewayOptions, RemoteEvent, RemoteEventKind, RemoteEvents,
+    ClusterClient, Gateway, GatewayOptions, GatewayStats, RemoteEvent, RemoteEventKind,
+    RemoteEvents,
 };
+use tokio::sync::watch;
 
 /// How long any single wait of a test may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(20);
@@ -201,4 +203,14 @@ pub async fn within<T>(waiting_for: &str, future: impl std::future::Future<Outpu
         Ok(value) => value,
         Err(_) => panic!("waiting for {waiting_for}: not within {PATIENCE:?}"),
     }
+}
+
+/// Waits until the gateway has sent some attempt again at least `retries` times in all.
+pub async fn retried(stats: &mut watch::Receiver<GatewayStats>, retries: u64) {
+    within(
+        &format!("the gateway to retry {retries} times"),
+        stats.wait_for(|s| s.retries >= retries),
+    )
+    .await
+    .unwrap();
 }
