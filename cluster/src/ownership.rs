@@ -23,6 +23,8 @@
 //! The epoch starts at 1; a claim from a snapshot (phase 2) takes the snapshot's epoch
 //! plus one, so events and snapshot writes of a stale owner lose to the new one.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishErrorKind;
@@ -164,7 +166,7 @@ impl Owners {
                         session: session.clone(),
                         record,
                         revision,
-                        valid_until: self.valid_until(sent),
+                        clock: LeaseClock::until(self.valid_until(sent)),
                     })
                 }
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
@@ -251,6 +253,40 @@ enum Current {
     Record(u64, OwnerRecord),
 }
 
+/// Until when an owner may act on its lease, readable while a renewal is under way.
+/// Cheap to clone; the clones share one deadline.
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseClock {
+    base: Instant,
+    /// Nanoseconds after `base`.
+    valid_until: Arc<AtomicU64>,
+}
+
+impl LeaseClock {
+    fn until(at: Instant) -> Self {
+        let clock = Self {
+            base: Instant::now(),
+            valid_until: Arc::new(AtomicU64::new(0)),
+        };
+        clock.set(at);
+        clock
+    }
+
+    fn set(&self, at: Instant) {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        self.valid_until
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Whether the lease can be trusted now (see the module docs).
+    pub(crate) fn is_valid(&self) -> bool {
+        let now = Instant::now()
+            .saturating_duration_since(self.base)
+            .as_nanos();
+        u128::from(self.valid_until.load(Ordering::SeqCst)) > now
+    }
+}
+
 /// One worker's ownership of one session: its record, the revision it last wrote, and
 /// until when it may act on it.
 #[derive(Debug)]
@@ -259,7 +295,7 @@ pub(crate) struct Ownership {
     session: SessionKey,
     record: OwnerRecord,
     revision: u64,
-    valid_until: Instant,
+    clock: LeaseClock,
 }
 
 impl Ownership {
@@ -268,9 +304,9 @@ impl Ownership {
         self.record.epoch
     }
 
-    /// Whether the lease can be trusted now (see the module docs).
-    pub(crate) fn is_valid(&self) -> bool {
-        Instant::now() < self.valid_until
+    /// The lease's clock, to read while the ownership is away being renewed.
+    pub(crate) fn clock(&self) -> LeaseClock {
+        self.clock.clone()
     }
 
     /// How often to renew: a third of the lease.
@@ -309,7 +345,7 @@ impl Ownership {
                         tracing::warn!(session = %self.session, "the lease had expired; took it back");
                     }
                     self.revision = revision;
-                    self.valid_until = self.owners.valid_until(sent);
+                    self.clock.set(self.owners.valid_until(sent));
                     return Ok(());
                 }
                 Err(WriteError::Moved) => {

@@ -152,6 +152,9 @@ pub struct WorkerInfo {
     pub inputs_applied: u64,
     /// Retried inputs it recognised and did not apply again.
     pub inputs_repeated: u64,
+    /// Sessions it stopped because another worker took them over (its lease had run
+    /// out), without writing anything more.
+    pub fenced: u64,
     /// Whether it is draining (takes no new sessions).
     pub draining: bool,
 }

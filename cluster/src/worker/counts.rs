@@ -14,6 +14,7 @@ pub(crate) struct Counts {
     pub(crate) refused: AtomicU64,
     pub(crate) inputs_applied: AtomicU64,
     pub(crate) inputs_repeated: AtomicU64,
+    pub(crate) fenced: AtomicU64,
     pub(crate) draining: AtomicBool,
 }
 
@@ -48,6 +49,7 @@ impl Counts {
             refused: self.refused.load(Ordering::Relaxed),
             inputs_applied: self.inputs_applied.load(Ordering::Relaxed),
             inputs_repeated: self.inputs_repeated.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::SeqCst),
         }
     }

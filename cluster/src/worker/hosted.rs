@@ -45,7 +45,7 @@ use super::ledger::{Admission, InputLedger};
 use super::output::PublishingOutput;
 use crate::connect::ClusterClient;
 use crate::namespace::{Namespace, SessionKey};
-use crate::ownership::{LeaseError, Ownership};
+use crate::ownership::{LeaseClock, LeaseError, Ownership};
 use crate::protocol::{Answer, Input, Reply, Request};
 use crate::remote_event::{
     EndReason, InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
@@ -128,6 +128,10 @@ pub(crate) async fn host(
         reporter,
         inputs,
         drain: hosting.drain.clone(),
+        lease: ownership.clock(),
+        renew_every: ownership.renew_every(),
+        ownership: Some(ownership),
+        renewal: None,
         events_subject,
         log,
         published: 0,
@@ -136,7 +140,6 @@ pub(crate) async fn host(
         ending: None,
         last_input: Instant::now(),
         key,
-        ownership,
         hosting: hosting.clone(),
     };
     hosted.run().await;
@@ -180,7 +183,14 @@ struct Hosted {
     reporter: Arc<OnceLock<PlayoutReporter>>,
     inputs: Subscriber,
     drain: watch::Receiver<Option<Instant>>,
-    ownership: Ownership,
+    /// Away while a renewal is under way (`renewal` has it then).
+    ownership: Option<Ownership>,
+    /// The lease's validity, readable while the ownership is away.
+    lease: LeaseClock,
+    renew_every: Duration,
+    /// A renewal under way, beside the loop: a request lost in an outage must not stall
+    /// the session's inputs and events once the server is back.
+    renewal: Option<BoxFuture<'static, (Ownership, Result<(), LeaseError>)>>,
     log: EventLog,
     /// The last event sent on the events subject (later ones are held while the lease
     /// cannot be trusted).
@@ -195,7 +205,7 @@ struct Hosted {
 impl Hosted {
     async fn run(mut self) {
         self.emit(RemoteEventKind::SessionStarted).await;
-        let every = self.ownership.renew_every();
+        let every = self.renew_every;
         let mut renew = tokio::time::interval_at(Instant::now() + every, every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A drain that began before this session started applies to it too.
@@ -235,13 +245,17 @@ impl Hosted {
                     Some(request) => self.on_request(request).await,
                     None => break Exit::Disconnected,
                 },
-                _ = renew.tick() => match self.ownership.renew().await {
-                    Ok(()) => self.publish_held().await,
-                    Err(LeaseError::Lost { now, .. }) => break Exit::Fenced(now),
-                    Err(err @ LeaseError::Unreachable { .. }) => {
-                        tracing::warn!(session = %self.key, error = %err, valid = self.ownership.is_valid(), "lease not renewed");
+                _ = renew.tick(), if self.renewal.is_none() => self.begin_renewal(),
+                (ownership, renewed) = finish_renewal(&mut self.renewal), if self.renewal.is_some() => {
+                    self.ownership = Some(ownership);
+                    match renewed {
+                        Ok(()) => self.publish_held().await,
+                        Err(LeaseError::Lost { now, .. }) => break Exit::Fenced(now),
+                        Err(err @ LeaseError::Unreachable { .. }) => {
+                            tracing::warn!(session = %self.key, error = %err, valid = self.lease.is_valid(), "lease not renewed");
+                        }
                     }
-                },
+                }
                 changed = self.drain.changed(), if self.ending.is_none() => {
                     // A closed channel means the worker is gone: drain as well.
                     drain_now = changed.is_err() || self.drain.borrow().is_some();
@@ -254,8 +268,41 @@ impl Hosted {
         self.finish(exit).await;
     }
 
+    /// Renews the lease beside the loop, bounded by the renewal period.
+    fn begin_renewal(&mut self) {
+        let Some(mut ownership) = self.ownership.take() else {
+            return;
+        };
+        let every = self.renew_every;
+        let key = self.key.clone();
+        self.renewal = Some(
+            async move {
+                let renewed = tokio::time::timeout(every, ownership.renew())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(LeaseError::Unreachable {
+                            session: key,
+                            reason: format!("no answer within {every:?}"),
+                        })
+                    });
+                (ownership, renewed)
+            }
+            .boxed(),
+        );
+    }
+
     /// Publishes what remains and releases the session (or, fenced, just stops).
     async fn finish(mut self, exit: Exit) {
+        // A renewal under way has the ownership: wait for it (bounded by its own timeout).
+        if self.renewal.is_some() {
+            let (ownership, renewed) = finish_renewal(&mut self.renewal).await;
+            self.ownership = Some(ownership);
+            if let Err(LeaseError::Lost { now, .. }) = renewed {
+                if matches!(exit, Exit::Ended { .. }) {
+                    return self.finish_fenced(now).await;
+                }
+            }
+        }
         match exit {
             Exit::Ended {
                 reason,
@@ -286,16 +333,13 @@ impl Hosted {
                 }
                 self.emit(RemoteEventKind::SessionEnded { reason }).await;
                 let _ = self.inputs.unsubscribe().await;
-                if let Err(err) = self.ownership.release().await {
-                    tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
+                if let Some(ownership) = self.ownership.take() {
+                    if let Err(err) = ownership.release().await {
+                        tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
+                    }
                 }
             }
-            Exit::Fenced(now) => {
-                tracing::warn!(session = %self.key, %now, "fenced: another worker owns the session; stopping without writing");
-                let _ = self.inputs.unsubscribe().await;
-                self.running.clear();
-                let _ = self.session.close().await;
-            }
+            Exit::Fenced(now) => self.finish_fenced(now).await,
             Exit::Disconnected => {
                 self.running.clear();
                 let _ = self.session.close().await;
@@ -303,10 +347,19 @@ impl Hosted {
         }
     }
 
+    /// Another worker owns the session: stop without writing anything more.
+    async fn finish_fenced(mut self, now: String) {
+        tracing::warn!(session = %self.key, %now, "fenced: another worker owns the session; stopping without writing");
+        Counts::bump(&self.hosting.counts.fenced);
+        let _ = self.inputs.unsubscribe().await;
+        self.running.clear();
+        let _ = self.session.close().await;
+    }
+
     /// Numbers `kind`, keeps it, and publishes it unless the lease cannot be trusted.
     async fn emit(&mut self, kind: RemoteEventKind) {
         let (event, json) = self.log.record(kind);
-        if self.ownership.is_valid() && self.published + 1 == event.seq {
+        if self.lease.is_valid() && self.published + 1 == event.seq {
             self.publish(json).await;
             self.published = event.seq;
         }
@@ -362,7 +415,7 @@ impl Hosted {
         let Some(reply_to) = message.reply.clone() else {
             return;
         };
-        if !self.ownership.is_valid() {
+        if !self.lease.is_valid() {
             // Not sure it still owns the session: stay silent, the gateway retries and
             // reaches whoever owns it once this is settled.
             return;
@@ -565,6 +618,20 @@ fn turn_outcome(result: Result<switchboard::RunResult, switchboard::SessionError
 fn done_outcome(result: Result<(), switchboard::SessionError>) -> InputOutcome {
     InputOutcome::Done {
         result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
+    }
+}
+
+/// The renewal under way, once it is done (never, without one: the branch is off then).
+async fn finish_renewal(
+    renewal: &mut Option<BoxFuture<'static, (Ownership, Result<(), LeaseError>)>>,
+) -> (Ownership, Result<(), LeaseError>) {
+    match renewal {
+        Some(under_way) => {
+            let done = under_way.await;
+            *renewal = None;
+            done
+        }
+        None => std::future::pending().await,
     }
 }
 
