@@ -10,7 +10,10 @@
 //!   (its first poll sends the engine message) before the next request is read, even when
 //!   its answer takes a whole turn (then its outcome comes later as an `InputDone` event);
 //! * engine events and speech are published as they come, each numbered by the event
-//!   log; a turn's `InputDone` follows its events (the loop prefers events: `biased`);
+//!   log. Each source keeps its order (the engine's events; a speech's start, chunks and
+//!   end); between the two there is no common clock, and when both have something ready
+//!   the speech goes first (a voice front's TTS waits on it). A turn's `InputDone`
+//!   follows the events and speech it produced (the loop prefers both: `biased`);
 //! * the lease is renewed every third of its length; while it cannot be trusted the loop
 //!   answers no request (the gateway retries) and holds its events back (published once
 //!   the lease is renewed); a lease lost to another worker ends the session at once, and
@@ -218,6 +221,11 @@ impl Hosted {
             let idle_at = self.hosting.idle_timeout.map(|idle| self.last_input + idle);
             tokio::select! {
                 biased;
+                // Speech first: it is what a voice front's TTS waits on.
+                speech = self.speech.recv(), if self.speech_open => match speech {
+                    Some(kind) => self.emit(kind).await,
+                    None => self.speech_open = false,
+                },
                 event = self.engine_events.recv(), if self.events_open => match event {
                     Ok(event) => {
                         if let Some(kind) = RemoteEventKind::from_session_event(&event) {
@@ -228,10 +236,6 @@ impl Hosted {
                         self.emit(RemoteEventKind::EventsDropped { missed }).await;
                     }
                     Err(broadcast::error::RecvError::Closed) => self.events_open = false,
-                },
-                speech = self.speech.recv(), if self.speech_open => match speech {
-                    Some(kind) => self.emit(kind).await,
-                    None => self.speech_open = false,
                 },
                 Some(finished) = self.running.next(), if !self.running.is_empty() => match finished {
                     Finished::Input { id, outcome } => {
@@ -309,15 +313,15 @@ impl Hosted {
                 close_input,
                 history,
             } => {
-                // What the engine said while closing, then the answers of inputs still
+                // What the session said while closing, then the answers of inputs still
                 // under way (they end quickly on a closed session), then the close.
+                while let Ok(kind) = self.speech.try_recv() {
+                    self.emit(kind).await;
+                }
                 while let Ok(event) = self.engine_events.try_recv() {
                     if let Some(kind) = RemoteEventKind::from_session_event(&event) {
                         self.emit(kind).await;
                     }
-                }
-                while let Ok(kind) = self.speech.try_recv() {
-                    self.emit(kind).await;
                 }
                 let deadline = Instant::now() + Duration::from_secs(2);
                 while let Ok(Some(Finished::Input { id, outcome })) =
