@@ -113,9 +113,19 @@ impl WorkerProcess {
         assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
     }
 
-    /// SIGSTOP: the process stops, as a paused VM or a long GC would.
+    /// SIGSTOP: the process stops, as a paused VM or a long GC would. Returns once it has
+    /// stopped (a signal is delivered asynchronously: without the wait, the worker could
+    /// still answer what the test sends next).
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
+        let mut status = 0;
+        // SAFETY: waits on our own child; WUNTRACED reports the stop without reaping it.
+        let waited = unsafe { libc::waitpid(self.pid(), &mut status, libc::WUNTRACED) };
+        assert!(
+            waited == self.pid() && libc::WIFSTOPPED(status),
+            "worker {} did not stop (waitpid {waited}, status {status:#x})",
+            self.name
+        );
     }
 
     /// SIGCONT.
