@@ -5,7 +5,7 @@
 //! ```text
 //! sb-test-worker --url nats://127.0.0.1:4222 --user switchboard --password secret \
 //!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5] \
-//!     [--no-provision]
+//!     [--idle-secs 600] [--no-provision]
 //! ```
 //!
 //! (`--token T`, `--nkey SEED` or `--creds FILE` instead of a user; `SB_NATS_PASSWORD`
@@ -131,6 +131,7 @@ struct Args {
     namespace: Namespace,
     lease: Duration,
     drain: Duration,
+    idle: Duration,
     provision: bool,
 }
 
@@ -146,6 +147,7 @@ fn parse_args() -> Result<Args, String> {
     let mut namespace = Namespace::default();
     let mut lease = Duration::from_secs(10);
     let mut drain = Duration::from_secs(5);
+    let mut idle = Duration::from_secs(600);
     let mut provision = true;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -169,6 +171,11 @@ fn parse_args() -> Result<Args, String> {
                     value()?.parse().map_err(|e| format!("--drain-secs: {e}"))?,
                 )
             }
+            "--idle-secs" => {
+                idle = Duration::from_secs_f64(
+                    value()?.parse().map_err(|e| format!("--idle-secs: {e}"))?,
+                )
+            }
             "--no-provision" => provision = false,
             other => return Err(format!("unknown argument {other}")),
         }
@@ -190,6 +197,7 @@ fn parse_args() -> Result<Args, String> {
         namespace,
         lease,
         drain,
+        idle,
         provision,
     })
 }
@@ -201,6 +209,7 @@ async fn run(args: Args) -> Result<(), String> {
         .capacity(args.capacity)
         .namespace(args.namespace)
         .lease(args.lease)
+        .idle_timeout(Some(args.idle))
         .provision(args.provision);
     let worker = Worker::start(client, engine, TestAgents, options)
         .await
