@@ -188,7 +188,14 @@ impl RemoteShared {
 }
 
 /// A session on the cluster: the host API of a local session, over NATS. Cheap to clone;
-/// every clone talks to the same session. See the [module docs](self).
+/// every clone talks to the same session.
+///
+/// Inputs go out one at a time, in the order they were given, each with the next id, and
+/// an unanswered one is sent again with the same id (the owner applies each id once). A
+/// call whose answer takes time (a turn, a handoff, the history, a close) resolves when
+/// its `InputDone` event arrives. Events arrive in sequence order, once each; missed ones
+/// are asked for again. Dropping the last handle of a session this gateway started
+/// closes it, as dropping a local `Session` does.
 #[derive(Clone)]
 pub struct RemoteSession {
     inner: Arc<Remote>,
