@@ -295,7 +295,7 @@ impl Worker {
     /// Stops taking sessions, lets the live ones settle until `deadline` from now,
     /// interrupts those that have not, closes them all, releases their ownership and
     /// tells their fronts; then flushes the connection. Returns once every session ended.
-    pub async fn drain(mut self, deadline: Duration) -> Result<DrainReport, WorkerError> {
+    pub async fn drain(self, deadline: Duration) -> Result<DrainReport, WorkerError> {
         let began = Instant::now();
         let sessions = self.info().live;
         self.shared
@@ -309,7 +309,6 @@ impl Worker {
         // Every permit back: the pull loop stopped and every session's owner record says
         // `Ended`.
         let all_back = tokio::time::timeout(waited, self.shared.slots.acquire_many(capacity)).await;
-        self.tasks.abort_all();
         let _ = self.shared.hosting.client.nats().flush().await;
         match all_back {
             Ok(_) => Ok(DrainReport {
@@ -355,6 +354,20 @@ pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<
     .await
     .map_err(setup("owners bucket"))?;
     Ok(())
+}
+
+impl Drop for Worker {
+    /// Stops every task of the worker, its sessions' too. The session tasks hold the
+    /// worker's shared state (which holds their set): without this, they would keep each
+    /// other alive and the sessions would run on after the `Worker` is gone.
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+        self.shared
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .abort_all();
+    }
 }
 
 impl Shared {
