@@ -47,25 +47,25 @@
 //!
 //! * **No over-admission, no double dispatch.** A worker never holds more sessions than
 //!   its capacity, and no session runs twice: a job becomes a session only after its
-//!   owner record was created by compare-and-set (`tests/dispatch_never_over_admits.rs`:
+//!   owner record was created by compare-and-set (`tests/cluster/dispatch_never_over_admits.rs`:
 //!   1,000 starts in a burst against four worker processes).
 //! * **Exactly-once inputs.** Every input carries an id; the gateway sends a session's
 //!   inputs one at a time and retries an unanswered one with the same id; the owner
 //!   applies each id once and answers a retry with the first answer
-//!   (`tests/inputs_apply_exactly_once.rs`, retries forced by freezing the worker).
+//!   (`tests/cluster/inputs_apply_exactly_once.rs`, retries forced by freezing the worker).
 //! * **Ordered, complete events.** The owner numbers its events; the gateway delivers
 //!   them in order, once each, and asks the owner for the ones it missed (a gap, a
 //!   reconnection); those the owner no longer has arrive as one `EventsLost` event
-//!   (`tests/sessions_survive_a_server_restart.rs`).
+//!   (`tests/cluster/sessions_survive_a_server_restart.rs`).
 //! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing and
 //!   publishes nothing; one that finds another owner's record stops the session without
-//!   writing anything more (`tests/a_paused_worker_is_fenced.rs`).
+//!   writing anything more (`tests/cluster/a_paused_worker_is_fenced.rs`).
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
 //!   ([`NatsConnect`]); tenants are NATS accounts; [`Permissions`] gives each role only
-//!   its subjects (`tests/who_may_connect.rs`).
+//!   its subjects (`tests/cluster/who_may_connect.rs`).
 //! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
 //!   interrupts the rest, closes them and releases them
-//!   (`tests/drain_closes_and_releases.rs`).
+//!   (`tests/cluster/drain_closes_and_releases.rs`).
 //!
 //! Not yet (phase 2, with the engine's snapshots): a drained session resumed on another
 //! worker, and a crashed worker's sessions claimed from their last snapshot. Until then a

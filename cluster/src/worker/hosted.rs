@@ -23,10 +23,10 @@
 //!   `InputDone` of the close, `SessionEnded`, and writes the `Ended` owner record.
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
-//! (`tests/inputs_apply_exactly_once.rs`); a gateway gets every event in order across a
-//! server restart (`tests/sessions_survive_a_server_restart.rs`); a drained session ends
+//! (`tests/cluster/inputs_apply_exactly_once.rs`); a gateway gets every event in order across a
+//! server restart (`tests/cluster/sessions_survive_a_server_restart.rs`); a drained session ends
 //! with `SessionEnded { reason: Drained }` and its owner record says `Ended`
-//! (`tests/drain_closes_and_releases.rs`).
+//! (`tests/cluster/drain_closes_and_releases.rs`).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};

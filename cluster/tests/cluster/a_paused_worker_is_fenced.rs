@@ -4,7 +4,7 @@
 //! thawed, stops the session without writing anything more — no event, no answer, no
 //! owner record.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use switchboard_cluster::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_paused_past_its_lease_stops_without_writing() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let worker = WorkerProcess::start(&server, "w1", 2, &["--lease-secs", "1"]);
     let gateway = common::gateway(

@@ -2,7 +2,7 @@
 //! local session, as a voice front would: it plays the speech it is sent and reports each
 //! playout back.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -49,6 +49,7 @@ fn voice_front(session: &RemoteSession) -> tokio::task::JoinHandle<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let _worker = WorkerProcess::start(&server, "w1", 4, &[]);
     let gateway = common::gateway(&server, GatewayOptions::new()).await;
@@ -165,6 +166,7 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn starts_that_cannot_work_fail_saying_why() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let _worker = WorkerProcess::start(&server, "w1", 2, &[]);
     let gateway = common::gateway(&server, GatewayOptions::new()).await;

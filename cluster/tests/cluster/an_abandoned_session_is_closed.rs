@@ -2,7 +2,7 @@
 //! forever: after the worker's idle timeout with no input, the session closes, its owner
 //! record says ended, and the slot is free.
 
-mod common;
+use crate::common;
 
 use common::{event_where, WorkerProcess};
 use switchboard_cluster::local::NatsServer;
@@ -10,6 +10,7 @@ use switchboard_cluster::{EndReason, GatewayOptions, RemoteEventKind, SessionSpe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_without_input_for_the_idle_timeout_closes_and_frees_its_slot() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let _worker = WorkerProcess::start(&server, "w1", 1, &["--idle-secs", "0.3"]);
     let gateway = common::gateway(&server, GatewayOptions::new()).await;

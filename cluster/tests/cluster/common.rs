@@ -1,6 +1,6 @@
-//! Helpers shared by the cluster's tests: worker processes (the crate's `sb-test-worker`
-//! binary) to start, freeze, thaw, drain and kill, and bounded waits that fail saying what
-//! they waited for.
+//! Helpers shared by the cluster's tests: one test at a time, worker processes (the
+//! crate's `sb-test-worker` binary) to start, freeze, thaw, drain and kill, and bounded
+//! waits that fail saying what they waited for.
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -23,6 +23,17 @@ use tokio::sync::watch;
 
 /// How long any single wait of a test may take before it fails.
 pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Held for the whole of a test, so the tests of this binary run one at a time: each
+/// starts its own server and worker processes, and some measure time (a 1 s lease, a
+/// 0.3 s idle timeout) that a thousand sessions of another test on the same two cores
+/// would stretch.
+/// (tokio's lock: it is held across awaits, and each test has its own runtime; it does not
+/// poison, so a failed test does not fail the next ones.)
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
 
 /// A worker process.
 pub struct WorkerProcess {

@@ -8,7 +8,7 @@
 //! writes `Ended` before it frees the slot, so the live set of a worker at any point of
 //! that order is a lower bound of what it held, never an over-count.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 
@@ -35,6 +35,7 @@ struct Witness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_a_thousand_starts_never_over_admits_and_runs_each_session_once() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let workers: Vec<WorkerProcess> = (0..WORKERS)
         .map(|i| WorkerProcess::start(&server, &format!("w{i}"), CAPACITY, &[]))

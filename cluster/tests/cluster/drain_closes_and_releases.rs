@@ -3,7 +3,7 @@
 //! owner records as ended, tells their fronts, and exits; new sessions go to the other
 //! worker. (Phase 1: the sessions end. With snapshots they will be resumed elsewhere.)
 
-mod common;
+use crate::common;
 
 use async_nats::jetstream;
 use common::{event_where, within, WorkerProcess, PATIENCE};
@@ -15,6 +15,7 @@ use switchboard_cluster::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_draining_worker_settles_interrupts_closes_and_releases_its_sessions() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let mut draining = WorkerProcess::start(&server, "w1", 4, &["--drain-secs", "0.5"]);
     let gateway = common::gateway(&server, GatewayOptions::new()).await;

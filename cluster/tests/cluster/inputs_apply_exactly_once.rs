@@ -7,7 +7,7 @@
 //! applies nothing). The session's own history is the count: each text the gateway sent
 //! appears exactly once, in order.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -17,6 +17,7 @@ use switchboard_cluster::{GatewayOptions, SessionSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_accepted_input_is_applied_once_even_when_the_gateway_retries() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let worker = WorkerProcess::start(&server, "w1", 4, &[]);
     // Short attempts, so a frozen owner costs retries, not seconds.

@@ -3,7 +3,7 @@
 //! applied once it is back, the session goes on, its subscriber sees every event in order
 //! without a hole, and new sessions start again.
 
-mod common;
+use crate::common;
 
 use common::{within, WorkerProcess};
 use switchboard_cluster::local::NatsServer;
@@ -11,6 +11,7 @@ use switchboard_cluster::{GatewayOptions, RemoteEventKind, SessionSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_and_gateway_reconnect_after_a_server_restart_and_sessions_go_on() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let mut server = NatsServer::start().unwrap();
     let _workers = [
         WorkerProcess::start(&server, "w1", 4, &[]),

@@ -3,7 +3,7 @@
 //! tenant's sessions, and inside a tenant each role is held to the subjects
 //! `Permissions` gives it — the server refuses the rest, and the gateway says so.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use switchboard_cluster::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_without_credentials_is_refused() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let refused =
         |result: Result<_, ConnectError>| matches!(result, Err(ConnectError::Refused { .. }));
@@ -79,6 +80,7 @@ fn two_tenants() -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_tenant_cannot_reach_another_and_each_role_keeps_to_its_subjects() {
+    let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::builder().config(two_tenants()).start().unwrap();
     let connect = |user: &str| {
         NatsConnect::new(server.url())
