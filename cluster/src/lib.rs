@@ -1,0 +1,136 @@
+//! Sessions on many machines: switchboard sessions run on a pool of worker processes
+//! behind [NATS](https://nats.io) with JetStream, and the host's front drives each one
+//! through a gateway without knowing which worker holds it (SPEC §15).
+//!
+//! NATS does the delivery; JetStream's work-queue stream and KV bucket do the queue and
+//! the ownership. This crate adds no consensus or discovery of its own. An embedding that
+//! does not cluster does not depend on it, and builds no NATS code.
+//!
+//! # The roles
+//!
+//! * A **worker** ([`Worker`]) runs sessions on a switchboard [`Engine`](switchboard::Engine).
+//!   It pulls a session to start from the jobs stream only when it has a free slot
+//!   (its capacity is a hard bound), claims the session's owner record in the owners
+//!   bucket by compare-and-set, keeps that record's lease alive, and serves the session's
+//!   subjects. Agents and tools are code, so the worker's program supplies a
+//!   [`SessionFactory`] that builds each session from its [`SessionSpec`] (an agent name
+//!   and free-form JSON).
+//! * A **gateway** ([`Gateway`]) is what the host's front (a WebSocket server, a telephony
+//!   edge, a chat backend) holds: [`Gateway::start_session`] returns a [`RemoteSession`]
+//!   with the host API of a local session — `run`, `generate_reply`, `say`,
+//!   `transcript`, user speaking, `interrupt`, `update_agent`, playout reports, events
+//!   with sequence numbers, `history`, `close`.
+//!
+//! ```no_run
+//! use switchboard_cluster::{Gateway, GatewayOptions, NatsConnect, SessionSpec};
+//!
+//! # async fn front() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = NatsConnect::new("nats://nats.internal:4222")
+//!     .user_and_password("front", "…")
+//!     .connect()
+//!     .await?;
+//! let gateway = Gateway::new(client, GatewayOptions::new());
+//! let session = gateway.start_session(SessionSpec::new("receptionist")).await?;
+//! let mut events = session.subscribe_from(1); // speech chunks for the TTS, state, …
+//! let turn = session.run("I'd like a table for two").await?;
+//! println!("{:?}", turn.assistant_messages().collect::<Vec<_>>());
+//! session.close().await?;
+//! # drop(events);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `examples/local_cluster.rs` runs all of it on one machine: a local server, a worker, a
+//! gateway and a session.
+//!
+//! # What holds
+//!
+//! * **No over-admission, no double dispatch.** A worker never holds more sessions than
+//!   its capacity, and no session runs twice: a job becomes a session only after its
+//!   owner record was created by compare-and-set (`tests/cluster/dispatch_never_over_admits.rs`:
+//!   1,000 starts in a burst against four worker processes).
+//! * **Exactly-once inputs.** Every input carries an id; the gateway sends a session's
+//!   inputs one at a time and retries an unanswered one with the same id; the owner
+//!   applies each id once and answers a retry with the first answer
+//!   (`tests/cluster/inputs_apply_exactly_once.rs`, retries forced by freezing the worker).
+//! * **Ordered, complete events.** The owner numbers its events; the gateway delivers
+//!   them in order, once each, and asks the owner for the ones it missed (a gap, a
+//!   reconnection); those the owner no longer has arrive as one `EventsLost` event
+//!   (`tests/cluster/sessions_survive_a_server_restart.rs`).
+//! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing and
+//!   publishes nothing; one that finds another owner's record stops the session without
+//!   writing anything more (`tests/cluster/a_paused_worker_is_fenced.rs`).
+//! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
+//!   ([`NatsConnect`]); tenants are NATS accounts; [`Permissions`] gives each role only
+//!   its subjects (`tests/cluster/who_may_connect.rs`).
+//! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
+//!   interrupts the rest, closes them and releases them
+//!   (`tests/cluster/drain_closes_and_releases.rs`).
+//!
+//! Not yet (phase 2, with the engine's snapshots): a drained session resumed on another
+//! worker, and a crashed worker's sessions claimed from their last snapshot. Until then a
+//! worker's crash ends its sessions: their fronts get `GatewayError::Unreachable`.
+//!
+//! # Layout
+//!
+//! One concept per file:
+//!
+//! | file | what |
+//! |---|---|
+//! | `namespace.rs` | [`Namespace`]: every subject, stream and bucket name, from one prefix; [`SessionKey`] |
+//! | `spec.rs` | [`SessionSpec`], [`OutputMode`], [`SessionFactory`] |
+//! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, [`WorkerInfo`] |
+//! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
+//! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
+//! | `ownership.rs` | the owners bucket: claim, lease, fencing, release ([`OwnerRecord`]) |
+//! | `worker.rs` | [`Worker`]: the pull loop, capacity, drain, [`provision`] |
+//! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, end |
+//! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log, the speech output that publishes, the counters |
+//! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
+//! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
+//! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |
+//! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
+//! | `permissions.rs` | [`Permissions`] of a gateway and a worker |
+//! | `local.rs` | [`local::NatsServer`]: a real `nats-server` for tests, examples and a laptop |
+//!
+//! The subjects, streams and buckets, who writes what, and what happens on each fault are
+//! in ARCHITECTURE.md, "The cluster".
+
+#![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
+#![deny(unused_must_use)]
+
+mod connect;
+mod dispatch;
+mod gateway;
+pub mod local;
+mod namespace;
+mod ownership;
+mod permissions;
+mod protocol;
+mod remote_event;
+mod remote_session;
+mod spec;
+mod worker;
+
+pub use connect::{ClusterClient, ConnectError, NatsConnect};
+pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
+pub use namespace::{NameError, Namespace, SessionKey};
+pub use ownership::{OwnerRecord, OwnerState};
+pub use permissions::Permissions;
+pub use protocol::WorkerInfo;
+pub use remote_event::{
+    EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
+    RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
+};
+pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
+pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
+pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};
+
+#[allow(dead_code)]
+fn _assert_handles_are_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Gateway>();
+    check::<RemoteSession>();
+    check::<ClusterClient>();
+    check::<Worker>();
+}

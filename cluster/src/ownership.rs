@@ -1,0 +1,396 @@
+//! Ownership: which worker runs a session, recorded in the owners KV bucket, with a lease
+//! and an epoch.
+//!
+//! Every write to a session's key is a compare-and-set (`Nats-Expected-Last-Subject-
+//! Sequence`: the revision the writer last saw, 0 for "no key") carrying a per-message
+//! TTL (`Nats-TTL`). So:
+//!
+//! * **Claim** creates the key: two workers claiming one session cannot both succeed.
+//! * **The lease is the TTL.** The owner rewrites its record every third of the lease;
+//!   a record not rewritten in time is removed by the server itself (it leaves a delete
+//!   marker), with no clock of any worker involved.
+//! * **Fencing.** The owner trusts its lease only until `sent + lease − lease/5`, measured
+//!   on its own monotonic clock from when it *sent* the last renewal that succeeded, so
+//!   it stops acting before the server can have expired the record. A renewal refused
+//!   because the revision moved means another worker wrote the key: the owner is fenced
+//!   and stops without writing anything more. A renewal that finds the key merely expired
+//!   (a marker, nobody else's record) re-creates it with the same epoch — nobody else held
+//!   that epoch — and goes on.
+//! * **Release** writes an `Ended` record (same compare-and-set) that lives for the
+//!   bucket's ended-retention, so a job redelivered late, or a host id used again, cannot
+//!   start the same session a second time.
+//!
+//! The epoch starts at 1; a claim from a snapshot (phase 2) takes the snapshot's epoch
+//! plus one, so events and snapshot writes of a stale owner lose to the new one.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv::{self, Operation};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::namespace::{Namespace, SessionKey};
+
+/// What the owners bucket says about one session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnerRecord {
+    /// The worker that owns (or owned) it.
+    pub worker: String,
+    /// The owner's epoch.
+    pub epoch: u64,
+    /// Whether it runs.
+    pub state: OwnerState,
+}
+
+/// Whether an owned session runs. (Phase 2 adds the state of a session handed back for
+/// another worker to resume.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OwnerState {
+    /// It runs on `worker`.
+    Running,
+    /// It ended there; the record stays for the ended-retention so it is not started
+    /// again.
+    Ended,
+}
+
+/// Why a session could not be claimed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ClaimError {
+    /// Another worker owns it, or it ran and ended.
+    #[error("session {session} is already {state:?} on {worker} (epoch {epoch})")]
+    Taken {
+        session: SessionKey,
+        worker: String,
+        epoch: u64,
+        state: OwnerState,
+    },
+    /// The bucket could not be written or read.
+    #[error("cannot write the owner of {session}: {reason}")]
+    Unreachable { session: SessionKey, reason: String },
+}
+
+/// Why a lease could not be renewed or released.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LeaseError {
+    /// Another worker wrote the session's key: this one is fenced.
+    #[error("lost ownership of {session}: {now}")]
+    Lost { session: SessionKey, now: String },
+    /// The bucket could not be reached; the lease holds until it runs out.
+    #[error("cannot renew the lease of {session}: {reason}")]
+    Unreachable { session: SessionKey, reason: String },
+}
+
+/// The owners bucket, as workers use it.
+#[derive(Clone, Debug)]
+pub(crate) struct Owners {
+    js: jetstream::Context,
+    store: kv::Store,
+    lease: Duration,
+    ended_retention: Duration,
+}
+
+impl Owners {
+    /// Opens the bucket, creating it when it does not exist yet. TTLs count in whole
+    /// seconds, so `lease` is rounded up to one.
+    pub(crate) async fn open(
+        js: jetstream::Context,
+        namespace: &Namespace,
+        lease: Duration,
+        ended_retention: Duration,
+        create: bool,
+    ) -> Result<Self, String> {
+        let bucket = namespace.owners_bucket();
+        let store = match js.get_key_value(&bucket).await {
+            Ok(store) => store,
+            Err(_) if create => {
+                let config = kv::Config {
+                    bucket: bucket.clone(),
+                    description:
+                        "switchboard: session owners (one record per session; its TTL is the lease)"
+                            .into(),
+                    history: 1,
+                    // Per-message TTLs on; the marker an expired lease leaves stays a minute.
+                    limit_markers: Some(Duration::from_secs(60)),
+                    ..Default::default()
+                };
+                match js.create_key_value(config).await {
+                    Ok(store) => store,
+                    // Another worker may have created it in between.
+                    Err(create) => js.get_key_value(&bucket).await.map_err(|_| {
+                        format!("cannot create the owners bucket {bucket}: {create}")
+                    })?,
+                }
+            }
+            Err(err) => return Err(format!("no owners bucket {bucket}: {err}")),
+        };
+        Ok(Self {
+            js,
+            store,
+            lease: round_up_to_second(lease),
+            ended_retention: round_up_to_second(ended_retention),
+        })
+    }
+
+    /// Claims `session` for `worker` at `epoch`: succeeds only if no live record exists.
+    pub(crate) async fn claim(
+        &self,
+        session: &SessionKey,
+        worker: &str,
+        epoch: u64,
+    ) -> Result<Ownership, ClaimError> {
+        let record = OwnerRecord {
+            worker: worker.to_owned(),
+            epoch,
+            state: OwnerState::Running,
+        };
+        let unreachable = |reason: String| ClaimError::Unreachable {
+            session: session.clone(),
+            reason,
+        };
+        let mut expected = 0;
+        // Two rounds: the second after reading what stood in the way (an expired lease's
+        // marker is overwritten by naming its revision).
+        for _ in 0..3 {
+            let sent = Instant::now();
+            match self.write(session, &record, expected, self.lease).await {
+                Ok(revision) => {
+                    return Ok(Ownership {
+                        owners: self.clone(),
+                        session: session.clone(),
+                        record,
+                        revision,
+                        clock: LeaseClock::until(self.valid_until(sent)),
+                    })
+                }
+                Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
+                    Current::Absent => expected = 0,
+                    Current::Marker(revision) => expected = revision,
+                    Current::Record(_, current) => {
+                        return Err(ClaimError::Taken {
+                            session: session.clone(),
+                            worker: current.worker,
+                            epoch: current.epoch,
+                            state: current.state,
+                        })
+                    }
+                },
+                Err(WriteError::Other(reason)) => return Err(unreachable(reason)),
+            }
+        }
+        Err(unreachable("the key kept changing under the claim".into()))
+    }
+
+    /// Until when a write sent at `sent` makes the lease trustworthy: a fifth of the lease
+    /// before the server may expire it.
+    fn valid_until(&self, sent: Instant) -> Instant {
+        sent + self.lease - self.lease / 5
+    }
+
+    /// Writes `record` if the key's last revision is `expected` (0: no key), with `ttl`.
+    async fn write(
+        &self,
+        session: &SessionKey,
+        record: &OwnerRecord,
+        expected: u64,
+        ttl: Duration,
+    ) -> Result<u64, WriteError> {
+        let payload =
+            serde_json::to_vec(record).map_err(|err| WriteError::Other(err.to_string()))?;
+        let subject = format!(
+            "{}{}",
+            self.store.put_prefix.as_ref().unwrap_or(&self.store.prefix),
+            session
+        );
+        let message = PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .expected_last_subject_sequence(expected)
+            .ttl(ttl);
+        let ack = self
+            .js
+            .send_publish(subject, message)
+            .await
+            .map_err(|err| WriteError::Other(err.to_string()))?
+            .await;
+        match ack {
+            Ok(ack) => Ok(ack.sequence),
+            Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Moved),
+            Err(err) => Err(WriteError::Other(err.to_string())),
+        }
+    }
+
+    /// What the key holds now.
+    async fn read(&self, session: &SessionKey) -> Result<Current, String> {
+        match self.store.entry(session.as_str()).await {
+            Ok(None) => Ok(Current::Absent),
+            Ok(Some(entry)) => match entry.operation {
+                Operation::Delete | Operation::Purge => Ok(Current::Marker(entry.revision)),
+                Operation::Put => serde_json::from_slice(&entry.value)
+                    .map(|record| Current::Record(entry.revision, record))
+                    .map_err(|err| format!("unreadable owner record of {session}: {err}")),
+            },
+            Err(err) => Err(err.to_string()),
+        }
+    }
+}
+
+enum WriteError {
+    /// The key's revision is not the expected one.
+    Moved,
+    Other(String),
+}
+
+enum Current {
+    Absent,
+    /// The marker an expired lease left, with its revision.
+    Marker(u64),
+    Record(u64, OwnerRecord),
+}
+
+/// Until when an owner may act on its lease, readable while a renewal is under way.
+/// Cheap to clone; the clones share one deadline.
+#[derive(Clone, Debug)]
+pub(crate) struct LeaseClock {
+    base: Instant,
+    /// Nanoseconds after `base`.
+    valid_until: Arc<AtomicU64>,
+}
+
+impl LeaseClock {
+    fn until(at: Instant) -> Self {
+        let clock = Self {
+            base: Instant::now(),
+            valid_until: Arc::new(AtomicU64::new(0)),
+        };
+        clock.set(at);
+        clock
+    }
+
+    fn set(&self, at: Instant) {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        self.valid_until
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Whether the lease can be trusted now (see the module docs).
+    pub(crate) fn is_valid(&self) -> bool {
+        let now = Instant::now()
+            .saturating_duration_since(self.base)
+            .as_nanos();
+        u128::from(self.valid_until.load(Ordering::SeqCst)) > now
+    }
+}
+
+/// One worker's ownership of one session: its record, the revision it last wrote, and
+/// until when it may act on it.
+#[derive(Debug)]
+pub(crate) struct Ownership {
+    owners: Owners,
+    session: SessionKey,
+    record: OwnerRecord,
+    revision: u64,
+    clock: LeaseClock,
+}
+
+impl Ownership {
+    /// The owner's epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.record.epoch
+    }
+
+    /// The lease's clock, to read while the ownership is away being renewed.
+    pub(crate) fn clock(&self) -> LeaseClock {
+        self.clock.clone()
+    }
+
+    /// How often to renew: a third of the lease.
+    pub(crate) fn renew_every(&self) -> Duration {
+        self.owners.lease / 3
+    }
+
+    /// Rewrites the record (compare-and-set on the last revision) to extend the lease.
+    pub(crate) async fn renew(&mut self) -> Result<(), LeaseError> {
+        let record = self.record.clone();
+        self.write_over(&record, self.owners.lease).await
+    }
+
+    /// Writes the `Ended` record (compare-and-set), kept for the ended-retention.
+    pub(crate) async fn release(mut self) -> Result<(), LeaseError> {
+        let mut record = self.record.clone();
+        record.state = OwnerState::Ended;
+        self.write_over(&record, self.owners.ended_retention).await
+    }
+
+    /// Writes `record` over the revision this owner wrote last. When that revision moved,
+    /// reads why: another worker's record means this one is fenced; an expired lease (a
+    /// marker, or no key) that nobody took is written over with the same epoch — nobody
+    /// else held it.
+    async fn write_over(&mut self, record: &OwnerRecord, ttl: Duration) -> Result<(), LeaseError> {
+        let mut expected = self.revision;
+        for _ in 0..3 {
+            let sent = Instant::now();
+            match self
+                .owners
+                .write(&self.session, record, expected, ttl)
+                .await
+            {
+                Ok(revision) => {
+                    if expected != self.revision {
+                        tracing::warn!(session = %self.session, "the lease had expired; took it back");
+                    }
+                    self.revision = revision;
+                    self.clock.set(self.owners.valid_until(sent));
+                    return Ok(());
+                }
+                Err(WriteError::Moved) => {
+                    expected = match self.owners.read(&self.session).await.map_err(|reason| {
+                        LeaseError::Unreachable {
+                            session: self.session.clone(),
+                            reason,
+                        }
+                    })? {
+                        Current::Absent => 0,
+                        Current::Marker(revision) => revision,
+                        // Our own record: an earlier write whose answer was lost did land.
+                        Current::Record(revision, current)
+                            if current.worker == self.record.worker
+                                && current.epoch == self.record.epoch =>
+                        {
+                            revision
+                        }
+                        Current::Record(_, current) => {
+                            return Err(LeaseError::Lost {
+                                session: self.session.clone(),
+                                now: format!(
+                                    "{:?} on {} at epoch {}",
+                                    current.state, current.worker, current.epoch
+                                ),
+                            })
+                        }
+                    };
+                }
+                Err(WriteError::Other(reason)) => {
+                    return Err(LeaseError::Unreachable {
+                        session: self.session.clone(),
+                        reason,
+                    })
+                }
+            }
+        }
+        Err(LeaseError::Unreachable {
+            session: self.session.clone(),
+            reason: "the key kept changing under the write".into(),
+        })
+    }
+}
+
+fn round_up_to_second(d: Duration) -> Duration {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    Duration::from_secs(secs.max(1))
+}

@@ -1,0 +1,160 @@
+//! What a gateway and a worker say to each other, as JSON: the job that starts a session,
+//! the requests on a session's input subject (inputs, each with its id, and replays of
+//! missed events) and their replies, and a worker's counts.
+//!
+//! Events go the other way as [`RemoteEvent`](crate::RemoteEvent)s
+//! (`remote_event.rs`); the subjects are in `namespace.rs`.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use switchboard::SpeechId;
+
+use crate::namespace::SessionKey;
+use crate::remote_event::{EndReason, RemoteEvent, RemoteFailure};
+use crate::spec::SessionSpec;
+
+/// A session to start, published on the jobs subject with the session id as its
+/// `Nats-Msg-Id` (a retried publish is dropped by the stream as a duplicate).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SessionJob {
+    /// The session's id.
+    pub(crate) session: SessionKey,
+    /// What to start.
+    pub(crate) spec: SessionSpec,
+}
+
+/// A request on `<ns>.session.<id>.in`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "request", rename_all = "snake_case")]
+pub(crate) enum Request {
+    /// A host input. Ids are 1, 2, 3, … per session, sent one at a time; a retry repeats
+    /// the id, and the owner applies each id once.
+    Input {
+        /// The input's id.
+        id: u64,
+        /// The input.
+        input: Input,
+    },
+    /// The events from `from` on that the owner still has (a gateway that missed some).
+    Replay {
+        /// The first sequence number wanted.
+        from: u64,
+    },
+}
+
+/// A host input: the host API of a session (SPEC §8), as data.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "input", rename_all = "snake_case")]
+pub(crate) enum Input {
+    /// `Session::run`: a user turn from text.
+    Run { text: String },
+    /// `Session::generate_reply`.
+    GenerateReply { instructions: Option<String> },
+    /// `Session::say_with`.
+    Say {
+        text: String,
+        allow_interruptions: Option<bool>,
+        add_to_chat: bool,
+    },
+    /// `Session::transcript`.
+    Transcript { text: String, is_final: bool },
+    /// `Session::user_started_speaking`.
+    UserStartedSpeaking,
+    /// `Session::user_stopped_speaking`.
+    UserStoppedSpeaking,
+    /// `Session::interrupt` / `force_interrupt`.
+    Interrupt { force: bool },
+    /// `Session::update_agent` with the agent the worker's factory builds.
+    UpdateAgent { agent: String, data: Value },
+    /// `PlayoutReporter::playout_finished`, from a voice front.
+    PlayoutFinished {
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+    },
+    /// `Session::history`.
+    History,
+    /// `Session::close`.
+    Close,
+}
+
+impl Input {
+    /// The input's name, for errors and logs.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Self::Run { .. } => "run",
+            Self::GenerateReply { .. } => "generate_reply",
+            Self::Say { .. } => "say",
+            Self::Transcript { .. } => "transcript",
+            Self::UserStartedSpeaking => "user_started_speaking",
+            Self::UserStoppedSpeaking => "user_stopped_speaking",
+            Self::Interrupt { .. } => "interrupt",
+            Self::UpdateAgent { .. } => "update_agent",
+            Self::PlayoutFinished { .. } => "playout_finished",
+            Self::History => "history",
+            Self::Close => "close",
+        }
+    }
+}
+
+/// The owner's reply to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub(crate) enum Reply {
+    /// The input is applied (now, or earlier when this is a retry: the same answer).
+    Applied { id: u64, answer: Answer },
+    /// The session is ending or ended: nothing was applied.
+    Ended { reason: EndReason },
+    /// The id is not the next one: inputs were lost in between. Phase 1 cannot resend
+    /// them, so the gateway reports it.
+    OutOfOrder { expected: u64 },
+    /// Events for a [`Request::Replay`], in order. `complete` is false when more follow
+    /// (ask again from after the last one).
+    Replay {
+        events: Vec<RemoteEvent>,
+        complete: bool,
+    },
+}
+
+/// What applying an input gave at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub(crate) enum Answer {
+    /// Done: nothing more comes.
+    Done,
+    /// Under way: its outcome comes as an `InputDone` event with this input's id.
+    Pending,
+    /// A `say` was queued as this speech.
+    Speech { speech: SpeechId },
+    /// Refused (the factory does not know the agent, the session refused it).
+    Failed { failure: RemoteFailure },
+}
+
+/// A worker's counts, answered on `<ns>.worker.<name>.info`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct WorkerInfo {
+    /// The worker's name.
+    pub name: String,
+    /// How many sessions it may hold at once.
+    pub capacity: usize,
+    /// How many it holds now.
+    pub live: usize,
+    /// The most it ever held at once.
+    pub max_live: usize,
+    /// Sessions it started.
+    pub started: u64,
+    /// Sessions that ended on it.
+    pub ended: u64,
+    /// Jobs it took that it could not start (claimed elsewhere, a factory error).
+    pub refused: u64,
+    /// Inputs it applied.
+    pub inputs_applied: u64,
+    /// Retried inputs it recognised and did not apply again.
+    pub inputs_repeated: u64,
+    /// Sessions it stopped because another worker took them over (its lease had run
+    /// out), without writing anything more.
+    pub fenced: u64,
+    /// Whether it is draining (takes no new sessions).
+    pub draining: bool,
+}

@@ -1,0 +1,127 @@
+//! What a session is made of, across machines: a [`SessionSpec`] travels (serde), and a
+//! [`SessionFactory`] on each worker turns it into a `SessionBuilder`, because agents and
+//! tools are code that only the worker's binary has.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use switchboard::{Agent, SessionBuilder};
+
+/// What a front asks for when it starts a session: which agent to begin with and the
+/// free-form data your factory reads (a caller's number, a tenant's settings, a booking
+/// id). It travels as JSON through the jobs stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SessionSpec {
+    /// The first agent's name, as your [`SessionFactory`] knows it.
+    pub agent: String,
+    /// Anything your factory needs to build the session (default `null`).
+    #[serde(default)]
+    pub data: Value,
+    /// How the front plays speech (default: text, played once streamed).
+    #[serde(default)]
+    pub output: OutputMode,
+}
+
+impl SessionSpec {
+    /// A session that starts with `agent`, no data, text output.
+    pub fn new(agent: impl Into<String>) -> Self {
+        Self {
+            agent: agent.into(),
+            data: Value::Null,
+            output: OutputMode::Text,
+        }
+    }
+
+    /// Sets the data your factory reads.
+    pub fn data(mut self, data: Value) -> Self {
+        self.data = data;
+        self
+    }
+
+    /// Sets how the front plays speech.
+    pub fn output(mut self, output: OutputMode) -> Self {
+        self.output = output;
+        self
+    }
+}
+
+/// How the front on the other side of the gateway plays the agent's speech.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum OutputMode {
+    /// A chat front: a speech has played once its text is complete.
+    #[default]
+    Text,
+    /// A voice front: it speaks the text (TTS) and reports each speech's playout with
+    /// `RemoteSession::playout_finished`; the agent counts as speaking until then.
+    Voice {
+        /// Whether the front can pause and resume a speech, so a barge-in pauses before it
+        /// interrupts.
+        pausable: bool,
+    },
+}
+
+/// Why a factory could not build what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FactoryError {
+    /// No agent of that name.
+    #[error("no agent named {name:?}; this worker knows {known:?}")]
+    UnknownAgent {
+        /// The name asked for.
+        name: String,
+        /// The names it knows.
+        known: Vec<String>,
+    },
+    /// The spec's data does not fit the agent.
+    #[error("the data for agent {agent:?} is not usable: {reason}")]
+    InvalidData {
+        /// The agent.
+        agent: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The agent or session could not be built.
+    #[error(transparent)]
+    Build(#[from] switchboard::BuildError),
+}
+
+/// Builds sessions and agents from their names and data: the code a worker runs.
+///
+/// The worker calls [`SessionFactory::session`] for each session it starts and then sets
+/// the builder's output to one that publishes the speech to the front (an output set by
+/// the factory is replaced). [`SessionFactory::agent`] builds the agent a front's
+/// `update_agent` names (and, with snapshots, each agent of a session being restored).
+///
+/// ```
+/// use switchboard::prelude::*;
+/// use switchboard::testing::{Reply, ScriptedLlm};
+/// use switchboard::SessionBuilder;
+/// use switchboard_cluster::{FactoryError, SessionFactory, SessionSpec};
+///
+/// struct Concierge;
+///
+/// impl SessionFactory for Concierge {
+///     fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
+///         let llm = ScriptedLlm::new([]);
+///         llm.otherwise(Reply::text("Welcome!"));
+///         Ok(Session::builder().llm(llm).agent(self.agent(&spec.agent, &spec.data)?))
+///     }
+///
+///     fn agent(&self, name: &str, _data: &serde_json::Value) -> Result<Agent, FactoryError> {
+///         match name {
+///             "concierge" => Ok(Agent::builder("concierge").instructions("Greet.").build()?),
+///             _ => Err(FactoryError::UnknownAgent { name: name.into(), known: vec!["concierge".into()] }),
+///         }
+///     }
+/// }
+/// ```
+pub trait SessionFactory: Send + Sync + 'static {
+    /// The builder of the session `spec` asks for: its model, first agent, toolsets and
+    /// options.
+    fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError>;
+
+    /// The agent named `name`, built with `data`.
+    fn agent(&self, name: &str, data: &Value) -> Result<Agent, FactoryError>;
+}

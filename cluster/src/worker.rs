@@ -1,0 +1,518 @@
+//! `Worker`: runs sessions on a switchboard [`Engine`], taking them from the cluster's
+//! jobs stream only while it has a free slot.
+//!
+//! * **Capacity is a hard bound.** A semaphore of `capacity` permits; the pull loop asks
+//!   JetStream for at most as many jobs as it holds free permits, and each session holds
+//!   its permit from its claim until its owner record says `Ended` (`dispatch.rs`).
+//! * **One owner per session.** A job becomes a session only after the worker created
+//!   the session's owner record by compare-and-set (`ownership.rs`); the session's loop
+//!   (`worker/hosted.rs`) keeps the lease alive and stops, writing nothing more, if it
+//!   loses it.
+//! * **Drain.** [`Worker::drain`] stops pulling (a job delivered meanwhile is handed back
+//!   at once), lets every session settle until the deadline, interrupts those that have
+//!   not, closes them, writes their `Ended` records and tells their fronts
+//!   (`SessionEnded { reason: Drained }`), then flushes the connection. (With snapshots,
+//!   phase 2 re-queues them instead of closing them.)
+//! * A worker answers its counts on `<ns>.worker.<name>.info` ([`WorkerInfo`]).
+//!
+//! Dropping a `Worker` without draining stops its tasks at once, as a crash would: its
+//! sessions end without a word and their leases run out.
+
+mod counts;
+mod event_log;
+mod hosted;
+mod ledger;
+mod output;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
+use switchboard::Engine;
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::connect::ClusterClient;
+use crate::dispatch;
+use crate::namespace::{check_worker_name, NameError, Namespace};
+use crate::ownership::{ClaimError, Owners};
+use crate::protocol::{SessionJob, WorkerInfo};
+use crate::spec::SessionFactory;
+use counts::Counts;
+use hosted::Hosting;
+
+/// The most jobs one pull asks for.
+const MAX_BATCH: usize = 64;
+
+/// Errors of a worker's start and drain.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// A name (the worker's, the namespace) is not usable on NATS.
+    #[error(transparent)]
+    Name(#[from] NameError),
+    /// The worker cannot use a piece of the cluster on NATS: the jobs stream, its
+    /// consumer, the owners bucket, its info subject. Missing (start a worker with
+    /// `provision(true)`, the default, or create them), or refused by the server's
+    /// permissions (see ARCHITECTURE.md, "Who may connect").
+    #[error("worker {worker} cannot use the {what}: {reason}")]
+    Setup {
+        /// The worker.
+        worker: String,
+        /// What it could not use.
+        what: &'static str,
+        /// What NATS said.
+        reason: String,
+    },
+    /// Sessions were still live when the drain's deadline (plus the close grace) ran out.
+    #[error("worker {worker} did not finish draining in {waited:?}: {live} sessions still live")]
+    DrainTimedOut {
+        /// The worker.
+        worker: String,
+        /// How long it waited.
+        waited: Duration,
+        /// How many sessions were still live.
+        live: usize,
+    },
+}
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerOptions {
+    name: String,
+    capacity: usize,
+    namespace: Namespace,
+    lease: Duration,
+    ended_retention: Duration,
+    idle_timeout: Option<Duration>,
+    provision: bool,
+    fetch_wait: Duration,
+    replay_bytes: usize,
+    close_grace: Duration,
+}
+
+impl WorkerOptions {
+    /// A worker named `name` (one subject token, unique in the cluster: it names the
+    /// worker in owner records and its info subject), with the defaults below.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            capacity: 100,
+            namespace: Namespace::default(),
+            lease: Duration::from_secs(10),
+            ended_retention: Duration::from_secs(600),
+            idle_timeout: Some(Duration::from_secs(600)),
+            provision: true,
+            fetch_wait: Duration::from_secs(1),
+            replay_bytes: 64 * 1024,
+            close_grace: Duration::from_secs(5),
+        }
+    }
+
+    /// How many sessions it holds at most (default 100).
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity.max(1);
+        self
+    }
+
+    /// The cluster's namespace (default `sb`).
+    pub fn namespace(mut self, namespace: Namespace) -> Self {
+        self.namespace = namespace;
+        self
+    }
+
+    /// How long a session's owner record lives unless renewed (default 10 s; whole
+    /// seconds, at least 1). A worker that stops renewing (paused, partitioned, dead)
+    /// loses its sessions this long after its last renewal.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long the `Ended` record of a session stays (default 10 min): a job for the same
+    /// session id is refused meanwhile.
+    pub fn ended_retention(mut self, retention: Duration) -> Self {
+        self.ended_retention = retention;
+        self
+    }
+
+    /// Closes a session that got no input for this long (default 10 min; `None`: never),
+    /// so a front that vanished does not hold a slot forever.
+    pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.idle_timeout = timeout;
+        self
+    }
+
+    /// Whether the worker creates the jobs stream, its consumer and the owners bucket
+    /// when they do not exist (default true). Turn it off when an operator creates them
+    /// and workers may not.
+    pub fn provision(mut self, provision: bool) -> Self {
+        self.provision = provision;
+        self
+    }
+
+    /// How long one pull waits for jobs before asking again (default 1 s; also the
+    /// longest a drain waits for the pull under way).
+    pub fn fetch_wait(mut self, wait: Duration) -> Self {
+        self.fetch_wait = wait;
+        self
+    }
+
+    /// How many bytes of its newest events each session keeps to send again to a gateway
+    /// that missed them (default 64 KiB).
+    pub fn replay_bytes(mut self, bytes: usize) -> Self {
+        self.replay_bytes = bytes;
+        self
+    }
+
+    /// How long a drain waits, past its deadline, for interrupted sessions to close
+    /// (their tools' grace periods; default 5 s).
+    pub fn close_grace(mut self, grace: Duration) -> Self {
+        self.close_grace = grace;
+        self
+    }
+}
+
+/// What a drain did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DrainReport {
+    /// Sessions that were live when it began, all now ended.
+    pub sessions: usize,
+    /// How long it took.
+    pub took: Duration,
+}
+
+/// Runs sessions from the cluster's jobs stream on an engine. See the module docs.
+pub struct Worker {
+    shared: Arc<Shared>,
+    /// The pull loop and the info responder; aborted on drop.
+    tasks: JoinSet<()>,
+}
+
+struct Shared {
+    name: String,
+    options: WorkerOptions,
+    slots: Arc<Semaphore>,
+    hosting: Arc<Hosting>,
+    drain: watch::Sender<Option<Instant>>,
+    owners: Owners,
+    consumer: PullConsumer,
+    /// One task per session; aborted with the worker.
+    sessions: Mutex<JoinSet<()>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("name", &self.shared.name)
+            .field("live", &self.info().live)
+            .finish()
+    }
+}
+
+impl Worker {
+    /// Connects the worker to the cluster (creating the jobs stream, consumer and owners
+    /// bucket if `provision` is on and they are missing) and starts pulling sessions.
+    pub async fn start(
+        client: ClusterClient,
+        engine: Engine,
+        factory: impl SessionFactory,
+        options: WorkerOptions,
+    ) -> Result<Self, WorkerError> {
+        check_worker_name(&options.name)?;
+        let name = options.name.clone();
+        let setup = |what: &'static str| {
+            let worker = name.clone();
+            move |reason: String| WorkerError::Setup {
+                worker,
+                what,
+                reason,
+            }
+        };
+        let js = jetstream::ContextBuilder::new()
+            .timeout(Duration::from_secs(5))
+            .build(client.nats().clone());
+        let consumer = dispatch::jobs_consumer(&js, &options.namespace, options.provision)
+            .await
+            .map_err(setup("jobs stream"))?;
+        let owners = Owners::open(
+            js,
+            &options.namespace,
+            options.lease,
+            options.ended_retention,
+            options.provision,
+        )
+        .await
+        .map_err(setup("owners bucket"))?;
+        let info_subject = options.namespace.worker_info(&options.name);
+        let info_requests = client
+            .nats()
+            .subscribe(info_subject)
+            .await
+            .map_err(|err| setup("info subject")(err.to_string()))?;
+        let (drain, drain_rx) = watch::channel(None);
+        let counts = Arc::new(Counts::default());
+        let shared = Arc::new(Shared {
+            name: options.name.clone(),
+            slots: Arc::new(Semaphore::new(options.capacity)),
+            hosting: Arc::new(Hosting {
+                client,
+                namespace: options.namespace.clone(),
+                engine,
+                factory: Arc::new(factory),
+                counts,
+                drain: drain_rx,
+                idle_timeout: options.idle_timeout,
+                replay_bytes: options.replay_bytes,
+            }),
+            drain,
+            owners,
+            consumer,
+            sessions: Mutex::new(JoinSet::new()),
+            options,
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(pull(shared.clone()));
+        tasks.spawn(answer_info(shared.clone(), info_requests));
+        tracing::info!(worker = %shared.name, capacity = shared.options.capacity, "worker started");
+        Ok(Self { shared, tasks })
+    }
+
+    /// The worker's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Its counts now (what its info subject answers).
+    pub fn info(&self) -> WorkerInfo {
+        self.shared.info()
+    }
+
+    /// Stops taking sessions, lets the live ones settle until `deadline` from now,
+    /// interrupts those that have not, closes them all, releases their ownership and
+    /// tells their fronts; then flushes the connection. Returns once every session ended.
+    pub async fn drain(self, deadline: Duration) -> Result<DrainReport, WorkerError> {
+        let began = Instant::now();
+        let sessions = self.info().live;
+        self.shared
+            .hosting
+            .counts
+            .draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shared.drain.send_replace(Some(began + deadline));
+        let waited = deadline + self.shared.options.close_grace + self.shared.options.fetch_wait;
+        let capacity = u32::try_from(self.shared.options.capacity).unwrap_or(u32::MAX);
+        // Every permit back: the pull loop stopped and every session's owner record says
+        // `Ended`.
+        let all_back = tokio::time::timeout(waited, self.shared.slots.acquire_many(capacity)).await;
+        let _ = self.shared.hosting.client.nats().flush().await;
+        match all_back {
+            Ok(_) => Ok(DrainReport {
+                sessions,
+                took: began.elapsed(),
+            }),
+            Err(_) => Err(WorkerError::DrainTimedOut {
+                worker: self.shared.name.clone(),
+                waited,
+                live: self.info().live,
+            }),
+        }
+    }
+}
+
+/// Creates what a cluster needs on NATS — the jobs stream, its consumer and the owners
+/// bucket — if they do not exist yet: what an operator runs once with an admin user when
+/// workers may not create them (`WorkerOptions::provision(false)`; the subjects each role
+/// needs are in ARCHITECTURE.md, "Who may connect"). A worker with `provision(true)` does
+/// the same at its start.
+pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<(), WorkerError> {
+    let setup = |what: &'static str| {
+        move |reason: String| WorkerError::Setup {
+            worker: "(provisioning)".to_owned(),
+            what,
+            reason,
+        }
+    };
+    let js = jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(5))
+        .build(client.nats().clone());
+    dispatch::jobs_consumer(&js, namespace, true)
+        .await
+        .map_err(setup("jobs stream"))?;
+    let defaults = WorkerOptions::new("provisioning");
+    Owners::open(
+        js,
+        namespace,
+        defaults.lease,
+        defaults.ended_retention,
+        true,
+    )
+    .await
+    .map_err(setup("owners bucket"))?;
+    Ok(())
+}
+
+impl Drop for Worker {
+    /// Stops every task of the worker, its sessions' too. The session tasks hold the
+    /// worker's shared state (which holds their set): without this, they would keep each
+    /// other alive and the sessions would run on after the `Worker` is gone.
+    fn drop(&mut self) {
+        self.tasks.abort_all();
+        self.shared
+            .sessions
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .abort_all();
+    }
+}
+
+impl Shared {
+    fn info(&self) -> WorkerInfo {
+        self.hosting.counts.info(&self.name, self.options.capacity)
+    }
+
+    fn draining(&self) -> bool {
+        self.drain.borrow().is_some()
+    }
+
+    /// Runs a delivered job on its own task, holding one slot.
+    fn spawn_session(self: &Arc<Self>, job: jetstream::Message, slot: OwnedSemaphorePermit) {
+        let shared = self.clone();
+        let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
+        // Reap the finished ones so the set holds only live sessions.
+        while sessions.try_join_next().is_some() {}
+        sessions.spawn(async move {
+            shared.take_job(job).await;
+            drop(slot);
+        });
+    }
+
+    /// Claims the job's session and runs it; see `dispatch.rs` for the rules.
+    async fn take_job(self: Arc<Self>, message: jetstream::Message) {
+        let job: SessionJob = match serde_json::from_slice(&message.payload) {
+            Ok(job) => job,
+            Err(err) => {
+                tracing::warn!(worker = %self.name, error = %err, "unreadable job: dropped");
+                let _ = message.ack_with(AckKind::Term).await;
+                Counts::bump(&self.hosting.counts.refused);
+                return;
+            }
+        };
+        match self.owners.claim(&job.session, &self.name, 1).await {
+            Ok(ownership) => {
+                // Confirmed by the server, so JetStream will not hand it to anyone else;
+                // if the confirmation is lost, the owner record still refuses a second
+                // start.
+                if let Err(err) = message.double_ack().await {
+                    tracing::warn!(worker = %self.name, session = %job.session, error = %err, "job ack not confirmed");
+                }
+                hosted::host(self.hosting.clone(), job.session, job.spec, ownership).await;
+            }
+            Err(err @ ClaimError::Taken { .. }) => {
+                tracing::info!(worker = %self.name, error = %err, "job for a session owned already: dropped");
+                let _ = message.ack_with(AckKind::Term).await;
+                Counts::bump(&self.hosting.counts.refused);
+            }
+            Err(err @ ClaimError::Unreachable { .. }) => {
+                tracing::warn!(worker = %self.name, error = %err, "cannot claim; the job goes back");
+                let _ = message
+                    .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
+                    .await;
+            }
+        }
+    }
+}
+
+/// Pulls jobs for as many free slots as there are, until the worker drains.
+async fn pull(shared: Arc<Shared>) {
+    let mut drain = shared.drain.subscribe();
+    let mut connections = shared.hosting.client.connections();
+    connections.borrow_and_update();
+    let mut failures = 0u32;
+    loop {
+        if shared.draining() {
+            break;
+        }
+        let first = tokio::select! {
+            permit = shared.slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = drain.changed() => continue,
+        };
+        let mut slots = vec![first];
+        while slots.len() < MAX_BATCH {
+            match shared.slots.clone().try_acquire_owned() {
+                Ok(permit) => slots.push(permit),
+                Err(_) => break,
+            }
+        }
+        let batch = shared
+            .consumer
+            .batch()
+            .max_messages(slots.len())
+            .expires(shared.options.fetch_wait)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(batch) => batch,
+            Err(err) => {
+                failures += 1;
+                tracing::warn!(worker = %shared.name, error = %err, "cannot pull jobs");
+                drop(slots);
+                // The server is away (an outage, a restart): wait before asking again.
+                let pause = Duration::from_millis(50 * u64::from(failures.min(20)));
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = drain.changed() => {}
+                }
+                continue;
+            }
+        };
+        failures = 0;
+        // The batch ends by itself (its jobs came, or it expired): read it to the end
+        // even when draining, handing back what comes, so no job sits delivered to a
+        // worker that will not run it. A reconnection ends it early: the pull request
+        // died with the old connection (a restarted server forgot it), and the client
+        // would only notice seconds after it expired.
+        loop {
+            let message = tokio::select! {
+                message = batch.next() => message,
+                _ = connections.changed() => break,
+            };
+            let Some(message) = message else { break };
+            match message {
+                Ok(message) => match slots.pop() {
+                    Some(slot) if !shared.draining() => shared.spawn_session(message, slot),
+                    _ => {
+                        let _ = message.ack_with(AckKind::Nak(None)).await;
+                    }
+                },
+                Err(err) => {
+                    tracing::debug!(worker = %shared.name, error = %err, "pull ended");
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(worker = %shared.name, "stopped pulling");
+}
+
+/// Answers the worker's info subject with its counts.
+async fn answer_info(shared: Arc<Shared>, mut requests: async_nats::Subscriber) {
+    while let Some(request) = requests.next().await {
+        if let Some(reply) = request.reply {
+            let json = serde_json::to_vec(&shared.info()).unwrap_or_default();
+            let _ = shared
+                .hosting
+                .client
+                .nats()
+                .publish(reply, json.into())
+                .await;
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Helpers shared by the cluster's tests: one test at a time, worker processes (the
+//! crate's `sb-test-worker` binary) to start, freeze, thaw, drain and kill, and bounded
+//! waits that fail saying what they waited for.
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    unreachable_pub
+)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use switchboard_cluster::local::{NatsServer, ServerAuth};
+use switchboard_cluster::{
+    ClusterClient, Gateway, GatewayOptions, GatewayStats, RemoteEvent, RemoteEventKind,
+    RemoteEvents,
+};
+use tokio::sync::watch;
+
+/// How long any single wait of a test may take before it fails.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// Held for the whole of a test, so the tests of this binary run one at a time: each
+/// starts its own server and worker processes, and some measure time (a 1 s lease, a
+/// 0.3 s idle timeout) that a thousand sessions of another test on the same two cores
+/// would stretch.
+/// (tokio's lock: it is held across awaits, and each test has its own runtime; it does not
+/// poison, so a failed test does not fail the next ones.)
+pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE.lock().await
+}
+
+/// A worker process.
+pub struct WorkerProcess {
+    pub name: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+/// The credentials flags for a server's default auth.
+pub fn credentials(server: &NatsServer) -> Vec<String> {
+    match server.auth() {
+        ServerAuth::UserPassword { user, password } => vec![
+            "--user".into(),
+            user.clone(),
+            "--password".into(),
+            password.clone(),
+        ],
+        ServerAuth::Token(token) => vec!["--token".into(), token.clone()],
+        _ => Vec::new(),
+    }
+}
+
+impl WorkerProcess {
+    /// Starts `sb-test-worker` against `server` with its credentials; waits for `ready`.
+    pub fn start(server: &NatsServer, name: &str, capacity: usize, extra: &[&str]) -> Self {
+        let mut args = credentials(server);
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        Self::start_with(&server.url(), name, capacity, &args)
+    }
+
+    /// Starts `sb-test-worker` with these connection arguments; waits for `ready`.
+    pub fn start_with(url: &str, name: &str, capacity: usize, args: &[String]) -> Self {
+        let mut process = Self::spawn(url, name, capacity, args);
+        match process.next_line(PATIENCE) {
+            Some(line) if line == format!("ready {name}") => process,
+            other => {
+                let status = process.wait_exit(Duration::from_secs(5));
+                panic!("worker {name} did not get ready: said {other:?}, exit {status:?}")
+            }
+        }
+    }
+
+    /// Starts `sb-test-worker` without waiting for it.
+    pub fn spawn(url: &str, name: &str, capacity: usize, args: &[String]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sb-test-worker"))
+            .args([
+                "--url",
+                url,
+                "--name",
+                name,
+                "--capacity",
+                &capacity.to_string(),
+            ])
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the sb-test-worker binary runs");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    /// The next line it printed, within `timeout`.
+    pub fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        self.lines.recv_timeout(timeout).ok()
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("a pid fits in i32")
+    }
+
+    fn signal(&self, signal: i32) {
+        // SAFETY: `kill` with a pid this test spawned and still holds (not yet reaped).
+        let rc = unsafe { libc::kill(self.pid(), signal) };
+        assert_eq!(rc, 0, "kill({}, {signal}) failed", self.pid());
+    }
+
+    /// SIGSTOP: the process stops, as a paused VM or a long GC would. Returns once it has
+    /// stopped (a signal is delivered asynchronously: without the wait, the worker could
+    /// still answer what the test sends next).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let mut status = 0;
+        // SAFETY: waits on our own child; WUNTRACED reports the stop without reaping it.
+        let waited = unsafe { libc::waitpid(self.pid(), &mut status, libc::WUNTRACED) };
+        assert!(
+            waited == self.pid() && libc::WIFSTOPPED(status),
+            "worker {} did not stop (waitpid {waited}, status {status:#x})",
+            self.name
+        );
+    }
+
+    /// SIGCONT.
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    /// SIGTERM: the worker drains and exits.
+    pub fn terminate(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Waits for the process to exit, at most `timeout` (polled: a child's exit has no
+    /// awaitable signal in std); `None` if it did not.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let began = std::time::Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if began.elapsed() > timeout {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        // SIGKILL ends a frozen process too.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A client of `server` with its default credentials.
+pub async fn client(server: &NatsServer, name: &str) -> ClusterClient {
+    server
+        .connect()
+        .name(name)
+        .connect()
+        .await
+        .expect("the test connects to its server")
+}
+
+/// A gateway on `server`.
+pub async fn gateway(server: &NatsServer, options: GatewayOptions) -> Gateway {
+    Gateway::new(client(server, "test-gateway").await, options)
+}
+
+/// The next event, within `PATIENCE`, failing with what was awaited.
+pub async fn next_event(events: &mut RemoteEvents, waiting_for: &str) -> RemoteEvent {
+    match tokio::time::timeout(PATIENCE, events.recv()).await {
+        Ok(Ok(event)) => event,
+        Ok(Err(err)) => panic!("waiting for {waiting_for}: {err}"),
+        Err(_) => panic!("waiting for {waiting_for}: nothing within {PATIENCE:?}"),
+    }
+}
+
+/// Reads events until one matches, within `PATIENCE`; returns it and those before it.
+pub async fn event_where(
+    events: &mut RemoteEvents,
+    waiting_for: &str,
+    mut matches: impl FnMut(&RemoteEventKind) -> bool,
+) -> (RemoteEvent, Vec<RemoteEvent>) {
+    let mut before = Vec::new();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => event,
+            Ok(Err(err)) => panic!("waiting for {waiting_for}: {err}; saw {before:#?}"),
+            Err(_) => panic!("waiting for {waiting_for}: not within {PATIENCE:?}; saw {before:#?}"),
+        };
+        if matches(&event.kind) {
+            return (event, before);
+        }
+        before.push(event);
+    }
+}
+
+/// Awaits `future` within `PATIENCE`, failing with what was awaited.
+pub async fn within<T>(waiting_for: &str, future: impl std::future::Future<Output = T>) -> T {
+    match tokio::time::timeout(PATIENCE, future).await {
+        Ok(value) => value,
+        Err(_) => panic!("waiting for {waiting_for}: not within {PATIENCE:?}"),
+    }
+}
+
+/// Waits until the gateway has sent some attempt again at least `retries` times in all.
+pub async fn retried(stats: &mut watch::Receiver<GatewayStats>, retries: u64) {
+    within(
+        &format!("the gateway to retry {retries} times"),
+        stats.wait_for(|s| s.retries >= retries),
+    )
+    .await
+    .unwrap();
+}

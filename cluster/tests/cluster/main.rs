@@ -1,0 +1,15 @@
+//! The cluster's tests, against a real `nats-server` (authentication on, a free loopback
+//! port, one per test) with workers as real processes of the crate's `sb-test-worker`
+//! binary, which they kill, freeze and drain. One file per story; one test binary, so the
+//! workspace links it once. The tests run one at a time (`common::one_at_a_time`).
+
+mod common;
+
+mod a_paused_worker_is_fenced;
+mod a_remote_session_is_a_session;
+mod an_abandoned_session_is_closed;
+mod dispatch_never_over_admits;
+mod drain_closes_and_releases;
+mod inputs_apply_exactly_once;
+mod sessions_survive_a_server_restart;
+mod who_may_connect;

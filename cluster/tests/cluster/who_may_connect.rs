@@ -1,0 +1,203 @@
+//! Who may connect: the server runs with authentication on, a client without (or with
+//! wrong) credentials is refused, one tenant (a NATS account) cannot read or write another
+//! tenant's sessions, and inside a tenant each role is held to the subjects
+//! `Permissions` gives it — the server refuses the rest, and the gateway says so.
+
+use crate::common;
+
+use std::time::Duration;
+
+use async_nats::RequestErrorKind;
+use common::{within, WorkerProcess, PATIENCE};
+use futures_util::FutureExt;
+use futures_util::StreamExt;
+use switchboard_cluster::local::NatsServer;
+use switchboard_cluster::{
+    ConnectError, GatewayError, GatewayOptions, Namespace, NatsConnect, OwnerRecord, OwnerState,
+    Permissions, SessionSpec,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_without_credentials_is_refused() {
+    let _one_at_a_time = common::one_at_a_time().await;
+    let server = NatsServer::start().unwrap();
+    let refused =
+        |result: Result<_, ConnectError>| matches!(result, Err(ConnectError::Refused { .. }));
+    assert!(
+        refused(NatsConnect::new(server.url()).connect().await),
+        "no credentials"
+    );
+    assert!(
+        refused(
+            NatsConnect::new(server.url())
+                .user_and_password("switchboard", "not the password")
+                .connect()
+                .await
+        ),
+        "a wrong password"
+    );
+    assert!(server.connect().connect().await.is_ok(), "the right ones");
+
+    let token_server = NatsServer::builder().token("s3cret-token").start().unwrap();
+    assert!(refused(
+        NatsConnect::new(token_server.url())
+            .token("guess")
+            .connect()
+            .await
+    ));
+    assert!(token_server.connect().connect().await.is_ok());
+
+    // A worker process without credentials does not start.
+    let mut worker = WorkerProcess::spawn(&server.url(), "anonymous", 1, &[]);
+    let status = worker
+        .wait_exit(PATIENCE)
+        .expect("the refused worker exits");
+    assert!(!status.success(), "a refused worker fails: {status}");
+}
+
+/// Two tenants, each a NATS account with JetStream: an admin user (creates the streams
+/// and bucket), a worker and a gateway with `Permissions::worker` / `::gateway`.
+fn two_tenants() -> String {
+    let ns = Namespace::default();
+    let worker = Permissions::worker(&ns).to_config();
+    let gateway = Permissions::gateway(&ns).to_config();
+    let tenant = |name: &str| {
+        format!(
+            "{upper}: {{ jetstream: enabled, users: [\n\
+               {{ user: {name}_admin, password: {name}-admin }}\n\
+               {{ user: {name}_worker, password: {name}-worker, {worker} }}\n\
+               {{ user: {name}_gateway, password: {name}-gateway, {gateway} }}\n\
+             ] }}",
+            upper = name.to_uppercase()
+        )
+    };
+    format!(
+        "accounts: {{\n{}\n{}\n}}\n",
+        tenant("acme"),
+        tenant("globex")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_tenant_cannot_reach_another_and_each_role_keeps_to_its_subjects() {
+    let _one_at_a_time = common::one_at_a_time().await;
+    let server = NatsServer::builder().config(two_tenants()).start().unwrap();
+    let connect = |user: &str| {
+        NatsConnect::new(server.url())
+            .user_and_password(user, user.replace('_', "-"))
+            .name(user)
+            .connect()
+    };
+    let ns = Namespace::default();
+    for admin in ["acme_admin", "globex_admin"] {
+        switchboard_cluster::provision(&connect(admin).await.unwrap(), &ns)
+            .await
+            .unwrap();
+    }
+
+    // ACME's worker and gateway, each with only its role's permissions, run a session.
+    let _worker = WorkerProcess::start_with(
+        &server.url(),
+        "acme-w1",
+        2,
+        &[
+            "--user",
+            "acme_worker",
+            "--password",
+            "acme-worker",
+            "--no-provision",
+        ]
+        .map(String::from),
+    );
+    let acme = connect("acme_gateway").await.unwrap();
+    let gateway = switchboard_cluster::Gateway::new(acme.clone(), GatewayOptions::new());
+    let session = gateway
+        .start_session(SessionSpec::new("greeter"))
+        .await
+        .unwrap();
+    let inputs = ns.session_inputs(session.id());
+
+    // GLOBEX's gateway listens to every session's events of its own account …
+    let globex = connect("globex_gateway").await.unwrap();
+    let mut overheard = globex
+        .nats()
+        .subscribe("sb.session.*.events")
+        .await
+        .unwrap();
+    globex.nats().flush().await.unwrap();
+    let turn = within("ACME's turn", session.run("my account number is 42"))
+        .await
+        .unwrap();
+    assert_eq!(turn.assistant_messages().count(), 1);
+    // … and hears nothing of ACME's: had anything reached its connection, it would have
+    // come before the answer to this flush.
+    globex.nats().flush().await.unwrap();
+    assert!(
+        overheard.next().now_or_never().is_none(),
+        "another tenant's gateway overheard a session"
+    );
+    // Writing to ACME's session: in GLOBEX's account there is nobody at that subject.
+    let request = async_nats::Request::new()
+        .payload(
+            br#"{"request":"input","id":2,"input":{"input":"run","text":"hi"}}"#
+                .as_slice()
+                .into(),
+        )
+        .timeout(Some(Duration::from_secs(5)));
+    let sent = globex.nats().send_request(inputs.clone(), request).await;
+    assert!(
+        matches!(&sent, Err(err) if err.kind() == RequestErrorKind::NoResponders),
+        "another tenant reached the session: {sent:?}"
+    );
+
+    // Inside ACME, the gateway's user may not write owner records …
+    let forged = serde_json::to_vec(&serde_json::json!({
+        "worker": "impostor", "epoch": 9, "state": "running"
+    }))
+    .unwrap();
+    let owner_key = format!("$KV.{}.{}", ns.owners_bucket(), session.id());
+    acme.nats()
+        .publish(owner_key.clone(), forged.into())
+        .await
+        .unwrap();
+    assert!(
+        acme.refused(&owner_key, PATIENCE).await.is_some(),
+        "the server let a gateway write an owner record"
+    );
+    // … nor read the inputs of sessions …
+    let _eavesdrop = acme.nats().subscribe("sb.session.*.in").await.unwrap();
+    assert!(acme.refused("sb.session.*.in", PATIENCE).await.is_some());
+    // … nor start sessions outside its namespace: the gateway says the server refused.
+    let elsewhere = switchboard_cluster::Gateway::new(
+        acme.clone(),
+        GatewayOptions::new().namespace(Namespace::new("other").unwrap()),
+    );
+    match elsewhere.start_session(SessionSpec::new("greeter")).await {
+        Err(GatewayError::Refused {
+            subject,
+            server_said,
+        }) => {
+            assert_eq!(subject, "other.jobs");
+            assert!(
+                server_said.contains("Permissions Violation"),
+                "{server_said}"
+            );
+        }
+        other => panic!("a start outside the gateway's subjects must be refused: {other:?}"),
+    }
+
+    // The session is untouched: its owner record is the worker's, and it goes on.
+    let admin = connect("acme_admin").await.unwrap();
+    let owners = async_nats::jetstream::new(admin.nats().clone())
+        .get_key_value(ns.owners_bucket())
+        .await
+        .unwrap();
+    let record: OwnerRecord =
+        serde_json::from_slice(&owners.get(session.id().as_str()).await.unwrap().unwrap()).unwrap();
+    assert_eq!(
+        (record.worker.as_str(), record.state),
+        ("acme-w1", OwnerState::Running)
+    );
+    let history = within("the close", session.close()).await.unwrap();
+    assert_eq!(history.user_messages(), ["my account number is 42"]);
+}
