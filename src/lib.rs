@@ -140,12 +140,12 @@ pub use switchboard_actors::{
     ChatItem, ChatMessage, ChatRole, DeferredReplyDecision, DuplicatePolicy, Engine, EngineError,
     ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
     InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
-    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RunContext,
-    RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
-    SessionEvent, SessionHistory, SessionId, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
-    SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice,
-    ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision,
-    TurnFailure, UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RestorePolicy,
+    RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
+    SessionError, SessionEvent, SessionHistory, SessionId, SpeechHandle, SpeechId, SpeechOutcome,
+    SpeechOutput, SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk,
+    ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset,
+    TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
@@ -159,6 +159,20 @@ pub mod prompts {
     pub use switchboard_actors::{
         DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
         DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
+    };
+}
+
+/// Sessions that outlive their process (SPEC §14): a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
+/// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
+/// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and
+/// started again with [`SessionBuilder::restore`] and an
+/// [`AgentRegistry`](snapshot::AgentRegistry) that builds back the agents it names. A tool's
+/// [`RestorePolicy`] says what happens to a call of it that was running.
+pub mod snapshot {
+    pub use switchboard_actors::{
+        AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotDelta, SnapshotError,
+        SnapshotStore, SnapshotUpdate, StoreError, SNAPSHOT_VERSION,
     };
 }
 

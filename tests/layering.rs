@@ -23,6 +23,8 @@ const USER_DEFINED: &[&str] = &[
     "control",
     "speech",
     "handoff",
+    "restore",
+    "snapshot_store",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -49,6 +51,7 @@ const VOCABULARY: &[&str] = &[
     "prompts",
     "history",
     "starting_chat",
+    "snapshot",
 ];
 
 /// The crate modules a source file names, other than itself.

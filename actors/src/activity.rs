@@ -68,12 +68,15 @@ use crate::reentry;
 use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
 use crate::tool::{DuplicatePolicy, Tool};
-use crate::toolset::{InterruptStep, RunTool, StopRuns, StopToolset, ToolsetActor};
+use crate::toolset::{
+    BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool, StopRuns,
+    StopToolset, ToolsetActor, ABANDONED,
+};
 
-pub(crate) use activation::PendingItem;
 use activation::{Activation, Command, Input, Setup, Tools};
+pub(crate) use activation::{Decided, Part, PendingItem, Restored};
 use turn::ToolsetKey;
-pub(crate) use turn::{TurnKind, TurnOutcome};
+pub(crate) use turn::{Ask, TurnKind, TurnOutcome};
 
 /// Everything an activity is started with.
 pub(crate) struct ActivitySpec {
@@ -96,7 +99,16 @@ pub(crate) struct ActivitySpec {
     pub(crate) handoff_from: Option<String>,
     /// Session-scoped tool items pending for a deferred reply, from the agent before.
     pub(crate) carried: Vec<PendingItem>,
+    /// How many of its first items it inherited, when not all of `chat` (restored).
+    pub(crate) inherited: Option<usize>,
+    /// Set when the activation comes back from a snapshot (it starts where it was, with
+    /// no `on_enter`), with where the result of the sub-task a restored caller waits for
+    /// comes from.
+    pub(crate) restored: Option<(Restored, Option<oneshot::Receiver<TaskResult>>)>,
 }
+
+/// The result of a sub-task, as the session hands it to the caller that waited for it.
+pub(crate) type TaskResult = Result<serde_json::Value, SessionError>;
 
 /// What an activity leaves to the agent after it, when it pauses or closes: its chat
 /// context (what a next agent may inherit; its length is where a sub-task goes in the
@@ -144,6 +156,10 @@ impl ActivityActor {
             .llm_timeouts
             .unwrap_or(spec.shared.settings.config.llm_timeouts);
         let (own, toolsets, tools) = start_toolsets(&spec, &id);
+        let (restored, task_result) = match spec.restored {
+            Some((restored, task_result)) => (Some(restored), task_result),
+            None => (None, None),
+        };
         let machine = Activation::new(Setup {
             id,
             agent: spec.agent.clone(),
@@ -156,6 +172,8 @@ impl ActivityActor {
             sub_task_of: spec.sub_task_of,
             handoff_from: spec.handoff_from,
             carried: spec.carried,
+            inherited: spec.inherited,
+            restored,
         });
         let actor = ActivityActor {
             probe: probe.clone(),
@@ -174,7 +192,33 @@ impl ActivityActor {
             closing: Vec::new(),
             _alive: alive,
         };
-        Child::new(Mailbox::new(actor.start(), probe), gone)
+        let waiting = actor.machine.waiting_call();
+        let addr = ActivityActor::create(move |ctx| {
+            // A restored caller's step waits for its sub-task's result: the task's end
+            // answers this channel (the tool that awaited the task is gone with the old
+            // process), and the result becomes the call's output.
+            if let (Some((step, index)), Some(result)) = (waiting, task_result) {
+                ctx.spawn(result.into_actor(&actor).map(move |result, act, ctx| {
+                    let output = match result {
+                        Ok(Ok(value)) => CallOutput::reply(value.to_string()),
+                        Ok(Err(err)) => {
+                            CallOutput::error(crate::outcome::error_text(&err.to_string()))
+                        }
+                        Err(_) => CallOutput::ended("the session closed"),
+                    };
+                    act.feed(
+                        Input::CallOutput {
+                            step,
+                            index,
+                            output,
+                        },
+                        ctx,
+                    );
+                }));
+            }
+            actor
+        });
+        Child::new(Mailbox::new(addr, probe), gone)
     }
 
     /// Feeds the machine one input and carries out what it asks. The command list is
@@ -886,6 +930,148 @@ impl Handler<ReadHistoryEntry> for ActivityActor {
     }
 }
 
+/// Sent by the session taking a snapshot: this activation's part (its chat context as
+/// committed, its live state) and the calls of its own toolsets running in the
+/// background, by toolset name.
+pub(crate) struct SnapshotActivation;
+
+/// An activation's contribution to a snapshot.
+pub(crate) struct ActivationSnapshot {
+    pub(crate) part: Part,
+    pub(crate) background: Vec<(String, BackgroundCall)>,
+}
+
+impl Message for SnapshotActivation {
+    type Result = ActivationSnapshot;
+}
+
+plain_response!(ActivationSnapshot);
+
+impl Handler<SnapshotActivation> for ActivityActor {
+    type Result = ResponseActFuture<Self, ActivationSnapshot>;
+
+    fn handle(&mut self, _msg: SnapshotActivation, _ctx: &mut Self::Context) -> Self::Result {
+        let mut part = self.machine.part();
+        part.live.is_task = self.is_task;
+        let asks: Vec<_> = self
+            .own
+            .iter()
+            .map(|toolset| {
+                let name = toolset_name(toolset.id());
+                let ask = toolset.mailbox.ask(self.probe.id(), ListBackground);
+                async move { (name, ask.await.unwrap_or_default()) }
+            })
+            .collect();
+        Box::pin(
+            futures_util::future::join_all(asks)
+                .into_actor(self)
+                .map(move |lists, _, _| ActivationSnapshot {
+                    part,
+                    background: lists
+                        .into_iter()
+                        .flat_map(|(name, calls)| calls.into_iter().map(move |c| (name.clone(), c)))
+                        .collect(),
+                }),
+        )
+    }
+}
+
+/// The toolset's own name, the last segment of its actor id (`toolset/s1/a#1/booking`).
+fn toolset_name(id: &ActorId) -> String {
+    id.as_str()
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Sent by the session restoring a snapshot: calls of this activation's own toolsets that
+/// were running in the background. Each tool's restore policy says whether its body runs
+/// again or the call ends with a terminal output (and a deferred reply tells the user).
+pub(crate) struct RestoreCalls {
+    pub(crate) calls: Vec<(String, BackgroundCall)>,
+}
+
+impl Message for RestoreCalls {
+    type Result = ();
+}
+
+impl Handler<RestoreCalls> for ActivityActor {
+    type Result = ResponseActFuture<Self, ()>;
+
+    fn handle(&mut self, msg: RestoreCalls, _ctx: &mut Self::Context) -> Self::Result {
+        let asks: Vec<_> = msg
+            .calls
+            .into_iter()
+            .map(|(toolset, background)| {
+                let target = self
+                    .own
+                    .iter()
+                    .find(|t| toolset_name(t.id()) == toolset)
+                    .map(|t| t.mailbox.clone());
+                let call = background.call.clone();
+                let resume = ResumeRun {
+                    call: background.call,
+                    agent: self.agent.clone(),
+                    is_task: self.is_task,
+                    updates: background.updates,
+                    checkpoint: background.checkpoint,
+                };
+                let from = self.probe.id().clone();
+                async move {
+                    let resumed = match target {
+                        Some(toolset) => toolset.ask(&from, resume).await.ok(),
+                        None => None,
+                    };
+                    (call, resumed)
+                }
+            })
+            .collect();
+        Box::pin(
+            futures_util::future::join_all(asks)
+                .into_actor(self)
+                .map(|results, act, ctx| {
+                    for (call, resumed) in results {
+                        let (output, is_error) = match resumed {
+                            Some(Resumed::Running) => continue,
+                            Some(Resumed::Ended { output, is_error }) => (output, is_error),
+                            None => (ABANDONED.to_owned(), false),
+                        };
+                        let scope = Scope::Activity(act.probe.id().clone());
+                        act.feed(
+                            Input::Deliver {
+                                scope,
+                                base_call_id: call.call_id.clone(),
+                                items: finished_pair(call, output, is_error),
+                                reply: true,
+                                answer: DeliveryAnswer::unheard(),
+                            },
+                            ctx,
+                        );
+                    }
+                }),
+        )
+    }
+}
+
+/// The `/finished` pair of a call that ends at a restore.
+pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> Vec<ChatItem> {
+    let call_id = format!("{}/finished", call.call_id);
+    vec![
+        ChatItem::FunctionCall(FunctionCall {
+            call_id: call_id.clone(),
+            name: call.name.clone(),
+            arguments: call.arguments,
+        }),
+        ChatItem::FunctionCallOutput(crate::chat::FunctionCallOutput {
+            call_id,
+            name: call.name,
+            output,
+            is_error,
+        }),
+    ]
+}
+
 counted_handlers!(
     ActivityActor: StartActivity,
     StartTurn,
@@ -902,4 +1088,6 @@ counted_handlers!(
     PlayoutFinished,
     ReadChat,
     ReadHistoryEntry,
+    SnapshotActivation,
+    RestoreCalls,
 );

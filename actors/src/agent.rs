@@ -98,6 +98,8 @@ pub(crate) struct AgentDef {
     pub(crate) llm_timeouts: Option<LlmTimeouts>,
     pub(crate) allow_interruptions: Option<bool>,
     pub(crate) starting_chat: Option<StartingChat>,
+    /// What the agent was built with, for a snapshot (`AgentBuilder::restore_data`).
+    pub(crate) restore_data: serde_json::Value,
 }
 
 impl fmt::Debug for Agent {
@@ -128,6 +130,7 @@ impl Agent {
                 llm_timeouts: None,
                 allow_interruptions: None,
                 starting_chat: None,
+                restore_data: serde_json::Value::Null,
             },
         }
     }
@@ -140,6 +143,12 @@ impl Agent {
     /// Its instructions.
     pub fn instructions(&self) -> &str {
         &self.def.instructions
+    }
+
+    /// The data it was built with (`AgentBuilder::restore_data`), what a snapshot records
+    /// so that an [`AgentRegistry`](crate::AgentRegistry) builds the same agent again.
+    pub fn restore_data(&self) -> &serde_json::Value {
+        &self.def.restore_data
     }
 
     /// The chat context it asked to start with, if it did.
@@ -186,6 +195,16 @@ impl fmt::Debug for AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// The data this agent was built from, when it was built with data of the call (a
+    /// booking agent for "party of 2"): a session snapshot records it, and restoring the
+    /// session hands it to the agent's builder in the
+    /// [`AgentRegistry`](crate::AgentRegistry), so the agent comes back the same. Any
+    /// serde value (default: none). A value that does not serialize is recorded as none.
+    pub fn restore_data<T: serde::Serialize>(mut self, data: &T) -> Self {
+        self.def.restore_data = serde_json::to_value(data).unwrap_or(serde_json::Value::Null);
+        self
+    }
+
     /// The agent's instructions (its system prompt).
     pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
         self.def.instructions = Arc::from(instructions.into());

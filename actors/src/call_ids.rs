@@ -24,6 +24,9 @@ const MAX_ID_BYTES: usize = 64;
 #[derive(Debug, Default)]
 pub(crate) struct CallIds {
     issued: HashSet<Arc<str>>,
+    /// The issued ids in the order they were issued, for snapshots (which write only the
+    /// ids issued since the last one).
+    order: Vec<Arc<str>>,
     next_suffix: HashMap<Arc<str>, u32>,
 }
 
@@ -43,6 +46,7 @@ impl CallIds {
             Arc::from(cut)
         };
         if self.issued.insert(base.clone()) {
+            self.order.push(base.clone());
             return base.to_string();
         }
         let next = self.next_suffix.entry(base.clone()).or_insert(2);
@@ -50,17 +54,35 @@ impl CallIds {
             let candidate: Arc<str> = Arc::from(format!("{base}~{next}"));
             *next += 1;
             if self.issued.insert(candidate.clone()) {
+                self.order.push(candidate.clone());
                 return candidate.to_string();
             }
         }
+    }
+
+    /// How many ids were issued or reserved.
+    pub(crate) fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// The ids issued or reserved after the first `from`, in order.
+    pub(crate) fn since(&self, from: usize) -> Vec<String> {
+        self.order
+            .get(from..)
+            .unwrap_or_default()
+            .iter()
+            .map(|id| id.to_string())
+            .collect()
     }
 
     /// Marks an id that came from outside (a chat context given to an agent) as issued.
     /// Of a derived id (`x/finished`) its base is reserved: the derived ids of a later `x`
     /// would equal it.
     pub(crate) fn reserve(&mut self, id: &str) {
-        let base = id.split('/').next().unwrap_or(id);
-        self.issued.insert(Arc::from(base));
+        let base: Arc<str> = Arc::from(id.split('/').next().unwrap_or(id));
+        if self.issued.insert(base.clone()) {
+            self.order.push(base);
+        }
     }
 }
 

@@ -44,6 +44,9 @@ pub enum SessionError {
     /// The engine cannot run the session (no actix system here, or it shut down).
     #[error(transparent)]
     Engine(#[from] EngineError),
+    /// A snapshot could not be read or restored (nothing was started).
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
     /// A sub-task's result did not have the type `run_task` asked for.
     #[error("the sub-task's result has an unexpected shape: {0}")]
     TaskResult(#[source] serde_json::Error),
@@ -159,6 +162,12 @@ pub enum BuildError {
     /// The session has no starting agent.
     #[error("the session has no agent: call `.agent(..)` on the builder")]
     NoAgent,
+    /// A restored session was also given a first agent: its agents come from the
+    /// snapshot.
+    #[error(
+        "a restored session's agents come from its snapshot: drop `.agent(..)` from the builder"
+    )]
+    AgentWithRestore,
     /// A prompt template names a field its kind does not have.
     #[error("prompt template {template} names unknown field {{{field}}}; known fields: {known}")]
     UnknownTemplateField {

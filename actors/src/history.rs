@@ -123,6 +123,11 @@ impl HistoryBook {
         self.closed.push((order, entry));
     }
 
+    /// The closed activations, with their place in start order.
+    pub(crate) fn closed(&self) -> &[(u32, AgentChat)] {
+        &self.closed
+    }
+
     /// The history: the closed activations and `live` ones (read from running activities;
     /// one that closed meanwhile is taken from the book), in start order.
     pub(crate) fn history(&self, live: Vec<(u32, AgentChat)>) -> SessionHistory {

@@ -68,11 +68,14 @@ mod outcome;
 mod output;
 mod prompts;
 mod reentry;
+mod restore;
 mod run_context;
 mod runtime;
 mod session;
 mod session_handle;
 mod shared;
+mod snapshot;
+mod snapshot_store;
 mod speech;
 mod starting_chat;
 mod tool;
@@ -103,18 +106,22 @@ pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
     DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
 };
+pub use restore::AgentRegistry;
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
 pub use runtime::Engine;
+pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
+pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
+pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[allow(deprecated)]
 pub use tool::StopResponse;
 pub use tool::{
-    DuplicatePolicy, NoArgs, Tool, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    Toolset, CONFIRM_DUPLICATE_PARAM,
+    DuplicatePolicy, NoArgs, RestorePolicy, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
+    ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
 };
 
 #[allow(dead_code)]

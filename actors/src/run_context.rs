@@ -63,6 +63,10 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
     fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, SessionError>>;
+    /// Saves the run's checkpoint (what a snapshot records for it).
+    fn checkpoint(&self, value: Value);
+    /// For a run restored from a snapshot, the checkpoint it starts from (maybe none).
+    fn restored(&self) -> Option<&Option<Value>>;
 }
 
 /// The context of one tool call: send updates, notice cancellation, queue work on the
@@ -199,6 +203,30 @@ impl RunContext {
     /// The run actor's id, as the mailbox inspector shows it (`tool/s1/7:call_3`).
     pub fn actor_id(&self) -> &ActorId {
         self.port.id()
+    }
+
+    /// Saves how far this call got, as serde data: a session snapshot taken while it runs
+    /// records the last one saved, and after the session is restored a tool with
+    /// [`RestorePolicy::Resume`](crate::RestorePolicy::Resume) reads it back with
+    /// [`restored_checkpoint`](Self::restored_checkpoint) to go on from there.
+    pub fn checkpoint<T: serde::Serialize>(&self, value: &T) -> Result<(), serde_json::Error> {
+        self.port.checkpoint(serde_json::to_value(value)?);
+        Ok(())
+    }
+
+    /// Whether this call was restored from a snapshot (its body runs again, by the tool's
+    /// [`RestorePolicy`](crate::RestorePolicy)).
+    pub fn is_restored(&self) -> bool {
+        self.port.restored().is_some()
+    }
+
+    /// The checkpoint this call saved before its session was snapshotted and restored:
+    /// `Ok(None)` for a call that was not restored or saved none.
+    pub fn restored_checkpoint<T: DeserializeOwned>(&self) -> Result<Option<T>, serde_json::Error> {
+        match self.port.restored() {
+            Some(Some(value)) => serde_json::from_value(value.clone()).map(Some),
+            _ => Ok(None),
+        }
     }
 
     /// Runs a sub-task agent and returns its typed result. The calling agent is paused

@@ -32,6 +32,7 @@
 
 mod close;
 mod schedule;
+mod snapshot;
 mod switch;
 
 use std::collections::HashMap;
@@ -74,10 +75,14 @@ use crate::toolset::ToolsetActor;
 
 pub(crate) use close::CloseSession;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
+pub use snapshot::SnapshotUpdate;
+pub(crate) use snapshot::{RecordInput, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
 pub(crate) struct SessionToolset {
+    /// Its name (a snapshot names the toolset of a background call).
+    pub(crate) name: String,
     pub(crate) tools: Vec<Tool>,
     pub(crate) schemas: Vec<ToolSchema>,
     pub(crate) mailbox: Mailbox<ToolsetActor>,
@@ -290,8 +295,9 @@ pub(crate) struct SessionActor {
     probe: Arc<Probe>,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
-    /// The first agent (checked by the builder) until `StartSession` starts it.
-    first_agent: Option<(Agent, Arc<dyn Llm>)>,
+    /// What `StartSession` starts: the first agent (checked by the builder), or a
+    /// snapshot to restore (checked too).
+    start: Option<Start>,
     toolset_defs: Vec<Toolset>,
     toolsets: Arc<[SessionToolset]>,
     toolset_children: Vec<Child<ToolsetActor>>,
@@ -304,6 +310,11 @@ pub(crate) struct SessionActor {
     /// Tool deliveries received so far: what a settling deferred reply watches.
     deliveries_seen: u64,
     away_timer: Option<SpawnHandle>,
+    /// The snapshots it took, and its saving to a store.
+    chain: snapshot::Chain,
+    /// Whether the session was inactive at the last pump (a settled turn saves when it
+    /// becomes so).
+    was_inactive: bool,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
     /// counts the session as gone.
     _lease: SessionLease,
@@ -316,8 +327,9 @@ impl SessionActor {
         ctx: &mut Context<Self>,
         shared: Arc<SessionShared>,
         probe: Arc<Probe>,
-        first_agent: (Agent, Arc<dyn Llm>),
+        start: Start,
         toolsets: Vec<Toolset>,
+        store: Option<Arc<dyn crate::snapshot_store::SnapshotStore>>,
         (lease, alive): (SessionLease, AliveToken),
     ) -> Self {
         let links = Arc::new(SessionLinks {
@@ -327,7 +339,7 @@ impl SessionActor {
             probe,
             shared,
             links,
-            first_agent: Some(first_agent),
+            start: Some(start),
             toolset_defs: toolsets,
             toolsets: Arc::from(Vec::new()),
             toolset_children: Vec::new(),
@@ -337,6 +349,14 @@ impl SessionActor {
             voice: false,
             deliveries_seen: 0,
             away_timer: None,
+            chain: {
+                let mut chain = snapshot::Chain::default();
+                if let Some(store) = store {
+                    chain.save_to(store);
+                }
+                chain
+            },
+            was_inactive: false,
             _lease: lease,
             _alive: alive,
         }
@@ -346,8 +366,13 @@ impl SessionActor {
         self.probe.id().clone()
     }
 
-    /// Runs everything due now, then publishes whether the session is inactive.
+    /// Runs everything due now, then publishes whether the session is inactive (and
+    /// saves a snapshot when it just became so, if it saves to a store). While a snapshot
+    /// is collected, new work waits: the snapshot is of one point.
     fn pump(&mut self, ctx: &mut Context<Self>) {
+        if self.chain.holds_work() {
+            return;
+        }
         while let Some(next) = self.schedule.next() {
             match next {
                 Next::Turn { activity, turn } => {
@@ -365,6 +390,10 @@ impl SessionActor {
         let inactive = self.schedule.is_inactive();
         self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
+        let settled = inactive && !std::mem::replace(&mut self.was_inactive, inactive);
+        if settled && !self.schedule.is_closed() {
+            self.save_settled(ctx);
+        }
     }
 
     /// Lets the tool deliveries already on their way land before the deferred reply starts,
@@ -601,8 +630,17 @@ impl Actor for SessionActor {
     }
 }
 
+/// What a session starts from.
+pub(crate) enum Start {
+    /// Its first agent, with the model it uses.
+    Fresh(Agent, Arc<dyn Llm>),
+    /// A snapshot, with the agents it names.
+    Restore(Box<RestorePlan>),
+}
+
 /// Sent once by `SessionBuilder::start`: starts the session-scoped toolsets and the first
-/// agent's activity. The reply comes after its `on_enter` returned.
+/// agent's activity (the reply comes after its `on_enter` returned), or restores a
+/// snapshot (no `on_enter`: the agents go on where they were).
 pub(crate) struct StartSession;
 
 impl Message for StartSession {
@@ -616,8 +654,13 @@ impl Handler<StartSession> for SessionActor {
         self.start_toolsets();
         let reporter = PlayoutReporter::new(self.links.clone());
         self.shared.output.call(|output| output.attach(reporter));
-        let Some((agent, llm)) = self.first_agent.take() else {
-            return Box::pin(fut::ready(Err(SessionError::Closed)));
+        let (agent, llm) = match self.start.take() {
+            Some(Start::Fresh(agent, llm)) => (agent, llm),
+            Some(Start::Restore(plan)) => {
+                self.restore(*plan, ctx);
+                return Box::pin(fut::ready(Ok(())));
+            }
+            None => return Box::pin(fut::ready(Err(SessionError::Closed))),
         };
         let (tx, rx) = oneshot::channel();
         let start = StartingChat::resolve(None, agent.starting_chat(), StartingChat::Empty);
@@ -1125,4 +1168,6 @@ counted_handlers!(
     ReadHistory,
     ReadAgent,
     CloseSession,
+    TakeSnapshot,
+    RecordInput,
 );

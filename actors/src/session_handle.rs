@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::sync::{broadcast, watch};
 
 use std::collections::HashMap;
@@ -37,13 +38,19 @@ use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
+use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RunTask, RunTurn, Say, SessionActor,
-    StartSession,
+    CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RecordInput, RestorePlan, RunTask,
+    RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession, TakeSnapshot,
 };
-use crate::shared::{SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts};
+use crate::shared::{
+    userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
+    UserdataJson,
+};
+use crate::snapshot::{SessionSnapshot, SnapshotError};
+use crate::snapshot_store::SnapshotStore;
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
 
@@ -400,6 +407,63 @@ impl Session {
     pub fn userdata<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.shared().settings.userdata.clone()?.downcast().ok()
     }
+
+    /// The whole session written down at its last consistent point (SPEC §14): restore it
+    /// with [`SessionBuilder::restore`]. During a handoff or a sub-task's start or end it
+    /// answers once the switch has ended; new work waits while it is collected (a few
+    /// messages, not a turn). Starts a new chain: the next
+    /// [`snapshot_update`](Self::snapshot_update) is a delta on this one.
+    pub async fn snapshot(&self) -> Result<SessionSnapshot, SessionError> {
+        self.check_reentry("snapshot")?;
+        match self.take_snapshot(true).await? {
+            SnapshotUpdate::Full(snapshot) => Ok(snapshot),
+            // Asked in full, answered in full: a delta here is a bug in the chain.
+            SnapshotUpdate::Delta(_) => Err(SnapshotError::OutOfOrder {
+                reason: "a full snapshot was asked and a delta came".to_owned(),
+            }
+            .into()),
+        }
+    }
+
+    /// What changed since the last snapshot or update taken from this session: a
+    /// [`SnapshotDelta`](crate::SnapshotDelta) to [`apply`](SessionSnapshot::apply) to it,
+    /// or a full snapshot when none was taken yet. Its size follows what changed, not the
+    /// length of the conversation.
+    pub async fn snapshot_update(&self) -> Result<SnapshotUpdate, SessionError> {
+        self.check_reentry("snapshot_update")?;
+        self.take_snapshot(false).await
+    }
+
+    async fn take_snapshot(&self, full: bool) -> Result<SnapshotUpdate, SessionError> {
+        self.host
+            .mailbox
+            .ask(&ActorId::host(), TakeSnapshot { full })
+            .await
+            .unwrap_or(Err(SessionError::Closed))
+    }
+
+    /// Records `id` as the last host input sent, for exactly-once delivery across a
+    /// restore: the session applies it in order after the inputs sent before it, so a
+    /// snapshot holds an input exactly when it holds its id. Call it right after the
+    /// input was sent (for `run`, after its future was first polled), before awaiting
+    /// the input's answer.
+    pub fn set_last_input(&self, id: u64) {
+        // One per host input: at the host's rate.
+        self.host.mailbox.tell(&ActorId::host(), RecordInput { id });
+    }
+
+    /// The last host input id recorded (by [`set_last_input`](Self::set_last_input), or
+    /// read from the snapshot this session was restored from).
+    pub fn last_input(&self) -> Option<u64> {
+        self.shared().host_view.last_input()
+    }
+
+    /// 0 for a session never restored, one more at each restore: a host that finds a
+    /// snapshot with a newer epoch than its own knows another process took the session
+    /// over (fencing).
+    pub fn epoch(&self) -> u64 {
+        self.shared().settings.epoch
+    }
 }
 
 /// The session actor's address as users see it: counted like every engine send, and
@@ -461,6 +525,9 @@ pub struct SessionBuilder {
     error_policy: ErrorPolicy,
     prompts: Prompts,
     mocks: HashMap<String, MockBody>,
+    userdata_json: Option<UserdataJson>,
+    restore: Option<(SessionSnapshot, AgentRegistry)>,
+    store: Option<Arc<dyn SnapshotStore>>,
 }
 
 impl Default for SessionBuilder {
@@ -487,6 +554,9 @@ impl Default for SessionBuilder {
             error_policy: ErrorPolicy::new(),
             prompts: Prompts::new(),
             mocks: HashMap::new(),
+            userdata_json: None,
+            restore: None,
+            store: None,
         }
     }
 }
@@ -527,9 +597,48 @@ impl SessionBuilder {
         self
     }
 
-    /// Data tools and hooks can read (`ctx.userdata::<T>()`).
+    /// Data tools and hooks can read (`ctx.userdata::<T>()`). A snapshot does not hold
+    /// it (it may be a connection, a handle): a restored session gets it again from its
+    /// builder. For data that should travel with the snapshot, use
+    /// [`userdata_serde`](Self::userdata_serde).
     pub fn userdata<T: Any + Send + Sync>(mut self, data: T) -> Self {
         self.userdata = Some(Arc::new(data));
+        self.userdata_json = None;
+        self
+    }
+
+    /// Data tools and hooks can read, as [`userdata`](Self::userdata), that snapshots also
+    /// write down as JSON: a restore reads it back as the type its
+    /// [`AgentRegistry::userdata`] names.
+    pub fn userdata_serde<T: Serialize + DeserializeOwned + Any + Send + Sync>(
+        mut self,
+        data: T,
+    ) -> Self {
+        self.userdata = Some(Arc::new(data));
+        self.userdata_json = Some(userdata_json::<T>());
+        self
+    }
+
+    /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
+    /// what changed, and a full snapshot when the store has nothing to apply it to or
+    /// after 64 deltas. A failed save is an `Error` event; the next one writes in full.
+    /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
+    pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Starts the session again from `snapshot`, on this engine or another process's:
+    /// the same session id, conversation, agents (built again by `agents` from the data
+    /// they were built with), queued work and ids; an LLM step that was in flight is
+    /// asked again, and each tool call that was running follows its tool's
+    /// [`RestorePolicy`](crate::RestorePolicy). No `on_enter` runs. The builder's other
+    /// settings (model, toolsets, output, timings) apply as given: they are code, not
+    /// state. Everything is checked before anything starts: an agent the registry cannot
+    /// build, a model missing, user data that does not read back, a newer schema fail
+    /// `start` with the reason.
+    pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
+        self.restore = Some((snapshot, agents));
         self
     }
 
@@ -655,14 +764,22 @@ impl SessionBuilder {
 
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
-    pub async fn start(self, engine: &Engine) -> Result<Session, SessionError> {
-        let agent = self.agent.ok_or(BuildError::NoAgent)?;
-        if agent.def.llm.is_none() && self.llm.is_none() {
-            return Err(BuildError::NoLlm {
-                agent: agent.name().to_owned(),
+    pub async fn start(mut self, engine: &Engine) -> Result<Session, SessionError> {
+        let restore = self.restore.take();
+        let agent = match (&restore, self.agent.take()) {
+            (Some(_), Some(_)) => return Err(BuildError::AgentWithRestore.into()),
+            (Some(_), None) => None,
+            (None, agent) => {
+                let agent = agent.ok_or(BuildError::NoAgent)?;
+                if agent.def.llm.is_none() && self.llm.is_none() {
+                    return Err(BuildError::NoLlm {
+                        agent: agent.name().to_owned(),
+                    }
+                    .into());
+                }
+                Some(agent)
             }
-            .into());
-        }
+        };
         for toolset in &self.toolsets {
             for tool in &toolset.tools {
                 crate::agent::check_confirm(tool, crate::agent::effective_policy(tool, toolset))?;
@@ -690,7 +807,26 @@ impl SessionBuilder {
                 .iter()
                 .map(|(name, owner)| (name.as_str(), owner.clone())),
         )?;
-        let id = engine.next_session_id();
+        let (id, epoch) = match &restore {
+            Some((snapshot, agents)) => {
+                snapshot.check_version()?;
+                if let Some(value) = snapshot.userdata() {
+                    // Data given to this builder wins: it is what the host has now.
+                    if self.userdata.is_none() {
+                        let (data, write) =
+                            agents.read_userdata(value.clone()).ok_or_else(|| {
+                                SnapshotError::UserData {
+                                    reason: "the snapshot has user data and the agent registry names no type for it (`AgentRegistry::userdata`)".to_owned(),
+                                }
+                            })??;
+                        self.userdata = Some(data);
+                        self.userdata_json = Some(write);
+                    }
+                }
+                (SessionId::new(snapshot.session_id()), snapshot.epoch() + 1)
+            }
+            None => (engine.next_session_id(), 0),
+        };
         let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
         let (alive, gone) = alive_pair();
         let span = tracing::info_span!("session", session = %id);
@@ -714,7 +850,9 @@ impl SessionBuilder {
                 prompts: self.prompts,
                 mocks: self.mocks,
                 userdata: self.userdata,
+                userdata_json: self.userdata_json,
                 session_tools,
+                epoch,
             },
             journal: journal.clone(),
             output: self.output,
@@ -723,10 +861,24 @@ impl SessionBuilder {
             span,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
-        // fails with the reason and leaves nothing behind.
-        let first = (agent.clone(), shared.settings.check_agent(&agent)?);
+        // (or whose snapshot names one that cannot) fails with the reason and leaves
+        // nothing behind.
+        let start = match (agent, restore) {
+            (Some(agent), _) => {
+                let llm = shared.settings.check_agent(&agent)?;
+                Start::Fresh(agent, llm)
+            }
+            (None, Some((snapshot, agents))) => Start::Restore(Box::new(RestorePlan::new(
+                snapshot,
+                |name, data| Ok(agents.build(name, data)?),
+                |agent| Ok(shared.settings.check_agent(agent)?),
+            )?)),
+            // `agent` is `None` only when restoring (checked above).
+            (None, None) => return Err(BuildError::NoAgent.into()),
+        };
         let probe = Probe::new(ActorId::session_actor(&id), journal);
         let toolsets = self.toolsets;
+        let store = self.store;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
         let addr = engine.start_session_actor(move |ctx, lease| {
@@ -734,8 +886,9 @@ impl SessionBuilder {
                 ctx,
                 actor_shared,
                 actor_probe,
-                first,
+                start,
                 toolsets,
+                store,
                 (lease, alive),
             )
         })?;

@@ -31,7 +31,9 @@ use crate::output::SpeechOutput;
 pub(crate) use events::Events;
 pub(crate) use host_view::HostView;
 pub(crate) use ids::Ids;
-pub(crate) use settings::{SessionConfig, SessionSettings, SessionTools};
+pub(crate) use settings::{
+    userdata_json, SessionConfig, SessionSettings, SessionTools, UserdataJson,
+};
 pub(crate) use speeches::SpeechBook;
 
 pub(crate) struct SessionShared {
@@ -118,6 +120,15 @@ impl History {
             .record(order, entry);
     }
 
+    /// The closed activations, with their place in start order.
+    pub(crate) fn closed(&self) -> Vec<(u32, AgentChat)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed()
+            .to_vec()
+    }
+
     /// The history: closed activations and `live` ones, in start order.
     pub(crate) fn read(&self, live: Vec<(u32, AgentChat)>) -> SessionHistory {
         self.0
@@ -156,7 +167,9 @@ impl SessionShared {
                 prompts: crate::prompts::Prompts::new(),
                 mocks: HashMap::new(),
                 userdata: None,
+                userdata_json: None,
                 session_tools: SessionTools::default(),
+                epoch: 0,
             },
             journal: None,
             output,

@@ -46,6 +46,24 @@ pub enum DuplicatePolicy {
     Confirm,
 }
 
+/// What happens to a call of a tool still running in the background when its session is
+/// restored from a snapshot (SPEC §14). Each call gets exactly one terminal output across
+/// any number of restores.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RestorePolicy {
+    /// The call ends with the output "interrupted before it finished", and a deferred
+    /// reply tells the user: nothing runs twice.
+    #[default]
+    Abandon,
+    /// The body runs again with the same call id and arguments; its updates go on from the
+    /// last one delivered. For idempotent work.
+    Restart,
+    /// Like `Restart`, and the body reads what it saved with `ctx.checkpoint(..)` from
+    /// `ctx.restored_checkpoint()`, to go on where it was.
+    Resume,
+}
+
 /// A tool body's successful result.
 ///
 /// "No reply" is said one way: [`ToolReturn::NoReply`] (or [`ToolReturn::no_reply`]) —
@@ -267,6 +285,7 @@ pub(crate) struct ToolDef {
     pub(crate) allow_cancellation: bool,
     pub(crate) cancel_on_interruption: bool,
     pub(crate) error_policy: ErrorPolicy,
+    pub(crate) on_restore: RestorePolicy,
 }
 
 impl Clone for ToolDef {
@@ -280,6 +299,7 @@ impl Clone for ToolDef {
             allow_cancellation: self.allow_cancellation,
             cancel_on_interruption: self.cancel_on_interruption,
             error_policy: self.error_policy.clone(),
+            on_restore: self.on_restore,
         }
     }
 }
@@ -326,6 +346,7 @@ impl Tool {
                 allow_cancellation: false,
                 cancel_on_interruption: false,
                 error_policy: ErrorPolicy::new(),
+                on_restore: RestorePolicy::Abandon,
             }),
         }
     }
@@ -354,6 +375,17 @@ impl Tool {
     /// Routes this tool's unexpected errors before the agent's and session's rules.
     pub fn error_policy(self, policy: ErrorPolicy) -> Self {
         self.edit(|d| d.error_policy = policy)
+    }
+
+    /// What happens to a call of this tool still running in the background when its
+    /// session is restored from a snapshot (default [`RestorePolicy::Abandon`]).
+    pub fn on_restore(self, policy: RestorePolicy) -> Self {
+        self.edit(|d| d.on_restore = policy)
+    }
+
+    /// Its restore policy (see [`Tool::on_restore`]).
+    pub fn restore_policy(&self) -> RestorePolicy {
+        self.def.on_restore
     }
 
     /// The tool's name.

@@ -20,8 +20,8 @@
 //! - A panic in the body becomes an error output; it never reaches the actor.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
@@ -65,12 +65,62 @@ pub(crate) struct RunSpec {
     pub(crate) speech: Option<SpeechHandle>,
     pub(crate) scope: Scope,
     pub(crate) body: PreparedBody,
-    pub(crate) immediate: oneshot::Sender<CallOutput>,
+    /// Where its immediate output goes; none for a call restored from a snapshot, which
+    /// runs in the background from the start.
+    pub(crate) immediate: Option<oneshot::Sender<CallOutput>>,
+    pub(crate) progress: Arc<Progress>,
     pub(crate) shared: Arc<SessionShared>,
     pub(crate) links: Arc<SessionLinks>,
     pub(crate) prompts: Arc<Prompts>,
     pub(crate) toolset: Link<RunEnded>,
     pub(crate) alive: AliveToken,
+}
+
+/// What a snapshot reads of a run, through its toolset: whether it runs in the background
+/// (its immediate output given, its body not returned), the later updates it sent and the
+/// checkpoint it saved. Written by the run and its context, read by the toolset.
+#[derive(Debug, Default)]
+pub(crate) struct Progress {
+    background: AtomicBool,
+    updates: AtomicU32,
+    checkpoint: Mutex<Option<Value>>,
+    /// For a run restored from a snapshot: the checkpoint it starts from (maybe none).
+    restored: Option<Option<Value>>,
+}
+
+impl Progress {
+    /// A run restored from a snapshot: in the background, its updates going on after
+    /// `updates`, starting from `checkpoint`.
+    pub(crate) fn restored(updates: u32, checkpoint: Option<Value>) -> Self {
+        Self {
+            background: AtomicBool::new(true),
+            updates: AtomicU32::new(updates),
+            checkpoint: Mutex::new(checkpoint.clone()),
+            restored: Some(checkpoint),
+        }
+    }
+
+    /// Whether the call runs in the background now.
+    pub(crate) fn in_background(&self) -> bool {
+        self.background.load(Ordering::Acquire)
+    }
+
+    /// The later updates it sent.
+    pub(crate) fn updates(&self) -> u32 {
+        self.updates.load(Ordering::Acquire)
+    }
+
+    /// The checkpoint it saved last.
+    pub(crate) fn checkpoint(&self) -> Option<Value> {
+        self.checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn next_update(&self) -> u32 {
+        self.updates.fetch_add(1, Ordering::AcqRel) + 1
+    }
 }
 
 /// Where a run is in its life.
@@ -102,7 +152,7 @@ pub(crate) struct ToolRunActor {
     toolset: Link<RunEnded>,
     body: Option<PreparedBody>,
     immediate: Option<oneshot::Sender<CallOutput>>,
-    updates: u32,
+    progress: Arc<Progress>,
     phase: RunPhase,
     cancel: watch::Sender<bool>,
     alive: AliveToken,
@@ -137,8 +187,8 @@ impl ToolRunActor {
             prompts: spec.prompts,
             toolset: spec.toolset,
             body: Some(spec.body),
-            immediate: Some(spec.immediate),
-            updates: 0,
+            immediate: spec.immediate,
+            progress: spec.progress,
             phase: RunPhase::Running,
             cancel,
             alive: spec.alive,
@@ -236,6 +286,7 @@ impl ToolRunActor {
         ctx: &mut Context<Self>,
     ) {
         let was = std::mem::replace(&mut self.phase, RunPhase::Returned);
+        self.progress.background.store(false, Ordering::Release);
         if was == RunPhase::Stopped {
             // Stopped while running: whoever stopped it writes the terminal output.
             ctx.stop();
@@ -342,6 +393,7 @@ struct RunLinks {
     session: Arc<SessionLinks>,
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
+    progress: Arc<Progress>,
 }
 
 impl RunPort for RunLinks {
@@ -388,6 +440,18 @@ impl RunPort for RunLinks {
             .run_task(&self.id, agent, Some(self.key))
             .boxed()
     }
+
+    fn checkpoint(&self, value: Value) {
+        *self
+            .progress
+            .checkpoint
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(value);
+    }
+
+    fn restored(&self) -> Option<&Option<Value>> {
+        self.progress.restored.as_ref()
+    }
 }
 
 impl Actor for ToolRunActor {
@@ -405,6 +469,7 @@ impl Actor for ToolRunActor {
             session: self.links.clone(),
             hold: self.hold.clone(),
             speech: self.speech.clone(),
+            progress: self.progress.clone(),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
@@ -495,11 +560,12 @@ impl Handler<ToolUpdate> for ToolRunActor {
                 CallOutput::quiet(text)
             };
             let _ = immediate.send(output);
+            self.progress.background.store(true, Ordering::Release);
             let _ = msg.answer.send(Ok(()));
             return;
         }
-        self.updates += 1;
-        let call_id = format!("{}/update_{}", self.call.call_id, self.updates);
+        let n = self.progress.next_update();
+        let call_id = format!("{}/update_{n}", self.call.call_id);
         self.deliver(
             call_id,
             text,
@@ -572,6 +638,7 @@ impl Handler<InterruptRun> for ToolRunActor {
             self.stop(INTERRUPTED, ctx);
         } else if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(CallOutput::moved_to_background());
+            self.progress.background.store(true, Ordering::Release);
         }
     }
 }

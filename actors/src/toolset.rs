@@ -33,14 +33,14 @@ use crate::chat::FunctionCall;
 use crate::delivery::Scope;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
-use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
+use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
 use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
-use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
+use crate::tool_run::{InterruptRun, Progress, RunSpec, StopRun, ToolRunActor};
 
 use duplicates::{is_duplicate, on_duplicate, OnDuplicate, Running};
 
@@ -58,6 +58,7 @@ struct RunEntry {
     child: Child<ToolRunActor>,
     closed: bool,
     started: tokio::time::Instant,
+    progress: Arc<Progress>,
 }
 
 pub(crate) struct ToolsetActor {
@@ -182,27 +183,22 @@ impl ToolsetActor {
             interruptibility,
             speech,
         } = msg;
-        let key = self.shared.ids.next_run();
         let (tx, rx) = oneshot::channel();
-        let (alive, gone) = alive_pair();
         let cancels_on_interruption = tool.cancels_on_interruption();
-        let mailbox = ToolRunActor::spawn(RunSpec {
-            key,
-            call: call.clone(),
-            tool,
-            agent,
-            is_task,
-            interruptibility: interruptibility.clone(),
-            speech,
-            scope: self.scope.clone(),
-            body,
-            immediate: tx,
-            shared: self.shared.clone(),
-            links: self.links.clone(),
-            prompts: self.prompts.clone(),
-            toolset: self.ended.clone(),
-            alive,
-        });
+        let mailbox = self.spawn_entry(
+            NewRun {
+                call,
+                step,
+                agent,
+                is_task,
+                interruptibility,
+                speech,
+                tool,
+                body,
+            },
+            Some(tx),
+            Arc::new(Progress::default()),
+        );
         if self.interrupted_steps.contains(&step) {
             // Its step was interrupted while the call was being set up.
             mailbox.tell(
@@ -212,19 +208,62 @@ impl ToolsetActor {
                 },
             );
         }
+        rx
+    }
+
+    /// Spawns a run and enters it in the registry.
+    fn spawn_entry(
+        &mut self,
+        run: NewRun,
+        immediate: Option<oneshot::Sender<CallOutput>>,
+        progress: Arc<Progress>,
+    ) -> Mailbox<ToolRunActor> {
+        let key = self.shared.ids.next_run();
+        let (alive, gone) = alive_pair();
+        let mailbox = ToolRunActor::spawn(RunSpec {
+            key,
+            call: run.call.clone(),
+            tool: run.tool,
+            agent: run.agent,
+            is_task: run.is_task,
+            interruptibility: run.interruptibility.clone(),
+            speech: run.speech,
+            scope: self.scope.clone(),
+            body: run.body,
+            immediate,
+            progress: progress.clone(),
+            shared: self.shared.clone(),
+            links: self.links.clone(),
+            prompts: self.prompts.clone(),
+            toolset: self.ended.clone(),
+            alive,
+        });
         self.runs.insert(
             key,
             RunEntry {
-                call,
-                step,
-                interruptibility,
-                child: Child::new(mailbox, gone),
+                call: run.call,
+                step: run.step,
+                interruptibility: run.interruptibility,
+                child: Child::new(mailbox.clone(), gone),
                 closed: false,
                 started: tokio::time::Instant::now(),
+                progress,
             },
         );
-        rx
+        mailbox
     }
+}
+
+/// A run about to be spawned.
+struct NewRun {
+    call: FunctionCall,
+    step: u64,
+    agent: Agent,
+    is_task: bool,
+    interruptibility: Arc<Interruptibility>,
+    speech: Option<SpeechHandle>,
+    tool: Tool,
+    body: PreparedBody,
 }
 
 impl Actor for ToolsetActor {
@@ -268,30 +307,9 @@ impl Handler<RunTool> for ToolsetActor {
                 excerpt(&msg.call.name, QUOTE_LIMIT)
             )));
         };
-        // 1. Strip `confirm_duplicate` (always: the model may send it to any tool).
-        let mut args: Value = if msg.call.arguments.trim().is_empty() {
-            Value::Object(Default::default())
-        } else {
-            match serde_json::from_str(&msg.call.arguments) {
-                Ok(value) => value,
-                Err(err) => return ready(args_error(tool.name(), &err.to_string())),
-            }
-        };
-        let confirmed = args
-            .as_object_mut()
-            .and_then(|o| o.remove(CONFIRM_DUPLICATE_PARAM))
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        // 2. Parse (a mock's arguments are checked against the real type too).
-        let mock = self.shared.settings.mocks.get(tool.name()).cloned();
-        let raw = mock.is_some().then(|| args.clone());
-        let body = match (tool.def.prepare)(args) {
-            Ok(body) => body,
-            Err(reason) => return ready(args_error(tool.name(), &reason)),
-        };
-        let body: PreparedBody = match (mock, raw) {
-            (Some(mock), Some(raw)) => Box::new(move |ctx| mock(ctx, raw)),
-            _ => body,
+        let (body, confirmed) = match self.prepare(&tool, &msg.call.arguments) {
+            Ok(prepared) => prepared,
+            Err(out) => return ready(out),
         };
         // 3. Duplicates.
         let running = self.duplicates_of(tool.name(), msg.step);
@@ -330,6 +348,31 @@ impl Handler<RunTool> for ToolsetActor {
 }
 
 impl ToolsetActor {
+    /// Strips `confirm_duplicate` (always: the model may send it to any tool) and parses
+    /// the arguments (a mock's are checked against the real type too): the body to run,
+    /// and whether the call confirmed a duplicate. An argument error is the output.
+    fn prepare(&self, tool: &Tool, arguments: &str) -> Result<(PreparedBody, bool), CallOutput> {
+        let mut args: Value = if arguments.trim().is_empty() {
+            Value::Object(Default::default())
+        } else {
+            serde_json::from_str(arguments)
+                .map_err(|err| args_error(tool.name(), &err.to_string()))?
+        };
+        let confirmed = args
+            .as_object_mut()
+            .and_then(|o| o.remove(CONFIRM_DUPLICATE_PARAM))
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false);
+        let mock = self.shared.settings.mocks.get(tool.name()).cloned();
+        let raw = mock.is_some().then(|| args.clone());
+        let body = (tool.def.prepare)(args).map_err(|reason| args_error(tool.name(), &reason))?;
+        let body: PreparedBody = match (mock, raw) {
+            (Some(mock), Some(raw)) => Box::new(move |ctx| mock(ctx, raw)),
+            _ => body,
+        };
+        Ok((body, confirmed))
+    }
+
     /// Spawns the call's run and resolves with its immediate output; once the toolset is
     /// closing, answers the terminal output instead of starting anything.
     fn start_run(
@@ -572,6 +615,116 @@ impl Handler<CancelRun> for ToolsetActor {
     }
 }
 
+/// A call of this toolset running in the background, as a session snapshot records it.
+pub(crate) struct BackgroundCall {
+    pub(crate) call: FunctionCall,
+    /// Later updates it sent.
+    pub(crate) updates: u32,
+    pub(crate) checkpoint: Option<Value>,
+}
+
+/// Sent by the session when it takes a snapshot: the calls of this toolset running in the
+/// background (their immediate output given, their body not returned, not stopping).
+pub(crate) struct ListBackground;
+
+impl Message for ListBackground {
+    type Result = Vec<BackgroundCall>;
+}
+
+impl Handler<ListBackground> for ToolsetActor {
+    type Result = Vec<BackgroundCall>;
+
+    fn handle(&mut self, _msg: ListBackground, _ctx: &mut Self::Context) -> Self::Result {
+        self.runs
+            .values()
+            .filter(|run| !run.closed && run.progress.in_background())
+            .map(|run| BackgroundCall {
+                call: run.call.clone(),
+                updates: run.progress.updates(),
+                checkpoint: run.progress.checkpoint(),
+            })
+            .collect()
+    }
+}
+
+/// Sent when a session is restored from a snapshot, for each call of this toolset that
+/// was running in the background: what its tool's restore policy says. `Restart` and
+/// `Resume` run the body again in the background (its immediate output is in the chat
+/// already): its updates go on after `updates`, and `ctx.restored_checkpoint()` reads
+/// `checkpoint`. `Abandon` — or a call that cannot run again (its tool is gone, its
+/// arguments no longer parse, the toolset is closing) — answers the call's terminal output.
+pub(crate) struct ResumeRun {
+    pub(crate) call: FunctionCall,
+    pub(crate) agent: Agent,
+    pub(crate) is_task: bool,
+    pub(crate) updates: u32,
+    pub(crate) checkpoint: Option<Value>,
+}
+
+/// What became of a call restored from a snapshot.
+pub(crate) enum Resumed {
+    /// Its body runs again.
+    Running,
+    /// It ends with this `/finished` output (a deferred reply tells the user).
+    Ended { output: String, is_error: bool },
+}
+
+/// The terminal output of a call abandoned at a restore.
+pub(crate) const ABANDONED: &str = "Interrupted before it finished.";
+
+impl Message for ResumeRun {
+    type Result = Resumed;
+}
+
+plain_response!(Resumed);
+
+impl Handler<ResumeRun> for ToolsetActor {
+    type Result = Resumed;
+
+    fn handle(&mut self, msg: ResumeRun, _ctx: &mut Self::Context) -> Self::Result {
+        let Some((tool, _)) = self.tools.get(&msg.call.name).cloned() else {
+            return Resumed::Ended {
+                output: ABANDONED.to_owned(),
+                is_error: false,
+            };
+        };
+        if self.closing.is_some() || tool.restore_policy() == crate::tool::RestorePolicy::Abandon {
+            return Resumed::Ended {
+                output: ABANDONED.to_owned(),
+                is_error: false,
+            };
+        }
+        let body = match self.prepare(&tool, &msg.call.arguments) {
+            Ok((body, _)) => body,
+            Err(out) => {
+                return Resumed::Ended {
+                    output: out.output,
+                    is_error: true,
+                }
+            }
+        };
+        let checkpoint = match tool.restore_policy() {
+            crate::tool::RestorePolicy::Resume => msg.checkpoint,
+            _ => None,
+        };
+        self.spawn_entry(
+            NewRun {
+                call: msg.call,
+                step: 0,
+                agent: msg.agent,
+                is_task: msg.is_task,
+                interruptibility: Interruptibility::new(true),
+                speech: None,
+                tool,
+                body,
+            },
+            None,
+            Arc::new(Progress::restored(msg.updates, checkpoint)),
+        );
+        Resumed::Running
+    }
+}
+
 counted_handlers!(
     ToolsetActor: RunTool,
     InterruptStep,
@@ -579,5 +732,7 @@ counted_handlers!(
     StopRuns,
     StopToolset,
     ListRuns,
-    CancelRun
+    CancelRun,
+    ListBackground,
+    ResumeRun
 );

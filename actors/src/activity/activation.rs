@@ -77,6 +77,9 @@ use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
 use crate::shared::SessionShared;
+use crate::snapshot::{
+    AskRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord, WaitingStep,
+};
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 
 /// How long an interrupted turn waits for its output to report what the user heard of
@@ -286,12 +289,48 @@ pub(crate) struct Setup {
     /// The chat context it starts from.
     pub(crate) chat: ChatContext,
     pub(crate) order: u32,
+    /// How many of its first items it inherited, when not all of `chat` (a restored
+    /// activation, whose chat has grown since it started).
+    pub(crate) inherited: Option<usize>,
     pub(crate) sub_task_of: Option<SubTaskOf>,
     /// The agent it takes over from, recorded as a handoff item.
     pub(crate) handoff_from: Option<String>,
     /// Session-scoped items pending for a deferred reply, carried over from the agent
     /// before it.
     pub(crate) carried: Vec<PendingItem>,
+    /// Set when the activation comes back from a snapshot: it starts where it was,
+    /// without `on_enter`.
+    pub(crate) restored: Option<Restored>,
+}
+
+/// An activation brought back from a snapshot.
+pub(crate) struct Restored {
+    /// Chat length its latest assistant message was generated from.
+    pub(crate) last_reply_view: usize,
+    /// Paused under a sub-task (a caller), rather than current.
+    pub(crate) paused: bool,
+    /// A paused caller's step that waits for its sub-task, and where the turn's outcome
+    /// goes once the task's result completes the step.
+    pub(crate) waiting: Option<(WaitingStep, oneshot::Sender<TurnOutcome>)>,
+}
+
+/// What an activation contributes to a session snapshot: its chat context as committed
+/// (an open step is not in it), the messages of speeches still playing (a snapshot keeps
+/// them as a barge-in would: marked interrupted, heard unknown), its live state, and what
+/// its turn asked for that the session has not run yet.
+pub(crate) struct Part {
+    /// Its history entry now (none before it started).
+    pub(crate) entry: Option<(u32, AgentChat)>,
+    pub(crate) playing: Vec<usize>,
+    pub(crate) live: LiveRecord,
+    /// A handoff or task end its turn decided, waiting for its speech to play out.
+    pub(crate) decided: Option<Decided>,
+}
+
+/// What a turn decided that has not run yet.
+pub(crate) enum Decided {
+    Handoff(crate::handoff::Handoff),
+    EndTask(serde_json::Value),
 }
 
 /// Where a turn's step is committed from: the current activation goes on to the next
@@ -362,10 +401,11 @@ impl Activation {
                 false_timeout: config.false_interruption_timeout,
             },
         };
-        Self {
+        let restored = setup.restored;
+        let mut activation = Self {
             place: Place {
                 order: setup.order,
-                inherited: setup.chat.len(),
+                inherited: setup.inherited.unwrap_or(setup.chat.len()),
                 sub_task_of: setup.sub_task_of,
             },
             id: setup.id,
@@ -385,6 +425,169 @@ impl Activation {
             current: false,
             turn_ended: false,
             armed: None,
+        };
+        if let Some(restored) = restored {
+            activation.restore(restored);
+        }
+        activation
+    }
+
+    /// Puts a restored activation where it was: listening, or paused with the step that
+    /// waits for its sub-task open in the ledger.
+    fn restore(&mut self, restored: Restored) {
+        self.last_reply_view = restored.last_reply_view;
+        self.state = match (restored.paused, restored.waiting) {
+            (false, _) => State::Listening,
+            (true, None) => State::Paused(None),
+            (true, Some((waiting, done))) => {
+                let step = self.shared.ids.next_step();
+                let calls = waiting.calls;
+                self.ledger.open_step(step, calls, &mut |_| {});
+                for (index, output) in waiting.outputs.into_iter().enumerate() {
+                    if let Some(output) = output {
+                        let out = if output.is_error {
+                            CallOutput::error(output.output)
+                        } else if output.reply {
+                            CallOutput::reply(output.output)
+                        } else {
+                            CallOutput::quiet(output.output)
+                        };
+                        self.ledger.answer(step, index, out);
+                    }
+                }
+                let span = tracing::info_span!(
+                    parent: &self.shared.span,
+                    "turn",
+                    session = %self.shared.id(),
+                    agent = %self.agent.name(),
+                    kind = "restored",
+                );
+                State::Paused(Some(Box::new(Turn {
+                    events: Vec::new(),
+                    steps: waiting.steps,
+                    ask: Ask {
+                        tool_choice: waiting.ask.tool_choice,
+                        extra_instructions: waiting.ask.extra_instructions,
+                        deferred_call_ids: waiting.ask.deferred_call_ids,
+                    },
+                    interrupted: false,
+                    interruptibility: Interruptibility::new(self.rules.allow_interruptions),
+                    speeches: Vec::new(),
+                    done,
+                    waiters: Vec::new(),
+                    span,
+                    phase: Phase::Calling {
+                        step,
+                        toolsets: Vec::new(),
+                    },
+                })))
+            }
+        };
+    }
+
+    /// For a restored caller whose step waits for its sub-task: that step's key and the
+    /// index of the call the task's result answers.
+    pub(crate) fn waiting_call(&self) -> Option<(u64, usize)> {
+        let State::Paused(Some(turn)) = &self.state else {
+            return None;
+        };
+        let Phase::Calling { step, .. } = turn.phase else {
+            return None;
+        };
+        let index = self
+            .ledger
+            .open_slots()
+            .position(|(_, out)| out.is_none())?;
+        Some((step, index))
+    }
+
+    /// Its part of a session snapshot (see [`Part`]).
+    pub(crate) fn part(&self) -> Part {
+        let turn = match &self.state {
+            State::Running(turn) | State::Paused(Some(turn)) => Some(turn),
+            State::Closing { turn, .. } => turn.as_ref(),
+            _ => None,
+        };
+        let chat = self.ledger.chat();
+        let mut playing = Vec::new();
+        let mut redo = None;
+        let mut waiting = None;
+        let mut decided = None;
+        if let Some(turn) = turn {
+            for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
+                playing.extend(chat.position_of_speech(speech.id()));
+            }
+            let ask = AskRecord {
+                tool_choice: turn.ask.tool_choice,
+                extra_instructions: turn.ask.extra_instructions.clone(),
+                deferred_call_ids: turn.ask.deferred_call_ids.clone(),
+            };
+            match (&self.state, &turn.phase) {
+                (State::Paused(_), Phase::Calling { .. }) => {
+                    let slots: Vec<_> = self.ledger.open_slots().collect();
+                    let awaiting = slots.iter().position(|(_, out)| out.is_none());
+                    if let Some(awaiting) = awaiting {
+                        waiting = Some(WaitingStep {
+                            ask,
+                            steps: turn.steps,
+                            calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
+                            outputs: slots
+                                .iter()
+                                .map(|(_, out)| {
+                                    out.map(|out| OutputRecord {
+                                        output: out.output.clone(),
+                                        is_error: out.is_error,
+                                        reply: matches!(
+                                            out.effect,
+                                            crate::outcome::Effect::Reply
+                                                | crate::outcome::Effect::Propagate(_)
+                                        ),
+                                    })
+                                })
+                                .collect(),
+                            awaiting,
+                        });
+                    }
+                }
+                // A step in flight is not taken: it is asked again after a restore.
+                (State::Running(_), Phase::Generating(_) | Phase::Calling { .. }) => {
+                    redo = Some(ask);
+                }
+                (_, Phase::Playing { outcome, .. }) => {
+                    decided = match (&outcome.handoff, &outcome.task_result) {
+                        (Some(handoff), _) => Some(Decided::Handoff(handoff.clone())),
+                        (None, Some(value)) => Some(Decided::EndTask(value.clone())),
+                        (None, None) => None,
+                    };
+                }
+                _ => {}
+            }
+        }
+        let own = ScopeRecord::Activation(self.place.order);
+        Part {
+            entry: self.history_entry(true),
+            playing,
+            live: LiveRecord {
+                order: self.place.order,
+                is_task: false,
+                last_reply_view: self.last_reply_view,
+                pending: self
+                    .pending
+                    .iter()
+                    .map(|p| PendingRecord {
+                        scope: match p.scope {
+                            Scope::Session => ScopeRecord::Session,
+                            Scope::Activity(_) => own.clone(),
+                        },
+                        call_id: p.call_id.clone(),
+                        items: p.items.to_vec(),
+                    })
+                    .collect(),
+                redo,
+                waiting,
+                after: Vec::new(),
+            },
+            decided,
         }
     }
 
@@ -867,6 +1070,9 @@ impl Activation {
                 ..Ask::default()
             }),
             TurnKind::Deferred => self.deferred_reply(&mut events),
+            // The LLM step that was in flight when the session was snapshotted: asked again,
+            // the user's message already in the chat.
+            TurnKind::Redo(ask) => Some(ask),
             TurnKind::Say {
                 text,
                 speech,

@@ -150,6 +150,15 @@ impl Ledger {
         });
     }
 
+    /// The open step's calls, each with its output if it has one, for a snapshot.
+    pub(crate) fn open_slots(&self) -> impl Iterator<Item = (&FunctionCall, Option<&CallOutput>)> {
+        self.step.iter().flat_map(|s| {
+            s.slots
+                .iter()
+                .map(|slot| (&slot.call, slot.output.as_ref()))
+        })
+    }
+
     /// The calls of the open step, in order.
     pub(crate) fn open_calls(&self) -> impl Iterator<Item = &FunctionCall> {
         self.step

@@ -40,6 +40,9 @@ pub(crate) enum TurnKind {
     Reply(Option<String>),
     /// The coalesced reply to the tool items pending in the activity.
     Deferred,
+    /// A step that was in flight when the session was snapshotted, asked again after the
+    /// restore (the user's message is in the chat already).
+    Redo(Ask),
     /// A text the agent says as it is (`Session::say`).
     Say {
         text: String,
@@ -55,6 +58,7 @@ impl TurnKind {
             Self::User(_) => "user",
             Self::Reply(_) => "reply",
             Self::Deferred => "deferred",
+            Self::Redo(_) => "redo",
             Self::Say { .. } => "say",
         }
     }

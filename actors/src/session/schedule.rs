@@ -124,6 +124,14 @@ enum Job<W: Work> {
 }
 
 impl<W: Work> Job<W> {
+    fn view(&self) -> JobView<'_, W> {
+        match self {
+            Self::Turn(id, _, turn) => JobView::Turn(*id, turn),
+            Self::Handoff(handoff) => JobView::Handoff(handoff),
+            Self::EndTask(value) => JobView::EndTask(value),
+        }
+    }
+
     fn priority(&self) -> SpeechPriority {
         match self {
             Self::Turn(_, priority, _) => *priority,
@@ -182,6 +190,46 @@ pub(crate) enum Route<W: Work> {
     ScopeClosed(W::Delivery),
     /// They will never land: the session is closed.
     SessionClosed(W::Delivery),
+}
+
+/// A queued job, as a snapshot reads it.
+pub(crate) enum JobView<'a, W: Work> {
+    Turn(TurnId, &'a W::Turn),
+    Handoff(&'a W::Handoff),
+    EndTask(&'a Value),
+}
+
+/// A live activation, as a snapshot reads it: its handle and what a turn of it asked for
+/// that waits for it to be current again.
+pub(crate) struct LiveView<'a, W: Work> {
+    pub(crate) activity: &'a W::Activity,
+    pub(crate) after: Vec<JobView<'a, W>>,
+}
+
+/// A live activation restored from a snapshot: its frame, whether a turn of it is in
+/// flight, and what waits for it to be current again.
+pub(crate) struct RestoredFrame<W: Work> {
+    pub(crate) id: ActorId,
+    pub(crate) activity: W::Activity,
+    pub(crate) in_turn: bool,
+    pub(crate) after: Vec<RestoredJob<W>>,
+}
+
+/// A job restored from a snapshot.
+pub(crate) enum RestoredJob<W: Work> {
+    Turn(W::Turn),
+    Handoff(W::Handoff),
+    EndTask(Value),
+}
+
+impl<W: Work> From<RestoredJob<W>> for Job<W> {
+    fn from(job: RestoredJob<W>) -> Self {
+        match job {
+            RestoredJob::Turn(turn) => Job::Turn(TurnId::Engine, SpeechPriority::Normal, turn),
+            RestoredJob::Handoff(handoff) => Job::Handoff(handoff),
+            RestoredJob::EndTask(value) => Job::EndTask(value),
+        }
+    }
 }
 
 /// Why work was not queued.
@@ -270,6 +318,68 @@ impl<W: Work> Schedule<W> {
         matches!(self.stage, Stage::Closed)
     }
 
+    /// A session restored from a snapshot: `paused` callers (outermost first, each with
+    /// who waits for its sub-task's result) under the `current` agent, the jobs queued for
+    /// it, and whether a deferred reply is wanted.
+    pub(crate) fn restored(
+        mut paused: Vec<(RestoredFrame<W>, W::TaskReply)>,
+        current: RestoredFrame<W>,
+        jobs: Vec<RestoredJob<W>>,
+        reply_wanted: bool,
+    ) -> Self {
+        let frame = |restored: RestoredFrame<W>| Frame {
+            id: restored.id,
+            activity: restored.activity,
+            turn: restored.in_turn.then_some(TurnId::Engine),
+            after: restored.after.into_iter().map(Job::from).collect(),
+        };
+        let mut schedule = Self::new();
+        schedule.stage = Stage::Live {
+            current: frame(current),
+            paused: paused
+                .drain(..)
+                .map(|(restored, reply)| Paused {
+                    frame: frame(restored),
+                    reply,
+                })
+                .collect(),
+        };
+        schedule.jobs = jobs.into_iter().map(Job::from).collect();
+        schedule.reply_wanted = reply_wanted;
+        schedule
+    }
+
+    /// The live activations, outermost paused caller first and the current one last;
+    /// `None` while a switch is under way or once closed (a snapshot waits for the switch).
+    pub(crate) fn live(&self) -> Option<Vec<LiveView<'_, W>>> {
+        let Stage::Live { current, paused } = &self.stage else {
+            return None;
+        };
+        fn view<W: Work>(frame: &Frame<W>) -> LiveView<'_, W> {
+            LiveView {
+                activity: &frame.activity,
+                after: frame.after.iter().map(Job::view).collect(),
+            }
+        }
+        Some(
+            paused
+                .iter()
+                .map(|p| view(&p.frame))
+                .chain(std::iter::once(view(current)))
+                .collect(),
+        )
+    }
+
+    /// The jobs queued for the current agent, in order.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = JobView<'_, W>> {
+        self.jobs.iter().map(Job::view)
+    }
+
+    /// Whether a deferred reply is wanted.
+    pub(crate) fn reply_wanted(&self) -> bool {
+        self.reply_wanted
+    }
+
     /// The current activity, when one is (not during a switch).
     pub(crate) fn current(&self) -> Option<&W::Activity> {
         match &self.stage {
@@ -334,14 +444,14 @@ impl<W: Work> Schedule<W> {
         }
     }
 
-    fn queued(&self) -> usize {
+    fn queued_count(&self) -> usize {
         self.jobs.len() + self.tasks.len()
     }
 
     fn admit(&self) -> Result<(), Refusal> {
         if self.is_closed() {
             Err(Refusal::Closed)
-        } else if self.queued() >= MAX_QUEUED {
+        } else if self.queued_count() >= MAX_QUEUED {
             Err(Refusal::QueueFull { limit: MAX_QUEUED })
         } else {
             Ok(())

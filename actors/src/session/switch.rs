@@ -60,6 +60,7 @@ impl SessionActor {
                 self.links.clone(),
             );
             toolsets.push(SessionToolset {
+                name: def.name.clone(),
                 tools: def.tools.clone(),
                 schemas,
                 mailbox: child.mailbox.clone(),
@@ -164,6 +165,8 @@ impl SessionActor {
             sub_task_of: sub_task_of.clone(),
             handoff_from,
             carried,
+            inherited: None,
+            restored: None,
         });
         let id = child.id().clone();
         let activity = ActivityRef {
@@ -202,7 +205,7 @@ impl SessionActor {
                 return;
             }
             let held = act.schedule.entered(reply_wanted);
-            act.switched();
+            act.switched(ctx);
             then(act, Ok(()));
             for delivery in held {
                 act.deliver(delivery);
@@ -211,9 +214,11 @@ impl SessionActor {
         }));
     }
 
-    /// Tells readers waiting for a current agent that there is one again.
-    fn switched(&self) {
+    /// Tells readers waiting for a current agent that there is one again; snapshots asked
+    /// for during the switch are taken now.
+    pub(super) fn switched(&mut self, ctx: &mut Context<Self>) {
         self.shared.host_view.switched.notify_waiters();
+        self.take_waiting_snapshots(ctx);
     }
 
     /// Pauses the caller (its agent-scoped runs stop, but the one awaiting the task),
@@ -279,7 +284,7 @@ impl SessionActor {
                 .child
                 .mailbox
                 .tell(act.probe.id(), ResumeActivity { carried: pending });
-            act.switched();
+            act.switched(ctx);
             let _ = resumed.reply.send(Ok(resumed.value));
             for delivery in resumed.held {
                 act.deliver(delivery);

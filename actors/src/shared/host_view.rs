@@ -6,7 +6,7 @@
 //! and a message per change would cost the hot path), and the count of live tool runs by
 //! each run as it starts and stops (a counter, so that the settle signal needs no message).
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 use tokio::sync::{watch, Notify};
 
@@ -29,6 +29,9 @@ pub(crate) struct HostView {
     // idle session should not pay for a channel each.
     agent_state: AtomicU8,
     user_state: AtomicU8,
+    /// The id of the last host input applied, as the host records it (`u64::MAX`: none);
+    /// written by the host, carried in snapshots.
+    last_input: AtomicU64,
 }
 
 fn agent_state_code(state: AgentState) -> u8 {
@@ -58,6 +61,21 @@ impl HostView {
             switched: Notify::new(),
             agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
             user_state: AtomicU8::new(user_state_code(UserState::Listening)),
+            last_input: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Records the id of the last host input applied.
+    pub(crate) fn set_last_input(&self, id: Option<u64>) {
+        self.last_input
+            .store(id.unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// The id of the last host input applied, if the host recorded one.
+    pub(crate) fn last_input(&self) -> Option<u64> {
+        match self.last_input.load(Ordering::Acquire) {
+            u64::MAX => None,
+            id => Some(id),
         }
     }
 

@@ -39,6 +39,36 @@ impl Ids {
         self.turn.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// The last speech, step and run numbers given out, for a snapshot.
+    pub(crate) fn counters(&self) -> (u64, u64, u64) {
+        (
+            self.speech.load(Ordering::Relaxed),
+            self.step.load(Ordering::Relaxed),
+            self.run.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Goes on from a snapshot's counters, so no id repeats one in its chat contexts.
+    pub(crate) fn restore_counters(&self, speech: u64, step: u64, run: u64) {
+        self.speech.store(speech, Ordering::Relaxed);
+        self.step.store(step, Ordering::Relaxed);
+        self.run.store(run, Ordering::Relaxed);
+    }
+
+    /// How many call ids were issued or reserved, and those after the first `from`.
+    pub(crate) fn call_ids_since(&self, from: usize) -> (usize, Vec<String>) {
+        let ids = self.call_ids.lock().unwrap_or_else(|p| p.into_inner());
+        (ids.len(), ids.since(from))
+    }
+
+    /// Reserves call ids a snapshot issued, in order.
+    pub(crate) fn reserve_issued(&self, issued: &[String]) {
+        let mut ids = self.call_ids.lock().unwrap_or_else(|p| p.into_inner());
+        for id in issued {
+            ids.reserve(id);
+        }
+    }
+
     /// The session-unique canonical id of a call the model made (see `call_ids`).
     pub(crate) fn canonical_call_id(&self, provider_id: &str) -> String {
         self.call_ids

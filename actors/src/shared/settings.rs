@@ -45,7 +45,30 @@ pub(crate) struct SessionSettings {
     pub(crate) prompts: Prompts,
     pub(crate) mocks: HashMap<String, MockBody>,
     pub(crate) userdata: Option<Arc<dyn Any + Send + Sync>>,
+    /// Writes the user data as JSON for a snapshot, when it was given as serde data.
+    pub(crate) userdata_json: Option<UserdataJson>,
     pub(crate) session_tools: SessionTools,
+    /// 0 for a session never restored; one more at each restore (fencing).
+    pub(crate) epoch: u64,
+}
+
+/// Writes a session's user data as JSON.
+pub(crate) type UserdataJson =
+    Arc<dyn Fn(&(dyn Any + Send + Sync)) -> Option<serde_json::Value> + Send + Sync>;
+
+/// The writer of a `T`'s JSON, for user data given as serde data.
+pub(crate) fn userdata_json<T: serde::Serialize + Any + Send + Sync>() -> UserdataJson {
+    Arc::new(|data| {
+        let data = data.downcast_ref::<T>()?;
+        match serde_json::to_value(data) {
+            Ok(value) => Some(value),
+            Err(err) => {
+                // The snapshot goes without it; the restore then reports the gap.
+                tracing::warn!(%err, "the session's user data did not serialize");
+                None
+            }
+        }
+    })
 }
 
 impl SessionSettings {

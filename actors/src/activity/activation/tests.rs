@@ -134,6 +134,8 @@ fn setup(output: Output, agent: Agent, chat: ChatContext, carried: Vec<PendingIt
         sub_task_of: None,
         handoff_from: None,
         carried,
+        inherited: None,
+        restored: None,
     });
     Fixture {
         machine,

@@ -1,0 +1,1041 @@
+//! Snapshots of a session (SPEC §14): taking one, in full or as a delta, saving after
+//! every settled turn, and starting a session again from one.
+//!
+//! **Taking one.** The session waits for a switch under way to end (a handoff or a
+//! sub-task's start or end: the snapshot is of a settled stack of agents), holds new work
+//! back while it collects, asks each live activation for its part (its chat context as
+//! committed, its live state, its own background calls) and each session toolset for its
+//! background calls, and adds what it keeps itself: the pause stack, queued work, whether a
+//! deferred reply is wanted, the closed activations from the history, the ids and
+//! counters. An activation answers in its mailbox order, after every tool item relayed to
+//! it before.
+//!
+//! **The chain.** Each snapshot or delta is a link: a full one starts the chain at its
+//! `seq`, a delta moves it on by one. The session remembers what it wrote of each
+//! activation's chat context (a reference-counted clone: nothing is copied), so a delta
+//! carries only the items appended since — or, after a chat was cut (a playout report,
+//! a hook's rewrite), those after the first that changed.
+//!
+//! **Restoring.** The host side checks everything first (schema, agents from the registry,
+//! user data): nothing starts on a snapshot that cannot be restored. Then the session
+//! rebuilds its history, ids and counters, spawns the live activations where they were
+//! (no `on_enter`), puts its schedule back, runs again the LLM step that was in flight,
+//! and hands each background call to its tool's restore policy.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use actix::prelude::*;
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
+use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor, TaskReply};
+use crate::activity::{
+    finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided, DeliverToolItems,
+    PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult, TurnKind, TurnOutcome,
+};
+use crate::agent::Agent;
+use crate::chat::{ChatContext, ChatItem};
+use crate::delivery::{DeliveryAnswer, Scope};
+use crate::error::SessionError;
+use crate::handoff::Handoff;
+use crate::history::{AgentChat, SubTaskOf};
+use crate::ids::ActorId;
+use crate::llm::Llm;
+use crate::snapshot::{
+    ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
+    SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
+};
+use crate::snapshot_store::{SnapshotStore, StoreError};
+use crate::starting_chat::StartingChat;
+use crate::toolset::{BackgroundCall, ListBackground, ResumeRun, Resumed, ABANDONED};
+
+/// A snapshot as the host asked for it: in full, or what changed since the last one.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub enum SnapshotUpdate {
+    /// The whole session (the first of a chain, or when asked for in full).
+    Full(SessionSnapshot),
+    /// What changed since the snapshot or delta taken before it.
+    Delta(SnapshotDelta),
+}
+
+/// Sent by the host (`Session::snapshot`, `Session::snapshot_update`): takes a snapshot
+/// at the last consistent point, in full or as a delta on the chain. Answered once the
+/// parts are in; during a switch, once the switch has ended.
+pub(crate) struct TakeSnapshot {
+    pub(crate) full: bool,
+}
+
+impl Message for TakeSnapshot {
+    type Result = Result<SnapshotUpdate, SessionError>;
+}
+
+impl Handler<TakeSnapshot> for SessionActor {
+    type Result = ResponseFuture<Result<SnapshotUpdate, SessionError>>;
+
+    fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.snapshot(msg.full, Taker::Host(tx), ctx);
+        Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
+    }
+}
+
+/// Sent by the host (`Session::set_last_input`): the id of the last host input sent.
+/// Applied in mailbox order, after the inputs sent before it, so a snapshot holds an
+/// input exactly when it holds its id.
+pub(crate) struct RecordInput {
+    pub(crate) id: u64,
+}
+
+impl Message for RecordInput {
+    type Result = ();
+}
+
+impl Handler<RecordInput> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RecordInput, _ctx: &mut Self::Context) {
+        self.shared.host_view.set_last_input(Some(msg.id));
+    }
+}
+
+/// Who a snapshot being collected is for.
+pub(super) enum Taker {
+    /// The host, waiting for it.
+    Host(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
+    /// The session's own store, after a settled turn.
+    Store(Arc<dyn SnapshotStore>),
+}
+
+impl Taker {
+    fn answer(
+        self,
+        taken: Result<SnapshotUpdate, SessionError>,
+        actor: &mut SessionActor,
+        ctx: &mut Context<SessionActor>,
+    ) {
+        match self {
+            Self::Host(tx) => {
+                let _ = tx.send(taken);
+            }
+            Self::Store(store) => match taken {
+                Ok(update) => actor.store(store, update, ctx),
+                Err(err) => {
+                    tracing::debug!(%err, "no snapshot to save");
+                    if let Some(saver) = actor.chain.saver.as_mut() {
+                        saver.busy = false;
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// What the session remembers of the snapshots it took: where its chain is, and what it
+/// wrote of each activation and of the call ids.
+#[derive(Default)]
+pub(super) struct Chain {
+    /// The `seq` of the last snapshot or delta taken.
+    seq: u64,
+    /// Whether one was taken (a delta needs one before it).
+    started: bool,
+    /// Per activation order: the chat as written, and from which item it was stored.
+    written: HashMap<u32, Written>,
+    /// How many call ids were written.
+    call_ids: usize,
+    /// The store's end of the chain, when the session saves after settled turns.
+    saver: Option<Saver>,
+    /// Requests waiting for a switch to end.
+    waiting: Vec<(bool, Taker)>,
+    /// Snapshots being collected: new work waits meanwhile.
+    collecting: u32,
+}
+
+struct Written {
+    chat: ChatContext,
+    from: usize,
+}
+
+/// The session's own saving to a store.
+pub(super) struct Saver {
+    pub(super) store: Arc<dyn SnapshotStore>,
+    /// The `seq` the store holds last, if it holds any.
+    stored: Option<u64>,
+    /// Deltas written since the last full snapshot.
+    deltas: u32,
+    /// A save under way (the next waits: a delta must follow what the store has).
+    busy: bool,
+    /// A settled turn came while a save was under way: save again after it.
+    again: bool,
+}
+
+/// After this many deltas the session saves a full snapshot: loading applies every delta
+/// after the last full one.
+const DELTAS_PER_FULL: u32 = 64;
+
+impl Saver {
+    pub(super) fn new(store: Arc<dyn SnapshotStore>) -> Self {
+        Self {
+            store,
+            stored: None,
+            deltas: 0,
+            busy: false,
+            again: false,
+        }
+    }
+}
+
+impl Chain {
+    /// Whether new work waits (a snapshot is being collected).
+    pub(super) fn holds_work(&self) -> bool {
+        self.collecting > 0
+    }
+
+    /// Starts the session's saving to `store`.
+    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>) {
+        self.saver = Some(Saver::new(store));
+    }
+}
+
+/// One activation as the chain reads it.
+struct View {
+    order: u32,
+    activity: String,
+    agent: String,
+    data: Value,
+    chat: ChatContext,
+    inherited: usize,
+    sub_task_of: Option<SubTaskOf>,
+    /// Messages of speeches still playing (marked interrupted in the snapshot).
+    playing: Vec<usize>,
+    closed: bool,
+}
+
+impl SessionActor {
+    /// The session settled after a turn: save to the store, if it has one (a delta, or a
+    /// full snapshot when the store holds none to apply it to, holds the last one of
+    /// another chain, or has collected enough deltas).
+    pub(super) fn save_settled(&mut self, ctx: &mut Context<Self>) {
+        let seq = self.chain.seq;
+        let started = self.chain.started;
+        let Some(saver) = self.chain.saver.as_mut() else {
+            return;
+        };
+        if saver.busy {
+            saver.again = true;
+            return;
+        }
+        saver.busy = true;
+        saver.again = false;
+        let full = !started || saver.stored != Some(seq) || saver.deltas >= DELTAS_PER_FULL;
+        let store = saver.store.clone();
+        self.snapshot(full, Taker::Store(store), ctx);
+    }
+
+    /// Writes a snapshot taken for the store; once written, the next settled turn saves
+    /// the next delta.
+    fn store(
+        &mut self,
+        store: Arc<dyn SnapshotStore>,
+        update: SnapshotUpdate,
+        ctx: &mut Context<Self>,
+    ) {
+        let (seq, full, write) = match &update {
+            SnapshotUpdate::Full(snapshot) => (snapshot.seq, true, store.save(snapshot)),
+            SnapshotUpdate::Delta(delta) => (delta.base + 1, false, store.append(delta)),
+        };
+        ctx.spawn(write.into_actor(self).map(move |written, act, ctx| {
+            let Some(saver) = act.chain.saver.as_mut() else {
+                return;
+            };
+            saver.busy = false;
+            match written {
+                Ok(()) => {
+                    saver.stored = Some(seq);
+                    saver.deltas = if full { 0 } else { saver.deltas + 1 };
+                }
+                Err(err) => {
+                    // The next save writes in full (the store may lack what a delta
+                    // would follow).
+                    saver.stored = None;
+                    if !matches!(err, StoreError::NoBase { .. }) {
+                        let message = format!("the session's snapshot was not saved: {err}");
+                        tracing::warn!(session = %act.shared.id(), "{message}");
+                        act.shared
+                            .events
+                            .emit(crate::events::SessionEvent::Error { message });
+                    }
+                }
+            }
+            if std::mem::take(&mut saver.again) {
+                act.save_settled(ctx);
+            }
+        }));
+    }
+
+    /// Takes a snapshot for `taker`: at once when an agent is current, after the switch
+    /// under way otherwise.
+    pub(super) fn snapshot(&mut self, full: bool, taker: Taker, ctx: &mut Context<Self>) {
+        if self.schedule.is_closed() {
+            taker.answer(Err(SessionError::Closed), self, ctx);
+            return;
+        }
+        let Some(live) = self.schedule.live() else {
+            self.chain.waiting.push((full, taker));
+            return;
+        };
+        let me = self.id();
+        let stack: Vec<ActivityRef> = live.iter().map(|view| view.activity.clone()).collect();
+        let parts: Vec<_> = stack
+            .iter()
+            .map(|activity| activity.child.mailbox.ask(&me, SnapshotActivation))
+            .collect();
+        let session_background: Vec<_> = self
+            .toolsets
+            .iter()
+            .map(|toolset| {
+                let ask = toolset.mailbox.ask(&me, ListBackground);
+                let name = toolset.name.clone();
+                async move { (name, ask.await.unwrap_or_default()) }
+            })
+            .collect();
+        self.chain.collecting += 1;
+        let parts = futures_util::future::join_all(parts);
+        let background = futures_util::future::join_all(session_background);
+        ctx.spawn(
+            async move { (parts.await, background.await) }
+                .into_actor(self)
+                .map(move |(parts, background), act, ctx| {
+                    act.chain.collecting -= 1;
+                    let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
+                        Ok(parts) => Ok(act.write(full, &stack, parts, background)),
+                        // An activation stopped meanwhile: the session is closing.
+                        Err(_) => Err(SessionError::Closed),
+                    };
+                    taker.answer(taken, act, ctx);
+                    act.pump(ctx);
+                }),
+        );
+    }
+
+    /// Snapshots asked for during a switch, once it has ended.
+    pub(super) fn take_waiting_snapshots(&mut self, ctx: &mut Context<Self>) {
+        for (full, taker) in std::mem::take(&mut self.chain.waiting) {
+            self.snapshot(full, taker, ctx);
+        }
+    }
+
+    /// Builds the snapshot (or delta) from the parts collected.
+    fn write(
+        &mut self,
+        full: bool,
+        stack: &[ActivityRef],
+        parts: Vec<ActivationSnapshot>,
+        session_background: Vec<(String, Vec<BackgroundCall>)>,
+    ) -> SnapshotUpdate {
+        let mut running: Vec<RunningRecord> = session_background
+            .into_iter()
+            .flat_map(|(toolset, calls)| {
+                calls.into_iter().map(move |c| RunningRecord {
+                    scope: ScopeRecord::Session,
+                    toolset: toolset.clone(),
+                    call: c.call,
+                    updates: c.updates,
+                    checkpoint: c.checkpoint,
+                })
+            })
+            .collect();
+        let live_after = self.schedule.live().unwrap_or_default();
+        let mut records = Vec::with_capacity(parts.len());
+        let mut views: Vec<View> = self
+            .shared
+            .history
+            .closed()
+            .into_iter()
+            .map(|(order, entry)| view_of(order, entry, Value::Null, Vec::new(), true))
+            .collect();
+        for ((activity, part), frame) in stack.iter().zip(parts).zip(&live_after) {
+            let ActivationSnapshot { part, background } = part;
+            let mut live = part.live;
+            running.extend(background.into_iter().map(|(toolset, c)| RunningRecord {
+                scope: ScopeRecord::Activation(live.order),
+                toolset,
+                call: c.call,
+                updates: c.updates,
+                checkpoint: c.checkpoint,
+            }));
+            live.after = frame.after.iter().filter_map(job_record).collect();
+            match part.decided {
+                Some(Decided::Handoff(handoff)) => live.after.insert(0, handoff_record(&handoff)),
+                Some(Decided::EndTask(value)) => live.after.insert(0, JobRecord::EndTask { value }),
+                None => {}
+            }
+            if let Some((_, entry)) = part.entry {
+                views.push(view_of(
+                    live.order,
+                    entry,
+                    activity.agent.restore_data().clone(),
+                    part.playing,
+                    false,
+                ));
+            }
+            records.push(live);
+        }
+        views.sort_by_key(|v| v.order);
+        let (speech, step, run) = self.shared.ids.counters();
+        let mut generations: Vec<(String, u32)> = self
+            .generations
+            .iter()
+            .map(|(name, generation)| (name.clone(), *generation))
+            .collect();
+        generations.sort();
+        let head = SnapshotHead {
+            session: self.shared.id().to_string(),
+            epoch: self.shared.settings.epoch,
+            last_input: self.shared.host_view.last_input(),
+            stack: records,
+            jobs: self
+                .schedule
+                .queued()
+                .filter_map(|job| job_record(&job))
+                .collect(),
+            reply_wanted: self.schedule.reply_wanted(),
+            running,
+            userdata: match (
+                &self.shared.settings.userdata_json,
+                &self.shared.settings.userdata,
+            ) {
+                (Some(write), Some(data)) => write(data.as_ref()),
+                _ => None,
+            },
+            generations,
+            counters: Counters {
+                activations: self.started,
+                speech,
+                step,
+                run,
+            },
+        };
+        let (issued, call_ids) = self
+            .shared
+            .ids
+            .call_ids_since(if full || !self.chain.started {
+                0
+            } else {
+                self.chain.call_ids
+            });
+        self.chain.call_ids = issued;
+        if full || !self.chain.started {
+            SnapshotUpdate::Full(self.chain.full(head, views, call_ids))
+        } else {
+            SnapshotUpdate::Delta(self.chain.delta(head, views, call_ids))
+        }
+    }
+}
+
+/// An activation's history entry as the chain reads it.
+fn view_of(order: u32, entry: AgentChat, data: Value, playing: Vec<usize>, closed: bool) -> View {
+    View {
+        order,
+        activity: entry.activity.to_string(),
+        agent: entry.agent,
+        data,
+        chat: entry.chat,
+        inherited: entry.inherited,
+        sub_task_of: entry.sub_task_of,
+        playing,
+        closed,
+    }
+}
+
+/// A queued job as a snapshot records it; turns the host awaits are the host's to send
+/// again (the cluster's gateway does), so they are left out, and so is a `say`.
+fn job_record(job: &JobView<'_, super::Actors>) -> Option<JobRecord> {
+    match job {
+        JobView::Handoff(planned) => Some(handoff_record(&planned.handoff)),
+        JobView::EndTask(value) => Some(JobRecord::EndTask {
+            value: (*value).clone(),
+        }),
+        JobView::Turn(TurnId::Engine, turn) => match &turn.kind {
+            TurnKind::Reply(instructions) if turn.reply.is_none() => Some(JobRecord::Reply {
+                instructions: instructions.clone(),
+            }),
+            _ => None,
+        },
+        JobView::Turn(TurnId::Host(_), _) => None,
+    }
+}
+
+fn handoff_record(handoff: &Handoff) -> JobRecord {
+    JobRecord::Handoff {
+        agent: handoff.agent.name().to_owned(),
+        data: handoff.agent.restore_data().clone(),
+        message: handoff.message.clone(),
+        chat: handoff.chat.as_ref().map(starting_chat_record),
+    }
+}
+
+fn starting_chat_record(chat: &StartingChat) -> StartingChatRecord {
+    match chat {
+        StartingChat::All => StartingChatRecord::All,
+        StartingChat::Empty => StartingChatRecord::Empty,
+        StartingChat::LastItems(n) => StartingChatRecord::LastItems { n: *n },
+        StartingChat::Given(given) => StartingChatRecord::Given {
+            items: given.chat().items().to_vec(),
+        },
+    }
+}
+
+fn starting_chat(record: &StartingChatRecord) -> StartingChat {
+    match record {
+        StartingChatRecord::All => StartingChat::All,
+        StartingChatRecord::Empty => StartingChat::Empty,
+        StartingChatRecord::LastItems { n } => StartingChat::LastItems(*n),
+        StartingChatRecord::Given { items } => {
+            let mut chat = ChatContext::new();
+            chat.extend(items.iter().cloned());
+            // Checked when it was first given; a snapshot changed since reads as empty.
+            StartingChat::given(chat).unwrap_or(StartingChat::Empty)
+        }
+    }
+}
+
+/// The items of a view, messages of speeches still playing marked interrupted.
+fn marked_items(view: &View) -> Vec<ChatItem> {
+    let mut items = view.chat.items().to_vec();
+    for &at in &view.playing {
+        if let Some(ChatItem::Message(message)) = items.get_mut(at) {
+            message.interrupted = true;
+        }
+    }
+    items
+}
+
+impl Chain {
+    /// A full snapshot: the chain starts again at its `seq`.
+    fn full(
+        &mut self,
+        head: SnapshotHead,
+        views: Vec<View>,
+        call_ids: Vec<String>,
+    ) -> SessionSnapshot {
+        if self.started {
+            self.seq += 1;
+        }
+        self.started = true;
+        self.written.clear();
+        let closed: HashMap<u32, ChatContext> = views
+            .iter()
+            .filter(|v| v.closed)
+            .map(|v| (v.order, v.chat.clone()))
+            .collect();
+        let activations = views
+            .iter()
+            .map(|view| self.record(view, &closed))
+            .collect();
+        SessionSnapshot {
+            version: SNAPSHOT_VERSION,
+            seq: self.seq,
+            head,
+            activations,
+            call_ids,
+        }
+    }
+
+    /// A delta: what changed since the chain's last link.
+    fn delta(
+        &mut self,
+        head: SnapshotHead,
+        views: Vec<View>,
+        call_ids: Vec<String>,
+    ) -> SnapshotDelta {
+        let base = self.seq;
+        self.seq += 1;
+        let closed: HashMap<u32, ChatContext> = views
+            .iter()
+            .filter(|v| v.closed)
+            .map(|v| (v.order, v.chat.clone()))
+            .collect();
+        let mut chats = Vec::new();
+        let mut activations = Vec::new();
+        for view in &views {
+            let Some(written) = self.written.get(&view.order) else {
+                activations.push(self.record(view, &closed));
+                continue;
+            };
+            let unmarked = view.playing.is_empty();
+            if unmarked && view.chat.extends(&written.chat) {
+                if view.chat.len() == written.chat.len() {
+                    continue;
+                }
+                let from = written.from;
+                chats.push(ChatChange {
+                    order: view.order,
+                    keep: written.chat.len() - from,
+                    append: view.chat.items()[written.chat.len()..].to_vec(),
+                });
+                self.written.insert(
+                    view.order,
+                    Written {
+                        chat: view.chat.clone(),
+                        from,
+                    },
+                );
+                continue;
+            }
+            // Cut or rewritten since (or marked): what follows the first item that changed.
+            let items = marked_items(view);
+            let same = written
+                .chat
+                .items()
+                .iter()
+                .zip(&items)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if same == written.chat.len() && same == items.len() {
+                continue;
+            }
+            if same < written.from {
+                // The part written once for all (the inherited items) changed: write the
+                // activation again.
+                activations.push(self.record(view, &closed));
+                continue;
+            }
+            let from = written.from;
+            chats.push(ChatChange {
+                order: view.order,
+                keep: same - from,
+                append: items[same..].to_vec(),
+            });
+            let mut chat = ChatContext::new();
+            chat.extend(items);
+            self.written.insert(view.order, Written { chat, from });
+        }
+        SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base,
+            head,
+            chats,
+            activations,
+            call_ids,
+        }
+    }
+
+    /// An activation's record, written once; its inherited items are not written again
+    /// when they are the chat of an activation that had closed.
+    fn record(&mut self, view: &View, closed: &HashMap<u32, ChatContext>) -> ActivationRecord {
+        let source = closed.iter().find(|(order, chat)| {
+            **order < view.order
+                && view.inherited > 0
+                && chat.len() == view.inherited
+                && view.chat.extends(chat)
+        });
+        let (inherited_from, from) = match (source, view.playing.is_empty()) {
+            (Some((order, _)), true) => (Some(*order), view.inherited),
+            _ => (None, 0),
+        };
+        let items = if view.playing.is_empty() {
+            view.chat.items()[from..].to_vec()
+        } else {
+            marked_items(view)
+        };
+        let chat = if view.playing.is_empty() {
+            view.chat.clone()
+        } else {
+            let mut chat = ChatContext::new();
+            chat.extend(items.iter().cloned());
+            chat
+        };
+        self.written.insert(view.order, Written { chat, from });
+        ActivationRecord {
+            order: view.order,
+            activity: view.activity.clone(),
+            agent: view.agent.clone(),
+            data: view.data.clone(),
+            inherited: view.inherited,
+            inherited_from,
+            items,
+            sub_task_of: view.sub_task_of.as_ref().map(|s| SubTaskRecord {
+                caller: s.caller.to_string(),
+                after: s.after,
+            }),
+        }
+    }
+}
+
+/// What a restore starts from: the snapshot, and the agents it names, built from the
+/// registry and checked against this session before anything started.
+pub(crate) struct RestorePlan {
+    pub(crate) snapshot: SessionSnapshot,
+    /// The agents of the live activations, by order.
+    pub(crate) live: HashMap<u32, (Agent, Arc<dyn Llm>)>,
+    /// The agents of the queued handoffs, in the order the snapshot lists them: the
+    /// session's jobs, then each live activation's `after`.
+    pub(crate) handoffs: std::collections::VecDeque<(Agent, Arc<dyn Llm>)>,
+}
+
+impl RestorePlan {
+    /// Builds every agent the snapshot names with `build` (the registry) and checks it can
+    /// start here with `check` (its model, its tool names): a snapshot that cannot be
+    /// restored fails here, before anything starts.
+    pub(crate) fn new(
+        snapshot: SessionSnapshot,
+        build: impl Fn(&str, &Value) -> Result<Agent, SessionError>,
+        check: impl Fn(&Agent) -> Result<Arc<dyn Llm>, SessionError>,
+    ) -> Result<Self, SessionError> {
+        let mut live = HashMap::new();
+        for record in &snapshot.head.stack {
+            let activation = snapshot
+                .activations
+                .iter()
+                .find(|a| a.order == record.order)
+                .ok_or_else(|| {
+                    SessionError::from(crate::snapshot::SnapshotError::Corrupt {
+                        reason: format!("live activation {} has no record", record.order),
+                    })
+                })?;
+            let agent = build(&activation.agent, &activation.data)?;
+            let llm = check(&agent)?;
+            live.insert(record.order, (agent, llm));
+        }
+        if live.is_empty() {
+            return Err(crate::snapshot::SnapshotError::Corrupt {
+                reason: "no agent is current".to_owned(),
+            }
+            .into());
+        }
+        let mut handoffs = std::collections::VecDeque::new();
+        let queued = snapshot
+            .head
+            .jobs
+            .iter()
+            .chain(snapshot.head.stack.iter().flat_map(|r| r.after.iter()));
+        for job in queued {
+            if let JobRecord::Handoff { agent, data, .. } = job {
+                let agent = build(agent, data)?;
+                let llm = check(&agent)?;
+                handoffs.push_back((agent, llm));
+            }
+        }
+        Ok(Self {
+            snapshot,
+            live,
+            handoffs,
+        })
+    }
+}
+
+/// Each activation's whole chat, its inherited items taken from the activation they were
+/// written with.
+fn chats(records: &[ActivationRecord]) -> HashMap<u32, ChatContext> {
+    let mut chats: HashMap<u32, ChatContext> = HashMap::new();
+    for record in records {
+        let mut chat = match record.inherited_from.and_then(|from| chats.get(&from)) {
+            Some(source) => {
+                let mut chat = ChatContext::new();
+                chat.extend(
+                    source.items()[..record.inherited.min(source.len())]
+                        .iter()
+                        .cloned(),
+                );
+                chat
+            }
+            None => ChatContext::new(),
+        };
+        chat.extend(record.items.iter().cloned());
+        chats.insert(record.order, chat);
+    }
+    chats
+}
+
+/// The generation an activity id carries (`activity/s1/booker#2` → 2).
+fn generation_of(activity: &str) -> u32 {
+    activity
+        .rsplit('#')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1)
+}
+
+impl SessionActor {
+    /// Starts the session again from a snapshot (see the module docs).
+    pub(super) fn restore(&mut self, plan: RestorePlan, ctx: &mut Context<Self>) {
+        let RestorePlan {
+            snapshot,
+            mut live,
+            mut handoffs,
+        } = plan;
+        let head = snapshot.head;
+        let Counters {
+            activations,
+            speech,
+            step,
+            run,
+        } = head.counters;
+        self.shared.ids.restore_counters(speech, step, run);
+        self.shared.ids.reserve_issued(&snapshot.call_ids);
+        self.shared.host_view.set_last_input(head.last_input);
+        self.started = activations;
+        self.generations = head.generations.iter().cloned().collect();
+        let chats = chats(&snapshot.activations);
+        let live_orders: Vec<u32> = head.stack.iter().map(|r| r.order).collect();
+        let session_id = self.shared.id().clone();
+        let sub_task_of = |record: &ActivationRecord| {
+            record.sub_task_of.as_ref().map(|s| SubTaskOf {
+                caller: ActorId::new(s.caller.as_str()),
+                after: s.after,
+            })
+        };
+        // The chain goes on from the snapshot: the next delta follows it.
+        self.chain.started = true;
+        self.chain.seq = snapshot.seq;
+        self.chain.call_ids = snapshot.call_ids.len();
+        for record in &snapshot.activations {
+            let chat = chats.get(&record.order).cloned().unwrap_or_default();
+            let from = if record.inherited_from.is_some() {
+                record.inherited
+            } else {
+                0
+            };
+            self.chain.written.insert(
+                record.order,
+                Written {
+                    chat: chat.clone(),
+                    from,
+                },
+            );
+            if !live_orders.contains(&record.order) {
+                self.shared.history.record(
+                    record.order,
+                    AgentChat {
+                        agent: record.agent.clone(),
+                        activity: ActorId::new(record.activity.as_str()),
+                        chat,
+                        inherited: record.inherited,
+                        live: false,
+                        sub_task_of: sub_task_of(record),
+                    },
+                );
+            }
+        }
+        let mut next_handoff = |job: &JobRecord| -> Option<RestoredJob<super::Actors>> {
+            Some(match job {
+                JobRecord::Handoff { message, chat, .. } => {
+                    let (agent, llm) = handoffs.pop_front()?;
+                    let mut handoff = Handoff::to(agent);
+                    handoff.message = message.clone();
+                    handoff.chat = chat.as_ref().map(starting_chat);
+                    RestoredJob::Handoff(PlannedHandoff {
+                        handoff,
+                        llm,
+                        done: HandoffDone::Nobody,
+                    })
+                }
+                JobRecord::Reply { instructions } => RestoredJob::Turn(QueuedTurn {
+                    kind: TurnKind::Reply(instructions.clone()),
+                    reply: None,
+                }),
+                JobRecord::EndTask { value } => RestoredJob::EndTask(value.clone()),
+            })
+        };
+        let mut jobs: Vec<RestoredJob<super::Actors>> =
+            head.jobs.iter().filter_map(&mut next_handoff).collect();
+        let depth = head.stack.len();
+        let mut paused = Vec::new();
+        let mut current = None;
+        let mut by_order: HashMap<u32, ActivityRef> = HashMap::new();
+        for (index, record) in head.stack.into_iter().enumerate() {
+            let is_current = index + 1 == depth;
+            let Some(activation) = snapshot
+                .activations
+                .iter()
+                .find(|a| a.order == record.order)
+            else {
+                continue;
+            };
+            let Some((agent, llm)) = live.remove(&record.order) else {
+                continue;
+            };
+            let generation = generation_of(&activation.activity);
+            let id = ActorId::activity(&session_id, agent.name(), generation);
+            let in_turn = record.waiting.is_some();
+            let (waiting, turn_done, task) = match record.waiting {
+                Some(waiting) => {
+                    let (done, outcome) = oneshot::channel::<TurnOutcome>();
+                    let (reply, result) = oneshot::channel::<TaskResult>();
+                    (Some((waiting, done)), Some(outcome), Some((reply, result)))
+                }
+                None => (None, None, None),
+            };
+            let (task_reply, task_result): (TaskReply, Option<oneshot::Receiver<TaskResult>>) =
+                match task {
+                    Some((reply, result)) => (reply, Some(result)),
+                    // Whoever waited for this caller's sub-task (a host's `run_task`) was
+                    // in the old process.
+                    None => (oneshot::channel().0, None),
+                };
+            let carried: Vec<PendingItem> = record
+                .pending
+                .iter()
+                .map(|p| PendingItem {
+                    scope: match p.scope {
+                        ScopeRecord::Session => Scope::Session,
+                        ScopeRecord::Activation(_) => Scope::Activity(id.clone()),
+                    },
+                    call_id: p.call_id.clone(),
+                    items: Arc::from(p.items.clone()),
+                })
+                .collect();
+            let child = ActivityActor::spawn(ActivitySpec {
+                agent: agent.clone(),
+                llm,
+                generation,
+                is_task: record.is_task,
+                shared: self.shared.clone(),
+                links: self.links.clone(),
+                session_toolsets: self.toolsets.clone(),
+                chat: chats.get(&record.order).cloned().unwrap_or_default(),
+                order: record.order,
+                inherited: Some(activation.inherited),
+                sub_task_of: sub_task_of(activation),
+                handoff_from: None,
+                carried,
+                restored: Some((
+                    Restored {
+                        last_reply_view: record.last_reply_view,
+                        paused: !is_current,
+                        waiting,
+                    },
+                    task_result,
+                )),
+            });
+            let activity = ActivityRef {
+                child,
+                agent: agent.clone(),
+                sub_task_of: sub_task_of(activation),
+            };
+            by_order.insert(record.order, activity.clone());
+            if let Some(outcome) = turn_done {
+                let (waiting_id, name) = (id.clone(), agent.name().to_owned());
+                ctx.spawn(outcome.into_actor(self).map(move |outcome, act, ctx| {
+                    let outcome =
+                        outcome.unwrap_or_else(|_| TurnOutcome::failed(SessionError::Closed));
+                    act.turn_done(&waiting_id, &name, outcome, None, ctx);
+                }));
+            }
+            let after = record.after.iter().filter_map(&mut next_handoff).collect();
+            let frame = RestoredFrame {
+                id: id.clone(),
+                activity,
+                in_turn,
+                after,
+            };
+            if is_current {
+                if let Some(ask) = record.redo {
+                    // The step in flight at the snapshot is asked again, first.
+                    jobs.insert(
+                        0,
+                        RestoredJob::Turn(QueuedTurn {
+                            kind: TurnKind::Redo(Ask {
+                                tool_choice: ask.tool_choice,
+                                extra_instructions: ask.extra_instructions,
+                                deferred_call_ids: ask.deferred_call_ids,
+                            }),
+                            reply: None,
+                        }),
+                    );
+                }
+                current = Some((frame, !record.pending.is_empty()));
+            } else {
+                paused.push((frame, task_reply));
+            }
+        }
+        let Some((current, pending)) = current else {
+            // Not reached: the plan checked that an agent is current.
+            self.begin_close("the snapshot has no current agent", ctx);
+            return;
+        };
+        let current_activity = current.activity.clone();
+        self.schedule = Schedule::restored(paused, current, jobs, head.reply_wanted || pending);
+        // Background calls: each tool's restore policy says what becomes of them.
+        let me = self.id();
+        let mut restore_calls: HashMap<u32, Vec<(String, BackgroundCall)>> = HashMap::new();
+        for running in head.running {
+            let background = BackgroundCall {
+                call: running.call,
+                updates: running.updates,
+                checkpoint: running.checkpoint,
+            };
+            match running.scope {
+                ScopeRecord::Activation(order) => restore_calls
+                    .entry(order)
+                    .or_default()
+                    .push((running.toolset, background)),
+                ScopeRecord::Session => {
+                    self.restore_session_call(&running.toolset, background, &current_activity, ctx)
+                }
+            }
+        }
+        for (order, calls) in restore_calls {
+            // An agent-scoped call of an activation that is not live had stopped with it.
+            if let Some(target) = by_order.get(&order) {
+                // Once per activation.
+                target.child.mailbox.tell(&me, RestoreCalls { calls });
+            }
+        }
+        self.switched(ctx);
+        self.pump(ctx);
+    }
+
+    /// A session-scoped call that was running in the background at the snapshot: its
+    /// tool's restore policy runs it again, or it ends in the current agent's chat.
+    fn restore_session_call(
+        &mut self,
+        toolset: &str,
+        background: BackgroundCall,
+        current: &ActivityRef,
+        ctx: &mut Context<Self>,
+    ) {
+        let me = self.id();
+        let target = self
+            .toolsets
+            .iter()
+            .find(|t| t.name == toolset)
+            .map(|t| t.mailbox.clone());
+        let call = background.call.clone();
+        let resume = ResumeRun {
+            call: background.call,
+            agent: current.agent.clone(),
+            is_task: self.schedule.in_task(),
+            updates: background.updates,
+            checkpoint: background.checkpoint,
+        };
+        let ask = target.map(|toolset| toolset.ask(&me, resume));
+        ctx.spawn(
+            async move {
+                match ask {
+                    Some(ask) => ask.await.ok(),
+                    None => None,
+                }
+            }
+            .into_actor(self)
+            .map(move |resumed, act, ctx| {
+                let (output, is_error) = match resumed {
+                    Some(Resumed::Running) => return,
+                    Some(Resumed::Ended { output, is_error }) => (output, is_error),
+                    None => (ABANDONED.to_owned(), false),
+                };
+                act.deliver(DeliverToolItems {
+                    scope: Scope::Session,
+                    base_call_id: call.call_id.clone(),
+                    items: finished_pair(call, output, is_error),
+                    reply: true,
+                    answer: DeliveryAnswer::unheard(),
+                });
+                act.pump(ctx);
+            }),
+        );
+    }
+}

@@ -1,0 +1,714 @@
+//! Sessions that outlive their process (SPEC §14): what a snapshot of a session holds, the
+//! deltas that bring one up to date, and their two encodings.
+//!
+//! A snapshot names code, it never holds it: agents by name and the data they were built
+//! with (restored through an [`AgentRegistry`](crate::AgentRegistry)), tools by name (their
+//! restore policy is read from the restored code), user data as JSON. It holds the
+//! conversation at its last consistent point: every activation's chat context as
+//! committed (an LLM step in flight is not in it, and is asked again after a restore), the
+//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the tool
+//! calls still running in the background, the call ids issued, and the counters that keep
+//! ids unique.
+//!
+//! It is split in two so that saving after every turn costs what changed, not the length
+//! of the call: a small *head* (replaced whole by each delta) and the *body* — chat items
+//! and call ids — which only grows, so a [`SnapshotDelta`] carries the head and what was
+//! appended (or, after a chat was cut, what follows the cut).
+//!
+//! Encodings: JSON ([`SessionSnapshot::to_json`]), and a compact binary form
+//! ([`SessionSnapshot::to_bytes`]: MessagePack in a frame with a magic number, the schema
+//! version, the length and a CRC-32, so a truncated or corrupted file is refused, never
+//! half-read).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::chat::{ChatItem, FunctionCall};
+use crate::llm::ToolChoice;
+
+/// The schema this build writes. It reads this one; a snapshot of a newer schema is
+/// refused with [`SnapshotError::NewerSchema`].
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// Why a snapshot could not be read, applied or restored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// Written by a newer build: upgrade this one to restore it.
+    #[error("the snapshot has schema version {found}; this build reads up to {supported}")]
+    NewerSchema {
+        /// The snapshot's version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// The input ends before the snapshot does (a partial write or a cut transfer).
+    #[error("the snapshot is truncated: {needed} bytes expected, {got} found")]
+    Truncated {
+        /// Bytes the frame says it has.
+        needed: usize,
+        /// Bytes there are.
+        got: usize,
+    },
+    /// The input is not a snapshot, or was changed (a bad checksum, invalid data).
+    #[error("the snapshot is corrupt: {reason}")]
+    Corrupt {
+        /// What is wrong.
+        reason: String,
+    },
+    /// The snapshot names an agent the restoring registry does not know, or whose
+    /// builder refused the snapshot's data.
+    #[error("the snapshot needs agent {name:?}, which the agent registry cannot build: {reason}")]
+    UnknownAgent {
+        /// The agent's name.
+        name: String,
+        /// Why it could not be built.
+        reason: String,
+    },
+    /// The snapshot's user data does not deserialize into the type the registry names.
+    #[error("the snapshot's user data does not deserialize: {reason}")]
+    UserData {
+        /// The deserializer's message.
+        reason: String,
+    },
+    /// A delta for another session, or one that does not follow the snapshot it is
+    /// applied to.
+    #[error("the delta does not follow this snapshot: {reason}")]
+    OutOfOrder {
+        /// What does not match.
+        reason: String,
+    },
+}
+
+/// A session written down at its last consistent point: read it back with
+/// [`SessionBuilder::restore`](crate::SessionBuilder::restore), on this engine or another
+/// process's. Serializable with serde; [`to_json`](Self::to_json) and
+/// [`to_bytes`](Self::to_bytes) are the two encodings a store uses.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionSnapshot {
+    pub(crate) version: u32,
+    /// How many deltas this snapshot has taken since it was written in full: a delta
+    /// applies to the snapshot whose `seq` is its `base`.
+    pub(crate) seq: u64,
+    pub(crate) head: SnapshotHead,
+    /// Every activation that started, in start order (the body: it only grows).
+    pub(crate) activations: Vec<ActivationRecord>,
+    /// Every call id the session issued, in order (the body: it only grows).
+    pub(crate) call_ids: Vec<String>,
+}
+
+/// What changed in a session since a snapshot (or the delta before): apply it to that
+/// snapshot with [`SessionSnapshot::apply`]. Its size follows what changed, not the
+/// length of the conversation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotDelta {
+    pub(crate) version: u32,
+    /// The `seq` of the snapshot it applies to.
+    pub(crate) base: u64,
+    pub(crate) head: SnapshotHead,
+    /// Items appended to (or rewritten in) activations already written.
+    pub(crate) chats: Vec<ChatChange>,
+    /// Activations started since.
+    pub(crate) activations: Vec<ActivationRecord>,
+    /// Call ids issued since.
+    pub(crate) call_ids: Vec<String>,
+}
+
+/// The small part of a snapshot, replaced whole by each delta.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct SnapshotHead {
+    pub(crate) session: String,
+    /// Incremented at every restore: a writer with an older epoch is stale (fencing).
+    pub(crate) epoch: u64,
+    /// The id of the last host input applied (the host's, for exactly-once delivery).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) last_input: Option<u64>,
+    /// The live activations: the callers paused under sub-tasks, outermost first, then
+    /// the current one last.
+    pub(crate) stack: Vec<LiveRecord>,
+    /// Work queued for the current agent that the engine started (handoffs, replies a
+    /// tool or hook asked for, a background task's end), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) jobs: Vec<JobRecord>,
+    /// Tool items asked for a deferred reply that has not started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) reply_wanted: bool,
+    /// Tool calls running in the background.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) running: Vec<RunningRecord>,
+    /// The session's user data, when it was given as serde data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) userdata: Option<Value>,
+    /// Per agent name, the last activation's generation (actor ids carry it).
+    pub(crate) generations: Vec<(String, u32)>,
+    pub(crate) counters: Counters,
+}
+
+/// The session's counters, so ids issued after a restore never repeat one in the chat.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Counters {
+    /// Activations started (each one's place in the history).
+    pub(crate) activations: u32,
+    pub(crate) speech: u64,
+    pub(crate) step: u64,
+    pub(crate) run: u64,
+}
+
+/// One activation as the history keeps it: who, and its chat context.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ActivationRecord {
+    /// Its place in start order.
+    pub(crate) order: u32,
+    /// Its actor id (`activity/s1/booker#2`).
+    pub(crate) activity: String,
+    pub(crate) agent: String,
+    /// What its agent was built with (`AgentBuilder::restore_data`).
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub(crate) data: Value,
+    /// How many of its first items it was given at start.
+    pub(crate) inherited: usize,
+    /// When its first `inherited` items are the chat of an activation that had closed,
+    /// that activation: they are not written twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) inherited_from: Option<u32>,
+    /// Its items: all of them, or those after the inherited ones with `inherited_from`.
+    pub(crate) items: Vec<ChatItem>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) sub_task_of: Option<SubTaskRecord>,
+}
+
+/// Which activation an activation ran as a sub-task of, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SubTaskRecord {
+    /// The caller's actor id.
+    pub(crate) caller: String,
+    /// How many items the caller had when it paused.
+    pub(crate) after: usize,
+}
+
+/// Items written to an activation since the last snapshot: its first `keep` stored items
+/// stay, `append` follows them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ChatChange {
+    pub(crate) order: u32,
+    pub(crate) keep: usize,
+    pub(crate) append: Vec<ChatItem>,
+}
+
+/// A live activation's state beyond its chat context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct LiveRecord {
+    pub(crate) order: u32,
+    /// Runs as a sub-task (it may complete the task).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) is_task: bool,
+    /// Chat length its latest assistant message was generated from.
+    pub(crate) last_reply_view: usize,
+    /// Tool items that landed here and ask for a deferred reply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) pending: Vec<PendingRecord>,
+    /// A turn whose LLM step was in flight: the step is asked again on restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) redo: Option<AskRecord>,
+    /// A paused caller's step, waiting for its sub-task's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) waiting: Option<WaitingStep>,
+    /// What a turn of it asked for that has not run (a handoff, its task's end).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) after: Vec<JobRecord>,
+}
+
+/// A tool output waiting for the deferred reply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PendingRecord {
+    pub(crate) scope: ScopeRecord,
+    pub(crate) call_id: String,
+    pub(crate) items: Vec<ChatItem>,
+}
+
+/// A run's scope, by name and place rather than by actor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ScopeRecord {
+    /// A session-scoped toolset.
+    Session,
+    /// The toolsets of the activation with this order.
+    Activation(u32),
+}
+
+/// What a turn's LLM requests ask for, besides the chat context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct AskRecord {
+    pub(crate) tool_choice: ToolChoice,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) extra_instructions: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) deferred_call_ids: Vec<String>,
+}
+
+/// An LLM step of a paused caller whose calls wait for a sub-task: the calls, the
+/// outputs already in, and which call awaits the task (its result becomes its output).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WaitingStep {
+    pub(crate) ask: AskRecord,
+    pub(crate) steps: u32,
+    pub(crate) calls: Vec<FunctionCall>,
+    pub(crate) outputs: Vec<Option<OutputRecord>>,
+    pub(crate) awaiting: usize,
+}
+
+/// A call's immediate output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OutputRecord {
+    pub(crate) output: String,
+    pub(crate) is_error: bool,
+    /// Whether it asks for another step.
+    pub(crate) reply: bool,
+}
+
+/// Work the engine queued.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub(crate) enum JobRecord {
+    /// A handoff to an agent (built again from the registry).
+    Handoff {
+        agent: String,
+        #[serde(default, skip_serializing_if = "Value::is_null")]
+        data: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        chat: Option<StartingChatRecord>,
+    },
+    /// A reply a tool or hook asked for.
+    Reply {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instructions: Option<String>,
+    },
+    /// The end of the current sub-task, with its result.
+    EndTask { value: Value },
+}
+
+/// A handoff's starting chat context.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub(crate) enum StartingChatRecord {
+    All,
+    Empty,
+    LastItems { n: usize },
+    Given { items: Vec<ChatItem> },
+}
+
+/// A tool call running in the background when the snapshot was taken.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RunningRecord {
+    pub(crate) scope: ScopeRecord,
+    /// The toolset that runs it (`tools` for an agent's bare tools).
+    pub(crate) toolset: String,
+    pub(crate) call: FunctionCall,
+    /// Later updates it sent (`/update_1` …): a restarted body's next one goes on from
+    /// here.
+    pub(crate) updates: u32,
+    /// What it saved with `ctx.checkpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) checkpoint: Option<Value>,
+}
+
+impl SessionSnapshot {
+    /// The session's id.
+    pub fn session_id(&self) -> &str {
+        &self.head.session
+    }
+
+    /// The session's epoch: 0 for a session never restored, one more at each restore. A
+    /// writer holding an older epoch than the latest snapshot is stale.
+    pub fn epoch(&self) -> u64 {
+        self.head.epoch
+    }
+
+    /// The id of the last host input applied, as the host recorded it with
+    /// [`Session::set_last_input`](crate::Session::set_last_input).
+    pub fn last_input(&self) -> Option<u64> {
+        self.head.last_input
+    }
+
+    /// The schema version it was written with.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    /// How many activations it holds (closed and live).
+    pub fn activations(&self) -> usize {
+        self.activations.len()
+    }
+
+    /// The seq of the chain it is at: 0 when written in full, one more for each delta
+    /// applied since.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The session's user data as JSON, when it was given as serde data.
+    pub(crate) fn userdata(&self) -> Option<&Value> {
+        self.head.userdata.as_ref()
+    }
+
+    /// Refuses a snapshot of a newer schema (one built through serde, not read through
+    /// `from_json` or `from_bytes`, skipped that check).
+    pub(crate) fn check_version(&self) -> Result<(), SnapshotError> {
+        check_version(self.version)
+    }
+
+    /// Brings the snapshot up to date with a delta taken after it.
+    pub fn apply(&mut self, delta: &SnapshotDelta) -> Result<(), SnapshotError> {
+        check_version(delta.version)?;
+        if delta.head.session != self.head.session {
+            return Err(SnapshotError::OutOfOrder {
+                reason: format!(
+                    "the delta is of session {:?}, the snapshot of {:?}",
+                    delta.head.session, self.head.session
+                ),
+            });
+        }
+        if delta.base != self.seq {
+            return Err(SnapshotError::OutOfOrder {
+                reason: format!(
+                    "the delta follows snapshot {}, this is snapshot {}",
+                    delta.base, self.seq
+                ),
+            });
+        }
+        for change in &delta.chats {
+            let record = self
+                .activations
+                .iter_mut()
+                .find(|r| r.order == change.order)
+                .ok_or_else(|| SnapshotError::OutOfOrder {
+                    reason: format!(
+                        "the delta changes activation {}, which is not here",
+                        change.order
+                    ),
+                })?;
+            if change.keep > record.items.len() {
+                return Err(SnapshotError::OutOfOrder {
+                    reason: format!(
+                        "the delta keeps {} items of activation {}, which has {}",
+                        change.keep,
+                        change.order,
+                        record.items.len()
+                    ),
+                });
+            }
+            record.items.truncate(change.keep);
+            record.items.extend(change.append.iter().cloned());
+        }
+        self.activations.extend(delta.activations.iter().cloned());
+        self.call_ids.extend(delta.call_ids.iter().cloned());
+        self.head = delta.head.clone();
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// JSON text (UTF-8).
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain data with derived impls into memory cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Reads a snapshot written by [`to_json`](Self::to_json).
+    pub fn from_json(json: &[u8]) -> Result<Self, SnapshotError> {
+        read_json(json)
+    }
+
+    /// The compact binary form: MessagePack in a checked frame.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        frame(Kind::Full, self)
+    }
+
+    /// Reads a snapshot written by [`to_bytes`](Self::to_bytes): a truncated or changed
+    /// input is refused.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        unframe(Kind::Full, bytes)
+    }
+}
+
+impl SnapshotDelta {
+    /// The session it is of.
+    pub fn session_id(&self) -> &str {
+        &self.head.session
+    }
+
+    /// The `seq` of the snapshot it applies to.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// How many chat items it carries (what its size follows).
+    pub fn items(&self) -> usize {
+        self.chats.iter().map(|c| c.append.len()).sum::<usize>()
+            + self
+                .activations
+                .iter()
+                .map(|a| a.items.len())
+                .sum::<usize>()
+    }
+
+    /// JSON text (UTF-8).
+    pub fn to_json(&self) -> Vec<u8> {
+        // Serializing plain data with derived impls into memory cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Reads a delta written by [`to_json`](Self::to_json).
+    pub fn from_json(json: &[u8]) -> Result<Self, SnapshotError> {
+        read_json(json)
+    }
+
+    /// The compact binary form: MessagePack in a checked frame.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        frame(Kind::Delta, self)
+    }
+
+    /// Reads a delta written by [`to_bytes`](Self::to_bytes).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        unframe(Kind::Delta, bytes)
+    }
+}
+
+fn check_version(found: u32) -> Result<(), SnapshotError> {
+    if found > SNAPSHOT_VERSION {
+        return Err(SnapshotError::NewerSchema {
+            found,
+            supported: SNAPSHOT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+/// Reads JSON, checking the schema version before the rest: a newer schema may not parse.
+fn read_json<T: serde::de::DeserializeOwned>(json: &[u8]) -> Result<T, SnapshotError> {
+    #[derive(Deserialize)]
+    struct Version {
+        version: u32,
+    }
+    let version: Version = serde_json::from_slice(json).map_err(corrupt)?;
+    check_version(version.version)?;
+    serde_json::from_slice(json).map_err(corrupt)
+}
+
+fn corrupt(err: impl std::fmt::Display) -> SnapshotError {
+    SnapshotError::Corrupt {
+        reason: err.to_string(),
+    }
+}
+
+/// What a binary frame holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Full = 1,
+    Delta = 2,
+}
+
+const MAGIC: &[u8; 4] = b"SBSN";
+/// Magic, kind, version, payload length, CRC-32 of the payload.
+const HEADER: usize = 4 + 1 + 4 + 8 + 4;
+
+fn frame<T: Serialize>(kind: Kind, value: &T) -> Vec<u8> {
+    // Named fields (a map), so a reader of a later schema with added optional fields
+    // still reads it; serializing derived plain data into memory cannot fail.
+    let payload = rmp_serde::to_vec_named(value).unwrap_or_default();
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.push(kind as u8);
+    out.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    out.extend_from_slice(&crc32(&payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn unframe<T: serde::de::DeserializeOwned>(kind: Kind, bytes: &[u8]) -> Result<T, SnapshotError> {
+    if bytes.len() < HEADER {
+        if bytes.len() >= 4 && &bytes[..4] != MAGIC {
+            return Err(corrupt("not a switchboard snapshot (bad magic number)"));
+        }
+        return Err(SnapshotError::Truncated {
+            needed: HEADER,
+            got: bytes.len(),
+        });
+    }
+    if &bytes[..4] != MAGIC {
+        return Err(corrupt("not a switchboard snapshot (bad magic number)"));
+    }
+    if bytes[4] != kind as u8 {
+        return Err(corrupt(match kind {
+            Kind::Full => "a delta, where a full snapshot was expected",
+            Kind::Delta => "a full snapshot, where a delta was expected",
+        }));
+    }
+    let word = |at: usize| [bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]];
+    check_version(u32::from_le_bytes(word(5)))?;
+    let mut len = [0u8; 8];
+    len.copy_from_slice(&bytes[9..17]);
+    let len = usize::try_from(u64::from_le_bytes(len)).map_err(corrupt)?;
+    let crc = u32::from_le_bytes(word(17));
+    let payload = &bytes[HEADER..];
+    if payload.len() < len {
+        return Err(SnapshotError::Truncated {
+            needed: HEADER + len,
+            got: bytes.len(),
+        });
+    }
+    let payload = &payload[..len];
+    if crc32(payload) != crc {
+        return Err(corrupt("the checksum does not match"));
+    }
+    rmp_serde::from_slice(payload).map_err(corrupt)
+}
+
+/// CRC-32 (IEEE 802.3, reflected), bit by bit: snapshots are written per turn, not per
+/// byte on a hot path, and a table would be 1 KiB of statics for nothing.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
+        }
+    }
+    !crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatRole;
+
+    fn snapshot(items: usize) -> SessionSnapshot {
+        SessionSnapshot {
+            version: SNAPSHOT_VERSION,
+            seq: 0,
+            head: SnapshotHead {
+                session: "call-42".into(),
+                epoch: 3,
+                last_input: Some(17),
+                stack: vec![LiveRecord {
+                    order: 1,
+                    ..LiveRecord::default()
+                }],
+                generations: vec![("a".into(), 1)],
+                ..SnapshotHead::default()
+            },
+            activations: vec![ActivationRecord {
+                order: 1,
+                activity: "activity/call-42/a#1".into(),
+                agent: "a".into(),
+                data: serde_json::json!({"party": 2}),
+                inherited: 0,
+                inherited_from: None,
+                items: (0..items)
+                    .map(|i| ChatItem::message(ChatRole::User, format!("hello {i}")))
+                    .collect(),
+                sub_task_of: None,
+            }],
+            call_ids: vec!["call_1".into()],
+        }
+    }
+
+    #[test]
+    fn the_crc_is_the_standard_one() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn both_encodings_read_back_the_same_snapshot() {
+        let s = snapshot(3);
+        assert_eq!(SessionSnapshot::from_json(&s.to_json()).unwrap(), s);
+        assert_eq!(SessionSnapshot::from_bytes(&s.to_bytes()).unwrap(), s);
+        assert!(
+            s.to_bytes().len() < s.to_json().len(),
+            "the binary form is smaller"
+        );
+    }
+
+    #[test]
+    fn a_truncated_or_changed_binary_snapshot_is_refused() {
+        let bytes = snapshot(3).to_bytes();
+        for cut in [0, 3, HEADER - 1, HEADER, bytes.len() - 1] {
+            assert!(
+                matches!(
+                    SessionSnapshot::from_bytes(&bytes[..cut]),
+                    Err(SnapshotError::Truncated { .. })
+                ),
+                "cut at {cut}"
+            );
+        }
+        let mut flipped = bytes.clone();
+        let last = flipped.len() - 2;
+        flipped[last] ^= 0x40;
+        assert!(matches!(
+            SessionSnapshot::from_bytes(&flipped),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            SessionSnapshot::from_bytes(b"not a snapshot at all, just text"),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+        assert!(matches!(
+            SessionSnapshot::from_json(b"{\"version\": 1, \"seq\""),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_before_it_is_parsed() {
+        let mut bytes = snapshot(1).to_bytes();
+        bytes[5..9].copy_from_slice(&(SNAPSHOT_VERSION + 1).to_le_bytes());
+        assert_eq!(
+            SessionSnapshot::from_bytes(&bytes),
+            Err(SnapshotError::NewerSchema {
+                found: SNAPSHOT_VERSION + 1,
+                supported: SNAPSHOT_VERSION
+            })
+        );
+        let json = br#"{"version": 99, "something": "we do not know yet"}"#;
+        assert!(matches!(
+            SessionSnapshot::from_json(json),
+            Err(SnapshotError::NewerSchema { found: 99, .. })
+        ));
+    }
+
+    #[test]
+    fn a_delta_appends_and_rewrites_and_must_follow_its_snapshot() {
+        let mut s = snapshot(3);
+        let delta = SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base: 0,
+            head: SnapshotHead {
+                last_input: Some(18),
+                ..s.head.clone()
+            },
+            chats: vec![ChatChange {
+                order: 1,
+                keep: 2,
+                append: vec![ChatItem::message(ChatRole::Assistant, "cut and more")],
+            }],
+            activations: Vec::new(),
+            call_ids: vec!["call_2".into()],
+        };
+        let again = delta.clone();
+        s.apply(&delta).unwrap();
+        assert_eq!(s.seq, 1);
+        assert_eq!(s.activations[0].items.len(), 3);
+        assert_eq!(s.activations[0].items[2].text(), Some("cut and more"));
+        assert_eq!(s.call_ids, ["call_1", "call_2"]);
+        assert_eq!(s.last_input(), Some(18));
+        assert!(matches!(
+            s.apply(&again),
+            Err(SnapshotError::OutOfOrder { .. })
+        ));
+        let round = SnapshotDelta::from_bytes(&delta.to_bytes()).unwrap();
+        assert_eq!(round, delta);
+    }
+}
