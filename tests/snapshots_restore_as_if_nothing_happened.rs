@@ -17,13 +17,13 @@ use reliability::restore::{restore_case, run_restore_case};
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: cases(300),
+        cases: cases(200),
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
 
     #[test]
-    fn a_restored_session_goes_on_as_if_nothing_happened(case in restore_case(24, 16)) {
+    fn a_restored_session_goes_on_as_if_nothing_happened(case in restore_case(16, 12)) {
         match run_restore_case(&case) {
             Ok(report) => {
                 if std::env::var_os("RELIABILITY_VERBOSE").is_some() {
@@ -234,6 +234,30 @@ mod regressions {
                 Op::OpenGate(0),
                 Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
                 Op::Run(text("a")),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A session-scoped call's last update and its end reach a caller that resumes from
+    /// its sub-task. The restored caller's paused step is completed by the task's result
+    /// as the task ends; the uninterrupted one's a few messages later, through the run
+    /// that awaited the task, so the call's items would land on different sides of the
+    /// step: the harness lets the switch end before a tool body goes on.
+    #[test]
+    fn a_background_call_ending_as_its_caller_resumes_lands_after_the_paused_step() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![call("job", Behaviour::Task)]])],
+            after: vec![
+                Op::Run(vec![vec![call("bg_job", Behaviour::Updates(2))]]),
+                Op::Run(vec![
+                    vec![call("job", Behaviour::Stubborn)],
+                    vec![call("finish_task", Behaviour::Return)],
+                ]),
             ],
             path: Path::Json,
             anywhere: true,

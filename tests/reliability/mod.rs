@@ -1703,7 +1703,10 @@ impl Harness {
             // Restorable, the journal only tells whether anything moved (its newest
             // message per actor): a short one keeps reading it cheap.
             .journal_capacity(if world.restorable { 2 } else { 64 })
-            .event_capacity(1 << 16)
+            // Restorable, the harness reads the events after every op and the drain's
+            // every round: a smaller buffer is ample, and each session of a case pays
+            // for filling and dropping it.
+            .event_capacity(if world.restorable { 1 << 11 } else { 1 << 16 })
     }
 
     /// A case's harness; `restorable` for the restore property (see `restore.rs`).
@@ -1858,15 +1861,25 @@ impl Harness {
     }
 
     /// Restorable: the host stops the world outside the session where a snapshot can
-    /// stand for it — the user is not speaking, every speech has been reported played out
-    /// — and says whether it got there with no host input waiting unstarted and no
-    /// barge-in window possibly open.
+    /// stand for it — the user is not speaking, no barge-in window is open, every speech
+    /// has been reported played out — and says whether it got there with no host input
+    /// waiting unstarted.
     async fn quiesce(&mut self) -> Result<bool, String> {
         if self.user_speaking {
             self.session().user_stopped_speaking();
             self.user_speaking = false;
             Self::settle().await;
             self.observe()?;
+        }
+        if self.voice_since_drain {
+            // The user spoke: a barge-in window (a short interruption waiting for its
+            // transcript, a paused speech waiting to resume) may be open. Its timers
+            // (`min_interruption_duration`, `false_interruption_timeout`) run out.
+            self.settle_fully().await;
+            tokio::time::advance(Duration::from_secs(3)).await;
+            self.settle_fully().await;
+            self.observe()?;
+            self.voice_since_drain = false;
         }
         // Until nothing moves: a reported speech may end a turn, whose handoff starts an
         // agent, whose hook queues a reply, which speaks.
@@ -1886,7 +1899,7 @@ impl Harness {
                 break;
             }
         }
-        Ok(still >= 2 && !self.holds_unstarted_input() && !self.voice_since_drain)
+        Ok(still >= 2 && !self.holds_unstarted_input())
     }
 
     /// Restorable: host calls made so far are no part of what the host does after the
@@ -1922,6 +1935,23 @@ impl Harness {
                 last = now;
             }
         }
+    }
+
+    /// Restorable: before the host lets a tool body go on (a gate, a late update), the
+    /// switch under way ends (reading the current agent waits for it; time moves if it
+    /// waits for a grace period) and the session comes to rest. Otherwise what the body
+    /// sends races the agent a switch makes current: a caller resuming from its sub-task
+    /// completes its paused step a few messages later in an uninterrupted session (through
+    /// the run that awaited the task) than in a restored one (where that run is gone), so
+    /// the body's items would land before the step in one and after it in the other.
+    async fn await_switch(&mut self) -> Result<(), String> {
+        if !self.restorable || self.closed {
+            return Ok(());
+        }
+        let session = self.session().clone();
+        let _ = bounded("current_agent", session.current_agent()).await?;
+        self.settle_fully().await;
+        self.observe()
     }
 
     /// Lets the session's actors run without moving time.
@@ -2053,10 +2083,14 @@ impl Harness {
                     )
                 });
             }
-            Op::OpenGate(pick) => self.world.open_gate(*pick),
+            Op::OpenGate(pick) => {
+                self.await_switch().await?;
+                self.world.open_gate(*pick);
+            }
             Op::Playout { pick, heard } => self.out.report(*pick, *heard),
             Op::Advance(ms) => tokio::time::advance(Duration::from_millis((*ms).into())).await,
             Op::LateUpdate(pick) => {
+                self.await_switch().await?;
                 let ctx = if self.restorable {
                     // Among the contexts of runs alive and not cancelled, by call id: the
                     // runs a restored copy has too (an update through any other fails and
@@ -2295,9 +2329,10 @@ impl Harness {
             if settled {
                 break;
             }
+            self.await_switch().await?;
             self.world.open_all_gates();
             self.out.report_all();
-            Self::settle().await;
+            self.settle_fully().await;
             self.observe()?;
             let done = tokio::time::timeout(Duration::from_secs(3), session.wait_for_settled())
                 .await

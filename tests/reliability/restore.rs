@@ -1,37 +1,67 @@
 //! The restore property's harness (issue 25, SPEC §14 "the property that defines it"): a
 //! conversation generated from the model-based harness's ops runs on a session under
-//! paused time; at a point it is snapshotted; then the uninterrupted session and a
-//! session restored from the snapshot on a fresh engine (its own actix system, its own
-//! paused clock) are fed the same further ops. [`run_restore_case`] checks that
+//! paused time; where the generated ops end it is snapshotted (`snapshot()` through JSON
+//! or the binary frame, or a chain of `snapshot_update()` deltas taken after every op);
+//! then the uninterrupted session and a session restored from the snapshot on a fresh
+//! engine (its own actix system, its own paused clock) are fed the same further ops, and
+//! both drain and close. [`run_restore_case`] checks that
 //!
 //! - the restored session makes the same further LLM requests as the uninterrupted one
 //!   (agent, instructions, extra instructions, chat items, tool choice, deferred call ids,
-//!   tool names), the step that was in flight at the snapshot asked again first;
+//!   tool names), the step that was in flight at the snapshot asked again first (see
+//!   [`run_restore_case`] for what it is compared with);
 //! - a snapshot of the restored session taken at once is the snapshot it was restored
 //!   from, but for what a restore changes on purpose (see [`same_snapshot`]);
+//! - on the delta path, a full snapshot taken right after the last delta is the chain's;
 //! - both sessions keep every invariant of the model-based test (the harness checks them
 //!   after every op and at the end).
 //!
 //! **What makes the comparison exact.** The world is the model-based test's, in its
-//! restorable flavour (see `World::restorable`): the model answers as a function of the
-//! request (a redone step gets the same answer, with the same call ids); agents a tool
-//! makes are named after its call, those the host makes after a counter the restored copy
-//! goes on from; every tool has a restore policy that runs its body again (`Resume` bodies
-//! read their checkpoint, `Restart` ones know only that they were restored) and each body
-//! goes on where it was; gates and leaked contexts are picked by call id among runs alive
-//! and not cancelled, the runs a restored copy has too. The snapshot is taken where the
-//! host can stand for what a snapshot does not hold: the user is not speaking, every
-//! speech has been reported played out (a snapshot truncates speech still playing, as a
-//! barge-in would), and no host turn or sub-task waits unstarted (the host would send
-//! those again); if the generated point is not such a point, the host drains first.
+//! restorable flavour: the model answers as a function of the request (a redone step gets
+//! the same answer, with the same call ids); agents a tool makes are named after its
+//! call, those the host makes after a counter the restored copy goes on from; every tool
+//! has a restore policy that runs its body again (`Resume` bodies read their checkpoint,
+//! `Restart` ones know only that they were restored) and each body goes on where it was;
+//! gates and leaked contexts are picked by call id among runs alive and not cancelled,
+//! the runs a restored copy has too; between ops each session runs until nothing moves
+//! (the two may take different paths to the same place).
+//!
+//! **Where the snapshot is taken.** Where the host can stand for what a snapshot does not
+//! hold: the user is not speaking and any barge-in window has run out, every speech has
+//! been reported played out (a snapshot truncates speech still playing, as a barge-in
+//! would), no host turn or sub-task waits unstarted (the host would send it again), and
+//! the snapshot holds every tool run alive. If the generated point is not one, or the
+//! session moved while the snapshot was taken, the host drains and takes it again.
+//! Points left out because the engine cannot restore them exactly yet (each a regression
+//! test, `#[ignore]`d with the reason, in the test file):
+//!
+//! - a step in flight past its model's answer (its calls running): what its calls did (a
+//!   cancel, a duplicate replaced, a reply queued, a body gone to the background) is in
+//!   the snapshot while the step is asked again, so it happens twice. Only a step whose
+//!   model has not answered (a stall before the first chunk, the snapshot taken at that
+//!   instant) is asked again. `RESTORE_ANYWHERE=1` takes the snapshot at every generated
+//!   point, to explore these;
+//! - a paused step whose call still runs without awaiting the sub-task on top (a
+//!   session-scoped call when the host's sub-task paused the step);
+//! - a stopped run still in its grace period (the uninterrupted session waits for it);
+//! - and in what is generated: a sub-task only from an agent's own tool (a restored call
+//!   awaiting its sub-task has no run in its toolset) and at most one per step (a sub-task
+//!   asked for by a run the pause then stopped still starts).
 //!
 //! **Left out, because a restore changes them on purpose:** tools whose policy is
 //! `Abandon` (their call ends with "interrupted before it finished" in the restored
-//! session, while the uninterrupted one goes on); `Op::Advance` and stalled model streams
-//! (a timer running at the snapshot restarts with the restored session's clock); host
-//! `say` and `generate_reply` (a snapshot holds no host turn that has not started, and the
-//! host cannot tell those apart); `age_seconds` in `get_running_tasks` outputs (a restored
-//! run's age starts again), which the comparison blanks.
+//! session, while the uninterrupted one goes on); `Op::Advance` and streams that stall
+//! after their first chunk (a timer running at the snapshot restarts with the restored
+//! session's clock); host `say` and `generate_reply` (a snapshot holds no host turn that
+//! has not started, and the host cannot tell those apart); `age_seconds` in
+//! `get_running_tasks` outputs (a restored run's age starts again), which the comparison
+//! blanks.
+//!
+//! **Not raced:** before the host lets a tool body go on (a gate, a late update) the
+//! switch under way ends (see `Harness::await_switch`): a caller resuming from its
+//! sub-task completes its paused step a few messages later in the uninterrupted session
+//! (through the run that awaited the task) than in the restored one (that run is gone),
+//! so items a body sends meanwhile would land on different sides of the step.
 
 use proptest::prelude::*;
 use serde_json::Value;
@@ -208,6 +238,12 @@ fn trace(what: impl fmt::Display) {
 
 /// Runs one case: the uninterrupted session in one actix system, the restored one in
 /// another; the first difference or broken invariant, as a sentence.
+///
+/// The restored session's requests are compared with the uninterrupted session's from
+/// the snapshot on; when a step was in flight at the snapshot, with that step's request
+/// first, its chat context as it is at the snapshot (items that landed while the step was
+/// in flight — a background call's update or end — are in the request asked again, before
+/// the step's answer: where the uninterrupted session's chat has them too).
 pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
     watch_panics();
     UNEXPECTED_PANICS.with(|n| n.set(0));
@@ -238,19 +274,6 @@ pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
     // The step in flight at the snapshot is the uninterrupted session's last request
     // before it; the restored session asks it again, first.
     let (asked, answered) = original.before;
-    // The call ids of the snapshot's paused steps.
-    let waiting: HashSet<String> = stack
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|r| {
-            r["waiting"]["calls"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter_map(|c| c["call_id"].as_str().map(str::to_owned))
-        .collect();
     let mut last_difference = String::new();
     for n in asked..=answered {
         let Some(from) = n.checked_sub(usize::from(redo)) else {
@@ -274,7 +297,7 @@ pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
                 first.chat = original.chat.clone();
             }
         }
-        match same_requests(&expected, &restored, &waiting) {
+        match same_requests(&expected, &restored) {
             Ok(()) => {
                 return Ok(RestoreReport {
                     requests: restored.len(),
@@ -837,19 +860,9 @@ pub fn json_difference(path: &str, a: &Value, b: &Value) -> Option<String> {
 }
 
 /// A request as the property compares it: tools by name; `get_running_tasks` outputs
-/// without their runs' ages (a restored run's age starts again); and each paused step of
-/// the snapshot (`waiting`: its call ids) before the later items of other calls that went
-/// in right before it.
-///
-/// Why the last: a caller's step that waits for its sub-task goes into the chat once the
-/// task's result completes it, as the caller resumes. In the uninterrupted session the
-/// result reaches the step through the tool run that awaited the task, a few messages
-/// after the resume; in the restored session (that run is gone with the old process) it
-/// completes the step as the task ends. So the later items of background calls that reach
-/// the caller as it resumes (an `/update_n`, a `/finished`) go in before the step in the
-/// one and after it in the other.
-fn comparable(request: &LlmRequest, waiting: &HashSet<String>) -> Value {
-    let mut items: Vec<Value> = request
+/// without their runs' ages (a restored run's age starts again).
+fn comparable(request: &LlmRequest) -> Value {
+    let items: Vec<Value> = request
         .chat
         .items()
         .iter()
@@ -863,7 +876,6 @@ fn comparable(request: &LlmRequest, waiting: &HashSet<String>) -> Value {
             item
         })
         .collect();
-    after_paused_steps(&mut items, waiting);
     json!({
         "agent": &*request.agent,
         "instructions": &*request.instructions,
@@ -873,42 +885,6 @@ fn comparable(request: &LlmRequest, waiting: &HashSet<String>) -> Value {
         "deferred_call_ids": request.deferred_call_ids,
         "tools": request.tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
     })
-}
-
-/// Moves the `{id}/…` pairs of other calls that sit right before a paused step's block
-/// (its calls and outputs, `waiting`) to right after it.
-fn after_paused_steps(items: &mut Vec<Value>, waiting: &HashSet<String>) {
-    let in_step = |item: &Value| {
-        item["call_id"]
-            .as_str()
-            .is_some_and(|id| waiting.contains(id))
-    };
-    let derived_pair = |call: &Value, output: &Value| {
-        call["type"] == "function_call"
-            && output["type"] == "function_call_output"
-            && call["call_id"] == output["call_id"]
-            && output["call_id"]
-                .as_str()
-                .is_some_and(|id| id.contains('/'))
-    };
-    let mut at = 0;
-    while at < items.len() {
-        if !in_step(&items[at]) {
-            at += 1;
-            continue;
-        }
-        let (mut start, mut end) = (at, at);
-        while end < items.len() && in_step(&items[end]) {
-            end += 1;
-        }
-        while start >= 2 && derived_pair(&items[start - 2], &items[start - 1]) {
-            let pair: Vec<Value> = items.drain(start - 2..start).collect();
-            start -= 2;
-            end -= 2;
-            items.splice(end..end, pair);
-        }
-        at = end;
-    }
 }
 
 /// `"age_seconds":12.5` → `"age_seconds":_`.
@@ -930,13 +906,9 @@ fn blank_ages(output: &str) -> String {
 }
 
 /// Whether the restored session's requests are the expected ones; the first difference.
-fn same_requests(
-    expected: &[LlmRequest],
-    restored: &[LlmRequest],
-    waiting: &HashSet<String>,
-) -> Result<(), String> {
+fn same_requests(expected: &[LlmRequest], restored: &[LlmRequest]) -> Result<(), String> {
     for (index, (e, r)) in expected.iter().zip(restored).enumerate() {
-        let (e, r) = (comparable(e, waiting), comparable(r, waiting));
+        let (e, r) = (comparable(e), comparable(r));
         if let Some(difference) = json_difference("", &e, &r) {
             return Err(format!(
                 "request {index} (uninterrupted against restored): {difference}\n  \
@@ -955,7 +927,7 @@ fn same_requests(
             expected.len(),
             restored.len(),
             longer.0,
-            comparable(longer.1, waiting)
+            comparable(longer.1)
         ));
     }
     Ok(())
