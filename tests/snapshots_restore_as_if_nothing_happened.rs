@@ -243,10 +243,13 @@ mod regressions {
     /// A session-scoped call's last update and its end reach a caller that resumes from
     /// its sub-task. The restored caller's paused step is completed by the task's result
     /// as the task ends; the uninterrupted one's a few messages later, through the run
-    /// that awaited the task, so the call's items would land on different sides of the
-    /// step: the harness lets the switch end before a tool body goes on.
+    /// that awaited the task: the call's end lands after the step in one and before it in
+    /// the other, and the caller's next request differs. (The property lets the switch end
+    /// before a tool body goes on.)
     #[test]
-    fn a_background_call_ending_as_its_caller_resumes_lands_after_the_paused_step() {
+    #[ignore = "engine: a restored caller's paused step is completed by its sub-task's \
+                result as the task ends, not through the awaiting run as the caller resumes"]
+    fn a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step() {
         let mut config = config();
         config.max_tool_steps = 2;
         check(RestoreCase {
@@ -261,6 +264,80 @@ mod regressions {
             ],
             path: Path::Json,
             anywhere: true,
+        });
+    }
+
+    /// A sub-task ends (its end waits for a stopped run's grace period) while the host
+    /// starts another one. In the uninterrupted session the host's sub-task pauses the
+    /// caller before the run that awaited the first task has returned its value: the
+    /// pause stops that run, and the call reads "Cancelled: the agent was paused for a
+    /// sub-task" — the first task's value is lost. The restored caller gets the value.
+    #[test]
+    #[ignore = "engine (uninterrupted session): a sub-task the host starts as a caller \
+                resumes stops the run awaiting the caller's finished sub-task; its value is lost"]
+    fn a_finished_sub_task_s_value_reaches_its_caller_when_the_host_starts_another() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![call("job", Behaviour::Task)]])],
+            after: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Updates(1)),
+                    call("finish_task", Behaviour::Return),
+                ]]),
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::HostTask,
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A call waiting for its sub-task is moved to the background by an interruption
+    /// ("Still running; the result will follow."). The snapshot holds the sub-task and
+    /// the call as running; the restore runs the call's body again (its policy is
+    /// `Resume`), which asks for the sub-task a second time, on top of the first.
+    #[test]
+    #[ignore = "engine: a background call awaiting its sub-task is run again on restore \
+                and starts the sub-task a second time"]
+    fn a_background_call_awaiting_its_sub_task_does_not_ask_for_it_again() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![call("job_replace", Behaviour::Updates(1))]]),
+                Op::Run(vec![vec![call("job_replace", Behaviour::Task)]]),
+                Op::Final(text("a")),
+                Op::Drain,
+            ],
+            after: vec![],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A sub-task's last turn speaks and completes the task while a session-scoped call
+    /// of it waits for its gate: the task ends once the speech is played out. The host
+    /// reports the playout, lets the switch end, and only then opens the gate (see
+    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`
+    /// for the race otherwise).
+    #[test]
+    fn a_task_that_ends_after_its_speech_is_played_out_lets_its_caller_resume_first() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(text("")),
+                Op::Run(vec![vec![call("job", Behaviour::Task)]]),
+            ],
+            after: vec![Op::Final(vec![vec![
+                call("bg_job", Behaviour::Updates(3)),
+                Chunk::Text("a".into()),
+                call("finish_task", Behaviour::Return),
+            ]])],
+            path: Path::Json,
+            anywhere: false,
         });
     }
 }

@@ -1443,6 +1443,10 @@ struct Tracker {
     ending: Vec<String>,
     /// Which activation made each primary call.
     owner: HashMap<String, String>,
+    /// Calls of a step that went into a chat while its activation was not current (a
+    /// paused caller's step, written as the session closes), with that activation: the
+    /// items held for them go in with them.
+    paused_commits: HashSet<(String, String)>,
     closed: bool,
 }
 
@@ -1452,6 +1456,7 @@ impl Tracker {
             stack: vec![first],
             ending: Vec::new(),
             owner: HashMap::new(),
+            paused_commits: HashSet::new(),
             closed: false,
         }
     }
@@ -1541,6 +1546,10 @@ impl Tracker {
             self.owner
                 .entry(call_id.to_owned())
                 .or_insert_with(|| agent.to_owned());
+            if !self.may_receive(agent) {
+                self.paused_commits
+                    .insert((agent.to_owned(), call_id.to_owned()));
+            }
             return;
         }
         let Some((base, suffix)) = call_id.rsplit_once('/') else {
@@ -1558,7 +1567,10 @@ impl Tracker {
         }
         match scope {
             Scope::Session => {
-                if !self.may_receive(agent) {
+                let held = self
+                    .paused_commits
+                    .contains(&(agent.to_owned(), base.to_owned()));
+                if !self.may_receive(agent) && !held {
                     world.violation(format!(
                         "session-scoped item {call_id} was added to {agent}, but {} was current \
                          (activations: {:?})",
@@ -1645,6 +1657,10 @@ pub struct Harness {
     /// barge-in window (paused speech, a short interruption waiting for its transcript)
     /// that a snapshot does not hold.
     voice_since_drain: bool,
+    /// Restorable: the host lets a switch under way end before it lets a tool body go on
+    /// or starts a sub-task (see [`Harness::await_switch`]). Off for regression tests of
+    /// what the session does when they race.
+    pub await_switches: bool,
 }
 
 /// What a restored copy of a harness starts from (see `restore.rs`).
@@ -1764,6 +1780,7 @@ impl Harness {
             detached: Vec::new(),
             events_seen: 0,
             voice_since_drain: false,
+            await_switches: restorable,
         })
     }
 
@@ -1937,15 +1954,17 @@ impl Harness {
         }
     }
 
-    /// Restorable: before the host lets a tool body go on (a gate, a late update), the
-    /// switch under way ends (reading the current agent waits for it; time moves if it
-    /// waits for a grace period) and the session comes to rest. Otherwise what the body
-    /// sends races the agent a switch makes current: a caller resuming from its sub-task
-    /// completes its paused step a few messages later in an uninterrupted session (through
-    /// the run that awaited the task) than in a restored one (where that run is gone), so
-    /// the body's items would land before the step in one and after it in the other.
+    /// Restorable: before the host lets a tool body go on (a gate, a late update) or
+    /// starts a sub-task, the switch under way ends (reading the current agent waits for
+    /// it; time moves if it waits for a grace period) and the session comes to rest.
+    /// Otherwise the switch races the host: a caller resuming from its sub-task completes
+    /// its paused step a few messages later in an uninterrupted session (through the run
+    /// that awaited the task) than in a restored one (where that run is gone), so a body's
+    /// items land before the step in one and after it in the other, and a sub-task the
+    /// host starts then pauses the caller before the step in one (stopping the run that
+    /// awaited the task: its value is lost) and after it in the other.
     async fn await_switch(&mut self) -> Result<(), String> {
-        if !self.restorable || self.closed {
+        if !self.await_switches || self.closed {
             return Ok(());
         }
         let session = self.session().clone();
@@ -2070,6 +2089,7 @@ impl Harness {
                 });
             }
             Op::HostTask => {
+                self.await_switch().await?;
                 let agent = self.world.agent(Role::Gamma);
                 let what = format!("run_task({})", agent.name());
                 let input = Input::Task(agent.name().to_owned());
@@ -2329,9 +2349,12 @@ impl Harness {
             if settled {
                 break;
             }
+            // Speech first: a reported playout may end a turn whose handoff or task end
+            // then switches agents, which ends before any tool body goes on.
+            self.out.report_all();
+            self.settle_fully().await;
             self.await_switch().await?;
             self.world.open_all_gates();
-            self.out.report_all();
             self.settle_fully().await;
             self.observe()?;
             let done = tokio::time::timeout(Duration::from_secs(3), session.wait_for_settled())
