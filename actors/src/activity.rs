@@ -987,17 +987,21 @@ fn toolset_name(id: &ActorId) -> String {
 
 /// Sent by the session restoring a snapshot: calls of this activation's own toolsets that
 /// were running in the background. Each tool's restore policy says whether its body runs
-/// again or the call ends with a terminal output (and a deferred reply tells the user).
+/// again; the answer lists the calls that end instead, with their terminal outputs, for
+/// the session to deliver (so that it wants the reply before it counts as settled).
 pub(crate) struct RestoreCalls {
     pub(crate) calls: Vec<(String, BackgroundCall)>,
 }
 
+/// A restored call that ends, with its terminal output and whether it is an error.
+pub(crate) type EndedCall = (crate::chat::FunctionCall, String, bool);
+
 impl Message for RestoreCalls {
-    type Result = ();
+    type Result = Vec<EndedCall>;
 }
 
 impl Handler<RestoreCalls> for ActivityActor {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseFuture<Vec<EndedCall>>;
 
     fn handle(&mut self, msg: RestoreCalls, _ctx: &mut Self::Context) -> Self::Result {
         let asks: Vec<_> = msg
@@ -1023,34 +1027,31 @@ impl Handler<RestoreCalls> for ActivityActor {
                         Some(toolset) => toolset.ask(&from, resume).await.ok(),
                         None => None,
                     };
-                    (call, resumed)
+                    ended(call, resumed)
                 }
             })
             .collect();
-        Box::pin(
+        Box::pin(async move {
             futures_util::future::join_all(asks)
-                .into_actor(self)
-                .map(|results, act, ctx| {
-                    for (call, resumed) in results {
-                        let (output, is_error) = match resumed {
-                            Some(Resumed::Running) => continue,
-                            Some(Resumed::Ended { output, is_error }) => (output, is_error),
-                            None => (ABANDONED.to_owned(), false),
-                        };
-                        let scope = Scope::Activity(act.probe.id().clone());
-                        act.feed(
-                            Input::Deliver {
-                                scope,
-                                base_call_id: call.call_id.clone(),
-                                items: finished_pair(call, output, is_error),
-                                reply: true,
-                                answer: DeliveryAnswer::unheard(),
-                            },
-                            ctx,
-                        );
-                    }
-                }),
-        )
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+    }
+}
+
+/// What becomes of a restored call given its toolset's answer: nothing (its body runs
+/// again), or its terminal output. A toolset that is gone, or a tool it no longer has,
+/// abandons the call.
+pub(crate) fn ended(
+    call: crate::chat::FunctionCall,
+    resumed: Option<Resumed>,
+) -> Option<EndedCall> {
+    match resumed {
+        Some(Resumed::Running) => None,
+        Some(Resumed::Ended { output, is_error }) => Some((call, output, is_error)),
+        None => Some((call, ABANDONED.to_owned(), false)),
     }
 }
 

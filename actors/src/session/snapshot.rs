@@ -32,24 +32,26 @@ use tokio::sync::oneshot;
 use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
 use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor, TaskReply};
 use crate::activity::{
-    finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided, DeliverToolItems,
-    PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult, TurnKind, TurnOutcome,
+    ended, finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided,
+    DeliverToolItems, PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult,
+    TurnKind, TurnOutcome,
 };
 use crate::agent::Agent;
-use crate::chat::{ChatContext, ChatItem};
+use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::SessionError;
 use crate::handoff::Handoff;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::Llm;
+use crate::shared::SessionShared;
 use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
     SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
 };
 use crate::snapshot_store::{SnapshotStore, StoreError};
 use crate::starting_chat::StartingChat;
-use crate::toolset::{BackgroundCall, ListBackground, ResumeRun, Resumed, ABANDONED};
+use crate::toolset::{BackgroundCall, ListBackground, ResumeRun};
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
 #[derive(Clone, Debug, PartialEq)]
@@ -980,10 +982,20 @@ impl SessionActor {
         }
         for (order, calls) in restore_calls {
             // An agent-scoped call of an activation that is not live had stopped with it.
-            if let Some(target) = by_order.get(&order) {
-                // Once per activation.
-                target.child.mailbox.tell(&me, RestoreCalls { calls });
-            }
+            let Some(target) = by_order.get(&order) else {
+                continue;
+            };
+            let restoring = Restoring::new(&self.shared, calls.len());
+            let scope = Scope::Activity(target.child.mailbox.id().clone());
+            // Once per activation.
+            let ask = target.child.mailbox.ask(&me, RestoreCalls { calls });
+            ctx.spawn(ask.into_actor(self).map(move |ended, act, ctx| {
+                for (call, output, is_error) in ended.unwrap_or_default() {
+                    act.deliver_ended(scope.clone(), call, output, is_error);
+                }
+                act.pump(ctx);
+                drop(restoring);
+            }));
         }
         self.switched(ctx);
         self.pump(ctx);
@@ -1013,6 +1025,7 @@ impl SessionActor {
             checkpoint: background.checkpoint,
         };
         let ask = target.map(|toolset| toolset.ask(&me, resume));
+        let restoring = Restoring::new(&self.shared, 1);
         ctx.spawn(
             async move {
                 match ask {
@@ -1022,20 +1035,51 @@ impl SessionActor {
             }
             .into_actor(self)
             .map(move |resumed, act, ctx| {
-                let (output, is_error) = match resumed {
-                    Some(Resumed::Running) => return,
-                    Some(Resumed::Ended { output, is_error }) => (output, is_error),
-                    None => (ABANDONED.to_owned(), false),
-                };
-                act.deliver(DeliverToolItems {
-                    scope: Scope::Session,
-                    base_call_id: call.call_id.clone(),
-                    items: finished_pair(call, output, is_error),
-                    reply: true,
-                    answer: DeliveryAnswer::unheard(),
-                });
-                act.pump(ctx);
+                if let Some((call, output, is_error)) = ended(call, resumed) {
+                    act.deliver_ended(Scope::Session, call, output, is_error);
+                    act.pump(ctx);
+                }
+                drop(restoring);
             }),
         );
+    }
+
+    /// A restored call's terminal output, with a deferred reply to tell the user.
+    fn deliver_ended(&mut self, scope: Scope, call: FunctionCall, output: String, is_error: bool) {
+        self.deliver(DeliverToolItems {
+            scope,
+            base_call_id: call.call_id.clone(),
+            items: finished_pair(call, output, is_error),
+            reply: true,
+            answer: DeliveryAnswer::unheard(),
+        });
+    }
+}
+
+/// Restored calls whose fate is not known yet count as running tools, so a session does
+/// not look settled before their outputs (and the reply they ask for) are in; dropped
+/// once the session has taken them, after it wants the reply.
+struct Restoring {
+    shared: Arc<SessionShared>,
+    calls: usize,
+}
+
+impl Restoring {
+    fn new(shared: &Arc<SessionShared>, calls: usize) -> Self {
+        for _ in 0..calls {
+            shared.host_view.tool_run_started();
+        }
+        Self {
+            shared: shared.clone(),
+            calls,
+        }
+    }
+}
+
+impl Drop for Restoring {
+    fn drop(&mut self) {
+        for _ in 0..self.calls {
+            self.shared.host_view.tool_run_ended();
+        }
     }
 }
