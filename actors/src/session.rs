@@ -31,6 +31,7 @@
 //!   session stays alive.
 
 mod close;
+mod saver;
 mod schedule;
 mod snapshot;
 mod switch;
@@ -335,6 +336,10 @@ impl SessionActor {
         let links = Arc::new(SessionLinks {
             session: Mailbox::new(ctx.address(), probe.clone()),
         });
+        let mut chain = snapshot::Chain::default();
+        if let Some(store) = store {
+            chain.save_to(store, shared.clone());
+        }
         Self {
             probe,
             shared,
@@ -349,13 +354,7 @@ impl SessionActor {
             voice: false,
             deliveries_seen: 0,
             away_timer: None,
-            chain: {
-                let mut chain = snapshot::Chain::default();
-                if let Some(store) = store {
-                    chain.save_to(store);
-                }
-                chain
-            },
+            chain,
             was_inactive: false,
             _lease: lease,
             _alive: alive,
@@ -390,7 +389,9 @@ impl SessionActor {
         let inactive = self.schedule.is_inactive();
         self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
-        let settled = inactive && !std::mem::replace(&mut self.was_inactive, inactive);
+        // Both halves evaluated: `was_inactive` must follow every pump, active ones too.
+        let was_inactive = std::mem::replace(&mut self.was_inactive, inactive);
+        let settled = inactive && !was_inactive;
         if settled && !self.schedule.is_closed() {
             self.save_settled(ctx);
         }

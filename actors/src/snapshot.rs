@@ -378,10 +378,12 @@ impl SessionSnapshot {
                 ),
             });
         }
+        // Checked in full before anything changes: a delta that does not apply leaves the
+        // snapshot as it was.
         for change in &delta.chats {
             let record = self
                 .activations
-                .iter_mut()
+                .iter()
                 .find(|r| r.order == change.order)
                 .ok_or_else(|| SnapshotError::OutOfOrder {
                     reason: format!(
@@ -399,10 +401,32 @@ impl SessionSnapshot {
                     ),
                 });
             }
-            record.items.truncate(change.keep);
-            record.items.extend(change.append.iter().cloned());
         }
-        self.activations.extend(delta.activations.iter().cloned());
+        for change in &delta.chats {
+            if let Some(record) = self
+                .activations
+                .iter_mut()
+                .find(|r| r.order == change.order)
+            {
+                record.items.truncate(change.keep);
+                record.items.extend(change.append.iter().cloned());
+            }
+        }
+        // A record of an activation already here is written again whole (its inherited
+        // items changed); a new one is added in start order.
+        for record in &delta.activations {
+            match self
+                .activations
+                .iter_mut()
+                .find(|r| r.order == record.order)
+            {
+                Some(old) => *old = record.clone(),
+                None => {
+                    let at = self.activations.partition_point(|r| r.order < record.order);
+                    self.activations.insert(at, record.clone());
+                }
+            }
+        }
         self.call_ids.extend(delta.call_ids.iter().cloned());
         self.head = delta.head.clone();
         self.seq += 1;
@@ -710,5 +734,59 @@ mod tests {
         ));
         let round = SnapshotDelta::from_bytes(&delta.to_bytes()).unwrap();
         assert_eq!(round, delta);
+    }
+
+    #[test]
+    fn a_delta_that_does_not_apply_leaves_the_snapshot_as_it_was() {
+        let mut s = snapshot(3);
+        let before = s.clone();
+        let delta = SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base: 0,
+            head: s.head.clone(),
+            chats: vec![
+                ChatChange {
+                    order: 1,
+                    keep: 3,
+                    append: vec![ChatItem::message(ChatRole::Assistant, "fine")],
+                },
+                ChatChange {
+                    order: 7,
+                    keep: 0,
+                    append: Vec::new(),
+                },
+            ],
+            activations: Vec::new(),
+            call_ids: vec!["call_2".into()],
+        };
+        assert!(matches!(
+            s.apply(&delta),
+            Err(SnapshotError::OutOfOrder { .. })
+        ));
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn a_record_written_again_replaces_the_one_of_its_order() {
+        let mut s = snapshot(2);
+        let mut rewritten = s.activations[0].clone();
+        rewritten.inherited = 1;
+        rewritten
+            .items
+            .insert(0, ChatItem::message(ChatRole::User, "inherited"));
+        let mut second = s.activations[0].clone();
+        second.order = 2;
+        let delta = SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base: 0,
+            head: s.head.clone(),
+            chats: Vec::new(),
+            activations: vec![second, rewritten.clone()],
+            call_ids: Vec::new(),
+        };
+        s.apply(&delta).unwrap();
+        assert_eq!(s.activations.len(), 2);
+        assert_eq!(s.activations[0], rewritten);
+        assert_eq!(s.activations[1].order, 2);
     }
 }

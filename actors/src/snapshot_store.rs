@@ -99,9 +99,11 @@ impl SnapshotStore for MemoryStore {
 
     fn append(&self, delta: &SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
         let result = match self.lock().get_mut(delta.session_id()) {
-            Some(snapshot) => snapshot.apply(delta).map_err(|_| StoreError::NoBase {
+            // A delta of another chain does not follow what is here: save in full.
+            Some(snapshot) if snapshot.seq() != delta.base() => Err(StoreError::NoBase {
                 session: delta.session_id().to_owned(),
             }),
+            Some(snapshot) => snapshot.apply(delta).map_err(StoreError::from),
             None => Err(StoreError::NoBase {
                 session: delta.session_id().to_owned(),
             }),
@@ -214,7 +216,15 @@ fn io_error(path: &Path, err: std::io::Error) -> StoreError {
     }
 }
 
-/// Opens for writing, never through a symbolic link, creating 0600.
+/// Writes a folder's entries to disk (after a rename in it).
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|err| io_error(dir, err))
+}
+
+/// Opens for writing, never through a symbolic link, as 0600 (also a file left by a
+/// crash with other permissions: the mode is set on the open file, not only at creation).
 fn open_write(path: &Path, append: bool) -> Result<File, StoreError> {
     let mut options = OpenOptions::new();
     options
@@ -227,7 +237,10 @@ fn open_write(path: &Path, append: bool) -> Result<File, StoreError> {
     } else {
         options.truncate(true);
     }
-    options.open(path).map_err(|err| io_error(path, err))
+    let file = options.open(path).map_err(|err| io_error(path, err))?;
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(|err| io_error(path, err))?;
+    Ok(file)
 }
 
 /// Reads a whole file, never through a symbolic link; `None` when it does not exist.
@@ -268,6 +281,8 @@ impl SnapshotStore for FileStore {
             file.write_all(&bytes).map_err(|err| io_error(&tmp, err))?;
             file.sync_all().map_err(|err| io_error(&tmp, err))?;
             fs::rename(&tmp, &snap).map_err(|err| io_error(&snap, err))?;
+            // The rename is durable only once the folder is written.
+            sync_dir(snap.parent().unwrap_or(Path::new(".")))?;
             // The deltas applied to the old snapshot: the new one holds them. A crash
             // before this removal leaves them; loading skips deltas it already holds.
             match fs::remove_file(&log) {

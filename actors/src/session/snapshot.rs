@@ -29,6 +29,7 @@ use actix::prelude::*;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use super::saver::{SaveNow, Saver};
 use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
 use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor, TaskReply};
 use crate::activity::{
@@ -49,7 +50,7 @@ use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
     SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
 };
-use crate::snapshot_store::{SnapshotStore, StoreError};
+use crate::snapshot_store::SnapshotStore;
 use crate::starting_chat::StartingChat;
 use crate::toolset::{BackgroundCall, ListBackground, ResumeRun};
 
@@ -108,7 +109,7 @@ pub(super) enum Taker {
     /// The host, waiting for it.
     Host(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
     /// The session's own store, after a settled turn.
-    Store(Arc<dyn SnapshotStore>),
+    Store,
 }
 
 impl Taker {
@@ -122,15 +123,19 @@ impl Taker {
             Self::Host(tx) => {
                 let _ = tx.send(taken);
             }
-            Self::Store(store) => match taken {
-                Ok(update) => actor.store(store, update, ctx),
-                Err(err) => {
+            Self::Store => {
+                if let Err(err) = &taken {
                     tracing::debug!(%err, "no snapshot to save");
-                    if let Some(saver) = actor.chain.saver.as_mut() {
-                        saver.busy = false;
-                    }
                 }
-            },
+                let again = actor
+                    .chain
+                    .saver
+                    .as_mut()
+                    .is_some_and(|saver| saver.taken(taken.ok()));
+                if again {
+                    actor.save_settled(ctx);
+                }
+            }
         }
     }
 }
@@ -147,7 +152,7 @@ pub(super) struct Chain {
     written: HashMap<u32, Written>,
     /// How many call ids were written.
     call_ids: usize,
-    /// The store's end of the chain, when the session saves after settled turns.
+    /// The session's saving to a store, when it saves after settled turns.
     saver: Option<Saver>,
     /// Requests waiting for a switch to end.
     waiting: Vec<(bool, Taker)>,
@@ -160,35 +165,6 @@ struct Written {
     from: usize,
 }
 
-/// The session's own saving to a store.
-pub(super) struct Saver {
-    pub(super) store: Arc<dyn SnapshotStore>,
-    /// The `seq` the store holds last, if it holds any.
-    stored: Option<u64>,
-    /// Deltas written since the last full snapshot.
-    deltas: u32,
-    /// A save under way (the next waits: a delta must follow what the store has).
-    busy: bool,
-    /// A settled turn came while a save was under way: save again after it.
-    again: bool,
-}
-
-/// After this many deltas the session saves a full snapshot: loading applies every delta
-/// after the last full one.
-const DELTAS_PER_FULL: u32 = 64;
-
-impl Saver {
-    pub(super) fn new(store: Arc<dyn SnapshotStore>) -> Self {
-        Self {
-            store,
-            stored: None,
-            deltas: 0,
-            busy: false,
-            again: false,
-        }
-    }
-}
-
 impl Chain {
     /// Whether new work waits (a snapshot is being collected).
     pub(super) fn holds_work(&self) -> bool {
@@ -196,8 +172,18 @@ impl Chain {
     }
 
     /// Starts the session's saving to `store`.
-    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>) {
-        self.saver = Some(Saver::new(store));
+    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) {
+        self.saver = Some(Saver::start(store, session));
+    }
+
+    /// Resolves once every snapshot taken for the store is written (at once without one).
+    pub(super) fn flushed(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let flushed = self.saver.as_ref().map(Saver::flushed);
+        async move {
+            if let Some(flushed) = flushed {
+                flushed.await;
+            }
+        }
     }
 }
 
@@ -217,64 +203,15 @@ struct View {
 
 impl SessionActor {
     /// The session settled after a turn: save to the store, if it has one (a delta, or a
-    /// full snapshot when the store holds none to apply it to, holds the last one of
-    /// another chain, or has collected enough deltas).
+    /// full snapshot when the store may lack what a delta would follow).
     pub(super) fn save_settled(&mut self, ctx: &mut Context<Self>) {
-        let seq = self.chain.seq;
-        let started = self.chain.started;
+        let (seq, started) = (self.chain.seq, self.chain.started);
         let Some(saver) = self.chain.saver.as_mut() else {
             return;
         };
-        if saver.busy {
-            saver.again = true;
-            return;
+        if let SaveNow::Take { full } = saver.settled(seq, started) {
+            self.snapshot(full, Taker::Store, ctx);
         }
-        saver.busy = true;
-        saver.again = false;
-        let full = !started || saver.stored != Some(seq) || saver.deltas >= DELTAS_PER_FULL;
-        let store = saver.store.clone();
-        self.snapshot(full, Taker::Store(store), ctx);
-    }
-
-    /// Writes a snapshot taken for the store; once written, the next settled turn saves
-    /// the next delta.
-    fn store(
-        &mut self,
-        store: Arc<dyn SnapshotStore>,
-        update: SnapshotUpdate,
-        ctx: &mut Context<Self>,
-    ) {
-        let (seq, full, write) = match &update {
-            SnapshotUpdate::Full(snapshot) => (snapshot.seq, true, store.save(snapshot)),
-            SnapshotUpdate::Delta(delta) => (delta.base + 1, false, store.append(delta)),
-        };
-        ctx.spawn(write.into_actor(self).map(move |written, act, ctx| {
-            let Some(saver) = act.chain.saver.as_mut() else {
-                return;
-            };
-            saver.busy = false;
-            match written {
-                Ok(()) => {
-                    saver.stored = Some(seq);
-                    saver.deltas = if full { 0 } else { saver.deltas + 1 };
-                }
-                Err(err) => {
-                    // The next save writes in full (the store may lack what a delta
-                    // would follow).
-                    saver.stored = None;
-                    if !matches!(err, StoreError::NoBase { .. }) {
-                        let message = format!("the session's snapshot was not saved: {err}");
-                        tracing::warn!(session = %act.shared.id(), "{message}");
-                        act.shared
-                            .events
-                            .emit(crate::events::SessionEvent::Error { message });
-                    }
-                }
-            }
-            if std::mem::take(&mut saver.again) {
-                act.save_settled(ctx);
-            }
-        }));
     }
 
     /// Takes a snapshot for `taker`: at once when an agent is current, after the switch
