@@ -634,9 +634,11 @@ impl SessionBuilder {
     /// asked again, and each tool call that was running follows its tool's
     /// [`RestorePolicy`](crate::RestorePolicy). No `on_enter` runs. The builder's other
     /// settings (model, toolsets, output, timings) apply as given: they are code, not
-    /// state. Everything is checked before anything starts: an agent the registry cannot
-    /// build, a model missing, user data that does not read back, a newer schema fail
-    /// `start` with the reason.
+    /// state. A paused agent whose tool awaited a sub-task gets the task's result as that
+    /// call's output, as JSON (the tool body that awaited it was in the old process).
+    /// Everything is checked before anything starts: an agent the registry cannot build,
+    /// a model missing, user data that does not read back, a newer schema fail `start`
+    /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
         self.restore = Some((snapshot, agents));
         self
