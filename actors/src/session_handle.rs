@@ -42,8 +42,9 @@ use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
 use crate::runtime::Engine;
 use crate::session::{
-    CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RecordInput, RestorePlan, RunTask,
-    RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession, TakeSnapshot,
+    CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
+    RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
+    TakeSnapshot,
 };
 use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
@@ -315,14 +316,23 @@ impl Session {
     }
 
     /// Resolves when the session is inactive: no speech is queued, generating or playing
-    /// (the current agent runs no turn and none is queued), no handoff is under way, no
-    /// deferred reply is pending, and the user is not speaking. (Tools may still run in
+    /// (the current agent runs no turn and none is queued, no user words wait for the end
+    /// of their turn), no handoff is under way, no deferred reply is pending, and the user
+    /// is not speaking; every input sent before the call counts. (Tools may still run in
     /// the background: see [`Session::wait_for_settled`].) A host call: a background tool
     /// of this session may await it once its turn has ended, but awaited from a tool of the
     /// turn in progress or from a hook, it waits on that turn or handoff and never resolves.
     pub async fn wait_for_inactive(&self) {
+        self.inputs_handled().await;
         let mut rx = self.shared().host_view.inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
+    }
+
+    /// Resolves once the session has handled every input this host sent before (a
+    /// transcript, speaking or not are told, not awaited): what the waits above see then
+    /// includes them. A closed session has nothing left to handle.
+    async fn inputs_handled(&self) {
+        let _ = self.host.mailbox.ask(&ActorId::host(), InputsHandled).await;
     }
 
     /// Resolves when the session has settled: no tool call is running anywhere in it and
@@ -332,6 +342,7 @@ impl Session {
     /// [`SessionError::WouldDeadlock`].
     pub async fn wait_for_settled(&self) -> Result<(), SessionError> {
         self.check_reentry("wait_for_settled")?;
+        self.inputs_handled().await;
         let shared = self.shared();
         loop {
             // Created before the check: a settle in between is not missed.
@@ -519,6 +530,7 @@ pub struct SessionBuilder {
     min_interruption_duration: Duration,
     false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
+    endpointing_delay: Duration,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -548,6 +560,7 @@ impl Default for SessionBuilder {
             min_interruption_duration: Duration::from_millis(500),
             false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
+            endpointing_delay: Duration::from_millis(500),
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -715,6 +728,15 @@ impl SessionBuilder {
         self
     }
 
+    /// How long a final transcript waits for more of the user's words before it makes a
+    /// turn (default 0.5 s): finals within it join one user message and one LLM request,
+    /// and the user speaking again inside it holds it until they stop. Zero: every final
+    /// is a turn at once. `wait_for_settled` covers a pending endpoint.
+    pub fn endpointing_delay(mut self, delay: Duration) -> Self {
+        self.endpointing_delay = delay;
+        self
+    }
+
     /// Records every actor's traffic for `Session::inspector` (default off: then the
     /// probe only counts queued messages).
     pub fn inspect(mut self, on: bool) -> Self {
@@ -846,6 +868,7 @@ impl SessionBuilder {
                     min_interruption_duration: self.min_interruption_duration,
                     false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
+                    endpointing_delay: self.endpointing_delay,
                 },
                 llm: self.llm,
                 error_policy: self.error_policy,

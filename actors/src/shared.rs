@@ -161,6 +161,7 @@ impl SessionShared {
                     min_interruption_duration: Duration::from_millis(500),
                     false_interruption_timeout: Some(Duration::from_secs(2)),
                     user_away_timeout: None,
+                    endpointing_delay: Duration::ZERO,
                 },
                 llm: None,
                 error_policy: crate::error_policy::ErrorPolicy::new(),

@@ -26,6 +26,7 @@ pub(crate) struct SessionConfig {
     pub(crate) min_interruption_duration: Duration,
     pub(crate) false_interruption_timeout: Option<Duration>,
     pub(crate) user_away_timeout: Option<Duration>,
+    pub(crate) endpointing_delay: Duration,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that
