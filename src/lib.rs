@@ -142,10 +142,11 @@ pub use switchboard_actors::{
     InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
     LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RunContext,
     RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
-    SessionEvent, SessionHistory, SessionId, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
-    SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice,
-    ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision,
-    TurnFailure, UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
+    SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId,
+    SpeechOutcome, SpeechOutput, SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool,
+    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
+    ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState,
+    CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

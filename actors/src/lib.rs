@@ -106,7 +106,7 @@ pub use prompts::{
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
-pub use runtime::Engine;
+pub use runtime::{Engine, SessionState, SessionSummary};
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
@@ -123,6 +123,7 @@ fn _assert_handles_are_send_sync() {
     check::<Session>();
     check::<RunContext>();
     check::<SessionAddress>();
+    check::<SessionSummary>();
     check::<Engine>();
     check::<Agent>();
     check::<Tool>();

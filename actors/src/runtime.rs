@@ -6,6 +6,10 @@
 //! threads. Inside an existing actix system (`#[actix::test]`, an actix-web app),
 //! [`Engine::current`] places sessions on the current arbiter, where paused test time
 //! reaches them.
+//!
+//! What a session reports for monitoring is in `runtime/stats.rs`.
+
+mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -17,6 +21,8 @@ use crate::error::{EngineError, SessionError};
 use crate::idle_release::{IdleMemory, IdleRelease, IdleReleases, SessionLease};
 use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
+
+pub use stats::{SessionState, SessionSummary};
 
 /// actix's default mailbox capacity, as `Actor::start_in_arbiter` gives an actor.
 const MAILBOX_CAPACITY: usize = 16;

@@ -304,6 +304,9 @@ pub(crate) struct SessionActor {
     /// Tool deliveries received so far: what a settling deferred reply watches.
     deliveries_seen: u64,
     away_timer: Option<SpawnHandle>,
+    /// The current agent as last published in the host view, for summaries: compared by
+    /// pointer at each pump, written there only when it changed.
+    published_agent: Option<Agent>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
     /// counts the session as gone.
     _lease: SessionLease,
@@ -337,6 +340,7 @@ impl SessionActor {
             voice: false,
             deliveries_seen: 0,
             away_timer: None,
+            published_agent: None,
             _lease: lease,
             _alive: alive,
         }
@@ -365,6 +369,24 @@ impl SessionActor {
         let inactive = self.schedule.is_inactive();
         self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
+        self.publish_agent();
+    }
+
+    /// Publishes the current agent for summaries when it changed (a handoff, a sub-task's
+    /// start or end); during a switch the last one stays.
+    fn publish_agent(&mut self) {
+        let Some(current) = self.schedule.current() else {
+            return;
+        };
+        let same = self
+            .published_agent
+            .as_ref()
+            .is_some_and(|shown| Arc::ptr_eq(&shown.def, &current.agent.def));
+        if !same {
+            let agent = current.agent.clone();
+            self.published_agent = Some(agent.clone());
+            self.shared.host_view.publish_agent(agent);
+        }
     }
 
     /// Lets the tool deliveries already on their way land before the deferred reply starts,
@@ -438,6 +460,9 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
+        if !matches!(kind, TurnKind::Say { .. }) {
+            self.shared.host_view.turn_started();
+        }
         let (done, outcome) = oneshot::channel();
         // One per turn, and the session sends the next only after this one answered.
         activity

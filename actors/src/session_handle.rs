@@ -38,7 +38,7 @@ use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
 use crate::run_context::RunContext;
-use crate::runtime::Engine;
+use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
     CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RunTask, RunTurn, Say, SessionActor,
     StartSession,
@@ -110,6 +110,14 @@ impl Session {
     /// The session's id (`s1`, `s2`, …).
     pub fn id(&self) -> &SessionId {
         self.host.shared.id()
+    }
+
+    /// What the session is doing now: its state (active, inactive, closing, closed), the
+    /// current agent, the turns it ran, its age, its running tools, live actors and queued
+    /// messages. Read without a message to the session, so it answers at once, also when
+    /// the session is busy or stuck.
+    pub fn summary(&self) -> SessionSummary {
+        SessionSummary::of(self.shared())
     }
 
     fn shared(&self) -> &SessionShared {
@@ -392,8 +400,8 @@ impl Session {
     pub fn inspector(&self) -> Option<Inspector> {
         self.shared()
             .journal
-            .as_ref()
-            .map(|journal| Inspector::new(journal.clone(), self.shared().id().clone()))
+            .records()
+            .map(|records| Inspector::new(records.clone(), self.shared().id().clone()))
     }
 
     /// The session's user data, if it is a `T`.
@@ -691,7 +699,7 @@ impl SessionBuilder {
                 .map(|(name, owner)| (name.as_str(), owner.clone())),
         )?;
         let id = engine.next_session_id();
-        let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
+        let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         let span = tracing::info_span!("session", session = %id);
         let shared = Arc::new(SessionShared::new(SharedParts {
