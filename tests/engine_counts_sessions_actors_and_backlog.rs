@@ -1,5 +1,6 @@
-//! SPEC §16 "Counts": each session reports its state, current agent, turn count and age
-//! — read without a message to the session.
+//! SPEC §16 "Counts": the engine reports its live sessions, their live actors, the
+//! messages queued for them and the process's memory; each session its state, current
+//! agent, turn count and age — read without a message to the session.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -11,6 +12,99 @@ use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{event, Gate, Reply, ScriptedLlm};
 use switchboard::SessionState;
+
+/// A tool that answers with an update and then holds its run until `gate` opens.
+fn gated_job(gate: &Gate) -> Tool {
+    let gate = gate.clone();
+    Tool::new("job", "Holds its run", move |ctx: RunContext, _: Query| {
+        let gate = gate.clone();
+        async move {
+            ctx.update("started").await?;
+            gate.wait().await;
+            Ok::<_, ToolFailure>("done")
+        }
+    })
+}
+
+#[switchboard::test]
+async fn stats_count_sessions_actors_tool_runs_and_queued_messages() {
+    tokio::time::pause();
+    let engine = Engine::current().unwrap();
+    let empty = engine.stats();
+    assert_eq!(
+        (empty.sessions, empty.actors, empty.backlog, empty.tool_runs),
+        (0, 0, 0, 0)
+    );
+    if cfg!(target_os = "linux") {
+        assert!(empty.rss_bytes.is_some_and(|rss| rss > 0), "{empty:?}");
+    }
+
+    // A session whose tool holds its run in the background: the session, its agent's
+    // activity, the agent's toolset and the run.
+    let gate = Gate::new();
+    let busy = Session::builder()
+        .id("busy")
+        .llm(ScriptedLlm::new([
+            Reply::tool_call("job", json!({"q": "a"})),
+            Reply::text("Working on it."),
+        ]))
+        .agent(
+            Agent::builder("worker")
+                .tool(gated_job(&gate))
+                .build()
+                .unwrap(),
+        )
+        .inspect(true)
+        .start(&engine)
+        .await
+        .unwrap();
+    busy.run("start the job").await.unwrap();
+    assert_eq!(busy.inspector().unwrap().live_actors().len(), 4);
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    // An idle session: the session and its agent's activity.
+    let idle = Session::builder()
+        .id("idle")
+        .llm(ScriptedLlm::new([Reply::text("hello")]))
+        .agent(Agent::builder("greeter").build().unwrap())
+        .start(&engine)
+        .await
+        .unwrap();
+
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.sessions, stats.actors, stats.backlog, stats.tool_runs),
+        (2, 6, 0, 1),
+        "{stats:?}"
+    );
+
+    // Input the session has not handled yet: the sessions run on this thread, so three
+    // interim transcripts wait in the idle session's queue until the test awaits.
+    for words in ["I", "I would", "I would like"] {
+        idle.transcript(words, false);
+    }
+    assert_eq!(engine.stats().backlog, 3);
+    assert_eq!(idle.summary().backlog, 3);
+    assert_eq!(busy.summary().backlog, 0);
+    // A read goes through the same queues behind them: once it answers, all were handled.
+    idle.history().await;
+    assert_eq!(engine.stats().backlog, 0);
+
+    // The run ends: one actor fewer.
+    gate.open();
+    common::settled(&busy).await;
+    let stats = engine.stats();
+    assert_eq!((stats.actors, stats.tool_runs), (5, 0), "{stats:?}");
+
+    busy.close().await.unwrap();
+    idle.close().await.unwrap();
+    let stats = engine.stats();
+    assert_eq!(
+        (stats.sessions, stats.actors, stats.backlog, stats.tool_runs),
+        (0, 0, 0, 0),
+        "{stats:?}"
+    );
+}
 
 #[switchboard::test]
 async fn a_summary_follows_the_session_through_turns_handoffs_and_close() {
@@ -28,6 +122,7 @@ async fn a_summary_follows_the_session_through_turns_handoffs_and_close() {
         },
     );
     let session = Session::builder()
+        .id("call-7")
         .llm(ScriptedLlm::new([
             Reply::text("Let me see. ")
                 .and_wait(&thinking)
@@ -42,7 +137,7 @@ async fn a_summary_follows_the_session_through_turns_handoffs_and_close() {
         .await
         .unwrap();
     let summary = session.summary();
-    assert_eq!(summary.id.as_str(), "s1");
+    assert_eq!(summary.id.as_str(), "call-7");
     assert_eq!(summary.state, SessionState::Inactive);
     assert_eq!(summary.agent.as_deref(), Some("greeter"));
     assert_eq!(
@@ -72,6 +167,7 @@ async fn a_summary_follows_the_session_through_turns_handoffs_and_close() {
     assert_eq!(summary.turns, 2);
     assert_eq!(summary.tool_runs, 1);
     assert!(summary.age >= Duration::from_secs(90), "{summary:?}");
+    assert_eq!(engine.sessions(), [summary]);
 
     // Closing: the close waits the tool's grace period, and the summary says so.
     let closing = {
@@ -81,11 +177,40 @@ async fn a_summary_follows_the_session_through_turns_handoffs_and_close() {
     session
         .inspector()
         .unwrap()
-        .wait_for("session/s1", "CloseSession", Duration::from_secs(5))
+        .wait_for("session/call-7", "CloseSession", Duration::from_secs(5))
         .await
         .unwrap();
     assert_eq!(session.summary().state, SessionState::Closing);
     closing.await.unwrap().unwrap();
     let summary = session.summary();
     assert_eq!((summary.state, summary.actors), (SessionState::Closed, 0));
+    assert!(engine.sessions().is_empty());
+}
+
+#[switchboard::test]
+async fn sessions_are_listed_oldest_first() {
+    tokio::time::pause();
+    let engine = Engine::current().unwrap();
+    let mut sessions = Vec::new();
+    for id in ["first", "second", "third"] {
+        sessions.push(
+            Session::builder()
+                .id(id)
+                .llm(ScriptedLlm::new([]))
+                .agent(Agent::builder("agent").build().unwrap())
+                .start(&engine)
+                .await
+                .unwrap(),
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    let listed: Vec<String> = engine
+        .sessions()
+        .into_iter()
+        .map(|summary| summary.id.to_string())
+        .collect();
+    assert_eq!(listed, ["first", "second", "third"]);
+    for session in sessions {
+        session.close().await.unwrap();
+    }
 }

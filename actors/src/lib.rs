@@ -68,6 +68,7 @@ mod outcome;
 mod output;
 mod prompts;
 mod reentry;
+mod registry;
 mod run_context;
 mod runtime;
 mod session;
@@ -106,7 +107,7 @@ pub use prompts::{
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
-pub use runtime::{Engine, SessionState, SessionSummary};
+pub use runtime::{Engine, EngineStats, SessionState, SessionSummary};
 pub use session_handle::{Session, SessionAddress, SessionBuilder};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
@@ -123,6 +124,7 @@ fn _assert_handles_are_send_sync() {
     check::<Session>();
     check::<RunContext>();
     check::<SessionAddress>();
+    check::<EngineStats>();
     check::<SessionSummary>();
     check::<Engine>();
     check::<Agent>();

@@ -57,12 +57,12 @@ use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
-use crate::idle_release::SessionLease;
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
     Interruptibility, SayOptions, SpeechHandle, SpeechOutcome, SpeechPort, SpeechPriority,
@@ -308,7 +308,7 @@ pub(crate) struct SessionActor {
     /// pointer at each pump, written there only when it changed.
     published_agent: Option<Agent>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
-    /// counts the session as gone.
+    /// counts the session as gone and its id is free.
     _lease: SessionLease,
     _alive: AliveToken,
 }

@@ -37,6 +37,7 @@ use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
+use crate::registry::LiveSession;
 use crate::run_context::RunContext;
 use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
@@ -107,7 +108,7 @@ impl Session {
         SessionBuilder::default()
     }
 
-    /// The session's id (`s1`, `s2`, …).
+    /// The session's id: the one given to [`SessionBuilder::id`], else `s1`, `s2`, ….
     pub fn id(&self) -> &SessionId {
         self.host.shared.id()
     }
@@ -115,7 +116,7 @@ impl Session {
     /// What the session is doing now: its state (active, inactive, closing, closed), the
     /// current agent, the turns it ran, its age, its running tools, live actors and queued
     /// messages. Read without a message to the session, so it answers at once, also when
-    /// the session is busy or stuck.
+    /// the session is busy or stuck. [`Engine::sessions`] lists it for every live session.
     pub fn summary(&self) -> SessionSummary {
         SessionSummary::of(self.shared())
     }
@@ -469,6 +470,8 @@ pub struct SessionBuilder {
     error_policy: ErrorPolicy,
     prompts: Prompts,
     mocks: HashMap<String, MockBody>,
+    /// The host's id for the session, if it chose one.
+    id: Option<String>,
 }
 
 impl Default for SessionBuilder {
@@ -495,6 +498,7 @@ impl Default for SessionBuilder {
             error_policy: ErrorPolicy::new(),
             prompts: Prompts::new(),
             mocks: HashMap::new(),
+            id: None,
         }
     }
 }
@@ -661,9 +665,35 @@ impl SessionBuilder {
         self
     }
 
+    /// The session's id, chosen by the host — the call's id, say — in place of the
+    /// engine's `s1`, `s2`, …. It names the session in its actor ids, logs, spans,
+    /// summaries and a drain's report.
+    ///
+    /// [`SessionBuilder::start`] refuses, before anything starts:
+    /// - an id of the wrong form with [`BuildError::InvalidSessionId`]: it must be 1 to
+    ///   [`SessionId::MAX_LEN`] (128) bytes, with no `/` (actor ids embed the session id
+    ///   between slashes, `tool/<id>/1:call_1`), whitespace or control character;
+    /// - the id of a session still live on the same engine with
+    ///   [`SessionError::DuplicateSession`]. An id is free again once its session is gone:
+    ///   its `close()` returned, or every handle of it was dropped and it closed.
+    ///
+    /// The engine's own ids skip any `s<n>` a live session of the host holds, so the two
+    /// never collide. Actor ids are unique among live sessions only when the host reuses
+    /// an id: a later session of the same id has the same actor ids as the earlier one.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(self, engine: &Engine) -> Result<Session, SessionError> {
+        if let Some(id) = &self.id {
+            SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
+                id: quote_prefix(id),
+                reason,
+            })?;
+        }
         let agent = self.agent.ok_or(BuildError::NoAgent)?;
         if agent.def.llm.is_none() && self.llm.is_none() {
             return Err(BuildError::NoLlm {
@@ -698,7 +728,10 @@ impl SessionBuilder {
                 .iter()
                 .map(|(name, owner)| (name.as_str(), owner.clone())),
         )?;
-        let id = engine.next_session_id();
+        // The session's place on the engine: refused here, before anything starts, when a
+        // live session has the id or the engine drains; freed if the start fails.
+        let lease = engine.reserve_session(self.id)?;
+        let id = lease.id().clone();
         let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         let span = tracing::info_span!("session", session = %id);
@@ -737,7 +770,7 @@ impl SessionBuilder {
         let toolsets = self.toolsets;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
-        let addr = engine.start_session_actor(move |ctx, lease| {
+        let addr = engine.start_session_actor(lease, move |ctx, lease| {
             SessionActor::new(
                 ctx,
                 actor_shared,
@@ -754,6 +787,12 @@ impl SessionBuilder {
                 _engine: engine.clone(),
             }),
         };
+        engine.register_session(
+            &id,
+            LiveSession {
+                shared: Arc::downgrade(&session.host.shared),
+            },
+        );
         session
             .host
             .mailbox
@@ -761,5 +800,15 @@ impl SessionBuilder {
             .await
             .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
+    }
+}
+
+/// The first 64 characters of an id for an error message, with `…` when it was longer: an
+/// error never quotes a whole input of any size.
+fn quote_prefix(id: &str) -> String {
+    const SHOWN: usize = 64;
+    match id.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &id[..cut]),
+        None => id.to_owned(),
     }
 }

@@ -1,17 +1,48 @@
-//! What a session reports for monitoring: [`SessionSummary`], read without a message to
-//! the session.
+//! What an engine and its sessions report for monitoring: [`EngineStats`] and
+//! [`SessionSummary`], read without a message to any session.
 //!
 //! Every figure is read from what the session's actors already publish for the host —
 //! its journal's two counters (live actors, queued messages), its host view (inactivity,
 //! tool runs, turns, the current agent) — so a summary answers also for a session whose
-//! arbiter is stuck, which is the session an operator wants to see.
+//! arbiter is stuck, which is the session an operator wants to see. An engine's figures
+//! are the sum over its registry: the cost of a call grows with the number of live
+//! sessions (a few milliseconds for 100,000), and nothing is counted per engine on the
+//! hot path, where actors on different arbiters would write one shared counter.
 
 use std::time::Duration;
 
 use crate::ids::SessionId;
 use crate::shared::SessionShared;
 
-/// What one session is doing, from [`Session::summary`](crate::Session::summary).
+/// An engine's counts now, from [`Engine::stats`](crate::Engine::stats).
+///
+/// What to watch: `sessions` against the capacity you plan for; `backlog` that stays
+/// above zero across several reads (a session, or an arbiter, that cannot keep up);
+/// `actors` per session rising over time (tool runs that never end); `rss_bytes` after a
+/// traffic peak (see [`Engine::release_memory`](crate::Engine::release_memory)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// Sessions live on the engine: from the start of `SessionBuilder::start` until the
+    /// last actor of the session is gone, so a session still closing counts.
+    pub sessions: usize,
+    /// Actors of those sessions that started and have not stopped: the session, each
+    /// agent activity (current, or paused under a sub-task), each toolset, each tool run.
+    /// An idle session with one agent and no tools has 2.
+    pub actors: usize,
+    /// Messages sent to those actors and not yet handled: the engine's queues. Near zero
+    /// on a healthy engine; work a session has queued for later (a turn waiting for the
+    /// one before it) is not a message and not counted here.
+    pub backlog: usize,
+    /// Tool calls running in those sessions, in a turn or in the background.
+    pub tool_runs: usize,
+    /// The process's resident memory in bytes (`VmRSS` of `/proc/self/status`), where the
+    /// system tells it (Linux); `None` elsewhere. The whole process, not only the engine.
+    pub rss_bytes: Option<u64>,
+}
+
+/// What one session is doing, from [`Session::summary`](crate::Session::summary) or, for
+/// every live session of an engine, [`Engine::sessions`](crate::Engine::sessions).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SessionSummary {
@@ -73,6 +104,52 @@ impl SessionSummary {
             tool_runs: view.running_tools(),
             actors: shared.journal.live_actors(),
             backlog: shared.journal.backlog(),
+        }
+    }
+}
+
+impl EngineStats {
+    /// The sums over the sessions whose shared states these are.
+    pub(crate) fn of(sessions: &[std::sync::Arc<SessionShared>]) -> Self {
+        let mut stats = Self {
+            sessions: sessions.len(),
+            actors: 0,
+            backlog: 0,
+            tool_runs: 0,
+            rss_bytes: rss_bytes(),
+        };
+        for shared in sessions {
+            stats.actors += shared.journal.live_actors();
+            stats.backlog += shared.journal.backlog();
+            stats.tool_runs += shared.host_view.running_tools();
+        }
+        stats
+    }
+}
+
+/// The process's resident set size, from `/proc/self/status` (in KiB there).
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_is_read_where_the_system_has_it() {
+        let rss = rss_bytes();
+        if cfg!(target_os = "linux") {
+            assert!(rss.is_some_and(|bytes| bytes > 0), "{rss:?}");
         }
     }
 }
