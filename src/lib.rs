@@ -146,7 +146,7 @@ pub use switchboard_actors::{
     SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StartingChat, SubTaskOf,
     TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage,
-    UserState, CONFIRM_DUPLICATE_PARAM,
+    UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

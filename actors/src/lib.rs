@@ -108,7 +108,7 @@ pub use prompts::{
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
 pub use runtime::{Engine, EngineStats, SessionState, SessionSummary};
-pub use session_handle::{Session, SessionAddress, SessionBuilder};
+pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[allow(deprecated)]
@@ -124,6 +124,7 @@ fn _assert_handles_are_send_sync() {
     check::<Session>();
     check::<RunContext>();
     check::<SessionAddress>();
+    check::<WeakSession>();
     check::<EngineStats>();
     check::<SessionSummary>();
     check::<Engine>();

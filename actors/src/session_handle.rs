@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -119,6 +119,42 @@ impl Session {
     /// the session is busy or stuck. [`Engine::sessions`] lists it for every live session.
     pub fn summary(&self) -> SessionSummary {
         SessionSummary::of(self.shared())
+    }
+
+    /// A weak handle on the session: it upgrades to a [`Session`] while the session
+    /// lives, and never keeps it alive. When the host's last strong handle (`Session`,
+    /// [`SessionAddress`]) is dropped, the session closes as it always does, whatever weak
+    /// handles remain; they upgrade to `None` from then on.
+    ///
+    /// For a host part that must not keep a call alive: a TTS or playout task, a
+    /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
+    ///
+    /// ```no_run
+    /// # fn demo(session: switchboard::Session) {
+    /// use std::time::Duration;
+    /// use switchboard::UserState;
+    ///
+    /// // A watchdog that nudges a silent caller, and ends with the call: it holds only a
+    /// // weak handle, so hanging up (dropping the last `Session`) closes the session.
+    /// let weak = session.downgrade();
+    /// tokio::spawn(async move {
+    ///     let mut every = tokio::time::interval(Duration::from_secs(10));
+    ///     loop {
+    ///         every.tick().await;
+    ///         // Strong only for this one check; `None` once the call is over.
+    ///         let Some(session) = weak.upgrade() else { break };
+    ///         if session.user_state() == UserState::Away {
+    ///             let _ = session.say("Are you still there?").await;
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn downgrade(&self) -> WeakSession {
+        WeakSession {
+            host: Arc::downgrade(&self.host),
+            id: self.id().clone(),
+        }
     }
 
     fn shared(&self) -> &SessionShared {
@@ -408,6 +444,38 @@ impl Session {
     /// The session's user data, if it is a `T`.
     pub fn userdata<T: Any + Send + Sync>(&self) -> Option<Arc<T>> {
         self.shared().settings.userdata.clone()?.downcast().ok()
+    }
+}
+
+/// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
+/// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+#[derive(Clone)]
+pub struct WeakSession {
+    host: Weak<Host>,
+    id: SessionId,
+}
+
+impl WeakSession {
+    /// The session, while any strong handle of it (`Session`, [`SessionAddress`]) is
+    /// held; `None` once every one was dropped (the session then closes, or has closed).
+    /// A session closed with `close()` while the host still holds a handle upgrades: its
+    /// calls answer [`SessionError::Closed`].
+    pub fn upgrade(&self) -> Option<Session> {
+        self.host.upgrade().map(|host| Session { host })
+    }
+
+    /// The session's id, also once it is gone (for logs).
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+}
+
+impl fmt::Debug for WeakSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakSession")
+            .field("id", &self.id)
+            .field("alive", &(self.host.strong_count() > 0))
+            .finish()
     }
 }
 
