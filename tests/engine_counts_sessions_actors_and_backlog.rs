@@ -35,6 +35,7 @@ async fn stats_count_sessions_actors_tool_runs_and_queued_messages() {
         (empty.sessions, empty.actors, empty.backlog, empty.tool_runs),
         (0, 0, 0, 0)
     );
+    assert!(!empty.draining);
     if cfg!(target_os = "linux") {
         assert!(empty.rss_bytes.is_some_and(|rss| rss > 0), "{empty:?}");
     }

@@ -74,6 +74,10 @@ pub enum EngineError {
     /// The engine's thread stopped before its actix system started.
     #[error("the engine's thread stopped before its actix system started")]
     NotStarted,
+    /// The engine is draining (`Engine::drain`): it starts no new session. Start it on
+    /// another engine or process; this one is about to go.
+    #[error("the engine is draining and starts no new session: start it on another engine")]
+    Draining,
 }
 
 impl SessionError {

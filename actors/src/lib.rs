@@ -107,7 +107,9 @@ pub use prompts::{
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
-pub use runtime::{Engine, EngineStats, SessionState, SessionSummary};
+pub use runtime::{
+    DrainEnd, DrainReport, DrainedSession, Engine, EngineStats, SessionState, SessionSummary,
+};
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
@@ -127,6 +129,7 @@ fn _assert_handles_are_send_sync() {
     check::<WeakSession>();
     check::<EngineStats>();
     check::<SessionSummary>();
+    check::<DrainReport>();
     check::<Engine>();
     check::<Agent>();
     check::<Tool>();

@@ -1,5 +1,5 @@
 //! The engine's registry of its live sessions: which ids are taken, and a weak reference
-//! to each session for counts and summaries.
+//! to each session for counts, summaries and drain.
 //!
 //! A session takes its place before anything of it starts: [`Registry::reserve`] checks
 //! its id (the host's, or the next free `s<n>`) and records it in one step, so two
@@ -9,11 +9,12 @@
 //! is taken from the start of `SessionBuilder::start` until the session's last actor is
 //! gone — also when the host keeps a closed `Session` — and free again after.
 //!
-//! Once the host's handle exists the builder fills the place in ([`Registry::fill`])
-//! with a `Weak` of the session's shared state, for counts and summaries; it does not
-//! keep the session alive: the host's handles alone do. The registry is its own `Arc`,
-//! held by the engine and each lease, so a live session never keeps the engine's threads
-//! alive.
+//! Once the host's handle exists the builder fills the place in ([`Registry::fill`]):
+//! a `Weak` of the session's shared state (for counts, summaries, and a drain's wait for
+//! it to settle and be gone) and a `Weak` of the host's end, seen only through
+//! [`DrainPort`] (what a drain asks of a session). Neither keeps the session alive: the
+//! host's handles alone do. The registry is its own `Arc`, held by the engine and each
+//! lease, so a live session never keeps the engine's threads alive.
 //!
 //! Cost: one map insert when a session starts, one update when its handle exists, one
 //! remove when it goes, each under the lock of one of 16 shards (sessions starting and
@@ -23,18 +24,34 @@
 //! by itself: 100,000 entries would keep about 5 MB).
 
 use std::collections::hash_map::{Entry, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use crate::error::SessionError;
+use futures_util::future::BoxFuture;
+use tokio::sync::Notify;
+
+use crate::error::{EngineError, SessionError};
 use crate::idle_release::IdleMemory;
 use crate::ids::SessionId;
 use crate::shared::SessionShared;
+
+/// What a drain asks of a session's host end: implemented by the host's handle, which
+/// alone may interrupt and close a session. A port, like the ports of `RunContext` and
+/// `SessionControl`, so that this plumbing never names the host side.
+pub(crate) trait DrainPort: Send + Sync {
+    /// Interrupts the current turn, even an uninterruptible one; resolves once it ended.
+    fn force_interrupt(&self) -> BoxFuture<'static, ()>;
+
+    /// Asks the session to close (as `Session::close` does); the session's `gone` says
+    /// when it is.
+    fn close(&self);
+}
 
 /// A registered session, as the engine reaches it: weak references only.
 #[derive(Clone)]
 pub(crate) struct LiveSession {
     pub(crate) shared: Weak<SessionShared>,
+    pub(crate) host: Weak<dyn DrainPort>,
 }
 
 /// The sessions of one engine.
@@ -44,6 +61,11 @@ pub(crate) struct Registry {
     /// The engine's own numbering, `s1`, `s2`, …; never reused, and a number whose id a
     /// live session holds is skipped.
     next_default: AtomicU64,
+    /// Set by a drain, for good: from then on no session starts.
+    draining: AtomicBool,
+    /// Notified when a place is filled in or freed while draining, for a drain waiting on
+    /// a session that was still starting.
+    changed: Notify,
     idle: Arc<IdleMemory>,
 }
 
@@ -51,6 +73,7 @@ impl std::fmt::Debug for Registry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registry")
             .field("sessions", &self.sessions.len())
+            .field("draining", &self.is_draining())
             .finish_non_exhaustive()
     }
 }
@@ -60,17 +83,22 @@ impl Registry {
         Arc::new(Self {
             sessions: Shards::new(),
             next_default: AtomicU64::new(0),
+            draining: AtomicBool::new(false),
+            changed: Notify::new(),
             idle,
         })
     }
 
     /// Takes an id for a session about to start: `chosen` (already checked for its form)
-    /// unless a live session has it, else the engine's next free `s<n>`. The lease holds
-    /// the id until it is dropped.
+    /// unless a live session has it, else the engine's next free `s<n>`. Refused while
+    /// draining. The lease holds the id until it is dropped.
     pub(crate) fn reserve(
         self: &Arc<Self>,
         chosen: Option<String>,
     ) -> Result<SessionLease, SessionError> {
+        if self.is_draining() {
+            return Err(EngineError::Draining.into());
+        }
         let id = match chosen {
             Some(text) => {
                 let id = SessionId::new(text);
@@ -89,10 +117,17 @@ impl Registry {
             },
         };
         self.idle.session_started();
-        Ok(SessionLease {
+        let lease = SessionLease {
             registry: self.clone(),
             id,
-        })
+        };
+        // A drain that began between the first check and the insert may have listed the
+        // sessions without this one: refuse it (the lease's drop frees the id). Both
+        // sides are SeqCst: either the drain's list holds this session or this sees it.
+        if self.is_draining() {
+            return Err(EngineError::Draining.into());
+        }
+        Ok(lease)
     }
 
     /// Fills in the place of the session `id` once its host handle exists. Only the
@@ -100,10 +135,35 @@ impl Registry {
     /// failed at once) is not made again, nor another session's of the same id taken.
     pub(crate) fn fill(&self, id: &SessionId, live: LiveSession) {
         self.sessions.fill(id, live);
+        self.changed_while_draining();
     }
 
     fn free(&self, id: &SessionId) {
         self.sessions.remove(id);
+        self.changed_while_draining();
+    }
+
+    fn changed_while_draining(&self) {
+        if self.is_draining() {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// From now on no session starts. Returns whether the engine was draining already.
+    pub(crate) fn start_draining(&self) -> bool {
+        self.draining.swap(true, Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Every session now, each with its place (`None`: still starting).
+    pub(crate) fn list(&self) -> Vec<(SessionId, Option<LiveSession>)> {
+        let mut all = Vec::new();
+        self.sessions
+            .each(|id, place| all.push((id.clone(), place.clone())));
+        all
     }
 
     /// The shared state of every session whose start made its handle, for counts: a
@@ -119,6 +179,12 @@ impl Registry {
         // Dropped outside the shards' locks: the last reference to a session's state
         // may be one of these, and dropping it runs the host's output's drop.
         all
+    }
+
+    /// Resolves at the next fill or free while draining; create it before looking at the
+    /// list, so a change in between is not missed.
+    pub(crate) fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.changed.notified()
     }
 }
 

@@ -8,14 +8,17 @@
 //! reaches them.
 //!
 //! The engine keeps a registry of its live sessions (`registry.rs`): it refuses an id a
-//! live session holds, and counts and summarises its sessions for monitoring
-//! ([`Engine::stats`], [`Engine::sessions`]; `runtime/stats.rs`).
+//! live session holds, counts and summarises its sessions for monitoring
+//! ([`Engine::stats`], [`Engine::sessions`]; `runtime/stats.rs`) and drains them
+//! ([`Engine::drain`]; `runtime/drain.rs`).
 
+mod drain;
 mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use actix::prelude::*;
 
@@ -25,6 +28,7 @@ use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
 use crate::registry::{LiveSession, Registry, SessionLease};
 
+pub use drain::{DrainEnd, DrainReport, DrainedSession};
 pub use stats::{EngineStats, SessionState, SessionSummary};
 
 /// actix's default mailbox capacity, as `Actor::start_in_arbiter` gives an actor.
@@ -243,7 +247,7 @@ impl Engine {
     }
 
     /// The engine's counts now: live sessions, their live actors, the messages queued for
-    /// them, running tool calls, the process's resident memory.
+    /// them, running tool calls, the process's resident memory, whether it drains.
     ///
     /// Read without a message to any session, so it answers also when a session is
     /// stuck. It visits every live session (a few milliseconds for 100,000): call it from
@@ -259,7 +263,8 @@ impl Engine {
     /// # }
     /// ```
     pub fn stats(&self) -> EngineStats {
-        EngineStats::of(&self.inner.registry.shared_states())
+        let registry = &self.inner.registry;
+        EngineStats::of(&registry.shared_states(), registry.is_draining())
     }
 
     /// A summary of every live session of the engine (the same as each one's
@@ -275,6 +280,38 @@ impl Engine {
             .collect();
         all.sort_by_key(|summary| std::cmp::Reverse(summary.age));
         all
+    }
+
+    /// Drains the engine before it goes (a deploy, a scale-down, SIGTERM): from this call
+    /// on it starts no new session ([`EngineError::Draining`]); every live session is let
+    /// settle — no turn, no queued work, no deferred reply, no tool run — and then closed;
+    /// one still unsettled `deadline` after the call has its turn force-interrupted and is
+    /// closed (its running tools are cancelled and get their terminal outputs, as on any
+    /// close). Returns once every session is gone, with the history of each (what its
+    /// `close()` would return).
+    ///
+    /// It takes at most `deadline` plus what closing an interrupted session takes: the
+    /// tools' grace period (`SessionBuilder::grace_period`) for a tool that does not stop
+    /// when cancelled. The engine keeps refusing sessions afterwards; its threads stop
+    /// with [`Engine::shutdown`] or the last clone. Works the same for sessions of
+    /// [`Engine::start`] and [`Engine::current`]; a second call drains the same sessions.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: switchboard::Engine) {
+    /// use std::time::Duration;
+    /// let report = engine.drain(Duration::from_secs(20)).await;
+    /// for drained in &report.sessions {
+    ///     println!("{}: {:?}, {} agents", drained.id, drained.ended, drained.history.agents.len());
+    /// }
+    /// # }
+    /// ```
+    pub async fn drain(&self, deadline: Duration) -> DrainReport {
+        drain::drain(&self.inner.registry, deadline).await
+    }
+
+    /// Whether the engine is draining ([`Engine::drain`]): it starts no new session.
+    pub fn is_draining(&self) -> bool {
+        self.inner.registry.is_draining()
     }
 
     /// Takes an id for a session about to start (see `registry.rs`): `chosen` if no live

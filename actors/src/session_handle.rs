@@ -37,7 +37,7 @@ use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
-use crate::registry::LiveSession;
+use crate::registry::{DrainPort, LiveSession};
 use crate::run_context::RunContext;
 use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
@@ -72,6 +72,25 @@ struct Host {
 impl Drop for Host {
     fn drop(&mut self) {
         // One per session: bounded. A session already closed ignores it.
+        self.mailbox.tell(&ActorId::host(), CloseSession);
+    }
+}
+
+/// What the engine's drain asks of a session: the host end is what may interrupt and close
+/// it. The registry holds it weakly, so it keeps no session alive.
+impl DrainPort for Host {
+    fn force_interrupt(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        let ask = self
+            .mailbox
+            .ask(&ActorId::host(), InterruptTurn { force: true });
+        Box::pin(async move {
+            // Forced: never `Uninterruptible`; an error means the session is gone already.
+            let _ = ask.await;
+        })
+    }
+
+    fn close(&self) {
+        // One per drained session: bounded. A session already closed ignores it.
         self.mailbox.tell(&ActorId::host(), CloseSession);
     }
 }
@@ -855,10 +874,12 @@ impl SessionBuilder {
                 _engine: engine.clone(),
             }),
         };
+        let host: Weak<dyn DrainPort> = Arc::downgrade(&session.host) as Weak<Host>;
         engine.register_session(
             &id,
             LiveSession {
                 shared: Arc::downgrade(&session.host.shared),
+                host,
             },
         );
         session

@@ -39,6 +39,9 @@ pub struct EngineStats {
     /// The process's resident memory in bytes (`VmRSS` of `/proc/self/status`), where the
     /// system tells it (Linux); `None` elsewhere. The whole process, not only the engine.
     pub rss_bytes: Option<u64>,
+    /// Whether the engine is draining ([`Engine::drain`](crate::Engine::drain)): it starts
+    /// no new session.
+    pub draining: bool,
 }
 
 /// What one session is doing, from [`Session::summary`](crate::Session::summary) or, for
@@ -74,9 +77,10 @@ pub enum SessionState {
     /// playing, a handoff is under way, a deferred reply is wanted, or the user speaks.
     Active,
     /// No work (what `Session::wait_for_inactive` waits for); tools may still run in the
-    /// background (`tool_runs`). Inactive with no tool run is settled.
+    /// background (`tool_runs`). Inactive with no tool run is settled: a drain closes it.
     Inactive,
-    /// It is closing: `close()` was called, or its last host handle was dropped.
+    /// It is closing: `close()` was called, its last host handle was dropped, or a drain
+    /// closes it.
     Closing,
     /// Every actor of it is gone (only a host still holding its `Session` sees this).
     Closed,
@@ -110,13 +114,14 @@ impl SessionSummary {
 
 impl EngineStats {
     /// The sums over the sessions whose shared states these are.
-    pub(crate) fn of(sessions: &[std::sync::Arc<SessionShared>]) -> Self {
+    pub(crate) fn of(sessions: &[std::sync::Arc<SessionShared>], draining: bool) -> Self {
         let mut stats = Self {
             sessions: sessions.len(),
             actors: 0,
             backlog: 0,
             tool_runs: 0,
             rss_bytes: rss_bytes(),
+            draining,
         };
         for shared in sessions {
             stats.actors += shared.journal.live_actors();
