@@ -149,9 +149,9 @@ impl Registry {
         }
     }
 
-    /// From now on no session starts. Returns whether the engine was draining already.
-    pub(crate) fn start_draining(&self) -> bool {
-        self.draining.swap(true, Ordering::SeqCst)
+    /// From now on no session starts.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
     }
 
     pub(crate) fn is_draining(&self) -> bool {

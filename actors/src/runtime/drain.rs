@@ -58,7 +58,7 @@ pub enum DrainEnd {
     /// terminal outputs).
     Interrupted,
     /// It was closing already when the drain came to it: its host closed it, or dropped
-    /// its last handle.
+    /// its last handle (or an earlier drain, still under way, closed it).
     ClosedByHost,
 }
 
