@@ -4,7 +4,9 @@
 //! `session/s1`, `activity/s1/agent-a#2`, `toolset/s1/booking`,
 //! `toolset/s1/agent-a#2/tools`, `tool/s1/7:call_3`. They are unique for the life of
 //! the engine: activities carry their generation and tool runs a per-session sequence
-//! number, because agents come back and providers reuse call ids.
+//! number, because agents come back and providers reuse call ids. (A host that gives a
+//! later session the id of one that is gone, `SessionBuilder::id`, gets that session's
+//! actor ids again: unique among live sessions then.)
 
 use std::fmt;
 use std::sync::Arc;
