@@ -62,12 +62,12 @@ use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
-use crate::idle_release::SessionLease;
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
     Interruptibility, SayOptions, SpeechHandle, SpeechOutcome, SpeechPort, SpeechPriority,
@@ -325,8 +325,11 @@ pub(crate) struct SessionActor {
     /// Whether the session was inactive at the last pump (a settled turn saves when it
     /// becomes so).
     was_inactive: bool,
+    /// The current agent as last published in the host view, for summaries: compared by
+    /// pointer at each pump, written there only when it changed.
+    published_agent: Option<Agent>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
-    /// counts the session as gone.
+    /// counts the session as gone and its id is free.
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -370,6 +373,7 @@ impl SessionActor {
             away_at: None,
             chain,
             was_inactive: false,
+            published_agent: None,
             _lease: lease,
             _alive: alive,
         }
@@ -404,11 +408,29 @@ impl SessionActor {
         let inactive = self.schedule.is_inactive() && !self.endpoint.is_pending();
         self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive);
+        self.publish_agent();
         // Both halves evaluated: `was_inactive` must follow every pump, active ones too.
         let was_inactive = std::mem::replace(&mut self.was_inactive, inactive);
         let settled = inactive && !was_inactive;
         if settled && !self.schedule.is_closed() {
             self.save_settled(ctx);
+        }
+    }
+
+    /// Publishes the current agent for summaries when it changed (a handoff, a sub-task's
+    /// start or end); during a switch the last one stays.
+    fn publish_agent(&mut self) {
+        let Some(current) = self.schedule.current() else {
+            return;
+        };
+        let same = self
+            .published_agent
+            .as_ref()
+            .is_some_and(|shown| Arc::ptr_eq(&shown.def, &current.agent.def));
+        if !same {
+            let agent = current.agent.clone();
+            self.published_agent = Some(agent.clone());
+            self.shared.host_view.publish_agent(agent);
         }
     }
 
@@ -525,6 +547,9 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
+        if !matches!(kind, TurnKind::Say { .. }) {
+            self.shared.host_view.turn_started();
+        }
         let (done, outcome) = oneshot::channel();
         // One per turn, and the session sends the next only after this one answered.
         activity

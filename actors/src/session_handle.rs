@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -38,9 +38,10 @@ use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
+use crate::registry::{DrainPort, LiveSession};
 use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
-use crate::runtime::Engine;
+use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
     CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
     RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
@@ -83,6 +84,25 @@ impl Drop for Host {
     }
 }
 
+/// What the engine's drain asks of a session: the host end is what may interrupt and close
+/// it. The registry holds it weakly, so it keeps no session alive.
+impl DrainPort for Host {
+    fn force_interrupt(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        let ask = self
+            .mailbox
+            .ask(&ActorId::host(), InterruptTurn { force: true });
+        Box::pin(async move {
+            // Forced: never `Uninterruptible`; an error means the session is gone already.
+            let _ = ask.await;
+        })
+    }
+
+    fn close(&self) {
+        // One per drained session: bounded. A session already closed ignores it.
+        self.mailbox.tell(&ActorId::host(), CloseSession);
+    }
+}
+
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
@@ -115,9 +135,53 @@ impl Session {
         SessionBuilder::default()
     }
 
-    /// The session's id (`s1`, `s2`, …).
+    /// The session's id: the one given to [`SessionBuilder::id`], else `s1`, `s2`, ….
     pub fn id(&self) -> &SessionId {
         self.host.shared.id()
+    }
+
+    /// What the session is doing now: its state (active, inactive, closing, closed), the
+    /// current agent, the turns it ran, its age, its running tools, live actors and queued
+    /// messages. Read without a message to the session, so it answers at once, also when
+    /// the session is busy or stuck. [`Engine::sessions`] lists it for every live session.
+    pub fn summary(&self) -> SessionSummary {
+        SessionSummary::of(self.shared())
+    }
+
+    /// A weak handle on the session: it upgrades to a [`Session`] while the session
+    /// lives, and never keeps it alive. When the host's last strong handle (`Session`,
+    /// [`SessionAddress`]) is dropped, the session closes as it always does, whatever weak
+    /// handles remain; they upgrade to `None` from then on.
+    ///
+    /// For a host part that must not keep a call alive: a TTS or playout task, a
+    /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
+    ///
+    /// ```no_run
+    /// # fn demo(session: switchboard::Session) {
+    /// use std::time::Duration;
+    /// use switchboard::UserState;
+    ///
+    /// // A watchdog that nudges a silent caller, and ends with the call: it holds only a
+    /// // weak handle, so hanging up (dropping the last `Session`) closes the session.
+    /// let weak = session.downgrade();
+    /// tokio::spawn(async move {
+    ///     let mut every = tokio::time::interval(Duration::from_secs(10));
+    ///     loop {
+    ///         every.tick().await;
+    ///         // Strong only for this one check; `None` once the call is over.
+    ///         let Some(session) = weak.upgrade() else { break };
+    ///         if session.user_state() == UserState::Away {
+    ///             let _ = session.say("Are you still there?").await;
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn downgrade(&self) -> WeakSession {
+        WeakSession {
+            host: Arc::downgrade(&self.host),
+            id: self.id().clone(),
+        }
     }
 
     fn shared(&self) -> &SessionShared {
@@ -410,8 +474,8 @@ impl Session {
     pub fn inspector(&self) -> Option<Inspector> {
         self.shared()
             .journal
-            .as_ref()
-            .map(|journal| Inspector::new(journal.clone(), self.shared().id().clone()))
+            .records()
+            .map(|records| Inspector::new(records.clone(), self.shared().id().clone()))
     }
 
     /// The session's user data, if it is a `T`.
@@ -474,6 +538,38 @@ impl Session {
     /// over (fencing).
     pub fn epoch(&self) -> u64 {
         self.shared().settings.epoch
+    }
+}
+
+/// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
+/// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+#[derive(Clone)]
+pub struct WeakSession {
+    host: Weak<Host>,
+    id: SessionId,
+}
+
+impl WeakSession {
+    /// The session, while any strong handle of it (`Session`, [`SessionAddress`]) is
+    /// held; `None` once every one was dropped (the session then closes, or has closed).
+    /// A session closed with `close()` while the host still holds a handle upgrades: its
+    /// calls answer [`SessionError::Closed`].
+    pub fn upgrade(&self) -> Option<Session> {
+        self.host.upgrade().map(|host| Session { host })
+    }
+
+    /// The session's id, also once it is gone (for logs).
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+}
+
+impl fmt::Debug for WeakSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakSession")
+            .field("id", &self.id)
+            .field("alive", &(self.host.strong_count() > 0))
+            .finish()
     }
 }
 
@@ -540,6 +636,8 @@ pub struct SessionBuilder {
     userdata_json: Option<UserdataJson>,
     restore: Option<(SessionSnapshot, AgentRegistry)>,
     store: Option<Arc<dyn SnapshotStore>>,
+    /// The host's id for the session, if it chose one.
+    id: Option<String>,
 }
 
 impl Default for SessionBuilder {
@@ -570,6 +668,7 @@ impl Default for SessionBuilder {
             userdata_json: None,
             restore: None,
             store: None,
+            id: None,
         }
     }
 }
@@ -786,10 +885,49 @@ impl SessionBuilder {
         self
     }
 
+    /// The session's id, chosen by the host — the call's id, say — in place of the
+    /// engine's `s1`, `s2`, …. It names the session in its actor ids, logs, spans,
+    /// summaries and a drain's report.
+    ///
+    /// [`SessionBuilder::start`] refuses, before anything starts:
+    /// - an id of the wrong form with [`BuildError::InvalidSessionId`]: it must be 1 to
+    ///   [`SessionId::MAX_LEN`] (128) bytes, with no `/` (actor ids embed the session id
+    ///   between slashes, `tool/<id>/1:call_1`), whitespace or control character;
+    /// - the id of a session still live on the same engine with
+    ///   [`SessionError::DuplicateSession`]. An id is free again once its session is gone:
+    ///   its `close()` returned, or every handle of it was dropped and it closed.
+    ///
+    /// The engine's own ids skip any `s<n>` a live session of the host holds, so the two
+    /// never collide. Actor ids are unique among live sessions only when the host reuses
+    /// an id: a later session of the same id has the same actor ids as the earlier one.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(mut self, engine: &Engine) -> Result<Session, SessionError> {
         let restore = self.restore.take();
+        // A restored session is the snapshot's: it keeps its id.
+        if let Some((snapshot, _)) = &restore {
+            match &self.id {
+                Some(id) if id != snapshot.session_id() => {
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(id),
+                        reason: "a restored session keeps the id of its snapshot",
+                    }
+                    .into())
+                }
+                _ => self.id = Some(snapshot.session_id().to_owned()),
+            }
+        }
+        if let Some(id) = &self.id {
+            SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
+                id: quote_prefix(id),
+                reason,
+            })?;
+        }
         let agent = match (&restore, self.agent.take()) {
             (Some(_), Some(_)) => return Err(BuildError::AgentWithRestore.into()),
             (Some(_), None) => None,
@@ -831,7 +969,7 @@ impl SessionBuilder {
                 .iter()
                 .map(|(name, owner)| (name.as_str(), owner.clone())),
         )?;
-        let (id, epoch) = match &restore {
+        let epoch = match &restore {
             Some((snapshot, agents)) => {
                 snapshot.check_version()?;
                 if let Some(value) = snapshot.userdata() {
@@ -847,11 +985,15 @@ impl SessionBuilder {
                         self.userdata_json = Some(write);
                     }
                 }
-                (SessionId::new(snapshot.session_id()), snapshot.epoch() + 1)
+                snapshot.epoch() + 1
             }
-            None => (engine.next_session_id(), 0),
+            None => 0,
         };
-        let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
+        // The session's place on the engine: refused here, before anything starts, when a
+        // live session has the id or the engine drains; freed if the start fails.
+        let lease = engine.reserve_session(self.id.take())?;
+        let id = lease.id().clone();
+        let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         let span = tracing::info_span!("session", session = %id);
         let shared = Arc::new(SessionShared::new(SharedParts {
@@ -906,7 +1048,7 @@ impl SessionBuilder {
         let store = self.store;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
-        let addr = engine.start_session_actor(move |ctx, lease| {
+        let addr = engine.start_session_actor(lease, move |ctx, lease| {
             SessionActor::new(
                 ctx,
                 actor_shared,
@@ -924,6 +1066,14 @@ impl SessionBuilder {
                 _engine: engine.clone(),
             }),
         };
+        let host: Weak<dyn DrainPort> = Arc::downgrade(&session.host) as Weak<Host>;
+        engine.register_session(
+            &id,
+            LiveSession {
+                shared: Arc::downgrade(&session.host.shared),
+                host,
+            },
+        );
         session
             .host
             .mailbox
@@ -931,5 +1081,15 @@ impl SessionBuilder {
             .await
             .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
+    }
+}
+
+/// The first 64 characters of an id for an error message, with `…` when it was longer: an
+/// error never quotes a whole input of any size.
+fn quote_prefix(id: &str) -> String {
+    const SHOWN: usize = 64;
+    match id.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &id[..cut]),
+        None => id.to_owned(),
     }
 }

@@ -45,6 +45,7 @@ impl SessionActor {
         let Some(closing) = self.schedule.close() else {
             return;
         };
+        self.shared.host_view.mark_closing();
         for turn in closing.turns {
             if let TurnKind::Say { speech, .. } = &turn.kind {
                 speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
