@@ -111,13 +111,13 @@ pub use restore::AgentRegistry;
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
-pub use session::SnapshotUpdate;
-pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
-pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
 pub use runtime::{
     DrainEnd, DrainReport, DrainedSession, Engine, EngineStats, SessionState, SessionSummary,
 };
+pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
+pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
+pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[allow(deprecated)]
