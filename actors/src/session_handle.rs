@@ -638,6 +638,8 @@ pub struct SessionBuilder {
     store: Option<Arc<dyn SnapshotStore>>,
     /// The host's id for the session, if it chose one.
     id: Option<String>,
+    /// The event channel, when someone subscribed before the start.
+    events: Option<broadcast::Sender<SessionEvent>>,
 }
 
 impl Default for SessionBuilder {
@@ -669,6 +671,7 @@ impl Default for SessionBuilder {
             restore: None,
             store: None,
             id: None,
+            events: None,
         }
     }
 }
@@ -849,6 +852,42 @@ impl SessionBuilder {
         self
     }
 
+    /// Subscribes to the session's events before it starts, so the subscriber sees what
+    /// the first agent's `on_enter` does inside `start` (a greeting's speech and items);
+    /// [`Session::subscribe`] sees only what comes after it. Set
+    /// [`event_capacity`](Self::event_capacity) before: the channel is made here.
+    ///
+    /// ```
+    /// # use switchboard::prelude::*;
+    /// # use switchboard::testing::{Reply, ScriptedLlm};
+    /// # #[actix::main]
+    /// # async fn main() {
+    /// let greeter = Agent::builder("greeter")
+    ///     .on_enter(|ctx| async move {
+    ///         let _ = ctx.generate_reply("Greet the caller.").await;
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let mut builder = Session::builder()
+    ///     .llm(ScriptedLlm::new([Reply::text("Hello, how can I help?")]))
+    ///     .agent(greeter);
+    /// let mut events = builder.subscribe();
+    /// let session = builder.start(&Engine::current().unwrap()).await.unwrap();
+    /// session.wait_for_settled().await.unwrap();
+    /// let mut greeted = false;
+    /// while let Ok(event) = events.try_recv() {
+    ///     greeted |= matches!(event, SessionEvent::SpeechCreated { .. });
+    /// }
+    /// assert!(greeted);
+    /// # session.close().await.unwrap();
+    /// # }
+    /// ```
+    pub fn subscribe(&mut self) -> broadcast::Receiver<SessionEvent> {
+        self.events
+            .get_or_insert_with(|| broadcast::channel(self.event_capacity.max(1)).0)
+            .subscribe()
+    }
+
     /// How many events a slow subscriber may fall behind before it is told it lagged
     /// (default 1024).
     pub fn event_capacity(mut self, capacity: usize) -> Self {
@@ -1024,6 +1063,7 @@ impl SessionBuilder {
             journal: journal.clone(),
             output: self.output,
             event_capacity: self.event_capacity,
+            events: self.events,
             gone,
             span,
         }));
