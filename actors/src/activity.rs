@@ -53,7 +53,7 @@ use crate::agent::{effective_policy, Agent, Hook, HookContext};
 use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
-use crate::error::SessionError;
+use crate::error::{SessionError, TurnFailure};
 use crate::events::SessionEvent;
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
@@ -264,14 +264,20 @@ impl ActivityActor {
                             Err(error) => act.feed(
                                 Input::StreamEnded {
                                     step,
-                                    error: Some(error),
+                                    failure: Some(TurnFailure::Llm(error)),
                                 },
                                 ctx,
                             ),
                         })
                         .finish()
                         .map(move |(), act, ctx| {
-                            act.feed(Input::StreamEnded { step, error: None }, ctx)
+                            act.feed(
+                                Input::StreamEnded {
+                                    step,
+                                    failure: None,
+                                },
+                                ctx,
+                            )
                         }),
                 );
                 self.stream = Some((step, task));

@@ -62,8 +62,8 @@ use tokio::time::Instant;
 use super::barge_in::{BargeAction, BargeIn, BargeInRules};
 use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::turn::{
-    refusal, Ask, CallLimits, Ending, Generation, InterruptWaiter, Phase, StepEnd, ToolsetKey,
-    Turn, TurnKind, TurnOutcome,
+    bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
+    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
 };
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
@@ -72,7 +72,7 @@ use crate::error::{SessionError, TurnFailure, UpdateError};
 use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{Llm, LlmChunk, LlmError, LlmRequest, ToolChoice, ToolSchema};
+use crate::llm::{Llm, LlmChunk, LlmRequest, ToolChoice, ToolSchema};
 use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
@@ -150,8 +150,12 @@ pub(crate) enum Input {
     },
     /// A chunk of step `step`'s stream.
     Chunk { step: u64, chunk: LlmChunk },
-    /// Step `step`'s stream ended, on its own or with an error.
-    StreamEnded { step: u64, error: Option<LlmError> },
+    /// Step `step`'s stream ended: on its own, with the model's error, or cut by the
+    /// machine itself (its text went over the limit).
+    StreamEnded {
+        step: u64,
+        failure: Option<TurnFailure>,
+    },
     /// The immediate output of call `index` of step `step`.
     CallOutput {
         step: u64,
@@ -346,7 +350,7 @@ enum Where {
 #[derive(Clone, Copy, Debug)]
 struct Rules {
     max_tool_steps: u32,
-    limits: CallLimits,
+    limits: InputLimits,
     /// Whether its turns may be interrupted, unless a `say` says otherwise (agent's
     /// setting, else the session's).
     allow_interruptions: bool,
@@ -387,9 +391,14 @@ impl Activation {
         let config = &setup.shared.settings.config;
         let rules = Rules {
             max_tool_steps: config.max_tool_steps,
-            limits: CallLimits {
+            limits: InputLimits {
                 max_calls_per_step: config.max_calls_per_step,
                 max_argument_bytes: config.max_argument_bytes,
+                max_reply_bytes: setup
+                    .agent
+                    .def
+                    .max_reply_bytes
+                    .unwrap_or(config.max_reply_bytes),
             },
             allow_interruptions: setup
                 .agent
@@ -636,17 +645,26 @@ impl Activation {
         // the transition table (this is most of a streamed reply's inputs).
         let input = match input {
             Input::Chunk { step, chunk } => {
-                if let State::Running(turn) = &mut self.state {
-                    let speaker = Speaker {
-                        id: &self.id,
-                        agent: &self.agent,
-                        shared: &self.shared,
-                        port: &self.speech_port,
-                        current: self.current,
-                    };
-                    on_chunk(&speaker, turn, step, chunk);
+                let State::Running(turn) = &mut self.state else {
+                    return;
+                };
+                let speaker = Speaker {
+                    id: &self.id,
+                    agent: &self.agent,
+                    shared: &self.shared,
+                    port: &self.speech_port,
+                    current: self.current,
+                };
+                if !on_chunk(&speaker, turn, step, chunk, &self.rules.limits) {
+                    return;
                 }
-                return;
+                // Over the size limit: the step ends here, failed.
+                Input::StreamEnded {
+                    step,
+                    failure: Some(TurnFailure::ReplyTooLong {
+                        limit: self.rules.limits.max_reply_bytes,
+                    }),
+                }
             }
             other => other,
         };
@@ -693,8 +711,8 @@ impl Activation {
             },
             // Taken by `handle` before the table.
             Input::Chunk { .. } => state,
-            Input::StreamEnded { step, error } => match state {
-                State::Running(turn) => running(self.on_stream_end(turn, step, error, out)),
+            Input::StreamEnded { step, failure } => match state {
+                State::Running(turn) => running(self.on_stream_end(turn, step, failure, out)),
                 other => other,
             },
             Input::CallOutput {
@@ -1257,12 +1275,12 @@ impl Activation {
     }
 
     /// The stream of `step` ended (or failed): record what was said, then run the calls
-    /// or end the turn.
+    /// or end the turn. A failed step's calls never run.
     fn on_stream_end(
         &mut self,
         mut turn: Box<Turn>,
         step: u64,
-        error: Option<LlmError>,
+        failure: Option<TurnFailure>,
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
         let generation = match turn.phase {
@@ -1274,7 +1292,7 @@ impl Activation {
         };
         let mut generation = generation;
         let calls = std::mem::take(&mut generation.calls);
-        let ending = if error.is_none() {
+        let ending = if failure.is_none() {
             Ending::Complete
         } else {
             Ending::Failed
@@ -1285,15 +1303,15 @@ impl Activation {
             give_up_at: None,
         };
         self.close_generation(&mut turn, generation, ending, out);
-        match error {
-            Some(err) => {
-                tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %err, "LLM request failed");
+        match failure {
+            Some(failure) => {
+                tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %failure, "LLM request failed");
                 self.shared.events.emit(SessionEvent::Error {
-                    message: err.to_string(),
+                    message: failure.to_string(),
                 });
                 self.finish(
                     turn,
-                    TurnOutcome::failed(SessionError::turn_failed(TurnFailure::Llm(err))),
+                    TurnOutcome::failed(SessionError::turn_failed(failure)),
                     false,
                 )
             }
@@ -1387,16 +1405,20 @@ impl Activation {
         &mut self,
         mut turn: Box<Turn>,
         step: u64,
-        chunks: Vec<crate::llm::ToolCallChunk>,
+        sent: Vec<ModelCall>,
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
         self.publish(AgentState::Thinking);
-        let calls: Vec<FunctionCall> = chunks
+        let mut oversized = Vec::with_capacity(sent.len());
+        let calls: Vec<FunctionCall> = sent
             .into_iter()
-            .map(|chunk| FunctionCall {
-                call_id: self.shared.ids.canonical_call_id(&chunk.call_id),
-                name: chunk.name,
-                arguments: chunk.arguments,
+            .map(|sent| {
+                oversized.push(sent.oversized);
+                FunctionCall {
+                    call_id: self.shared.ids.canonical_call_id(&sent.chunk.call_id),
+                    name: sent.chunk.name,
+                    arguments: sent.chunk.arguments,
+                }
             })
             .collect();
         let speech = turn.speeches.last().cloned();
@@ -1404,8 +1426,15 @@ impl Activation {
             ledger.open_step(step, calls.clone(), sink)
         });
         let mut toolsets: Vec<ToolsetKey> = Vec::new();
-        for (index, call) in calls.into_iter().enumerate() {
-            if let Some(out) = refusal(&call, index, turn.ask.tool_choice, self.rules.limits) {
+        for ((index, call), oversized) in calls.into_iter().enumerate().zip(oversized) {
+            let refused = refusal(
+                &call,
+                oversized,
+                index,
+                turn.ask.tool_choice,
+                &self.rules.limits,
+            );
+            if let Some(out) = refused {
                 self.ledger.answer(step, index, out);
                 continue;
             }
@@ -1999,13 +2028,20 @@ impl Speaker<'_> {
 }
 
 /// One chunk of the model's answer: text goes to the output at once, its speech started
-/// at the first text.
-fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) {
+/// at the first text; a call is kept bounded (`turn::bound_call`). Returns whether the
+/// step's text went over its limit: the part that fits was said, and the step must end.
+fn on_chunk(
+    speaker: &Speaker<'_>,
+    turn: &mut Turn,
+    step: u64,
+    chunk: LlmChunk,
+    limits: &InputLimits,
+) -> bool {
     let Phase::Generating(generation) = &mut turn.phase else {
-        return;
+        return false;
     };
     if generation.step != step {
-        return;
+        return false;
     }
     if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
         generation
@@ -2014,8 +2050,12 @@ fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) 
     }
     match chunk {
         LlmChunk::Text(text) => {
+            let (text, over) = bound_text(&text, generation.text.len(), limits);
+            if over && text.is_empty() {
+                return true;
+            }
             generation.text_chunks += 1;
-            generation.text.push_str(&text);
+            generation.text.push_str(text);
             let speech = match &generation.speech {
                 Some(speech) => speech.id(),
                 None => {
@@ -2032,12 +2072,14 @@ fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) 
             speaker
                 .shared
                 .output
-                .call(|output| output.speech_chunk(speech, &text));
+                .call(|output| output.speech_chunk(speech, text));
+            return over;
         }
-        LlmChunk::ToolCall(call) => generation.calls.push(call),
+        LlmChunk::ToolCall(call) => generation.calls.push(bound_call(call, limits)),
         LlmChunk::Usage(usage) => generation.usage = Some(usage),
         LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
     }
+    false
 }
 
 /// The state after a running turn went a step: still running, or listening.
