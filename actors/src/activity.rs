@@ -37,6 +37,7 @@
 mod activation;
 mod barge_in;
 mod companions;
+mod heard;
 mod ledger;
 mod turn;
 

@@ -1720,7 +1720,8 @@ impl Activation {
         });
     }
 
-    /// A report for the speech still streaming is kept until its stream ends.
+    /// A report for the speech still streaming is kept until its stream ends; the first
+    /// one is final, a repeated one changes nothing.
     fn report_while_generating(
         &mut self,
         turn: &mut Turn,
@@ -1732,7 +1733,9 @@ impl Activation {
             Phase::Generating(generation)
                 if generation.speech.as_ref().is_some_and(|s| s.id() == speech) =>
             {
-                generation.early_report = Some((interrupted, heard.clone()));
+                generation
+                    .early_report
+                    .get_or_insert_with(|| (interrupted, heard.clone()));
                 true
             }
             _ => false,
@@ -1891,9 +1894,33 @@ impl Activation {
             .extend(pending.into_iter().filter(|p| p.scope == Scope::Session));
     }
 
-    /// Starts closing: a stream is cut, the tools' held items refused; an activation that
-    /// ran runs `on_exit` before its toolsets stop, one never entered stops them at once.
-    /// A second close waits for the same toolsets.
+    /// Tells the output to stop every speech of `turn` still playing — a paused one too
+    /// (a barge-in waiting to see whether it was false) — but the one still generating,
+    /// which ending its generation stops.
+    fn stop_playing(&self, turn: &Turn) {
+        let generating = match &turn.phase {
+            Phase::Generating(generation) => generation.speech.as_ref().map(|s| s.id()),
+            _ => None,
+        };
+        let playing: Vec<SpeechId> = turn
+            .speeches
+            .iter()
+            .filter(|s| !s.is_done() && Some(s.id()) != generating)
+            .map(|s| s.id())
+            .collect();
+        if !playing.is_empty() {
+            self.shared.output.call(|output| {
+                for speech in playing {
+                    output.interrupt(speech);
+                }
+            });
+        }
+    }
+
+    /// Starts closing: a stream is cut, every speech still playing (or paused) told to
+    /// stop, a barge-in ended, the tools' held items refused; an activation that ran runs
+    /// `on_exit` before its toolsets stop, one never entered stops them at once. A second
+    /// close waits for the same toolsets.
     fn close(&mut self, state: State, reason: Arc<str>, out: &mut Vec<Command>) -> State {
         let (entered, turn) = match state {
             State::Created => {
@@ -1914,7 +1941,10 @@ impl Activation {
             State::Running(turn) => (true, Some(turn)),
             State::Paused(turn) => (true, turn),
         };
+        // A barge-in ends with the turn: no timer of it may resume or interrupt anything.
+        self.barge_in.turn_ended();
         let turn = turn.map(|mut turn| {
+            self.stop_playing(&turn);
             let phase = std::mem::replace(
                 &mut turn.phase,
                 Phase::Playing {

@@ -1094,6 +1094,69 @@ fn a_report_while_the_text_streams_applies_when_it_ends() {
 }
 
 #[test]
+fn a_report_is_final_once_recorded_and_a_repeat_or_a_late_one_changes_nothing() {
+    let mut f = listening(Output::pending());
+    let (mut done, step) = f.user_turn("hi");
+    f.text(step, "Hello there, friend");
+    // Twice while the text streams: the first one counts.
+    for heard in ["Hello there", ""] {
+        f.feed(Input::Playout {
+            speech: SpeechId(1),
+            interrupted: true,
+            heard: Some(heard.into()),
+        });
+    }
+    f.end(step);
+    answered(&mut done);
+    assert_eq!(f.chat(), ["User: hi", "Assistant~ Hello there"]);
+    // The next turn's speech plays in full; a late report of it, during a third turn,
+    // finds nothing to cut.
+    let (mut done, step) = f.user_turn("and?");
+    f.text(step, "That is all.");
+    f.end(step);
+    f.feed(Input::Playout {
+        speech: SpeechId(2),
+        interrupted: false,
+        heard: None,
+    });
+    answered(&mut done);
+    let (_done, step) = f.user_turn("ok");
+    f.text(step, "Bye.");
+    let before = f.chat();
+    for speech in [1, 2] {
+        f.feed(Input::Playout {
+            speech: SpeechId(speech),
+            interrupted: true,
+            heard: Some(String::new()),
+        });
+    }
+    assert_eq!(f.chat(), before);
+    assert!(before.contains(&"Assistant: That is all.".to_owned()));
+}
+
+#[test]
+fn heard_text_that_is_not_a_prefix_finds_the_cut_and_adds_no_words() {
+    let mut f = listening(Output::pending());
+    let (mut done, step) = f.user_turn("refund?");
+    f.text(step, "Your refund of $5 is approved today.");
+    f.end(step);
+    f.feed(Input::Playout {
+        speech: SpeechId(1),
+        interrupted: true,
+        heard: Some("your refund of five dollars is".into()),
+    });
+    let outcome = answered(&mut done);
+    assert_eq!(
+        f.chat(),
+        ["User: refund?", "Assistant~ Your refund of $5 is"]
+    );
+    assert!(matches!(
+        &outcome.events[1],
+        ChatItem::Message(m) if m.content == "Your refund of $5 is"
+    ));
+}
+
+#[test]
 fn a_say_turn_speaks_its_text_and_records_it() {
     let mut f = listening(Output::default());
     let speech = SpeechHandle::new(
@@ -1194,6 +1257,43 @@ async fn a_storm_of_starts_and_stops_arms_one_timer() {
         }
     }
     assert_eq!(timers, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_close_while_a_false_interruption_is_pending_stops_the_paused_speech() {
+    let mut f = listening(Output::pausable());
+    let (mut done, step) = f.user_turn("menu?");
+    f.text(step, "Soup");
+    f.end(step);
+    let t0 = Instant::now();
+    f.feed(Input::UserStartedSpeaking { at: t0 });
+    f.feed(Input::UserStoppedSpeaking {
+        at: t0 + Duration::from_millis(100),
+    });
+    assert!(f.output.calls().contains(&"pause speech_1".to_owned()));
+    f.feed(Input::Close {
+        reason: Arc::from("the session closed"),
+    });
+    assert_eq!(
+        f.output.calls().last().map(String::as_str),
+        Some("interrupt speech_1"),
+        "the paused output is told to stop"
+    );
+    // The barge-in's timer, if it still fires, resumes nothing.
+    f.feed(Input::Timer {
+        now: t0 + Duration::from_secs(5),
+    });
+    f.feed(Input::ExitHookDone);
+    f.feed(Input::ToolsetsStopped { calls: Vec::new() });
+    assert!(matches!(
+        answered(&mut done).failure,
+        Some(SessionError::Closed)
+    ));
+    assert!(!f.output.calls().iter().any(|c| c.starts_with("resume")));
+    assert!(!f
+        .events()
+        .iter()
+        .any(|e| matches!(e, SessionEvent::AgentFalseInterruption { .. })));
 }
 
 #[test]
