@@ -204,8 +204,7 @@ async fn a_step_whose_text_goes_over_the_limit_keeps_what_fits_and_fails_the_tur
 }
 
 #[actix::test]
-async fn a_huge_tool_name_and_huge_arguments_leave_small_stand_ins_and_later_requests_stay_small(
-) {
+async fn a_huge_tool_name_and_huge_arguments_leave_small_stand_ins_and_later_requests_stay_small() {
     let runs = Arc::new(AtomicUsize::new(0));
     let search = {
         let runs = runs.clone();

@@ -29,8 +29,16 @@
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
 //! - A panic in a hook or the LLM adapter, a stalled or failing model stream, fails the
 //!   turn with an error event; the activity takes the next turn.
+//! - A model stream yields to other work every 128 chunks that were ready at once
+//!   (`llm_guard`): the arbiter's other sessions run meanwhile, and an interruption lands
+//!   between chunks.
+//! - Nothing a model sends is kept over its limit: an oversized tool name or arguments
+//!   leave a short stand-in and the call does not run; a step's text stops at
+//!   `max_reply_bytes` and the turn fails (`TurnFailure::ReplyTooLong`).
 //! - Every assistant message knows its speech; a playout report cuts that message to what
-//!   was heard, and a speech nobody heard leaves no message.
+//!   was heard — found in what was said, never as new words — and a speech nobody heard
+//!   leaves no message. The first report of a speech is final.
+//! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
 //!   after the minimum duration or a transcript, and resumes after a false interruption.
 

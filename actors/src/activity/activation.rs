@@ -34,6 +34,10 @@
 //! # Decisions, each with a unit test below
 //!
 //! - A turn starts only when the activation listens; anywhere else it is answered at once.
+//! - What a model sends is bounded as it arrives (`turn.rs`, one size rule): a call's
+//!   oversized name or arguments leave a short stand-in and the call is refused; the chunk
+//!   that takes a step's text over `max_reply_bytes` is cut there and ends the step,
+//!   failed (`TurnFailure::ReplyTooLong`), its calls unrun.
 //! - Which calls of a step are refused, and whether a step goes on (`turn.rs`).
 //! - A step's calls and outputs go into the chat context together, once the last output
 //!   is in (the ledger); a paused activation commits on resume.
@@ -46,8 +50,12 @@
 //! - Tool items land only while the activation is current; a pause or close refuses the
 //!   tools' held items, keeps the session-scoped pending ones for the next agent, and
 //!   drops its own.
-//! - A playout report applies once, to the message of its own speech; a report that comes
+//! - A playout report applies once, to the message of its own speech: the first report
+//!   counts, a repeated or late one changes nothing. It cuts the message where the heard
+//!   text falls in what was said (`heard.rs`), never to new words. A report that comes
 //!   while the text still streams is applied when the stream ends.
+//! - A close tells the output to stop every speech of the turn still playing, a paused
+//!   one too, and ends the barge-in.
 //! - Barge-in (`barge_in.rs`) pauses, interrupts or resumes; the next deadline of the
 //!   barge-in or of an interrupted turn's wait for its reports is the one timer armed.
 
