@@ -7,10 +7,12 @@
 //!   part has a limit — a call id or a tool name [`MAX_NAME_BYTES`], a call's arguments
 //!   `max_argument_bytes`, a step's text `max_reply_bytes` — checked as the part arrives,
 //!   before anything keeps it. A part over its limit never enters the chat whole: an id
-//!   is cut (ids are the engine's to choose, and the call still runs); a name is cut and
-//!   marked `…`, so it matches no tool; arguments become a short JSON stand-in saying
-//!   their size and that they were left out; text stops at the limit and fails the turn.
-//!   What stays is bounded, so every later request stays small.
+//!   is cut (ids are the engine's to choose, and the call still runs); a name becomes
+//!   its first 60 bytes, marked `_cut`, in the characters providers accept in a tool
+//!   name (they check the names in a request's history too: a stand-in they reject would
+//!   fail every later request); arguments become a short JSON stand-in saying their size
+//!   and that they were left out; text stops at the limit and fails the turn. What stays
+//!   is bounded, so every later request stays small.
 //! - A call is refused, in this order of reasons, when the request allowed no tools, when
 //!   the step already has `max_calls_per_step` calls, or when its name or arguments were
 //!   over their limit: each gets an error output and nothing runs. Only the first two
@@ -223,7 +225,8 @@ pub(crate) struct ModelCall {
 }
 
 /// Applies the size rule to a call as it arrives (see the module docs): an id over
-/// [`MAX_NAME_BYTES`] is cut; a name over it is cut and marked, and refused; arguments
+/// [`MAX_NAME_BYTES`] is cut; a name over it becomes [`name_stand_in`], and the call is
+/// refused; arguments
 /// over `max_argument_bytes` become a JSON stand-in, and the call is refused. The name
 /// is checked first: a call refused for its name keeps arguments within their limit.
 pub(crate) fn bound_call(mut chunk: ToolCallChunk, limits: &InputLimits) -> ModelCall {
@@ -236,7 +239,7 @@ pub(crate) fn bound_call(mut chunk: ToolCallChunk, limits: &InputLimits) -> Mode
         oversized = Some(Oversized::Name {
             bytes: chunk.name.len(),
         });
-        chunk.name = excerpt(&chunk.name, MAX_NAME_BYTES).into_owned();
+        chunk.name = name_stand_in(&chunk.name);
     }
     let max = limits.max_argument_bytes;
     if chunk.arguments.len() > max {
@@ -248,6 +251,27 @@ pub(crate) fn bound_call(mut chunk: ToolCallChunk, limits: &InputLimits) -> Mode
         .to_string();
     }
     ModelCall { chunk, oversized }
+}
+
+/// What a tool name over [`MAX_NAME_BYTES`] leaves in the chat: its first 60 bytes, each
+/// character providers do not accept in a name (`^[a-zA-Z0-9_-]{1,64}$`, checked in a
+/// request's history too) as `_`, then `_cut`. The call is refused for its size whatever
+/// tool the stand-in may look like.
+pub(crate) fn name_stand_in(name: &str) -> String {
+    const MARK: &str = "_cut";
+    let kept = &name[..char_floor(name, MAX_NAME_BYTES - MARK.len())];
+    let mut stand_in: String = kept
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    stand_in.push_str(MARK);
+    stand_in
 }
 
 /// Applies the size rule to a chunk of a step's text, given how much of it came before:
@@ -297,7 +321,7 @@ pub(crate) fn refusal(
     }
     match oversized? {
         Oversized::Name { bytes } => Some(CallOutput::error(format!(
-            "Error: the tool name {name} is {bytes} bytes, over the limit of {MAX_NAME_BYTES}; it did not run."
+            "Error: the tool name was {bytes} bytes, over the limit of {MAX_NAME_BYTES} (shown cut, as {name}); it did not run."
         ))),
         Oversized::Arguments { bytes } => Some(CallOutput::error(format!(
             "Error: the arguments for {name} are {bytes} bytes, over the limit of {}; it did not run.",
@@ -461,10 +485,7 @@ mod tests {
             &LIMITS,
         );
         assert_eq!(bounded.oversized, Some(Oversized::Name { bytes: 1 << 20 }));
-        assert_eq!(
-            bounded.chunk.name,
-            format!("{}…", "n".repeat(MAX_NAME_BYTES))
-        );
+        assert_eq!(bounded.chunk.name, format!("{}_cut", "n".repeat(60)));
         assert_eq!(
             bounded.chunk.arguments, "{}",
             "arguments within the limit stay"
@@ -478,11 +499,30 @@ mod tests {
         assert!(out.is_error);
         assert!(
             out.output
-                .contains("is 1048576 bytes, over the limit of 64; it did not run"),
+                .contains("was 1048576 bytes, over the limit of 64 (shown cut, as nnnn"),
             "{}",
             out.output
         );
         assert!(out.output.len() < 300, "{} bytes", out.output.len());
+    }
+
+    #[test]
+    fn a_name_stand_in_is_a_name_providers_accept_in_a_later_request() {
+        for name in ["é".repeat(1000), "get.weather ".repeat(100), "x".repeat(65)] {
+            let stand_in = name_stand_in(&name);
+            assert!(stand_in.len() <= MAX_NAME_BYTES, "{stand_in}");
+            assert!(stand_in.ends_with("_cut"));
+            assert!(
+                stand_in
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+                "{stand_in}"
+            );
+        }
+        assert_eq!(
+            name_stand_in(&"get.weather ".repeat(100))[..12],
+            *"get_weather_"
+        );
     }
 
     #[test]
