@@ -1417,16 +1417,19 @@ impl Activation {
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
         self.publish(AgentState::Thinking);
-        let mut oversized = Vec::with_capacity(sent.len());
+        // What the size rule cut, by call; kept only when something was (rarely): a step
+        // of ordinary calls allocates nothing for it.
+        let oversized: Vec<_> = if sent.iter().any(|s| s.oversized.is_some()) {
+            sent.iter().map(|s| s.oversized).collect()
+        } else {
+            Vec::new()
+        };
         let calls: Vec<FunctionCall> = sent
             .into_iter()
-            .map(|sent| {
-                oversized.push(sent.oversized);
-                FunctionCall {
-                    call_id: self.shared.ids.canonical_call_id(&sent.chunk.call_id),
-                    name: sent.chunk.name,
-                    arguments: sent.chunk.arguments,
-                }
+            .map(|sent| FunctionCall {
+                call_id: self.shared.ids.canonical_call_id(&sent.chunk.call_id),
+                name: sent.chunk.name,
+                arguments: sent.chunk.arguments,
             })
             .collect();
         let speech = turn.speeches.last().cloned();
@@ -1434,10 +1437,10 @@ impl Activation {
             ledger.open_step(step, calls.clone(), sink)
         });
         let mut toolsets: Vec<ToolsetKey> = Vec::new();
-        for ((index, call), oversized) in calls.into_iter().enumerate().zip(oversized) {
+        for (index, call) in calls.into_iter().enumerate() {
             let refused = refusal(
                 &call,
-                oversized,
+                oversized.get(index).copied().flatten(),
                 index,
                 turn.ask.tool_choice,
                 &self.rules.limits,
