@@ -277,15 +277,22 @@ pub(crate) fn name_stand_in(name: &str) -> String {
 /// Applies the size rule to a chunk of a step's text, given how much of it came before:
 /// the part of `text` that fits within `max_reply_bytes` (cut on a character boundary),
 /// and whether the step went over.
+#[inline]
 pub(crate) fn bound_text<'a>(
     text: &'a str,
     before: usize,
     limits: &InputLimits,
 ) -> (&'a str, bool) {
+    // The per-token path: one comparison when the text fits.
     let room = limits.max_reply_bytes.saturating_sub(before);
     if text.len() <= room {
         return (text, false);
     }
+    over_the_limit(text, room)
+}
+
+#[cold]
+fn over_the_limit(text: &str, room: usize) -> (&str, bool) {
     (&text[..char_floor(text, room)], true)
 }
 
