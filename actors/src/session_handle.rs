@@ -622,6 +622,7 @@ pub struct SessionBuilder {
     llm_timeouts: LlmTimeouts,
     max_calls_per_step: usize,
     max_argument_bytes: usize,
+    max_reply_bytes: usize,
     allow_interruptions: bool,
     min_interruption_duration: Duration,
     false_interruption_timeout: Option<Duration>,
@@ -656,6 +657,7 @@ impl Default for SessionBuilder {
             llm_timeouts: LlmTimeouts::default(),
             max_calls_per_step: 32,
             max_argument_bytes: 64 * 1024,
+            max_reply_bytes: 64 * 1024,
             allow_interruptions: true,
             min_interruption_duration: Duration::from_millis(500),
             false_interruption_timeout: Some(Duration::from_secs(2)),
@@ -795,9 +797,22 @@ impl SessionBuilder {
     }
 
     /// How long a call's arguments may be, in bytes (default 64 KiB). Longer ones are
-    /// refused without being parsed, with an error output.
+    /// refused without being parsed: the call does not run, its output says why, and
+    /// the chat keeps a short stand-in for the arguments (their size, that they were
+    /// left out), so no later request carries them.
     pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
         self.max_argument_bytes = bytes;
+        self
+    }
+
+    /// How much text one LLM step may stream, in bytes (default 64 KiB: about 16,000
+    /// tokens of English, more than a chat model's usual output limit, and hours of
+    /// speech). A step that goes over keeps its text up to the limit (spoken and in the
+    /// chat, marked interrupted), its stream is dropped, none of its calls run, and the
+    /// turn fails with [`TurnFailure::ReplyTooLong`](crate::TurnFailure) and an error
+    /// event. An agent may set its own (`AgentBuilder::max_reply_bytes`).
+    pub fn max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.max_reply_bytes = bytes;
         self
     }
 
@@ -1045,6 +1060,7 @@ impl SessionBuilder {
                     llm_timeouts: self.llm_timeouts,
                     max_calls_per_step: self.max_calls_per_step,
                     max_argument_bytes: self.max_argument_bytes,
+                    max_reply_bytes: self.max_reply_bytes,
                     allow_interruptions: self.allow_interruptions,
                     min_interruption_duration: self.min_interruption_duration,
                     false_interruption_timeout: self.false_interruption_timeout,

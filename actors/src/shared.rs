@@ -165,6 +165,7 @@ impl SessionShared {
                     llm_timeouts: crate::llm::LlmTimeouts::default(),
                     max_calls_per_step: 32,
                     max_argument_bytes: 64 * 1024,
+                    max_reply_bytes: 64 * 1024,
                     allow_interruptions: true,
                     min_interruption_duration: Duration::from_millis(500),
                     false_interruption_timeout: Some(Duration::from_secs(2)),
