@@ -390,7 +390,10 @@ impl SessionActor {
         let inactive = self.schedule.is_inactive();
         self.shared.host_view.publish_inactive(inactive);
         self.watch_for_away(inactive, ctx);
-        let settled = inactive && !std::mem::replace(&mut self.was_inactive, inactive);
+        // Recorded at every pump, active or not: in `inactive && !replace(..)` the
+        // `&&` skipped the update while active, so the session saved only once.
+        let was_inactive = std::mem::replace(&mut self.was_inactive, inactive);
+        let settled = inactive && !was_inactive;
         if settled && !self.schedule.is_closed() {
             self.save_settled(ctx);
         }
