@@ -841,7 +841,8 @@ async fn snapshot_delta(engine: &Engine, pasts: &[Arc<[ChatItem]>], file: Option
 /// `snapshot_update()` + `to_bytes()`, as a session saving after every turn does. The
 /// history grows by 7 items a turn, so the chat's log fills and moves (it doubles) during
 /// the chain at some sizes: the delta right after such a move cannot tell appended items
-/// from rewritten ones by the log alone.
+/// from rewritten ones by the log alone. The first link (the `snapshot_delta` case: right
+/// after the full snapshot) is reported apart from the later ones.
 async fn snapshot_delta_chain(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
     let (rounds, _, _) = snapshot_knobs();
     let turns = env("BENCH_SNAPSHOT_CHAIN", 64).max(1);
@@ -864,9 +865,25 @@ async fn snapshot_delta_chain(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
         }
     }
     for (size, total) in SNAPSHOT_SIZES.iter().zip(&taken) {
+        // The first link of each chain (right after the full snapshot) apart from the rest.
+        let first: Vec<f64> = total.iter().copied().step_by(turns).collect();
+        let later: Vec<f64> = total
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| at % turns != 0)
+            .map(|(_, us)| *us)
+            .collect();
+        let mean = |links: &[f64]| links.iter().sum::<f64>() / links.len().max(1) as f64;
+        let later_p50 = if later.is_empty() {
+            0.0
+        } else {
+            stats(&later).p50
+        };
         let extra = format!(
-            r#","turns":{turns},"history_items_at_end":{}"#,
-            size + turns * S1_TURN_ITEMS
+            r#","turns":{turns},"history_items_at_end":{},"first_link_mean_us":{:.1},"later_links_mean_us":{:.1},"later_links_p50_us":{later_p50:.1}"#,
+            size + turns * S1_TURN_ITEMS,
+            mean(&first),
+            mean(&later),
         );
         snapshot_line("snapshot_delta_chain", *size, total, &[], &extra);
     }
