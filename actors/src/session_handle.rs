@@ -738,7 +738,9 @@ impl SessionBuilder {
 
     /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
-    /// after 64 deltas. A failed save is an `Error` event; the next one writes in full.
+    /// once the deltas since the last full one carry as many items as it held (so loading
+    /// reads at most about twice the conversation and a save costs the same per turn at
+    /// any length). A failed save is an `Error` event; the next one writes in full.
     /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
         self.store = Some(store);
