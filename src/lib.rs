@@ -10,8 +10,10 @@
 //! Every public type has one path. The types an agent program names are at the crate
 //! root; modules remain only where they group a family a user navigates as a whole:
 //!
-//! - The root: [`Engine`] (where sessions run), [`Session`] (one conversation: `run`,
-//!   `update_agent`, `run_task`, `say`, `close`, events, the mailbox [`Inspector`]),
+//! - The root: [`Engine`] (where sessions run; its counts, [`EngineStats`], and
+//!   [`Engine::drain`]), [`Session`] (one conversation: `run`, `update_agent`, `run_task`,
+//!   `say`, `close`, events, the mailbox [`Inspector`], its [`SessionSummary`], and a
+//!   [`WeakSession`] for host parts that must not keep it alive),
 //!   [`Agent`] (instructions, tools, an [`Llm`], hooks), [`Tool`] / [`Toolset`] (typed
 //!   arguments with a JSON schema, an async body with a [`RunContext`] that can `update`
 //!   the conversation while it keeps running), the chat vocabulary ([`ChatContext`],
@@ -137,15 +139,16 @@ pub mod __private {
 
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, BuildError, ChatContext,
-    ChatItem, ChatMessage, ChatRole, DeferredReplyDecision, DuplicatePolicy, Engine, EngineError,
-    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
-    InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
-    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RestorePolicy,
-    RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
-    SessionError, SessionEvent, SessionHistory, SessionId, SpeechHandle, SpeechId, SpeechOutcome,
-    SpeechOutput, SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk,
-    ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset,
-    TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState, CONFIRM_DUPLICATE_PARAM,
+    ChatItem, ChatMessage, ChatRole, DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession,
+    DuplicatePolicy, Engine, EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall,
+    FunctionCallOutput, GivenChat, Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk,
+    LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput,
+    Playout, PlayoutReporter, Received, RestorePolicy, RunContext, RunResult, SayOptions, Session,
+    SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory,
+    SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
+    SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice,
+    ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision,
+    TurnFailure, UpdateError, UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

@@ -483,11 +483,12 @@ async fn wait_for_settled_waits_for_the_last_tool_and_its_reply_and_wakes_once()
     assert!(session.is_inactive());
     let texts = texts(&session.chat_context().await.unwrap(), ChatRole::Assistant);
     assert_eq!(texts, ["Searching now.", "Found 3."]);
-    // Polled once, woken once: the half-settles on the way (the session going active for
-    // the deferred reply, the last tool run ending) do not wake the waiter.
+    // Polled once, woken once by the session's answer that every input sent before was
+    // handled, and once by the settle: the half-settles on the way (the session going
+    // active for the deferred reply, the last tool run ending) do not wake the waiter.
     assert_eq!(
         polls.load(std::sync::atomic::Ordering::Relaxed),
-        2,
+        3,
         "wake-ups of the waiting task"
     );
     session.close().await.unwrap();

@@ -38,6 +38,7 @@ const PLUMBING: &[&str] = &[
     "memory",
     "idle_release",
     "delivery",
+    "registry",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[

@@ -29,14 +29,23 @@
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
 //! - A panic in a hook or the LLM adapter, a stalled or failing model stream, fails the
 //!   turn with an error event; the activity takes the next turn.
+//! - A model stream yields to other work every 128 chunks that were ready at once
+//!   (`llm_guard`): the arbiter's other sessions run meanwhile, and an interruption lands
+//!   between chunks.
+//! - Nothing a model sends is kept over its limit: an oversized tool name or arguments
+//!   leave a short stand-in and the call does not run; a step's text stops at
+//!   `max_reply_bytes` and the turn fails (`TurnFailure::ReplyTooLong`).
 //! - Every assistant message knows its speech; a playout report cuts that message to what
-//!   was heard, and a speech nobody heard leaves no message.
+//!   was heard — found in what was said, never as new words — and a speech nobody heard
+//!   leaves no message. The first report of a speech is final.
+//! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
 //!   after the minimum duration or a transcript, and resumes after a false interruption.
 
 mod activation;
 mod barge_in;
 mod companions;
+mod heard;
 mod ledger;
 mod turn;
 
@@ -53,7 +62,7 @@ use crate::agent::{effective_policy, Agent, Hook, HookContext};
 use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
-use crate::error::SessionError;
+use crate::error::{SessionError, TurnFailure};
 use crate::events::SessionEvent;
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
@@ -264,14 +273,20 @@ impl ActivityActor {
                             Err(error) => act.feed(
                                 Input::StreamEnded {
                                     step,
-                                    error: Some(error),
+                                    failure: Some(TurnFailure::Llm(error)),
                                 },
                                 ctx,
                             ),
                         })
                         .finish()
                         .map(move |(), act, ctx| {
-                            act.feed(Input::StreamEnded { step, error: None }, ctx)
+                            act.feed(
+                                Input::StreamEnded {
+                                    step,
+                                    failure: None,
+                                },
+                                ctx,
+                            )
                         }),
                 );
                 self.stream = Some((step, task));
@@ -987,17 +1002,21 @@ fn toolset_name(id: &ActorId) -> String {
 
 /// Sent by the session restoring a snapshot: calls of this activation's own toolsets that
 /// were running in the background. Each tool's restore policy says whether its body runs
-/// again or the call ends with a terminal output (and a deferred reply tells the user).
+/// again; the answer lists the calls that end instead, with their terminal outputs, for
+/// the session to deliver (so that it wants the reply before it counts as settled).
 pub(crate) struct RestoreCalls {
     pub(crate) calls: Vec<(String, BackgroundCall)>,
 }
 
+/// A restored call that ends, with its terminal output and whether it is an error.
+pub(crate) type EndedCall = (crate::chat::FunctionCall, String, bool);
+
 impl Message for RestoreCalls {
-    type Result = ();
+    type Result = Vec<EndedCall>;
 }
 
 impl Handler<RestoreCalls> for ActivityActor {
-    type Result = ResponseActFuture<Self, ()>;
+    type Result = ResponseFuture<Vec<EndedCall>>;
 
     fn handle(&mut self, msg: RestoreCalls, _ctx: &mut Self::Context) -> Self::Result {
         let asks: Vec<_> = msg
@@ -1023,34 +1042,31 @@ impl Handler<RestoreCalls> for ActivityActor {
                         Some(toolset) => toolset.ask(&from, resume).await.ok(),
                         None => None,
                     };
-                    (call, resumed)
+                    ended(call, resumed)
                 }
             })
             .collect();
-        Box::pin(
+        Box::pin(async move {
             futures_util::future::join_all(asks)
-                .into_actor(self)
-                .map(|results, act, ctx| {
-                    for (call, resumed) in results {
-                        let (output, is_error) = match resumed {
-                            Some(Resumed::Running) => continue,
-                            Some(Resumed::Ended { output, is_error }) => (output, is_error),
-                            None => (ABANDONED.to_owned(), false),
-                        };
-                        let scope = Scope::Activity(act.probe.id().clone());
-                        act.feed(
-                            Input::Deliver {
-                                scope,
-                                base_call_id: call.call_id.clone(),
-                                items: finished_pair(call, output, is_error),
-                                reply: true,
-                                answer: DeliveryAnswer::unheard(),
-                            },
-                            ctx,
-                        );
-                    }
-                }),
-        )
+                .await
+                .into_iter()
+                .flatten()
+                .collect()
+        })
+    }
+}
+
+/// What becomes of a restored call given its toolset's answer: nothing (its body runs
+/// again), or its terminal output. A toolset that is gone, or a tool it no longer has,
+/// abandons the call.
+pub(crate) fn ended(
+    call: crate::chat::FunctionCall,
+    resumed: Option<Resumed>,
+) -> Option<EndedCall> {
+    match resumed {
+        Some(Resumed::Running) => None,
+        Some(Resumed::Ended { output, is_error }) => Some((call, output, is_error)),
+        None => Some((call, ABANDONED.to_owned(), false)),
     }
 }
 

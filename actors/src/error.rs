@@ -50,6 +50,15 @@ pub enum SessionError {
     /// A sub-task's result did not have the type `run_task` asked for.
     #[error("the sub-task's result has an unexpected shape: {0}")]
     TaskResult(#[source] serde_json::Error),
+    /// Another session with this id is live on the same engine (`SessionBuilder::id`).
+    /// Nothing was started. An id names one live session: pick another, or start this
+    /// one once the other is gone (its `close()` returned, or every handle of it was
+    /// dropped and it closed).
+    #[error("a session with id {id} is already live on this engine; ids name live sessions: choose another id, or close that session first")]
+    DuplicateSession {
+        /// The id asked for.
+        id: crate::ids::SessionId,
+    },
 }
 
 /// Why the engine cannot run sessions.
@@ -68,6 +77,10 @@ pub enum EngineError {
     /// The engine's thread stopped before its actix system started.
     #[error("the engine's thread stopped before its actix system started")]
     NotStarted,
+    /// The engine is draining (`Engine::drain`): it starts no new session. Start it on
+    /// another engine or process; this one is about to go.
+    #[error("the engine is draining and starts no new session: start it on another engine")]
+    Draining,
 }
 
 impl SessionError {
@@ -117,6 +130,15 @@ pub enum TurnFailure {
         call_id: String,
         /// The error with its cause chain.
         message: String,
+    },
+    /// One LLM step streamed more text than the limit (`SessionBuilder::max_reply_bytes`,
+    /// `AgentBuilder::max_reply_bytes`): a runaway model. Its text up to the limit was
+    /// spoken and is kept, marked interrupted; its stream was dropped and none of its tool
+    /// calls ran. Raise the limit if the agent is meant to write that much.
+    #[error("the model's reply went over the limit of {limit} bytes for one step; the text up to it is kept, the rest was dropped")]
+    ReplyTooLong {
+        /// The limit, in bytes.
+        limit: usize,
     },
 }
 
@@ -168,6 +190,14 @@ pub enum BuildError {
         "a restored session's agents come from its snapshot: drop `.agent(..)` from the builder"
     )]
     AgentWithRestore,
+    /// A session id the host chose (`SessionBuilder::id`) that the engine cannot use.
+    #[error("session id {id:?} is invalid: {reason}; use 1 to 128 bytes with no '/', whitespace or control character")]
+    InvalidSessionId {
+        /// The id asked for: its first 64 characters, with `…` when it was longer.
+        id: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
     /// A prompt template names a field its kind does not have.
     #[error("prompt template {template} names unknown field {{{field}}}; known fields: {known}")]
     UnknownTemplateField {

@@ -149,11 +149,11 @@ impl IdleMemory {
         }
     }
 
-    /// A session about to start; it counts as live until the lease is dropped.
-    pub(crate) fn lease(self: &Arc<Self>) -> SessionLease {
+    /// A session about to start; it counts as live until its `SessionLease` is dropped,
+    /// which calls [`Self::session_gone`].
+    pub(crate) fn session_started(&self) {
         let live = self.live.fetch_add(1, Ordering::AcqRel) + 1;
         self.peak.fetch_max(live, Ordering::AcqRel);
-        SessionLease(self.clone())
     }
 
     /// The host released: the peak before it no longer counts toward the next release;
@@ -163,8 +163,9 @@ impl IdleMemory {
             .store(self.live.load(Ordering::Acquire), Ordering::Release);
     }
 
-    fn session_gone(self: &Arc<Self>) {
-        // Never below zero: every lease was counted in by `lease()`.
+    /// A session counted in by [`Self::session_started`] is gone.
+    pub(crate) fn session_gone(self: &Arc<Self>) {
+        // Never below zero: every lease was counted in by `session_started()`.
         let live = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
         let peak = self.peak.load(Ordering::Acquire);
         if !self.policy().releases_at(live, peak) || self.releasing.swap(true, Ordering::AcqRel) {
@@ -200,17 +201,6 @@ impl IdleMemory {
             });
         }
         self.releasing.store(false, Ordering::Release);
-    }
-}
-
-/// Held by a session's actor and dropped with it (before the actor's `AliveToken`, so
-/// `close()` returns after it); dropping it counts the session as gone.
-#[derive(Debug)]
-pub(crate) struct SessionLease(Arc<IdleMemory>);
-
-impl Drop for SessionLease {
-    fn drop(&mut self) {
-        self.0.session_gone();
     }
 }
 

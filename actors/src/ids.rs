@@ -4,7 +4,9 @@
 //! `session/s1`, `activity/s1/agent-a#2`, `toolset/s1/booking`,
 //! `toolset/s1/agent-a#2/tools`, `tool/s1/7:call_3`. They are unique for the life of
 //! the engine: activities carry their generation and tool runs a per-session sequence
-//! number, because agents come back and providers reuse call ids.
+//! number, because agents come back and providers reuse call ids. (A host that gives a
+//! later session the id of one that is gone, `SessionBuilder::id`, gets that session's
+//! actor ids again: unique among live sessions then.)
 
 use std::fmt;
 use std::sync::Arc;
@@ -86,11 +88,17 @@ impl PartialEq<&str> for ActorId {
     }
 }
 
-/// The id of one session, `s1`, `s2`, … in the order the engine started them.
+/// The id of one session: the host's own (`SessionBuilder::id`, say the call's id), or
+/// `s1`, `s2`, … in the order the engine started them. It names one live session of its
+/// engine: once that session is gone, the id is free again.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct SessionId(Arc<str>);
 
 impl SessionId {
+    /// The longest id a host may choose, in bytes: room for a UUID, a SIP Call-ID or a
+    /// telephony provider's call id, and short enough to print in every log line.
+    pub const MAX_LEN: usize = 128;
+
     pub(crate) fn new(id: impl Into<Arc<str>>) -> Self {
         Self(id.into())
     }
@@ -98,6 +106,33 @@ impl SessionId {
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether `other` is this very id value (the same allocation), not only the same
+    /// text: a registry entry is removed only by the session that made it, never by an
+    /// earlier one of the same id.
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// Checks an id a host chose: not empty, at most [`SessionId::MAX_LEN`] bytes, no `/`
+    /// (actor ids embed the session id between slashes, `tool/<session>/7:call_1`, and
+    /// `ActorId::session` splits on them), no whitespace or control character (ids go
+    /// into logs and spans, where they must read as one word).
+    pub(crate) fn check(id: &str) -> Result<(), &'static str> {
+        if id.is_empty() {
+            return Err("it is empty");
+        }
+        if id.len() > Self::MAX_LEN {
+            return Err("it is longer than 128 bytes");
+        }
+        if id.contains('/') {
+            return Err("it contains '/', which separates the parts of actor ids");
+        }
+        if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("it contains whitespace or a control character");
+        }
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::ids::{ActorId, SessionId};
-use crate::mailbox::{ActorSnapshot, Journal, Received};
+use crate::mailbox::{ActorSnapshot, Received, Records};
 
 /// Why an inspection check failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,7 +53,7 @@ pub enum InspectError {
 /// The mailbox view of one session. Cheap to clone.
 #[derive(Clone)]
 pub struct Inspector {
-    journal: Arc<Journal>,
+    records: Arc<Records>,
     session: SessionId,
 }
 
@@ -66,18 +66,18 @@ impl fmt::Debug for Inspector {
 }
 
 impl Inspector {
-    pub(crate) fn new(journal: Arc<Journal>, session: SessionId) -> Self {
-        Self { journal, session }
+    pub(crate) fn new(records: Arc<Records>, session: SessionId) -> Self {
+        Self { records, session }
     }
 
     /// The ids of the session's live actors, sorted.
     pub fn live_actors(&self) -> Vec<ActorId> {
-        self.journal.live_actors()
+        self.records.live_actors()
     }
 
     /// Every actor the session ever had, alive or stopped, sorted.
     pub fn actors(&self) -> Vec<ActorId> {
-        self.journal.actors()
+        self.records.actors()
     }
 
     /// The actors that work for the agent named `agent`, alive or stopped, sorted: its
@@ -100,7 +100,7 @@ impl Inspector {
         let activity = format!("activity/{}/{agent}#", self.session);
         let toolset = format!("toolset/{}/{agent}#", self.session);
         let mut found: Vec<ActorId> = self
-            .journal
+            .records
             .actors()
             .into_iter()
             .filter(|id| {
@@ -118,7 +118,7 @@ impl Inspector {
             })
             .collect();
         found.extend(
-            self.journal
+            self.records
                 .runs()
                 .into_iter()
                 .filter(|(_, _, caller)| &**caller == agent)
@@ -133,7 +133,7 @@ impl Inspector {
     /// call id is the model's: this finds a run without guessing either.
     pub fn runs_of_tool(&self, tool: &str) -> Vec<ActorId> {
         let mut runs: Vec<(u64, ActorId)> = self
-            .journal
+            .records
             .runs()
             .into_iter()
             .filter(|(_, name, _)| &**name == tool)
@@ -154,14 +154,14 @@ impl Inspector {
 
     /// Whether an actor is alive now.
     pub fn is_alive(&self, id: &str) -> bool {
-        self.journal
+        self.records
             .snapshot(id)
             .is_some_and(|s| s.stopped_at.is_none())
     }
 
     /// What the journal knows of one actor.
     pub fn actor(&self, id: &str) -> Result<ActorSnapshot, InspectError> {
-        self.journal.snapshot(id).ok_or_else(|| self.unknown(id))
+        self.records.snapshot(id).ok_or_else(|| self.unknown(id))
     }
 
     /// The messages an actor handled, oldest first.
@@ -197,7 +197,7 @@ impl Inspector {
 
     /// Every message the session's actors handled, in order.
     pub fn traffic(&self) -> Vec<Received> {
-        self.journal.all_received()
+        self.records.all_received()
     }
 
     /// Waits until `id` has handled a message of `kind` (looking at what it already
@@ -223,8 +223,8 @@ impl Inspector {
     ) -> Result<Received, InspectError> {
         let wait = async {
             loop {
-                let notified = self.journal.notified();
-                if let Some(found) = self.journal.snapshot(id).and_then(|s| {
+                let notified = self.records.notified();
+                if let Some(found) = self.records.snapshot(id).and_then(|s| {
                     s.received
                         .into_iter()
                         .filter(|r| r.kind == kind)
@@ -246,7 +246,7 @@ impl Inspector {
                 },
                 timeout,
                 received: self
-                    .journal
+                    .records
                     .snapshot(id)
                     .map(|s| {
                         s.received
@@ -267,8 +267,8 @@ impl Inspector {
     pub async fn wait_for_start(&self, id: &str, timeout: Duration) -> Result<(), InspectError> {
         let wait = async {
             loop {
-                let notified = self.journal.notified();
-                if self.journal.snapshot(id).is_some() {
+                let notified = self.records.notified();
+                if self.records.snapshot(id).is_some() {
                     return;
                 }
                 notified.await;
@@ -291,9 +291,9 @@ impl Inspector {
     ) -> Result<(), InspectError> {
         let wait = async {
             loop {
-                let notified = self.journal.notified();
+                let notified = self.records.notified();
                 if self
-                    .journal
+                    .records
                     .snapshot(id)
                     .is_some_and(|s| s.stopped_at.is_some())
                 {
@@ -312,8 +312,8 @@ impl Inspector {
     pub async fn wait_until_all_stopped(&self, timeout: Duration) -> Result<(), InspectError> {
         let wait = async {
             loop {
-                let notified = self.journal.notified();
-                if self.journal.live_actors().is_empty() {
+                let notified = self.records.notified();
+                if self.records.live_actors().is_empty() {
                     return;
                 }
                 notified.await;
@@ -321,7 +321,7 @@ impl Inspector {
         };
         tokio::time::timeout(timeout, wait).await.map_err(|_| {
             let live: Vec<String> = self
-                .journal
+                .records
                 .live_actors()
                 .iter()
                 .map(ToString::to_string)
@@ -379,7 +379,7 @@ impl Inspector {
 
     /// The ids the journal knows, for error messages.
     fn known(&self) -> String {
-        self.journal
+        self.records
             .actors()
             .iter()
             .map(ActorId::to_string)

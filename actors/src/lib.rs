@@ -68,6 +68,7 @@ mod outcome;
 mod output;
 mod prompts;
 mod reentry;
+mod registry;
 mod restore;
 mod run_context;
 mod runtime;
@@ -110,9 +111,11 @@ pub use restore::AgentRegistry;
 #[allow(deprecated)]
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
-pub use runtime::Engine;
+pub use runtime::{
+    DrainEnd, DrainReport, DrainedSession, Engine, EngineStats, SessionState, SessionSummary,
+};
 pub use session::SnapshotUpdate;
-pub use session_handle::{Session, SessionAddress, SessionBuilder};
+pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
 pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
 pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
@@ -130,6 +133,10 @@ fn _assert_handles_are_send_sync() {
     check::<Session>();
     check::<RunContext>();
     check::<SessionAddress>();
+    check::<WeakSession>();
+    check::<EngineStats>();
+    check::<SessionSummary>();
+    check::<DrainReport>();
     check::<Engine>();
     check::<Agent>();
     check::<Tool>();

@@ -68,6 +68,13 @@ impl AliveWaiter {
     }
 }
 
+impl AliveWaiter {
+    /// Whether the actor and everything it spawned are gone already.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.0.tokens.load(Ordering::Acquire) == 0
+    }
+}
+
 /// A new token and the waiter that watches it.
 pub(crate) fn alive_pair() -> (AliveToken, AliveWaiter) {
     let liveness = Arc::new(Liveness {

@@ -1,5 +1,5 @@
 //! The mailbox probe: counted addresses and the per-session journal that the
-//! `Inspector` reads.
+//! `Inspector` and the engine's counts read.
 //!
 //! actix 0.13 does not say how many messages wait in a mailbox, so the engine counts
 //! them itself. Every send inside the engine goes through [`Mailbox`], which adds one to
@@ -8,8 +8,13 @@
 //! queue is dropped with the guards in it). No raw `Addr` leaves this module's users:
 //! each actor lists the messages it takes in one [`counted_handlers!`] line.
 //!
-//! When inspection is off, the probe is a counter per actor and nothing else: no clock
-//! read, no lock, no allocation per message.
+//! Every probe of a session reports to the session's [`Journal`], which always keeps two
+//! totals — how many of the session's actors are live, how many messages wait for them —
+//! for `Engine::stats` and `Session::summary`, and, when inspection is on, a record per
+//! actor for the `Inspector` ([`Records`]).
+//!
+//! When inspection is off, the probe is a counter per actor and the journal two counters
+//! per session, and nothing else: no clock read, no lock, no allocation per message.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -63,14 +68,21 @@ pub struct ActorSnapshot {
     pub agent: Option<String>,
 }
 
-/// The probe of one actor: its queue count and, when inspecting, its journal entry.
+/// The probe of one actor: its queue count, the session's journal it reports to, and,
+/// when inspecting, its record there.
 #[derive(Debug)]
 pub(crate) struct Probe {
     id: ActorId,
+    /// Messages queued for the actor now, and in the top bit ([`STOPPED`]) whether it
+    /// stopped: a flag of its own would grow every actor by a word.
     pending: AtomicUsize,
-    journal: Option<Arc<Journal>>,
+    journal: Arc<Journal>,
     record: Option<Arc<ActorRecord>>,
 }
+
+/// The bit of [`Probe::pending`] that says the actor stopped. No queue holds half the
+/// address space in messages, so counting them never reaches it.
+const STOPPED: usize = 1 << (usize::BITS - 1);
 
 /// What the journal records of a tool run beyond its id: the tool and the calling agent.
 #[derive(Debug)]
@@ -80,7 +92,9 @@ struct RunLabel {
 }
 
 impl Probe {
-    pub(crate) fn new(id: ActorId, journal: Option<Arc<Journal>>) -> Arc<Self> {
+    /// The probe of an actor about to start; the session's journal counts it live until
+    /// it stops.
+    pub(crate) fn new(id: ActorId, journal: Arc<Journal>) -> Arc<Self> {
         Self::labeled(id, journal, None)
     }
 
@@ -88,25 +102,27 @@ impl Probe {
     /// that called it, so a test can find the run without knowing the provider's call id.
     pub(crate) fn tool_run(
         id: ActorId,
-        journal: Option<Arc<Journal>>,
+        journal: Arc<Journal>,
         tool: &str,
         agent: &str,
     ) -> Arc<Self> {
-        // Allocated only when inspecting: without a journal the label is never built.
-        let label = journal.is_some().then(|| RunLabel {
+        // Allocated only when inspecting: without records the label is never built.
+        let label = journal.records.is_some().then(|| RunLabel {
             tool: tool.into(),
             agent: agent.into(),
         });
         Self::labeled(id, journal, label)
     }
 
-    fn labeled(id: ActorId, journal: Option<Arc<Journal>>, label: Option<RunLabel>) -> Arc<Self> {
+    fn labeled(id: ActorId, journal: Arc<Journal>, label: Option<RunLabel>) -> Arc<Self> {
+        journal.live.fetch_add(1, Ordering::Relaxed);
         // The journal's record reads the queue count through a weak reference, so the
         // count lives inline in the probe: one allocation per actor, not two.
         Arc::new_cyclic(|probe| {
             let record = journal
+                .records
                 .as_ref()
-                .map(|j| j.register(&id, probe.clone(), label));
+                .map(|records| records.register(&id, probe.clone(), label));
             Self {
                 id,
                 pending: AtomicUsize::new(0),
@@ -120,17 +136,78 @@ impl Probe {
         &self.id
     }
 
-    /// Marks the actor stopped in the journal (called from `Actor::stopped`).
+    /// Marks the actor stopped: the journal counts it gone, and records its stop when
+    /// inspecting (called from `Actor::stopped`; a second call changes nothing).
     pub(crate) fn stopped(&self) {
-        if let (Some(journal), Some(record)) = (&self.journal, &self.record) {
-            journal.mark_stopped(record);
+        if self.pending.fetch_or(STOPPED, Ordering::Relaxed) & STOPPED == 0 {
+            self.journal.live.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let (Some(records), Some(record)) = (&self.journal.records, &self.record) {
+            records.mark_stopped(record);
         }
     }
 
+    /// Messages queued for the actor now.
+    fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed) & !STOPPED
+    }
+
     fn handled(&self, kind: &'static str, from: &ActorId) {
-        if let (Some(journal), Some(record)) = (&self.journal, &self.record) {
-            journal.record(record, kind, from, &self.id);
+        if let (Some(records), Some(record)) = (&self.journal.records, &self.record) {
+            records.record(record, kind, from, &self.id);
         }
+    }
+}
+
+impl Drop for Probe {
+    /// An actor that never ran `stopped()` (its arbiter never started it, or its system
+    /// was shut down under it) stops counting as live once nothing refers to it.
+    fn drop(&mut self) {
+        if *self.pending.get_mut() & STOPPED == 0 {
+            self.journal.live.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A session's mailbox journal: every probe of the session reports to it.
+///
+/// It always keeps two totals, each one atomic counter, so that `Engine::stats` and
+/// `Session::summary` read a session without a message to it (a wedged session still
+/// answers): how many of its actors are live (started, not stopped), and how many
+/// messages wait in their queues (sent, not yet handled or dropped). They are per
+/// session, not per engine, so that actors on different arbiters never write one shared
+/// counter. With inspection on it also holds each actor's [`Records`].
+#[derive(Debug)]
+pub(crate) struct Journal {
+    live: AtomicUsize,
+    backlog: AtomicUsize,
+    records: Option<Arc<Records>>,
+}
+
+impl Journal {
+    /// A session's journal; with `records`, each actor's messages are recorded too, the
+    /// last `records` of them per actor.
+    pub(crate) fn new(records: Option<usize>) -> Arc<Self> {
+        Arc::new(Self {
+            live: AtomicUsize::new(0),
+            backlog: AtomicUsize::new(0),
+            records: records.map(Records::new),
+        })
+    }
+
+    /// How many of the session's actors are live now.
+    pub(crate) fn live_actors(&self) -> usize {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// How many messages wait in the queues of the session's actors now.
+    pub(crate) fn backlog(&self) -> usize {
+        self.backlog.load(Ordering::Relaxed)
+    }
+
+    /// Each actor's record, when inspection is on.
+    pub(crate) fn records(&self) -> Option<&Arc<Records>> {
+        self.records.as_ref()
     }
 }
 
@@ -160,6 +237,17 @@ struct PendingGuard {
 impl Drop for PendingGuard {
     fn drop(&mut self) {
         self.probe.pending.fetch_sub(1, Ordering::Relaxed);
+        self.probe.journal.backlog.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Counts a message on its way to `probe`'s actor, in its queue and in its session's
+/// backlog; the guard takes it off both.
+fn count(probe: &Arc<Probe>) -> PendingGuard {
+    probe.pending.fetch_add(1, Ordering::Relaxed);
+    probe.journal.backlog.fetch_add(1, Ordering::Relaxed);
+    PendingGuard {
+        probe: probe.clone(),
     }
 }
 
@@ -194,13 +282,10 @@ impl<A: Actor> Mailbox<A> {
     }
 
     fn wrap<M>(&self, from: &ActorId, msg: M) -> Counted<M> {
-        self.probe.pending.fetch_add(1, Ordering::Relaxed);
         Counted {
             msg,
             from: from.clone(),
-            guard: PendingGuard {
-                probe: self.probe.clone(),
-            },
+            guard: count(&self.probe),
         }
     }
 
@@ -293,13 +378,10 @@ where
     M::Result: Send,
 {
     fn wrap(&self, from: &ActorId, msg: M) -> Counted<M> {
-        self.probe.pending.fetch_add(1, Ordering::Relaxed);
         Counted {
             msg,
             from: from.clone(),
-            guard: PendingGuard {
-                probe: self.probe.clone(),
-            },
+            guard: count(&self.probe),
         }
     }
 
@@ -373,22 +455,23 @@ struct RecordState {
     overwritten: u64,
 }
 
-/// The journal of one session's actors: who is alive, what each received.
+/// What the journal records of one session's actors when inspection is on: who is alive,
+/// what each received.
 ///
 /// Each actor keeps its last `capacity` messages in a ring buffer that counts what it
 /// overwrote, so a long session never grows the journal without bound and a test can
 /// tell when the journal wrapped.
 #[derive(Debug)]
-pub(crate) struct Journal {
+pub(crate) struct Records {
     capacity: usize,
     seq: AtomicU64,
     actors: DashMap<ActorId, Arc<ActorRecord>>,
     changed: Notify,
 }
 
-impl Journal {
-    /// A journal keeping the last `capacity` messages of each actor.
-    pub(crate) fn new(capacity: usize) -> Arc<Self> {
+impl Records {
+    /// Records keeping the last `capacity` messages of each actor.
+    fn new(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             capacity: capacity.max(1),
             seq: AtomicU64::new(0),
@@ -475,10 +558,7 @@ impl Journal {
             id: record.id.clone(),
             started_at: record.started_at,
             stopped_at: state.stopped_at,
-            pending: record
-                .probe
-                .upgrade()
-                .map_or(0, |probe| probe.pending.load(Ordering::Relaxed)),
+            pending: record.probe.upgrade().map_or(0, |probe| probe.pending()),
             received: state.received.iter().cloned().collect(),
             overwritten: state.overwritten,
             tool: record.label.as_ref().map(|l| l.tool.to_string()),

@@ -28,7 +28,8 @@ type ReadUserdata = Arc<dyn Fn(Value) -> Result<Userdata, String> + Send + Sync>
 /// [`SessionBuilder::restore`](crate::SessionBuilder::restore).
 ///
 /// ```
-/// use switchboard::{Agent, AgentRegistry};
+/// use switchboard::snapshot::AgentRegistry;
+/// use switchboard::Agent;
 /// #[derive(serde::Serialize, serde::Deserialize)]
 /// struct Booking { party: u32 }
 ///

@@ -6,17 +6,30 @@
 //! threads. Inside an existing actix system (`#[actix::test]`, an actix-web app),
 //! [`Engine::current`] places sessions on the current arbiter, where paused test time
 //! reaches them.
+//!
+//! The engine keeps a registry of its live sessions (`registry.rs`): it refuses an id a
+//! live session holds, counts and summarises its sessions for monitoring
+//! ([`Engine::stats`], [`Engine::sessions`]; `runtime/stats.rs`) and drains them
+//! ([`Engine::drain`]; `runtime/drain.rs`).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+mod drain;
+mod stats;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use actix::prelude::*;
 
 use crate::error::{EngineError, SessionError};
-use crate::idle_release::{IdleMemory, IdleRelease, IdleReleases, SessionLease};
+use crate::idle_release::{IdleMemory, IdleRelease, IdleReleases};
 use crate::ids::SessionId;
 use crate::memory::{self, MemoryRelease};
+use crate::registry::{LiveSession, Registry, SessionLease};
+
+pub use drain::{DrainEnd, DrainReport, DrainedSession};
+pub use stats::{EngineStats, SessionState, SessionSummary};
 
 /// actix's default mailbox capacity, as `Actor::start_in_arbiter` gives an actor.
 const MAILBOX_CAPACITY: usize = 16;
@@ -33,7 +46,6 @@ pub struct Engine {
 struct EngineInner {
     arbiters: Vec<ArbiterHandle>,
     next: AtomicUsize,
-    sessions: AtomicU64,
     /// Set by [`Engine::shutdown`]: its arbiters may still be draining their queues for a
     /// moment, and a session started on one then would only find its mailbox gone.
     shut_down: AtomicBool,
@@ -41,6 +53,8 @@ struct EngineInner {
     /// Its own `Arc`: each running session holds it, and must not keep the engine (and so
     /// its threads) alive after the host dropped its last handle.
     idle: Arc<IdleMemory>,
+    /// The live sessions; its own `Arc` for the same reason (each session's lease holds it).
+    registry: Arc<Registry>,
 }
 
 #[derive(Debug)]
@@ -83,35 +97,34 @@ impl Engine {
             })
             .map_err(EngineError::Spawn)?;
         let (system, handles) = rx.recv().map_err(|_| EngineError::NotStarted)?;
-        Ok(Self {
-            inner: Arc::new(EngineInner {
-                arbiters: handles,
-                next: AtomicUsize::new(0),
-                sessions: AtomicU64::new(0),
-                shut_down: AtomicBool::new(false),
-                owned: Mutex::new(Some(OwnedSystem {
-                    system,
-                    thread: Some(thread),
-                })),
-                idle: IdleMemory::new(),
+        Ok(Self::with_parts(
+            handles,
+            Some(OwnedSystem {
+                system,
+                thread: Some(thread),
             }),
-        })
+        ))
+    }
+
+    fn with_parts(arbiters: Vec<ArbiterHandle>, owned: Option<OwnedSystem>) -> Self {
+        let idle = IdleMemory::new();
+        Self {
+            inner: Arc::new(EngineInner {
+                arbiters,
+                next: AtomicUsize::new(0),
+                shut_down: AtomicBool::new(false),
+                owned: Mutex::new(owned),
+                registry: Registry::new(idle.clone()),
+                idle,
+            }),
+        }
     }
 
     /// An engine that places sessions on the current actix arbiter (inside
     /// `#[actix::test]`, `#[actix::main]` or an actix system you run).
     pub fn current() -> Result<Self, EngineError> {
         let arbiter = Arbiter::try_current().ok_or(EngineError::NoArbiter)?;
-        Ok(Self {
-            inner: Arc::new(EngineInner {
-                arbiters: vec![arbiter],
-                next: AtomicUsize::new(0),
-                sessions: AtomicU64::new(0),
-                shut_down: AtomicBool::new(false),
-                owned: Mutex::new(None),
-                idle: IdleMemory::new(),
-            }),
-        })
+        Ok(Self::with_parts(vec![arbiter], None))
     }
 
     /// How many arbiters sessions are spread over.
@@ -233,15 +246,102 @@ impl Engine {
         self.inner.idle.subscribe()
     }
 
-    pub(crate) fn next_session_id(&self) -> SessionId {
-        let n = self.inner.sessions.fetch_add(1, Ordering::Relaxed) + 1;
-        SessionId::new(format!("s{n}"))
+    /// The engine's counts now: live sessions, their live actors, the messages queued for
+    /// them, running tool calls, the process's resident memory, whether it drains.
+    ///
+    /// Read without a message to any session, so it answers also when a session is
+    /// stuck. It visits every live session (a few milliseconds for 100,000): call it from
+    /// a metrics endpoint or every few seconds, not per turn.
+    ///
+    /// ```no_run
+    /// # fn demo(engine: &switchboard::Engine) {
+    /// let stats = engine.stats();
+    /// println!(
+    ///     "{} sessions, {} actors, {} messages queued, {} tools running, rss {:?}",
+    ///     stats.sessions, stats.actors, stats.backlog, stats.tool_runs, stats.rss_bytes,
+    /// );
+    /// # }
+    /// ```
+    pub fn stats(&self) -> EngineStats {
+        let registry = &self.inner.registry;
+        EngineStats::of(&registry.shared_states(), registry.is_draining())
+    }
+
+    /// A summary of every live session of the engine (the same as each one's
+    /// [`Session::summary`](crate::Session::summary)), oldest first: for an operator's view
+    /// of who is on a call, with which agent, for how long, and whether it has work.
+    pub fn sessions(&self) -> Vec<SessionSummary> {
+        let mut all: Vec<SessionSummary> = self
+            .inner
+            .registry
+            .shared_states()
+            .iter()
+            .map(|shared| SessionSummary::of(shared))
+            .collect();
+        all.sort_by_key(|summary| std::cmp::Reverse(summary.age));
+        all
+    }
+
+    /// Drains the engine before it goes (a deploy, a scale-down, SIGTERM): from this call
+    /// on it starts no new session ([`EngineError::Draining`]); every live session is let
+    /// settle — no turn, no queued work, no deferred reply, no tool run — and then closed;
+    /// one still unsettled `deadline` after the call has its turn force-interrupted and is
+    /// closed (its running tools are cancelled and get their terminal outputs, as on any
+    /// close). Returns once every session is gone, with the history of each (what its
+    /// `close()` would return).
+    ///
+    /// It takes at most `deadline` plus what closing an interrupted session takes: the
+    /// tools' grace period (`SessionBuilder::grace_period`) for a tool that does not stop
+    /// when cancelled. The engine keeps refusing sessions afterwards; its threads stop
+    /// with [`Engine::shutdown`] or the last clone. Works the same for sessions of
+    /// [`Engine::start`] and [`Engine::current`]; a second call drains the same sessions.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: switchboard::Engine) {
+    /// use std::time::Duration;
+    /// let report = engine.drain(Duration::from_secs(20)).await;
+    /// for drained in &report.sessions {
+    ///     println!("{}: {:?}, {} agents", drained.id, drained.ended, drained.history.agents.len());
+    /// }
+    /// # }
+    /// ```
+    pub async fn drain(&self, deadline: Duration) -> DrainReport {
+        drain::drain(&self.inner.registry, deadline).await
+    }
+
+    /// Whether the engine is draining ([`Engine::drain`]): it starts no new session.
+    pub fn is_draining(&self) -> bool {
+        self.inner.registry.is_draining()
+    }
+
+    /// Takes an id for a session about to start (see `registry.rs`): `chosen` if no live
+    /// session of this engine has it (its form checked by the caller), else the next free
+    /// `s<n>`. The lease holds it, and counts the session live for [`IdleRelease`], until
+    /// it is dropped: hand it to [`Engine::start_session_actor`], whose actor keeps it.
+    pub(crate) fn reserve_session(
+        &self,
+        chosen: Option<String>,
+    ) -> Result<SessionLease, SessionError> {
+        if self.inner.shut_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShutDown.into());
+        }
+        self.inner.registry.reserve(chosen)
+    }
+
+    /// Fills in a started session's place in the registry once its host handle exists.
+    pub(crate) fn register_session(&self, id: &SessionId, live: LiveSession) {
+        self.inner.registry.fill(id, live);
     }
 
     /// Starts a session's actor on the next arbiter, round robin; `make` builds it inside
-    /// its own context (so it can hand out links to itself) and keeps the lease that counts
-    /// the session as live for [`IdleRelease`] until the actor is dropped.
-    pub(crate) fn start_session_actor<A, F>(&self, make: F) -> Result<Addr<A>, SessionError>
+    /// its own context (so it can hand out links to itself) and keeps the `lease` (from
+    /// [`Engine::reserve_session`]) until the actor is dropped. If the actor never starts,
+    /// the lease is dropped with the job.
+    pub(crate) fn start_session_actor<A, F>(
+        &self,
+        lease: SessionLease,
+        make: F,
+    ) -> Result<Addr<A>, SessionError>
     where
         A: Actor<Context = Context<A>>,
         F: FnOnce(&mut Context<A>, SessionLease) -> A + Send + 'static,
@@ -251,9 +351,6 @@ impl Engine {
         }
         let index = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.arbiters.len();
         let arbiter = &self.inner.arbiters[index];
-        // Counts the session as live from here until the actor drops it, or the job drops
-        // it if the arbiter never runs it.
-        let lease = self.inner.idle.lease();
         // What `Actor::start_in_arbiter` does, but it drops the arbiter's answer to whether
         // it took the job; asking that with a job of its own cost a second message (and
         // task) on the arbiter per session.

@@ -30,7 +30,10 @@
 //! - After `CloseSession`, and once the host's last handle is dropped, no actor of the
 //!   session stays alive.
 
+mod alarm;
 mod close;
+mod endpoint;
+mod saver;
 mod schedule;
 mod snapshot;
 mod switch;
@@ -43,6 +46,7 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use crate::activity::{
     ActivityActor, DeliverToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished, ReadChat,
@@ -58,12 +62,12 @@ use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
-use crate::idle_release::SessionLease;
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
 use crate::llm::{Llm, ToolSchema};
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
     Interruptibility, SayOptions, SpeechHandle, SpeechOutcome, SpeechPort, SpeechPriority,
@@ -74,6 +78,7 @@ use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
 pub(crate) use close::CloseSession;
+use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
 pub(crate) use snapshot::{RecordInput, RestorePlan, TakeSnapshot};
@@ -289,6 +294,16 @@ impl ControlPort for SessionLinks {
     ) -> BoxFuture<'static, Result<(), SessionError>> {
         SessionLinks::queue_handoff(self, from, handoff).boxed()
     }
+
+    fn say(
+        &self,
+        from: &ActorId,
+        text: String,
+        options: SayOptions,
+    ) -> BoxFuture<'static, Result<SpeechHandle, SessionError>> {
+        let ask = self.session.ask(from, Say { text, options });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+    }
 }
 
 pub(crate) struct SessionActor {
@@ -309,14 +324,22 @@ pub(crate) struct SessionActor {
     voice: bool,
     /// Tool deliveries received so far: what a settling deferred reply watches.
     deliveries_seen: u64,
-    away_timer: Option<SpawnHandle>,
+    /// The session's one timer, set to the earliest of the deadlines below.
+    alarm: alarm::Alarm,
+    /// The user's words waiting for the end of their turn.
+    endpoint: endpoint::Endpointing,
+    /// When the user of an idle voice session counts as away.
+    away_at: Option<Instant>,
     /// The snapshots it took, and its saving to a store.
     chain: snapshot::Chain,
     /// Whether the session was inactive at the last pump (a settled turn saves when it
     /// becomes so).
     was_inactive: bool,
+    /// The current agent as last published in the host view, for summaries: compared by
+    /// pointer at each pump, written there only when it changed.
+    published_agent: Option<Agent>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
-    /// counts the session as gone.
+    /// counts the session as gone and its id is free.
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -335,6 +358,13 @@ impl SessionActor {
         let links = Arc::new(SessionLinks {
             session: Mailbox::new(ctx.address(), probe.clone()),
         });
+        let mut chain = snapshot::Chain::default();
+        if let Some(store) = store {
+            chain.save_to(store, shared.clone());
+        }
+        let (alarm, rings) = alarm::Alarm::new();
+        ctx.add_stream(rings);
+        let shared_endpointing = shared.settings.config.endpointing_delay;
         Self {
             probe,
             shared,
@@ -348,15 +378,12 @@ impl SessionActor {
             started: 0,
             voice: false,
             deliveries_seen: 0,
-            away_timer: None,
-            chain: {
-                let mut chain = snapshot::Chain::default();
-                if let Some(store) = store {
-                    chain.save_to(store);
-                }
-                chain
-            },
+            alarm,
+            endpoint: endpoint::Endpointing::new(shared_endpointing),
+            away_at: None,
+            chain,
             was_inactive: false,
+            published_agent: None,
             _lease: lease,
             _alive: alive,
         }
@@ -387,12 +414,33 @@ impl SessionActor {
                 Next::Settle => self.settle(0, 0, ctx),
             }
         }
-        let inactive = self.schedule.is_inactive();
+        // Words waiting for the end of the user's turn are a turn to come.
+        let inactive = self.schedule.is_inactive() && !self.endpoint.is_pending();
         self.shared.host_view.publish_inactive(inactive);
-        self.watch_for_away(inactive, ctx);
-        let settled = inactive && !std::mem::replace(&mut self.was_inactive, inactive);
+        self.watch_for_away(inactive);
+        self.publish_agent();
+        // Both halves evaluated: `was_inactive` must follow every pump, active ones too.
+        let was_inactive = std::mem::replace(&mut self.was_inactive, inactive);
+        let settled = inactive && !was_inactive;
         if settled && !self.schedule.is_closed() {
             self.save_settled(ctx);
+        }
+    }
+
+    /// Publishes the current agent for summaries when it changed (a handoff, a sub-task's
+    /// start or end); during a switch the last one stays.
+    fn publish_agent(&mut self) {
+        let Some(current) = self.schedule.current() else {
+            return;
+        };
+        let same = self
+            .published_agent
+            .as_ref()
+            .is_some_and(|shown| Arc::ptr_eq(&shown.def, &current.agent.def));
+        if !same {
+            let agent = current.agent.clone();
+            self.published_agent = Some(agent.clone());
+            self.shared.host_view.publish_agent(agent);
         }
     }
 
@@ -421,7 +469,7 @@ impl SessionActor {
 
     /// A voice session whose user stays silent while the agent is idle for
     /// `user_away_timeout` marks the user away.
-    fn watch_for_away(&mut self, inactive: bool, ctx: &mut Context<Self>) {
+    fn watch_for_away(&mut self, inactive: bool) {
         let Some(timeout) = self.shared.settings.config.user_away_timeout else {
             return;
         };
@@ -429,18 +477,60 @@ impl SessionActor {
             return;
         }
         if !inactive {
-            if let Some(timer) = self.away_timer.take() {
-                ctx.cancel_future(timer);
-            }
-            return;
+            self.away_at = None;
+        } else if self.away_at.is_none() && self.schedule.user() != UserState::Away {
+            self.away_at = Some(Instant::now() + timeout);
         }
-        if self.away_timer.is_none() && self.schedule.user() != UserState::Away {
-            self.away_timer = Some(ctx.run_later(timeout, |act, _| {
-                act.away_timer = None;
-                if act.schedule.is_inactive() {
-                    act.set_user(UserState::Away);
-                }
-            }));
+        self.arm();
+    }
+
+    /// Sets the alarm to the earliest deadline.
+    fn arm(&self) {
+        let at = match (self.endpoint.deadline(), self.away_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        self.alarm.set(at);
+    }
+
+    /// The user's words make a turn: it joins the user turn from transcripts still queued,
+    /// if there is one (so the queue never holds two), or is queued first. Words that
+    /// cannot be kept are reported, never dropped silently.
+    fn user_words(&mut self, text: String) {
+        let mut refused = None;
+        let joined = self.schedule.queued_turn_mut(|turn: &QueuedTurn| {
+            turn.reply.is_none() && matches!(turn.kind, TurnKind::User(_))
+        });
+        if let Some(QueuedTurn {
+            kind: TurnKind::User(words),
+            ..
+        }) = joined
+        {
+            if words.len() + 1 + text.len() <= endpoint::MAX_USER_TEXT {
+                words.push(' ');
+                words.push_str(&text);
+            } else {
+                refused = Some(format!(
+                    "the user's words were not kept: the user turn waiting to start would hold {} bytes, over {}",
+                    words.len() + 1 + text.len(),
+                    endpoint::MAX_USER_TEXT
+                ));
+            }
+        } else {
+            let turn = QueuedTurn {
+                kind: TurnKind::User(text),
+                reply: None,
+            };
+            if let Err((_, why)) =
+                self.schedule
+                    .queue_turn(TurnId::Engine, turn, SpeechPriority::High)
+            {
+                refused = Some(format!("the user's words were not kept: {}", refusal(why)));
+            }
+        }
+        if let Some(message) = refused {
+            tracing::warn!(session = %self.shared.id(), "{message}");
+            self.shared.events.emit(SessionEvent::Error { message });
         }
     }
 
@@ -467,6 +557,9 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
+        if !matches!(kind, TurnKind::Say { .. }) {
+            self.shared.host_view.turn_started();
+        }
         let (done, outcome) = oneshot::channel();
         // One per turn, and the session sends the next only after this one answered.
         activity
@@ -628,6 +721,28 @@ impl Actor for SessionActor {
     fn stopped(&mut self, _ctx: &mut Self::Context) {
         self.probe.stopped();
     }
+}
+
+/// The session's alarm rang: the user's turn may have ended, or the user gone away.
+impl StreamHandler<alarm::Rang> for SessionActor {
+    fn handle(&mut self, _rang: alarm::Rang, ctx: &mut Self::Context) {
+        let now = Instant::now();
+        if let Some(text) = self.endpoint.due(now) {
+            self.user_words(text);
+        }
+        if self.away_at.is_some_and(|at| at <= now) {
+            self.away_at = None;
+            if self.schedule.is_inactive() && !self.endpoint.is_pending() {
+                self.set_user(UserState::Away);
+            }
+        }
+        self.arm();
+        self.pump(ctx);
+    }
+
+    /// The alarm lives as long as the session: its end is the session's, not a reason to
+    /// stop.
+    fn finished(&mut self, _ctx: &mut Self::Context) {}
 }
 
 /// What a session starts from.
@@ -969,6 +1084,7 @@ impl Handler<UserStartedSpeaking> for SessionActor {
     fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
         self.voice = true;
         self.set_user(UserState::Speaking);
+        self.endpoint.user_started();
         if let Some(current) = self.schedule.current() {
             current.child.mailbox.tell(self.probe.id(), msg);
         }
@@ -983,6 +1099,7 @@ impl Handler<UserStoppedSpeaking> for SessionActor {
     fn handle(&mut self, msg: UserStoppedSpeaking, ctx: &mut Self::Context) {
         self.voice = true;
         self.set_user(UserState::Listening);
+        self.endpoint.user_stopped(Instant::now());
         if let Some(current) = self.schedule.current() {
             current.child.mailbox.tell(self.probe.id(), msg);
         }
@@ -1007,22 +1124,46 @@ impl Handler<UserTranscript> for SessionActor {
                     is_final: false,
                 });
         }
-        let turn = (msg.is_final && has_words).then(|| QueuedTurn {
-            kind: TurnKind::User(msg.text.clone()),
-            reply: None,
+        let heard = (msg.is_final && has_words).then(|| {
+            let speaking = self.schedule.user() == UserState::Speaking;
+            self.endpoint
+                .final_words(&msg.text, Instant::now(), speaking)
         });
         if has_words {
             if let Some(current) = self.schedule.current() {
                 current.child.mailbox.tell(self.probe.id(), msg);
             }
         }
-        if let Some(turn) = turn {
-            let _ = self
-                .schedule
-                .queue_turn(TurnId::Engine, turn, SpeechPriority::High);
+        match heard {
+            Some(Heard::Now(text)) => self.user_words(text),
+            Some(Heard::Refused { bytes }) => {
+                let message = format!(
+                    "the user's words were not kept: their turn would hold {bytes} bytes, over {}",
+                    endpoint::MAX_USER_TEXT
+                );
+                tracing::warn!(session = %self.shared.id(), "{message}");
+                self.shared.events.emit(SessionEvent::Error { message });
+            }
+            Some(Heard::Held) | None => {}
         }
+        self.arm();
         self.pump(ctx);
     }
+}
+
+/// Sent by the host before it waits for the session to be inactive or settled: answered
+/// once handled, so every input the host told before it has been handled too (a mailbox
+/// keeps a sender's order).
+pub(crate) struct InputsHandled;
+
+impl Message for InputsHandled {
+    type Result = ();
+}
+
+impl Handler<InputsHandled> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: InputsHandled, _ctx: &mut Self::Context) {}
 }
 
 /// Sent when a host drops its `run` future before the answer: the turn leaves the queue,
@@ -1170,4 +1311,5 @@ counted_handlers!(
     CloseSession,
     TakeSnapshot,
     RecordInput,
+    InputsHandled,
 );

@@ -6,7 +6,7 @@
 
 use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -38,12 +38,14 @@ use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
 use crate::reentry;
+use crate::registry::{DrainPort, LiveSession};
 use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
-use crate::runtime::Engine;
+use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
-    CancelTurn, CloseSession, Read, ReadAgent, ReadHistory, RecordInput, RestorePlan, RunTask,
-    RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession, TakeSnapshot,
+    CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
+    RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
+    TakeSnapshot,
 };
 use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
@@ -82,6 +84,25 @@ impl Drop for Host {
     }
 }
 
+/// What the engine's drain asks of a session: the host end is what may interrupt and close
+/// it. The registry holds it weakly, so it keeps no session alive.
+impl DrainPort for Host {
+    fn force_interrupt(&self) -> futures_util::future::BoxFuture<'static, ()> {
+        let ask = self
+            .mailbox
+            .ask(&ActorId::host(), InterruptTurn { force: true });
+        Box::pin(async move {
+            // Forced: never `Uninterruptible`; an error means the session is gone already.
+            let _ = ask.await;
+        })
+    }
+
+    fn close(&self) {
+        // One per drained session: bounded. A session already closed ignores it.
+        self.mailbox.tell(&ActorId::host(), CloseSession);
+    }
+}
+
 impl fmt::Debug for Session {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Session")
@@ -114,9 +135,53 @@ impl Session {
         SessionBuilder::default()
     }
 
-    /// The session's id (`s1`, `s2`, …).
+    /// The session's id: the one given to [`SessionBuilder::id`], else `s1`, `s2`, ….
     pub fn id(&self) -> &SessionId {
         self.host.shared.id()
+    }
+
+    /// What the session is doing now: its state (active, inactive, closing, closed), the
+    /// current agent, the turns it ran, its age, its running tools, live actors and queued
+    /// messages. Read without a message to the session, so it answers at once, also when
+    /// the session is busy or stuck. [`Engine::sessions`] lists it for every live session.
+    pub fn summary(&self) -> SessionSummary {
+        SessionSummary::of(self.shared())
+    }
+
+    /// A weak handle on the session: it upgrades to a [`Session`] while the session
+    /// lives, and never keeps it alive. When the host's last strong handle (`Session`,
+    /// [`SessionAddress`]) is dropped, the session closes as it always does, whatever weak
+    /// handles remain; they upgrade to `None` from then on.
+    ///
+    /// For a host part that must not keep a call alive: a TTS or playout task, a
+    /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
+    ///
+    /// ```no_run
+    /// # fn demo(session: switchboard::Session) {
+    /// use std::time::Duration;
+    /// use switchboard::UserState;
+    ///
+    /// // A watchdog that nudges a silent caller, and ends with the call: it holds only a
+    /// // weak handle, so hanging up (dropping the last `Session`) closes the session.
+    /// let weak = session.downgrade();
+    /// tokio::spawn(async move {
+    ///     let mut every = tokio::time::interval(Duration::from_secs(10));
+    ///     loop {
+    ///         every.tick().await;
+    ///         // Strong only for this one check; `None` once the call is over.
+    ///         let Some(session) = weak.upgrade() else { break };
+    ///         if session.user_state() == UserState::Away {
+    ///             let _ = session.say("Are you still there?").await;
+    ///         }
+    ///     }
+    /// });
+    /// # }
+    /// ```
+    pub fn downgrade(&self) -> WeakSession {
+        WeakSession {
+            host: Arc::downgrade(&self.host),
+            id: self.id().clone(),
+        }
     }
 
     fn shared(&self) -> &SessionShared {
@@ -315,14 +380,23 @@ impl Session {
     }
 
     /// Resolves when the session is inactive: no speech is queued, generating or playing
-    /// (the current agent runs no turn and none is queued), no handoff is under way, no
-    /// deferred reply is pending, and the user is not speaking. (Tools may still run in
+    /// (the current agent runs no turn and none is queued, no user words wait for the end
+    /// of their turn), no handoff is under way, no deferred reply is pending, and the user
+    /// is not speaking; every input sent before the call counts. (Tools may still run in
     /// the background: see [`Session::wait_for_settled`].) A host call: a background tool
     /// of this session may await it once its turn has ended, but awaited from a tool of the
     /// turn in progress or from a hook, it waits on that turn or handoff and never resolves.
     pub async fn wait_for_inactive(&self) {
+        self.inputs_handled().await;
         let mut rx = self.shared().host_view.inactive.subscribe();
         let _ = rx.wait_for(|inactive| *inactive).await;
+    }
+
+    /// Resolves once the session has handled every input this host sent before (a
+    /// transcript, speaking or not are told, not awaited): what the waits above see then
+    /// includes them. A closed session has nothing left to handle.
+    async fn inputs_handled(&self) {
+        let _ = self.host.mailbox.ask(&ActorId::host(), InputsHandled).await;
     }
 
     /// Resolves when the session has settled: no tool call is running anywhere in it and
@@ -332,6 +406,7 @@ impl Session {
     /// [`SessionError::WouldDeadlock`].
     pub async fn wait_for_settled(&self) -> Result<(), SessionError> {
         self.check_reentry("wait_for_settled")?;
+        self.inputs_handled().await;
         let shared = self.shared();
         loop {
             // Created before the check: a settle in between is not missed.
@@ -399,8 +474,8 @@ impl Session {
     pub fn inspector(&self) -> Option<Inspector> {
         self.shared()
             .journal
-            .as_ref()
-            .map(|journal| Inspector::new(journal.clone(), self.shared().id().clone()))
+            .records()
+            .map(|records| Inspector::new(records.clone(), self.shared().id().clone()))
     }
 
     /// The session's user data, if it is a `T`.
@@ -466,6 +541,38 @@ impl Session {
     }
 }
 
+/// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
+/// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+#[derive(Clone)]
+pub struct WeakSession {
+    host: Weak<Host>,
+    id: SessionId,
+}
+
+impl WeakSession {
+    /// The session, while any strong handle of it (`Session`, [`SessionAddress`]) is
+    /// held; `None` once every one was dropped (the session then closes, or has closed).
+    /// A session closed with `close()` while the host still holds a handle upgrades: its
+    /// calls answer [`SessionError::Closed`].
+    pub fn upgrade(&self) -> Option<Session> {
+        self.host.upgrade().map(|host| Session { host })
+    }
+
+    /// The session's id, also once it is gone (for logs).
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+}
+
+impl fmt::Debug for WeakSession {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WeakSession")
+            .field("id", &self.id)
+            .field("alive", &(self.host.strong_count() > 0))
+            .finish()
+    }
+}
+
 /// The session actor's address as users see it: counted like every engine send, and
 /// limited to the messages users may send. A host handle: it keeps the session alive.
 #[derive(Clone)]
@@ -515,10 +622,12 @@ pub struct SessionBuilder {
     llm_timeouts: LlmTimeouts,
     max_calls_per_step: usize,
     max_argument_bytes: usize,
+    max_reply_bytes: usize,
     allow_interruptions: bool,
     min_interruption_duration: Duration,
     false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
+    endpointing_delay: Duration,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -528,6 +637,10 @@ pub struct SessionBuilder {
     userdata_json: Option<UserdataJson>,
     restore: Option<(SessionSnapshot, AgentRegistry)>,
     store: Option<Arc<dyn SnapshotStore>>,
+    /// The host's id for the session, if it chose one.
+    id: Option<String>,
+    /// The event channel, when someone subscribed before the start.
+    events: Option<broadcast::Sender<SessionEvent>>,
 }
 
 impl Default for SessionBuilder {
@@ -544,10 +657,12 @@ impl Default for SessionBuilder {
             llm_timeouts: LlmTimeouts::default(),
             max_calls_per_step: 32,
             max_argument_bytes: 64 * 1024,
+            max_reply_bytes: 64 * 1024,
             allow_interruptions: true,
             min_interruption_duration: Duration::from_millis(500),
             false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
+            endpointing_delay: Duration::from_millis(500),
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -557,6 +672,8 @@ impl Default for SessionBuilder {
             userdata_json: None,
             restore: None,
             store: None,
+            id: None,
+            events: None,
         }
     }
 }
@@ -621,7 +738,9 @@ impl SessionBuilder {
 
     /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
-    /// after 64 deltas. A failed save is an `Error` event; the next one writes in full.
+    /// once the deltas since the last full one carry as many items as it held (so loading
+    /// reads at most about twice the conversation and a save costs the same per turn at
+    /// any length). A failed save is an `Error` event; the next one writes in full.
     /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
         self.store = Some(store);
@@ -634,9 +753,11 @@ impl SessionBuilder {
     /// asked again, and each tool call that was running follows its tool's
     /// [`RestorePolicy`](crate::RestorePolicy). No `on_enter` runs. The builder's other
     /// settings (model, toolsets, output, timings) apply as given: they are code, not
-    /// state. Everything is checked before anything starts: an agent the registry cannot
-    /// build, a model missing, user data that does not read back, a newer schema fail
-    /// `start` with the reason.
+    /// state. A paused agent whose tool awaited a sub-task gets the task's result as that
+    /// call's output, as JSON (the tool body that awaited it was in the old process).
+    /// Everything is checked before anything starts: an agent the registry cannot build,
+    /// a model missing, user data that does not read back, a newer schema fail `start`
+    /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
         self.restore = Some((snapshot, agents));
         self
@@ -678,9 +799,22 @@ impl SessionBuilder {
     }
 
     /// How long a call's arguments may be, in bytes (default 64 KiB). Longer ones are
-    /// refused without being parsed, with an error output.
+    /// refused without being parsed: the call does not run, its output says why, and
+    /// the chat keeps a short stand-in for the arguments (their size, that they were
+    /// left out), so no later request carries them.
     pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
         self.max_argument_bytes = bytes;
+        self
+    }
+
+    /// How much text one LLM step may stream, in bytes (default 64 KiB: about 16,000
+    /// tokens of English, more than a chat model's usual output limit, and hours of
+    /// speech). A step that goes over keeps its text up to the limit (spoken and in the
+    /// chat, marked interrupted), its stream is dropped, none of its calls run, and the
+    /// turn fails with [`TurnFailure::ReplyTooLong`](crate::TurnFailure) and an error
+    /// event. An agent may set its own (`AgentBuilder::max_reply_bytes`).
+    pub fn max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.max_reply_bytes = bytes;
         self
     }
 
@@ -713,6 +847,15 @@ impl SessionBuilder {
         self
     }
 
+    /// How long a final transcript waits for more of the user's words before it makes a
+    /// turn (default 0.5 s): finals within it join one user message and one LLM request,
+    /// and the user speaking again inside it holds it until they stop. Zero: every final
+    /// is a turn at once. `wait_for_settled` covers a pending endpoint.
+    pub fn endpointing_delay(mut self, delay: Duration) -> Self {
+        self.endpointing_delay = delay;
+        self
+    }
+
     /// Records every actor's traffic for `Session::inspector` (default off: then the
     /// probe only counts queued messages).
     pub fn inspect(mut self, on: bool) -> Self {
@@ -724,6 +867,42 @@ impl SessionBuilder {
     pub fn journal_capacity(mut self, capacity: usize) -> Self {
         self.journal_capacity = capacity;
         self
+    }
+
+    /// Subscribes to the session's events before it starts, so the subscriber sees what
+    /// the first agent's `on_enter` does inside `start` (a greeting's speech and items);
+    /// [`Session::subscribe`] sees only what comes after it. Set
+    /// [`event_capacity`](Self::event_capacity) before: the channel is made here.
+    ///
+    /// ```
+    /// # use switchboard::prelude::*;
+    /// # use switchboard::testing::{Reply, ScriptedLlm};
+    /// # #[actix::main]
+    /// # async fn main() {
+    /// let greeter = Agent::builder("greeter")
+    ///     .on_enter(|ctx| async move {
+    ///         let _ = ctx.generate_reply("Greet the caller.").await;
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let mut builder = Session::builder()
+    ///     .llm(ScriptedLlm::new([Reply::text("Hello, how can I help?")]))
+    ///     .agent(greeter);
+    /// let mut events = builder.subscribe();
+    /// let session = builder.start(&Engine::current().unwrap()).await.unwrap();
+    /// session.wait_for_settled().await.unwrap();
+    /// let mut greeted = false;
+    /// while let Ok(event) = events.try_recv() {
+    ///     greeted |= matches!(event, SessionEvent::SpeechCreated { .. });
+    /// }
+    /// assert!(greeted);
+    /// # session.close().await.unwrap();
+    /// # }
+    /// ```
+    pub fn subscribe(&mut self) -> broadcast::Receiver<SessionEvent> {
+        self.events
+            .get_or_insert_with(|| broadcast::channel(self.event_capacity.max(1)).0)
+            .subscribe()
     }
 
     /// How many events a slow subscriber may fall behind before it is told it lagged
@@ -762,10 +941,49 @@ impl SessionBuilder {
         self
     }
 
+    /// The session's id, chosen by the host — the call's id, say — in place of the
+    /// engine's `s1`, `s2`, …. It names the session in its actor ids, logs, spans,
+    /// summaries and a drain's report.
+    ///
+    /// [`SessionBuilder::start`] refuses, before anything starts:
+    /// - an id of the wrong form with [`BuildError::InvalidSessionId`]: it must be 1 to
+    ///   [`SessionId::MAX_LEN`] (128) bytes, with no `/` (actor ids embed the session id
+    ///   between slashes, `tool/<id>/1:call_1`), whitespace or control character;
+    /// - the id of a session still live on the same engine with
+    ///   [`SessionError::DuplicateSession`]. An id is free again once its session is gone:
+    ///   its `close()` returned, or every handle of it was dropped and it closed.
+    ///
+    /// The engine's own ids skip any `s<n>` a live session of the host holds, so the two
+    /// never collide. Actor ids are unique among live sessions only when the host reuses
+    /// an id: a later session of the same id has the same actor ids as the earlier one.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(mut self, engine: &Engine) -> Result<Session, SessionError> {
         let restore = self.restore.take();
+        // A restored session is the snapshot's: it keeps its id.
+        if let Some((snapshot, _)) = &restore {
+            match &self.id {
+                Some(id) if id != snapshot.session_id() => {
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(id),
+                        reason: "a restored session keeps the id of its snapshot",
+                    }
+                    .into())
+                }
+                _ => self.id = Some(snapshot.session_id().to_owned()),
+            }
+        }
+        if let Some(id) = &self.id {
+            SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
+                id: quote_prefix(id),
+                reason,
+            })?;
+        }
         let agent = match (&restore, self.agent.take()) {
             (Some(_), Some(_)) => return Err(BuildError::AgentWithRestore.into()),
             (Some(_), None) => None,
@@ -807,7 +1025,7 @@ impl SessionBuilder {
                 .iter()
                 .map(|(name, owner)| (name.as_str(), owner.clone())),
         )?;
-        let (id, epoch) = match &restore {
+        let epoch = match &restore {
             Some((snapshot, agents)) => {
                 snapshot.check_version()?;
                 if let Some(value) = snapshot.userdata() {
@@ -823,11 +1041,15 @@ impl SessionBuilder {
                         self.userdata_json = Some(write);
                     }
                 }
-                (SessionId::new(snapshot.session_id()), snapshot.epoch() + 1)
+                snapshot.epoch() + 1
             }
-            None => (engine.next_session_id(), 0),
+            None => 0,
         };
-        let journal = self.inspect.then(|| Journal::new(self.journal_capacity));
+        // The session's place on the engine: refused here, before anything starts, when a
+        // live session has the id or the engine drains; freed if the start fails.
+        let lease = engine.reserve_session(self.id.take())?;
+        let id = lease.id().clone();
+        let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         let span = tracing::info_span!("session", session = %id);
         let shared = Arc::new(SessionShared::new(SharedParts {
@@ -840,10 +1062,12 @@ impl SessionBuilder {
                     llm_timeouts: self.llm_timeouts,
                     max_calls_per_step: self.max_calls_per_step,
                     max_argument_bytes: self.max_argument_bytes,
+                    max_reply_bytes: self.max_reply_bytes,
                     allow_interruptions: self.allow_interruptions,
                     min_interruption_duration: self.min_interruption_duration,
                     false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
+                    endpointing_delay: self.endpointing_delay,
                 },
                 llm: self.llm,
                 error_policy: self.error_policy,
@@ -857,6 +1081,7 @@ impl SessionBuilder {
             journal: journal.clone(),
             output: self.output,
             event_capacity: self.event_capacity,
+            events: self.events,
             gone,
             span,
         }));
@@ -881,7 +1106,7 @@ impl SessionBuilder {
         let store = self.store;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
-        let addr = engine.start_session_actor(move |ctx, lease| {
+        let addr = engine.start_session_actor(lease, move |ctx, lease| {
             SessionActor::new(
                 ctx,
                 actor_shared,
@@ -899,6 +1124,14 @@ impl SessionBuilder {
                 _engine: engine.clone(),
             }),
         };
+        let host: Weak<dyn DrainPort> = Arc::downgrade(&session.host) as Weak<Host>;
+        engine.register_session(
+            &id,
+            LiveSession {
+                shared: Arc::downgrade(&session.host.shared),
+                host,
+            },
+        );
         session
             .host
             .mailbox
@@ -906,5 +1139,15 @@ impl SessionBuilder {
             .await
             .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
+    }
+}
+
+/// The first 64 characters of an id for an error message, with `…` when it was longer: an
+/// error never quotes a whole input of any size.
+fn quote_prefix(id: &str) -> String {
+    const SHOWN: usize = 64;
+    match id.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}…", &id[..cut]),
+        None => id.to_owned(),
     }
 }

@@ -13,6 +13,7 @@
 //! | [`output`](SessionShared::output) | the host's speech output | the activity that speaks; the session once, to attach its reporter |
 //! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going | each activity, for its own speeches only; read by the session to route playout reports |
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
+//! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
 
 mod events;
 mod host_view;
@@ -45,20 +46,26 @@ pub(crate) struct SessionShared {
     pub(crate) output: HostOutput,
     pub(crate) speeches: SpeechBook,
     pub(crate) history: History,
-    /// The mailbox journal, when inspection is on.
-    pub(crate) journal: Option<Arc<Journal>>,
+    /// The mailbox journal every probe of the session reports to: its live actors and
+    /// queued messages, and each actor's record when inspection is on.
+    pub(crate) journal: Arc<Journal>,
     /// Resolves once the session actor (and so every actor of the session) is gone.
     pub(crate) gone: AliveWaiter,
     /// The parent of every span of the session (turns, LLM requests, tool runs).
     pub(crate) span: tracing::Span,
+    /// When the session was built, for its age in `Session::summary` (tokio's clock, so
+    /// paused test time moves it too).
+    pub(crate) started_at: tokio::time::Instant,
 }
 
 /// What a new [`SessionShared`] is made of.
 pub(crate) struct SharedParts {
     pub(crate) settings: SessionSettings,
-    pub(crate) journal: Option<Arc<Journal>>,
+    pub(crate) journal: Arc<Journal>,
     pub(crate) output: Box<dyn SpeechOutput>,
     pub(crate) event_capacity: usize,
+    /// The channel of subscribers that came before the start, if any.
+    pub(crate) events: Option<tokio::sync::broadcast::Sender<crate::events::SessionEvent>>,
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
 }
@@ -68,7 +75,7 @@ impl SessionShared {
         Self {
             span: parts.span,
             settings: parts.settings,
-            events: Events::new(parts.event_capacity),
+            events: Events::new(parts.event_capacity, parts.events),
             host_view: HostView::new(),
             ids: Ids::default(),
             output: HostOutput(Mutex::new(parts.output)),
@@ -76,6 +83,7 @@ impl SessionShared {
             history: History::default(),
             journal: parts.journal,
             gone: parts.gone,
+            started_at: tokio::time::Instant::now(),
         }
     }
 
@@ -157,10 +165,12 @@ impl SessionShared {
                     llm_timeouts: crate::llm::LlmTimeouts::default(),
                     max_calls_per_step: 32,
                     max_argument_bytes: 64 * 1024,
+                    max_reply_bytes: 64 * 1024,
                     allow_interruptions: true,
                     min_interruption_duration: Duration::from_millis(500),
                     false_interruption_timeout: Some(Duration::from_secs(2)),
                     user_away_timeout: None,
+                    endpointing_delay: Duration::ZERO,
                 },
                 llm: None,
                 error_policy: crate::error_policy::ErrorPolicy::new(),
@@ -171,9 +181,10 @@ impl SessionShared {
                 session_tools: SessionTools::default(),
                 epoch: 0,
             },
-            journal: None,
+            journal: Journal::new(None),
             output,
             event_capacity: 1024,
+            events: None,
             gone,
             span: tracing::Span::none(),
         }))

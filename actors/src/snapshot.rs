@@ -6,7 +6,8 @@
 //! restore policy is read from the restored code), user data as JSON. It holds the
 //! conversation at its last consistent point: every activation's chat context as
 //! committed (an LLM step in flight is not in it, and is asked again after a restore), the
-//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the tool
+//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the
+//! user's words waiting for the end of their turn, the tool
 //! calls still running in the background, the call ids issued, and the counters that keep
 //! ids unique.
 //!
@@ -133,6 +134,10 @@ pub(crate) struct SnapshotHead {
     /// Tool items asked for a deferred reply that has not started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) reply_wanted: bool,
+    /// The user's words waiting for the end of their turn (endpointing, SPEC §8): input
+    /// the session accepted and has not made a turn of yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) user_words: Option<String>,
     /// Tool calls running in the background.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) running: Vec<RunningRecord>,
@@ -363,6 +368,11 @@ impl SessionSnapshot {
         self.activations.len()
     }
 
+    /// How many chat items it holds, over every activation.
+    pub fn items(&self) -> usize {
+        self.activations.iter().map(|a| a.items.len()).sum()
+    }
+
     /// The seq of the chain it is at: 0 when written in full, one more for each delta
     /// applied since.
     pub fn seq(&self) -> u64 {
@@ -399,10 +409,12 @@ impl SessionSnapshot {
                 ),
             });
         }
+        // Checked in full before anything changes: a delta that does not apply leaves the
+        // snapshot as it was.
         for change in &delta.chats {
             let record = self
                 .activations
-                .iter_mut()
+                .iter()
                 .find(|r| r.order == change.order)
                 .ok_or_else(|| SnapshotError::OutOfOrder {
                     reason: format!(
@@ -420,10 +432,32 @@ impl SessionSnapshot {
                     ),
                 });
             }
-            record.items.truncate(change.keep);
-            record.items.extend(change.append.iter().cloned());
         }
-        self.activations.extend(delta.activations.iter().cloned());
+        for change in &delta.chats {
+            if let Some(record) = self
+                .activations
+                .iter_mut()
+                .find(|r| r.order == change.order)
+            {
+                record.items.truncate(change.keep);
+                record.items.extend(change.append.iter().cloned());
+            }
+        }
+        // A record of an activation already here is written again whole (its inherited
+        // items changed); a new one is added in start order.
+        for record in &delta.activations {
+            match self
+                .activations
+                .iter_mut()
+                .find(|r| r.order == record.order)
+            {
+                Some(old) => *old = record.clone(),
+                None => {
+                    let at = self.activations.partition_point(|r| r.order < record.order);
+                    self.activations.insert(at, record.clone());
+                }
+            }
+        }
         self.call_ids.extend(delta.call_ids.iter().cloned());
         self.head = delta.head.clone();
         self.seq += 1;
@@ -592,14 +626,33 @@ fn unframe<T: serde::de::DeserializeOwned>(kind: Kind, bytes: &[u8]) -> Result<T
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
+        // The index is the low byte of `crc ^ byte`: always below 256.
+        crc = (crc >> 8) ^ CRC_TABLE[((crc ^ u32::from(byte)) & 0xFF) as usize];
     }
     !crc
 }
+
+/// CRC-32 (IEEE, reflected) a byte at a time: the bit-by-bit loop was most of the time of
+/// `to_bytes` and `from_bytes`.
+const CRC_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -731,5 +784,59 @@ mod tests {
         ));
         let round = SnapshotDelta::from_bytes(&delta.to_bytes()).unwrap();
         assert_eq!(round, delta);
+    }
+
+    #[test]
+    fn a_delta_that_does_not_apply_leaves_the_snapshot_as_it_was() {
+        let mut s = snapshot(3);
+        let before = s.clone();
+        let delta = SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base: 0,
+            head: s.head.clone(),
+            chats: vec![
+                ChatChange {
+                    order: 1,
+                    keep: 3,
+                    append: vec![ChatItem::message(ChatRole::Assistant, "fine")],
+                },
+                ChatChange {
+                    order: 7,
+                    keep: 0,
+                    append: Vec::new(),
+                },
+            ],
+            activations: Vec::new(),
+            call_ids: vec!["call_2".into()],
+        };
+        assert!(matches!(
+            s.apply(&delta),
+            Err(SnapshotError::OutOfOrder { .. })
+        ));
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn a_record_written_again_replaces_the_one_of_its_order() {
+        let mut s = snapshot(2);
+        let mut rewritten = s.activations[0].clone();
+        rewritten.inherited = 1;
+        rewritten
+            .items
+            .insert(0, ChatItem::message(ChatRole::User, "inherited"));
+        let mut second = s.activations[0].clone();
+        second.order = 2;
+        let delta = SnapshotDelta {
+            version: SNAPSHOT_VERSION,
+            base: 0,
+            head: s.head.clone(),
+            chats: Vec::new(),
+            activations: vec![second, rewritten.clone()],
+            call_ids: Vec::new(),
+        };
+        s.apply(&delta).unwrap();
+        assert_eq!(s.activations.len(), 2);
+        assert_eq!(s.activations[0], rewritten);
+        assert_eq!(s.activations[1].order, 2);
     }
 }

@@ -5,7 +5,8 @@
 //! session-scoped toolsets stop (runs cancelled with their grace period, awaited) and
 //! their background calls' terminal outputs go to the current agent; every activity
 //! (current, incoming, paused) closes as in a handoff, recording its final chat context in
-//! the history as it stops; the session actor stops. `Session::close` waits for the session actor to be dropped, so
+//! the history as it stops; the snapshots taken for the session's store are written; the
+//! session actor stops. `Session::close` waits for the session actor to be dropped, so
 //! when it returns no actor of the session is alive.
 
 use std::sync::Arc;
@@ -44,6 +45,7 @@ impl SessionActor {
         let Some(closing) = self.schedule.close() else {
             return;
         };
+        self.shared.host_view.mark_closing();
         for turn in closing.turns {
             if let TurnKind::Say { speech, .. } = &turn.kind {
                 speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
@@ -104,7 +106,9 @@ impl SessionActor {
                     })
                     .into_actor(act)
                 })
-                .map(|_, act, ctx| {
+                // The last settled state reaches the store before the session is gone.
+                .then(|_, act, _| act.chain.flushed().into_actor(act))
+                .map(|(), act, ctx| {
                     act.shared.events.emit(SessionEvent::Closed);
                     act.shared.host_view.publish_inactive(true);
                     ctx.stop();

@@ -477,6 +477,18 @@ impl<W: Work> Schedule<W> {
         Ok(())
     }
 
+    /// The first queued turn that `matches`, to change before it starts (the user's words
+    /// joining their turn still waiting).
+    pub(crate) fn queued_turn_mut(
+        &mut self,
+        matches: impl Fn(&W::Turn) -> bool,
+    ) -> Option<&mut W::Turn> {
+        self.jobs.iter_mut().find_map(|job| match job {
+            Job::Turn(_, _, turn) if matches(turn) => Some(turn),
+            _ => None,
+        })
+    }
+
     /// Takes a queued turn out of the queue (a `say` interrupted before it played).
     pub(crate) fn remove_turn(&mut self, matches: impl Fn(&W::Turn) -> bool) -> Option<W::Turn> {
         let index = self

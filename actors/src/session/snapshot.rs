@@ -28,28 +28,32 @@ use std::sync::Arc;
 use actix::prelude::*;
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
+use super::saver::{SaveNow, Saver};
 use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
 use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor, TaskReply};
 use crate::activity::{
-    finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided, DeliverToolItems,
-    PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult, TurnKind, TurnOutcome,
+    ended, finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided,
+    DeliverToolItems, PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult,
+    TurnKind, TurnOutcome,
 };
 use crate::agent::Agent;
-use crate::chat::{ChatContext, ChatItem};
+use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::SessionError;
 use crate::handoff::Handoff;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::Llm;
+use crate::shared::SessionShared;
 use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
     SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
 };
-use crate::snapshot_store::{SnapshotStore, StoreError};
+use crate::snapshot_store::SnapshotStore;
 use crate::starting_chat::StartingChat;
-use crate::toolset::{BackgroundCall, ListBackground, ResumeRun, Resumed, ABANDONED};
+use crate::toolset::{BackgroundCall, ListBackground, ResumeRun};
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
 #[derive(Clone, Debug, PartialEq)]
@@ -106,7 +110,7 @@ pub(super) enum Taker {
     /// The host, waiting for it.
     Host(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
     /// The session's own store, after a settled turn.
-    Store(Arc<dyn SnapshotStore>),
+    Store,
 }
 
 impl Taker {
@@ -120,15 +124,19 @@ impl Taker {
             Self::Host(tx) => {
                 let _ = tx.send(taken);
             }
-            Self::Store(store) => match taken {
-                Ok(update) => actor.store(store, update, ctx),
-                Err(err) => {
+            Self::Store => {
+                if let Err(err) = &taken {
                     tracing::debug!(%err, "no snapshot to save");
-                    if let Some(saver) = actor.chain.saver.as_mut() {
-                        saver.busy = false;
-                    }
                 }
-            },
+                let again = actor
+                    .chain
+                    .saver
+                    .as_mut()
+                    .is_some_and(|saver| saver.taken(taken.ok()));
+                if again {
+                    actor.save_settled(ctx);
+                }
+            }
         }
     }
 }
@@ -145,7 +153,7 @@ pub(super) struct Chain {
     written: HashMap<u32, Written>,
     /// How many call ids were written.
     call_ids: usize,
-    /// The store's end of the chain, when the session saves after settled turns.
+    /// The session's saving to a store, when it saves after settled turns.
     saver: Option<Saver>,
     /// Requests waiting for a switch to end.
     waiting: Vec<(bool, Taker)>,
@@ -161,35 +169,6 @@ struct Written {
     from: usize,
 }
 
-/// The session's own saving to a store.
-pub(super) struct Saver {
-    pub(super) store: Arc<dyn SnapshotStore>,
-    /// The `seq` the store holds last, if it holds any.
-    stored: Option<u64>,
-    /// Deltas written since the last full snapshot.
-    deltas: u32,
-    /// A save under way (the next waits: a delta must follow what the store has).
-    busy: bool,
-    /// A settled turn came while a save was under way: save again after it.
-    again: bool,
-}
-
-/// After this many deltas the session saves a full snapshot: loading applies every delta
-/// after the last full one.
-const DELTAS_PER_FULL: u32 = 64;
-
-impl Saver {
-    pub(super) fn new(store: Arc<dyn SnapshotStore>) -> Self {
-        Self {
-            store,
-            stored: None,
-            deltas: 0,
-            busy: false,
-            again: false,
-        }
-    }
-}
-
 impl Chain {
     /// Whether new work waits (a snapshot is being collected).
     pub(super) fn holds_work(&self) -> bool {
@@ -197,8 +176,18 @@ impl Chain {
     }
 
     /// Starts the session's saving to `store`.
-    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>) {
-        self.saver = Some(Saver::new(store));
+    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) {
+        self.saver = Some(Saver::start(store, session));
+    }
+
+    /// Resolves once every snapshot taken for the store is written (at once without one).
+    pub(super) fn flushed(&self) -> impl std::future::Future<Output = ()> + 'static {
+        let flushed = self.saver.as_ref().map(Saver::flushed);
+        async move {
+            if let Some(flushed) = flushed {
+                flushed.await;
+            }
+        }
     }
 
     /// An activation started, its agent built with `data`.
@@ -230,64 +219,15 @@ struct View {
 
 impl SessionActor {
     /// The session settled after a turn: save to the store, if it has one (a delta, or a
-    /// full snapshot when the store holds none to apply it to, holds the last one of
-    /// another chain, or has collected enough deltas).
+    /// full snapshot when the store may lack what a delta would follow).
     pub(super) fn save_settled(&mut self, ctx: &mut Context<Self>) {
-        let seq = self.chain.seq;
-        let started = self.chain.started;
+        let (seq, started) = (self.chain.seq, self.chain.started);
         let Some(saver) = self.chain.saver.as_mut() else {
             return;
         };
-        if saver.busy {
-            saver.again = true;
-            return;
+        if let SaveNow::Take { full } = saver.settled(seq, started) {
+            self.snapshot(full, Taker::Store, ctx);
         }
-        saver.busy = true;
-        saver.again = false;
-        let full = !started || saver.stored != Some(seq) || saver.deltas >= DELTAS_PER_FULL;
-        let store = saver.store.clone();
-        self.snapshot(full, Taker::Store(store), ctx);
-    }
-
-    /// Writes a snapshot taken for the store; once written, the next settled turn saves
-    /// the next delta.
-    fn store(
-        &mut self,
-        store: Arc<dyn SnapshotStore>,
-        update: SnapshotUpdate,
-        ctx: &mut Context<Self>,
-    ) {
-        let (seq, full, write) = match &update {
-            SnapshotUpdate::Full(snapshot) => (snapshot.seq, true, store.save(snapshot)),
-            SnapshotUpdate::Delta(delta) => (delta.base + 1, false, store.append(delta)),
-        };
-        ctx.spawn(write.into_actor(self).map(move |written, act, ctx| {
-            let Some(saver) = act.chain.saver.as_mut() else {
-                return;
-            };
-            saver.busy = false;
-            match written {
-                Ok(()) => {
-                    saver.stored = Some(seq);
-                    saver.deltas = if full { 0 } else { saver.deltas + 1 };
-                }
-                Err(err) => {
-                    // The next save writes in full (the store may lack what a delta
-                    // would follow).
-                    saver.stored = None;
-                    if !matches!(err, StoreError::NoBase { .. }) {
-                        let message = format!("the session's snapshot was not saved: {err}");
-                        tracing::warn!(session = %act.shared.id(), "{message}");
-                        act.shared
-                            .events
-                            .emit(crate::events::SessionEvent::Error { message });
-                    }
-                }
-            }
-            if std::mem::take(&mut saver.again) {
-                act.save_settled(ctx);
-            }
-        }));
     }
 
     /// Takes a snapshot for `taker`: at once when an agent is current, after the switch
@@ -428,6 +368,7 @@ impl SessionActor {
                 .filter_map(|job| job_record(&job))
                 .collect(),
             reply_wanted: self.schedule.reply_wanted(),
+            user_words: self.endpoint.held().map(str::to_owned),
             running,
             userdata: match (
                 &self.shared.settings.userdata_json,
@@ -613,32 +554,44 @@ impl Chain {
                 );
                 continue;
             }
-            // Cut or rewritten since (or marked): what follows the first item that changed.
-            let items = marked_items(view);
+            // Cut or rewritten since, marked, or only moved to a larger log (an append
+            // past the log's capacity moves it, so the log alone cannot tell): what
+            // follows the first item that changed. Unmarked, the items are compared in
+            // place and the view's own chat is remembered, so the next delta is an
+            // append on its log again; a chat kept as a copy here would never share the
+            // log, and every later delta would compare and copy the whole history.
+            let from = written.from;
+            let marked = (!unmarked).then(|| marked_items(view));
+            let items = marked.as_deref().unwrap_or(view.chat.items());
             let same = written
                 .chat
                 .items()
                 .iter()
-                .zip(&items)
+                .zip(items)
                 .take_while(|(a, b)| a == b)
                 .count();
-            if same == written.chat.len() && same == items.len() {
-                continue;
-            }
-            if same < written.from {
+            let unchanged = same == written.chat.len() && same == items.len();
+            if !unchanged && same < from {
                 // The part written once for all (the inherited items) changed: write the
                 // activation again.
                 activations.push(self.record(view, &closed));
                 continue;
             }
-            let from = written.from;
-            chats.push(ChatChange {
-                order: view.order,
-                keep: same - from,
-                append: items[same..].to_vec(),
-            });
-            let mut chat = ChatContext::new();
-            chat.extend(items);
+            if !unchanged {
+                chats.push(ChatChange {
+                    order: view.order,
+                    keep: same - from,
+                    append: items[same..].to_vec(),
+                });
+            }
+            let chat = match marked {
+                None => view.chat.clone(),
+                Some(items) => {
+                    let mut chat = ChatContext::new();
+                    chat.extend(items);
+                    chat
+                }
+            };
             self.written.insert(view.order, Written { chat, from });
         }
         SnapshotDelta {
@@ -824,6 +777,10 @@ impl SessionActor {
         self.shared.ids.restore_counters(speech, step, run);
         self.shared.ids.reserve_issued(&snapshot.call_ids);
         self.shared.host_view.set_last_input(head.last_input);
+        if let Some(words) = head.user_words.clone() {
+            self.endpoint.restore(words, Instant::now());
+            self.arm();
+        }
         self.started = activations;
         self.generations = head.generations.iter().cloned().collect();
         let chats = chats(&snapshot.activations);
@@ -1048,10 +1005,20 @@ impl SessionActor {
         }
         for (order, calls) in restore_calls {
             // An agent-scoped call of an activation that is not live had stopped with it.
-            if let Some(target) = by_order.get(&order) {
-                // Once per activation.
-                target.child.mailbox.tell(&me, RestoreCalls { calls });
-            }
+            let Some(target) = by_order.get(&order) else {
+                continue;
+            };
+            let restoring = Restoring::new(&self.shared, calls.len());
+            let scope = Scope::Activity(target.child.mailbox.id().clone());
+            // Once per activation.
+            let ask = target.child.mailbox.ask(&me, RestoreCalls { calls });
+            ctx.spawn(ask.into_actor(self).map(move |ended, act, ctx| {
+                for (call, output, is_error) in ended.unwrap_or_default() {
+                    act.deliver_ended(scope.clone(), call, output, is_error);
+                }
+                act.pump(ctx);
+                drop(restoring);
+            }));
         }
         self.switched(ctx);
         self.pump(ctx);
@@ -1081,6 +1048,7 @@ impl SessionActor {
             checkpoint: background.checkpoint,
         };
         let ask = target.map(|toolset| toolset.ask(&me, resume));
+        let restoring = Restoring::new(&self.shared, 1);
         ctx.spawn(
             async move {
                 match ask {
@@ -1090,20 +1058,113 @@ impl SessionActor {
             }
             .into_actor(self)
             .map(move |resumed, act, ctx| {
-                let (output, is_error) = match resumed {
-                    Some(Resumed::Running) => return,
-                    Some(Resumed::Ended { output, is_error }) => (output, is_error),
-                    None => (ABANDONED.to_owned(), false),
-                };
-                act.deliver(DeliverToolItems {
-                    scope: Scope::Session,
-                    base_call_id: call.call_id.clone(),
-                    items: finished_pair(call, output, is_error),
-                    reply: true,
-                    answer: DeliveryAnswer::unheard(),
-                });
-                act.pump(ctx);
+                if let Some((call, output, is_error)) = ended(call, resumed) {
+                    act.deliver_ended(Scope::Session, call, output, is_error);
+                    act.pump(ctx);
+                }
+                drop(restoring);
             }),
         );
+    }
+
+    /// A restored call's terminal output, with a deferred reply to tell the user.
+    fn deliver_ended(&mut self, scope: Scope, call: FunctionCall, output: String, is_error: bool) {
+        self.deliver(DeliverToolItems {
+            scope,
+            base_call_id: call.call_id.clone(),
+            items: finished_pair(call, output, is_error),
+            reply: true,
+            answer: DeliveryAnswer::unheard(),
+        });
+    }
+}
+
+/// Restored calls whose fate is not known yet count as running tools, so a session does
+/// not look settled before their outputs (and the reply they ask for) are in; dropped
+/// once the session has taken them, after it wants the reply.
+struct Restoring {
+    shared: Arc<SessionShared>,
+    calls: usize,
+}
+
+impl Restoring {
+    fn new(shared: &Arc<SessionShared>, calls: usize) -> Self {
+        for _ in 0..calls {
+            shared.host_view.tool_run_started();
+        }
+        Self {
+            shared: shared.clone(),
+            calls,
+        }
+    }
+}
+
+impl Drop for Restoring {
+    fn drop(&mut self) {
+        for _ in 0..self.calls {
+            self.shared.host_view.tool_run_ended();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatRole;
+
+    fn said(text: &str) -> ChatItem {
+        ChatItem::message(ChatRole::User, text)
+    }
+
+    /// The live activation of order 1 as the chain reads it, its chat `chat`.
+    fn view(chat: &ChatContext) -> View {
+        View {
+            order: 1,
+            activity: "activity/s1/a#1".to_owned(),
+            agent: "a".to_owned(),
+            data: Value::Null,
+            chat: chat.clone(),
+            inherited: 0,
+            sub_task_of: None,
+            playing: Vec::new(),
+            closed: false,
+        }
+    }
+
+    #[test]
+    fn after_the_chat_moved_to_a_larger_log_the_next_delta_is_an_append_again() {
+        let mut chain = Chain::default();
+        let mut chat = ChatContext::new();
+        // The first log holds 8 items: the ninth moves the chat to a log of 16.
+        for n in 0..8 {
+            chat.push(said(&format!("m{n}")));
+        }
+        chain.full(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        chat.push(said("m8"));
+        let moved = chain.delta(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        assert_eq!(
+            moved.chats,
+            [ChatChange {
+                order: 1,
+                keep: 8,
+                append: vec![said("m8")],
+            }]
+        );
+        let written = &chain.written[&1].chat;
+        assert!(
+            chat.extends(written),
+            "the chain remembers the chat on its new log, not a copy of it"
+        );
+        chat.push(said("m9"));
+        let next = chain.delta(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        assert_eq!(
+            next.chats,
+            [ChatChange {
+                order: 1,
+                keep: 9,
+                append: vec![said("m9")],
+            }]
+        );
+        assert_eq!(next.base, moved.base + 1);
     }
 }

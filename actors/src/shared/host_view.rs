@@ -1,15 +1,19 @@
 //! What the host reads of a session without sending it a message: whether it is inactive
-//! or settled, whether a switch just ended, what the user and the agent are doing.
+//! or settled, whether a switch just ended, what the user and the agent are doing, and
+//! what `Session::summary` reports (the current agent, the turns started, whether the
+//! session is closing).
 //!
 //! The session actor writes all of it, with two exceptions, each for a reason: the agent
 //! state is written by the current activity (it alone knows when it thinks or speaks,
 //! and a message per change would cost the hot path), and the count of live tool runs by
 //! each run as it starts and stops (a counter, so that the settle signal needs no message).
 
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use tokio::sync::{watch, Notify};
 
+use crate::agent::Agent;
 use crate::events::{AgentState, SessionEvent, UserState};
 use crate::shared::Events;
 
@@ -32,6 +36,14 @@ pub(crate) struct HostView {
     /// The id of the last host input applied, as the host records it (`u64::MAX`: none);
     /// written by the host, carried in snapshots.
     last_input: AtomicU64,
+    /// Set once the session began to close.
+    closing: AtomicBool,
+    /// Turns the session started that ask the model (user turns, replies, deferred
+    /// replies), for `Session::summary`.
+    turns: AtomicU32,
+    /// The current agent as the session last published it; `None` before the first one
+    /// entered. Written only when it changes (a handoff, a sub-task), read by summaries.
+    agent: Mutex<Option<Agent>>,
 }
 
 fn agent_state_code(state: AgentState) -> u8 {
@@ -62,6 +74,9 @@ impl HostView {
             agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
             user_state: AtomicU8::new(user_state_code(UserState::Listening)),
             last_input: AtomicU64::new(u64::MAX),
+            closing: AtomicBool::new(false),
+            turns: AtomicU32::new(0),
+            agent: Mutex::new(None),
         }
     }
 
@@ -77,6 +92,45 @@ impl HostView {
             u64::MAX => None,
             id => Some(id),
         }
+    }
+
+    /// How many tool runs are alive in the session now.
+    pub(crate) fn running_tools(&self) -> usize {
+        self.running_tools.load(Ordering::Acquire)
+    }
+
+    /// The session began to close (by `close()` or the drop of its last host handle).
+    pub(crate) fn mark_closing(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// Whether the session began to close.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Acquire)
+    }
+
+    /// The session started a turn that asks the model.
+    pub(crate) fn turn_started(&self) {
+        self.turns.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How many turns that ask the model the session started.
+    pub(crate) fn turns(&self) -> u32 {
+        self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Publishes the current agent (the session calls it when the agent changed).
+    pub(crate) fn publish_agent(&self, agent: Agent) {
+        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
+    }
+
+    /// The name of the current agent as last published.
+    pub(crate) fn agent_name(&self) -> Option<String> {
+        self.agent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|agent| agent.name().to_owned())
     }
 
     /// A tool run of the session started.

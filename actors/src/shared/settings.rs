@@ -22,10 +22,12 @@ pub(crate) struct SessionConfig {
     pub(crate) llm_timeouts: LlmTimeouts,
     pub(crate) max_calls_per_step: usize,
     pub(crate) max_argument_bytes: usize,
+    pub(crate) max_reply_bytes: usize,
     pub(crate) allow_interruptions: bool,
     pub(crate) min_interruption_duration: Duration,
     pub(crate) false_interruption_timeout: Option<Duration>,
     pub(crate) user_away_timeout: Option<Duration>,
+    pub(crate) endpointing_delay: Duration,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that

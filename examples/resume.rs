@@ -1,0 +1,216 @@
+//! A conversation that outlives its process (SPEC §14).
+//!
+//! ```text
+//! cargo run --example resume
+//! ```
+//!
+//! Run without arguments, it runs itself twice, each time as a new process, and prints
+//! both halves:
+//!
+//! 1. **The first process** starts a travel agent that saves itself to a `FileStore` after
+//!    every settled turn. The user asks for a flight; the agent hands off to a booking
+//!    agent built with the call's data (the destination), which starts a search that runs
+//!    in the background, saving a checkpoint per page it reads. Half-way through the search the
+//!    process takes a last snapshot (as a host does on SIGTERM) and exits.
+//! 2. **The second process** loads the snapshot, restores the session with an
+//!    `AgentRegistry` (the booking agent is built again from its data), and the search
+//!    resumes from its checkpoint (`RestorePolicy::Resume`); its result reaches the user in
+//!    a deferred reply, and the conversation goes on.
+//!
+//! The model is the bundled scripted one: no key, no network.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use switchboard::prelude::*;
+use switchboard::snapshot::{AgentRegistry, FileStore, SnapshotStore};
+use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::RestorePolicy;
+
+/// What the handoff carries: the booking agent is built from it, in both processes.
+#[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
+struct Trip {
+    destination: String,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct Search {
+    day: String,
+}
+
+/// The last page of the search; the first process stops after page 2 of it.
+const PAGES: u32 = 4;
+
+fn greeter() -> Result<Agent, BuildError> {
+    let start_booking = Tool::new(
+        "start_booking",
+        "Hands the trip over to the booking agent",
+        |_ctx: RunContext, trip: Trip| async move {
+            let booker = booker(&trip)?;
+            Ok::<_, ToolFailure>(Handoff::to(booker))
+        },
+    );
+    Agent::builder("greeter")
+        .instructions("Greet the caller and find out where they fly.")
+        .tool(start_booking)
+        .build()
+}
+
+fn booker(trip: &Trip) -> Result<Agent, BuildError> {
+    let destination = trip.destination.clone();
+    let search = Tool::new(
+        "search_flights",
+        "Searches flights, page by page",
+        move |ctx: RunContext, args: Search| {
+            let destination = destination.clone();
+            async move {
+                // A resumed call goes on after the last page it saved.
+                let first = match ctx.restored_checkpoint::<u32>() {
+                    Ok(Some(done)) => done + 1,
+                    _ => 1,
+                };
+                if first == 1 {
+                    ctx.update(format!("searching {} flights to {destination}", args.day))
+                        .await?;
+                }
+                for page in first..=PAGES {
+                    println!("    [tool] search_flights reads page {page} of {PAGES}");
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    ctx.checkpoint(&page)?;
+                }
+                Ok::<_, ToolFailure>(format!("the 9:40 to {destination}, 180 EUR"))
+            }
+        },
+    )
+    .on_restore(RestorePolicy::Resume);
+    Agent::builder("booker")
+        .instructions(format!("Book a flight to {}.", trip.destination))
+        .restore_data(trip)
+        .tool(search)
+        // A restored booker does not enter again: this runs in the first process only.
+        .on_enter(|ctx| async move {
+            let _ = ctx.generate_reply("Start the search.").await;
+        })
+        .build()
+}
+
+/// How the second process builds the agents the snapshot names.
+fn registry() -> AgentRegistry {
+    AgentRegistry::new()
+        .agent("greeter", |_| greeter())
+        .agent_with_data("booker", |trip: Trip| booker(&trip))
+}
+
+fn print_chat(chat: &ChatContext) {
+    for item in chat.items() {
+        match item {
+            ChatItem::Message(m) => println!("    {:?}: {}", m.role, m.content),
+            ChatItem::FunctionCall(c) => {
+                println!("    call {} {}{}", c.call_id, c.name, c.arguments)
+            }
+            ChatItem::FunctionCallOutput(o) => println!("    output {}: {}", o.call_id, o.output),
+            ChatItem::AgentHandoff { from, to } => {
+                println!("    handoff {} -> {to}", from.as_deref().unwrap_or("-"))
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    println!("== first process (pid {})", std::process::id());
+    let store = FileStore::new(dir)?;
+    let llm = ScriptedLlm::new([
+        // the greeter hands off; the booker, entering, starts the search
+        Reply::tool_call(
+            "start_booking",
+            serde_json::json!({"destination": "Lisbon"}),
+        ),
+        Reply::tool_call("search_flights", serde_json::json!({"day": "Friday"})),
+        Reply::text("Searching Friday's flights to Lisbon."),
+    ]);
+    let engine = Engine::start()?;
+    let session = Session::builder()
+        .llm(llm)
+        .agent(greeter()?)
+        .inherit_chat_context(true)
+        .save_snapshots(Arc::new(store.clone()))
+        .start(&engine)
+        .await?;
+    session.run("I need a flight to Lisbon on Friday").await?;
+    // The search runs in the background; half-way through it, the process goes down.
+    tokio::time::sleep(Duration::from_millis(75)).await;
+    let snapshot = session.snapshot().await?;
+    let (id, bytes) = (snapshot.session_id().to_owned(), snapshot.to_bytes().len());
+    store.save(snapshot).await?;
+    println!(
+        "  saved session {id} ({bytes} bytes) with agent {} and the search running",
+        session.current_agent().await?
+    );
+    print_chat(&session.chat_context().await?);
+    println!("  exiting");
+    Ok(())
+}
+
+async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    println!("== second process (pid {})", std::process::id());
+    let store = FileStore::new(dir)?;
+    let snapshot = store
+        .load("s1")
+        .await?
+        .ok_or("the first process saved no snapshot")?;
+    let llm = ScriptedLlm::new([
+        Reply::text("Found one: the 9:40 to Lisbon for 180 EUR. Shall I book it?"),
+        Reply::text("Booked. Have a good trip!"),
+    ]);
+    let engine = Engine::start()?;
+    let session = Session::builder()
+        .llm(llm)
+        .inherit_chat_context(true)
+        .restore(snapshot, registry())
+        .start(&engine)
+        .await?;
+    println!(
+        "  restored session {} (epoch {}) with agent {}",
+        session.id(),
+        session.epoch(),
+        session.current_agent().await?
+    );
+    session.wait_for_settled().await?;
+    session.run("Yes, book it").await?;
+    print_chat(&session.chat_context().await?);
+    session.close().await?;
+    store.remove("s1").await?;
+    Ok(())
+}
+
+/// Runs this example again as a new process with `args`; its output goes to ours.
+fn run_process(args: &[&str]) -> Result<(), Box<dyn std::error::Error>> {
+    let status = std::process::Command::new(std::env::current_exe()?)
+        .args(args)
+        .status()?;
+    if !status.success() {
+        return Err(format!("the process {args:?} failed: {status}").into());
+    }
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.as_slice() {
+        [half, dir] if half == "first" => first_half(Path::new(dir)).await,
+        [half, dir] if half == "second" => second_half(Path::new(dir)).await,
+        _ => {
+            let dir: PathBuf =
+                std::env::temp_dir().join(format!("switchboard-resume-{}", std::process::id()));
+            let path = dir.to_string_lossy().into_owned();
+            run_process(&["first", &path])?;
+            run_process(&["second", &path])?;
+            let _ = std::fs::remove_dir_all(&dir);
+            Ok(())
+        }
+    }
+}
