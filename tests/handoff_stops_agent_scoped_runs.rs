@@ -177,3 +177,63 @@ async fn the_old_agent_records_why_its_background_call_ended() {
     assert_invariant(&chat);
     session.close().await.unwrap();
 }
+
+/// Found by the restore property (issue 25): a call the user's interruption cancelled
+/// already has its terminal output ("Cancelled: the user interrupted."); its body,
+/// ignoring the cancellation, lives on for the grace period. A handoff meanwhile stopped
+/// that run a second time, took it for a call running in the background, and wrote it a
+/// second terminal output (`call_1/finished`, "Cancelled: the agent handed off").
+#[actix::test]
+async fn a_call_the_interruption_cancelled_gets_no_second_end_from_the_handoff() {
+    tokio::time::pause();
+    let hold = Tool::new("hold", "Holds", |_ctx: RunContext, _: Query| async move {
+        std::future::pending::<()>().await; // ignores cancellation
+        Ok::<_, ToolFailure>(())
+    })
+    .cancel_on_interruption(true);
+    let llm = ScriptedLlm::new([Reply::tool_call("hold", json!({"q": "line"}))]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(Agent::builder("agent-a").tool(hold).build().unwrap())
+        .inspect(true)
+        .grace_period(Duration::from_secs(10))
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let inspector = session.inspector().unwrap();
+    let turn = common::spawn_turn(&session, "hold the line");
+    inspector
+        .wait_for(
+            "toolset/s1/agent-a#1/tools",
+            "RunTool",
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    for _ in 0..16 {
+        tokio::task::yield_now().await;
+    }
+    assert!(inspector.is_alive("tool/s1/1:call_1"));
+    session.interrupt().await.unwrap();
+    turn.await.unwrap().unwrap();
+    assert!(
+        inspector.is_alive("tool/s1/1:call_1"),
+        "the body ignores its cancellation: it lives for the grace period"
+    );
+    session
+        .update_agent(Agent::builder("agent-b").build().unwrap())
+        .await
+        .unwrap();
+    let history = session.close().await.unwrap();
+    let chat_a = &history.agents[0].chat;
+    assert_eq!(
+        chat_a.output_of("call_1").unwrap().output,
+        "Cancelled: the user interrupted."
+    );
+    assert!(
+        !chat_a.contains_call("call_1/finished"),
+        "one terminal output per call: {:?}",
+        chat_a.items()
+    );
+    assert_invariant(chat_a);
+}

@@ -262,6 +262,45 @@ mod regressions {
     }
 }
 
+/// Found by the restore property's longer runs (issue 25), in the reference model rather
+/// than the engine: a caller paused by the host's sub-task holds its step, with the
+/// `/finished` of a session-scoped call of it (the model cancelled that call in the same
+/// step); the session closes with the sub-task running, and the caller's step goes into
+/// its final chat with the item held for it, though the caller is not current. The
+/// model took that for an item delivered to a paused caller.
+mod found_by_the_restore_property {
+    use super::reliability::*;
+
+    #[test]
+    fn a_paused_caller_s_step_written_as_the_session_closes_brings_its_held_items() {
+        let forged = Chunk::Call {
+            tool: 5, // bg_job
+            behaviour: Behaviour::Updates(1),
+            id: IdPick::Forged(3),
+            confirm: false,
+        };
+        let case = Case {
+            config: Config {
+                manual_playout: false,
+                pausable: false,
+                deferred_calls_tools: false,
+                grace_ms: 0,
+                max_tool_steps: 1,
+                min_interruption_ms: 0,
+                finish_tasks_when_draining: true,
+            },
+            ops: vec![
+                Op::Final(vec![vec![forged, Chunk::CancelTask(0)]]),
+                Op::HostTask,
+            ],
+            end: End::Close(vec![]),
+        };
+        if let Err(broken) = run_case(&case) {
+            panic!("{broken}");
+        }
+    }
+}
+
 /// The shrunk case above, with values that tell the two sub-tasks apart.
 mod a_paused_sub_task_that_finished {
     use std::time::Duration;

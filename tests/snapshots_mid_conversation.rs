@@ -367,3 +367,54 @@ async fn a_snapshot_asked_during_a_handoff_waits_for_the_switch_to_end() {
     assert_eq!(session.current_agent().await.unwrap(), "second");
     session.close().await.unwrap();
 }
+
+/// Words the user said are held for the end of their turn (endpointing) when the
+/// snapshot is taken: the host will not send them again, so the snapshot keeps them, and
+/// the restored session makes them a turn together with the words that follow.
+#[actix::test]
+async fn the_users_words_waiting_for_the_end_of_their_turn_are_kept() {
+    tokio::time::pause();
+    let waiter = || Agent::builder("waiter").build().unwrap();
+    let session = Session::builder()
+        .llm(ScriptedLlm::new([]))
+        .agent(waiter())
+        .endpointing_delay(Duration::from_millis(500))
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.transcript("a table for", true);
+    // The final is held: no turn yet, so the snapshot is taken with the words pending.
+    let snapshot = session.snapshot().await.unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&snapshot.to_json()).unwrap();
+    assert_eq!(json["head"]["user_words"], json!("a table for"));
+    session.close().await.unwrap();
+
+    let llm = ScriptedLlm::new([Reply::text("Four, noted.")]);
+    let session = Session::builder()
+        .llm(llm.clone())
+        .restore(
+            snapshot,
+            AgentRegistry::new().agent("waiter", move |_| Ok::<_, BuildError>(waiter())),
+        )
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.transcript("four", true);
+    tokio::time::timeout(Duration::from_secs(60), session.wait_for_settled())
+        .await
+        .expect("the restored session makes the held words a turn within the delay")
+        .unwrap();
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 1, "one turn for both finals");
+    let users: Vec<_> = requests[0]
+        .chat
+        .items()
+        .iter()
+        .filter_map(|item| match item {
+            ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(users, ["a table for four"]);
+    session.close().await.unwrap();
+}

@@ -6,7 +6,8 @@
 //! restore policy is read from the restored code), user data as JSON. It holds the
 //! conversation at its last consistent point: every activation's chat context as
 //! committed (an LLM step in flight is not in it, and is asked again after a restore), the
-//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the tool
+//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the
+//! user's words waiting for the end of their turn, the tool
 //! calls still running in the background, the call ids issued, and the counters that keep
 //! ids unique.
 //!
@@ -133,6 +134,10 @@ pub(crate) struct SnapshotHead {
     /// Tool items asked for a deferred reply that has not started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) reply_wanted: bool,
+    /// The user's words waiting for the end of their turn (endpointing, SPEC §8): input
+    /// the session accepted and has not made a turn of yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) user_words: Option<String>,
     /// Tool calls running in the background.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) running: Vec<RunningRecord>,
@@ -246,24 +251,45 @@ pub(crate) struct AskRecord {
     pub(crate) deferred_call_ids: Vec<String>,
 }
 
-/// An LLM step of a paused caller whose calls wait for a sub-task: the calls, the
-/// outputs already in, and which call awaits the task (its result becomes its output).
+/// An LLM step of a paused caller, held until it resumes: the calls, the outputs already
+/// in, and which call awaits the sub-task, if one does (its result becomes its output).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct WaitingStep {
     pub(crate) ask: AskRecord,
     pub(crate) steps: u32,
     pub(crate) calls: Vec<FunctionCall>,
     pub(crate) outputs: Vec<Option<OutputRecord>>,
-    pub(crate) awaiting: usize,
+    /// The call that awaits the sub-task, if one does: a sub-task the host started pauses
+    /// a step whose calls may all have their outputs (it is committed on resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) awaiting: Option<usize>,
+    /// Items held until the step is in the chat context: the `/finished` pairs the
+    /// pause wrote for the step's calls that ran in the background, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) held: Vec<HeldRecord>,
+}
+
+/// Items held for a call of an open step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct HeldRecord {
+    /// The call they are for.
+    pub(crate) call_id: String,
+    pub(crate) items: Vec<ChatItem>,
 }
 
 /// A call's immediate output.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct OutputRecord {
     pub(crate) output: String,
     pub(crate) is_error: bool,
     /// Whether it asks for another step.
     pub(crate) reply: bool,
+    /// The agent's end it asks for once its step is in: a handoff, or its task's end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ends: Option<JobRecord>,
+    /// An error routed `propagate`: the turn fails with this description.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) propagate: Option<String>,
 }
 
 /// Work the engine queued.

@@ -258,6 +258,10 @@ impl ToolRunActor {
     /// running in the background (its immediate output given, its body not returned).
     fn stop(&mut self, reason: &str, ctx: &mut Context<Self>) -> bool {
         let returned = self.phase == RunPhase::Returned;
+        // Stopped before (an interruption, the model's cancel): that stop ended the call,
+        // so a second one (a handoff or close within the grace period) must not write a
+        // second terminal output for it.
+        let stopped = self.phase == RunPhase::Stopped;
         self.phase = RunPhase::Stopped;
         let _ = self.cancel.send(true);
         let background = match self.immediate.take() {
@@ -265,7 +269,7 @@ impl ToolRunActor {
                 let _ = immediate.send(CallOutput::ended(reason));
                 false
             }
-            None => !returned,
+            None => !returned && !stopped,
         };
         if returned {
             ctx.stop();

@@ -24,6 +24,12 @@
 //!   playout reported, the sub-task told to finish — see [`Harness::drain`]);
 //! - after `close()`, or once every handle is dropped, no actor of the session is alive;
 //! - no panic escaped: only the panics the case planted (in tools, in the model) happened.
+//!
+//! The same world has a *restorable* flavour, for the snapshot-and-restore property
+//! (`restore.rs`): the model answers as a function of the request, agents and update
+//! markers are named after what made them, every tool has a restore policy that runs its
+//! body again and each body goes on where it was, gates and leaked contexts are picked
+//! in an order a restored copy has too, and the host drains without racing the session.
 #![allow(
     dead_code,
     clippy::unwrap_used,
@@ -33,7 +39,7 @@
 )]
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Once};
@@ -45,11 +51,13 @@ use proptest::prelude::*;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::{
-    ChatContext, LlmChunk, LlmError, LlmRequest, LlmStream, Playout, PlayoutReporter, SpeechId,
-    ToolCallChunk, ToolChoice, ToolResult, ToolReturn,
+    ChatContext, LlmChunk, LlmError, LlmRequest, LlmStream, Playout, PlayoutReporter,
+    RestorePolicy, SpeechId, ToolCallChunk, ToolChoice, ToolResult, ToolReturn,
 };
 use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
+
+pub mod restore;
 
 /// How long (virtual time) any host call may take once nothing outside the engine holds
 /// it up: a few grace periods and LLM timeouts.
@@ -556,10 +564,29 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A tool body waiting for the host.
+struct Gate {
+    /// `{call id}:{stage}`: the same in a session and in its restored copy.
+    key: String,
+    tx: Option<oneshot::Sender<()>>,
+    /// The run that waits: a cancelled run's gate is no part of a restored copy.
+    ctx: RunContext,
+}
+
+impl Gate {
+    fn open(&self) -> bool {
+        self.tx.as_ref().is_some_and(|tx| !tx.is_closed())
+    }
+}
+
 /// What tools, hooks and the model share with the harness.
 pub struct World {
     config: Config,
-    gates: Mutex<Vec<Option<oneshot::Sender<()>>>>,
+    /// The restore property's world (see `restore.rs`): agents and markers named after
+    /// what made them, tools with restore policies and bodies that go on where they were,
+    /// gates picked by key.
+    restorable: bool,
+    gates: Mutex<Vec<Gate>>,
     updates: Mutex<Vec<UpdateRecord>>,
     /// Primary call ids whose bodies ran, with their scope.
     calls: Mutex<HashMap<String, Scope>>,
@@ -569,12 +596,37 @@ pub struct World {
     markers: AtomicU64,
     activations: AtomicU64,
     updates_in_flight: AtomicUsize,
+    /// Every agent built, with its role (a restore's registry builds them again).
+    agents: Mutex<Vec<(String, Role)>>,
+    /// Per call id, the late updates made through its leaked context.
+    late: Mutex<HashMap<String, u32>>,
+}
+
+/// What a restored copy of a world starts from: the counters and records of the world
+/// it copies, at the snapshot.
+#[derive(Clone, Debug)]
+pub struct WorldCarry {
+    calls: HashMap<String, Scope>,
+    activations: u64,
+    agents: Vec<(String, Role)>,
+    late: HashMap<String, u32>,
+}
+
+/// The session's user data in the restore property: written into snapshots as JSON.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Notes {
+    pub case: String,
 }
 
 impl World {
     fn new(config: Config) -> Arc<Self> {
+        Self::with(config, false)
+    }
+
+    fn with(config: Config, restorable: bool) -> Arc<Self> {
         Arc::new(Self {
             config,
+            restorable,
             gates: Mutex::new(Vec::new()),
             updates: Mutex::new(Vec::new()),
             calls: Mutex::new(HashMap::new()),
@@ -584,50 +636,132 @@ impl World {
             markers: AtomicU64::new(0),
             activations: AtomicU64::new(0),
             updates_in_flight: AtomicUsize::new(0),
+            agents: Mutex::new(Vec::new()),
+            late: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// A restorable world that goes on from `carry`.
+    fn restored(config: Config, carry: &WorldCarry) -> Arc<Self> {
+        let world = Self::with(config, true);
+        *lock(&world.calls) = carry.calls.clone();
+        world
+            .activations
+            .store(carry.activations, Ordering::Relaxed);
+        *lock(&world.agents) = carry.agents.clone();
+        *lock(&world.late) = carry.late.clone();
+        world
+    }
+
+    fn carry(&self) -> WorldCarry {
+        WorldCarry {
+            calls: lock(&self.calls).clone(),
+            activations: self.activations.load(Ordering::Relaxed),
+            agents: lock(&self.agents).clone(),
+            late: lock(&self.late).clone(),
+        }
     }
 
     fn violation(&self, what: impl Into<String>) {
         lock(&self.violations).push(what.into());
     }
 
-    fn marker(&self, kind: char) -> String {
-        format!(
-            "<{kind}{}>",
-            self.markers.fetch_add(1, Ordering::Relaxed) + 1
-        )
+    /// An update's marker: numbered in the world, or — restorable — named after the call
+    /// and the body's own count (`<u c12.0 2>`), so a body that goes on after a restore
+    /// writes the marker the uninterrupted one would.
+    fn marker(&self, kind: char, call_id: &str, label: &str) -> String {
+        if self.restorable {
+            format!("<{kind} {call_id} {label}>")
+        } else {
+            format!(
+                "<{kind}{}>",
+                self.markers.fetch_add(1, Ordering::Relaxed) + 1
+            )
+        }
     }
 
     /// A gate this body waits on until the host opens it.
-    fn gate(&self) -> oneshot::Receiver<()> {
+    fn gate(&self, ctx: &RunContext, stage: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
-        lock(&self.gates).push(Some(tx));
+        lock(&self.gates).push(Gate {
+            key: format!("{}:{stage}", ctx.function_call().call_id),
+            tx: Some(tx),
+            ctx: ctx.clone(),
+        });
         rx
     }
 
     fn open_gate(&self, pick: u8) {
         let mut gates = lock(&self.gates);
-        gates.retain(|g| g.as_ref().is_some_and(|tx| !tx.is_closed()));
-        if gates.is_empty() {
+        gates.retain(Gate::open);
+        // Restorable: among the gates of runs not cancelled, by key — the gates a
+        // restored copy has too, in an order it has too.
+        let mut candidates: Vec<usize> = (0..gates.len())
+            .filter(|i| !self.restorable || !gates[*i].ctx.is_cancelled())
+            .collect();
+        if self.restorable {
+            candidates.sort_by(|a, b| gates[*a].key.cmp(&gates[*b].key));
+        }
+        if candidates.is_empty() {
             return;
         }
-        let index = pick as usize % gates.len();
-        if let Some(tx) = gates.remove(index) {
+        let index = candidates[pick as usize % candidates.len()];
+        if let Some(tx) = gates.remove(index).tx {
             let _ = tx.send(());
         }
     }
 
     fn open_all_gates(&self) {
-        for tx in lock(&self.gates).drain(..).flatten() {
-            let _ = tx.send(());
+        let mut gates: Vec<Gate> = lock(&self.gates).drain(..).collect();
+        if self.restorable {
+            // In an order a restored copy has too.
+            gates.sort_by(|a, b| a.key.cmp(&b.key));
+        }
+        for gate in gates {
+            if let Some(tx) = gate.tx {
+                let _ = tx.send(());
+            }
         }
     }
 
     /// A fresh agent of this role, with its own name.
     pub fn agent(self: &Arc<Self>, role: Role) -> Agent {
         let n = self.activations.fetch_add(1, Ordering::Relaxed) + 1;
-        let mut builder =
-            Agent::builder(format!("{}-{n}", role.name())).instructions("You are a test agent.");
+        self.agent_named(format!("{}-{n}", role.name()), role)
+    }
+
+    /// The agent a tool body hands off to or runs as a sub-task. Restorable: named after
+    /// the call (`gamma@c3.1.0`), so the body run again after a restore builds the
+    /// same agent.
+    fn agent_for(self: &Arc<Self>, role: Role, ctx: &RunContext) -> Agent {
+        if !self.restorable {
+            return self.agent(role);
+        }
+        let tag = Self::agent_tag(&ctx.function_call().call_id);
+        self.agent_named(format!("{}@{tag}", role.name()), role)
+    }
+
+    /// A call id as it goes into the name of an agent its tool made.
+    pub fn agent_tag(call_id: &str) -> String {
+        call_id
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    }
+
+    /// The agent of this role named `name`.
+    pub fn agent_named(self: &Arc<Self>, name: String, role: Role) -> Agent {
+        lock(&self.agents).push((name.clone(), role));
+        let mut builder = Agent::builder(name).instructions("You are a test agent.");
+        if self.restorable {
+            builder = builder.restore_data(&role.name());
+        }
         for name in ["job", "job_allow", "job_replace", "job_cio"] {
             builder = builder.tool(self.tool(name));
         }
@@ -666,7 +800,7 @@ impl World {
                 async move { world.body(name, ctx, args.b).await }
             },
         );
-        match name {
+        let tool = match name {
             "job_allow" => tool.on_duplicate(DuplicatePolicy::Allow),
             "job_replace" => tool
                 .on_duplicate(DuplicatePolicy::Replace)
@@ -675,6 +809,11 @@ impl World {
             "bg_job" => tool.allow_cancellation(true),
             "bg_replace" => tool.on_duplicate(DuplicatePolicy::Replace),
             _ => tool,
+        };
+        if self.restorable {
+            tool.on_restore(restore_policy(name))
+        } else {
+            tool
         }
     }
 
@@ -684,8 +823,9 @@ impl World {
         scope: Scope,
         oks: &mut u32,
         after_stop: bool,
+        label: &str,
     ) -> Result<(), switchboard::UpdateError> {
-        let marker = self.marker('u');
+        let marker = self.marker('u', &ctx.function_call().call_id, label);
         let after_stop = after_stop || ctx.is_cancelled();
         // Not bounded here: an update waits, by design, until its call's step is in the
         // chat (a sibling call of the step may hold it). The drain checks that none is
@@ -715,6 +855,34 @@ impl World {
         result
     }
 
+    /// How many of its updates a body had sent when its session was snapshotted: 0 for
+    /// a body that was not restored. A restored call ran in the background, so its first
+    /// update (the immediate output) was sent; a `Resume` tool's checkpoint says how many
+    /// more (each body saves it after each update it sends).
+    fn sent_before(&self, ctx: &RunContext) -> u32 {
+        if !self.restorable || !ctx.is_restored() {
+            return 0;
+        }
+        ctx.restored_checkpoint::<u32>().ok().flatten().unwrap_or(1)
+    }
+
+    /// A body's `i`-th update; a `Resume` tool's body saves `i` as its checkpoint. (A
+    /// `Restart` tool's body saves none: it would not read it, and a restored run of it
+    /// starts without one, so a snapshot of the restored session would not hold it.)
+    async fn nth_update(
+        &self,
+        ctx: &RunContext,
+        scope: Scope,
+        oks: &mut u32,
+        i: u32,
+    ) -> Result<(), switchboard::UpdateError> {
+        self.update(ctx, scope, oks, false, &i.to_string()).await?;
+        if self.restorable && restore_policy(&ctx.function_call().name) == RestorePolicy::Resume {
+            let _ = ctx.checkpoint(&i);
+        }
+        Ok(())
+    }
+
     async fn body(self: Arc<Self>, tool: &'static str, ctx: RunContext, b: String) -> ToolResult {
         let scope = scope_of(tool);
         lock(&self.calls).insert(ctx.function_call().call_id.clone(), scope);
@@ -725,6 +893,8 @@ impl World {
             return Err(ToolError::new(format!("unknown behaviour {b:?}")).into());
         };
         let mut oks = 0;
+        // A restored body goes on where it was: the updates it sent are in the chat.
+        let sent = self.sent_before(&ctx);
         match behaviour {
             Behaviour::Return => Ok(ToolReturn::Text("returned".into())),
             Behaviour::Fail => Err(ToolError::new("the tool said no").into()),
@@ -734,50 +904,60 @@ impl World {
             #[allow(deprecated)]
             Behaviour::Stop => Err(switchboard::StopResponse::with_output("stopped").into()),
             Behaviour::Updates(n) => {
-                if self.update(&ctx, scope, &mut oks, false).await.is_err() {
+                if sent < 1 && self.nth_update(&ctx, scope, &mut oks, 1).await.is_err() {
                     return Ok(ToolReturn::from(()));
                 }
-                let _ = self.gate().await;
-                for _ in 1..n {
-                    if self.update(&ctx, scope, &mut oks, false).await.is_err() {
+                if sent <= 1 {
+                    let _ = self.gate(&ctx, "updates").await;
+                }
+                for i in (sent + 1).max(2)..=u32::from(n) {
+                    if self.nth_update(&ctx, scope, &mut oks, i).await.is_err() {
                         return Ok(ToolReturn::from(()));
                     }
                 }
                 Ok(ToolReturn::Text("all updates sent".into()))
             }
             Behaviour::Gated => {
-                let _ = self.gate().await;
+                let _ = self.gate(&ctx, "gated").await;
                 Ok(ToolReturn::Text("gate opened".into()))
             }
             Behaviour::Stubborn => {
-                let _ = self.update(&ctx, scope, &mut oks, false).await;
+                if sent < 1 {
+                    let _ = self.nth_update(&ctx, scope, &mut oks, 1).await;
+                }
                 std::future::pending::<()>().await;
                 Ok(ToolReturn::from(()))
             }
             Behaviour::Polite => {
-                let _ = self.update(&ctx, scope, &mut oks, false).await;
-                let gate = self.gate();
+                if sent < 1 {
+                    let _ = self.nth_update(&ctx, scope, &mut oks, 1).await;
+                }
+                let gate = self.gate(&ctx, "polite");
                 match ctx.wait_if_not_cancelled(gate).await {
                     Some(_) => Ok(ToolReturn::Text("done politely".into())),
                     None => {
-                        let _ = self.update(&ctx, scope, &mut oks, true).await;
+                        let _ = self.update(&ctx, scope, &mut oks, true, "x").await;
                         Ok(ToolReturn::Text("undone".into()))
                     }
                 }
             }
             Behaviour::Leak => {
                 lock(&self.leaked).push(ctx.clone());
-                let _ = self.update(&ctx, scope, &mut oks, false).await;
-                let _ = self.gate().await;
+                if sent < 1 {
+                    let _ = self.nth_update(&ctx, scope, &mut oks, 1).await;
+                }
+                let _ = self.gate(&ctx, "leak").await;
                 Ok(ToolReturn::Text("leaked".into()))
             }
             Behaviour::Handoff(role) => Ok(ToolReturn::Handoff(
-                Handoff::to(self.agent(role)).with_message("handing off"),
+                Handoff::to(self.agent_for(role, &ctx)).with_message("handing off"),
             )),
             Behaviour::UpdateThenHandoff(role) => {
-                let _ = self.update(&ctx, scope, &mut oks, false).await;
-                let _ = self.gate().await;
-                Ok(ToolReturn::Handoff(Handoff::to(self.agent(role))))
+                if sent < 1 {
+                    let _ = self.nth_update(&ctx, scope, &mut oks, 1).await;
+                }
+                let _ = self.gate(&ctx, "updhandoff").await;
+                Ok(ToolReturn::Handoff(Handoff::to(self.agent_for(role, &ctx))))
             }
             Behaviour::QueueReply => {
                 match tokio::time::timeout(BOUND, ctx.session().generate_reply("more")).await {
@@ -789,7 +969,7 @@ impl World {
                 }
             }
             Behaviour::QueueHandoff(role) => {
-                let agent = self.agent(role);
+                let agent = self.agent_for(role, &ctx);
                 match tokio::time::timeout(BOUND, ctx.session().update_agent(agent)).await {
                     Ok(_) => Ok(ToolReturn::Text("handoff queued".into())),
                     Err(_) => {
@@ -815,15 +995,29 @@ impl World {
                 Ok(ToolReturn::Text("smuggled".into()))
             }
             Behaviour::Task => {
-                let value: serde_json::Value = ctx.run_task(self.agent(Role::Gamma)).await?;
+                let value: serde_json::Value =
+                    ctx.run_task(self.agent_for(Role::Gamma, &ctx)).await?;
                 Ok(ToolReturn::Json(value))
             }
             Behaviour::Hold => {
                 ctx.disallow_interruptions();
-                let _ = self.gate().await;
+                let _ = self.gate(&ctx, "hold").await;
                 Ok(ToolReturn::Text("held".into()))
             }
         }
+    }
+}
+
+/// Each tool's restore policy in the restore property: the two that run a body again.
+/// `Resume` bodies read how far they got from their checkpoint; `Restart` bodies know only
+/// that they were restored (their first update was sent: they were in the background),
+/// which is exact for every behaviour here, since each waits for the host right after its
+/// first update. `Abandon` (the default) is left out: it ends the call differently from
+/// the uninterrupted session by design.
+pub fn restore_policy(tool: &str) -> RestorePolicy {
+    match tool {
+        "job_allow" | "job_cio" | "bg_job" => RestorePolicy::Restart,
+        _ => RestorePolicy::Resume,
     }
 }
 
@@ -837,21 +1031,57 @@ pub struct Act {
 /// The model: answers the requests of a user turn from that turn's plan (found by the
 /// newest user message of the request's chat), deferred replies as the case says, and
 /// everything else with text. Records every request.
+///
+/// Restorable (the restore property), its answer is a function of the request alone — the
+/// plan's step is the number of answers after the newest user message, a fresh call id
+/// names the agent, the chat's length and the call's place — so a step asked again after
+/// a restore gets the answer the uninterrupted session got.
 pub struct PlannedLlm {
     plans: Mutex<HashMap<String, VecDeque<Vec<Chunk>>>>,
     requests: Mutex<Vec<LlmRequest>>,
     deferred_calls_tools: bool,
     next_id: AtomicU64,
+    restorable: bool,
+    /// While true, every stream waits before its first chunk (a restored session's
+    /// snapshot is taken before the step it asks again can move).
+    held: tokio::sync::watch::Sender<bool>,
+    /// Per request: when it was made (virtual time), and whether its answer stalls before
+    /// its first chunk.
+    asked: Mutex<Vec<(tokio::time::Instant, bool)>>,
 }
 
 impl PlannedLlm {
     fn new(deferred_calls_tools: bool) -> Arc<Self> {
+        Self::with(deferred_calls_tools, false)
+    }
+
+    fn with(deferred_calls_tools: bool, restorable: bool) -> Arc<Self> {
         Arc::new(Self {
             plans: Mutex::new(HashMap::new()),
             requests: Mutex::new(Vec::new()),
             deferred_calls_tools,
             next_id: AtomicU64::new(0),
+            restorable,
+            held: tokio::sync::watch::Sender::new(false),
+            asked: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The last request, if it stalls before its first chunk: when it was made.
+    fn last_stalled_at_start(&self) -> Option<tokio::time::Instant> {
+        lock(&self.asked)
+            .last()
+            .and_then(|(at, stalled)| stalled.then_some(*at))
+    }
+
+    /// Holds every stream before its first chunk, or lets them go.
+    fn hold(&self, held: bool) {
+        self.held.send_replace(held);
+    }
+
+    /// The plans given so far (a restored copy's model answers them too).
+    fn plans(&self) -> HashMap<String, VecDeque<Vec<Chunk>>> {
+        lock(&self.plans).clone()
     }
 
     fn plan(&self, user_text: &str, plan: Plan) {
@@ -862,8 +1092,50 @@ impl PlannedLlm {
         lock(&self.requests).clone()
     }
 
-    fn fresh_id(&self) -> String {
+    /// How many requests it received.
+    pub fn request_count(&self) -> usize {
+        lock(&self.requests).len()
+    }
+
+    fn fresh_id(&self, request: &LlmRequest, seq: &Cell<u32>) -> String {
+        if self.restorable {
+            let k = seq.get();
+            seq.set(k + 1);
+            // FNV-1a of the agent's name: short ids that differ between agents.
+            let tag = request.agent.bytes().fold(0x811c_9dc5u32, |h, b| {
+                (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+            }) & 0xffff;
+            return format!("c{tag:04x}.{}.{k}", request.chat.len());
+        }
         format!("c{}", self.next_id.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Restorable: the number of answers the model gave since the newest user message —
+    /// each assistant message, and each run of calls not after one, is an answer.
+    fn answers_since_user(request: &LlmRequest) -> usize {
+        let items = request.chat.items();
+        let from = items
+            .iter()
+            .rposition(|item| matches!(item, ChatItem::Message(m) if m.role == ChatRole::User))
+            .map_or(0, |at| at + 1);
+        let mut answers = 0;
+        let mut previous_was_answer = false;
+        for item in &items[from..] {
+            let answer = match item {
+                ChatItem::Message(m) => m.role == ChatRole::Assistant,
+                ChatItem::FunctionCall(c) => !c.call_id.contains('/'),
+                _ => false,
+            };
+            let starts = match item {
+                ChatItem::Message(_) => answer,
+                _ => answer && !previous_was_answer,
+            };
+            if starts {
+                answers += 1;
+            }
+            previous_was_answer = answer;
+        }
+        answers
     }
 
     fn chunks(&self, request: &LlmRequest) -> Vec<Chunk> {
@@ -889,19 +1161,23 @@ impl PlannedLlm {
                 _ => None,
             });
         if let Some(user) = last_user {
-            if let Some(step) = lock(&self.plans)
-                .get_mut(&user)
-                .and_then(VecDeque::pop_front)
-            {
+            let mut plans = lock(&self.plans);
+            let step = if self.restorable {
+                let at = Self::answers_since_user(request);
+                plans.get(&user).and_then(|plan| plan.get(at)).cloned()
+            } else {
+                plans.get_mut(&user).and_then(VecDeque::pop_front)
+            };
+            if let Some(step) = step {
                 return step;
             }
         }
         vec![Chunk::Text("ok".into())]
     }
 
-    fn call_id(&self, pick: IdPick, request: &LlmRequest) -> String {
+    fn call_id(&self, pick: IdPick, request: &LlmRequest, seq: &Cell<u32>) -> String {
         match pick {
-            IdPick::Fresh => self.fresh_id(),
+            IdPick::Fresh => self.fresh_id(request, seq),
             IdPick::Repeated => "same".into(),
             IdPick::Forged(n) => {
                 let calls: Vec<&str> = request
@@ -932,6 +1208,11 @@ impl PlannedLlm {
 impl Llm for PlannedLlm {
     fn chat(&self, request: LlmRequest) -> LlmStream {
         let chunks = self.chunks(&request);
+        let seq = Cell::new(0);
+        lock(&self.asked).push((
+            tokio::time::Instant::now(),
+            chunks.first() == Some(&Chunk::Stall),
+        ));
         let mut out: Vec<Result<LlmChunk, LlmError>> = Vec::new();
         let mut tail: Option<Chunk> = None;
         for (index, chunk) in chunks.iter().enumerate() {
@@ -956,22 +1237,22 @@ impl Llm for PlannedLlm {
                     }
                     let mut c = call(TOOLS[*tool % TOOLS.len()], args.to_string());
                     if let Ok(LlmChunk::ToolCall(tc)) = &mut c {
-                        tc.call_id = self.call_id(*id, &request);
+                        tc.call_id = self.call_id(*id, &request, &seq);
                     }
                     c
                 }
                 Chunk::CancelTask(n) => {
-                    let target = self.call_id(IdPick::Forged(n & !3 | 3), &request);
+                    let target = self.call_id(IdPick::Forged(n & !3 | 3), &request, &seq);
                     let mut c = call("cancel_task", json!({ "call_id": target }).to_string());
                     if let Ok(LlmChunk::ToolCall(tc)) = &mut c {
-                        tc.call_id = self.fresh_id();
+                        tc.call_id = self.fresh_id(&request, &seq);
                     }
                     c
                 }
                 Chunk::GetRunning => {
                     let mut c = call("get_running_tasks", "{}".into());
                     if let Ok(LlmChunk::ToolCall(tc)) = &mut c {
-                        tc.call_id = self.fresh_id();
+                        tc.call_id = self.fresh_id(&request, &seq);
                     }
                     c
                 }
@@ -983,7 +1264,7 @@ impl Llm for PlannedLlm {
                     };
                     let mut c = call(name, args);
                     if let Ok(LlmChunk::ToolCall(tc)) = &mut c {
-                        tc.call_id = self.fresh_id();
+                        tc.call_id = self.fresh_id(&request, &seq);
                     }
                     c
                 }
@@ -1008,7 +1289,7 @@ impl Llm for PlannedLlm {
         }
         lock(&self.requests).push(request);
         let head = stream::iter(out);
-        match tail {
+        let answer = match tail {
             Some(Chunk::Stall) => head.chain(stream::pending()).boxed(),
             Some(_) => head
                 .chain(stream::poll_fn(
@@ -1018,7 +1299,17 @@ impl Llm for PlannedLlm {
                 ))
                 .boxed(),
             None => head.boxed(),
+        };
+        if !*self.held.borrow() {
+            return answer;
         }
+        let mut held = self.held.subscribe();
+        stream::once(async move {
+            let _ = held.wait_for(|held| !*held).await;
+            answer
+        })
+        .flatten()
+        .boxed()
     }
 
     fn name(&self) -> &str {
@@ -1075,6 +1366,16 @@ impl VoiceOutput {
             drop(state);
             reporter.playout_finished(speech, heard.is_some(), heard.map(str::to_owned));
         }
+    }
+
+    /// How many speeches started.
+    fn count(&self) -> usize {
+        lock(&self.0).speeches.len()
+    }
+
+    /// Whether a speech's playout was not reported yet.
+    fn any_open(&self) -> bool {
+        lock(&self.0).speeches.iter().any(|s| !s.1)
     }
 
     fn report_all(&self) {
@@ -1134,6 +1435,7 @@ impl SpeechOutput for VoiceOutput {
 /// `AgentHandoff` event says it was a handoff (the previous one is gone), a completed
 /// `finish_task` marks a sub-task as ending (it is gone once an activation below it shows
 /// a sign of life, or a new one starts from below it).
+#[derive(Clone)]
 struct Tracker {
     stack: Vec<String>,
     /// Activations whose `finish_task` completed: their sub-task ends when they are
@@ -1141,6 +1443,10 @@ struct Tracker {
     ending: Vec<String>,
     /// Which activation made each primary call.
     owner: HashMap<String, String>,
+    /// Calls of a step that went into a chat while its activation was not current (a
+    /// paused caller's step, written as the session closes), with that activation: the
+    /// items held for them go in with them.
+    paused_commits: HashSet<(String, String)>,
     closed: bool,
 }
 
@@ -1150,6 +1456,7 @@ impl Tracker {
             stack: vec![first],
             ending: Vec::new(),
             owner: HashMap::new(),
+            paused_commits: HashSet::new(),
             closed: false,
         }
     }
@@ -1239,6 +1546,10 @@ impl Tracker {
             self.owner
                 .entry(call_id.to_owned())
                 .or_insert_with(|| agent.to_owned());
+            if !self.may_receive(agent) {
+                self.paused_commits
+                    .insert((agent.to_owned(), call_id.to_owned()));
+            }
             return;
         }
         let Some((base, suffix)) = call_id.rsplit_once('/') else {
@@ -1256,7 +1567,10 @@ impl Tracker {
         }
         match scope {
             Scope::Session => {
-                if !self.may_receive(agent) {
+                let held = self
+                    .paused_commits
+                    .contains(&(agent.to_owned(), base.to_owned()));
+                if !self.may_receive(agent) && !held {
                     world.violation(format!(
                         "session-scoped item {call_id} was added to {agent}, but {} was current \
                          (activations: {:?})",
@@ -1293,6 +1607,25 @@ impl Tracker {
 struct Outstanding {
     what: String,
     handle: JoinHandle<String>,
+    input: Input,
+}
+
+/// What a host call asked for, as far as a snapshot is concerned.
+#[derive(Clone, Debug)]
+enum Input {
+    /// A user turn with this text (its user message shows when it starts).
+    Turn(String),
+    /// A sub-task of the agent with this name (its handoff item shows when it starts).
+    Task(String),
+    /// Anything else: held by a snapshot once sent (handoffs), or not a turn.
+    Other,
+}
+
+/// What the user messages and activations of a session's events showed so far.
+#[derive(Clone, Debug, Default)]
+struct Seen {
+    users: HashSet<String>,
+    agents: HashSet<String>,
 }
 
 /// One case in progress.
@@ -1310,6 +1643,33 @@ pub struct Harness {
     closed: bool,
     user_speaking: bool,
     chats: Vec<ChatContext>,
+    /// The restore property's harness (see `restore.rs`).
+    restorable: bool,
+    seen: Seen,
+    /// Final transcripts sent, whose turn may not have started yet.
+    transcripts: Vec<String>,
+    /// Host calls made before the snapshot (restorable): awaited at the end, but no part
+    /// of what the host does after it, which a restored copy does too.
+    detached: Vec<Outstanding>,
+    /// How many events it saw.
+    events_seen: usize,
+    /// The user started speaking since the host last drained: the activity may be in a
+    /// barge-in window (paused speech, a short interruption waiting for its transcript)
+    /// that a snapshot does not hold.
+    voice_since_drain: bool,
+    /// Restorable: the host lets a switch under way end before it lets a tool body go on
+    /// or starts a sub-task (see [`Harness::await_switch`]). Off for regression tests of
+    /// what the session does when they race.
+    pub await_switches: bool,
+}
+
+/// What a restored copy of a harness starts from (see `restore.rs`).
+#[derive(Clone)]
+pub struct HarnessCarry {
+    world: WorldCarry,
+    plans: HashMap<String, VecDeque<Vec<Chunk>>>,
+    tracker: Tracker,
+    texts: u64,
 }
 
 fn fail(what: impl fmt::Display) -> Result<(), String> {
@@ -1338,31 +1698,68 @@ fn check_chat(what: &str, chat: &ChatContext) -> Result<(), String> {
 
 impl Harness {
     async fn start(config: &Config) -> Result<Self, String> {
-        let world = World::new(config.clone());
-        let llm = PlannedLlm::new(config.deferred_calls_tools);
+        Self::start_with(config, false).await
+    }
+
+    /// The session's settings, the same for a session and its restored copy.
+    fn builder(
+        config: &Config,
+        world: &Arc<World>,
+        llm: &Arc<PlannedLlm>,
+        out: &VoiceOutput,
+    ) -> SessionBuilder {
+        Session::builder()
+            .llm(llm.clone())
+            .toolset(world.session_toolset())
+            .output(out.clone())
+            .grace_period(Duration::from_millis(config.grace_ms.into()))
+            .max_tool_steps(config.max_tool_steps)
+            .min_interruption_duration(Duration::from_millis(config.min_interruption_ms.into()))
+            .inspect(true)
+            // Restorable, the journal only tells whether anything moved (its newest
+            // message per actor): a short one keeps reading it cheap.
+            .journal_capacity(if world.restorable { 2 } else { 64 })
+            // Restorable, the harness reads the events after every op and the drain's
+            // every round: a smaller buffer is ample, and each session of a case pays
+            // for filling and dropping it.
+            .event_capacity(if world.restorable { 1 << 11 } else { 1 << 16 })
+    }
+
+    /// A case's harness; `restorable` for the restore property (see `restore.rs`).
+    async fn start_with(config: &Config, restorable: bool) -> Result<Self, String> {
+        let world = World::with(config.clone(), restorable);
+        let llm = PlannedLlm::with(config.deferred_calls_tools, restorable);
         let out = VoiceOutput::new(config.manual_playout, config.pausable);
         let first = world.agent(Role::Alpha);
         let first_name = first.name().to_owned();
+        let mut builder = Self::builder(config, &world, &llm, &out).agent(first);
+        if restorable {
+            builder = builder.userdata_serde(Notes {
+                case: "restorable".into(),
+            });
+        }
         let session = bounded(
             "Session::start",
-            Session::builder()
-                .llm(llm.clone())
-                .agent(first)
-                .toolset(world.session_toolset())
-                .output(out.clone())
-                .grace_period(Duration::from_millis(config.grace_ms.into()))
-                .max_tool_steps(config.max_tool_steps)
-                .min_interruption_duration(Duration::from_millis(config.min_interruption_ms.into()))
-                .inspect(true)
-                .journal_capacity(64)
-                .event_capacity(1 << 16)
-                .start(&Engine::current().map_err(|e| e.to_string())?),
+            builder.start(&Engine::current().map_err(|e| e.to_string())?),
         )
         .await?
         .map_err(|e| format!("the session did not start: {e}"))?;
+        Self::around(world, llm, out, session, Tracker::new(first_name), 0)
+    }
+
+    /// A harness around a session just started.
+    fn around(
+        world: Arc<World>,
+        llm: Arc<PlannedLlm>,
+        out: VoiceOutput,
+        session: Session,
+        tracker: Tracker,
+        texts: u64,
+    ) -> Result<Self, String> {
         *lock(&world.host) = Some(session.clone());
         let inspector = session.inspector().ok_or("no inspector")?;
         let events = session.subscribe();
+        let restorable = world.restorable;
         Ok(Self {
             world,
             llm,
@@ -1370,14 +1767,67 @@ impl Harness {
             session: Some(session),
             inspector,
             events,
-            tracker: Tracker::new(first_name),
+            tracker,
             outstanding: Vec::new(),
             checked_requests: 0,
-            texts: 0,
+            texts,
             closed: false,
             user_speaking: false,
             chats: Vec::new(),
+            restorable,
+            seen: Seen::default(),
+            transcripts: Vec::new(),
+            detached: Vec::new(),
+            events_seen: 0,
+            voice_since_drain: false,
+            await_switches: restorable,
         })
+    }
+
+    /// What a restored copy of this harness starts from, now.
+    fn carry(&self) -> HarnessCarry {
+        HarnessCarry {
+            world: self.world.carry(),
+            plans: self.llm.plans(),
+            tracker: self.tracker.clone(),
+            texts: self.texts,
+        }
+    }
+
+    /// A harness around `snapshot` restored on the engine of the caller's actix system,
+    /// with the same settings, tools and model as the harness `carry` was taken from:
+    /// the agents it names are built again by a registry of every agent that harness's
+    /// world built.
+    async fn restore(
+        config: &Config,
+        carry: &HarnessCarry,
+        snapshot: switchboard::snapshot::SessionSnapshot,
+    ) -> Result<Self, String> {
+        let world = World::restored(config.clone(), &carry.world);
+        let llm = PlannedLlm::with(config.deferred_calls_tools, true);
+        *lock(&llm.plans) = carry.plans.clone();
+        // Held until the caller took the snapshot it compares (see `restore.rs`).
+        llm.hold(true);
+        let out = VoiceOutput::new(config.manual_playout, config.pausable);
+        let mut agents = switchboard::snapshot::AgentRegistry::new().userdata::<Notes>();
+        for (name, role) in &carry.world.agents {
+            let (w, name, role) = (world.clone(), name.clone(), *role);
+            agents = agents.agent_with_data(name.clone(), move |data: String| {
+                if data != role.name() {
+                    return Err(format!("{name} is a {}, not a {data}", role.name()));
+                }
+                Ok(w.agent_named(name.clone(), role))
+            });
+        }
+        let session = bounded(
+            "Session::start (restore)",
+            Self::builder(config, &world, &llm, &out)
+                .restore(snapshot, agents)
+                .start(&Engine::current().map_err(|e| e.to_string())?),
+        )
+        .await?
+        .map_err(|e| format!("the restored session did not start: {e}"))?;
+        Self::around(world, llm, out, session, carry.tracker.clone(), carry.texts)
     }
 
     fn session(&self) -> &Session {
@@ -1392,8 +1842,135 @@ impl Harness {
     }
 
     fn spawn(&mut self, what: String, fut: impl std::future::Future<Output = String> + 'static) {
+        self.spawn_input(what, Input::Other, fut);
+    }
+
+    fn spawn_input(
+        &mut self,
+        what: String,
+        input: Input,
+        fut: impl std::future::Future<Output = String> + 'static,
+    ) {
         let handle = actix::spawn(fut);
-        self.outstanding.push(Outstanding { what, handle });
+        self.outstanding.push(Outstanding {
+            what,
+            handle,
+            input,
+        });
+    }
+
+    /// Restorable: whether a host input was sent that has not started — a turn whose
+    /// user message, or a sub-task whose agent, has not shown yet. A snapshot does not
+    /// hold those (the host sends them again), so the restore property takes none then.
+    fn holds_unstarted_input(&self) -> bool {
+        let unstarted = |input: &Input| match input {
+            Input::Turn(text) => !self.seen.users.contains(text),
+            Input::Task(agent) => !self.seen.agents.contains(agent),
+            Input::Other => false,
+        };
+        self.outstanding
+            .iter()
+            .any(|o| !o.handle.is_finished() && unstarted(&o.input))
+            || self
+                .transcripts
+                .iter()
+                .any(|text| !self.seen.users.contains(text))
+    }
+
+    /// Restorable: the host stops the world outside the session where a snapshot can
+    /// stand for it — the user is not speaking, no barge-in window is open, every speech
+    /// has been reported played out — and says whether it got there with no host input
+    /// waiting unstarted.
+    async fn quiesce(&mut self) -> Result<bool, String> {
+        if self.user_speaking {
+            self.session().user_stopped_speaking();
+            self.user_speaking = false;
+            Self::settle().await;
+            self.observe()?;
+        }
+        if self.voice_since_drain {
+            // The user spoke: a barge-in window (a short interruption waiting for its
+            // transcript, a paused speech waiting to resume) may be open. Its timers
+            // (`min_interruption_duration`, `false_interruption_timeout`) run out.
+            self.settle_fully().await;
+            tokio::time::advance(Duration::from_secs(3)).await;
+            self.settle_fully().await;
+            self.observe()?;
+            self.voice_since_drain = false;
+        }
+        // Until nothing moves: a reported speech may end a turn, whose handoff starts an
+        // agent, whose hook queues a reply, which speaks.
+        let mut still = 0;
+        for _ in 0..16 {
+            let before = (self.llm.request_count(), self.out.count());
+            self.out.report_all();
+            self.settle_fully().await;
+            self.observe()?;
+            let after = (self.llm.request_count(), self.out.count());
+            still = if before == after && !self.out.any_open() {
+                still + 1
+            } else {
+                0
+            };
+            if still >= 2 {
+                break;
+            }
+        }
+        Ok(still >= 2 && !self.holds_unstarted_input())
+    }
+
+    /// Restorable: host calls made so far are no part of what the host does after the
+    /// snapshot (a restored copy has none of them); they are awaited at the end.
+    fn detach_outstanding(&mut self) {
+        let before = std::mem::take(&mut self.outstanding);
+        self.detached.extend(before);
+    }
+
+    /// Restorable: lets the session's actors run, without moving time, until nothing
+    /// moves (no message handled, no request made for two rounds of [`Harness::settle`]):
+    /// the next op meets a session at rest, however many hops its last work takes — a
+    /// session and its restored copy may take different paths to the same place.
+    async fn settle_fully(&self) {
+        let mark = || {
+            (
+                self.inspector.traffic().iter().map(|r| r.seq).max(),
+                self.llm.request_count(),
+            )
+        };
+        let mut last = mark();
+        let mut still = 0;
+        for _ in 0..64 {
+            Self::settle().await;
+            let now = mark();
+            if now == last {
+                still += 1;
+                if still >= 2 {
+                    break;
+                }
+            } else {
+                still = 0;
+                last = now;
+            }
+        }
+    }
+
+    /// Restorable: before the host lets a tool body go on (a gate, a late update) or
+    /// starts a sub-task, the switch under way ends (reading the current agent waits for
+    /// it; time moves if it waits for a grace period) and the session comes to rest.
+    /// Otherwise the switch races the host: a caller resuming from its sub-task completes
+    /// its paused step a few messages later in an uninterrupted session (through the run
+    /// that awaited the task) than in a restored one (where that run is gone), so a body's
+    /// items land before the step in one and after it in the other, and a sub-task the
+    /// host starts then pauses the caller before the step in one (stopping the run that
+    /// awaited the task: its value is lost) and after it in the other.
+    async fn await_switch(&mut self) -> Result<(), String> {
+        if !self.await_switches || self.closed {
+            return Ok(());
+        }
+        let session = self.session().clone();
+        let _ = bounded("current_agent", session.current_agent()).await?;
+        self.settle_fully().await;
+        self.observe()
     }
 
     /// Lets the session's actors run without moving time.
@@ -1410,6 +1987,18 @@ impl Harness {
                 Ok(event) => {
                     if std::env::var_os("RELIABILITY_TRACE").is_some() {
                         eprintln!("event: {event:?}");
+                    }
+                    self.events_seen += 1;
+                    if let SessionEvent::ConversationItemAdded { item, .. } = &event {
+                        match item {
+                            ChatItem::Message(m) if m.role == ChatRole::User => {
+                                self.seen.users.insert(m.content.clone());
+                            }
+                            ChatItem::AgentHandoff { to, .. } => {
+                                self.seen.agents.insert(to.clone());
+                            }
+                            _ => {}
+                        }
                     }
                     self.tracker.feed(&event, &self.world)
                 }
@@ -1442,7 +2031,8 @@ impl Harness {
             Op::Run(plan) => {
                 let text = self.text("u");
                 self.llm.plan(&text, plan.clone());
-                self.spawn(format!("run({text})"), async move {
+                let input = Input::Turn(text.clone());
+                self.spawn_input(format!("run({text})"), input, async move {
                     format!("{:?}", session.run(text).await.map(|r| r.interrupted))
                 });
             }
@@ -1464,6 +2054,7 @@ impl Harness {
             Op::UserStarts => {
                 session.user_started_speaking();
                 self.user_speaking = true;
+                self.voice_since_drain = true;
             }
             Op::UserStops => {
                 session.user_stopped_speaking();
@@ -1473,6 +2064,7 @@ impl Harness {
             Op::Final(plan) => {
                 let text = self.text("v");
                 self.llm.plan(&text, plan.clone());
+                self.transcripts.push(text.clone());
                 session.transcript(text, true);
             }
             Op::HandoffApi(role) => {
@@ -1497,9 +2089,11 @@ impl Harness {
                 });
             }
             Op::HostTask => {
+                self.await_switch().await?;
                 let agent = self.world.agent(Role::Gamma);
                 let what = format!("run_task({})", agent.name());
-                self.spawn(what, async move {
+                let input = Input::Task(agent.name().to_owned());
+                self.spawn_input(what, input, async move {
                     format!(
                         "{:?}",
                         session
@@ -1509,11 +2103,32 @@ impl Harness {
                     )
                 });
             }
-            Op::OpenGate(pick) => self.world.open_gate(*pick),
+            Op::OpenGate(pick) => {
+                self.await_switch().await?;
+                self.world.open_gate(*pick);
+            }
             Op::Playout { pick, heard } => self.out.report(*pick, *heard),
             Op::Advance(ms) => tokio::time::advance(Duration::from_millis((*ms).into())).await,
             Op::LateUpdate(pick) => {
-                let ctx = {
+                self.await_switch().await?;
+                let ctx = if self.restorable {
+                    // Among the contexts of runs alive and not cancelled, by call id: the
+                    // runs a restored copy has too (an update through any other fails and
+                    // lands nowhere).
+                    let mut live: Vec<RunContext> = lock(&self.world.leaked)
+                        .iter()
+                        .filter(|ctx| {
+                            !ctx.is_cancelled() && self.inspector.is_alive(ctx.actor_id().as_str())
+                        })
+                        .cloned()
+                        .collect();
+                    live.sort_by(|a, b| a.function_call().call_id.cmp(&b.function_call().call_id));
+                    live.dedup_by(|a, b| a.function_call().call_id == b.function_call().call_id);
+                    if live.is_empty() {
+                        return Ok(());
+                    }
+                    live[*pick as usize % live.len()].clone()
+                } else {
                     let leaked = lock(&self.world.leaked);
                     if leaked.is_empty() {
                         return Ok(());
@@ -1523,12 +2138,19 @@ impl Harness {
                 let gone = !self.inspector.is_alive(ctx.actor_id().as_str());
                 let scope = scope_of(&ctx.function_call().name);
                 let world = self.world.clone();
-                let what = format!("a late ctx.update of {}", ctx.function_call().call_id);
+                let call_id = ctx.function_call().call_id.clone();
+                let what = format!("a late ctx.update of {call_id}");
+                let label = {
+                    let mut late = lock(&world.late);
+                    let n = late.entry(call_id).or_insert(0);
+                    *n += 1;
+                    format!("L{n}")
+                };
                 self.spawn(what, async move {
                     // Whether it is the call's first update is the body's business: at
                     // most once, like a first update.
                     let mut oks = 0;
-                    let result = world.update(&ctx, scope, &mut oks, gone).await;
+                    let result = world.update(&ctx, scope, &mut oks, gone, &label).await;
                     if std::env::var_os("RELIABILITY_TRACE").is_some() {
                         eprintln!("late update answered {result:?}");
                     }
@@ -1558,6 +2180,7 @@ impl Harness {
                     }
                 }
             }
+            Op::Drain if self.restorable => self.drain_restorable().await?,
             Op::Drain => self.drain().await?,
             Op::Close => {
                 let history = bounded("close()", session.close()).await?;
@@ -1707,8 +2330,67 @@ impl Harness {
         Ok(())
     }
 
+    /// Restorable: the host plays its part — opens every gate, reports every playout
+    /// (new speeches play out at once), stops talking — until the session has settled,
+    /// or is inactive two rounds in a row with no update waiting (a tool that runs
+    /// forever). Unlike [`Harness::drain`] it does not tell a sub-task to finish, nor wait
+    /// for host calls: what it does depends only on the session, so a session and its
+    /// restored copy drain alike. Host calls are awaited at the end.
+    async fn drain_restorable(&mut self) -> Result<(), String> {
+        let session = self.session().clone();
+        self.out.set_auto(true);
+        if self.user_speaking {
+            session.user_stopped_speaking();
+            self.user_speaking = false;
+        }
+        let mut settled = self.closed;
+        let mut quiet_rounds = 0;
+        for _ in 0..40 {
+            if settled {
+                break;
+            }
+            // Speech first: a reported playout may end a turn whose handoff or task end
+            // then switches agents, which ends before any tool body goes on.
+            self.out.report_all();
+            self.settle_fully().await;
+            self.await_switch().await?;
+            self.world.open_all_gates();
+            self.settle_fully().await;
+            self.observe()?;
+            let done = tokio::time::timeout(Duration::from_secs(3), session.wait_for_settled())
+                .await
+                .is_ok_and(|settled| settled.is_ok());
+            self.observe()?;
+            let quiet =
+                session.is_inactive() && self.world.updates_in_flight.load(Ordering::Relaxed) == 0;
+            quiet_rounds = if quiet { quiet_rounds + 1 } else { 0 };
+            settled = done || quiet_rounds >= 2;
+        }
+        if !settled {
+            return fail(format!(
+                "the session did not settle while the host drained (activations: {:?}, \
+                 inactive: {}, ctx.update calls waiting: {}, live actors: {:?})",
+                self.tracker.stack,
+                session.is_inactive(),
+                self.world.updates_in_flight.load(Ordering::Relaxed),
+                self.inspector.live_actors()
+            ));
+        }
+        // Every transcript sent has started its turn, or never will; a barge-in window
+        // has closed (the drain's rounds outlast its timers).
+        self.transcripts.clear();
+        self.voice_since_drain = false;
+        self.observe()?;
+        self.out.set_auto(!self.world.config.manual_playout);
+        Ok(())
+    }
+
     async fn end(&mut self, end: &End) -> Result<(), String> {
         match end {
+            End::DrainThenClose if self.restorable => {
+                self.drain_restorable().await?;
+                self.apply(&Op::Close).await?;
+            }
             End::DrainThenClose => {
                 self.drain().await?;
                 self.apply(&Op::Close).await?;
@@ -1739,7 +2421,11 @@ impl Harness {
             }
         }
         // Whatever is still outstanding must answer now that the session is gone.
-        for o in std::mem::take(&mut self.outstanding) {
+        let detached = std::mem::take(&mut self.detached);
+        for o in std::mem::take(&mut self.outstanding)
+            .into_iter()
+            .chain(detached)
+        {
             if tokio::time::timeout(BOUND, o.handle).await.is_err() {
                 return fail(format!(
                     "{} did not answer after the session closed",

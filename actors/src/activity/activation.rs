@@ -81,12 +81,13 @@ use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent}
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::{Llm, LlmChunk, LlmRequest, ToolChoice, ToolSchema};
-use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
+use crate::outcome::{excerpt, panic_message, CallOutput, Effect, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
 use crate::shared::SessionShared;
 use crate::snapshot::{
-    AskRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord, WaitingStep,
+    AskRecord, HeldRecord, JobRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord,
+    WaitingStep,
 };
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 
@@ -324,6 +325,9 @@ pub(crate) struct Restored {
     /// A paused caller's step that waits for its sub-task, and where the turn's outcome
     /// goes once the task's result completes the step.
     pub(crate) waiting: Option<(WaitingStep, oneshot::Sender<TurnOutcome>)>,
+    /// The handoffs that outputs of that step ask for, by call index (built again from
+    /// the agent registry).
+    pub(crate) handoffs: Vec<(usize, crate::handoff::Handoff)>,
 }
 
 /// What an activation contributes to a session snapshot: its chat context as committed
@@ -337,6 +341,13 @@ pub(crate) struct Part {
     pub(crate) live: LiveRecord,
     /// A handoff or task end its turn decided, waiting for its speech to play out.
     pub(crate) decided: Option<Decided>,
+    /// The handoffs that outputs of its paused step ask for, by call index (the session
+    /// writes them into the step's record).
+    pub(crate) waiting_handoffs: Vec<(usize, crate::handoff::Handoff)>,
+    /// How many call ids the step in flight issued (the last ones the session issued):
+    /// the step is asked again after a restore and issues them again, so the snapshot
+    /// does not hold them.
+    pub(crate) in_flight_call_ids: usize,
 }
 
 /// What a turn decided that has not run yet.
@@ -453,6 +464,7 @@ impl Activation {
     /// waits for its sub-task open in the ledger.
     fn restore(&mut self, restored: Restored) {
         self.last_reply_view = restored.last_reply_view;
+        let mut handoffs = restored.handoffs;
         self.state = match (restored.paused, restored.waiting) {
             (false, _) => State::Listening,
             (true, None) => State::Paused(None),
@@ -462,15 +474,35 @@ impl Activation {
                 self.ledger.open_step(step, calls, &mut |_| {});
                 for (index, output) in waiting.outputs.into_iter().enumerate() {
                     if let Some(output) = output {
-                        let out = if output.is_error {
-                            CallOutput::error(output.output)
-                        } else if output.reply {
-                            CallOutput::reply(output.output)
-                        } else {
-                            CallOutput::quiet(output.output)
+                        let handoff = handoffs
+                            .iter()
+                            .position(|(at, _)| *at == index)
+                            .map(|at| handoffs.swap_remove(at).1);
+                        let effect = match (handoff, output.ends, output.propagate) {
+                            (Some(handoff), _, _) => Effect::Handoff(handoff),
+                            (None, Some(JobRecord::EndTask { value }), _) => {
+                                Effect::CompleteTask(value)
+                            }
+                            (None, _, Some(why)) => Effect::Propagate(why),
+                            _ if output.reply => Effect::Reply,
+                            _ => Effect::Quiet,
+                        };
+                        let out = CallOutput {
+                            output: output.output,
+                            is_error: output.is_error,
+                            effect,
                         };
                         self.ledger.answer(step, index, out);
                     }
+                }
+                // Held again until the step is in the chat context, as they were.
+                for held in waiting.held {
+                    let _ = self.ledger.insert(
+                        &held.call_id,
+                        held.items,
+                        DeliveryAnswer::unheard(),
+                        &mut |_| {},
+                    );
                 }
                 let span = tracing::info_span!(
                     parent: &self.shared.span,
@@ -530,6 +562,8 @@ impl Activation {
         let mut redo = None;
         let mut waiting = None;
         let mut decided = None;
+        let mut in_flight_call_ids = 0;
+        let mut waiting_handoffs = Vec::new();
         if let Some(turn) = turn {
             for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
                 playing.extend(chat.position_of_speech(speech.id()));
@@ -541,34 +575,61 @@ impl Activation {
             };
             match (&self.state, &turn.phase) {
                 (State::Paused(_), Phase::Calling { .. }) => {
+                    // Also a step whose calls all have their outputs (a sub-task the host
+                    // started paused it): it is committed on resume.
                     let slots: Vec<_> = self.ledger.open_slots().collect();
-                    let awaiting = slots.iter().position(|(_, out)| out.is_none());
-                    if let Some(awaiting) = awaiting {
-                        waiting = Some(WaitingStep {
-                            ask,
-                            steps: turn.steps,
-                            calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
-                            outputs: slots
-                                .iter()
-                                .map(|(_, out)| {
-                                    out.map(|out| OutputRecord {
+                    waiting = Some(WaitingStep {
+                        ask,
+                        steps: turn.steps,
+                        calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
+                        outputs: slots
+                            .iter()
+                            .enumerate()
+                            .map(|(index, (_, out))| {
+                                out.map(|out| {
+                                    let mut record = OutputRecord {
                                         output: out.output.clone(),
                                         is_error: out.is_error,
                                         reply: matches!(
                                             out.effect,
-                                            crate::outcome::Effect::Reply
-                                                | crate::outcome::Effect::Propagate(_)
+                                            Effect::Reply | Effect::Propagate(_)
                                         ),
-                                    })
+                                        ends: None,
+                                        propagate: None,
+                                    };
+                                    match &out.effect {
+                                        Effect::Handoff(handoff) => {
+                                            waiting_handoffs.push((index, handoff.clone()));
+                                        }
+                                        Effect::CompleteTask(value) => {
+                                            record.ends = Some(JobRecord::EndTask {
+                                                value: value.clone(),
+                                            });
+                                        }
+                                        Effect::Propagate(why) => {
+                                            record.propagate = Some(why.clone());
+                                        }
+                                        Effect::Reply | Effect::Quiet => {}
+                                    }
+                                    record
                                 })
-                                .collect(),
-                            awaiting,
-                        });
-                    }
+                            })
+                            .collect(),
+                        awaiting: slots.iter().position(|(_, out)| out.is_none()),
+                        held: self
+                            .ledger
+                            .held()
+                            .map(|(call_id, items)| HeldRecord {
+                                call_id: call_id.to_owned(),
+                                items: items.to_vec(),
+                            })
+                            .collect(),
+                    });
                 }
                 // A step in flight is not taken: it is asked again after a restore.
                 (State::Running(_), Phase::Generating(_) | Phase::Calling { .. }) => {
                     redo = Some(ask);
+                    in_flight_call_ids = self.ledger.open_calls().count();
                 }
                 (_, Phase::Playing { outcome, .. }) => {
                     decided = match (&outcome.handoff, &outcome.task_result) {
@@ -605,6 +666,8 @@ impl Activation {
                 after: Vec::new(),
             },
             decided,
+            in_flight_call_ids,
+            waiting_handoffs,
         }
     }
 

@@ -162,6 +162,13 @@ impl Ledger {
         })
     }
 
+    /// The items held for calls of the open step, in order, for a snapshot.
+    pub(crate) fn held(&self) -> impl Iterator<Item = (&str, &[ChatItem])> {
+        self.held
+            .iter()
+            .map(|h| (h.base_call_id.as_str(), h.items.as_slice()))
+    }
+
     /// The calls of the open step, in order.
     pub(crate) fn open_calls(&self) -> impl Iterator<Item = &FunctionCall> {
         self.step

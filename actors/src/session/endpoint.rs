@@ -114,6 +114,22 @@ impl Endpointing {
     pub(crate) fn is_pending(&self) -> bool {
         self.pending.is_some()
     }
+
+    /// The words waiting for the end of the user's turn, for a snapshot: accepted input
+    /// the host will not send again.
+    pub(crate) fn held(&self) -> Option<&str> {
+        self.pending.as_ref().map(|p| p.text.as_str())
+    }
+
+    /// Words a snapshot held, at `now` in a restored session. Whether the user was
+    /// speaking is not kept (the host reports it again), so the turn ends a delay after
+    /// the restore unless more words or speech come first.
+    pub(crate) fn restore(&mut self, text: String, now: Instant) {
+        self.pending = Some(Pending {
+            text,
+            deadline: Some(now + self.delay),
+        });
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +137,26 @@ mod tests {
     use super::*;
 
     const DELAY: Duration = Duration::from_millis(500);
+
+    #[test]
+    fn restored_words_end_their_turn_a_delay_after_the_restore_and_take_more_words() {
+        let mut e = Endpointing::new(DELAY);
+        let t0 = Instant::now();
+        e.restore("I want".into(), t0);
+        assert_eq!(e.held(), Some("I want"));
+        assert_eq!(e.deadline(), Some(t0 + DELAY));
+        assert_eq!(e.final_words("a table", t0, false), Heard::Held);
+        assert_eq!(e.due(t0 + DELAY), Some("I want a table".into()));
+        assert_eq!(e.held(), None);
+    }
+
+    #[test]
+    fn restored_words_with_no_delay_are_due_at_once() {
+        let mut e = Endpointing::new(Duration::ZERO);
+        let t0 = Instant::now();
+        e.restore("hello".into(), t0);
+        assert_eq!(e.due(t0), Some("hello".into()));
+    }
 
     #[test]
     fn with_no_delay_a_final_is_a_turn_at_once() {

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use serde_json::Value;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::saver::{SaveNow, Saver};
 use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
@@ -158,6 +159,9 @@ pub(super) struct Chain {
     waiting: Vec<(bool, Taker)>,
     /// Snapshots being collected: new work waits meanwhile.
     collecting: u32,
+    /// Per activation order, the restore data its agent was built with (not `null`):
+    /// a closed activation's record holds it too, whenever it is first written.
+    data: HashMap<u32, Value>,
 }
 
 struct Written {
@@ -184,6 +188,18 @@ impl Chain {
                 flushed.await;
             }
         }
+    }
+
+    /// An activation started, its agent built with `data`.
+    pub(super) fn activation_started(&mut self, order: u32, data: &Value) {
+        if !data.is_null() {
+            self.data.insert(order, data.clone());
+        }
+    }
+
+    /// The restore data of the activation with this order.
+    fn data_of(&self, order: u32) -> Value {
+        self.data.get(&order).cloned().unwrap_or(Value::Null)
     }
 }
 
@@ -288,16 +304,27 @@ impl SessionActor {
             .collect();
         let live_after = self.schedule.live().unwrap_or_default();
         let mut records = Vec::with_capacity(parts.len());
+        let in_flight_call_ids: usize = parts.iter().map(|p| p.part.in_flight_call_ids).sum();
         let mut views: Vec<View> = self
             .shared
             .history
             .closed()
             .into_iter()
-            .map(|(order, entry)| view_of(order, entry, Value::Null, Vec::new(), true))
+            .map(|(order, entry)| {
+                let data = self.chain.data_of(order);
+                view_of(order, entry, data, Vec::new(), true)
+            })
             .collect();
         for ((activity, part), frame) in stack.iter().zip(parts).zip(&live_after) {
             let ActivationSnapshot { part, background } = part;
             let mut live = part.live;
+            if let Some(waiting) = live.waiting.as_mut() {
+                for (index, handoff) in &part.waiting_handoffs {
+                    if let Some(Some(out)) = waiting.outputs.get_mut(*index) {
+                        out.ends = Some(handoff_record(handoff));
+                    }
+                }
+            }
             running.extend(background.into_iter().map(|(toolset, c)| RunningRecord {
                 scope: ScopeRecord::Activation(live.order),
                 toolset,
@@ -341,6 +368,7 @@ impl SessionActor {
                 .filter_map(|job| job_record(&job))
                 .collect(),
             reply_wanted: self.schedule.reply_wanted(),
+            user_words: self.endpoint.held().map(str::to_owned),
             running,
             userdata: match (
                 &self.shared.settings.userdata_json,
@@ -357,15 +385,17 @@ impl SessionActor {
                 run,
             },
         };
-        let (issued, call_ids) = self
-            .shared
-            .ids
-            .call_ids_since(if full || !self.chain.started {
-                0
-            } else {
-                self.chain.call_ids
-            });
-        self.chain.call_ids = issued;
+        let from = if full || !self.chain.started {
+            0
+        } else {
+            self.chain.call_ids
+        };
+        let (issued, mut call_ids) = self.shared.ids.call_ids_since(from);
+        // The ids a step in flight issued are the last ones issued; the step is not in
+        // the snapshot, and asked again after a restore it issues them again.
+        let held = issued.saturating_sub(in_flight_call_ids).max(from);
+        call_ids.truncate(held - from);
+        self.chain.call_ids = held;
         if full || !self.chain.started {
             SnapshotUpdate::Full(self.chain.full(head, views, call_ids))
         } else {
@@ -625,6 +655,8 @@ pub(crate) struct RestorePlan {
     /// The agents of the queued handoffs, in the order the snapshot lists them: the
     /// session's jobs, then each live activation's `after`.
     pub(crate) handoffs: std::collections::VecDeque<(Agent, Arc<dyn Llm>)>,
+    /// The agents that outputs of paused steps hand off to, in stack and call order.
+    pub(crate) output_handoffs: std::collections::VecDeque<Agent>,
 }
 
 impl RestorePlan {
@@ -670,10 +702,26 @@ impl RestorePlan {
                 handoffs.push_back((agent, llm));
             }
         }
+        let mut output_handoffs = std::collections::VecDeque::new();
+        let ends = snapshot
+            .head
+            .stack
+            .iter()
+            .filter_map(|r| r.waiting.as_ref())
+            .flat_map(|w| w.outputs.iter().flatten())
+            .filter_map(|out| out.ends.as_ref());
+        for end in ends {
+            if let JobRecord::Handoff { agent, data, .. } = end {
+                let agent = build(agent, data)?;
+                check(&agent)?;
+                output_handoffs.push_back(agent);
+            }
+        }
         Ok(Self {
             snapshot,
             live,
             handoffs,
+            output_handoffs,
         })
     }
 }
@@ -717,6 +765,7 @@ impl SessionActor {
             snapshot,
             mut live,
             mut handoffs,
+            mut output_handoffs,
         } = plan;
         let head = snapshot.head;
         let Counters {
@@ -728,6 +777,10 @@ impl SessionActor {
         self.shared.ids.restore_counters(speech, step, run);
         self.shared.ids.reserve_issued(&snapshot.call_ids);
         self.shared.host_view.set_last_input(head.last_input);
+        if let Some(words) = head.user_words.clone() {
+            self.endpoint.restore(words, Instant::now());
+            self.arm();
+        }
         self.started = activations;
         self.generations = head.generations.iter().cloned().collect();
         let chats = chats(&snapshot.activations);
@@ -744,6 +797,7 @@ impl SessionActor {
         self.chain.seq = snapshot.seq;
         self.chain.call_ids = snapshot.call_ids.len();
         for record in &snapshot.activations {
+            self.chain.activation_started(record.order, &record.data);
             let chat = chats.get(&record.order).cloned().unwrap_or_default();
             let from = if record.inherited_from.is_some() {
                 record.inherited
@@ -812,6 +866,25 @@ impl SessionActor {
             let generation = generation_of(&activation.activity);
             let id = ActorId::activity(&session_id, agent.name(), generation);
             let in_turn = record.waiting.is_some();
+            // The handoffs its paused step's outputs ask for, built in the plan.
+            let mut handoffs_asked = Vec::new();
+            let outputs = record
+                .waiting
+                .iter()
+                .flat_map(|w| w.outputs.iter().enumerate());
+            for (index, out) in outputs {
+                if let Some(JobRecord::Handoff { message, chat, .. }) =
+                    out.as_ref().and_then(|o| o.ends.as_ref())
+                {
+                    let Some(agent) = output_handoffs.pop_front() else {
+                        continue;
+                    };
+                    let mut handoff = Handoff::to(agent);
+                    handoff.message = message.clone();
+                    handoff.chat = chat.as_ref().map(starting_chat);
+                    handoffs_asked.push((index, handoff));
+                }
+            }
             let (waiting, turn_done, task) = match record.waiting {
                 Some(waiting) => {
                     let (done, outcome) = oneshot::channel::<TurnOutcome>();
@@ -858,6 +931,7 @@ impl SessionActor {
                         last_reply_view: record.last_reply_view,
                         paused: !is_current,
                         waiting,
+                        handoffs: handoffs_asked,
                     },
                     task_result,
                 )),

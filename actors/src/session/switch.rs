@@ -151,6 +151,8 @@ impl SessionActor {
         let generation = self.generations.entry(agent.name().to_owned()).or_insert(0);
         *generation += 1;
         self.started += 1;
+        self.chain
+            .activation_started(self.started, agent.restore_data());
         let reply_wanted = !carried.is_empty();
         let child: Child<ActivityActor> = ActivityActor::spawn(ActivitySpec {
             agent: agent.clone(),

@@ -1,0 +1,343 @@
+//! Issue 25, SPEC §14 "the property that defines it": for any conversation, a snapshot at
+//! any point restored on a fresh engine and fed the same further inputs makes the same
+//! further LLM requests as the uninterrupted session, and snapshot → restore → snapshot
+//! gives the same snapshot. See `tests/reliability/restore.rs` for what is generated,
+//! what is compared and what a restore changes on purpose. Shrunk failures are kept below
+//! as named regression tests.
+//!
+//! `RELIABILITY_CASES=10000 cargo test --release --test snapshots_restore_as_if_nothing_happened`
+//! runs more cases than CI's default.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod reliability;
+
+use proptest::prelude::*;
+use reliability::cases;
+use reliability::restore::{restore_case, run_restore_case};
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(200),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn a_restored_session_goes_on_as_if_nothing_happened(case in restore_case(16, 12)) {
+        match run_restore_case(&case) {
+            Ok(report) => {
+                if std::env::var_os("RELIABILITY_VERBOSE").is_some() {
+                    eprintln!("{report:?}");
+                }
+            }
+            Err(broken) => prop_assert!(false, "{}", broken),
+        }
+    }
+}
+
+mod regressions {
+    use super::reliability::restore::*;
+    use super::reliability::*;
+
+    fn check(case: RestoreCase) {
+        if let Err(broken) = run_restore_case(&case) {
+            panic!("{broken}");
+        }
+    }
+
+    fn config() -> Config {
+        Config {
+            manual_playout: false,
+            pausable: false,
+            deferred_calls_tools: false,
+            grace_ms: 0,
+            max_tool_steps: 1,
+            min_interruption_ms: 0,
+            finish_tasks_when_draining: true,
+        }
+    }
+
+    fn call(tool: &str, behaviour: Behaviour) -> Chunk {
+        Chunk::Call {
+            tool: TOOLS.iter().position(|t| *t == tool).unwrap(),
+            behaviour,
+            id: IdPick::Fresh,
+            confirm: false,
+        }
+    }
+
+    /// A session-scoped call that started a sub-task (`ctx.run_task`) is running in the
+    /// uninterrupted session, so a second call of the same tool from the sub-task meets
+    /// its duplicate policy ("already running"). The restored session holds that call as
+    /// its caller's waiting step, with no run in its toolset: the second call runs.
+    #[test]
+    #[ignore = "engine: a restored call awaiting its sub-task has no run in its toolset \
+                (duplicates, get_running_tasks and cancel_task do not see it)"]
+    fn a_call_awaiting_its_sub_task_is_still_running_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Task)]])],
+            after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Polite)]])],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    fn text(t: &str) -> Vec<Vec<Chunk>> {
+        vec![vec![Chunk::Text(t.into())]]
+    }
+
+    /// The step in flight at the snapshot had issued its call ids; the snapshot kept them
+    /// as issued, so the same step asked again after the restore got `c…~2` ids.
+    #[test]
+    fn a_step_asked_again_after_a_restore_keeps_its_call_ids() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Final(vec![vec![call("job", Behaviour::Hold)]])],
+            after: vec![Op::Final(text("a"))],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A full snapshot wrote an activation that had closed with no restore data, while the
+    /// chain of deltas had written it, live, with its data: the two disagreed, and a
+    /// session restored from the chain wrote a different snapshot.
+    #[test]
+    fn a_closed_activation_keeps_its_restore_data_in_every_snapshot() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::HandoffApi(Role::Alpha)],
+            after: vec![],
+            path: Path::Deltas,
+            anywhere: true,
+        });
+    }
+
+    /// The pause for a sub-task stopped a background call of the caller's step and held
+    /// its `/finished` pair until the step is in; the snapshot lost the pair, so after the
+    /// restore that call had no terminal output.
+    #[test]
+    fn the_end_of_a_call_the_pause_stopped_comes_back_with_its_paused_step() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![
+                call("job", Behaviour::Stubborn),
+                call("job", Behaviour::Task),
+            ]])],
+            after: vec![
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::Run(text(" ")),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A sub-task the host started paused a step whose every call had its output; the
+    /// snapshot recorded a paused step only when a call still awaited a sub-task, so the
+    /// step was lost.
+    #[test]
+    fn a_step_a_host_sub_task_paused_with_every_output_in_comes_back() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![call("job", Behaviour::Gated)]]),
+                Op::HostTask,
+            ],
+            after: vec![
+                Op::Final(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::Run(text("a")),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A paused step's output that ends its agent (`finish_task` after a call that runs
+    /// a sub-task) lost its effect in the snapshot: after the restore the step went in
+    /// and the task never ended.
+    #[test]
+    fn a_task_end_a_paused_step_asked_for_happens_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![call("job", Behaviour::Task)]]),
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Task),
+                    call("finish_task", Behaviour::Return),
+                ]]),
+            ],
+            after: vec![
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::Run(text("a")),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// The same with a handoff: the agent it hands off to is built again by the registry.
+    #[test]
+    fn a_handoff_a_paused_step_asked_for_happens_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![
+                call("job", Behaviour::Task),
+                call("job", Behaviour::Handoff(Role::Beta)),
+            ]])],
+            after: vec![
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::Run(text("a")),
+            ],
+            path: Path::Bytes,
+            anywhere: true,
+        });
+    }
+
+    /// Two calls of one step run sub-tasks: the first one's sub-task pauses the caller,
+    /// and the pause stops the second call's run ("Cancelled: the agent was paused for a
+    /// sub-task"); yet the sub-task that run asked for starts on top of the first, and its
+    /// result reaches nobody. A snapshot does not hold a sub-task not started yet, so the
+    /// restored session does not start it, and the two sessions differ.
+    #[test]
+    #[ignore = "engine: a sub-task asked for by a run the pause then stopped still starts \
+                (and a snapshot holds no sub-task not started yet)"]
+    fn a_sub_task_asked_by_a_run_the_pause_stopped_is_not_started() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![
+                call("job", Behaviour::Task),
+                call("job", Behaviour::Task),
+            ]])],
+            after: vec![Op::Run(text(" "))],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A sub-task the host started paused a step whose session-scoped call still runs
+    /// (a pause stops only the caller's own runs). The snapshot took that call for the one
+    /// awaiting the sub-task and did not hold its run: after the restore the call waits for
+    /// the task's result, while in the uninterrupted session its body ends it.
+    #[test]
+    #[ignore = "engine: a snapshot cannot tell a paused step's running session-scoped call \
+                from the call that awaits the sub-task, and holds no run for it"]
+    fn a_session_scoped_call_of_a_paused_step_still_runs_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![call("bg_job", Behaviour::Gated)]]),
+                Op::HostTask,
+            ],
+            after: vec![
+                Op::OpenGate(0),
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::Run(text("a")),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A session-scoped call's last update and its end reach a caller that resumes from
+    /// its sub-task. The restored caller's paused step is completed by the task's result
+    /// as the task ends; the uninterrupted one's a few messages later, through the run
+    /// that awaited the task: the call's end lands after the step in one and before it in
+    /// the other, and the caller's next request differs. (The property lets the switch end
+    /// before a tool body goes on.)
+    #[test]
+    #[ignore = "engine: a restored caller's paused step is completed by its sub-task's \
+                result as the task ends, not through the awaiting run as the caller resumes"]
+    fn a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![call("job", Behaviour::Task)]])],
+            after: vec![
+                Op::Run(vec![vec![call("bg_job", Behaviour::Updates(2))]]),
+                Op::Run(vec![
+                    vec![call("job", Behaviour::Stubborn)],
+                    vec![call("finish_task", Behaviour::Return)],
+                ]),
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A sub-task ends (its end waits for a stopped run's grace period) while the host
+    /// starts another one. In the uninterrupted session the host's sub-task pauses the
+    /// caller before the run that awaited the first task has returned its value: the
+    /// pause stops that run, and the call reads "Cancelled: the agent was paused for a
+    /// sub-task" — the first task's value is lost. The restored caller gets the value.
+    #[test]
+    #[ignore = "engine (uninterrupted session): a sub-task the host starts as a caller \
+                resumes stops the run awaiting the caller's finished sub-task; its value is lost"]
+    fn a_finished_sub_task_s_value_reaches_its_caller_when_the_host_starts_another() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![call("job", Behaviour::Task)]])],
+            after: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Updates(1)),
+                    call("finish_task", Behaviour::Return),
+                ]]),
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+                Op::HostTask,
+            ],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A call waiting for its sub-task is moved to the background by an interruption
+    /// ("Still running; the result will follow."). The snapshot holds the sub-task and
+    /// the call as running; the restore runs the call's body again (its policy is
+    /// `Resume`), which asks for the sub-task a second time, on top of the first.
+    #[test]
+    #[ignore = "engine: a background call awaiting its sub-task is run again on restore \
+                and starts the sub-task a second time"]
+    fn a_background_call_awaiting_its_sub_task_does_not_ask_for_it_again() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![call("job_replace", Behaviour::Updates(1))]]),
+                Op::Run(vec![vec![call("job_replace", Behaviour::Task)]]),
+                Op::Final(text("a")),
+                Op::Drain,
+            ],
+            after: vec![],
+            path: Path::Json,
+            anywhere: true,
+        });
+    }
+
+    /// A sub-task's last turn speaks and completes the task while a session-scoped call
+    /// of it waits for its gate: the task ends once the speech is played out. The host
+    /// reports the playout, lets the switch end, and only then opens the gate (see
+    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`
+    /// for the race otherwise).
+    #[test]
+    fn a_task_that_ends_after_its_speech_is_played_out_lets_its_caller_resume_first() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(text("")),
+                Op::Run(vec![vec![call("job", Behaviour::Task)]]),
+            ],
+            after: vec![Op::Final(vec![vec![
+                call("bg_job", Behaviour::Updates(3)),
+                Chunk::Text("a".into()),
+                call("finish_task", Behaviour::Return),
+            ]])],
+            path: Path::Json,
+            anywhere: false,
+        });
+    }
+}
