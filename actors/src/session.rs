@@ -438,9 +438,8 @@ impl SessionActor {
             .as_ref()
             .is_some_and(|shown| Arc::ptr_eq(&shown.def, &current.agent.def));
         if !same {
-            let agent = current.agent.clone();
-            self.published_agent = Some(agent.clone());
-            self.shared.host_view.publish_agent(agent);
+            self.shared.host_view.publish_agent(&current.agent);
+            self.published_agent = Some(current.agent.clone());
         }
     }
 

@@ -63,6 +63,11 @@ use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
 /// when the last one is dropped without `close()`, the session closes itself exactly as
 /// `close()` would, so no actor of it stays behind. Engine code (tools, hooks) never holds
 /// one; they get a [`SessionControl`](crate::SessionControl) instead.
+///
+/// A closed session releases its agents and their tools, so a tool that keeps a
+/// `Session` of its own session does not keep it in memory after `close()`. The session's
+/// user data, its LLM and its session toolsets live as long as a handle does: one of them
+/// holding a `Session` is a cycle that is never freed, so give them a [`WeakSession`].
 #[derive(Clone)]
 pub struct Session {
     host: Arc<Host>,

@@ -9,7 +9,7 @@
 //! each run as it starts and stops (a counter, so that the settle signal needs no message).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
 
@@ -41,9 +41,11 @@ pub(crate) struct HostView {
     /// Turns the session started that ask the model (user turns, replies, deferred
     /// replies), for `Session::summary`.
     turns: AtomicU32,
-    /// The current agent as the session last published it; `None` before the first one
-    /// entered. Written only when it changes (a handoff, a sub-task), read by summaries.
-    agent: Mutex<Option<Agent>>,
+    /// The current agent's name as the session last published it; `None` before the
+    /// first one entered. Written only when it changes (a handoff, a sub-task), read by
+    /// summaries. The name, not the `Agent`: the host's handle reaches this view, and an
+    /// agent whose tools hold a `Session` would make a cycle that outlives the close.
+    agent: Mutex<Option<Arc<str>>>,
 }
 
 fn agent_state_code(state: AgentState) -> u8 {
@@ -120,8 +122,8 @@ impl HostView {
     }
 
     /// Publishes the current agent (the session calls it when the agent changed).
-    pub(crate) fn publish_agent(&self, agent: Agent) {
-        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(agent);
+    pub(crate) fn publish_agent(&self, agent: &Agent) {
+        *self.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::from(agent.name()));
     }
 
     /// The name of the current agent as last published.
@@ -129,8 +131,8 @@ impl HostView {
         self.agent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|agent| agent.name().to_owned())
+            .as_deref()
+            .map(str::to_owned)
     }
 
     /// A tool run of the session started.
