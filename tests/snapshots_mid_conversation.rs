@@ -181,12 +181,28 @@ async fn a_deferred_reply_pending_behind_speech_runs_after_the_restore() {
     session.close().await.unwrap();
 }
 
+fn waiter() -> Agent {
+    Agent::builder("waiter").build().unwrap()
+}
+
+/// A session restored from `snapshot` on this engine, its waiter built again.
+async fn restored_waiter(snapshot: SessionSnapshot, llm: &std::sync::Arc<ScriptedLlm>) -> Session {
+    Session::builder()
+        .llm(llm.clone())
+        .restore(
+            snapshot,
+            AgentRegistry::new().agent("waiter", |_| Ok::<_, BuildError>(waiter())),
+        )
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap()
+}
+
 #[actix::test]
 async fn during_a_barge_in_the_speech_is_cut_and_the_users_words_start_the_next_turn() {
     tokio::time::pause();
     let llm = ScriptedLlm::new([Reply::text("Today we have soup, fish and chips.")]);
     let out = RecordingOutput::manual_playout().pausable();
-    let waiter = || Agent::builder("waiter").build().unwrap();
     let session = Session::builder()
         .llm(llm)
         .agent(waiter())
@@ -210,15 +226,7 @@ async fn during_a_barge_in_the_speech_is_cut_and_the_users_words_start_the_next_
     session.close().await.unwrap();
 
     let llm = ScriptedLlm::new([Reply::text("The fish, then.")]);
-    let session = Session::builder()
-        .llm(llm.clone())
-        .restore(
-            snapshot,
-            AgentRegistry::new().agent("waiter", move |_| Ok::<_, BuildError>(waiter())),
-        )
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap();
+    let session = restored_waiter(snapshot, &llm).await;
     session.run("the fish please").await.unwrap();
     let requests = llm.requests();
     assert_eq!(
@@ -374,7 +382,6 @@ async fn a_snapshot_asked_during_a_handoff_waits_for_the_switch_to_end() {
 #[actix::test]
 async fn the_users_words_waiting_for_the_end_of_their_turn_are_kept() {
     tokio::time::pause();
-    let waiter = || Agent::builder("waiter").build().unwrap();
     let session = Session::builder()
         .llm(ScriptedLlm::new([]))
         .agent(waiter())
@@ -390,15 +397,7 @@ async fn the_users_words_waiting_for_the_end_of_their_turn_are_kept() {
     session.close().await.unwrap();
 
     let llm = ScriptedLlm::new([Reply::text("Four, noted.")]);
-    let session = Session::builder()
-        .llm(llm.clone())
-        .restore(
-            snapshot,
-            AgentRegistry::new().agent("waiter", move |_| Ok::<_, BuildError>(waiter())),
-        )
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap();
+    let session = restored_waiter(snapshot, &llm).await;
     session.transcript("four", true);
     tokio::time::timeout(Duration::from_secs(60), session.wait_for_settled())
         .await
