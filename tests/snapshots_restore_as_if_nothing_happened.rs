@@ -197,12 +197,11 @@ mod regressions {
 
     /// Two calls of one step run sub-tasks: the first one's sub-task pauses the caller,
     /// and the pause stops the second call's run ("Cancelled: the agent was paused for a
-    /// sub-task"); yet the sub-task that run asked for starts on top of the first, and its
-    /// result reaches nobody. A snapshot does not hold a sub-task not started yet, so the
-    /// restored session does not start it, and the two sessions differ.
+    /// sub-task"). The sub-task that run asked for used to start on top of the first, its
+    /// result reaching nobody (and a snapshot, which holds no sub-task not started yet,
+    /// lost it). Now a sub-task asked for by an agent-scoped run whose activity is no
+    /// longer current does not start: the run stopped with it.
     #[test]
-    #[ignore = "engine: a sub-task asked for by a run the pause then stopped still starts \
-                (and a snapshot holds no sub-task not started yet)"]
     fn a_sub_task_asked_by_a_run_the_pause_stopped_is_not_started() {
         check(RestoreCase {
             config: config(),
@@ -268,13 +267,13 @@ mod regressions {
     }
 
     /// A sub-task ends (its end waits for a stopped run's grace period) while the host
-    /// starts another one. In the uninterrupted session the host's sub-task pauses the
-    /// caller before the run that awaited the first task has returned its value: the
-    /// pause stops that run, and the call reads "Cancelled: the agent was paused for a
-    /// sub-task" — the first task's value is lost. The restored caller gets the value.
+    /// starts another one. The host's sub-task pauses the caller before the run that
+    /// awaited the first task has returned its value; that pause used to stop the run,
+    /// and the call read "Cancelled: the agent was paused for a sub-task" — the first
+    /// task's value lost, where the restored caller got it. Now a pause spares the run
+    /// its caller handed its last sub-task's result to: its output lands in the paused
+    /// step, which goes in on resume.
     #[test]
-    #[ignore = "engine (uninterrupted session): a sub-task the host starts as a caller \
-                resumes stops the run awaiting the caller's finished sub-task; its value is lost"]
     fn a_finished_sub_task_s_value_reaches_its_caller_when_the_host_starts_another() {
         let mut config = config();
         config.max_tool_steps = 2;

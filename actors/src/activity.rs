@@ -377,7 +377,7 @@ impl ActivityActor {
                             self.probe.id(),
                             StopRuns {
                                 reason: reason.clone(),
-                                except,
+                                except: except.clone(),
                             },
                         )
                     })
@@ -796,11 +796,12 @@ impl Handler<AppendItems> for ActivityActor {
 }
 
 /// Sent by the session before a sub-task agent starts: stops the runs of this agent's
-/// toolsets (all but `exempt`, the run awaiting the sub-task) and awaits them. The turn
+/// toolsets (all but those in `spare`: the run awaiting the sub-task, and one still
+/// returning the result of this activity's last sub-task) and awaits them. The turn
 /// in progress stays open and goes on after `ResumeActivity` (a turn still generating
 /// text is interrupted: its speech stops where it was).
 pub(crate) struct PauseActivity {
-    pub(crate) exempt: Option<u64>,
+    pub(crate) spare: Vec<u64>,
 }
 
 /// The reply is what the task's agent takes over: the chat context once paused (its
@@ -818,7 +819,7 @@ impl Handler<PauseActivity> for ActivityActor {
     fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         self.pausing.push(tx);
-        self.feed(Input::Pause { exempt: msg.exempt }, ctx);
+        self.feed(Input::Pause { spare: msg.spare }, ctx);
         if !self.machine.is_paused() {
             // Not pausable (closing): nothing to stop, answer with what it has.
             let handover = self.handover();

@@ -465,12 +465,13 @@ impl Handler<RunEnded> for ToolsetActor {
 }
 
 /// Sent by the toolset's parent when its scope pauses or closes: stops every running
-/// call (but `except`, the run awaiting a sub-task), awaiting each. The reply lists the
+/// call (but those in `except`: the run awaiting a sub-task, and one still returning the
+/// result of the last one), awaiting each. The reply lists the
 /// calls that were running in the background, for which the parent writes a terminal
 /// `/finished` output.
 pub(crate) struct StopRuns {
     pub(crate) reason: Arc<str>,
-    pub(crate) except: Option<u64>,
+    pub(crate) except: Vec<u64>,
 }
 
 impl Message for StopRuns {
@@ -485,7 +486,7 @@ impl Handler<StopRuns> for ToolsetActor {
             .runs
             .keys()
             .copied()
-            .filter(|key| Some(*key) != msg.except)
+            .filter(|key| !msg.except.contains(key))
             .collect();
         Box::pin(self.stop_runs(keys, msg.reason, false).into_actor(self))
     }

@@ -200,8 +200,8 @@ pub(crate) enum Input {
     },
     /// Items the session wrote (terminal outputs of session runs at close).
     Append(Vec<ChatItem>),
-    /// A sub-task starts: pause, stopping own runs but `exempt`.
-    Pause { exempt: Option<u64> },
+    /// A sub-task starts: pause, stopping own runs but those in `spare`.
+    Pause { spare: Vec<u64> },
     /// The runs a pause stopped are gone; `calls` ran in the background.
     RunsStopped {
         calls: Vec<FunctionCall>,
@@ -258,10 +258,7 @@ pub(crate) enum Command {
         toolsets: Vec<ToolsetKey>,
     },
     /// Pause: stop every run of the own toolsets but `except`; feed `RunsStopped`.
-    StopRuns {
-        except: Option<u64>,
-        reason: Arc<str>,
-    },
+    StopRuns { except: Vec<u64>, reason: Arc<str> },
     /// Close: stop the own toolsets (awaited); feed `ToolsetsStopped`.
     StopToolsets { reason: Arc<str> },
     /// Feed `Timer` at `at` (one timer is enough: the machine asks again for the next).
@@ -952,7 +949,7 @@ impl Activation {
                 });
                 state
             }
-            Input::Pause { exempt } => self.pause(state, exempt, out),
+            Input::Pause { spare } => self.pause(state, spare, out),
             Input::RunsStopped { calls, reason } => {
                 self.with_ledger(None, |ledger, sink| {
                     ledger.write_terminal(calls, &reason, sink)
@@ -1927,7 +1924,7 @@ impl Activation {
     /// whoever waits for that is answered now (its end waits for a sub-task only the user
     /// and the model can finish). The tools' held items are refused; session-scoped
     /// pending items go to the task's agent, its own are dropped.
-    fn pause(&mut self, state: State, exempt: Option<u64>, out: &mut Vec<Command>) -> State {
+    fn pause(&mut self, state: State, spare: Vec<u64>, out: &mut Vec<Command>) -> State {
         let turn = match state {
             State::Running(turn) => {
                 let generating = matches!(turn.phase, Phase::Generating(_));
@@ -1954,7 +1951,7 @@ impl Activation {
         self.refuse_held();
         self.hand_back_pending();
         out.push(Command::StopRuns {
-            except: exempt,
+            except: spare,
             reason: Arc::from("the agent was paused for a sub-task"),
         });
         State::Paused(turn)
