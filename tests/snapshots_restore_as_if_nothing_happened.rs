@@ -68,11 +68,10 @@ mod regressions {
 
     /// A session-scoped call that started a sub-task (`ctx.run_task`) is running in the
     /// uninterrupted session, so a second call of the same tool from the sub-task meets
-    /// its duplicate policy ("already running"). The restored session holds that call as
-    /// its caller's waiting step, with no run in its toolset: the second call runs.
+    /// its duplicate policy ("already running"). The restored session held that call as
+    /// its caller's waiting step only, with no run in its toolset, and the second call
+    /// ran. Now a run stands for it in its toolset, awaiting the task's result.
     #[test]
-    #[ignore = "engine: a restored call awaiting its sub-task has no run in its toolset \
-                (duplicates, get_running_tasks and cancel_task do not see it)"]
     fn a_call_awaiting_its_sub_task_is_still_running_after_a_restore() {
         check(RestoreCase {
             config: config(),
@@ -295,11 +294,11 @@ mod regressions {
 
     /// A call waiting for its sub-task is moved to the background by an interruption
     /// ("Still running; the result will follow."). The snapshot holds the sub-task and
-    /// the call as running; the restore runs the call's body again (its policy is
-    /// `Resume`), which asks for the sub-task a second time, on top of the first.
+    /// the call as running; the restore ran the call's body again (its policy is
+    /// `Resume`), which asked for the sub-task a second time, on top of the first. Now the
+    /// snapshot says the call awaits the caller's sub-task, and a run that awaits the
+    /// task's result stands for it instead of its body.
     #[test]
-    #[ignore = "engine: a background call awaiting its sub-task is run again on restore \
-                and starts the sub-task a second time"]
     fn a_background_call_awaiting_its_sub_task_does_not_ask_for_it_again() {
         check(RestoreCase {
             config: config(),

@@ -232,6 +232,9 @@ pub(crate) enum JobView<'a, W: Work> {
 pub(crate) struct LiveView<'a, W: Work> {
     pub(crate) activity: &'a W::Activity,
     pub(crate) after: Vec<JobView<'a, W>>,
+    /// For a paused caller, the key of its run that awaits its sub-task's result (none
+    /// when the host asked for the task).
+    pub(crate) asker: Option<u64>,
 }
 
 /// A live activation restored from a snapshot: its frame, whether a turn of it is in
@@ -347,10 +350,11 @@ impl<W: Work> Schedule<W> {
     }
 
     /// A session restored from a snapshot: `paused` callers (outermost first, each with
-    /// who waits for its sub-task's result) under the `current` agent, the jobs queued for
-    /// it, and whether a deferred reply is wanted.
+    /// who waits for its sub-task's result and the key of the run that stands for the
+    /// call awaiting it, if one does) under the `current` agent, the jobs queued for it,
+    /// and whether a deferred reply is wanted.
     pub(crate) fn restored(
-        mut paused: Vec<(RestoredFrame<W>, W::TaskReply)>,
+        mut paused: Vec<(RestoredFrame<W>, W::TaskReply, Option<u64>)>,
         current: RestoredFrame<W>,
         jobs: Vec<RestoredJob<W>>,
         reply_wanted: bool,
@@ -367,10 +371,10 @@ impl<W: Work> Schedule<W> {
             current: frame(current),
             paused: paused
                 .drain(..)
-                .map(|(restored, reply)| Paused {
+                .map(|(restored, reply, run)| Paused {
                     frame: frame(restored),
                     reply,
-                    run: None,
+                    run,
                 })
                 .collect(),
         };
@@ -385,17 +389,18 @@ impl<W: Work> Schedule<W> {
         let Stage::Live { current, paused } = &self.stage else {
             return None;
         };
-        fn view<W: Work>(frame: &Frame<W>) -> LiveView<'_, W> {
+        fn view<W: Work>(frame: &Frame<W>, asker: Option<u64>) -> LiveView<'_, W> {
             LiveView {
                 activity: &frame.activity,
                 after: frame.after.iter().map(Job::view).collect(),
+                asker,
             }
         }
         Some(
             paused
                 .iter()
-                .map(|p| view(&p.frame))
-                .chain(std::iter::once(view(current)))
+                .map(|p| view(&p.frame, p.run))
+                .chain(std::iter::once(view(current, None)))
                 .collect(),
         )
     }
