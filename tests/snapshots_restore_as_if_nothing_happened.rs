@@ -239,14 +239,12 @@ mod regressions {
     }
 
     /// A session-scoped call's last update and its end reach a caller that resumes from
-    /// its sub-task. The restored caller's paused step is completed by the task's result
-    /// as the task ends; the uninterrupted one's a few messages later, through the run
-    /// that awaited the task: the call's end lands after the step in one and before it in
-    /// the other, and the caller's next request differs. (The property lets the switch end
-    /// before a tool body goes on.)
+    /// its sub-task. The restored caller's paused step used to be completed by the task's
+    /// result as the task ended; the uninterrupted one's a few messages later, through the
+    /// run that awaited the task: the call's end landed after the step in one and before
+    /// it in the other. Now a run stands for the restored awaiting call and hears the
+    /// result as the session's answer, after the same hops as the body's `run_task`.
     #[test]
-    #[ignore = "engine: a restored caller's paused step is completed by its sub-task's \
-                result as the task ends, not through the awaiting run as the caller resumes"]
     fn a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step() {
         let mut config = config();
         config.max_tool_steps = 2;
@@ -315,10 +313,9 @@ mod regressions {
     }
 
     /// A sub-task's last turn speaks and completes the task while a session-scoped call
-    /// of it waits for its gate: the task ends once the speech is played out. The host
-    /// reports the playout, lets the switch end, and only then opens the gate (see
-    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`
-    /// for the race otherwise).
+    /// of it waits for its gate: the task ends once the speech is played out, and the
+    /// host opens the gate as the caller resumes (see
+    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`).
     #[test]
     fn a_task_that_ends_after_its_speech_is_played_out_lets_its_caller_resume_first() {
         let mut config = config();

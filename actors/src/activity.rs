@@ -54,6 +54,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -122,7 +123,7 @@ pub(crate) struct ActivitySpec {
 /// The result a restored caller's awaiting call waits for, and the run key the session
 /// gave the run that stands for that call (the session spares it when it pauses the
 /// caller again).
-pub(crate) type AwaitedResult = (u64, oneshot::Receiver<TaskResult>);
+pub(crate) type AwaitedResult = (u64, BoxFuture<'static, TaskResult>);
 
 /// The result of a sub-task, as the session hands it to the caller that waited for it.
 pub(crate) type TaskResult = Result<serde_json::Value, SessionError>;
@@ -228,7 +229,7 @@ impl ActivityActor {
         &self,
         waiting: WaitingCall,
         key: u64,
-        result: oneshot::Receiver<TaskResult>,
+        result: BoxFuture<'static, TaskResult>,
         ctx: &mut Context<Self>,
     ) {
         let WaitingCall {
@@ -239,7 +240,6 @@ impl ActivityActor {
             interruptibility,
         } = waiting;
         let (tx, output) = oneshot::channel();
-        let result = async move { result.await.unwrap_or(Err(SessionError::Closed)) }.boxed();
         let resume = ResumeRun {
             call,
             agent: self.agent.clone(),

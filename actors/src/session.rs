@@ -81,7 +81,7 @@ pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{AwaitTask, RecordInput, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -1321,6 +1321,7 @@ counted_handlers!(
     ReadAgent,
     CloseSession,
     TakeSnapshot,
+    AwaitTask,
     RecordInput,
     InputsHandled,
 );

@@ -54,11 +54,11 @@
 //! `get_running_tasks` outputs (a restored run's age starts again), which the comparison
 //! blanks.
 //!
-//! **Not raced:** before the host lets a tool body go on (a gate, a late update) the
-//! switch under way ends (see `Harness::await_switch`): a caller resuming from its
-//! sub-task completes its paused step a few messages later in the uninterrupted session
-//! (through the run that awaited the task) than in the restored one (that run is gone),
-//! so items a body sends meanwhile would land on different sides of the step.
+//! **Raced:** the host lets a tool body go on (a gate, a late update) or starts a
+//! sub-task while a switch is under way, as it comes. A caller resuming from its sub-task
+//! completes its paused step through the run that awaits the task in both sessions (a
+//! restored one has a run standing for the call, which hears the result after the same
+//! hops as the body did), so a body's items land on the same side of the step.
 
 use proptest::prelude::*;
 use serde_json::Value;
@@ -91,8 +91,7 @@ pub struct RestoreCase {
     /// Take the snapshot where `before` ends (after the host quiesced), even at a point
     /// the property leaves out — a step in flight past its model's answer, a paused
     /// step's call still running, a stopped run in its grace period, a session that moved
-    /// during the snapshot — and let switches race the host (no
-    /// `Harness::await_switch`): for regression tests of what a restore does there.
+    /// during the snapshot: for regression tests of what a restore does there.
     pub anywhere: bool,
 }
 
@@ -298,7 +297,6 @@ pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
 async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String> {
     tokio::time::pause();
     let mut a = Harness::start_with(&case.config, true).await?;
-    a.await_switches = !case.anywhere;
     let mut chain: Option<SessionSnapshot> = None;
     if case.path == Path::Deltas {
         step_chain(&a, &mut chain).await?;
@@ -599,7 +597,6 @@ async fn restored(
 ) -> Result<(Vec<LlmRequest>, IdentityCheck), String> {
     tokio::time::pause();
     let mut b = Harness::restore(&case.config, &original.carry, original.snapshot.clone()).await?;
-    b.await_switches = !case.anywhere;
     if b.session().epoch() != original.snapshot.epoch() + 1 {
         return Err(format!(
             "the restored session's epoch is {}, its snapshot's {}",

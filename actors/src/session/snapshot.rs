@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -85,6 +86,25 @@ impl Handler<TakeSnapshot> for SessionActor {
         let (tx, rx) = oneshot::channel();
         self.snapshot(msg.full, Taker::Host(tx), ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
+    }
+}
+
+/// Sent by the session to itself as it restores a call that awaits a sub-task (see
+/// `SessionActor::task_answer`): answered with the task's result once `result` hears it,
+/// as `RunTask` is.
+pub(crate) struct AwaitTask {
+    result: oneshot::Receiver<TaskResult>,
+}
+
+impl Message for AwaitTask {
+    type Result = TaskResult;
+}
+
+impl Handler<AwaitTask> for SessionActor {
+    type Result = ResponseFuture<TaskResult>;
+
+    fn handle(&mut self, msg: AwaitTask, _ctx: &mut Self::Context) -> Self::Result {
+        Box::pin(async move { msg.result.await.unwrap_or(Err(SessionError::Closed)) })
     }
 }
 
@@ -868,7 +888,7 @@ impl SessionActor {
             .filter_map(|(index, r)| Some((r.task_of?, index)))
             .collect();
         // What the runs standing for those calls await, by index in `running`.
-        let mut awaited: HashMap<usize, (u64, oneshot::Receiver<TaskResult>)> = HashMap::new();
+        let mut awaited: HashMap<usize, (u64, BoxFuture<'static, TaskResult>)> = HashMap::new();
         let mut paused = Vec::new();
         let mut current = None;
         let mut by_order: HashMap<u32, ActivityRef> = HashMap::new();
@@ -917,6 +937,7 @@ impl SessionActor {
             let in_background = background_askers.get(&record.order).copied();
             let (task_reply, task_result, asker) = if in_step || in_background.is_some() {
                 let (reply, result) = oneshot::channel::<TaskResult>();
+                let result = self.task_answer(result);
                 let key = self.shared.ids.next_run();
                 match in_background.filter(|_| !in_step) {
                     Some(index) => {
@@ -1027,7 +1048,7 @@ impl SessionActor {
                 key,
                 step: 0,
                 interruptibility: Interruptibility::new(true),
-                result: async move { result.await.unwrap_or(Err(SessionError::Closed)) }.boxed(),
+                result,
                 immediate: None,
             });
             let restore = CallToRestore {
@@ -1063,6 +1084,21 @@ impl SessionActor {
         }
         self.switched(ctx);
         self.pump(ctx);
+    }
+
+    /// What a run standing for a restored call that awaits a sub-task hears: the task's
+    /// result, as the session's answer to an `AwaitTask` it sends itself. Why not hand
+    /// the run `result` itself: a body's `ctx.run_task` hears the result as the session's
+    /// answer to its `RunTask`, and the standing run must hear it after the same hops, or
+    /// a background tool's items racing the caller's resume land on the other side of the
+    /// caller's step than they would have before the snapshot.
+    fn task_answer(&self, result: oneshot::Receiver<TaskResult>) -> BoxFuture<'static, TaskResult> {
+        // Once per restored call awaiting a sub-task.
+        let ask = self
+            .links
+            .session
+            .ask(self.probe.id(), AwaitTask { result });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 
     /// A session-scoped call that was running in the background at the snapshot: its
