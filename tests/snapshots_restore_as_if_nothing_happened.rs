@@ -68,11 +68,10 @@ mod regressions {
 
     /// A session-scoped call that started a sub-task (`ctx.run_task`) is running in the
     /// uninterrupted session, so a second call of the same tool from the sub-task meets
-    /// its duplicate policy ("already running"). The restored session holds that call as
-    /// its caller's waiting step, with no run in its toolset: the second call runs.
+    /// its duplicate policy ("already running"). The restored session held that call as
+    /// its caller's waiting step only, with no run in its toolset, and the second call
+    /// ran. Now a run stands for it in its toolset, awaiting the task's result.
     #[test]
-    #[ignore = "engine: a restored call awaiting its sub-task has no run in its toolset \
-                (duplicates, get_running_tasks and cancel_task do not see it)"]
     fn a_call_awaiting_its_sub_task_is_still_running_after_a_restore() {
         check(RestoreCase {
             config: config(),
@@ -197,12 +196,11 @@ mod regressions {
 
     /// Two calls of one step run sub-tasks: the first one's sub-task pauses the caller,
     /// and the pause stops the second call's run ("Cancelled: the agent was paused for a
-    /// sub-task"); yet the sub-task that run asked for starts on top of the first, and its
-    /// result reaches nobody. A snapshot does not hold a sub-task not started yet, so the
-    /// restored session does not start it, and the two sessions differ.
+    /// sub-task"). The sub-task that run asked for used to start on top of the first, its
+    /// result reaching nobody (and a snapshot, which holds no sub-task not started yet,
+    /// lost it). Now a sub-task asked for by an agent-scoped run whose activity is no
+    /// longer current does not start: the run stopped with it.
     #[test]
-    #[ignore = "engine: a sub-task asked for by a run the pause then stopped still starts \
-                (and a snapshot holds no sub-task not started yet)"]
     fn a_sub_task_asked_by_a_run_the_pause_stopped_is_not_started() {
         check(RestoreCase {
             config: config(),
@@ -217,9 +215,13 @@ mod regressions {
     }
 
     /// A sub-task the host started paused a step whose session-scoped call still runs
-    /// (a pause stops only the caller's own runs). The snapshot took that call for the one
-    /// awaiting the sub-task and did not hold its run: after the restore the call waits for
-    /// the task's result, while in the uninterrupted session its body ends it.
+    /// (a pause stops only the caller's own runs). The snapshot takes that call for the
+    /// one awaiting the sub-task (the first call of the step without an output) and does
+    /// not hold its run: after the restore a run standing for it waits for the task's
+    /// result, while in the uninterrupted session its body ends it. A fix: the snapshot
+    /// tells the awaiting call by its run's key (the schedule keeps the asker's), and holds
+    /// a paused step's other running calls like background ones, restored by their tool's
+    /// policy with their output going into the restored step.
     #[test]
     #[ignore = "engine: a snapshot cannot tell a paused step's running session-scoped call \
                 from the call that awaits the sub-task, and holds no run for it"]
@@ -241,14 +243,12 @@ mod regressions {
     }
 
     /// A session-scoped call's last update and its end reach a caller that resumes from
-    /// its sub-task. The restored caller's paused step is completed by the task's result
-    /// as the task ends; the uninterrupted one's a few messages later, through the run
-    /// that awaited the task: the call's end lands after the step in one and before it in
-    /// the other, and the caller's next request differs. (The property lets the switch end
-    /// before a tool body goes on.)
+    /// its sub-task. The restored caller's paused step used to be completed by the task's
+    /// result as the task ended; the uninterrupted one's a few messages later, through the
+    /// run that awaited the task: the call's end landed after the step in one and before
+    /// it in the other. Now a run stands for the restored awaiting call and hears the
+    /// result as the session's answer, after the same hops as the body's `run_task`.
     #[test]
-    #[ignore = "engine: a restored caller's paused step is completed by its sub-task's \
-                result as the task ends, not through the awaiting run as the caller resumes"]
     fn a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step() {
         let mut config = config();
         config.max_tool_steps = 2;
@@ -268,13 +268,13 @@ mod regressions {
     }
 
     /// A sub-task ends (its end waits for a stopped run's grace period) while the host
-    /// starts another one. In the uninterrupted session the host's sub-task pauses the
-    /// caller before the run that awaited the first task has returned its value: the
-    /// pause stops that run, and the call reads "Cancelled: the agent was paused for a
-    /// sub-task" — the first task's value is lost. The restored caller gets the value.
+    /// starts another one. The host's sub-task pauses the caller before the run that
+    /// awaited the first task has returned its value; that pause used to stop the run,
+    /// and the call read "Cancelled: the agent was paused for a sub-task" — the first
+    /// task's value lost, where the restored caller got it. Now a pause spares the run
+    /// its caller handed its last sub-task's result to: its output lands in the paused
+    /// step, which goes in on resume.
     #[test]
-    #[ignore = "engine (uninterrupted session): a sub-task the host starts as a caller \
-                resumes stops the run awaiting the caller's finished sub-task; its value is lost"]
     fn a_finished_sub_task_s_value_reaches_its_caller_when_the_host_starts_another() {
         let mut config = config();
         config.max_tool_steps = 2;
@@ -296,11 +296,11 @@ mod regressions {
 
     /// A call waiting for its sub-task is moved to the background by an interruption
     /// ("Still running; the result will follow."). The snapshot holds the sub-task and
-    /// the call as running; the restore runs the call's body again (its policy is
-    /// `Resume`), which asks for the sub-task a second time, on top of the first.
+    /// the call as running; the restore ran the call's body again (its policy is
+    /// `Resume`), which asked for the sub-task a second time, on top of the first. Now the
+    /// snapshot says the call awaits the caller's sub-task, and a run that awaits the
+    /// task's result stands for it instead of its body.
     #[test]
-    #[ignore = "engine: a background call awaiting its sub-task is run again on restore \
-                and starts the sub-task a second time"]
     fn a_background_call_awaiting_its_sub_task_does_not_ask_for_it_again() {
         check(RestoreCase {
             config: config(),
@@ -317,10 +317,9 @@ mod regressions {
     }
 
     /// A sub-task's last turn speaks and completes the task while a session-scoped call
-    /// of it waits for its gate: the task ends once the speech is played out. The host
-    /// reports the playout, lets the switch end, and only then opens the gate (see
-    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`
-    /// for the race otherwise).
+    /// of it waits for its gate: the task ends once the speech is played out, and the
+    /// host opens the gate as the caller resumes (see
+    /// `a_background_call_ending_as_its_caller_resumes_lands_on_the_same_side_of_the_step`).
     #[test]
     fn a_task_that_ends_after_its_speech_is_played_out_lets_its_caller_resume_first() {
         let mut config = config();

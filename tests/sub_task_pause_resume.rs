@@ -206,3 +206,56 @@ async fn a_task_tool_that_updates_first_still_completes_the_task() {
     assert_invariant(&session.chat_context().await.unwrap());
     session.close().await.unwrap();
 }
+
+/// Two calls of one step each ask for a sub-task: the first one's pause stops the second
+/// call's run, so the sub-task that run asked for never starts — it would run for nobody,
+/// on top of the first, its result lost.
+#[actix::test]
+async fn of_two_calls_of_one_step_asking_for_sub_tasks_only_the_first_task_starts() {
+    tokio::time::pause();
+    let save = Tool::new(
+        "save_email",
+        "Saves the email",
+        |_ctx: RunContext, args: Contact| async move { ToolReturn::complete_task(&args) },
+    );
+    let collector = Agent::builder("collector").tool(save).build().unwrap();
+    let c = collector.clone();
+    let ask_email = Tool::new(
+        "ask_email",
+        "Collects an email",
+        move |ctx: RunContext, _: NoArgs| {
+            let c = c.clone();
+            async move {
+                let contact: Contact = ctx.run_task(c).await?;
+                Ok::<_, ToolFailure>(format!("email is {}", contact.email))
+            }
+        },
+    );
+    let main = Agent::builder("main").tool(ask_email).build().unwrap();
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("ask_email", json!({})).and_tool_call("ask_email", json!({})),
+        Reply::tool_call("save_email", json!({"email": "a@b.c"})),
+        Reply::text("Thanks."),
+    ]);
+    let session = Session::builder()
+        .llm(llm.clone())
+        .agent(main)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let main_turn = spawn_turn(&session, "take my email");
+    // Inactive once the collector listens: the pause waited for the stopped run, and a
+    // sub-task that run asked for would have started on top by then.
+    session.wait_for_inactive().await;
+    assert_eq!(session.current_agent().await.unwrap(), "collector");
+    session.run("it is a@b.c").await.unwrap();
+    main_turn.await.unwrap().unwrap();
+    assert_eq!(session.current_agent().await.unwrap(), "main");
+    let chat = session.chat_context().await.unwrap();
+    assert_eq!(output(&chat, "call_1"), "email is a@b.c");
+    assert!(output(&chat, "call_2").contains("paused"));
+    assert_invariant(&chat);
+    let history = session.close().await.unwrap();
+    assert_eq!(history.activations_of("collector").count(), 1);
+    assert_eq!(llm.requests().len(), 3);
+}

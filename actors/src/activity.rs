@@ -54,6 +54,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -78,11 +79,14 @@ use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
 use crate::tool::{DuplicatePolicy, Tool};
 use crate::toolset::{
-    BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool, StopRuns,
-    StopToolset, ToolsetActor, ABANDONED,
+    AwaitedTask, BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool,
+    StopRuns, StopToolset, ToolsetActor, ABANDONED,
 };
 
-use activation::{Activation, Command, Input, Setup, Tools};
+/// Why a restored call awaiting its sub-task ends when no run could stand for it.
+const ABANDONED_RUN: &str = "the tool that awaited the sub-task is gone";
+
+use activation::{Activation, Command, Input, Setup, Tools, WaitingCall};
 pub(crate) use activation::{Decided, Part, PendingItem, Restored};
 use turn::ToolsetKey;
 pub(crate) use turn::{Ask, TurnKind, TurnOutcome};
@@ -111,10 +115,15 @@ pub(crate) struct ActivitySpec {
     /// How many of its first items it inherited, when not all of `chat` (restored).
     pub(crate) inherited: Option<usize>,
     /// Set when the activation comes back from a snapshot (it starts where it was, with
-    /// no `on_enter`), with where the result of the sub-task a restored caller waits for
-    /// comes from.
-    pub(crate) restored: Option<(Restored, Option<oneshot::Receiver<TaskResult>>)>,
+    /// no `on_enter`), with the sub-task result a restored caller's step waits for: the
+    /// key of the run that stands for the awaiting call, and where the result comes from.
+    pub(crate) restored: Option<(Restored, Option<AwaitedResult>)>,
 }
+
+/// The result a restored caller's awaiting call waits for, and the run key the session
+/// gave the run that stands for that call (the session spares it when it pauses the
+/// caller again).
+pub(crate) type AwaitedResult = (u64, BoxFuture<'static, TaskResult>);
 
 /// The result of a sub-task, as the session hands it to the caller that waited for it.
 pub(crate) type TaskResult = Result<serde_json::Value, SessionError>;
@@ -203,31 +212,65 @@ impl ActivityActor {
         };
         let waiting = actor.machine.waiting_call();
         let addr = ActivityActor::create(move |ctx| {
-            // A restored caller's step waits for its sub-task's result: the task's end
-            // answers this channel (the tool that awaited the task is gone with the old
-            // process), and the result becomes the call's output.
-            if let (Some((step, index)), Some(result)) = (waiting, task_result) {
-                ctx.spawn(result.into_actor(&actor).map(move |result, act, ctx| {
-                    let output = match result {
-                        Ok(Ok(value)) => CallOutput::reply(value.to_string()),
-                        Ok(Err(err)) => {
-                            CallOutput::error(crate::outcome::error_text(&err.to_string()))
-                        }
-                        Err(_) => CallOutput::ended("the session closed"),
-                    };
-                    act.feed(
-                        Input::CallOutput {
-                            step,
-                            index,
-                            output,
-                        },
-                        ctx,
-                    );
-                }));
+            // A restored caller's step waits for its sub-task's result. The tool body that
+            // awaited the task is gone with the old process: a run stands for it in its
+            // toolset, whose body returns the task's result, and its output is the call's.
+            if let (Some(waiting), Some((key, result))) = (waiting, task_result) {
+                actor.stand_in_for(waiting, key, result, ctx);
             }
             actor
         });
         Child::new(Mailbox::new(addr, probe), gone)
+    }
+
+    /// Runs, in the awaiting call's toolset, a run that stands for it (see
+    /// `toolset::AwaitedTask`); its output goes into the restored step.
+    fn stand_in_for(
+        &self,
+        waiting: WaitingCall,
+        key: u64,
+        result: BoxFuture<'static, TaskResult>,
+        ctx: &mut Context<Self>,
+    ) {
+        let WaitingCall {
+            step,
+            index,
+            call,
+            toolset,
+            interruptibility,
+        } = waiting;
+        let (tx, output) = oneshot::channel();
+        let resume = ResumeRun {
+            call,
+            agent: self.agent.clone(),
+            is_task: self.is_task,
+            updates: 0,
+            checkpoint: None,
+            awaits: Some(AwaitedTask {
+                key,
+                step,
+                interruptibility,
+                result,
+                immediate: Some(tx),
+            }),
+        };
+        match toolset.and_then(|key| self.toolsets.get(key.0)) {
+            // Once per restored caller; its answer is the output channel.
+            Some(toolset) => toolset.tell(self.probe.id(), resume),
+            None => drop(resume),
+        }
+        ctx.spawn(output.into_actor(self).map(move |output, act, ctx| {
+            // No output: the tool is gone from the restored agent, or its run was dropped.
+            let output = output.unwrap_or_else(|_| CallOutput::ended(ABANDONED_RUN));
+            act.feed(
+                Input::CallOutput {
+                    step,
+                    index,
+                    output,
+                },
+                ctx,
+            );
+        }));
     }
 
     /// Feeds the machine one input and carries out what it asks. The command list is
@@ -377,7 +420,7 @@ impl ActivityActor {
                             self.probe.id(),
                             StopRuns {
                                 reason: reason.clone(),
-                                except,
+                                except: except.clone(),
                             },
                         )
                     })
@@ -796,11 +839,12 @@ impl Handler<AppendItems> for ActivityActor {
 }
 
 /// Sent by the session before a sub-task agent starts: stops the runs of this agent's
-/// toolsets (all but `exempt`, the run awaiting the sub-task) and awaits them. The turn
+/// toolsets (all but those in `spare`: the run awaiting the sub-task, and one still
+/// returning the result of this activity's last sub-task) and awaits them. The turn
 /// in progress stays open and goes on after `ResumeActivity` (a turn still generating
 /// text is interrupted: its speech stops where it was).
 pub(crate) struct PauseActivity {
-    pub(crate) exempt: Option<u64>,
+    pub(crate) spare: Vec<u64>,
 }
 
 /// The reply is what the task's agent takes over: the chat context once paused (its
@@ -818,7 +862,7 @@ impl Handler<PauseActivity> for ActivityActor {
     fn handle(&mut self, msg: PauseActivity, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
         self.pausing.push(tx);
-        self.feed(Input::Pause { exempt: msg.exempt }, ctx);
+        self.feed(Input::Pause { spare: msg.spare }, ctx);
         if !self.machine.is_paused() {
             // Not pausable (closing): nothing to stop, answer with what it has.
             let handover = self.handover();
@@ -1005,7 +1049,17 @@ fn toolset_name(id: &ActorId) -> String {
 /// again; the answer lists the calls that end instead, with their terminal outputs, for
 /// the session to deliver (so that it wants the reply before it counts as settled).
 pub(crate) struct RestoreCalls {
-    pub(crate) calls: Vec<(String, BackgroundCall)>,
+    pub(crate) calls: Vec<CallToRestore>,
+}
+
+/// A call that was running in the background at the snapshot, and its toolset's name.
+pub(crate) struct CallToRestore {
+    pub(crate) toolset: String,
+    pub(crate) call: FunctionCall,
+    pub(crate) updates: u32,
+    pub(crate) checkpoint: Option<serde_json::Value>,
+    /// Set when its body awaited a sub-task still running (see `toolset::AwaitedTask`).
+    pub(crate) awaits: Option<AwaitedTask>,
 }
 
 /// A restored call that ends, with its terminal output and whether it is an error.
@@ -1022,19 +1076,20 @@ impl Handler<RestoreCalls> for ActivityActor {
         let asks: Vec<_> = msg
             .calls
             .into_iter()
-            .map(|(toolset, background)| {
+            .map(|restore| {
                 let target = self
                     .own
                     .iter()
-                    .find(|t| toolset_name(t.id()) == toolset)
+                    .find(|t| toolset_name(t.id()) == restore.toolset)
                     .map(|t| t.mailbox.clone());
-                let call = background.call.clone();
+                let call = restore.call.clone();
                 let resume = ResumeRun {
-                    call: background.call,
+                    call: restore.call,
                     agent: self.agent.clone(),
                     is_task: self.is_task,
-                    updates: background.updates,
-                    checkpoint: background.checkpoint,
+                    updates: restore.updates,
+                    checkpoint: restore.checkpoint,
+                    awaits: restore.awaits,
                 };
                 let from = self.probe.id().clone();
                 async move {

@@ -19,6 +19,15 @@ pub(crate) enum Scope {
     Activity(ActorId),
 }
 
+/// A tool run that asks for a sub-task (`ctx.run_task`): its key, which its caller's pause
+/// spares, and its scope — an agent-scoped run stops with its activity's pause or close,
+/// and a sub-task asked for by a run that stopped is not started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TaskAsker {
+    pub(crate) run: u64,
+    pub(crate) scope: Scope,
+}
+
 /// Where the answer to one delivery of tool items goes: sent once, when the items are in
 /// a chat context or refused. Dropped unanswered — the session or activity stopped with
 /// the delivery still queued or held — it answers [`UpdateError::Closed`], so whoever

@@ -47,6 +47,13 @@ pub enum SessionError {
     /// A snapshot could not be read or restored (nothing was started).
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    /// `RunContext::run_task` from a tool run that was stopped with its agent (paused for
+    /// another sub-task, handed off, closed) before the sub-task could start: it did not
+    /// start, since nobody would wait for its result.
+    #[error(
+        "the sub-task did not start: the tool run that asked for it was stopped with its agent"
+    )]
+    TaskNotStarted,
     /// A sub-task's result did not have the type `run_task` asked for.
     #[error("the sub-task's result has an unexpected shape: {0}")]
     TaskResult(#[source] serde_json::Error),

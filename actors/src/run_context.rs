@@ -231,7 +231,10 @@ impl RunContext {
 
     /// Runs a sub-task agent and returns its typed result. The calling agent is paused
     /// meanwhile (its other agent-scoped runs stop); this run is exempt and produces its
-    /// output when the caller resumes.
+    /// output when the caller resumes. If the session restores from a snapshot taken while
+    /// the task runs, this body is not run again: the call's output is the task's result
+    /// as JSON. An agent-scoped run stopped before its sub-task started (another call of
+    /// its step paused the agent first) gets [`SessionError::TaskNotStarted`].
     pub async fn run_task<T: DeserializeOwned>(&self, agent: Agent) -> Result<T, SessionError> {
         let value = self.port.run_task(agent).await?;
         serde_json::from_value(value).map_err(SessionError::TaskResult)

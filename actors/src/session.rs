@@ -56,7 +56,7 @@ use crate::activity::{
 use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
 use crate::control::ControlPort;
-use crate::delivery::Scope;
+use crate::delivery::{Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
 use crate::events::UserState;
 use crate::events::{RunResult, SessionEvent};
@@ -81,7 +81,7 @@ pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{AwaitTask, RecordInput, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -194,7 +194,6 @@ type Refused = Box<(HandoffDone, SessionError)>;
 pub(crate) struct PlannedTask {
     agent: Agent,
     llm: Arc<dyn Llm>,
-    exempt: Option<u64>,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -247,9 +246,15 @@ impl SessionLinks {
         &self,
         from: &ActorId,
         agent: Agent,
-        exempt: Option<u64>,
+        asker: TaskAsker,
     ) -> impl std::future::Future<Output = Result<Value, SessionError>> + Send + 'static {
-        let ask = self.session.ask(from, RunTask { agent, exempt });
+        let ask = self.session.ask(
+            from,
+            RunTask {
+                agent,
+                asker: Some(asker),
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }
     }
 }
@@ -409,7 +414,14 @@ impl SessionActor {
                     self.start_turn(activity, TurnKind::Deferred, None, ctx)
                 }
                 Next::Handoff { outgoing, handoff } => self.begin_handoff(outgoing, handoff, ctx),
-                Next::Task { caller, task } => self.begin_task(caller, task, ctx),
+                Next::Task {
+                    caller,
+                    task,
+                    spare,
+                } => self.begin_task(caller, task, spare, ctx),
+                Next::DropTask { reply } => {
+                    let _ = reply.send(Err(SessionError::TaskNotStarted));
+                }
                 Next::EndTask { task } => self.begin_end_task(task, ctx),
                 Next::Settle => self.settle(0, 0, ctx),
             }
@@ -909,8 +921,8 @@ impl Handler<QueueHandoff> for SessionActor {
 /// the calling tool waits inside a turn. Refused at once when the agent cannot start.
 pub(crate) struct RunTask {
     pub(crate) agent: Agent,
-    /// The run awaiting the task, exempt from the pause.
-    pub(crate) exempt: Option<u64>,
+    /// The run awaiting the task (exempt from the pause), none for the host.
+    pub(crate) asker: Option<TaskAsker>,
 }
 
 impl Message for RunTask {
@@ -930,9 +942,8 @@ impl Handler<RunTask> for SessionActor {
                 let task = PlannedTask {
                     agent: msg.agent,
                     llm,
-                    exempt: msg.exempt,
                 };
-                if let Err((reply, _)) = self.schedule.request_task(task, tx) {
+                if let Err((reply, _)) = self.schedule.request_task(task, msg.asker, tx) {
                     let _ = reply.send(Err(SessionError::Closed));
                 }
                 self.pump(ctx);
@@ -1309,6 +1320,7 @@ counted_handlers!(
     ReadAgent,
     CloseSession,
     TakeSnapshot,
+    AwaitTask,
     RecordInput,
     InputsHandled,
 );

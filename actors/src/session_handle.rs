@@ -256,13 +256,7 @@ impl Session {
         let value = self
             .host
             .mailbox
-            .ask(
-                &ActorId::host(),
-                RunTask {
-                    agent,
-                    exempt: None,
-                },
-            )
+            .ask(&ActorId::host(), RunTask { agent, asker: None })
             .await
             .unwrap_or(Err(SessionError::Closed))?;
         serde_json::from_value(value).map_err(SessionError::TaskResult)

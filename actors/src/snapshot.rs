@@ -338,6 +338,12 @@ pub(crate) struct RunningRecord {
     /// What it saved with `ctx.checkpoint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) checkpoint: Option<Value>,
+    /// Its body awaits the sub-task of the paused caller with this order (an interruption
+    /// moved the call to the background while it waited): on restore the body is not run
+    /// again, which would ask for the task a second time; a run that awaits the task's
+    /// result stands for it, and the result is its `/finished` output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) task_of: Option<u32>,
 }
 
 impl SessionSnapshot {

@@ -34,7 +34,7 @@ use crate::activity::DeliverToolItems;
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
-use crate::delivery::{DeliveryAnswer, Scope};
+use crate::delivery::{DeliveryAnswer, Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
@@ -392,6 +392,8 @@ struct RunLinks {
     id: ActorId,
     call_id: Arc<str>,
     key: u64,
+    /// Its scope: a sub-task it asks for is dropped once its activity is no longer current.
+    scope: Scope,
     /// This run's address; the context sends it only `ToolUpdate` (the port's one method).
     update: Mailbox<ToolRunActor>,
     session: Arc<SessionLinks>,
@@ -440,9 +442,11 @@ impl RunPort for RunLinks {
     }
 
     fn run_task(&self, agent: Agent) -> BoxFuture<'static, Result<Value, SessionError>> {
-        self.session
-            .run_task(&self.id, agent, Some(self.key))
-            .boxed()
+        let asker = TaskAsker {
+            run: self.key,
+            scope: self.scope.clone(),
+        };
+        self.session.run_task(&self.id, agent, asker).boxed()
     }
 
     fn checkpoint(&self, value: Value) {
@@ -469,6 +473,7 @@ impl Actor for ToolRunActor {
             id: self.id().clone(),
             call_id: Arc::from(self.call.call_id.as_str()),
             key: self.key,
+            scope: self.scope.clone(),
             update: Mailbox::new(ctx.address(), self.probe.clone()),
             session: self.links.clone(),
             hold: self.hold.clone(),

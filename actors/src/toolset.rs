@@ -31,6 +31,7 @@ use tokio::sync::oneshot;
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
 use crate::delivery::Scope;
+use crate::error::SessionError;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
 use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
@@ -39,7 +40,7 @@ use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
-use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
+use crate::tool::{DuplicatePolicy, PreparedBody, Tool, ToolReturn, CONFIRM_DUPLICATE_PARAM};
 use crate::tool_run::{InterruptRun, Progress, RunSpec, StopRun, ToolRunActor};
 
 use duplicates::{is_duplicate, on_duplicate, OnDuplicate, Running};
@@ -196,6 +197,7 @@ impl ToolsetActor {
                 tool,
                 body,
             },
+            None,
             Some(tx),
             Arc::new(Progress::default()),
         );
@@ -211,14 +213,16 @@ impl ToolsetActor {
         rx
     }
 
-    /// Spawns a run and enters it in the registry.
+    /// Spawns a run and enters it in the registry, under `key` if the session gave it
+    /// one (a run standing for a call that awaits a sub-task), else a new one.
     fn spawn_entry(
         &mut self,
         run: NewRun,
+        key: Option<u64>,
         immediate: Option<oneshot::Sender<CallOutput>>,
         progress: Arc<Progress>,
     ) -> Mailbox<ToolRunActor> {
-        let key = self.shared.ids.next_run();
+        let key = key.unwrap_or_else(|| self.shared.ids.next_run());
         let (alive, gone) = alive_pair();
         let mailbox = ToolRunActor::spawn(RunSpec {
             key,
@@ -465,12 +469,13 @@ impl Handler<RunEnded> for ToolsetActor {
 }
 
 /// Sent by the toolset's parent when its scope pauses or closes: stops every running
-/// call (but `except`, the run awaiting a sub-task), awaiting each. The reply lists the
+/// call (but those in `except`: the run awaiting a sub-task, and one still returning the
+/// result of the last one), awaiting each. The reply lists the
 /// calls that were running in the background, for which the parent writes a terminal
 /// `/finished` output.
 pub(crate) struct StopRuns {
     pub(crate) reason: Arc<str>,
-    pub(crate) except: Option<u64>,
+    pub(crate) except: Vec<u64>,
 }
 
 impl Message for StopRuns {
@@ -485,7 +490,7 @@ impl Handler<StopRuns> for ToolsetActor {
             .runs
             .keys()
             .copied()
-            .filter(|key| Some(*key) != msg.except)
+            .filter(|key| !msg.except.contains(key))
             .collect();
         Box::pin(self.stop_runs(keys, msg.reason, false).into_actor(self))
     }
@@ -617,6 +622,8 @@ impl Handler<CancelRun> for ToolsetActor {
 
 /// A call of this toolset running in the background, as a session snapshot records it.
 pub(crate) struct BackgroundCall {
+    /// Its run's key: the session knows which run awaits a sub-task by its key.
+    pub(crate) key: u64,
     pub(crate) call: FunctionCall,
     /// Later updates it sent.
     pub(crate) updates: u32,
@@ -636,9 +643,10 @@ impl Handler<ListBackground> for ToolsetActor {
 
     fn handle(&mut self, _msg: ListBackground, _ctx: &mut Self::Context) -> Self::Result {
         self.runs
-            .values()
-            .filter(|run| !run.closed && run.progress.in_background())
-            .map(|run| BackgroundCall {
+            .iter()
+            .filter(|(_, run)| !run.closed && run.progress.in_background())
+            .map(|(key, run)| BackgroundCall {
+                key: *key,
                 call: run.call.clone(),
                 updates: run.progress.updates(),
                 checkpoint: run.progress.checkpoint(),
@@ -659,6 +667,34 @@ pub(crate) struct ResumeRun {
     pub(crate) is_task: bool,
     pub(crate) updates: u32,
     pub(crate) checkpoint: Option<Value>,
+    /// Set when the call's body awaited a sub-task that is still running: the body is not
+    /// run again, whatever the tool's policy (it would ask for the task a second time).
+    pub(crate) awaits: Option<AwaitedTask>,
+}
+
+/// A restored call whose body awaited a sub-task (`ctx.run_task`) still running in the
+/// snapshot. A run stands for it in this toolset, as the body's run did — duplicates,
+/// `get_running_tasks` and `cancel_task` see it, a pause spares it — whose body awaits the
+/// task's result and returns it, as the tool's `run_task` would have handed it over.
+pub(crate) struct AwaitedTask {
+    /// The run's key, given by the session, which spares it when it pauses the caller.
+    pub(crate) key: u64,
+    /// The step of the call (a paused step's call: an interruption of that step after the
+    /// caller resumes moves it to the background, as it would the body's run).
+    pub(crate) step: u64,
+    /// Whether that step's turn may be interrupted (`cancel_task` asks).
+    pub(crate) interruptibility: Arc<Interruptibility>,
+    /// The task's result, from the session.
+    pub(crate) result: BoxFuture<'static, Result<Value, SessionError>>,
+    /// Where its output goes when the call awaits in a paused step; none for a call in
+    /// the background, whose result arrives as its `/finished` output.
+    pub(crate) immediate: Option<oneshot::Sender<CallOutput>>,
+}
+
+/// The body of a run standing for a call that awaits a sub-task: the task's result is
+/// its return value (a failed task's error, its error).
+fn awaiting_body(result: BoxFuture<'static, Result<Value, SessionError>>) -> PreparedBody {
+    Box::new(move |_ctx| async move { Ok(ToolReturn::Json(result.await?)) }.boxed())
 }
 
 /// What became of a call restored from a snapshot.
@@ -681,7 +717,10 @@ plain_response!(Resumed);
 impl Handler<ResumeRun> for ToolsetActor {
     type Result = Resumed;
 
-    fn handle(&mut self, msg: ResumeRun, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, mut msg: ResumeRun, _ctx: &mut Self::Context) -> Self::Result {
+        if let Some(awaits) = msg.awaits.take() {
+            return self.await_task(msg, awaits);
+        }
         let Some((tool, _)) = self.tools.get(&msg.call.name).cloned() else {
             return Resumed::Ended {
                 output: ABANDONED.to_owned(),
@@ -719,7 +758,53 @@ impl Handler<ResumeRun> for ToolsetActor {
                 body,
             },
             None,
+            None,
             Arc::new(Progress::restored(msg.updates, checkpoint)),
+        );
+        Resumed::Running
+    }
+}
+
+impl ToolsetActor {
+    /// Restores a call that awaits a sub-task: a run stands for it (see [`AwaitedTask`]).
+    /// A tool no longer here, or a toolset closing, ends it as an abandoned call.
+    fn await_task(&mut self, msg: ResumeRun, awaits: AwaitedTask) -> Resumed {
+        let tool = match self.tools.get(&msg.call.name) {
+            Some((tool, _)) if self.closing.is_none() => tool.clone(),
+            _ => {
+                return Resumed::Ended {
+                    output: ABANDONED.to_owned(),
+                    is_error: false,
+                }
+            }
+        };
+        let AwaitedTask {
+            key,
+            step,
+            interruptibility,
+            result,
+            immediate,
+        } = awaits;
+        // In a paused step the call has no output yet; in the background its updates go
+        // on after those it sent, as a restored body's would.
+        let progress = match immediate {
+            Some(_) => Progress::default(),
+            None => Progress::restored(msg.updates, msg.checkpoint),
+        };
+        self.spawn_entry(
+            NewRun {
+                call: msg.call,
+                step,
+                agent: msg.agent,
+                is_task: msg.is_task,
+                interruptibility,
+                speech: None,
+                tool,
+                body: awaiting_body(result),
+            },
+            Some(key),
+            immediate,
+            Arc::new(progress),
         );
         Resumed::Running
     }

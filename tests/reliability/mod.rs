@@ -1657,10 +1657,6 @@ pub struct Harness {
     /// barge-in window (paused speech, a short interruption waiting for its transcript)
     /// that a snapshot does not hold.
     voice_since_drain: bool,
-    /// Restorable: the host lets a switch under way end before it lets a tool body go on
-    /// or starts a sub-task (see [`Harness::await_switch`]). Off for regression tests of
-    /// what the session does when they race.
-    pub await_switches: bool,
 }
 
 /// What a restored copy of a harness starts from (see `restore.rs`).
@@ -1780,7 +1776,6 @@ impl Harness {
             detached: Vec::new(),
             events_seen: 0,
             voice_since_drain: false,
-            await_switches: restorable,
         })
     }
 
@@ -1954,25 +1949,6 @@ impl Harness {
         }
     }
 
-    /// Restorable: before the host lets a tool body go on (a gate, a late update) or
-    /// starts a sub-task, the switch under way ends (reading the current agent waits for
-    /// it; time moves if it waits for a grace period) and the session comes to rest.
-    /// Otherwise the switch races the host: a caller resuming from its sub-task completes
-    /// its paused step a few messages later in an uninterrupted session (through the run
-    /// that awaited the task) than in a restored one (where that run is gone), so a body's
-    /// items land before the step in one and after it in the other, and a sub-task the
-    /// host starts then pauses the caller before the step in one (stopping the run that
-    /// awaited the task: its value is lost) and after it in the other.
-    async fn await_switch(&mut self) -> Result<(), String> {
-        if !self.await_switches || self.closed {
-            return Ok(());
-        }
-        let session = self.session().clone();
-        let _ = bounded("current_agent", session.current_agent()).await?;
-        self.settle_fully().await;
-        self.observe()
-    }
-
     /// Lets the session's actors run without moving time.
     async fn settle() {
         for _ in 0..32 {
@@ -2089,7 +2065,6 @@ impl Harness {
                 });
             }
             Op::HostTask => {
-                self.await_switch().await?;
                 let agent = self.world.agent(Role::Gamma);
                 let what = format!("run_task({})", agent.name());
                 let input = Input::Task(agent.name().to_owned());
@@ -2104,13 +2079,11 @@ impl Harness {
                 });
             }
             Op::OpenGate(pick) => {
-                self.await_switch().await?;
                 self.world.open_gate(*pick);
             }
             Op::Playout { pick, heard } => self.out.report(*pick, *heard),
             Op::Advance(ms) => tokio::time::advance(Duration::from_millis((*ms).into())).await,
             Op::LateUpdate(pick) => {
-                self.await_switch().await?;
                 let ctx = if self.restorable {
                     // Among the contexts of runs alive and not cancelled, by call id: the
                     // runs a restored copy has too (an update through any other fails and
@@ -2350,10 +2323,9 @@ impl Harness {
                 break;
             }
             // Speech first: a reported playout may end a turn whose handoff or task end
-            // then switches agents, which ends before any tool body goes on.
+            // then switches agents.
             self.out.report_all();
             self.settle_fully().await;
-            self.await_switch().await?;
             self.world.open_all_gates();
             self.settle_fully().await;
             self.observe()?;

@@ -104,6 +104,16 @@ pub(crate) struct PendingItem {
     pub(crate) items: Arc<[ChatItem]>,
 }
 
+/// A restored caller's call that awaits its sub-task (see [`Activation::waiting_call`]).
+pub(crate) struct WaitingCall {
+    pub(crate) step: u64,
+    pub(crate) index: usize,
+    pub(crate) call: FunctionCall,
+    /// The toolset that runs its tool (none: the restored agent no longer has it).
+    pub(crate) toolset: Option<ToolsetKey>,
+    pub(crate) interruptibility: Arc<Interruptibility>,
+}
+
 /// Where the activation is; each state owns what it holds.
 pub(crate) enum State {
     /// Spawned with its start data; `on_enter` has not started.
@@ -200,8 +210,8 @@ pub(crate) enum Input {
     },
     /// Items the session wrote (terminal outputs of session runs at close).
     Append(Vec<ChatItem>),
-    /// A sub-task starts: pause, stopping own runs but `exempt`.
-    Pause { exempt: Option<u64> },
+    /// A sub-task starts: pause, stopping own runs but those in `spare`.
+    Pause { spare: Vec<u64> },
     /// The runs a pause stopped are gone; `calls` ran in the background.
     RunsStopped {
         calls: Vec<FunctionCall>,
@@ -258,10 +268,7 @@ pub(crate) enum Command {
         toolsets: Vec<ToolsetKey>,
     },
     /// Pause: stop every run of the own toolsets but `except`; feed `RunsStopped`.
-    StopRuns {
-        except: Option<u64>,
-        reason: Arc<str>,
-    },
+    StopRuns { except: Vec<u64>, reason: Arc<str> },
     /// Close: stop the own toolsets (awaited); feed `ToolsetsStopped`.
     StopToolsets { reason: Arc<str> },
     /// Feed `Timer` at `at` (one timer is enough: the machine asks again for the next).
@@ -470,6 +477,14 @@ impl Activation {
             (true, None) => State::Paused(None),
             (true, Some((waiting, done))) => {
                 let step = self.shared.ids.next_step();
+                // The toolset of the call that awaits the task: a run stands for it there,
+                // which an interruption of the step after the resume reaches.
+                let toolsets: Vec<ToolsetKey> = waiting
+                    .awaiting
+                    .and_then(|at| waiting.calls.get(at))
+                    .and_then(|call| self.tools.routes.get(&call.name).copied())
+                    .into_iter()
+                    .collect();
                 let calls = waiting.calls;
                 self.ledger.open_step(step, calls, &mut |_| {});
                 for (index, output) in waiting.outputs.into_iter().enumerate() {
@@ -525,29 +540,33 @@ impl Activation {
                     done,
                     waiters: Vec::new(),
                     span,
-                    phase: Phase::Calling {
-                        step,
-                        toolsets: Vec::new(),
-                    },
+                    phase: Phase::Calling { step, toolsets },
                 })))
             }
         };
     }
 
-    /// For a restored caller whose step waits for its sub-task: that step's key and the
-    /// index of the call the task's result answers.
-    pub(crate) fn waiting_call(&self) -> Option<(u64, usize)> {
+    /// For a restored caller whose step waits for its sub-task: the call the task's
+    /// result answers, where it is, and the toolset that runs its tool.
+    pub(crate) fn waiting_call(&self) -> Option<WaitingCall> {
         let State::Paused(Some(turn)) = &self.state else {
             return None;
         };
         let Phase::Calling { step, .. } = turn.phase else {
             return None;
         };
-        let index = self
+        let (index, call) = self
             .ledger
             .open_slots()
-            .position(|(_, out)| out.is_none())?;
-        Some((step, index))
+            .enumerate()
+            .find_map(|(index, (call, out))| out.is_none().then(|| (index, call.clone())))?;
+        Some(WaitingCall {
+            step,
+            index,
+            toolset: self.tools.routes.get(&call.name).copied(),
+            call,
+            interruptibility: turn.interruptibility.clone(),
+        })
     }
 
     /// Its part of a session snapshot (see [`Part`]).
@@ -952,7 +971,7 @@ impl Activation {
                 });
                 state
             }
-            Input::Pause { exempt } => self.pause(state, exempt, out),
+            Input::Pause { spare } => self.pause(state, spare, out),
             Input::RunsStopped { calls, reason } => {
                 self.with_ledger(None, |ledger, sink| {
                     ledger.write_terminal(calls, &reason, sink)
@@ -1927,7 +1946,7 @@ impl Activation {
     /// whoever waits for that is answered now (its end waits for a sub-task only the user
     /// and the model can finish). The tools' held items are refused; session-scoped
     /// pending items go to the task's agent, its own are dropped.
-    fn pause(&mut self, state: State, exempt: Option<u64>, out: &mut Vec<Command>) -> State {
+    fn pause(&mut self, state: State, spare: Vec<u64>, out: &mut Vec<Command>) -> State {
         let turn = match state {
             State::Running(turn) => {
                 let generating = matches!(turn.phase, Phase::Generating(_));
@@ -1954,7 +1973,7 @@ impl Activation {
         self.refuse_held();
         self.hand_back_pending();
         out.push(Command::StopRuns {
-            except: exempt,
+            except: spare,
             reason: Arc::from("the agent was paused for a sub-task"),
         });
         State::Paused(turn)

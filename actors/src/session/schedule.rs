@@ -23,13 +23,17 @@
 //! - During a switch, session-scoped tool items wait and go to the incoming agent;
 //!   agent-scoped ones are refused (their activity never takes items again).
 //! - A handoff or task end decided by a turn runs before anything queued.
+//! - A sub-task asked for by an agent-scoped run whose activity paused or closed since
+//!   (the run stopped with it) does not start. A pause spares the run that asked for the
+//!   sub-task, and the caller's run that was handed its last sub-task's result (its
+//!   output may still be on its way: stopping it would lose the result).
 //! - A close hands back every activity to stop and everything to fail, once.
 
 use std::collections::VecDeque;
 
 use serde_json::Value;
 
-use crate::delivery::Scope;
+use crate::delivery::{Scope, TaskAsker};
 use crate::events::UserState;
 use crate::ids::ActorId;
 use crate::speech::SpeechPriority;
@@ -67,6 +71,10 @@ pub(crate) struct Frame<W: Work> {
     /// for (its own task's end, a handoff): it runs once this activity is current again,
     /// never on the sub-task that runs on top of it.
     after: Vec<Job<W>>,
+    /// The run of its own that was handed the result of its last sub-task: its output may
+    /// still be on its way when another sub-task pauses this activity, and that pause
+    /// spares it, so the result reaches the step instead of a "cancelled" output.
+    returning: Option<u64>,
 }
 
 impl<W: Work> Frame<W> {
@@ -76,14 +84,24 @@ impl<W: Work> Frame<W> {
             activity,
             turn: None,
             after: Vec::new(),
+            returning: None,
         }
     }
 }
 
-/// A caller paused for a sub-task, and who waits for the task's result.
+/// A caller paused for a sub-task, and who waits for the task's result: the reply, and
+/// the caller's run that asked (none for the host).
 struct Paused<W: Work> {
     frame: Frame<W>,
     reply: W::TaskReply,
+    run: Option<u64>,
+}
+
+/// A sub-task asked for and not started yet.
+struct TaskRequest<W: Work> {
+    task: W::Task,
+    reply: W::TaskReply,
+    asker: Option<TaskAsker>,
 }
 
 enum Stage<W: Work> {
@@ -106,10 +124,11 @@ enum Switch<W: Work> {
     Starting,
     /// The outgoing agent of a handoff is closing.
     HandingOff { outgoing: Frame<W> },
-    /// The caller of a sub-task is pausing.
+    /// The caller of a sub-task is pausing; `run` is its run that asked.
     Pausing {
         caller: Frame<W>,
         reply: W::TaskReply,
+        run: Option<u64>,
     },
     /// A completed sub-task's agent is closing; its caller resumes with `value`.
     EndingTask { task: Frame<W>, value: Value },
@@ -154,9 +173,18 @@ pub(crate) enum Next<W: Work> {
         outgoing: W::Activity,
         handoff: W::Handoff,
     },
-    /// Pause `caller` (all its agent-scoped runs stop but the exempt one), then start
-    /// the task's agent (`entering`, then `entered`).
-    Task { caller: W::Activity, task: W::Task },
+    /// Pause `caller` (all its agent-scoped runs stop but those in `spare`: the run that
+    /// asked, and the one still returning the result of the caller's last sub-task), then
+    /// start the task's agent (`entering`, then `entered`).
+    Task {
+        caller: W::Activity,
+        task: W::Task,
+        spare: Vec<u64>,
+    },
+    /// A sub-task asked for by an agent-scoped run whose activity is no longer current:
+    /// the run was stopped with its activity's pause or close, so nobody waits for the
+    /// task and it does not start. Answer `reply` that it did not.
+    DropTask { reply: W::TaskReply },
     /// Close the completed sub-task's activity, then resume its caller (`task_closed`).
     EndTask { task: W::Activity },
     /// A deferred reply is due: first let the tool deliveries already on their way land
@@ -204,6 +232,9 @@ pub(crate) enum JobView<'a, W: Work> {
 pub(crate) struct LiveView<'a, W: Work> {
     pub(crate) activity: &'a W::Activity,
     pub(crate) after: Vec<JobView<'a, W>>,
+    /// For a paused caller, the key of its run that awaits its sub-task's result (none
+    /// when the host asked for the task).
+    pub(crate) asker: Option<u64>,
 }
 
 /// A live activation restored from a snapshot: its frame, whether a turn of it is in
@@ -268,7 +299,7 @@ pub(crate) const MAX_QUEUED: usize = 64;
 pub(crate) struct Schedule<W: Work> {
     stage: Stage<W>,
     jobs: VecDeque<Job<W>>,
-    tasks: VecDeque<(W::Task, W::TaskReply)>,
+    tasks: VecDeque<TaskRequest<W>>,
     held: Vec<W::Delivery>,
     /// Tool items that ask for a reply reached the current agent (or it took over pending
     /// ones) since its last deferred reply started.
@@ -319,10 +350,11 @@ impl<W: Work> Schedule<W> {
     }
 
     /// A session restored from a snapshot: `paused` callers (outermost first, each with
-    /// who waits for its sub-task's result) under the `current` agent, the jobs queued for
-    /// it, and whether a deferred reply is wanted.
+    /// who waits for its sub-task's result and the key of the run that stands for the
+    /// call awaiting it, if one does) under the `current` agent, the jobs queued for it,
+    /// and whether a deferred reply is wanted.
     pub(crate) fn restored(
-        mut paused: Vec<(RestoredFrame<W>, W::TaskReply)>,
+        mut paused: Vec<(RestoredFrame<W>, W::TaskReply, Option<u64>)>,
         current: RestoredFrame<W>,
         jobs: Vec<RestoredJob<W>>,
         reply_wanted: bool,
@@ -332,15 +364,17 @@ impl<W: Work> Schedule<W> {
             activity: restored.activity,
             turn: restored.in_turn.then_some(TurnId::Engine),
             after: restored.after.into_iter().map(Job::from).collect(),
+            returning: None,
         };
         let mut schedule = Self::new();
         schedule.stage = Stage::Live {
             current: frame(current),
             paused: paused
                 .drain(..)
-                .map(|(restored, reply)| Paused {
+                .map(|(restored, reply, run)| Paused {
                     frame: frame(restored),
                     reply,
+                    run,
                 })
                 .collect(),
         };
@@ -355,17 +389,18 @@ impl<W: Work> Schedule<W> {
         let Stage::Live { current, paused } = &self.stage else {
             return None;
         };
-        fn view<W: Work>(frame: &Frame<W>) -> LiveView<'_, W> {
+        fn view<W: Work>(frame: &Frame<W>, asker: Option<u64>) -> LiveView<'_, W> {
             LiveView {
                 activity: &frame.activity,
                 after: frame.after.iter().map(Job::view).collect(),
+                asker,
             }
         }
         Some(
             paused
                 .iter()
-                .map(|p| view(&p.frame))
-                .chain(std::iter::once(view(current)))
+                .map(|p| view(&p.frame, p.run))
+                .chain(std::iter::once(view(current, None)))
                 .collect(),
         )
     }
@@ -558,16 +593,18 @@ impl<W: Work> Schedule<W> {
     }
 
     /// Asks for a sub-task: it starts at once when an agent is current (even mid-turn),
-    /// else as soon as the switch under way ends.
+    /// else as soon as the switch under way ends. `asker`: the tool run that asks (none
+    /// for the host).
     pub(crate) fn request_task(
         &mut self,
         task: W::Task,
+        asker: Option<TaskAsker>,
         reply: W::TaskReply,
     ) -> Result<(), (W::TaskReply, Refusal)> {
         if let Err(why) = self.admit() {
             return Err((reply, why));
         }
-        self.tasks.push_back((task, reply));
+        self.tasks.push_back(TaskRequest { task, reply, asker });
         Ok(())
     }
 
@@ -578,14 +615,29 @@ impl<W: Work> Schedule<W> {
         let Stage::Live { current, .. } = &mut self.stage else {
             return None;
         };
-        if let Some((task, reply)) = self.tasks.pop_front() {
+        if let Some(TaskRequest { task, reply, asker }) = self.tasks.pop_front() {
+            if let Some(TaskAsker {
+                scope: Scope::Activity(owner),
+                ..
+            }) = &asker
+            {
+                if *owner != current.id {
+                    // Asked for by a run of an activity that paused or closed since (two
+                    // calls of one step asking for sub-tasks: the first one's pause stops
+                    // the second): that run is stopped, and the task would run for nobody.
+                    return Some(Next::DropTask { reply });
+                }
+            }
             let activity = current.activity.clone();
+            let run = asker.map(|asker| asker.run);
+            let spare = run.into_iter().chain(current.returning).collect();
             // The caller hands its pending items to the task's agent.
             self.reply_wanted = false;
-            self.switch(|caller| Switch::Pausing { caller, reply });
+            self.switch(|caller| Switch::Pausing { caller, reply, run });
             return Some(Next::Task {
                 caller: activity,
                 task,
+                spare,
             });
         }
         if current.turn.is_some() {
@@ -656,10 +708,11 @@ impl<W: Work> Schedule<W> {
         };
         let incoming = Frame::new(id, activity);
         match std::mem::replace(switch, Switch::Starting) {
-            Switch::Pausing { caller, reply } => {
+            Switch::Pausing { caller, reply, run } => {
                 paused.push(Paused {
                     frame: caller,
                     reply,
+                    run,
                 });
             }
             Switch::Starting | Switch::HandingOff { .. } => {}
@@ -720,6 +773,9 @@ impl<W: Work> Schedule<W> {
             return None;
         };
         let mut frame = caller.frame;
+        if caller.run.is_some() {
+            frame.returning = caller.run;
+        }
         let activity = frame.activity.clone();
         for job in std::mem::take(&mut frame.after).into_iter().rev() {
             self.jobs.push_front(job);
@@ -857,7 +913,7 @@ impl<W: Work> Schedule<W> {
             Stage::Switching { paused, switch } => match switch {
                 Switch::Starting => (None, paused, Vec::new()),
                 Switch::HandingOff { outgoing } => (Some(outgoing), paused, Vec::new()),
-                Switch::Pausing { caller, reply } => (Some(caller), paused, vec![reply]),
+                Switch::Pausing { caller, reply, .. } => (Some(caller), paused, vec![reply]),
                 Switch::EndingTask { task, .. } => (Some(task), paused, Vec::new()),
                 Switch::Entering { incoming } => (Some(incoming), paused, Vec::new()),
             },
@@ -891,7 +947,11 @@ impl<W: Work> Schedule<W> {
             activities,
             turns,
             handoffs,
-            tasks: self.tasks.drain(..).collect(),
+            tasks: self
+                .tasks
+                .drain(..)
+                .map(|request| (request.task, request.reply))
+                .collect(),
             task_replies,
             held: std::mem::take(&mut self.held),
         })
@@ -1042,12 +1102,13 @@ mod tests {
         let mut s = live();
         s.queue_turn(TurnId::Host(1), "book", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { .. })));
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(
             s.next(),
             Some(Next::Task {
                 caller: "a",
-                task: "survey"
+                task: "survey",
+                ..
             })
         ));
         assert!(s.in_task());
@@ -1074,11 +1135,93 @@ mod tests {
         assert!(s.is_inactive());
     }
 
+    fn run_of(run: u64, owner: &str) -> Option<TaskAsker> {
+        Some(TaskAsker {
+            run,
+            scope: Scope::Activity(id(owner)),
+        })
+    }
+
+    #[test]
+    fn a_sub_task_asked_by_a_run_its_callers_pause_stopped_does_not_start() {
+        // Two calls of one step of `a` ask for sub-tasks: the first pauses `a`, which
+        // stops the second call's run.
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "book", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.request_task("first", run_of(1, "a"), "run 1 waits")
+            .unwrap();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Task { task: "first", spare, .. }) if spare == [1]
+        ));
+        s.request_task("second", run_of(2, "a"), "run 2 waits")
+            .unwrap();
+        // A session-scoped run of `a`'s step is not stopped by the pause; the host waits.
+        let session_run = Some(TaskAsker {
+            run: 3,
+            scope: Scope::Session,
+        });
+        s.request_task("third", session_run, "run 3 waits").unwrap();
+        assert!(s.next().is_none(), "the caller still pauses");
+        assert!(s.entering(id("t"), "t"));
+        s.entered(false);
+        assert!(matches!(
+            s.next(),
+            Some(Next::DropTask {
+                reply: "run 2 waits"
+            })
+        ));
+        assert!(matches!(
+            s.next(),
+            Some(Next::Task {
+                caller: "t",
+                task: "third",
+                ..
+            })
+        ));
+        // A run of the current agent still asks as before.
+        assert!(s.entering(id("u"), "u"));
+        s.entered(false);
+        s.request_task("fourth", run_of(4, "u"), "run 4 waits")
+            .unwrap();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Task {
+                caller: "u",
+                task: "fourth",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_caller_paused_again_as_it_resumes_spares_the_run_it_handed_the_result_to() {
+        let mut s = live();
+        s.queue_turn(TurnId::Host(1), "book", N).unwrap();
+        assert!(matches!(s.next(), Some(Next::Turn { .. })));
+        s.request_task("survey", run_of(1, "a"), "run 1 waits")
+            .unwrap();
+        assert!(matches!(s.next(), Some(Next::Task { .. })));
+        assert!(s.entering(id("t"), "t"));
+        s.entered(false);
+        s.turn_done(&id("t"), After::EndTask(Value::from(42)));
+        assert!(matches!(s.next(), Some(Next::EndTask { .. })));
+        assert_eq!(s.task_closed(false).unwrap().reply, "run 1 waits");
+        // Run 1 has the result but has not returned its output when the host starts
+        // another sub-task: the pause spares it, so the result reaches the step.
+        s.request_task("host's", None, "host waits").unwrap();
+        assert!(matches!(
+            s.next(),
+            Some(Next::Task { caller: "a", task: "host's", spare }) if spare == [1]
+        ));
+    }
+
     #[test]
     fn playout_reports_reach_the_paused_callers_too() {
         let mut s = live();
         assert_eq!(s.activities(), [&"a"]);
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         assert_eq!(s.activities(), [&"a"], "the caller, while it pauses");
         assert!(s.entering(id("t"), "t"));
@@ -1101,13 +1244,13 @@ mod tests {
     /// asked for on top of it, with `t1` as its caller.
     fn second_task_over_a_turn_of_the_first() -> S {
         let mut s = live();
-        s.request_task("first task", "a waits").unwrap();
+        s.request_task("first task", None, "a waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         assert!(s.entering(id("t1"), "t1"));
         s.entered(false);
         s.queue_turn(TurnId::Host(1), "finish", N).unwrap();
         assert!(matches!(s.next(), Some(Next::Turn { activity: "t1", .. })));
-        s.request_task("second task", "host waits").unwrap();
+        s.request_task("second task", None, "host waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { caller: "t1", .. })));
         s
     }
@@ -1165,7 +1308,7 @@ mod tests {
     #[test]
     fn a_handoff_during_a_sub_task_replaces_the_task_agent_and_the_caller_stays_paused() {
         let mut s = live();
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         s.entering(id("t"), "t");
         s.entered(false);
@@ -1265,7 +1408,7 @@ mod tests {
     fn a_task_hands_the_wanted_reply_back_to_its_caller() {
         let mut s = live();
         s.wants_reply();
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         s.entering(id("t"), "t");
         s.entered(true);
@@ -1363,7 +1506,7 @@ mod tests {
     #[test]
     fn close_hands_back_every_activity_and_everything_waiting_once() {
         let mut s = live();
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         s.entering(id("t"), "t");
         s.entered(false);
@@ -1395,7 +1538,7 @@ mod tests {
     #[test]
     fn a_close_while_a_caller_pauses_fails_its_task() {
         let mut s = live();
-        s.request_task("survey", "tool waits").unwrap();
+        s.request_task("survey", None, "tool waits").unwrap();
         assert!(matches!(s.next(), Some(Next::Task { .. })));
         let closing = s.close().unwrap();
         assert_eq!(closing.activities, ["a"]);

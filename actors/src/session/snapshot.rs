@@ -26,16 +26,18 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::saver::{SaveNow, Saver};
 use super::schedule::{JobView, RestoredFrame, RestoredJob, Schedule, TurnId};
-use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor, TaskReply};
+use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor};
 use crate::activity::{
-    ended, finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, Decided,
-    DeliverToolItems, PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult,
+    ended, finished_pair, ActivationSnapshot, ActivityActor, ActivitySpec, Ask, CallToRestore,
+    Decided, DeliverToolItems, PendingItem, RestoreCalls, Restored, SnapshotActivation, TaskResult,
     TurnKind, TurnOutcome,
 };
 use crate::agent::Agent;
@@ -52,8 +54,9 @@ use crate::snapshot::{
     SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
 };
 use crate::snapshot_store::SnapshotStore;
+use crate::speech::Interruptibility;
 use crate::starting_chat::StartingChat;
-use crate::toolset::{BackgroundCall, ListBackground, ResumeRun};
+use crate::toolset::{AwaitedTask, BackgroundCall, ListBackground, ResumeRun};
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,6 +86,25 @@ impl Handler<TakeSnapshot> for SessionActor {
         let (tx, rx) = oneshot::channel();
         self.snapshot(msg.full, Taker::Host(tx), ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
+    }
+}
+
+/// Sent by the session to itself as it restores a call that awaits a sub-task (see
+/// `SessionActor::task_answer`): answered with the task's result once `result` hears it,
+/// as `RunTask` is.
+pub(crate) struct AwaitTask {
+    result: oneshot::Receiver<TaskResult>,
+}
+
+impl Message for AwaitTask {
+    type Result = TaskResult;
+}
+
+impl Handler<AwaitTask> for SessionActor {
+    type Result = ResponseFuture<TaskResult>;
+
+    fn handle(&mut self, msg: AwaitTask, _ctx: &mut Self::Context) -> Self::Result {
+        Box::pin(async move { msg.result.await.unwrap_or(Err(SessionError::Closed)) })
     }
 }
 
@@ -290,19 +312,30 @@ impl SessionActor {
         parts: Vec<ActivationSnapshot>,
         session_background: Vec<(String, Vec<BackgroundCall>)>,
     ) -> SnapshotUpdate {
+        let live_after = self.schedule.live().unwrap_or_default();
+        // The runs that await a paused caller's sub-task, by key: the caller's order.
+        let askers: HashMap<u64, u32> = live_after
+            .iter()
+            .zip(&parts)
+            .filter_map(|(frame, part)| Some((frame.asker?, part.part.live.order)))
+            .collect();
+        let record = |scope: ScopeRecord, toolset: String, c: BackgroundCall| RunningRecord {
+            scope,
+            toolset,
+            task_of: askers.get(&c.key).copied(),
+            call: c.call,
+            updates: c.updates,
+            checkpoint: c.checkpoint,
+        };
         let mut running: Vec<RunningRecord> = session_background
             .into_iter()
             .flat_map(|(toolset, calls)| {
-                calls.into_iter().map(move |c| RunningRecord {
-                    scope: ScopeRecord::Session,
-                    toolset: toolset.clone(),
-                    call: c.call,
-                    updates: c.updates,
-                    checkpoint: c.checkpoint,
-                })
+                calls
+                    .into_iter()
+                    .map(|c| record(ScopeRecord::Session, toolset.clone(), c))
+                    .collect::<Vec<_>>()
             })
             .collect();
-        let live_after = self.schedule.live().unwrap_or_default();
         let mut records = Vec::with_capacity(parts.len());
         let in_flight_call_ids: usize = parts.iter().map(|p| p.part.in_flight_call_ids).sum();
         let mut views: Vec<View> = self
@@ -325,13 +358,11 @@ impl SessionActor {
                     }
                 }
             }
-            running.extend(background.into_iter().map(|(toolset, c)| RunningRecord {
-                scope: ScopeRecord::Activation(live.order),
-                toolset,
-                call: c.call,
-                updates: c.updates,
-                checkpoint: c.checkpoint,
-            }));
+            running.extend(
+                background
+                    .into_iter()
+                    .map(|(toolset, c)| record(ScopeRecord::Activation(live.order), toolset, c)),
+            );
             live.after = frame.after.iter().filter_map(job_record).collect();
             match part.decided {
                 Some(Decided::Handoff(handoff)) => live.after.insert(0, handoff_record(&handoff)),
@@ -848,6 +879,16 @@ impl SessionActor {
         let mut jobs: Vec<RestoredJob<super::Actors>> =
             head.jobs.iter().filter_map(&mut next_handoff).collect();
         let depth = head.stack.len();
+        // A call in the background whose body awaits a paused caller's sub-task, by the
+        // caller's order: its index in `running`.
+        let background_askers: HashMap<u32, usize> = head
+            .running
+            .iter()
+            .enumerate()
+            .filter_map(|(index, r)| Some((r.task_of?, index)))
+            .collect();
+        // What the runs standing for those calls await, by index in `running`.
+        let mut awaited: HashMap<usize, (u64, BoxFuture<'static, TaskResult>)> = HashMap::new();
         let mut paused = Vec::new();
         let mut current = None;
         let mut by_order: HashMap<u32, ActivityRef> = HashMap::new();
@@ -885,21 +926,36 @@ impl SessionActor {
                     handoffs_asked.push((index, handoff));
                 }
             }
-            let (waiting, turn_done, task) = match record.waiting {
+            // Who awaits this caller's sub-task: its paused step's call, a call in the
+            // background, or (a host's `run_task`) nobody here — the host was in the old
+            // process. A run stands for an awaiting call, under a key the schedule keeps:
+            // a later pause of the caller spares it.
+            let in_step = record
+                .waiting
+                .as_ref()
+                .is_some_and(|w| w.awaiting.is_some());
+            let in_background = background_askers.get(&record.order).copied();
+            let (task_reply, task_result, asker) = if in_step || in_background.is_some() {
+                let (reply, result) = oneshot::channel::<TaskResult>();
+                let result = self.task_answer(result);
+                let key = self.shared.ids.next_run();
+                match in_background.filter(|_| !in_step) {
+                    Some(index) => {
+                        awaited.insert(index, (key, result));
+                        (reply, None, Some(key))
+                    }
+                    None => (reply, Some((key, result)), Some(key)),
+                }
+            } else {
+                (oneshot::channel().0, None, None)
+            };
+            let (waiting, turn_done) = match record.waiting {
                 Some(waiting) => {
                     let (done, outcome) = oneshot::channel::<TurnOutcome>();
-                    let (reply, result) = oneshot::channel::<TaskResult>();
-                    (Some((waiting, done)), Some(outcome), Some((reply, result)))
+                    (Some((waiting, done)), Some(outcome))
                 }
-                None => (None, None, None),
+                None => (None, None),
             };
-            let (task_reply, task_result): (TaskReply, Option<oneshot::Receiver<TaskResult>>) =
-                match task {
-                    Some((reply, result)) => (reply, Some(result)),
-                    // Whoever waited for this caller's sub-task (a host's `run_task`) was
-                    // in the old process.
-                    None => (oneshot::channel().0, None),
-                };
             let carried: Vec<PendingItem> = record
                 .pending
                 .iter()
@@ -974,7 +1030,7 @@ impl SessionActor {
                 }
                 current = Some((frame, !record.pending.is_empty()));
             } else {
-                paused.push((frame, task_reply));
+                paused.push((frame, task_reply, asker));
             }
         }
         let Some((current, pending)) = current else {
@@ -986,21 +1042,27 @@ impl SessionActor {
         self.schedule = Schedule::restored(paused, current, jobs, head.reply_wanted || pending);
         // Background calls: each tool's restore policy says what becomes of them.
         let me = self.id();
-        let mut restore_calls: HashMap<u32, Vec<(String, BackgroundCall)>> = HashMap::new();
-        for running in head.running {
-            let background = BackgroundCall {
+        let mut restore_calls: HashMap<u32, Vec<CallToRestore>> = HashMap::new();
+        for (index, running) in head.running.into_iter().enumerate() {
+            let awaits = awaited.remove(&index).map(|(key, result)| AwaitedTask {
+                key,
+                step: 0,
+                interruptibility: Interruptibility::new(true),
+                result,
+                immediate: None,
+            });
+            let restore = CallToRestore {
+                toolset: running.toolset,
                 call: running.call,
                 updates: running.updates,
                 checkpoint: running.checkpoint,
+                awaits,
             };
             match running.scope {
-                ScopeRecord::Activation(order) => restore_calls
-                    .entry(order)
-                    .or_default()
-                    .push((running.toolset, background)),
-                ScopeRecord::Session => {
-                    self.restore_session_call(&running.toolset, background, &current_activity, ctx)
+                ScopeRecord::Activation(order) => {
+                    restore_calls.entry(order).or_default().push(restore)
                 }
+                ScopeRecord::Session => self.restore_session_call(restore, &current_activity, ctx),
             }
         }
         for (order, calls) in restore_calls {
@@ -1024,12 +1086,26 @@ impl SessionActor {
         self.pump(ctx);
     }
 
+    /// What a run standing for a restored call that awaits a sub-task hears: the task's
+    /// result, as the session's answer to an `AwaitTask` it sends itself. Why not hand
+    /// the run `result` itself: a body's `ctx.run_task` hears the result as the session's
+    /// answer to its `RunTask`, and the standing run must hear it after the same hops, or
+    /// a background tool's items racing the caller's resume land on the other side of the
+    /// caller's step than they would have before the snapshot.
+    fn task_answer(&self, result: oneshot::Receiver<TaskResult>) -> BoxFuture<'static, TaskResult> {
+        // Once per restored call awaiting a sub-task.
+        let ask = self
+            .links
+            .session
+            .ask(self.probe.id(), AwaitTask { result });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+    }
+
     /// A session-scoped call that was running in the background at the snapshot: its
     /// tool's restore policy runs it again, or it ends in the current agent's chat.
     fn restore_session_call(
         &mut self,
-        toolset: &str,
-        background: BackgroundCall,
+        restore: CallToRestore,
         current: &ActivityRef,
         ctx: &mut Context<Self>,
     ) {
@@ -1037,15 +1113,16 @@ impl SessionActor {
         let target = self
             .toolsets
             .iter()
-            .find(|t| t.name == toolset)
+            .find(|t| t.name == restore.toolset)
             .map(|t| t.mailbox.clone());
-        let call = background.call.clone();
+        let call = restore.call.clone();
         let resume = ResumeRun {
-            call: background.call,
+            call: restore.call,
             agent: current.agent.clone(),
             is_task: self.schedule.in_task(),
-            updates: background.updates,
-            checkpoint: background.checkpoint,
+            updates: restore.updates,
+            checkpoint: restore.checkpoint,
+            awaits: restore.awaits,
         };
         let ask = target.map(|toolset| toolset.ask(&me, resume));
         let restoring = Restoring::new(&self.shared, 1);

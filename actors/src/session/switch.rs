@@ -223,20 +223,20 @@ impl SessionActor {
         self.take_waiting_snapshots(ctx);
     }
 
-    /// Pauses the caller (its agent-scoped runs stop, but the one awaiting the task),
-    /// then starts the task's agent.
+    /// Pauses the caller (its agent-scoped runs stop, but those in `spare`: the one
+    /// awaiting the task, and one still returning the caller's last task's result), then
+    /// starts the task's agent.
     pub(super) fn begin_task(
         &mut self,
         caller: ActivityRef,
         task: PlannedTask,
+        spare: Vec<u64>,
         ctx: &mut Context<Self>,
     ) {
-        let pause = caller.child.mailbox.ask(
-            self.probe.id(),
-            PauseActivity {
-                exempt: task.exempt,
-            },
-        );
+        let pause = caller
+            .child
+            .mailbox
+            .ask(self.probe.id(), PauseActivity { spare });
         let from = caller.agent.name().to_owned();
         let caller_id = caller.id().clone();
         ctx.spawn(pause.into_actor(self).map(move |paused, act, ctx| {

@@ -383,7 +383,7 @@ fn a_turn_starts_only_when_the_activation_listens() {
     let _first = running.user_turn("first");
     in_states.push(running);
     let mut paused = listening(Output::default());
-    paused.feed(Input::Pause { exempt: None });
+    paused.feed(Input::Pause { spare: vec![] });
     in_states.push(paused);
     let mut closed = listening(Output::default());
     closed.close_fully();
@@ -906,7 +906,7 @@ fn tool_items_for_an_open_step_are_held_until_it_lands() {
 #[test]
 fn tool_items_are_refused_once_paused_or_closed_and_never_redirected() {
     let mut paused = listening(Output::default());
-    paused.feed(Input::Pause { exempt: None });
+    paused.feed(Input::Pause { spare: vec![] });
     let mut closed = listening(Output::default());
     closed.close_fully();
     let mut created = created(Output::default());
@@ -929,13 +929,10 @@ fn a_pause_hands_session_items_to_the_next_agent_and_drops_its_own() {
         let (input, _) = deliver(scope, id, &format!("{id}/update_1"), true);
         f.feed(input);
     }
-    let out = f.feed(Input::Pause { exempt: Some(7) });
+    let out = f.feed(Input::Pause { spare: vec![7] });
     assert!(matches!(
         &out[..],
-        [Command::StopRuns {
-            except: Some(7),
-            ..
-        }]
+        [Command::StopRuns { except, .. }] if except == &[7]
     ));
     let carried: Vec<String> = f
         .machine
@@ -961,7 +958,7 @@ fn a_paused_turn_commits_its_step_on_resume_and_goes_on() {
     let (mut done, step) = f.user_turn("survey");
     f.call(step, "c1", "search", "{}");
     f.end(step);
-    f.feed(Input::Pause { exempt: Some(1) });
+    f.feed(Input::Pause { spare: vec![1] });
     assert_eq!(f.state(), "paused");
     // The exempt call's output comes while paused: recorded, not committed.
     let out = f.output(step, 0, CallOutput::reply("survey done".into()));
@@ -981,7 +978,7 @@ fn a_pause_while_generating_interrupts_the_turn() {
     let mut f = listening(Output::default());
     let (mut done, step) = f.user_turn("hi");
     f.text(step, "Let me");
-    let out = f.feed(Input::Pause { exempt: None });
+    let out = f.feed(Input::Pause { spare: vec![] });
     assert!(out
         .iter()
         .any(|c| matches!(c, Command::CancelStream { .. })));
@@ -1338,13 +1335,13 @@ fn every_state() -> Vec<(&'static str, Fixture, Option<Done>)> {
     playing.end(step);
     states.push(("playing", playing, Some(done)));
     let mut paused = listening(Output::pending());
-    paused.feed(Input::Pause { exempt: None });
+    paused.feed(Input::Pause { spare: vec![] });
     states.push(("paused", paused, None));
     let mut paused_in_turn = listening(Output::pending());
     let (done, step) = paused_in_turn.user_turn("survey");
     paused_in_turn.call(step, "c1", "search", "{}");
     paused_in_turn.end(step);
-    paused_in_turn.feed(Input::Pause { exempt: Some(1) });
+    paused_in_turn.feed(Input::Pause { spare: vec![1] });
     states.push(("paused in a turn", paused_in_turn, Some(done)));
     let mut closing = listening(Output::pending());
     let (done, step) = closing.user_turn("search");
@@ -1450,7 +1447,7 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             Input::Append(vec![ChatItem::message(ChatRole::System, "note")]),
             vec![],
         ),
-        ("pause", Input::Pause { exempt: None }, vec![]),
+        ("pause", Input::Pause { spare: vec![] }, vec![]),
         (
             "runs stopped",
             Input::RunsStopped {
