@@ -339,4 +339,23 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run after the sub-task gaps were closed: a call
+    /// awaiting its sub-task at the snapshot; then a session-scoped call with updates, a
+    /// host handoff, a call that leaks its context and a `finish_task`.
+    #[test]
+    fn a_call_awaiting_its_sub_task_then_updates_and_a_host_handoff() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Final(vec![vec![call("job", Behaviour::Task)]])],
+            after: vec![
+                Op::Run(vec![vec![call("bg_job", Behaviour::Updates(3))]]),
+                Op::HandoffApi(Role::Alpha),
+                Op::Run(vec![vec![call("job", Behaviour::Leak)]]),
+                Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
+            ],
+            path: Path::Json,
+            anywhere: false,
+        });
+    }
 }
