@@ -39,6 +39,7 @@ use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
+use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, PreparedBody, Tool, CONFIRM_DUPLICATE_PARAM};
 use crate::tool_run::{InterruptRun, Progress, RunSpec, StopRun, ToolRunActor};
 
@@ -182,6 +183,7 @@ impl ToolsetActor {
             is_task,
             interruptibility,
             speech,
+            cause,
         } = msg;
         let (tx, rx) = oneshot::channel();
         let cancels_on_interruption = tool.cancels_on_interruption();
@@ -195,6 +197,7 @@ impl ToolsetActor {
                 speech,
                 tool,
                 body,
+                cause,
             },
             Some(tx),
             Arc::new(Progress::default()),
@@ -228,6 +231,7 @@ impl ToolsetActor {
             is_task: run.is_task,
             interruptibility: run.interruptibility.clone(),
             speech: run.speech,
+            cause: run.cause,
             scope: self.scope.clone(),
             body: run.body,
             immediate,
@@ -264,6 +268,7 @@ struct NewRun {
     speech: Option<SpeechHandle>,
     tool: Tool,
     body: PreparedBody,
+    cause: Cause,
 }
 
 impl Actor for ToolsetActor {
@@ -290,6 +295,8 @@ pub(crate) struct RunTool {
     pub(crate) interruptibility: Arc<Interruptibility>,
     /// The speech of the step that made the call, if it said something.
     pub(crate) speech: Option<SpeechHandle>,
+    /// The calling turn's span, the run's span's parent (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for RunTool {
@@ -717,6 +724,7 @@ impl Handler<ResumeRun> for ToolsetActor {
                 speech: None,
                 tool,
                 body,
+                cause: Cause::default(),
             },
             None,
             Arc::new(Progress::restored(msg.updates, checkpoint)),
