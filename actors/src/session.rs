@@ -295,7 +295,13 @@ impl ControlPort for SessionLinks {
         from: &ActorId,
         instructions: Option<String>,
     ) -> BoxFuture<'static, Result<(), SessionError>> {
-        let ask = self.session.ask(from, QueueReply { instructions });
+        let ask = self.session.ask(
+            from,
+            QueueReply {
+                instructions,
+                cause: Cause::here(),
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 
@@ -892,6 +898,8 @@ impl Handler<RunTurn> for SessionActor {
 /// turn it was sent from.
 pub(crate) struct QueueReply {
     pub(crate) instructions: Option<String>,
+    /// The asker's span (a tool run's, a hook's) at the call (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for QueueReply {
@@ -905,7 +913,7 @@ impl Handler<QueueReply> for SessionActor {
         let turn = QueuedTurn {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
-            cause: Cause::default(),
+            cause: msg.cause,
         };
         let queued = self
             .schedule

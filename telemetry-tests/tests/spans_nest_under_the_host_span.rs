@@ -167,3 +167,49 @@ stt {sid=CA3}
 "
     );
 }
+
+#[switchboard::test]
+async fn a_reply_a_tool_asks_for_goes_under_the_tool_call() {
+    let pipeline = Pipeline::install();
+    let engine = Engine::current().unwrap();
+    let remind = Tool::new(
+        "remind",
+        "Sets a reminder",
+        |ctx: RunContext, _: NoArgs| async move {
+            ctx.session()
+                .generate_reply("Confirm the reminder.")
+                .await?;
+            Ok::<_, ToolFailure>("set")
+        },
+    );
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("remind", json!({})),
+        Reply::text("Done."),
+        Reply::text("Your reminder is set."),
+    ]);
+    let session = Session::builder()
+        .id("CA4")
+        .llm(llm)
+        .agent(Agent::builder("reception").tool(remind).build().unwrap())
+        .start(&engine)
+        .await
+        .unwrap();
+    session.run("remind me").await.unwrap();
+    session.wait_for_settled().await.unwrap();
+    session.close().await.unwrap();
+    drop(session);
+
+    // The queued reply is the tool call's doing: its turn sits under the call's span.
+    assert_eq!(
+        pipeline.tree(SHOWN),
+        "\
+session {session=CA4}
+  turn {session=CA4 agent=reception kind=user}
+    llm_request {session=CA4 agent=reception}
+    tool_run {session=CA4 agent=reception tool=remind}
+      turn {session=CA4 agent=reception kind=reply}
+        llm_request {session=CA4 agent=reception}
+    llm_request {session=CA4 agent=reception}
+"
+    );
+}
