@@ -8,6 +8,10 @@
 //! BENCH_N=5000 BENCH_SCENARIOS=S1,S1_host cargo bench --bench engine
 //! ```
 //!
+//! With `--features telemetry` the run records telemetry through an OpenTelemetry
+//! pipeline (`install_telemetry`; `BENCH_OTEL=none`: the feature built in, no pipeline;
+//! `BENCH_OTEL=metrics`: metrics only).
+//!
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_SCALE_SESSIONS` (100000), `BENCH_SCALE_TASKS`
 //! (16), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10), `BENCH_S4_UPDATES` (3),
@@ -1877,7 +1881,60 @@ fn wanted(name: &str) -> bool {
         .is_none_or(|o| o.split(',').any(|s| s.trim() == name))
 }
 
+/// The `telemetry` rows (BENCHMARKS.md, "Telemetry"): built with `--features telemetry`,
+/// the run installs what a production host installs — `tracing-opentelemetry` over the
+/// SDK's tracer with a batch span processor, and an SDK meter provider as the global one,
+/// which the engine picks up when it is made — unless `BENCH_OTEL=none` (the feature
+/// compiled in, no pipeline: `tracing` has no subscriber, the meter is the no-op one;
+/// `BENCH_OTEL=metrics`: the meter provider only, no span pipeline).
+/// Spans go to an exporter that drops them, metrics to an in-memory exporter read every
+/// 60 s: the rows measure recording, not a network.
+#[cfg(feature = "telemetry")]
+fn install_telemetry() -> &'static str {
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+    use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+    use switchboard::telemetry::opentelemetry::{global, trace::TracerProvider as _};
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    /// Drops every span: the cost of making and ending them stays, the export's goes.
+    #[derive(Debug)]
+    struct Discard;
+    impl SpanExporter for Discard {
+        async fn export(&self, _batch: Vec<SpanData>) -> opentelemetry_sdk::error::OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    let otel = std::env::var("BENCH_OTEL").unwrap_or_default();
+    if otel == "none" {
+        return "compiled";
+    }
+    let meter = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(InMemoryMetricExporter::default()).build())
+        .build();
+    global::set_meter_provider(meter);
+    if otel == "metrics" {
+        return "metrics";
+    }
+    let tracer = SdkTracerProvider::builder()
+        .with_batch_exporter(Discard)
+        .build();
+    let layer = tracing_opentelemetry::layer().with_tracer(tracer.tracer("bench"));
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer));
+    // Kept for the whole run: its batch processor's thread exports.
+    static TRACER: std::sync::OnceLock<SdkTracerProvider> = std::sync::OnceLock::new();
+    let _ = TRACER.set(tracer);
+    "pipeline"
+}
+
+#[cfg(not(feature = "telemetry"))]
+fn install_telemetry() -> &'static str {
+    "off"
+}
+
 fn main() {
+    let telemetry = install_telemetry();
+    println!(r#"{{"telemetry":"{telemetry}"}}"#);
     meta();
     let total = Instant::now();
     // Same arbiter: the session runs on the arbiter of the task that drives it. The driver

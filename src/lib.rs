@@ -25,6 +25,8 @@
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
 //! - [`memory`] — handing the memory of a drained traffic peak back to the system.
+//! - `telemetry` (cargo feature `telemetry`) — OpenTelemetry metrics, and spans under the
+//!   host's.
 //! - [`providers`] — real models: `providers::openai::OpenAiLlm` (cargo feature `openai`,
 //!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
 //!   models as one, moving to the next when one fails before answering), and the call-id
@@ -188,6 +190,19 @@ pub mod snapshot {
 /// ([`IdleReleases`](memory::IdleReleases), [`IdleReleased`](memory::IdleReleased)).
 pub mod memory {
     pub use switchboard_actors::{IdleRelease, IdleReleased, IdleReleases, MemoryRelease};
+}
+
+/// OpenTelemetry (cargo feature `telemetry`): the engine's metrics on the instruments of
+/// a [`Telemetry`](telemetry::Telemetry) made from your meter provider
+/// ([`Engine::set_telemetry`]), and the [`opentelemetry`](telemetry::opentelemetry) API
+/// crate they come from, so your provider is of the same version. The spans are the
+/// engine's `tracing` spans (`session`, `turn`, `llm_request`, `tool_run`, `handoff`),
+/// each under the span that was current where its work was asked for; bridge them to
+/// OpenTelemetry with `tracing-opentelemetry`. Set-up, names and attributes:
+/// `docs/production.md`, "Telemetry".
+#[cfg(feature = "telemetry")]
+pub mod telemetry {
+    pub use switchboard_actors::{opentelemetry, Telemetry};
 }
 
 /// The names an agent program usually needs: `use switchboard::prelude::*;`. Each is the

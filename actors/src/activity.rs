@@ -77,6 +77,7 @@ use crate::prompts::Prompts;
 use crate::reentry;
 use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
+use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, Tool};
 use crate::toolset::{
     AwaitedTask, BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool,
@@ -350,6 +351,7 @@ impl ActivityActor {
                 call,
                 interruptibility,
                 speech,
+                cause,
             } => {
                 let Some(mailbox) = self.toolsets.get(toolset.0) else {
                     // Not reached: keys come from this activity's own routes.
@@ -371,6 +373,7 @@ impl ActivityActor {
                         is_task: self.is_task,
                         interruptibility,
                         speech,
+                        cause,
                     },
                 );
                 ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
@@ -648,6 +651,8 @@ impl Handler<StartActivity> for ActivityActor {
 pub(crate) struct StartTurn {
     pub(crate) kind: TurnKind,
     pub(crate) done: oneshot::Sender<TurnOutcome>,
+    /// Who asked, for the turn's span and latency.
+    pub(crate) cause: Cause,
 }
 
 impl Message for StartTurn {
@@ -662,6 +667,7 @@ impl Handler<StartTurn> for ActivityActor {
             Input::RunTurn {
                 kind: msg.kind,
                 done: msg.done,
+                cause: msg.cause,
             },
             ctx,
         );
@@ -764,6 +770,8 @@ impl Handler<UserStoppedSpeaking> for ActivityActor {
 pub(crate) struct UserTranscript {
     pub(crate) text: String,
     pub(crate) is_final: bool,
+    /// The host's span at the call (telemetry): the session keeps it for the user turn.
+    pub(crate) cause: Cause,
 }
 
 impl Message for UserTranscript {

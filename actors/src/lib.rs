@@ -79,6 +79,7 @@ mod snapshot;
 mod snapshot_store;
 mod speech;
 mod starting_chat;
+mod telemetry;
 mod tool;
 mod tool_run;
 mod toolset;
@@ -102,6 +103,10 @@ pub use llm::{
 };
 pub use mailbox::{ActorSnapshot, Received};
 pub use memory::MemoryRelease;
+/// The OpenTelemetry API crate this one records on (feature `telemetry`), so a host
+/// makes its meter provider with the same version.
+#[cfg(feature = "telemetry")]
+pub use opentelemetry;
 pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
@@ -120,6 +125,8 @@ pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSI
 pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
+#[cfg(feature = "telemetry")]
+pub use telemetry::Telemetry;
 #[allow(deprecated)]
 pub use tool::StopResponse;
 pub use tool::{

@@ -55,6 +55,9 @@ struct EngineInner {
     idle: Arc<IdleMemory>,
     /// The live sessions; its own `Arc` for the same reason (each session's lease holds it).
     registry: Arc<Registry>,
+    /// The instruments new sessions record on (read once per session start).
+    #[cfg(feature = "telemetry")]
+    telemetry: std::sync::RwLock<Option<crate::telemetry::Telemetry>>,
 }
 
 #[derive(Debug)]
@@ -116,6 +119,8 @@ impl Engine {
                 owned: Mutex::new(owned),
                 registry: Registry::new(idle.clone()),
                 idle,
+                #[cfg(feature = "telemetry")]
+                telemetry: std::sync::RwLock::new(Some(crate::telemetry::Telemetry::global())),
             }),
         }
     }
@@ -326,6 +331,31 @@ impl Engine {
             return Err(EngineError::ShutDown.into());
         }
         self.inner.registry.reserve(chosen)
+    }
+
+    /// Records the metrics of sessions started from now on on `telemetry`'s instruments
+    /// (`None`: records none). An engine starts with [`Telemetry::global`], the global
+    /// meter provider as it was when the engine was made.
+    ///
+    /// [`Telemetry::global`]: crate::Telemetry::global
+    #[cfg(feature = "telemetry")]
+    pub fn set_telemetry(&self, telemetry: Option<crate::telemetry::Telemetry>) {
+        // A poisoned lock held only a clone being written: the value is whole.
+        *self
+            .inner
+            .telemetry
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = telemetry;
+    }
+
+    /// The instruments a session started now records on.
+    #[cfg(feature = "telemetry")]
+    pub(crate) fn telemetry(&self) -> Option<crate::telemetry::Telemetry> {
+        self.inner
+            .telemetry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Fills in a started session's place in the registry once its host handle exists.

@@ -74,6 +74,7 @@ use crate::speech::{
     SpeechStatus,
 };
 use crate::starting_chat::StartingChat;
+use crate::telemetry::Cause;
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
@@ -115,6 +116,8 @@ type TaskReply = oneshot::Sender<Result<Value, SessionError>>;
 pub(crate) struct QueuedTurn {
     kind: TurnKind,
     reply: Option<Reply<RunResult>>,
+    /// Who asked, for the turn's span and latency.
+    cause: Cause,
 }
 
 /// A handoff whose agent was checked: it can start here.
@@ -122,6 +125,8 @@ pub(crate) struct PlannedHandoff {
     handoff: Handoff,
     llm: Arc<dyn Llm>,
     done: HandoffDone,
+    /// Who asked, for the handoff's span.
+    cause: Cause,
 }
 
 /// Who learns that a handoff completed.
@@ -232,7 +237,14 @@ impl SessionLinks {
         from: &ActorId,
         handoff: Handoff,
     ) -> impl std::future::Future<Output = Result<(), SessionError>> + Send + 'static {
-        let ask = self.session.ask(from, QueueHandoff { handoff });
+        // Called on the asker's task (a tool body, a hook): its span is current.
+        let ask = self.session.ask(
+            from,
+            QueueHandoff {
+                handoff,
+                cause: Cause::here(),
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }
     }
 
@@ -288,7 +300,13 @@ impl ControlPort for SessionLinks {
         from: &ActorId,
         instructions: Option<String>,
     ) -> BoxFuture<'static, Result<(), SessionError>> {
-        let ask = self.session.ask(from, QueueReply { instructions });
+        let ask = self.session.ask(
+            from,
+            QueueReply {
+                instructions,
+                cause: Cause::here(),
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 
@@ -306,7 +324,14 @@ impl ControlPort for SessionLinks {
         text: String,
         options: SayOptions,
     ) -> BoxFuture<'static, Result<SpeechHandle, SessionError>> {
-        let ask = self.session.ask(from, Say { text, options });
+        let ask = self.session.ask(
+            from,
+            Say {
+                text,
+                options,
+                cause: Cause::here(),
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 }
@@ -345,6 +370,9 @@ pub(crate) struct SessionActor {
     published_agent: Option<Agent>,
     /// Declared before `_alive`, so dropped first: once `close()` returns, the engine
     /// counts the session as gone and its id is free.
+    /// The latest final transcript's cause, for the user turn its words make (telemetry;
+    /// empty without the feature).
+    transcript_cause: Cause,
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -389,6 +417,7 @@ impl SessionActor {
             chain,
             was_inactive: false,
             published_agent: None,
+            transcript_cause: Cause::default(),
             _lease: lease,
             _alive: alive,
         }
@@ -408,10 +437,10 @@ impl SessionActor {
         while let Some(next) = self.schedule.next() {
             match next {
                 Next::Turn { activity, turn } => {
-                    self.start_turn(activity, turn.kind, turn.reply, ctx)
+                    self.start_turn(activity, turn.kind, turn.reply, turn.cause, ctx)
                 }
                 Next::Deferred { activity } => {
-                    self.start_turn(activity, TurnKind::Deferred, None, ctx)
+                    self.start_turn(activity, TurnKind::Deferred, None, Cause::default(), ctx)
                 }
                 Next::Handoff { outgoing, handoff } => self.begin_handoff(outgoing, handoff, ctx),
                 Next::Task {
@@ -509,14 +538,19 @@ impl SessionActor {
     /// cannot be kept are reported, never dropped silently.
     fn user_words(&mut self, text: String) {
         let mut refused = None;
+        // The latest final transcript asked for the turn (an end-to-end latency counts from
+        // the user's last words).
+        let cause = std::mem::take(&mut self.transcript_cause);
         let joined = self.schedule.queued_turn_mut(|turn: &QueuedTurn| {
             turn.reply.is_none() && matches!(turn.kind, TurnKind::User(_))
         });
         if let Some(QueuedTurn {
             kind: TurnKind::User(words),
+            cause: joined_cause,
             ..
         }) = joined
         {
+            *joined_cause = cause;
             if words.len() + 1 + text.len() <= endpoint::MAX_USER_TEXT {
                 words.push(' ');
                 words.push_str(&text);
@@ -531,6 +565,7 @@ impl SessionActor {
             let turn = QueuedTurn {
                 kind: TurnKind::User(text),
                 reply: None,
+                cause,
             };
             if let Err((_, why)) =
                 self.schedule
@@ -566,6 +601,7 @@ impl SessionActor {
         activity: ActivityRef,
         kind: TurnKind,
         reply: Option<Reply<RunResult>>,
+        cause: Cause,
         ctx: &mut Context<Self>,
     ) {
         if !matches!(kind, TurnKind::Say { .. }) {
@@ -576,7 +612,7 @@ impl SessionActor {
         activity
             .child
             .mailbox
-            .tell(self.probe.id(), StartTurn { kind, done });
+            .tell(self.probe.id(), StartTurn { kind, done, cause });
         let id = activity.id().clone();
         let agent = activity.agent.name().to_owned();
         ctx.spawn(outcome.into_actor(self).map(move |outcome, act, ctx| {
@@ -617,7 +653,7 @@ impl SessionActor {
                 result,
                 failure,
             };
-            match self.plan_handoff(handoff, done) {
+            match self.plan_handoff(handoff, done, outcome.cause) {
                 Ok(planned) => After::Handoff(planned),
                 Err(refused) => {
                     // Not reached: the run checked the agent before it answered.
@@ -639,9 +675,19 @@ impl SessionActor {
     }
 
     /// Checks that the handoff's agent can start here (before anything is stopped).
-    fn plan_handoff(&self, handoff: Handoff, done: HandoffDone) -> Result<PlannedHandoff, Refused> {
+    fn plan_handoff(
+        &self,
+        handoff: Handoff,
+        done: HandoffDone,
+        cause: Cause,
+    ) -> Result<PlannedHandoff, Refused> {
         match self.shared.settings.check_agent(&handoff.agent) {
-            Ok(llm) => Ok(PlannedHandoff { handoff, llm, done }),
+            Ok(llm) => Ok(PlannedHandoff {
+                handoff,
+                llm,
+                done,
+                cause,
+            }),
             Err(err) => Err(Box::new((done, err.into()))),
         }
     }
@@ -650,10 +696,11 @@ impl SessionActor {
         &mut self,
         handoff: Handoff,
         done: HandoffDone,
+        cause: Cause,
         ctx: &mut Context<Self>,
     ) -> Result<(), Refused> {
         let preempt = handoff.interrupt;
-        let planned = self.plan_handoff(handoff, done)?;
+        let planned = self.plan_handoff(handoff, done, cause)?;
         match self.schedule.queue_handoff(planned, preempt) {
             Ok(interrupt) => {
                 if let Some(activity) = interrupt {
@@ -729,7 +776,12 @@ fn refusal(why: Refusal) -> SessionError {
 impl Actor for SessionActor {
     type Context = Context<Self>;
 
+    fn started(&mut self, _ctx: &mut Self::Context) {
+        self.shared.telemetry.session_started();
+    }
+
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.shared.telemetry.session_ended();
         self.probe.stopped();
     }
 }
@@ -821,6 +873,8 @@ pub(crate) struct RunTurn {
     /// The host's ticket for the turn: dropping the `run` future sends `CancelTurn` with it.
     pub(crate) id: u64,
     pub(crate) kind: TurnKind,
+    /// The host's span at the call, and when (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for RunTurn {
@@ -835,6 +889,7 @@ impl Handler<RunTurn> for SessionActor {
         let turn = QueuedTurn {
             kind: msg.kind,
             reply: Some(tx),
+            cause: msg.cause,
         };
         if let Err((turn, why)) =
             self.schedule
@@ -854,6 +909,8 @@ impl Handler<RunTurn> for SessionActor {
 /// turn it was sent from.
 pub(crate) struct QueueReply {
     pub(crate) instructions: Option<String>,
+    /// The asker's span (a tool run's, a hook's) at the call (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for QueueReply {
@@ -867,6 +924,7 @@ impl Handler<QueueReply> for SessionActor {
         let turn = QueuedTurn {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
+            cause: msg.cause,
         };
         let queued = self
             .schedule
@@ -877,19 +935,26 @@ impl Handler<QueueReply> for SessionActor {
     }
 }
 
-impl Message for Handoff {
+/// Sent by the host (`Session::update_agent`, `SessionAddress::send`): a [`Handoff`].
+/// Refused at once (`SessionError::Build`) when the agent cannot start here; otherwise
+/// the reply comes once the new agent's `on_enter` has run.
+pub(crate) struct UpdateAgent {
+    pub(crate) handoff: Handoff,
+    /// The host's span at the call (telemetry).
+    pub(crate) cause: Cause,
+}
+
+impl Message for UpdateAgent {
     type Result = Result<(), SessionError>;
 }
 
-/// Sent by the host (`Session::update_agent`, `SessionAddress::send`). Refused at once
-/// (`SessionError::Build`) when the agent cannot start here; otherwise the reply comes
-/// once the new agent's `on_enter` has run.
-impl Handler<Handoff> for SessionActor {
+impl Handler<UpdateAgent> for SessionActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
-    fn handle(&mut self, msg: Handoff, ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, msg: UpdateAgent, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        if let Err(refused) = self.queue_handoff(msg, HandoffDone::Host(tx), ctx) {
+        let done = HandoffDone::Host(tx);
+        if let Err(refused) = self.queue_handoff(msg.handoff, done, msg.cause, ctx) {
             let (done, err) = *refused;
             done.finish(Err(err), "", "");
         }
@@ -901,6 +966,8 @@ impl Handler<Handoff> for SessionActor {
 /// returned an agent after updating: queues a handoff. Answered once queued (or refused).
 pub(crate) struct QueueHandoff {
     pub(crate) handoff: Handoff,
+    /// The asker's span (a tool run's, a hook's) at the call (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for QueueHandoff {
@@ -911,7 +978,7 @@ impl Handler<QueueHandoff> for SessionActor {
     type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueHandoff, ctx: &mut Self::Context) -> Self::Result {
-        self.queue_handoff(msg.handoff, HandoffDone::Nobody, ctx)
+        self.queue_handoff(msg.handoff, HandoffDone::Nobody, msg.cause, ctx)
             .map_err(|refused| refused.1)
     }
 }
@@ -1041,6 +1108,8 @@ impl SessionActor {
 pub(crate) struct Say {
     pub(crate) text: String,
     pub(crate) options: SayOptions,
+    /// The asker's span at the call (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for Say {
@@ -1069,6 +1138,7 @@ impl Handler<Say> for SessionActor {
                 add_to_chat: msg.options.add_to_chat,
             },
             reply: None,
+            cause: msg.cause,
         };
         let queued = self
             .schedule
@@ -1123,9 +1193,12 @@ impl Handler<UserStoppedSpeaking> for SessionActor {
 impl Handler<UserTranscript> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: UserTranscript, ctx: &mut Self::Context) {
+    fn handle(&mut self, mut msg: UserTranscript, ctx: &mut Self::Context) {
         self.voice = true;
         let has_words = !msg.text.trim().is_empty();
+        if msg.is_final && has_words {
+            self.transcript_cause = std::mem::take(&mut msg.cause);
+        }
         if !msg.is_final {
             self.shared
                 .events
@@ -1302,7 +1375,7 @@ counted_handlers!(
     SessionActor: StartSession,
     RunTurn,
     QueueReply,
-    Handoff,
+    UpdateAgent,
     QueueHandoff,
     RunTask,
     CompleteTask,

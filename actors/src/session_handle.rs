@@ -45,7 +45,7 @@ use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
     CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
     RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
-    TakeSnapshot,
+    TakeSnapshot, UpdateAgent,
 };
 use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
@@ -54,6 +54,7 @@ use crate::shared::{
 use crate::snapshot::{SessionSnapshot, SnapshotError};
 use crate::snapshot_store::SnapshotStore;
 use crate::speech::{SayOptions, SpeechHandle};
+use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
 
 /// A running session: the host's handle on one conversation. Cheap to clone; every clone
@@ -217,7 +218,14 @@ impl Session {
         let answer = self
             .host
             .mailbox
-            .ask(&ActorId::host(), RunTurn { id, kind })
+            .ask(
+                &ActorId::host(),
+                RunTurn {
+                    id,
+                    kind,
+                    cause: Cause::here(),
+                },
+            )
             .await;
         guard.armed = false;
         answer.unwrap_or(Err(SessionError::Closed))
@@ -307,6 +315,7 @@ impl Session {
                 Say {
                     text: text.into(),
                     options,
+                    cause: Cause::here(),
                 },
             )
             .await
@@ -340,6 +349,7 @@ impl Session {
             UserTranscript {
                 text: text.into(),
                 is_final,
+                cause: Cause::here(),
             },
         );
     }
@@ -597,7 +607,13 @@ impl SessionAddress {
         }
         self.host
             .mailbox
-            .ask(&ActorId::host(), handoff)
+            .ask(
+                &ActorId::host(),
+                UpdateAgent {
+                    handoff,
+                    cause: Cause::here(),
+                },
+            )
             .await
             .unwrap_or(Err(SessionError::Closed))
     }
@@ -1050,7 +1066,12 @@ impl SessionBuilder {
         let id = lease.id().clone();
         let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
+        // Under the span current at `start` (the host's): the session's work nests in it.
         let span = tracing::info_span!("session", session = %id);
+        #[cfg(feature = "telemetry")]
+        let telemetry = crate::telemetry::SessionTelemetry::new(engine.telemetry());
+        #[cfg(not(feature = "telemetry"))]
+        let telemetry = crate::telemetry::SessionTelemetry::default();
         let shared = Arc::new(SessionShared::new(SharedParts {
             settings: SessionSettings {
                 id: id.clone(),
@@ -1083,6 +1104,7 @@ impl SessionBuilder {
             events: self.events,
             gone,
             span,
+            telemetry,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
         // (or whose snapshot names one that cannot) fails with the reason and leaves

@@ -28,6 +28,7 @@ use crate::history::{AgentChat, HistoryBook, SessionHistory};
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
 use crate::output::SpeechOutput;
+use crate::telemetry::SessionTelemetry;
 
 pub(crate) use events::Events;
 pub(crate) use host_view::HostView;
@@ -53,6 +54,9 @@ pub(crate) struct SessionShared {
     pub(crate) gone: AliveWaiter,
     /// The parent of every span of the session (turns, LLM requests, tool runs).
     pub(crate) span: tracing::Span,
+    /// The engine's metrics as this session records them, and the span it started
+    /// under (empty without the `telemetry` feature).
+    pub(crate) telemetry: SessionTelemetry,
     /// When the session was built, for its age in `Session::summary` (tokio's clock, so
     /// paused test time moves it too).
     pub(crate) started_at: tokio::time::Instant,
@@ -68,12 +72,14 @@ pub(crate) struct SharedParts {
     pub(crate) events: Option<tokio::sync::broadcast::Sender<crate::events::SessionEvent>>,
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
+    pub(crate) telemetry: SessionTelemetry,
 }
 
 impl SessionShared {
     pub(crate) fn new(parts: SharedParts) -> Self {
         Self {
             span: parts.span,
+            telemetry: parts.telemetry,
             settings: parts.settings,
             events: Events::new(parts.event_capacity, parts.events),
             host_view: HostView::new(),
@@ -187,6 +193,7 @@ impl SessionShared {
             events: None,
             gone,
             span: tracing::Span::none(),
+            telemetry: SessionTelemetry::default(),
         }))
     }
 }

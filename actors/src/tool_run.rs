@@ -48,6 +48,7 @@ use crate::run_context::{RunContext, RunPort, UpdateMessage};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
+use crate::telemetry::{Cause, Stopwatch};
 use crate::tool::{PreparedBody, Tool, ToolResult};
 use crate::toolset::RunEnded;
 
@@ -63,6 +64,8 @@ pub(crate) struct RunSpec {
     pub(crate) is_task: bool,
     pub(crate) interruptibility: Arc<Interruptibility>,
     pub(crate) speech: Option<SpeechHandle>,
+    /// What made the call (its turn), for the run's span (telemetry).
+    pub(crate) cause: Cause,
     pub(crate) scope: Scope,
     pub(crate) body: PreparedBody,
     /// Where its immediate output goes; none for a call restored from a snapshot, which
@@ -145,6 +148,9 @@ pub(crate) struct ToolRunActor {
     /// The calling turn's interruptions, which the tool may hold off while it runs.
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
+    /// What made the call, and when the run started (telemetry; empty without it).
+    cause: Cause,
+    started: Stopwatch,
     scope: Scope,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
@@ -181,6 +187,8 @@ impl ToolRunActor {
                 held: AtomicBool::new(false),
             }),
             speech: spec.speech,
+            cause: spec.cause,
+            started: Stopwatch::start(),
             scope: spec.scope,
             shared: spec.shared,
             links: spec.links,
@@ -490,7 +498,7 @@ impl Actor for ToolRunActor {
         let alive = self.alive.clone();
         let session = self.shared.id().clone();
         let span = tracing::info_span!(
-            parent: &self.shared.span,
+            parent: self.cause.parent(&self.shared.span, &self.shared.telemetry),
             "tool_run",
             session = %self.shared.id(),
             agent = %self.agent.name(),
@@ -513,6 +521,9 @@ impl Actor for ToolRunActor {
     }
 
     fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.shared
+            .telemetry
+            .tool_ended(&self.started, &self.call.name);
         self.phase = RunPhase::Stopped;
         self.hold.release();
         if let Some(immediate) = self.immediate.take() {

@@ -40,6 +40,7 @@ use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
+use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, PreparedBody, Tool, ToolReturn, CONFIRM_DUPLICATE_PARAM};
 use crate::tool_run::{InterruptRun, Progress, RunSpec, StopRun, ToolRunActor};
 
@@ -183,6 +184,7 @@ impl ToolsetActor {
             is_task,
             interruptibility,
             speech,
+            cause,
         } = msg;
         let (tx, rx) = oneshot::channel();
         let cancels_on_interruption = tool.cancels_on_interruption();
@@ -196,6 +198,7 @@ impl ToolsetActor {
                 speech,
                 tool,
                 body,
+                cause,
             },
             None,
             Some(tx),
@@ -232,6 +235,7 @@ impl ToolsetActor {
             is_task: run.is_task,
             interruptibility: run.interruptibility.clone(),
             speech: run.speech,
+            cause: run.cause,
             scope: self.scope.clone(),
             body: run.body,
             immediate,
@@ -268,6 +272,7 @@ struct NewRun {
     speech: Option<SpeechHandle>,
     tool: Tool,
     body: PreparedBody,
+    cause: Cause,
 }
 
 impl Actor for ToolsetActor {
@@ -294,6 +299,8 @@ pub(crate) struct RunTool {
     pub(crate) interruptibility: Arc<Interruptibility>,
     /// The speech of the step that made the call, if it said something.
     pub(crate) speech: Option<SpeechHandle>,
+    /// The calling turn's span, the run's span's parent (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl Message for RunTool {
@@ -756,6 +763,7 @@ impl Handler<ResumeRun> for ToolsetActor {
                 speech: None,
                 tool,
                 body,
+                cause: Cause::default(),
             },
             None,
             None,
@@ -801,6 +809,7 @@ impl ToolsetActor {
                 speech: None,
                 tool,
                 body: awaiting_body(result),
+                cause: Cause::default(),
             },
             Some(key),
             immediate,

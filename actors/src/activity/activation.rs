@@ -90,6 +90,7 @@ use crate::snapshot::{
     WaitingStep,
 };
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
+use crate::telemetry::Cause;
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.
@@ -166,6 +167,8 @@ pub(crate) enum Input {
     RunTurn {
         kind: TurnKind,
         done: oneshot::Sender<TurnOutcome>,
+        /// Who asked: the turn's span goes under its span (telemetry).
+        cause: Cause,
     },
     /// A chunk of step `step`'s stream.
     Chunk { step: u64, chunk: LlmChunk },
@@ -254,6 +257,8 @@ pub(crate) enum Command {
         call: FunctionCall,
         interruptibility: Arc<Interruptibility>,
         speech: Option<SpeechHandle>,
+        /// The turn's span, the run's parent (telemetry).
+        cause: Cause,
     },
     /// Answer a companion call (`get_running_tasks`, `cancel_task`) by asking every
     /// toolset; feed its output.
@@ -540,6 +545,7 @@ impl Activation {
                     done,
                     waiters: Vec::new(),
                     span,
+                    clock: Cause::default().clock("restored"),
                     phase: Phase::Calling { step, toolsets },
                 })))
             }
@@ -786,8 +792,8 @@ impl Activation {
                 }
                 other => other,
             },
-            Input::RunTurn { kind, done } => match state {
-                State::Listening => match self.begin_turn(kind, done, out) {
+            Input::RunTurn { kind, done, cause } => match state {
+                State::Listening => match self.begin_turn(kind, done, &cause, out) {
                     Some(turn) => State::Running(turn),
                     None => State::Listening,
                 },
@@ -1141,15 +1147,19 @@ impl Activation {
         &mut self,
         kind: TurnKind,
         done: oneshot::Sender<TurnOutcome>,
+        cause: &Cause,
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
+        let (session, telemetry) = (&self.shared.span, &self.shared.telemetry);
         let span = tracing::info_span!(
-            parent: &self.shared.span,
+            parent: cause.parent(session, telemetry),
             "turn",
             session = %self.shared.id(),
             agent = %self.agent.name(),
             kind = kind.name(),
         );
+        cause.link(&span, session, telemetry);
+        let clock = cause.clock(kind.name());
         let interruptibility = match &kind {
             TurnKind::Say { speech, .. } => speech.interruptibility().clone(),
             _ => Interruptibility::new(self.rules.allow_interruptions),
@@ -1208,6 +1218,7 @@ impl Activation {
             done,
             waiters: Vec::new(),
             span,
+            clock,
             phase,
         });
         match turn.phase {
@@ -1298,6 +1309,9 @@ impl Activation {
             tracing::debug!(agent = %self.agent.name(), "deferred reply skipped: the agent already spoke with the updates in view");
             DeferredReplyDecision::AlreadyAnswered
         };
+        self.shared
+            .telemetry
+            .deferred_reply(&self.agent.def.name, decision);
         self.shared
             .events
             .emit_with(|| SessionEvent::DeferredReply {
@@ -1426,6 +1440,12 @@ impl Activation {
             });
         }
         let complete = ending == Ending::Complete;
+        self.shared.telemetry.llm_request(
+            &self.agent.def.name,
+            generation.llm.as_deref().unwrap_or_else(|| self.llm.name()),
+            generation.first_chunk,
+            generation.usage.as_ref(),
+        );
         tracing::debug!(
             parent: &generation.span,
             text_chunks = generation.text_chunks,
@@ -1556,6 +1576,7 @@ impl Activation {
                 call,
                 interruptibility: turn.interruptibility.clone(),
                 speech: speech.clone(),
+                cause: Cause::of(&turn.span),
             });
         }
         turn.phase = Phase::Calling { step, toolsets };
@@ -1687,6 +1708,10 @@ impl Activation {
             self.speech_ended(speech, SpeechOutcome::Interrupted { heard: None });
         }
         self.barge_in.turn_ended();
+        if outcome.handoff.is_some() {
+            // The handoff's span goes under this turn's.
+            outcome.cause = Cause::of(&turn.span);
+        }
         let mut events = turn.events;
         events.append(&mut outcome.events);
         outcome.events = events;
@@ -1714,6 +1739,7 @@ impl Activation {
             return Err(turn);
         }
         turn.interrupted = true;
+        self.shared.telemetry.interrupted(&self.agent.def.name);
         self.shared.events.emit(SessionEvent::TurnInterrupted {
             agent: self.agent_name(),
         });
@@ -2182,6 +2208,10 @@ fn on_chunk(
             let speech = match &generation.speech {
                 Some(speech) => speech.id(),
                 None => {
+                    speaker
+                        .shared
+                        .telemetry
+                        .text_started(&mut turn.clock, &speaker.agent.def.name);
                     let speech = speaker.start(turn.interruptibility.clone());
                     generation
                         .span

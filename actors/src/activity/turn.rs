@@ -35,6 +35,7 @@ use crate::handoff::Handoff;
 use crate::llm::{LlmUsage, ToolCallChunk, ToolChoice};
 use crate::outcome::{excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::speech::{Interruptibility, SpeechHandle};
+use crate::telemetry::{Cause, TurnClock};
 
 /// Which toolset runs a tool: an index into the activity's list of toolsets it sees (its
 /// own first, then the session's), so the machine names a toolset without holding one.
@@ -82,6 +83,8 @@ pub(crate) struct TurnOutcome {
     pub(crate) task_result: Option<Value>,
     pub(crate) failure: Option<SessionError>,
     pub(crate) interrupted: bool,
+    /// With a handoff: the turn's span, the handoff's parent (telemetry).
+    pub(crate) cause: Cause,
 }
 
 impl TurnOutcome {
@@ -118,6 +121,8 @@ pub(crate) struct Turn {
     pub(crate) waiters: Vec<InterruptWaiter>,
     /// `turn` span (session, agent, kind): the parent of its LLM requests' spans.
     pub(crate) span: tracing::Span,
+    /// For its end-to-end latency (telemetry; empty without the feature).
+    pub(crate) clock: TurnClock,
     pub(crate) phase: Phase,
 }
 

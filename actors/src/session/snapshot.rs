@@ -56,6 +56,7 @@ use crate::snapshot::{
 use crate::snapshot_store::SnapshotStore;
 use crate::speech::Interruptibility;
 use crate::starting_chat::StartingChat;
+use crate::telemetry::Cause;
 use crate::toolset::{AwaitedTask, BackgroundCall, ListBackground, ResumeRun};
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
@@ -867,11 +868,13 @@ impl SessionActor {
                         handoff,
                         llm,
                         done: HandoffDone::Nobody,
+                        cause: Cause::default(),
                     })
                 }
                 JobRecord::Reply { instructions } => RestoredJob::Turn(QueuedTurn {
                     kind: TurnKind::Reply(instructions.clone()),
                     reply: None,
+                    cause: Cause::default(),
                 }),
                 JobRecord::EndTask { value } => RestoredJob::EndTask(value.clone()),
             })
@@ -1025,6 +1028,7 @@ impl SessionActor {
                                 deferred_call_ids: ask.deferred_call_ids,
                             }),
                             reply: None,
+                            cause: Cause::default(),
                         }),
                     );
                 }

@@ -90,6 +90,17 @@ impl SessionActor {
     ) {
         let from = outgoing.agent.name().to_owned();
         let to = planned.handoff.agent.name().to_owned();
+        // From the outgoing agent's close to the incoming one's `on_enter`; under the span
+        // of whoever asked (the host's, a tool's, the handing-off turn's).
+        let (session, telemetry) = (&self.shared.span, &self.shared.telemetry);
+        let span = tracing::info_span!(
+            parent: planned.cause.parent(session, telemetry),
+            "handoff",
+            session = %self.shared.id(),
+            from = %from,
+            to = %to,
+        );
+        planned.cause.link(&span, session, telemetry);
         let reason: Arc<str> = Arc::from(format!("the agent handed off to {to}"));
         let close = outgoing
             .child
@@ -100,7 +111,9 @@ impl SessionActor {
                 planned.done.finish(Err(SessionError::Closed), &from, &to);
                 return;
             }
-            let PlannedHandoff { handoff, llm, done } = planned;
+            let PlannedHandoff {
+                handoff, llm, done, ..
+            } = planned;
             let fallback = if act.shared.settings.config.inherit_chat_context {
                 StartingChat::All
             } else {
@@ -121,6 +134,8 @@ impl SessionActor {
                 carried: pending,
             };
             act.enter(entry, ctx, move |act, res| {
+                // The handoff's span ends here, once the new agent's `on_enter` ran.
+                let _span = span;
                 if res.is_ok() {
                     act.shared.events.emit(SessionEvent::AgentHandoff {
                         from: Some(from.clone()),

@@ -178,6 +178,7 @@ impl Fixture {
         let out = self.feed(Input::RunTurn {
             kind: TurnKind::User(text.to_owned()),
             done,
+            cause: Cause::default(),
         });
         (answer, opened(&out).expect("the turn opens a step"))
     }
@@ -394,6 +395,7 @@ fn a_turn_starts_only_when_the_activation_listens() {
         let out = f.feed(Input::RunTurn {
             kind: TurnKind::Reply(None),
             done: tx,
+            cause: Cause::default(),
         });
         assert!(opened(&out).is_none(), "{state}: no step opens");
         let outcome = answered(&mut done);
@@ -418,6 +420,7 @@ fn a_user_turn_hook_that_stops_the_response_keeps_the_message_and_asks_nothing()
     let out = f.feed(Input::RunTurn {
         kind: TurnKind::User("just noting".into()),
         done: tx,
+        cause: Cause::default(),
     });
     assert!(opened(&out).is_none());
     answered(&mut done);
@@ -788,6 +791,7 @@ fn a_deferred_reply_names_the_pending_items_and_asks_without_tools() {
     let out = f.feed(Input::RunTurn {
         kind: TurnKind::Deferred,
         done: tx,
+        cause: Cause::default(),
     });
     let request = request(&out);
     assert_eq!(request.tool_choice, ToolChoice::None);
@@ -819,6 +823,7 @@ fn a_deferred_reply_is_skipped_once_the_agent_answered_with_the_items_in_view() 
     let out = f.feed(Input::RunTurn {
         kind: TurnKind::Deferred,
         done: tx,
+        cause: Cause::default(),
     });
     assert!(opened(&out).is_none(), "no request");
     answered(&mut done);
@@ -842,6 +847,7 @@ fn a_deferred_reply_first_inserts_the_items_an_agent_taken_over_lacks() {
     let out = f.feed(Input::RunTurn {
         kind: TurnKind::Deferred,
         done: tx,
+        cause: Cause::default(),
     });
     assert_eq!(
         f.chat(),
@@ -860,7 +866,8 @@ fn a_deferred_turn_with_nothing_pending_ends_at_once_without_an_event() {
     assert!(f
         .feed(Input::RunTurn {
             kind: TurnKind::Deferred,
-            done: tx
+            done: tx,
+            cause: Cause::default(),
         })
         .is_empty());
     answered(&mut done);
@@ -1171,6 +1178,7 @@ fn a_say_turn_speaks_its_text_and_records_it() {
             add_to_chat: true,
         },
         done: tx,
+        cause: Cause::default(),
     });
     answered(&mut done);
     assert_eq!(speech.outcome(), Some(SpeechOutcome::Played));
@@ -1370,6 +1378,7 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             Input::RunTurn {
                 kind: TurnKind::User("again".into()),
                 done: turn,
+                cause: Cause::default(),
             },
             vec![Answer::Turn(turn_rx)],
         ),
