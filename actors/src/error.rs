@@ -27,6 +27,18 @@ pub enum SessionError {
         /// How many jobs a session queues at most.
         limit: usize,
     },
+    /// The agents already started as much work on their own since the last user input
+    /// as `SessionBuilder::max_agent_work` allows, so this reply or handoff was refused
+    /// (a chain of replies and handoffs no user asked for). The session is still up: the
+    /// next user input (`run`, `generate_reply`, a final transcript) lets the agents go
+    /// on; raise the limit if a flow needs more steps on its own.
+    #[error("{work} was refused: the agents already started {limit} replies and handoffs on their own since the last user input (SessionBuilder::max_agent_work); the next user input lets them go on")]
+    AgentWorkLimit {
+        /// What was refused.
+        work: crate::events::AgentWork,
+        /// The limit that was reached.
+        limit: u32,
+    },
     /// The session or an agent is misconfigured; for a handoff or a sub-task, its agent
     /// cannot start here (a tool-name clash, no LLM) and the current agent stays.
     #[error(transparent)]

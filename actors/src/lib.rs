@@ -89,7 +89,7 @@ pub use control::SessionControl;
 pub use error::{BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+    AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
 };
 pub use handoff::Handoff;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};

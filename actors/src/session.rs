@@ -30,6 +30,7 @@
 //! - After `CloseSession`, and once the host's last handle is dropped, no actor of the
 //!   session stays alive.
 
+mod agent_work;
 mod alarm;
 mod close;
 mod endpoint;
@@ -59,7 +60,7 @@ use crate::control::ControlPort;
 use crate::delivery::Scope;
 use crate::error::{SessionError, UpdateError};
 use crate::events::UserState;
-use crate::events::{RunResult, SessionEvent};
+use crate::events::{AgentWork, RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
@@ -77,6 +78,7 @@ use crate::starting_chat::StartingChat;
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
+use agent_work::{Admission, AgentWorkBound};
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
@@ -328,6 +330,8 @@ pub(crate) struct SessionActor {
     alarm: alarm::Alarm,
     /// The user's words waiting for the end of their turn.
     endpoint: endpoint::Endpointing,
+    /// The work agents started on their own since the last user input, against its limit.
+    agent_work: AgentWorkBound,
     /// When the user of an idle voice session counts as away.
     away_at: Option<Instant>,
     /// The snapshots it took, and its saving to a store.
@@ -365,6 +369,7 @@ impl SessionActor {
         let (alarm, rings) = alarm::Alarm::new();
         ctx.add_stream(rings);
         let shared_endpointing = shared.settings.config.endpointing_delay;
+        let max_agent_work = shared.settings.config.max_agent_work;
         Self {
             probe,
             shared,
@@ -380,6 +385,7 @@ impl SessionActor {
             deliveries_seen: 0,
             alarm,
             endpoint: endpoint::Endpointing::new(shared_endpointing),
+            agent_work: AgentWorkBound::new(max_agent_work),
             away_at: None,
             chain,
             was_inactive: false,
@@ -497,6 +503,7 @@ impl SessionActor {
     /// if there is one (so the queue never holds two), or is queued first. Words that
     /// cannot be kept are reported, never dropped silently.
     fn user_words(&mut self, text: String) {
+        self.agent_work.user_input();
         let mut refused = None;
         let joined = self.schedule.queued_turn_mut(|turn: &QueuedTurn| {
             turn.reply.is_none() && matches!(turn.kind, TurnKind::User(_))
@@ -532,6 +539,33 @@ impl SessionActor {
             tracing::warn!(session = %self.shared.id(), "{message}");
             self.shared.events.emit(SessionEvent::Error { message });
         }
+    }
+
+    /// Whether an agent may start `work` on its own now (see `agent_work.rs`): counted
+    /// when it may; refused past the limit, the first refusal since the last user input
+    /// reported with an event.
+    fn admit_agent_work(&mut self, work: AgentWork) -> Result<(), SessionError> {
+        let Admission::Refused { limit, report } = self.agent_work.admit() else {
+            return Ok(());
+        };
+        // During a switch the incoming agent is the one asking (its `on_enter`).
+        let agent = self
+            .schedule
+            .activities()
+            .first()
+            .map(|activity| activity.agent.name().to_owned())
+            .unwrap_or_default();
+        if report {
+            tracing::warn!(session = %self.shared.id(), %agent, %work, limit, "agent-started work refused: the limit per user input is reached");
+            self.shared.events.emit(SessionEvent::AgentWorkRefused {
+                agent,
+                work: work.clone(),
+                limit,
+            });
+        } else {
+            tracing::debug!(session = %self.shared.id(), %agent, %work, limit, "agent-started work refused again");
+        }
+        Err(SessionError::AgentWorkLimit { work, limit })
     }
 
     /// The user's state changed: the schedule keeps it, the host reads the published copy.
@@ -606,12 +640,22 @@ impl SessionActor {
                 result,
                 failure,
             };
-            match self.plan_handoff(handoff, done) {
+            let work = AgentWork::Handoff {
+                to: handoff.agent.name().to_owned(),
+            };
+            // Over the limit the agent stays: its chat keeps the tool's output that named
+            // the new agent, and the event (or the host's `run`) says why it stayed.
+            let planned = match self.admit_agent_work(work) {
+                Ok(()) => self.plan_handoff(handoff, done),
+                Err(err) => Err(Box::new((done, err))),
+            };
+            match planned {
                 Ok(planned) => After::Handoff(planned),
                 Err(refused) => {
-                    // Not reached: the run checked the agent before it answered.
+                    // Over the limit; a refused agent is not reached here (the run
+                    // checked it before it answered).
                     let (done, err) = *refused;
-                    tracing::warn!(%err, "a tool's handoff was refused");
+                    tracing::debug!(%err, "a tool's handoff was refused");
                     done.finish(Err(err), agent, agent);
                     After::Nothing
                 }
@@ -820,6 +864,7 @@ impl Handler<RunTurn> for SessionActor {
     type Result = ResponseFuture<Result<RunResult, SessionError>>;
 
     fn handle(&mut self, msg: RunTurn, ctx: &mut Self::Context) -> Self::Result {
+        self.agent_work.user_input();
         let (tx, rx) = oneshot::channel();
         let turn = QueuedTurn {
             kind: msg.kind,
@@ -840,7 +885,8 @@ impl Handler<RunTurn> for SessionActor {
 
 /// Sent by a tool or hook (`SessionControl::generate_reply`): queues a reply of the
 /// current agent. Answered once queued, never after the turn, so it cannot wait on the
-/// turn it was sent from.
+/// turn it was sent from; refused (`AgentWorkLimit`) past the agents' limit of work per
+/// user input.
 pub(crate) struct QueueReply {
     pub(crate) instructions: Option<String>,
 }
@@ -853,6 +899,10 @@ impl Handler<QueueReply> for SessionActor {
     type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueReply, ctx: &mut Self::Context) -> Self::Result {
+        if self.schedule.is_closed() {
+            return Err(SessionError::Closed);
+        }
+        self.admit_agent_work(AgentWork::Reply)?;
         let turn = QueuedTurn {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
@@ -877,6 +927,7 @@ impl Handler<Handoff> for SessionActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
     fn handle(&mut self, msg: Handoff, ctx: &mut Self::Context) -> Self::Result {
+        self.agent_work.user_input();
         let (tx, rx) = oneshot::channel();
         if let Err(refused) = self.queue_handoff(msg, HandoffDone::Host(tx), ctx) {
             let (done, err) = *refused;
@@ -887,7 +938,9 @@ impl Handler<Handoff> for SessionActor {
 }
 
 /// Sent by a tool or hook (`SessionControl::update_agent`) or by a tool run whose body
-/// returned an agent after updating: queues a handoff. Answered once queued (or refused).
+/// returned an agent after updating: queues a handoff. Answered once queued (or refused:
+/// the agent cannot start here, or `AgentWorkLimit` past the agents' limit of work per
+/// user input).
 pub(crate) struct QueueHandoff {
     pub(crate) handoff: Handoff,
 }
@@ -900,6 +953,12 @@ impl Handler<QueueHandoff> for SessionActor {
     type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueHandoff, ctx: &mut Self::Context) -> Self::Result {
+        if self.schedule.is_closed() {
+            return Err(SessionError::Closed);
+        }
+        self.admit_agent_work(AgentWork::Handoff {
+            to: msg.handoff.agent.name().to_owned(),
+        })?;
         self.queue_handoff(msg.handoff, HandoffDone::Nobody, ctx)
             .map_err(|refused| refused.1)
     }
@@ -922,6 +981,10 @@ impl Handler<RunTask> for SessionActor {
     type Result = ResponseFuture<Result<Value, SessionError>>;
 
     fn handle(&mut self, msg: RunTask, ctx: &mut Self::Context) -> Self::Result {
+        // The host's sub-task (a tool's names the run that awaits it) is user input.
+        if msg.exempt.is_none() {
+            self.agent_work.user_input();
+        }
         let (tx, rx) = oneshot::channel();
         match self.shared.settings.check_agent(&msg.agent) {
             Err(err) => {
