@@ -39,6 +39,7 @@ const PLUMBING: &[&str] = &[
     "idle_release",
     "delivery",
     "registry",
+    "heartbeat",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[

@@ -222,6 +222,28 @@ pub enum BuildError {
     },
 }
 
+/// Why `ctx.run_blocking(..)` gave no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockingError {
+    /// The call was cancelled while its blocking work ran. The tool's await returned at
+    /// once; the work itself cannot be stopped from outside and runs on in the blocking
+    /// pool until it returns (its result is dropped). Return from the body; a closure
+    /// that takes long can check a clone of the context's `is_cancelled()` to end early.
+    #[error("tool call {call_id} was cancelled while its blocking work ran; the work goes on in the blocking pool until it returns, and its result is dropped")]
+    Cancelled {
+        /// The call id.
+        call_id: String,
+    },
+    /// The runtime is shutting down (the engine stopped) and dropped the work before it
+    /// ran to its end.
+    #[error("the runtime is shutting down: the blocking work of tool call {call_id} did not run to its end")]
+    ShutDown {
+        /// The call id.
+        call_id: String,
+    },
+}
+
 /// Why `ctx.update(..)` failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
