@@ -303,7 +303,7 @@ mod tests {
     #[test]
     fn an_arbiter_that_beats_in_time_is_not_stalled() {
         let mut watch = StallWatch::new(100 * MS);
-        assert_eq!(watch.check(0 * MS, 25 * MS), Seen::Nothing);
+        assert_eq!(watch.check(Duration::ZERO, 25 * MS), Seen::Nothing);
         assert_eq!(watch.check(25 * MS, 125 * MS), Seen::Nothing);
         assert_eq!(watch.check(100 * MS, 150 * MS), Seen::Nothing);
     }
