@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use common::{assert_invariant, settled, wait_event};
 use serde_json::json;
 use switchboard::prelude::*;
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{event, Reply, ScriptedLlm};
 use switchboard::{AgentWork, NoArgs};
 use tokio::sync::broadcast;
 
@@ -220,7 +220,7 @@ async fn hooks_that_hand_off_to_each_other_stop_at_the_limit() {
         .max_agent_work(4);
     let mut events = builder.subscribe();
     let session = builder.start(&Engine::current().unwrap()).await.unwrap();
-    let (_, work, _) = refused(&mut events).await;
+    let work = common::wait_on(&mut events, event::agent_work_refused()).await;
     assert!(matches!(work, AgentWork::Handoff { .. }));
     settled(&session).await;
     let answers = answers.lock().unwrap().clone();
