@@ -580,35 +580,39 @@ async fn inspect_on_off(engine: &Engine) {
 
 /// S1 with the engine's stall monitor off and on (`Engine::monitor_stalls`, 100 ms: a beat
 /// every 25 ms on the arbiter, and each poll of the tool body marked), in alternating
-/// rounds so drift hits both. Each "on" round uses an engine of its own, on the same
-/// arbiter, with the monitor on; it is dropped after the round and the beat task given
-/// time to end, so the "off" rounds run with no beat and no mark.
+/// rounds so drift hits both, each side first in half of them. Each round uses an engine
+/// of its own on the same arbiter; a watched one is dropped after its round and its beat
+/// task given time to end, so the unwatched rounds run with no beat and no mark.
 async fn stalls_on_off() {
     let rounds = env("BENCH_STALLS_ROUNDS", 4).max(1);
     let n = env("BENCH_N", 2000).div_ceil(rounds);
     let warmup = env("BENCH_WARMUP", 200);
     let (mut off, mut on) = (Measured::default(), Measured::default());
     let mut stalls = 0;
-    for _ in 0..rounds {
-        let plain = Engine::current().unwrap();
-        measure(&plain, Scenario::S1, &Setup::default(), n, warmup, &mut off).await;
-        let watched = Engine::current().unwrap();
-        let _reports = watched
-            .monitor_stalls(std::time::Duration::from_millis(100))
-            .unwrap();
-        measure(
-            &watched,
-            Scenario::S1,
-            &Setup::default(),
-            n,
-            warmup,
-            &mut on,
-        )
-        .await;
-        stalls += watched.stats().arbiter_stalls;
-        drop(watched);
-        // The beat task sees the monitor gone at its next beat (every 25 ms) and ends.
-        tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    for round in 0..rounds {
+        for watched in [round % 2 == 1, round % 2 == 0] {
+            let engine = Engine::current().unwrap();
+            if !watched {
+                measure(
+                    &engine,
+                    Scenario::S1,
+                    &Setup::default(),
+                    n,
+                    warmup,
+                    &mut off,
+                )
+                .await;
+                continue;
+            }
+            let _reports = engine
+                .monitor_stalls(std::time::Duration::from_millis(100))
+                .unwrap();
+            measure(&engine, Scenario::S1, &Setup::default(), n, warmup, &mut on).await;
+            stalls += engine.stats().arbiter_stalls;
+            drop(engine);
+            // The beat task sees the monitor gone at its next beat (every 25 ms) and ends.
+            tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        }
     }
     report("S1_stalls_off", "", &off);
     report("S1_stalls_on", &format!(r#""stalls_seen":{stalls},"#), &on);

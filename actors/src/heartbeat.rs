@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::Either;
 
+use crate::chat::FunctionCall;
 use crate::ids::SessionId;
 
 /// The tool body a stalled arbiter was polling.
@@ -48,8 +49,9 @@ pub(crate) struct ArbiterBeat {
     running: AtomicU64,
     next_run: AtomicU64,
     /// The tool runs alive on the arbiter, by number: written when one starts and ends
-    /// (only while the monitor is on), read when a stall is seen.
-    runs: Mutex<HashMap<u64, StalledTool>>,
+    /// (only while the monitor is on), read when a stall is seen. Shared handles only
+    /// (two reference counts per run); the names are copied out at a stall.
+    runs: Mutex<HashMap<u64, RunName>>,
 }
 
 impl ArbiterBeat {
@@ -83,7 +85,13 @@ impl ArbiterBeat {
         if run == 0 {
             return None;
         }
-        lock(&self.runs).get(&run).cloned()
+        let runs = lock(&self.runs);
+        let (session, call) = runs.get(&run)?;
+        Some(StalledTool {
+            session: session.clone(),
+            tool: call.name.clone(),
+            call_id: call.call_id.clone(),
+        })
     }
 
     /// Makes this arbiter's beat the one tool runs started on this thread report to.
@@ -105,7 +113,7 @@ impl ArbiterBeat {
         });
     }
 
-    fn enter(self: &Arc<Self>, tool: StalledTool) -> RunMark {
+    fn enter(self: &Arc<Self>, tool: RunName) -> RunMark {
         let number = self.next_run.fetch_add(1, Ordering::Relaxed);
         lock(&self.runs).insert(number, tool);
         RunMark {
@@ -141,10 +149,13 @@ impl Drop for RunMark {
     }
 }
 
+/// A tool run as its beat knows it: its session and its call.
+pub(crate) type RunName = (SessionId, Arc<FunctionCall>);
+
 /// The mark of a tool run about to start on this thread, named by `describe`, when a
 /// stall monitor watches this thread's arbiter; `None` otherwise (the common case costs
 /// one thread-local read per run).
-pub(crate) fn mark(describe: impl FnOnce() -> StalledTool) -> Option<RunMark> {
+pub(crate) fn mark(describe: impl FnOnce() -> RunName) -> Option<RunMark> {
     let beat = CURRENT.with(|current| current.borrow().as_ref().and_then(Weak::upgrade))?;
     Some(beat.enter(describe()))
 }
