@@ -29,6 +29,9 @@
 //! - `Interrupt` stops the current turn now; every call of it gets an output.
 //! - After `CloseSession`, and once the host's last handle is dropped, no actor of the
 //!   session stays alive.
+//! - Work the agents start on their own (replies a hook or tool queues, handoffs) is
+//!   bounded per user input (`max_agent_work`): past it, refused with an error and one
+//!   event per input, and the next user input is answered.
 
 mod agent_work;
 mod alarm;
