@@ -15,7 +15,7 @@
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_SCALE_SESSIONS` (100000), `BENCH_SCALE_TASKS`
 //! (16), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10), `BENCH_S4_UPDATES` (3),
-//! `BENCH_INSPECT_ROUNDS` (4), `BENCH_HISTORY_ROUNDS` (4), `BENCH_ARBITER_ROUNDS` (7),
+//! `BENCH_INSPECT_ROUNDS` (4), `BENCH_STALLS_ROUNDS` (4), `BENCH_HISTORY_ROUNDS` (4), `BENCH_ARBITER_ROUNDS` (7),
 //! `BENCH_ARBITER_TURNS` (30),
 //! `BENCH_S4_ROUNDS` (5: S4, S4_parallel and their host rows report the median round),
 //! `BENCH_SCRIPTED` (1: the throughput rows on `ScriptedLlm` instead of the counting fake),
@@ -24,7 +24,7 @@
 //! `BENCH_SNAPSHOT_CHAIN` (64), `BENCH_SNAPSHOT_SAVE_TURNS` (128), `BENCH_SNAPSHOT_DIR`
 //! (the file store's folder; default a fresh one in the temporary folder, removed after),
 //! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, round_trip,
-//! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, snapshot_full, snapshot_delta,
+//! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, S1_stalls, snapshot_full, snapshot_delta,
 //! snapshot_delta_chain, snapshot_restore, snapshot_restore_reply, snapshot_save_turn,
 //! snapshot_file_append, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000,
 //! S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host, S1c_host, S2_host, S4_host,
@@ -580,6 +580,46 @@ async fn inspect_on_off(engine: &Engine) {
     }
     report("S1b_inspect_off", "", &off);
     report("S1b_inspect_on", "", &on);
+}
+
+/// S1 with the engine's stall monitor off and on (`Engine::monitor_stalls`, 100 ms: a beat
+/// every 25 ms on the arbiter, and each poll of the tool body marked), in alternating
+/// rounds so drift hits both, each side first in half of them. Each round uses an engine
+/// of its own on the same arbiter; a watched one is dropped after its round and its beat
+/// task given time to end, so the unwatched rounds run with no beat and no mark.
+async fn stalls_on_off() {
+    let rounds = env("BENCH_STALLS_ROUNDS", 4).max(1);
+    let n = env("BENCH_N", 2000).div_ceil(rounds);
+    let warmup = env("BENCH_WARMUP", 200);
+    let (mut off, mut on) = (Measured::default(), Measured::default());
+    let mut stalls = 0;
+    for round in 0..rounds {
+        for watched in [round % 2 == 1, round % 2 == 0] {
+            let engine = Engine::current().unwrap();
+            if !watched {
+                measure(
+                    &engine,
+                    Scenario::S1,
+                    &Setup::default(),
+                    n,
+                    warmup,
+                    &mut off,
+                )
+                .await;
+                continue;
+            }
+            let _reports = engine
+                .monitor_stalls(std::time::Duration::from_millis(100))
+                .unwrap();
+            measure(&engine, Scenario::S1, &Setup::default(), n, warmup, &mut on).await;
+            stalls += engine.stats().arbiter_stalls;
+            drop(engine);
+            // The beat task sees the monitor gone at its next beat (every 25 ms) and ends.
+            tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+        }
+    }
+    report("S1_stalls_off", "", &off);
+    report("S1_stalls_on", &format!(r#""stalls_seen":{stalls},"#), &on);
 }
 
 /// S1_history: the S1 turn (an async tool in a session toolset, one `ctx.update`, then
@@ -1975,6 +2015,9 @@ fn main() {
         }
         if wanted("S1b_inspect") {
             inspect_on_off(&engine).await;
+        }
+        if wanted("S1_stalls") {
+            stalls_on_off().await;
         }
         snapshot_rows(&engine).await;
         if wanted("S3") {

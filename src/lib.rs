@@ -55,6 +55,12 @@
 //! which paused time does not reach. Inside a test, spawn a turn with `tokio::spawn` or
 //! `actix::spawn`: both run it on the test's thread.
 //!
+//! A session's actors, tool bodies and hooks share their arbiter thread with other
+//! sessions: blocking or CPU-bound work in a tool goes in [`RunContext::run_blocking`]
+//! (tokio's blocking pool), and [`Engine::monitor_stalls`] (off by default) reports an
+//! arbiter held longer than a threshold ([`ArbiterStall`]), with the tool call that held
+//! it.
+//!
 //! ```
 //! use switchboard::prelude::*;
 //! use switchboard::testing::{Reply, ScriptedLlm};
@@ -140,17 +146,18 @@ pub mod __private {
 }
 
 pub use switchboard_actors::{
-    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, BuildError, ChatContext,
-    ChatItem, ChatMessage, ChatRole, DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession,
-    DuplicatePolicy, Engine, EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall,
-    FunctionCallOutput, GivenChat, Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk,
-    LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput,
-    Playout, PlayoutReporter, Received, RestorePolicy, RunContext, RunResult, SayOptions, Session,
-    SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory,
-    SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
-    SpeechPriority, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice,
-    ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision,
-    TurnFailure, UpdateError, UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
+    BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
+    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
+    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
+    InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RestorePolicy,
+    RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
+    SessionError, SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary,
+    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool,
+    StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
+    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
+    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

@@ -40,6 +40,7 @@ const PLUMBING: &[&str] = &[
     "delivery",
     "registry",
     "telemetry",
+    "heartbeat",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[

@@ -100,7 +100,9 @@ impl SessionControl {
 
     /// Queues a reply of the current agent, with these extra instructions, after the
     /// current turn. Returns once it is queued ([`SessionError::Closed`] when the session
-    /// is gone, [`SessionError::QueueFull`] when too much work waits).
+    /// is gone, [`SessionError::QueueFull`] when too much work waits,
+    /// [`SessionError::AgentWorkLimit`] when the agents already started as much work on
+    /// their own since the last user input as `SessionBuilder::max_agent_work` allows).
     pub async fn generate_reply(
         &self,
         instructions: impl Into<String>,
@@ -113,7 +115,8 @@ impl SessionControl {
 
     /// Queues a handoff to `agent` after the current turn. Returns once it is queued;
     /// an agent that could not start here (a tool-name clash, no LLM) is refused at once
-    /// with [`SessionError::Build`] and the current agent stays.
+    /// with [`SessionError::Build`] and the current agent stays, as is a handoff past the
+    /// agents' limit of work per user input ([`SessionError::AgentWorkLimit`]).
     pub async fn update_agent(&self, agent: Agent) -> Result<(), SessionError> {
         self.handoff(Handoff::to(agent)).await
     }

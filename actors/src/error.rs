@@ -27,6 +27,18 @@ pub enum SessionError {
         /// How many jobs a session queues at most.
         limit: usize,
     },
+    /// The agents already started as much work on their own since the last user input
+    /// as `SessionBuilder::max_agent_work` allows, so this reply or handoff was refused
+    /// (a chain of replies and handoffs no user asked for). The session is still up: the
+    /// next user input (`run`, `generate_reply`, a final transcript) lets the agents go
+    /// on; raise the limit if a flow needs more steps on its own.
+    #[error("{work} was refused: the agents already started {limit} replies and handoffs on their own since the last user input (SessionBuilder::max_agent_work); the next user input lets them go on")]
+    AgentWorkLimit {
+        /// What was refused.
+        work: crate::events::AgentWork,
+        /// The limit that was reached.
+        limit: u32,
+    },
     /// The session or an agent is misconfigured; for a handoff or a sub-task, its agent
     /// cannot start here (a tool-name clash, no LLM) and the current agent stays.
     #[error(transparent)]
@@ -214,6 +226,28 @@ pub enum BuildError {
         field: String,
         /// The fields it may use.
         known: String,
+    },
+}
+
+/// Why `ctx.run_blocking(..)` gave no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BlockingError {
+    /// The call was cancelled while its blocking work ran. The tool's await returned at
+    /// once; the work itself cannot be stopped from outside and runs on in the blocking
+    /// pool until it returns (its result is dropped). Return from the body; a closure
+    /// that takes long can check a clone of the context's `is_cancelled()` to end early.
+    #[error("tool call {call_id} was cancelled while its blocking work ran; the work goes on in the blocking pool until it returns, and its result is dropped")]
+    Cancelled {
+        /// The call id.
+        call_id: String,
+    },
+    /// The runtime is shutting down (the engine stopped) and dropped the work before it
+    /// ran to its end.
+    #[error("the runtime is shutting down: the blocking work of tool call {call_id} did not run to its end")]
+    ShutDown {
+        /// The call id.
+        call_id: String,
     },
 }
 

@@ -32,6 +32,29 @@ pub enum DeferredReplyDecision {
     AlreadyAnswered,
 }
 
+/// Work an agent starts on its own, without user input: what
+/// `SessionBuilder::max_agent_work` bounds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentWork {
+    /// A reply a hook or tool queued (`SessionControl::generate_reply`).
+    Reply,
+    /// A handoff a tool, hook or turn asked for.
+    Handoff {
+        /// The agent it would have handed to.
+        to: String,
+    },
+}
+
+impl std::fmt::Display for AgentWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Reply => f.write_str("a reply"),
+            Self::Handoff { to } => write!(f, "a handoff to {to}"),
+        }
+    }
+}
+
 /// What the agent is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -187,6 +210,19 @@ pub enum SessionEvent {
     TurnInterrupted {
         /// The agent whose turn it was.
         agent: String,
+    },
+    /// The agents started as much work on their own since the last user input as the
+    /// session allows (`SessionBuilder::max_agent_work`), and more was refused: a chain
+    /// of handoffs and replies no user asked for (a runaway model or hook). Sent once per
+    /// user input, at the first refusal; the session stays usable and the next user input
+    /// lets the agents go on.
+    AgentWorkRefused {
+        /// The agent that asked (current when it was refused).
+        agent: String,
+        /// What was refused.
+        work: AgentWork,
+        /// The limit that was reached.
+        limit: u32,
     },
     /// Something failed; the session is still up.
     Error {

@@ -55,6 +55,7 @@ mod error;
 mod error_policy;
 mod events;
 mod handoff;
+mod heartbeat;
 mod history;
 mod idle_release;
 mod ids;
@@ -87,12 +88,13 @@ mod toolset;
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
-pub use error::{BuildError, EngineError, SessionError, TurnFailure, UpdateError};
+pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+    AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
 };
 pub use handoff::Handoff;
+pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
@@ -117,7 +119,8 @@ pub use restore::AgentRegistry;
 pub use run_context::AsyncRunContext;
 pub use run_context::{RunContext, UpdateMessage};
 pub use runtime::{
-    DrainEnd, DrainReport, DrainedSession, Engine, EngineStats, SessionState, SessionSummary,
+    ArbiterStall, DrainEnd, DrainReport, DrainedSession, Engine, EngineStats, SessionState,
+    SessionSummary, StallReports,
 };
 pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
 use crate::control::SessionControl;
-use crate::error::{SessionError, UpdateError};
+use crate::error::{BlockingError, SessionError, UpdateError};
 use crate::ids::ActorId;
 use crate::speech::SpeechHandle;
 
@@ -168,6 +168,87 @@ impl RunContext {
             biased;
             () = self.cancelled() => None,
             out = fut => Some(out),
+        }
+    }
+
+    /// Runs blocking or CPU-bound work — parsing a PDF, a synchronous database client,
+    /// compressing a file — on tokio's blocking pool, and awaits its result.
+    ///
+    /// A tool body runs on its session's arbiter, one thread shared by many sessions:
+    /// while a body computes without awaiting, no other session of that arbiter moves (a
+    /// 2 s parse held the turns of every other session there for 2 s). Work handed here
+    /// runs on a thread of the blocking pool instead, and the arbiter goes on with the
+    /// other sessions meanwhile. An async client (`reqwest`, `sqlx`) needs none of this:
+    /// await it in the body directly.
+    ///
+    /// Cancellation: when the call is cancelled (by the model, a duplicate that replaces
+    /// it, the stop of its scope, a close) this returns
+    /// [`BlockingError::Cancelled`] at once, so the body can clean up within its grace
+    /// period. The closure itself cannot be stopped from outside: it runs on until it
+    /// returns and its result is dropped. Work that takes long should look at a clone of
+    /// the context between pieces ([`is_cancelled`](Self::is_cancelled)) and give up
+    /// early. A panic in the closure is the tool's panic (an error output, never the
+    /// session's). The blocking pool has its own bound (512 threads per arbiter by
+    /// default): it is for work that ends, not for loops that wait for ever.
+    ///
+    /// ```
+    /// use switchboard::prelude::*;
+    ///
+    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// struct Document {
+    ///     /// The document's text.
+    ///     text: String,
+    /// }
+    ///
+    /// /// A CPU-bound step: counts words the slow way.
+    /// fn count_words(text: &str) -> usize {
+    ///     text.split_whitespace().count()
+    /// }
+    ///
+    /// let count = Tool::new(
+    ///     "count_words",
+    ///     "Counts the words of a document",
+    ///     |ctx: RunContext, doc: Document| async move {
+    ///         // A clone looks for cancellation from inside the work.
+    ///         let watch = ctx.clone();
+    ///         let words = ctx
+    ///             .run_blocking(move || {
+    ///                 let mut words = 0;
+    ///                 for line in doc.text.lines() {
+    ///                     if watch.is_cancelled() {
+    ///                         break;
+    ///                     }
+    ///                     words += count_words(line);
+    ///                 }
+    ///                 words
+    ///             })
+    ///             .await?;
+    ///         Ok::<_, ToolFailure>(format!("{words} words"))
+    ///     },
+    /// );
+    /// # let _ = count;
+    /// ```
+    pub async fn run_blocking<F, T>(&self, work: F) -> Result<T, BlockingError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        let work = tokio::task::spawn_blocking(work);
+        tokio::select! {
+            // A result that is there wins over a cancellation that came with it.
+            biased;
+            joined = work => match joined {
+                Ok(value) => Ok(value),
+                // The tool's own panic: the run turns it into an error output, as a panic
+                // in the body would be.
+                Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+                Err(_) => Err(BlockingError::ShutDown {
+                    call_id: self.call.call_id.clone(),
+                }),
+            },
+            () = self.cancelled() => Err(BlockingError::Cancelled {
+                call_id: self.call.call_id.clone(),
+            }),
         }
     }
 

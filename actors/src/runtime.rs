@@ -13,6 +13,7 @@
 //! ([`Engine::drain`]; `runtime/drain.rs`).
 
 mod drain;
+mod stalls;
 mod stats;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -29,6 +30,7 @@ use crate::memory::{self, MemoryRelease};
 use crate::registry::{LiveSession, Registry, SessionLease};
 
 pub use drain::{DrainEnd, DrainReport, DrainedSession};
+pub use stalls::{ArbiterStall, StallReports};
 pub use stats::{EngineStats, SessionState, SessionSummary};
 
 /// actix's default mailbox capacity, as `Actor::start_in_arbiter` gives an actor.
@@ -58,6 +60,8 @@ struct EngineInner {
     /// The instruments new sessions record on (read once per session start).
     #[cfg(feature = "telemetry")]
     telemetry: std::sync::RwLock<Option<crate::telemetry::Telemetry>>,
+    /// The stall monitor, once the host turned it on (`Engine::monitor_stalls`).
+    stalls: Mutex<Option<stalls::StallMonitor>>,
 }
 
 #[derive(Debug)]
@@ -121,6 +125,7 @@ impl Engine {
                 idle,
                 #[cfg(feature = "telemetry")]
                 telemetry: std::sync::RwLock::new(Some(crate::telemetry::Telemetry::global())),
+                stalls: Mutex::new(None),
             }),
         }
     }
@@ -149,6 +154,8 @@ impl Engine {
             .take();
         if let Some(mut owned) = owned {
             self.inner.shut_down.store(true, Ordering::Release);
+            // Stopped arbiters beat no more: not a stall to report.
+            self.stall_monitor().take();
             owned.system.stop();
             if let Some(thread) = owned.thread.take() {
                 let _ = thread.join();
@@ -269,7 +276,74 @@ impl Engine {
     /// ```
     pub fn stats(&self) -> EngineStats {
         let registry = &self.inner.registry;
-        EngineStats::of(&registry.shared_states(), registry.is_draining())
+        let mut stats = EngineStats::of(&registry.shared_states(), registry.is_draining());
+        if let Some(monitor) = self.stall_monitor().as_ref() {
+            let (stalls, longest, stalled_now) = monitor.counts();
+            stats.arbiter_stalls = stalls;
+            stats.longest_arbiter_stall = longest;
+            stats.stalled_arbiters = stalled_now;
+        }
+        stats
+    }
+
+    /// Turns on the stall monitor and returns its reports: an arbiter that runs nothing
+    /// else for longer than `threshold` — a tool body computing without awaiting, a
+    /// blocking call in a hook — holds every session placed on it, and is reported with
+    /// how long, and with the session and tool call it was polling when that was a tool
+    /// body. Also counted in [`Engine::stats`] (`arbiter_stalls`,
+    /// `longest_arbiter_stall`, `stalled_arbiters`) and logged at `warn`.
+    ///
+    /// Off by default: it is work the host did not ask for — a timer on every arbiter
+    /// every quarter `threshold`, and a thread of its own that checks them at the same
+    /// pace. The hot path pays nothing for it (no count per message or turn; two relaxed
+    /// stores per poll of a tool body while it is on; see BENCHMARKS.md). A `threshold`
+    /// of 100–500 ms finds the stalls a caller hears; it is at least 4 ms. The monitor
+    /// runs until the engine is dropped; a second call returns another reader of the same
+    /// monitor, with the first threshold. It measures wall-clock time, so a test under
+    /// paused tokio time learns nothing from it. The fix for a stall it finds in a tool is
+    /// [`RunContext::run_blocking`](crate::RunContext::run_blocking).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), switchboard::EngineError> {
+    /// use std::time::Duration;
+    /// let engine = switchboard::Engine::start()?;
+    /// let mut stalls = engine.monitor_stalls(Duration::from_millis(250))?;
+    /// tokio::spawn(async move {
+    ///     while let Some(stall) = stalls.next().await {
+    ///         if let (true, Some(tool)) = (stall.ended, &stall.tool) {
+    ///             eprintln!(
+    ///                 "arbiter {} stalled {:?} in {} of session {}: move it to ctx.run_blocking",
+    ///                 stall.arbiter, stall.stalled_for, tool.tool, tool.session
+    ///             );
+    ///         }
+    ///     }
+    /// });
+    /// # Ok(()) }
+    /// ```
+    pub fn monitor_stalls(&self, threshold: Duration) -> Result<StallReports, EngineError> {
+        let mut monitor = self.stall_monitor();
+        let running = match monitor.take() {
+            Some(running) => {
+                if running.threshold() != threshold.max(stalls::MIN_THRESHOLD) {
+                    tracing::debug!(
+                        asked = ?threshold,
+                        running = ?running.threshold(),
+                        "the stall monitor already runs: its first threshold stays"
+                    );
+                }
+                monitor.insert(running)
+            }
+            None => monitor.insert(stalls::StallMonitor::start(
+                &self.inner.arbiters,
+                threshold,
+            )?),
+        };
+        Ok(running.subscribe())
+    }
+
+    fn stall_monitor(&self) -> std::sync::MutexGuard<'_, Option<stalls::StallMonitor>> {
+        // The monitor has no invariant a panic could break: keep it after one.
+        self.inner.stalls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// A summary of every live session of the engine (the same as each one's

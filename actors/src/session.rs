@@ -29,7 +29,11 @@
 //! - `Interrupt` stops the current turn now; every call of it gets an output.
 //! - After `CloseSession`, and once the host's last handle is dropped, no actor of the
 //!   session stays alive.
+//! - Work the agents start on their own (replies a hook or tool queues, handoffs) is
+//!   bounded per user input (`max_agent_work`): past it, refused with an error and one
+//!   event per input, and the next user input is answered.
 
+mod agent_work;
 mod alarm;
 mod close;
 mod endpoint;
@@ -59,7 +63,7 @@ use crate::control::ControlPort;
 use crate::delivery::{Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
 use crate::events::UserState;
-use crate::events::{RunResult, SessionEvent};
+use crate::events::{AgentWork, RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
@@ -78,6 +82,7 @@ use crate::telemetry::Cause;
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
+use agent_work::{Admission, AgentWorkBound};
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
@@ -358,6 +363,8 @@ pub(crate) struct SessionActor {
     alarm: alarm::Alarm,
     /// The user's words waiting for the end of their turn.
     endpoint: endpoint::Endpointing,
+    /// The work agents started on their own since the last user input, against its limit.
+    agent_work: AgentWorkBound,
     /// When the user of an idle voice session counts as away.
     away_at: Option<Instant>,
     /// The snapshots it took, and its saving to a store.
@@ -398,6 +405,7 @@ impl SessionActor {
         let (alarm, rings) = alarm::Alarm::new();
         ctx.add_stream(rings);
         let shared_endpointing = shared.settings.config.endpointing_delay;
+        let max_agent_work = shared.settings.config.max_agent_work;
         Self {
             probe,
             shared,
@@ -413,6 +421,7 @@ impl SessionActor {
             deliveries_seen: 0,
             alarm,
             endpoint: endpoint::Endpointing::new(shared_endpointing),
+            agent_work: AgentWorkBound::new(max_agent_work),
             away_at: None,
             chain,
             was_inactive: false,
@@ -537,6 +546,7 @@ impl SessionActor {
     /// if there is one (so the queue never holds two), or is queued first. Words that
     /// cannot be kept are reported, never dropped silently.
     fn user_words(&mut self, text: String) {
+        self.agent_work.user_input();
         let mut refused = None;
         // The latest final transcript asked for the turn (an end-to-end latency counts from
         // the user's last words).
@@ -578,6 +588,33 @@ impl SessionActor {
             tracing::warn!(session = %self.shared.id(), "{message}");
             self.shared.events.emit(SessionEvent::Error { message });
         }
+    }
+
+    /// Whether an agent may start `work` on its own now (see `agent_work.rs`): counted
+    /// when it may; refused past the limit, the first refusal since the last user input
+    /// reported with an event.
+    fn admit_agent_work(&mut self, work: AgentWork) -> Result<(), SessionError> {
+        let Admission::Refused { limit, report } = self.agent_work.admit() else {
+            return Ok(());
+        };
+        // During a switch the incoming agent is the one asking (its `on_enter`).
+        let agent = self
+            .schedule
+            .activities()
+            .first()
+            .map(|activity| activity.agent.name().to_owned())
+            .unwrap_or_default();
+        if report {
+            tracing::warn!(session = %self.shared.id(), %agent, %work, limit, "agent-started work refused: the limit per user input is reached");
+            self.shared.events.emit(SessionEvent::AgentWorkRefused {
+                agent,
+                work: work.clone(),
+                limit,
+            });
+        } else {
+            tracing::debug!(session = %self.shared.id(), %agent, %work, limit, "agent-started work refused again");
+        }
+        Err(SessionError::AgentWorkLimit { work, limit })
     }
 
     /// The user's state changed: the schedule keeps it, the host reads the published copy.
@@ -653,12 +690,22 @@ impl SessionActor {
                 result,
                 failure,
             };
-            match self.plan_handoff(handoff, done, outcome.cause) {
+            let work = AgentWork::Handoff {
+                to: handoff.agent.name().to_owned(),
+            };
+            // Over the limit the agent stays: its chat keeps the tool's output that named
+            // the new agent, and the event (or the host's `run`) says why it stayed.
+            let planned = match self.admit_agent_work(work) {
+                Ok(()) => self.plan_handoff(handoff, done, outcome.cause),
+                Err(err) => Err(Box::new((done, err))),
+            };
+            match planned {
                 Ok(planned) => After::Handoff(planned),
                 Err(refused) => {
-                    // Not reached: the run checked the agent before it answered.
+                    // Over the limit; a refused agent is not reached here (the run
+                    // checked it before it answered).
                     let (done, err) = *refused;
-                    tracing::warn!(%err, "a tool's handoff was refused");
+                    tracing::debug!(%err, "a tool's handoff was refused");
                     done.finish(Err(err), agent, agent);
                     After::Nothing
                 }
@@ -885,6 +932,7 @@ impl Handler<RunTurn> for SessionActor {
     type Result = ResponseFuture<Result<RunResult, SessionError>>;
 
     fn handle(&mut self, msg: RunTurn, ctx: &mut Self::Context) -> Self::Result {
+        self.agent_work.user_input();
         let (tx, rx) = oneshot::channel();
         let turn = QueuedTurn {
             kind: msg.kind,
@@ -906,7 +954,8 @@ impl Handler<RunTurn> for SessionActor {
 
 /// Sent by a tool or hook (`SessionControl::generate_reply`): queues a reply of the
 /// current agent. Answered once queued, never after the turn, so it cannot wait on the
-/// turn it was sent from.
+/// turn it was sent from; refused (`AgentWorkLimit`) past the agents' limit of work per
+/// user input.
 pub(crate) struct QueueReply {
     pub(crate) instructions: Option<String>,
     /// The asker's span (a tool run's, a hook's) at the call (telemetry).
@@ -921,6 +970,10 @@ impl Handler<QueueReply> for SessionActor {
     type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueReply, ctx: &mut Self::Context) -> Self::Result {
+        if self.schedule.is_closed() {
+            return Err(SessionError::Closed);
+        }
+        self.admit_agent_work(AgentWork::Reply)?;
         let turn = QueuedTurn {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
@@ -952,6 +1005,7 @@ impl Handler<UpdateAgent> for SessionActor {
     type Result = ResponseFuture<Result<(), SessionError>>;
 
     fn handle(&mut self, msg: UpdateAgent, ctx: &mut Self::Context) -> Self::Result {
+        self.agent_work.user_input();
         let (tx, rx) = oneshot::channel();
         let done = HandoffDone::Host(tx);
         if let Err(refused) = self.queue_handoff(msg.handoff, done, msg.cause, ctx) {
@@ -963,7 +1017,9 @@ impl Handler<UpdateAgent> for SessionActor {
 }
 
 /// Sent by a tool or hook (`SessionControl::update_agent`) or by a tool run whose body
-/// returned an agent after updating: queues a handoff. Answered once queued (or refused).
+/// returned an agent after updating: queues a handoff. Answered once queued (or refused:
+/// the agent cannot start here, or `AgentWorkLimit` past the agents' limit of work per
+/// user input).
 pub(crate) struct QueueHandoff {
     pub(crate) handoff: Handoff,
     /// The asker's span (a tool run's, a hook's) at the call (telemetry).
@@ -978,6 +1034,12 @@ impl Handler<QueueHandoff> for SessionActor {
     type Result = Result<(), SessionError>;
 
     fn handle(&mut self, msg: QueueHandoff, ctx: &mut Self::Context) -> Self::Result {
+        if self.schedule.is_closed() {
+            return Err(SessionError::Closed);
+        }
+        self.admit_agent_work(AgentWork::Handoff {
+            to: msg.handoff.agent.name().to_owned(),
+        })?;
         self.queue_handoff(msg.handoff, HandoffDone::Nobody, msg.cause, ctx)
             .map_err(|refused| refused.1)
     }
@@ -1000,6 +1062,10 @@ impl Handler<RunTask> for SessionActor {
     type Result = ResponseFuture<Result<Value, SessionError>>;
 
     fn handle(&mut self, msg: RunTask, ctx: &mut Self::Context) -> Self::Result {
+        // The host's sub-task (a tool's names the run that awaits it) is user input.
+        if msg.asker.is_none() {
+            self.agent_work.user_input();
+        }
         let (tx, rx) = oneshot::channel();
         match self.shared.settings.check_agent(&msg.agent) {
             Err(err) => {

@@ -638,6 +638,7 @@ pub struct SessionBuilder {
     max_calls_per_step: usize,
     max_argument_bytes: usize,
     max_reply_bytes: usize,
+    max_agent_work: u32,
     allow_interruptions: bool,
     min_interruption_duration: Duration,
     false_interruption_timeout: Option<Duration>,
@@ -673,6 +674,7 @@ impl Default for SessionBuilder {
             max_calls_per_step: 32,
             max_argument_bytes: 64 * 1024,
             max_reply_bytes: 64 * 1024,
+            max_agent_work: 8,
             allow_interruptions: true,
             min_interruption_duration: Duration::from_millis(500),
             false_interruption_timeout: Some(Duration::from_secs(2)),
@@ -830,6 +832,29 @@ impl SessionBuilder {
     /// event. An agent may set its own (`AgentBuilder::max_reply_bytes`).
     pub fn max_reply_bytes(mut self, bytes: usize) -> Self {
         self.max_reply_bytes = bytes;
+        self
+    }
+
+    /// How much work the agents may start on their own between two user inputs (default
+    /// 8): replies a hook or tool queues ([`SessionControl::generate_reply`](crate::SessionControl::generate_reply), the greeting
+    /// of an `on_enter`) and handoffs a tool, hook or turn asks for. Each turn is bounded
+    /// by itself; this bounds a chain of them — two agents whose `on_enter` asks for a
+    /// reply and a model that always transfers would otherwise hand the call back and
+    /// forth without end.
+    ///
+    /// Past the limit such work is refused: a hook or tool that asked gets
+    /// [`SessionError::AgentWorkLimit`]; a handoff a turn's tool returned does not happen
+    /// (the current agent stays; its chat still holds the tool's output); the first
+    /// refusal since the last user input is a
+    /// [`SessionEvent::AgentWorkRefused`](crate::SessionEvent::AgentWorkRefused). The
+    /// session stays usable. User input gives the agents the whole limit again: `run`,
+    /// `generate_reply`, `update_agent` (and `SessionAddress::send` of a handoff),
+    /// `run_task`, and a final transcript once it makes a user turn. `say`, interim
+    /// transcripts and the user starting or stopping to speak do not. Zero: agents start
+    /// nothing on their own (no `on_enter` reply, no handoff, not even one the user's turn
+    /// asks for). Deferred replies to tool updates are not counted here.
+    pub fn max_agent_work(mut self, limit: u32) -> Self {
+        self.max_agent_work = limit;
         self
     }
 
@@ -1083,6 +1108,7 @@ impl SessionBuilder {
                     max_calls_per_step: self.max_calls_per_step,
                     max_argument_bytes: self.max_argument_bytes,
                     max_reply_bytes: self.max_reply_bytes,
+                    max_agent_work: self.max_agent_work,
                     allow_interruptions: self.allow_interruptions,
                     min_interruption_duration: self.min_interruption_duration,
                     false_interruption_timeout: self.false_interruption_timeout,

@@ -172,6 +172,7 @@ impl SessionShared {
                     max_calls_per_step: 32,
                     max_argument_bytes: 64 * 1024,
                     max_reply_bytes: 64 * 1024,
+                    max_agent_work: 8,
                     allow_interruptions: true,
                     min_interruption_duration: Duration::from_millis(500),
                     false_interruption_timeout: Some(Duration::from_secs(2)),

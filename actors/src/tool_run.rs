@@ -36,6 +36,7 @@ use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
+use crate::heartbeat;
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
 use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
@@ -508,6 +509,9 @@ impl Actor for ToolRunActor {
         );
         let body = reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind())
             .instrument(span);
+        // Named in a stall report if it holds the arbiter (only while a monitor runs).
+        let mark = heartbeat::mark(|| (self.shared.id().clone(), self.call.clone()));
+        let body = heartbeat::watched(body, mark);
         let fut = async move {
             // Declared first so it drops last: the toolset's wait for this run ends only
             // once the body future is gone.

@@ -23,7 +23,7 @@
 //! [`next_event`]: super::next_event
 
 use switchboard_actors::{
-    AgentState, ChatItem, FunctionCallOutput, SessionEvent, SpeechHandle, UserState,
+    AgentState, AgentWork, ChatItem, FunctionCallOutput, SessionEvent, SpeechHandle, UserState,
 };
 
 use super::expect::summary;
@@ -145,6 +145,18 @@ pub fn turn_interrupted() -> Matching<impl FnMut(&SessionEvent) -> Option<String
     )
 }
 
+/// Agent-started work refused past `SessionBuilder::max_agent_work`
+/// (`SessionEvent::AgentWorkRefused`), giving what was refused.
+pub fn agent_work_refused() -> Matching<impl FnMut(&SessionEvent) -> Option<AgentWork>> {
+    matching(
+        "agent-started work refused (AgentWorkRefused)",
+        |event| match event {
+            SessionEvent::AgentWorkRefused { work, .. } => Some(work.clone()),
+            _ => None,
+        },
+    )
+}
+
 /// An error event (`SessionEvent::Error`), giving its message.
 pub fn error() -> Matching<impl FnMut(&SessionEvent) -> Option<String>> {
     matching("an error event", |event| match event {
@@ -212,6 +224,9 @@ pub(crate) fn describe(event: &SessionEvent) -> String {
         ),
         SessionEvent::LlmMetrics(metrics) => format!("LlmMetrics {}", metrics.agent),
         SessionEvent::TurnInterrupted { agent } => format!("TurnInterrupted {agent}"),
+        SessionEvent::AgentWorkRefused { agent, work, limit } => {
+            format!("AgentWorkRefused {agent}: {work}, limit {limit}")
+        }
         SessionEvent::Error { message } => format!("Error {}", cut(message)),
         SessionEvent::Closed => "Closed".to_owned(),
         other => {

@@ -42,6 +42,14 @@ pub struct EngineStats {
     /// Whether the engine is draining ([`Engine::drain`](crate::Engine::drain)): it starts
     /// no new session.
     pub draining: bool,
+    /// Stalls of its arbiters seen since the stall monitor started
+    /// ([`Engine::monitor_stalls`](crate::Engine::monitor_stalls)); 0 while it is off.
+    /// Each one held every session of its arbiter for longer than the threshold.
+    pub arbiter_stalls: u64,
+    /// The longest of those stalls that has ended.
+    pub longest_arbiter_stall: Duration,
+    /// Arbiters stalled now.
+    pub stalled_arbiters: usize,
 }
 
 /// What one session is doing, from [`Session::summary`](crate::Session::summary) or, for
@@ -122,6 +130,10 @@ impl EngineStats {
             tool_runs: 0,
             rss_bytes: rss_bytes(),
             draining,
+            // The engine fills these in when its stall monitor runs.
+            arbiter_stalls: 0,
+            longest_arbiter_stall: Duration::ZERO,
+            stalled_arbiters: 0,
         };
         for shared in sessions {
             stats.actors += shared.journal.live_actors();

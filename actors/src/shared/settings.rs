@@ -23,6 +23,7 @@ pub(crate) struct SessionConfig {
     pub(crate) max_calls_per_step: usize,
     pub(crate) max_argument_bytes: usize,
     pub(crate) max_reply_bytes: usize,
+    pub(crate) max_agent_work: u32,
     pub(crate) allow_interruptions: bool,
     pub(crate) min_interruption_duration: Duration,
     pub(crate) false_interruption_timeout: Option<Duration>,
