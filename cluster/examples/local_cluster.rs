@@ -20,12 +20,10 @@ use switchboard_cluster::{
 struct Barista;
 
 impl SessionFactory for Barista {
-    fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
+    fn builder(&self, _spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
         let llm = ScriptedLlm::new([]);
         llm.otherwise(Reply::text("One tea, coming up."));
-        Ok(Session::builder()
-            .llm(llm)
-            .agent(self.agent(&spec.agent, &spec.data)?))
+        Ok(Session::builder().llm(llm))
     }
 
     fn agent(&self, name: &str, _data: &Value) -> Result<Agent, FactoryError> {

@@ -109,6 +109,7 @@ mod permissions;
 mod protocol;
 mod remote_event;
 mod remote_session;
+mod snapshots;
 mod spec;
 mod worker;
 
@@ -123,6 +124,7 @@ pub use remote_event::{
     RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
 };
 pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
+pub use snapshots::{SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter, StoredSession};
 pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
 pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};
 
