@@ -15,10 +15,16 @@
 //! `BENCH_ARBITER_TURNS` (30),
 //! `BENCH_S4_ROUNDS` (5: S4, S4_parallel and their host rows report the median round),
 //! `BENCH_SCRIPTED` (1: the throughput rows on `ScriptedLlm` instead of the counting fake),
+//! `BENCH_SNAPSHOT_N` (200 timed samples per snapshot row and size), `BENCH_SNAPSHOT_ROUNDS`
+//! (4: the sizes alternate in rounds), `BENCH_SNAPSHOT_WARMUP` (5 per round and size),
+//! `BENCH_SNAPSHOT_CHAIN` (64), `BENCH_SNAPSHOT_SAVE_TURNS` (128), `BENCH_SNAPSHOT_DIR`
+//! (the file store's folder; default a fresh one in the temporary folder, removed after),
 //! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, round_trip,
-//! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, V1_barge_in, V2_streaming, S3,
-//! S3_abandoned, S4, S4_1000, S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host,
-//! S1c_host, S2_host, S4_host, S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
+//! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, snapshot_full, snapshot_delta,
+//! snapshot_delta_chain, snapshot_restore, snapshot_restore_reply, snapshot_save_turn,
+//! snapshot_file_append, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000,
+//! S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host, S1c_host, S2_host, S4_host,
+//! S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
 //!
 //! The latency scenarios (S1, S1_agent, S1b, S1c, S2) run from a task on the session's
 //! own arbiter (`Engine::current()` inside an actix `System`), as the peer runs inside its
@@ -50,6 +56,28 @@
 //!   `BENCH_ARBITER_ROUNDS` (7) alternating rounds; the throughput of each, the ratio (the
 //!   goal: 2 arbiters do at least 1.7 times the work of one) and the vCPUs the arbiters
 //!   and the host used. `S4_arbiters_mt`: the same from the multi-thread host.
+//!
+//! Snapshot scenarios (SPEC §14), on the same arbiter, one line per history size (10, 100,
+//! 1,000 and 10,000 chat items when the snapshot is taken; the sizes alternate in
+//! `BENCH_SNAPSHOT_ROUNDS` rounds). A session is S1's (an async tool in a session toolset)
+//! given its history at start (`StartingChat::given`), then one settled S1 turn, untimed.
+//!
+//! - `snapshot_full`: `Session::snapshot()` + `to_bytes()`; `to_json()` timed apart; the
+//!   size of both encodings.
+//! - `snapshot_delta`: after a full snapshot (the chain's start), one more settled S1 turn
+//!   (7 items), then `Session::snapshot_update()` (a delta) + `to_bytes()`, a fresh session
+//!   per sample. The goal: flat within 20 % across the sizes.
+//! - `snapshot_delta_chain`: the same, 64 turns in a row on one session (a delta after
+//!   each), so the chat's log moves to a larger one during the chain at some sizes.
+//! - `snapshot_restore`: `SessionSnapshot::from_bytes` + `SessionBuilder::restore(..)
+//!   .start()` until the restored session answers (`chat_context()`, which the restored
+//!   activity answers). `snapshot_restore_reply`: the same until the first `run()` on a
+//!   `ScriptedLlm` has its `RunResult`.
+//! - `snapshot_save_turn`: S1 turns back to back on one session at 10 and 10,000 items,
+//!   without and with `save_snapshots(MemoryStore)` (alternating rounds): what saving
+//!   after every settled turn costs a turn.
+//! - `snapshot_file_append`: `FileStore::append` of one turn's delta (encoding, the
+//!   blocking pool, the write and its `fsync`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -59,6 +87,9 @@ use std::time::Instant;
 use serde_json::json;
 use switchboard::memory::IdleRelease;
 use switchboard::prelude::*;
+use switchboard::snapshot::{
+    AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotStore, SnapshotUpdate,
+};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{
     AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
@@ -594,6 +625,446 @@ async fn history_sizes(engine: &Engine) {
             s.p50 / first_p50
         );
         report("S1_history", &fields, m);
+    }
+}
+
+// Snapshot and restore (SPEC §14): the rows of issue 25.
+
+/// The history sizes of the snapshot rows: chat items when the snapshot is taken.
+const SNAPSHOT_SIZES: [usize; 4] = [10, 100, 1_000, 10_000];
+
+/// The snapshot rows' knobs: rounds (the sizes alternate in them, so drift hits all),
+/// timed samples per round and size, untimed ones before them.
+fn snapshot_knobs() -> (usize, usize, usize) {
+    let rounds = env("BENCH_SNAPSHOT_ROUNDS", 4).max(1);
+    let n = env("BENCH_SNAPSHOT_N", 200).div_ceil(rounds).max(1);
+    (rounds, n, env("BENCH_SNAPSHOT_WARMUP", 5))
+}
+
+fn micros(from: Instant, to: Instant) -> f64 {
+    (to - from).as_secs_f64() * 1e6
+}
+
+/// A snapshot row's session: S1's agent and session toolset (an async tool, one update,
+/// its `/finished` and the deferred reply), with `past` as its chat from the start
+/// (`StartingChat::given`: the history is in place before the first turn, without a turn
+/// or a hook per item), saving to `store` if given.
+async fn snapshot_session(
+    engine: &Engine,
+    past: &[ChatItem],
+    store: Option<Arc<dyn SnapshotStore>>,
+) -> Session {
+    let (count, requests) = watch::channel(0);
+    let given = StartingChat::given(ChatContext::from(past.to_vec())).unwrap();
+    let mut builder = Session::builder()
+        .llm(llm_timed(Some("work"), 1, None, Some(count)))
+        .agent(Agent::builder("a").starting_chat(given).build().unwrap())
+        .toolset(Toolset::new("async").tool(async_tool(1, None, Some(requests))));
+    if let Some(store) = store {
+        builder = builder.save_snapshots(store);
+    }
+    builder.start(engine).await.unwrap()
+}
+
+/// One S1 turn until the session settled: `S1_TURN_ITEMS` more chat items.
+async fn s1_turn(session: &Session) {
+    session.run("go").await.unwrap();
+    session.wait_for_settled().await.unwrap();
+}
+
+/// The past of a session that holds `size` items after one S1 turn.
+fn snapshot_pasts() -> Vec<Arc<[ChatItem]>> {
+    SNAPSHOT_SIZES
+        .iter()
+        .map(|size| past_conversation(size.saturating_sub(S1_TURN_ITEMS)))
+        .collect()
+}
+
+/// A session holding `past.len() + S1_TURN_ITEMS` items: `past` given, then one settled
+/// S1 turn (untimed: the session has run and its tool has finished, as a session being
+/// saved between turns has).
+async fn session_at(
+    engine: &Engine,
+    past: &[ChatItem],
+    store: Option<Arc<dyn SnapshotStore>>,
+) -> Session {
+    let session = snapshot_session(engine, past, store).await;
+    s1_turn(&session).await;
+    session
+}
+
+/// One line of a snapshot row: `total` as mean / p50 / p99 / max, each of `parts` as its
+/// mean, then `extra` (`,"k":v` each).
+fn snapshot_line(label: &str, size: usize, total: &[f64], parts: &[(&str, &[f64])], extra: &str) {
+    let s = stats(total);
+    let parts: String = parts
+        .iter()
+        .map(|(name, samples)| format!(r#","{name}_mean_us":{:.1}"#, stats(samples).mean))
+        .collect();
+    println!(
+        r#"{{"scenario":"{label}","history_items":{size},"n":{},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1}{parts}{extra}}}"#,
+        total.len(),
+        s.mean,
+        s.p50,
+        s.p99,
+        s.max
+    );
+}
+
+/// `snapshot_full`: `Session::snapshot()` then `to_bytes()` on a settled session of each
+/// size (one session per size and round, asked again and again: each ask writes the whole
+/// snapshot anew); `to_json()` timed apart, and both sizes.
+async fn snapshot_full(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
+    let (rounds, n, warmup) = snapshot_knobs();
+    let mut taken: Vec<[Vec<f64>; 4]> = SNAPSHOT_SIZES.iter().map(|_| Default::default()).collect();
+    let mut sizes = vec![(0, 0); SNAPSHOT_SIZES.len()];
+    for _ in 0..rounds {
+        for (i, past) in pasts.iter().enumerate() {
+            let session = session_at(engine, past, None).await;
+            for k in 0..warmup + n {
+                let start = Instant::now();
+                let snapshot = session.snapshot().await.unwrap();
+                let asked = Instant::now();
+                let bytes = snapshot.to_bytes();
+                let encoded = Instant::now();
+                let json = snapshot.to_json();
+                let written = Instant::now();
+                if k >= warmup {
+                    let [total, ask, binary, text] = &mut taken[i];
+                    total.push(micros(start, encoded));
+                    ask.push(micros(start, asked));
+                    binary.push(micros(asked, encoded));
+                    text.push(micros(encoded, written));
+                    sizes[i] = (bytes.len(), json.len());
+                }
+            }
+            let items = session.chat_context().await.unwrap().len();
+            assert_eq!(items, SNAPSHOT_SIZES[i], "history not in place");
+            session.close().await.unwrap();
+        }
+    }
+    for ((size, [total, ask, binary, text]), (bytes, json)) in
+        SNAPSHOT_SIZES.iter().zip(&taken).zip(&sizes)
+    {
+        let extra = format!(r#","bytes":{bytes},"json_bytes":{json}"#);
+        snapshot_line(
+            "snapshot_full",
+            *size,
+            total,
+            &[("snapshot", ask), ("to_bytes", binary), ("to_json", text)],
+            &extra,
+        );
+    }
+}
+
+/// `snapshot_delta` (and `snapshot_file_append` with `file`): a fresh session per sample at
+/// each size, its chain started with a full snapshot (and, with `file`, that snapshot
+/// saved to it), one more settled S1 turn, then `Session::snapshot_update()` (a delta)
+/// and `to_bytes()`, timed; with `file`, `FileStore::append` of the delta is timed.
+async fn snapshot_delta(engine: &Engine, pasts: &[Arc<[ChatItem]>], file: Option<&FileStore>) {
+    let (rounds, n, warmup) = snapshot_knobs();
+    let mut taken: Vec<[Vec<f64>; 3]> = SNAPSHOT_SIZES.iter().map(|_| Default::default()).collect();
+    let mut sizes = vec![(0, 0); SNAPSHOT_SIZES.len()];
+    for _ in 0..rounds {
+        for (i, past) in pasts.iter().enumerate() {
+            for k in 0..warmup + n {
+                let session = session_at(engine, past, None).await;
+                let full = session.snapshot().await.unwrap();
+                if let Some(store) = file {
+                    store.save(full.clone()).await.unwrap();
+                }
+                // Kept only for the check below: a host that saved it would have let it go.
+                let full = (file.is_some() && k == warmup).then_some(full);
+                s1_turn(&session).await;
+                let start = Instant::now();
+                let update = session.snapshot_update().await.unwrap();
+                let asked = Instant::now();
+                let SnapshotUpdate::Delta(delta) = update else {
+                    panic!("a full snapshot after the chain started")
+                };
+                let bytes = delta.to_bytes();
+                let encoded = Instant::now();
+                assert_eq!(delta.items(), S1_TURN_ITEMS, "the delta is the turn");
+                let json = delta.to_json().len();
+                // Kept for the check below only (outside the timed append).
+                let check = full.as_ref().map(|_| delta.clone());
+                let appending = Instant::now();
+                let appended = match file {
+                    Some(store) => {
+                        store.append(delta).await.unwrap();
+                        Instant::now()
+                    }
+                    None => appending,
+                };
+                if k >= warmup {
+                    let [ask, binary, append] = &mut taken[i];
+                    ask.push(micros(start, asked));
+                    binary.push(micros(asked, encoded));
+                    append.push(micros(appending, appended));
+                    sizes[i] = (bytes.len(), json);
+                }
+                if let Some(store) = file {
+                    if let (Some(mut expected), Some(delta)) = (full, check) {
+                        // What the files hold reads back as the snapshot with the delta.
+                        expected.apply(&delta).unwrap();
+                        let loaded = store.load(session.id().as_str()).await.unwrap();
+                        assert_eq!(loaded, Some(expected), "the file store lost the delta");
+                    }
+                    store.remove(session.id().as_str()).await.unwrap();
+                }
+                session.close().await.unwrap();
+            }
+        }
+    }
+    let first = stats(&taken[0][0]).mean + stats(&taken[0][1]).mean;
+    for ((size, [ask, binary, append]), (bytes, json)) in
+        SNAPSHOT_SIZES.iter().zip(&taken).zip(&sizes)
+    {
+        let extra =
+            format!(r#","delta_items":{S1_TURN_ITEMS},"bytes":{bytes},"json_bytes":{json}"#);
+        match file {
+            None => {
+                let total: Vec<f64> = ask.iter().zip(binary).map(|(a, b)| a + b).collect();
+                let ratio = stats(&total).mean / first;
+                let extra = format!(r#"{extra},"mean_vs_10_items":{ratio:.3}"#);
+                snapshot_line(
+                    "snapshot_delta",
+                    *size,
+                    &total,
+                    &[("snapshot_update", ask), ("to_bytes", binary)],
+                    &extra,
+                );
+            }
+            Some(_) => snapshot_line("snapshot_file_append", *size, append, &[], &extra),
+        }
+    }
+}
+
+/// `snapshot_delta_chain`: per size and round, one session, a full snapshot, then
+/// `BENCH_SNAPSHOT_CHAIN` (64) settled S1 turns each followed by a timed
+/// `snapshot_update()` + `to_bytes()`, as a session saving after every turn does. The
+/// history grows by 7 items a turn, so the chat's log fills and moves (it doubles) during
+/// the chain at some sizes: the delta right after such a move cannot tell appended items
+/// from rewritten ones by the log alone. The first link (the `snapshot_delta` case: right
+/// after the full snapshot) is reported apart from the later ones.
+async fn snapshot_delta_chain(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
+    let (rounds, _, _) = snapshot_knobs();
+    let turns = env("BENCH_SNAPSHOT_CHAIN", 64).max(1);
+    let mut taken: Vec<Vec<f64>> = SNAPSHOT_SIZES.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        for (i, past) in pasts.iter().enumerate() {
+            let session = session_at(engine, past, None).await;
+            session.snapshot().await.unwrap();
+            for _ in 0..turns {
+                s1_turn(&session).await;
+                let start = Instant::now();
+                let SnapshotUpdate::Delta(delta) = session.snapshot_update().await.unwrap() else {
+                    panic!("a full snapshot after the chain started")
+                };
+                let _bytes = delta.to_bytes();
+                taken[i].push(micros(start, Instant::now()));
+                assert_eq!(delta.items(), S1_TURN_ITEMS, "the delta is the turn");
+            }
+            session.close().await.unwrap();
+        }
+    }
+    for (size, total) in SNAPSHOT_SIZES.iter().zip(&taken) {
+        // The first link of each chain (right after the full snapshot) apart from the rest.
+        let first: Vec<f64> = total.iter().copied().step_by(turns).collect();
+        let later: Vec<f64> = total
+            .iter()
+            .enumerate()
+            .filter(|(at, _)| at % turns != 0)
+            .map(|(_, us)| *us)
+            .collect();
+        let mean = |links: &[f64]| links.iter().sum::<f64>() / links.len().max(1) as f64;
+        let later_p50 = if later.is_empty() {
+            0.0
+        } else {
+            stats(&later).p50
+        };
+        let extra = format!(
+            r#","turns":{turns},"history_items_at_end":{},"first_link_mean_us":{:.1},"later_links_mean_us":{:.1},"later_links_p50_us":{later_p50:.1}"#,
+            size + turns * S1_TURN_ITEMS,
+            mean(&first),
+            mean(&later),
+        );
+        snapshot_line("snapshot_delta_chain", *size, total, &[], &extra);
+    }
+}
+
+/// `snapshot_restore` and `snapshot_restore_reply`: per size, the binary snapshot of a
+/// settled session (taken once per round), then per sample `SessionSnapshot::from_bytes` +
+/// `SessionBuilder::restore(..).start()` on the same arbiter, then until it answers:
+/// `chat_context()` (relayed to the restored activity) or, with `reply`, a `run()` on a
+/// `ScriptedLlm` answering text until its `RunResult`. The restoring builder has the
+/// original's session toolset (code, not state).
+async fn snapshot_restore(engine: &Engine, pasts: &[Arc<[ChatItem]>], reply: bool) {
+    let (rounds, n, warmup) = snapshot_knobs();
+    let agents = AgentRegistry::new().agent("a", |_| Agent::builder("a").build());
+    let mut taken: Vec<[Vec<f64>; 3]> = SNAPSHOT_SIZES.iter().map(|_| Default::default()).collect();
+    let mut sizes = vec![0; SNAPSHOT_SIZES.len()];
+    for _ in 0..rounds {
+        for (i, past) in pasts.iter().enumerate() {
+            let bytes = {
+                let session = session_at(engine, past, None).await;
+                let bytes = session.snapshot().await.unwrap().to_bytes();
+                session.close().await.unwrap();
+                bytes
+            };
+            sizes[i] = bytes.len();
+            for k in 0..warmup + n {
+                let llm = llm_calling(None, 0);
+                let start = Instant::now();
+                let snapshot = SessionSnapshot::from_bytes(&bytes).unwrap();
+                let read = Instant::now();
+                let session = Session::builder()
+                    .llm(llm.clone())
+                    .toolset(Toolset::new("async").tool(async_tool(1, None, None)))
+                    .restore(snapshot, agents.clone())
+                    .start(engine)
+                    .await
+                    .unwrap();
+                let started = Instant::now();
+                if reply {
+                    session.run("and now?").await.unwrap();
+                } else {
+                    let chat = session.chat_context().await.unwrap();
+                    assert_eq!(chat.len(), SNAPSHOT_SIZES[i], "restored history");
+                }
+                let answered = Instant::now();
+                if reply {
+                    let requests = llm.requests();
+                    assert_eq!(requests.len(), 1, "one request for the first reply");
+                    assert_eq!(requests[0].chat.len(), SNAPSHOT_SIZES[i] + 1);
+                }
+                if k >= warmup {
+                    let [total, from_bytes, start_] = &mut taken[i];
+                    total.push(micros(start, answered));
+                    from_bytes.push(micros(start, read));
+                    start_.push(micros(read, started));
+                }
+                session.close().await.unwrap();
+            }
+        }
+    }
+    let label = if reply {
+        "snapshot_restore_reply"
+    } else {
+        "snapshot_restore"
+    };
+    for ((size, [total, from_bytes, start]), bytes) in SNAPSHOT_SIZES.iter().zip(&taken).zip(&sizes)
+    {
+        snapshot_line(
+            label,
+            *size,
+            total,
+            &[("from_bytes", from_bytes), ("restore_start", start)],
+            &format!(r#","bytes":{bytes}"#),
+        );
+    }
+}
+
+/// `snapshot_save_turn`: S1 turns back to back on one session, without and with
+/// `save_snapshots(MemoryStore)`, in alternating rounds; per round and setting a fresh
+/// session at 10 and at 10,000 items (one untimed turn, whose save is the chain's full
+/// snapshot), then `BENCH_SNAPSHOT_SAVE_TURNS` (128) timed turns. A save starts when the
+/// turn settles and new work waits until its parts are collected, so its cost lands in
+/// the next turn's time (the driving task runs nothing between two turns).
+async fn snapshot_save_turn(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
+    let (rounds, _, _) = snapshot_knobs();
+    let turns = env("BENCH_SNAPSHOT_SAVE_TURNS", 128).max(1);
+    for (i, past) in pasts.iter().enumerate() {
+        if i != 0 && i != pasts.len() - 1 {
+            continue;
+        }
+        let mut taken = [Vec::new(), Vec::new()];
+        let mut links = 0;
+        for _ in 0..rounds {
+            for (saving, into) in taken.iter_mut().enumerate() {
+                let store = (saving == 1).then(MemoryStore::new);
+                let session = session_at(
+                    engine,
+                    past,
+                    store.clone().map(|s| Arc::new(s) as Arc<dyn SnapshotStore>),
+                )
+                .await;
+                s1_turn(&session).await;
+                for _ in 0..turns {
+                    let start = Instant::now();
+                    s1_turn(&session).await;
+                    into.push(micros(start, Instant::now()));
+                }
+                if let Some(store) = store {
+                    // The chain's last link in the store: one per settled turn.
+                    let saved = store.load(session.id().as_str()).await.unwrap().unwrap();
+                    links = saved.seq() + 1;
+                }
+                session.close().await.unwrap();
+            }
+        }
+        let off = stats(&taken[0]).mean;
+        for (saving, samples) in taken.iter().enumerate() {
+            let extra = if saving == 1 {
+                format!(
+                    r#","saving":true,"turns":{turns},"links_saved":{links},"overhead_mean_us":{:.1}"#,
+                    stats(samples).mean - off
+                )
+            } else {
+                format!(r#","saving":false,"turns":{turns}"#)
+            };
+            snapshot_line(
+                "snapshot_save_turn",
+                SNAPSHOT_SIZES[i],
+                samples,
+                &[],
+                &extra,
+            );
+        }
+    }
+}
+
+/// The snapshot rows `BENCH_SCENARIOS` asks for.
+async fn snapshot_rows(engine: &Engine) {
+    const LABELS: [&str; 7] = [
+        "snapshot_full",
+        "snapshot_delta",
+        "snapshot_delta_chain",
+        "snapshot_restore",
+        "snapshot_restore_reply",
+        "snapshot_save_turn",
+        "snapshot_file_append",
+    ];
+    if !LABELS.iter().any(|label| wanted(label)) {
+        return;
+    }
+    let pasts = snapshot_pasts();
+    if wanted("snapshot_full") {
+        snapshot_full(engine, &pasts).await;
+    }
+    if wanted("snapshot_delta") {
+        snapshot_delta(engine, &pasts, None).await;
+    }
+    if wanted("snapshot_delta_chain") {
+        snapshot_delta_chain(engine, &pasts).await;
+    }
+    if wanted("snapshot_restore") {
+        snapshot_restore(engine, &pasts, false).await;
+    }
+    if wanted("snapshot_restore_reply") {
+        snapshot_restore(engine, &pasts, true).await;
+    }
+    if wanted("snapshot_save_turn") {
+        snapshot_save_turn(engine, &pasts).await;
+    }
+    if wanted("snapshot_file_append") {
+        let dir = std::env::var("BENCH_SNAPSHOT_DIR").map_or_else(
+            |_| std::env::temp_dir().join(format!("switchboard-bench-{}", std::process::id())),
+            std::path::PathBuf::from,
+        );
+        let store = FileStore::new(&dir).unwrap();
+        snapshot_delta(engine, &pasts, Some(&store)).await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
@@ -1448,6 +1919,7 @@ fn main() {
         if wanted("S1b_inspect") {
             inspect_on_off(&engine).await;
         }
+        snapshot_rows(&engine).await;
         if wanted("S3") {
             idle_sessions(&engine).await;
         }

@@ -75,7 +75,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Hands the user to the concierge",
         move |_ctx: RunContext, _: NoArgs| {
             let concierge = to_concierge.clone();
-            async move { Ok::<_, ToolFailure>(Handoff::to(concierge)) }
+            // The concierge starts with the receptionist's conversation, so it knows the
+            // party and the time without asking again.
+            async move { Ok::<_, ToolFailure>(Handoff::to(concierge).with_chat(StartingChat::All)) }
         },
     );
     let receptionist = Agent::builder("receptionist")
@@ -118,7 +120,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let turn = session
         .run("Can I ask the concierge about parking?")
         .await?;
-    println!("   (handed off to {})", turn.handoff().unwrap_or("nobody"));
+    println!(
+        "   (handed off to {}, which starts with the receptionist's chat: StartingChat::All)",
+        turn.handoff().unwrap_or("nobody")
+    );
 
     println!("   (the restaurant answers the booking)");
     restaurant.send_replace(true);

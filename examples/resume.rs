@@ -143,11 +143,10 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     // The search runs in the background; half-way through it, the process goes down.
     tokio::time::sleep(Duration::from_millis(75)).await;
     let snapshot = session.snapshot().await?;
-    store.save(&snapshot).await?;
+    let (id, bytes) = (snapshot.session_id().to_owned(), snapshot.to_bytes().len());
+    store.save(snapshot).await?;
     println!(
-        "  saved session {} ({} bytes) with agent {} and the search running",
-        snapshot.session_id(),
-        snapshot.to_bytes().len(),
+        "  saved session {id} ({bytes} bytes) with agent {} and the search running",
         session.current_agent().await?
     );
     print_chat(&session.chat_context().await?);

@@ -29,14 +29,23 @@
 //! - Once paused or closed, it accepts no tool items: they are refused, never redirected.
 //! - A panic in a hook or the LLM adapter, a stalled or failing model stream, fails the
 //!   turn with an error event; the activity takes the next turn.
+//! - A model stream yields to other work every 128 chunks that were ready at once
+//!   (`llm_guard`): the arbiter's other sessions run meanwhile, and an interruption lands
+//!   between chunks.
+//! - Nothing a model sends is kept over its limit: an oversized tool name or arguments
+//!   leave a short stand-in and the call does not run; a step's text stops at
+//!   `max_reply_bytes` and the turn fails (`TurnFailure::ReplyTooLong`).
 //! - Every assistant message knows its speech; a playout report cuts that message to what
-//!   was heard, and a speech nobody heard leaves no message.
+//!   was heard — found in what was said, never as new words — and a speech nobody heard
+//!   leaves no message. The first report of a speech is final.
+//! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
 //!   after the minimum duration or a transcript, and resumes after a false interruption.
 
 mod activation;
 mod barge_in;
 mod companions;
+mod heard;
 mod ledger;
 mod turn;
 
@@ -53,7 +62,7 @@ use crate::agent::{effective_policy, Agent, Hook, HookContext};
 use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
-use crate::error::SessionError;
+use crate::error::{SessionError, TurnFailure};
 use crate::events::SessionEvent;
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
@@ -264,14 +273,20 @@ impl ActivityActor {
                             Err(error) => act.feed(
                                 Input::StreamEnded {
                                     step,
-                                    error: Some(error),
+                                    failure: Some(TurnFailure::Llm(error)),
                                 },
                                 ctx,
                             ),
                         })
                         .finish()
                         .map(move |(), act, ctx| {
-                            act.feed(Input::StreamEnded { step, error: None }, ctx)
+                            act.feed(
+                                Input::StreamEnded {
+                                    step,
+                                    failure: None,
+                                },
+                                ctx,
+                            )
                         }),
                 );
                 self.stream = Some((step, task));

@@ -97,6 +97,7 @@ pub(crate) struct AgentDef {
     pub(crate) prompts: Prompts,
     pub(crate) llm_timeouts: Option<LlmTimeouts>,
     pub(crate) allow_interruptions: Option<bool>,
+    pub(crate) max_reply_bytes: Option<usize>,
     pub(crate) starting_chat: Option<StartingChat>,
     /// What the agent was built with, for a snapshot (`AgentBuilder::restore_data`).
     pub(crate) restore_data: serde_json::Value,
@@ -129,6 +130,7 @@ impl Agent {
                 prompts: Prompts::new(),
                 llm_timeouts: None,
                 allow_interruptions: None,
+                max_reply_bytes: None,
                 starting_chat: None,
                 restore_data: serde_json::Value::Null,
             },
@@ -237,6 +239,13 @@ impl AgentBuilder {
     /// setting; a `say` may set its own).
     pub fn allow_interruptions(mut self, allow: bool) -> Self {
         self.def.allow_interruptions = Some(allow);
+        self
+    }
+
+    /// How much text one of this agent's LLM steps may stream, in bytes (default: the
+    /// session's, see `SessionBuilder::max_reply_bytes`).
+    pub fn max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.def.max_reply_bytes = Some(bytes);
         self
     }
 

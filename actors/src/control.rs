@@ -3,9 +3,9 @@
 //! Engine code never holds the host's `Session`: a tool or hook runs *inside* a turn or a
 //! handoff, so awaiting a host call that queues behind that turn would wait on itself.
 //! `SessionControl` offers only requests that are answered as soon as the work is queued
-//! (a reply after the current turn, a handoff after it), and holds no handle that keeps
-//! the session alive: when the host drops its last `Session`, the session closes even if
-//! a tool still has its context.
+//! (a reply after the current turn, a handoff after it, a text to say), and holds no
+//! handle that keeps the session alive: when the host drops its last `Session`, the
+//! session closes even if a tool still has its context.
 
 use std::any::Any;
 use std::fmt;
@@ -17,6 +17,7 @@ use crate::agent::Agent;
 use crate::error::SessionError;
 use crate::handoff::Handoff;
 use crate::ids::{ActorId, SessionId};
+use crate::speech::{SayOptions, SpeechHandle};
 
 /// The requests a tool or hook may send to its session, carried by narrow links (the
 /// session implements it; see `session.rs`). Each resolves once the work is queued.
@@ -34,6 +35,14 @@ pub(crate) trait ControlPort: Send + Sync + 'static {
         from: &ActorId,
         handoff: Handoff,
     ) -> BoxFuture<'static, Result<(), SessionError>>;
+
+    /// Queues a text to say as it is, like the host's `say`.
+    fn say(
+        &self,
+        from: &ActorId,
+        text: String,
+        options: SayOptions,
+    ) -> BoxFuture<'static, Result<SpeechHandle, SessionError>>;
 }
 
 /// A tool's or hook's view of its session: queue a reply or a handoff, read the session's
@@ -115,6 +124,28 @@ impl SessionControl {
         self.inner
             .port
             .queue_handoff(&self.inner.from, handoff)
+            .await
+    }
+
+    /// Says `text` as it is, like the host's [`Session::say`](crate::Session::say): queued
+    /// by priority behind what the agents are saying, in the current agent's chat once it
+    /// has played. Returns its handle once queued (never waiting for the turn the tool or
+    /// hook runs in); await [`SpeechHandle::wait_for_playout`] for its end, from a
+    /// background tool or a task, not from a tool of the turn it queues behind.
+    pub async fn say(&self, text: impl Into<String>) -> Result<SpeechHandle, SessionError> {
+        self.say_with(text, SayOptions::new()).await
+    }
+
+    /// [`say`](Self::say) with options: whether it may be interrupted, whether it goes
+    /// into the chat context, its priority.
+    pub async fn say_with(
+        &self,
+        text: impl Into<String>,
+        options: SayOptions,
+    ) -> Result<SpeechHandle, SessionError> {
+        self.inner
+            .port
+            .say(&self.inner.from, text.into(), options)
             .await
     }
 }

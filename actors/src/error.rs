@@ -131,6 +131,15 @@ pub enum TurnFailure {
         /// The error with its cause chain.
         message: String,
     },
+    /// One LLM step streamed more text than the limit (`SessionBuilder::max_reply_bytes`,
+    /// `AgentBuilder::max_reply_bytes`): a runaway model. Its text up to the limit was
+    /// spoken and is kept, marked interrupted; its stream was dropped and none of its tool
+    /// calls ran. Raise the limit if the agent is meant to write that much.
+    #[error("the model's reply went over the limit of {limit} bytes for one step; the text up to it is kept, the rest was dropped")]
+    ReplyTooLong {
+        /// The limit, in bytes.
+        limit: usize,
+    },
 }
 
 /// Errors found when an agent, toolset or session is built or an activity starts.

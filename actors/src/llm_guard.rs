@@ -7,6 +7,13 @@
 //! becomes [`LlmError::Panicked`] and ends it. After its first error the stream yields
 //! nothing more, and the adapter's stream is dropped at once — which is what closes an
 //! HTTP request promptly.
+//!
+//! It also yields: after [`CHUNK_BUDGET`] chunks in a row that were ready at once, it
+//! wakes itself and answers `Pending` once, so the task that drives it goes to the back
+//! of its thread's queue. A model whose chunks are always ready (an in-process model, a
+//! cache, `stream::iter`) would otherwise be drained in one poll, holding its arbiter —
+//! every other session on it, and its own activity's mailbox, where an interruption
+//! waits — until the whole stream was read.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -36,8 +43,18 @@ pin_project_lite::pin_project! {
         #[pin]
         timer: Sleep,
         last_chunk: Option<Instant>,
+        // Chunks given since the stream last waited or yielded.
+        ready_in_a_row: u32,
     }
 }
+
+/// How many chunks in a row a stream gives before it yields to other work. tokio gives
+/// each task a budget of 128 operations on its own resources before it forces a yield;
+/// an always-ready model stream touches none of them, so it gets the same budget here.
+/// A yield costs one trip through the run queue (well under a microsecond), so 128
+/// chunks make it a fraction of a percent of streaming, and another task waits at most
+/// 128 chunks' handling (tens of microseconds) for its turn.
+pub(crate) const CHUNK_BUDGET: u32 = 128;
 
 /// Starts `request` on `llm`, guarded.
 pub(crate) fn open(
@@ -62,6 +79,7 @@ pub(crate) fn open(
         timeouts,
         timer: tokio::time::sleep(timeouts.first_chunk),
         last_chunk: None,
+        ready_in_a_row: 0,
     }
 }
 
@@ -73,11 +91,18 @@ impl Stream for GuardedStream {
         let Some(inner) = this.inner.as_mut() else {
             return Poll::Ready(None);
         };
+        if *this.ready_in_a_row >= CHUNK_BUDGET {
+            // Let the thread's other tasks (and this actor's mailbox) in first.
+            *this.ready_in_a_row = 0;
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
         let _entered = this.span.enter();
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next_unpin(cx)));
         match polled {
             Ok(Poll::Ready(Some(Ok(chunk)))) => {
                 *this.last_chunk = Some(Instant::now());
+                *this.ready_in_a_row += 1;
                 Poll::Ready(Some(Ok(chunk)))
             }
             Ok(Poll::Ready(Some(Err(error)))) => {
@@ -89,6 +114,8 @@ impl Stream for GuardedStream {
                 Poll::Ready(None)
             }
             Ok(Poll::Pending) => loop {
+                // The stream waited: its next chunks start a new budget.
+                *this.ready_in_a_row = 0;
                 if let Some(last) = *this.last_chunk {
                     // After a chunk the (maybe shorter) gap limit applies.
                     let due = last + this.timeouts.between_chunks;
@@ -129,6 +156,8 @@ impl Stream for GuardedStream {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use std::time::Duration;
 
     use futures_util::stream;
@@ -211,6 +240,48 @@ mod tests {
                 assert_eq!(stage, TimeoutStage::FirstChunk)
             }
             other => panic!("expected a timeout, got {other:?}"),
+        }
+    }
+
+    struct Endless;
+    impl Llm for Endless {
+        fn chat(&self, _request: LlmRequest) -> LlmStream {
+            stream::repeat_with(|| Ok(LlmChunk::Text("x".into()))).boxed()
+        }
+    }
+
+    #[test]
+    fn an_always_ready_stream_yields_once_per_budget_and_wakes_itself() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _guard = runtime.enter();
+        let mut s = Box::pin(open(&Endless, request(), T, tracing::Span::none()));
+        let wakes = Arc::new(Wakes::default());
+        let waker = std::task::Waker::from(wakes.clone());
+        let mut cx = Context::from_waker(&waker);
+        for round in 0..3 {
+            for _ in 0..CHUNK_BUDGET {
+                assert!(matches!(
+                    s.as_mut().poll_next(&mut cx),
+                    Poll::Ready(Some(Ok(_)))
+                ));
+            }
+            assert!(s.as_mut().poll_next(&mut cx).is_pending(), "round {round}");
+            assert_eq!(
+                wakes.0.load(Ordering::Relaxed),
+                round + 1,
+                "it asks to go on"
+            );
+        }
+    }
+
+    #[derive(Default)]
+    struct Wakes(AtomicUsize);
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::Relaxed);
         }
     }
 

@@ -294,6 +294,16 @@ impl ControlPort for SessionLinks {
     ) -> BoxFuture<'static, Result<(), SessionError>> {
         SessionLinks::queue_handoff(self, from, handoff).boxed()
     }
+
+    fn say(
+        &self,
+        from: &ActorId,
+        text: String,
+        options: SayOptions,
+    ) -> BoxFuture<'static, Result<SpeechHandle, SessionError>> {
+        let ask = self.session.ask(from, Say { text, options });
+        async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
+    }
 }
 
 pub(crate) struct SessionActor {

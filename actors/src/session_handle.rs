@@ -622,6 +622,7 @@ pub struct SessionBuilder {
     llm_timeouts: LlmTimeouts,
     max_calls_per_step: usize,
     max_argument_bytes: usize,
+    max_reply_bytes: usize,
     allow_interruptions: bool,
     min_interruption_duration: Duration,
     false_interruption_timeout: Option<Duration>,
@@ -638,6 +639,8 @@ pub struct SessionBuilder {
     store: Option<Arc<dyn SnapshotStore>>,
     /// The host's id for the session, if it chose one.
     id: Option<String>,
+    /// The event channel, when someone subscribed before the start.
+    events: Option<broadcast::Sender<SessionEvent>>,
 }
 
 impl Default for SessionBuilder {
@@ -654,6 +657,7 @@ impl Default for SessionBuilder {
             llm_timeouts: LlmTimeouts::default(),
             max_calls_per_step: 32,
             max_argument_bytes: 64 * 1024,
+            max_reply_bytes: 64 * 1024,
             allow_interruptions: true,
             min_interruption_duration: Duration::from_millis(500),
             false_interruption_timeout: Some(Duration::from_secs(2)),
@@ -669,6 +673,7 @@ impl Default for SessionBuilder {
             restore: None,
             store: None,
             id: None,
+            events: None,
         }
     }
 }
@@ -733,7 +738,9 @@ impl SessionBuilder {
 
     /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
-    /// after 64 deltas. A failed save is an `Error` event; the next one writes in full.
+    /// once the deltas since the last full one carry as many items as it held (so loading
+    /// reads at most about twice the conversation and a save costs the same per turn at
+    /// any length). A failed save is an `Error` event; the next one writes in full.
     /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
         self.store = Some(store);
@@ -792,9 +799,22 @@ impl SessionBuilder {
     }
 
     /// How long a call's arguments may be, in bytes (default 64 KiB). Longer ones are
-    /// refused without being parsed, with an error output.
+    /// refused without being parsed: the call does not run, its output says why, and
+    /// the chat keeps a short stand-in for the arguments (their size, that they were
+    /// left out), so no later request carries them.
     pub fn max_argument_bytes(mut self, bytes: usize) -> Self {
         self.max_argument_bytes = bytes;
+        self
+    }
+
+    /// How much text one LLM step may stream, in bytes (default 64 KiB: about 16,000
+    /// tokens of English, more than a chat model's usual output limit, and hours of
+    /// speech). A step that goes over keeps its text up to the limit (spoken and in the
+    /// chat, marked interrupted), its stream is dropped, none of its calls run, and the
+    /// turn fails with [`TurnFailure::ReplyTooLong`](crate::TurnFailure) and an error
+    /// event. An agent may set its own (`AgentBuilder::max_reply_bytes`).
+    pub fn max_reply_bytes(mut self, bytes: usize) -> Self {
+        self.max_reply_bytes = bytes;
         self
     }
 
@@ -847,6 +867,42 @@ impl SessionBuilder {
     pub fn journal_capacity(mut self, capacity: usize) -> Self {
         self.journal_capacity = capacity;
         self
+    }
+
+    /// Subscribes to the session's events before it starts, so the subscriber sees what
+    /// the first agent's `on_enter` does inside `start` (a greeting's speech and items);
+    /// [`Session::subscribe`] sees only what comes after it. Set
+    /// [`event_capacity`](Self::event_capacity) before: the channel is made here.
+    ///
+    /// ```
+    /// # use switchboard::prelude::*;
+    /// # use switchboard::testing::{Reply, ScriptedLlm};
+    /// # #[actix::main]
+    /// # async fn main() {
+    /// let greeter = Agent::builder("greeter")
+    ///     .on_enter(|ctx| async move {
+    ///         let _ = ctx.generate_reply("Greet the caller.").await;
+    ///     })
+    ///     .build()
+    ///     .unwrap();
+    /// let mut builder = Session::builder()
+    ///     .llm(ScriptedLlm::new([Reply::text("Hello, how can I help?")]))
+    ///     .agent(greeter);
+    /// let mut events = builder.subscribe();
+    /// let session = builder.start(&Engine::current().unwrap()).await.unwrap();
+    /// session.wait_for_settled().await.unwrap();
+    /// let mut greeted = false;
+    /// while let Ok(event) = events.try_recv() {
+    ///     greeted |= matches!(event, SessionEvent::SpeechCreated { .. });
+    /// }
+    /// assert!(greeted);
+    /// # session.close().await.unwrap();
+    /// # }
+    /// ```
+    pub fn subscribe(&mut self) -> broadcast::Receiver<SessionEvent> {
+        self.events
+            .get_or_insert_with(|| broadcast::channel(self.event_capacity.max(1)).0)
+            .subscribe()
     }
 
     /// How many events a slow subscriber may fall behind before it is told it lagged
@@ -1006,6 +1062,7 @@ impl SessionBuilder {
                     llm_timeouts: self.llm_timeouts,
                     max_calls_per_step: self.max_calls_per_step,
                     max_argument_bytes: self.max_argument_bytes,
+                    max_reply_bytes: self.max_reply_bytes,
                     allow_interruptions: self.allow_interruptions,
                     min_interruption_duration: self.min_interruption_duration,
                     false_interruption_timeout: self.false_interruption_timeout,
@@ -1024,6 +1081,7 @@ impl SessionBuilder {
             journal: journal.clone(),
             output: self.output,
             event_capacity: self.event_capacity,
+            events: self.events,
             gone,
             span,
         }));

@@ -64,6 +64,8 @@ pub(crate) struct SharedParts {
     pub(crate) journal: Arc<Journal>,
     pub(crate) output: Box<dyn SpeechOutput>,
     pub(crate) event_capacity: usize,
+    /// The channel of subscribers that came before the start, if any.
+    pub(crate) events: Option<tokio::sync::broadcast::Sender<crate::events::SessionEvent>>,
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
 }
@@ -73,7 +75,7 @@ impl SessionShared {
         Self {
             span: parts.span,
             settings: parts.settings,
-            events: Events::new(parts.event_capacity),
+            events: Events::new(parts.event_capacity, parts.events),
             host_view: HostView::new(),
             ids: Ids::default(),
             output: HostOutput(Mutex::new(parts.output)),
@@ -163,6 +165,7 @@ impl SessionShared {
                     llm_timeouts: crate::llm::LlmTimeouts::default(),
                     max_calls_per_step: 32,
                     max_argument_bytes: 64 * 1024,
+                    max_reply_bytes: 64 * 1024,
                     allow_interruptions: true,
                     min_interruption_duration: Duration::from_millis(500),
                     false_interruption_timeout: Some(Duration::from_secs(2)),
@@ -181,6 +184,7 @@ impl SessionShared {
             journal: Journal::new(None),
             output,
             event_capacity: 1024,
+            events: None,
             gone,
             span: tracing::Span::none(),
         }))

@@ -342,6 +342,11 @@ impl SessionSnapshot {
         self.activations.len()
     }
 
+    /// How many chat items it holds, over every activation.
+    pub fn items(&self) -> usize {
+        self.activations.iter().map(|a| a.items.len()).sum()
+    }
+
     /// The seq of the chain it is at: 0 when written in full, one more for each delta
     /// applied since.
     pub fn seq(&self) -> u64 {
@@ -607,14 +612,33 @@ fn unframe<T: serde::de::DeserializeOwned>(kind: Kind, bytes: &[u8]) -> Result<T
 fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &byte in bytes {
-        crc ^= u32::from(byte);
-        for _ in 0..8 {
-            let mask = (crc & 1).wrapping_neg();
-            crc = (crc >> 1) ^ (0xEDB8_8320 & mask);
-        }
+        // The index is the low byte of `crc ^ byte`: always below 256.
+        crc = (crc >> 8) ^ CRC_TABLE[((crc ^ u32::from(byte)) & 0xFF) as usize];
     }
     !crc
 }
+
+/// CRC-32 (IEEE, reflected) a byte at a time: the bit-by-bit loop was most of the time of
+/// `to_bytes` and `from_bytes`.
+const CRC_TABLE: [u32; 256] = {
+    let mut table = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = i as u32;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {

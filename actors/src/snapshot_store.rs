@@ -72,12 +72,14 @@ pub enum StoreError {
 /// Where a session's snapshots go. Implement it to keep them in a database or an object
 /// store; [`MemoryStore`] and [`FileStore`] ship with the engine.
 pub trait SnapshotStore: Send + Sync + 'static {
-    /// Saves a full snapshot, replacing whatever the store held for its session.
-    fn save(&self, snapshot: &SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>>;
+    /// Saves a full snapshot, replacing whatever the store held for its session. Takes it
+    /// by value: a store keeps or encodes it where it likes (off the session's thread),
+    /// without a copy.
+    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// Adds a delta to what the store holds for its session; [`StoreError::NoBase`] when
     /// it does not follow it (the session then saves a full snapshot).
-    fn append(&self, delta: &SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>>;
+    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>>;
 
     /// The session's last snapshot with every delta after it applied, if there is one.
     fn load(
@@ -109,19 +111,19 @@ impl MemoryStore {
 }
 
 impl SnapshotStore for MemoryStore {
-    fn save(&self, snapshot: &SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
         self.lock()
-            .insert(snapshot.session_id().to_owned(), snapshot.clone());
+            .insert(snapshot.session_id().to_owned(), snapshot);
         async { Ok(()) }.boxed()
     }
 
-    fn append(&self, delta: &SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
         let result = match self.lock().get_mut(delta.session_id()) {
             // A delta of another chain does not follow what is here: save in full.
             Some(snapshot) if snapshot.seq() != delta.base() => Err(StoreError::NoBase {
                 session: delta.session_id().to_owned(),
             }),
-            Some(snapshot) => snapshot.apply(delta).map_err(StoreError::from),
+            Some(snapshot) => snapshot.apply(&delta).map_err(StoreError::from),
             None => Err(StoreError::NoBase {
                 session: delta.session_id().to_owned(),
             }),
@@ -290,11 +292,12 @@ fn frame_len(bytes: &[u8]) -> Option<usize> {
 }
 
 impl SnapshotStore for FileStore {
-    fn save(&self, snapshot: &SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
         let paths = self.paths(snapshot.session_id());
-        let bytes = snapshot.to_bytes();
         Self::blocking(move || {
             let (snap, log, tmp) = paths?;
+            // Encoded here, on the blocking pool: a long conversation takes milliseconds.
+            let bytes = snapshot.to_bytes();
             let mut file = open_write(&tmp, false)?;
             file.write_all(&bytes).map_err(|err| io_error(&tmp, err))?;
             file.sync_all().map_err(|err| io_error(&tmp, err))?;
@@ -311,11 +314,11 @@ impl SnapshotStore for FileStore {
         })
     }
 
-    fn append(&self, delta: &SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
         let paths = self.paths(delta.session_id());
         let session = delta.session_id().to_owned();
-        let bytes = delta.to_bytes();
         Self::blocking(move || {
+            let bytes = delta.to_bytes();
             let (snap, log, _) = paths?;
             // Only whether a base is there: reading it would make every save cost the
             // whole conversation. Whether the delta follows it is checked when loading.

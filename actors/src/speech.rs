@@ -79,7 +79,9 @@ impl SayOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SpeechOutcome {
-    /// Played out in full.
+    /// Played out in full (the event for it is
+    /// [`SessionEvent::SpeechPlayedOut`](crate::SessionEvent::SpeechPlayedOut)).
+    #[doc(alias = "PlayedOut")]
     Played,
     /// Cut short: by the user, an interruption, or the session closing. `heard` is what
     /// the user heard, when the output said (empty: nothing; `None`: unknown).

@@ -332,7 +332,7 @@ impl ScriptedLlm {
     ///     .await
     ///     .unwrap();
     /// let s = session.clone();
-    /// let turn = actix::spawn(async move { s.run("hi").await });
+    /// let turn = tokio::spawn(async move { s.run("hi").await });
     /// let request = held.requested(Duration::from_secs(5)).await.unwrap();
     /// assert_eq!(session.agent_state(), AgentState::Thinking); // waiting on the model
     /// # let _ = request;

@@ -34,6 +34,10 @@
 //! # Decisions, each with a unit test below
 //!
 //! - A turn starts only when the activation listens; anywhere else it is answered at once.
+//! - What a model sends is bounded as it arrives (`turn.rs`, one size rule): a call's
+//!   oversized name or arguments leave a short stand-in and the call is refused; the chunk
+//!   that takes a step's text over `max_reply_bytes` is cut there and ends the step,
+//!   failed (`TurnFailure::ReplyTooLong`), its calls unrun.
 //! - Which calls of a step are refused, and whether a step goes on (`turn.rs`).
 //! - A step's calls and outputs go into the chat context together, once the last output
 //!   is in (the ledger); a paused activation commits on resume.
@@ -46,8 +50,12 @@
 //! - Tool items land only while the activation is current; a pause or close refuses the
 //!   tools' held items, keeps the session-scoped pending ones for the next agent, and
 //!   drops its own.
-//! - A playout report applies once, to the message of its own speech; a report that comes
+//! - A playout report applies once, to the message of its own speech: the first report
+//!   counts, a repeated or late one changes nothing. It cuts the message where the heard
+//!   text falls in what was said (`heard.rs`), never to new words. A report that comes
 //!   while the text still streams is applied when the stream ends.
+//! - A close tells the output to stop every speech of the turn still playing, a paused
+//!   one too, and ends the barge-in.
 //! - Barge-in (`barge_in.rs`) pauses, interrupts or resumes; the next deadline of the
 //!   barge-in or of an interrupted turn's wait for its reports is the one timer armed.
 
@@ -62,8 +70,8 @@ use tokio::time::Instant;
 use super::barge_in::{BargeAction, BargeIn, BargeInRules};
 use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::turn::{
-    refusal, Ask, CallLimits, Ending, Generation, InterruptWaiter, Phase, StepEnd, ToolsetKey,
-    Turn, TurnKind, TurnOutcome,
+    bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
+    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
 };
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
@@ -72,7 +80,7 @@ use crate::error::{SessionError, TurnFailure, UpdateError};
 use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{Llm, LlmChunk, LlmError, LlmRequest, ToolChoice, ToolSchema};
+use crate::llm::{Llm, LlmChunk, LlmRequest, ToolChoice, ToolSchema};
 use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
@@ -150,8 +158,12 @@ pub(crate) enum Input {
     },
     /// A chunk of step `step`'s stream.
     Chunk { step: u64, chunk: LlmChunk },
-    /// Step `step`'s stream ended, on its own or with an error.
-    StreamEnded { step: u64, error: Option<LlmError> },
+    /// Step `step`'s stream ended: on its own, with the model's error, or cut by the
+    /// machine itself (its text went over the limit).
+    StreamEnded {
+        step: u64,
+        failure: Option<TurnFailure>,
+    },
     /// The immediate output of call `index` of step `step`.
     CallOutput {
         step: u64,
@@ -346,7 +358,7 @@ enum Where {
 #[derive(Clone, Copy, Debug)]
 struct Rules {
     max_tool_steps: u32,
-    limits: CallLimits,
+    limits: InputLimits,
     /// Whether its turns may be interrupted, unless a `say` says otherwise (agent's
     /// setting, else the session's).
     allow_interruptions: bool,
@@ -387,9 +399,14 @@ impl Activation {
         let config = &setup.shared.settings.config;
         let rules = Rules {
             max_tool_steps: config.max_tool_steps,
-            limits: CallLimits {
+            limits: InputLimits {
                 max_calls_per_step: config.max_calls_per_step,
                 max_argument_bytes: config.max_argument_bytes,
+                max_reply_bytes: setup
+                    .agent
+                    .def
+                    .max_reply_bytes
+                    .unwrap_or(config.max_reply_bytes),
             },
             allow_interruptions: setup
                 .agent
@@ -636,17 +653,26 @@ impl Activation {
         // the transition table (this is most of a streamed reply's inputs).
         let input = match input {
             Input::Chunk { step, chunk } => {
-                if let State::Running(turn) = &mut self.state {
-                    let speaker = Speaker {
-                        id: &self.id,
-                        agent: &self.agent,
-                        shared: &self.shared,
-                        port: &self.speech_port,
-                        current: self.current,
-                    };
-                    on_chunk(&speaker, turn, step, chunk);
+                let State::Running(turn) = &mut self.state else {
+                    return;
+                };
+                let speaker = Speaker {
+                    id: &self.id,
+                    agent: &self.agent,
+                    shared: &self.shared,
+                    port: &self.speech_port,
+                    current: self.current,
+                };
+                if !on_chunk(&speaker, turn, step, chunk, &self.rules.limits) {
+                    return;
                 }
-                return;
+                // Over the size limit: the step ends here, failed.
+                Input::StreamEnded {
+                    step,
+                    failure: Some(TurnFailure::ReplyTooLong {
+                        limit: self.rules.limits.max_reply_bytes,
+                    }),
+                }
             }
             other => other,
         };
@@ -693,8 +719,8 @@ impl Activation {
             },
             // Taken by `handle` before the table.
             Input::Chunk { .. } => state,
-            Input::StreamEnded { step, error } => match state {
-                State::Running(turn) => running(self.on_stream_end(turn, step, error, out)),
+            Input::StreamEnded { step, failure } => match state {
+                State::Running(turn) => running(self.on_stream_end(turn, step, failure, out)),
                 other => other,
             },
             Input::CallOutput {
@@ -1257,12 +1283,12 @@ impl Activation {
     }
 
     /// The stream of `step` ended (or failed): record what was said, then run the calls
-    /// or end the turn.
+    /// or end the turn. A failed step's calls never run.
     fn on_stream_end(
         &mut self,
         mut turn: Box<Turn>,
         step: u64,
-        error: Option<LlmError>,
+        failure: Option<TurnFailure>,
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
         let generation = match turn.phase {
@@ -1274,7 +1300,7 @@ impl Activation {
         };
         let mut generation = generation;
         let calls = std::mem::take(&mut generation.calls);
-        let ending = if error.is_none() {
+        let ending = if failure.is_none() {
             Ending::Complete
         } else {
             Ending::Failed
@@ -1285,15 +1311,15 @@ impl Activation {
             give_up_at: None,
         };
         self.close_generation(&mut turn, generation, ending, out);
-        match error {
-            Some(err) => {
-                tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %err, "LLM request failed");
+        match failure {
+            Some(failure) => {
+                tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %failure, "LLM request failed");
                 self.shared.events.emit(SessionEvent::Error {
-                    message: err.to_string(),
+                    message: failure.to_string(),
                 });
                 self.finish(
                     turn,
-                    TurnOutcome::failed(SessionError::turn_failed(TurnFailure::Llm(err))),
+                    TurnOutcome::failed(SessionError::turn_failed(failure)),
                     false,
                 )
             }
@@ -1387,16 +1413,23 @@ impl Activation {
         &mut self,
         mut turn: Box<Turn>,
         step: u64,
-        chunks: Vec<crate::llm::ToolCallChunk>,
+        sent: Vec<ModelCall>,
         out: &mut Vec<Command>,
     ) -> Option<Box<Turn>> {
         self.publish(AgentState::Thinking);
-        let calls: Vec<FunctionCall> = chunks
+        // What the size rule cut, by call; kept only when something was (rarely): a step
+        // of ordinary calls allocates nothing for it.
+        let oversized: Vec<_> = if sent.iter().any(|s| s.oversized.is_some()) {
+            sent.iter().map(|s| s.oversized).collect()
+        } else {
+            Vec::new()
+        };
+        let calls: Vec<FunctionCall> = sent
             .into_iter()
-            .map(|chunk| FunctionCall {
-                call_id: self.shared.ids.canonical_call_id(&chunk.call_id),
-                name: chunk.name,
-                arguments: chunk.arguments,
+            .map(|sent| FunctionCall {
+                call_id: self.shared.ids.canonical_call_id(&sent.chunk.call_id),
+                name: sent.chunk.name,
+                arguments: sent.chunk.arguments,
             })
             .collect();
         let speech = turn.speeches.last().cloned();
@@ -1405,7 +1438,14 @@ impl Activation {
         });
         let mut toolsets: Vec<ToolsetKey> = Vec::new();
         for (index, call) in calls.into_iter().enumerate() {
-            if let Some(out) = refusal(&call, index, turn.ask.tool_choice, self.rules.limits) {
+            let refused = refusal(
+                &call,
+                oversized.get(index).copied().flatten(),
+                index,
+                turn.ask.tool_choice,
+                &self.rules.limits,
+            );
+            if let Some(out) = refused {
                 self.ledger.answer(step, index, out);
                 continue;
             }
@@ -1691,7 +1731,8 @@ impl Activation {
         });
     }
 
-    /// A report for the speech still streaming is kept until its stream ends.
+    /// A report for the speech still streaming is kept until its stream ends; the first
+    /// one is final, a repeated one changes nothing.
     fn report_while_generating(
         &mut self,
         turn: &mut Turn,
@@ -1703,7 +1744,9 @@ impl Activation {
             Phase::Generating(generation)
                 if generation.speech.as_ref().is_some_and(|s| s.id() == speech) =>
             {
-                generation.early_report = Some((interrupted, heard.clone()));
+                generation
+                    .early_report
+                    .get_or_insert_with(|| (interrupted, heard.clone()));
                 true
             }
             _ => false,
@@ -1862,9 +1905,33 @@ impl Activation {
             .extend(pending.into_iter().filter(|p| p.scope == Scope::Session));
     }
 
-    /// Starts closing: a stream is cut, the tools' held items refused; an activation that
-    /// ran runs `on_exit` before its toolsets stop, one never entered stops them at once.
-    /// A second close waits for the same toolsets.
+    /// Tells the output to stop every speech of `turn` still playing — a paused one too
+    /// (a barge-in waiting to see whether it was false) — but the one still generating,
+    /// which ending its generation stops.
+    fn stop_playing(&self, turn: &Turn) {
+        let generating = match &turn.phase {
+            Phase::Generating(generation) => generation.speech.as_ref().map(|s| s.id()),
+            _ => None,
+        };
+        let playing: Vec<SpeechId> = turn
+            .speeches
+            .iter()
+            .filter(|s| !s.is_done() && Some(s.id()) != generating)
+            .map(|s| s.id())
+            .collect();
+        if !playing.is_empty() {
+            self.shared.output.call(|output| {
+                for speech in playing {
+                    output.interrupt(speech);
+                }
+            });
+        }
+    }
+
+    /// Starts closing: a stream is cut, every speech still playing (or paused) told to
+    /// stop, a barge-in ended, the tools' held items refused; an activation that ran runs
+    /// `on_exit` before its toolsets stop, one never entered stops them at once. A second
+    /// close waits for the same toolsets.
     fn close(&mut self, state: State, reason: Arc<str>, out: &mut Vec<Command>) -> State {
         let (entered, turn) = match state {
             State::Created => {
@@ -1885,7 +1952,10 @@ impl Activation {
             State::Running(turn) => (true, Some(turn)),
             State::Paused(turn) => (true, turn),
         };
+        // A barge-in ends with the turn: no timer of it may resume or interrupt anything.
+        self.barge_in.turn_ended();
         let turn = turn.map(|mut turn| {
+            self.stop_playing(&turn);
             let phase = std::mem::replace(
                 &mut turn.phase,
                 Phase::Playing {
@@ -1999,13 +2069,20 @@ impl Speaker<'_> {
 }
 
 /// One chunk of the model's answer: text goes to the output at once, its speech started
-/// at the first text.
-fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) {
+/// at the first text; a call is kept bounded (`turn::bound_call`). Returns whether the
+/// step's text went over its limit: the part that fits was said, and the step must end.
+fn on_chunk(
+    speaker: &Speaker<'_>,
+    turn: &mut Turn,
+    step: u64,
+    chunk: LlmChunk,
+    limits: &InputLimits,
+) -> bool {
     let Phase::Generating(generation) = &mut turn.phase else {
-        return;
+        return false;
     };
     if generation.step != step {
-        return;
+        return false;
     }
     if !matches!(chunk, LlmChunk::Usage(_) | LlmChunk::ServedBy(_)) {
         generation
@@ -2014,8 +2091,12 @@ fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) 
     }
     match chunk {
         LlmChunk::Text(text) => {
+            let (text, over) = bound_text(&text, generation.text.len(), limits);
+            if over && text.is_empty() {
+                return true;
+            }
             generation.text_chunks += 1;
-            generation.text.push_str(&text);
+            generation.text.push_str(text);
             let speech = match &generation.speech {
                 Some(speech) => speech.id(),
                 None => {
@@ -2032,12 +2113,14 @@ fn on_chunk(speaker: &Speaker<'_>, turn: &mut Turn, step: u64, chunk: LlmChunk) 
             speaker
                 .shared
                 .output
-                .call(|output| output.speech_chunk(speech, &text));
+                .call(|output| output.speech_chunk(speech, text));
+            return over;
         }
-        LlmChunk::ToolCall(call) => generation.calls.push(call),
+        LlmChunk::ToolCall(call) => generation.calls.push(bound_call(call, limits)),
         LlmChunk::Usage(usage) => generation.usage = Some(usage),
         LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
     }
+    false
 }
 
 /// The state after a running turn went a step: still running, or listening.

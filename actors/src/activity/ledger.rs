@@ -12,6 +12,7 @@
 //! So every function call in the chat context has exactly one output after it, whatever
 //! order outputs, updates, aborts and terminal items arrive in. The actor only feeds it.
 
+use super::heard;
 use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
 use crate::delivery::DeliveryAnswer;
 use crate::error::UpdateError;
@@ -30,23 +31,25 @@ pub(crate) enum Cut {
     Removed(usize),
 }
 
-/// Cuts the assistant message at `index` in `items` to `heard` (`None`: unknown, the text
-/// stays), marking it interrupted.
+/// Cuts the assistant message at `index` in `items` to what was heard of it, marking it
+/// interrupted: `heard` only finds the cut in the message's own text (`heard.rs`), so
+/// what stays is always a prefix of what the agent said — all of it when the cut is
+/// unknown, none (the message goes) when nothing was heard.
 pub(crate) fn cut_to_heard(items: &mut Vec<ChatItem>, index: usize, heard: Option<&str>) -> Cut {
     let Some(ChatItem::Message(message)) = items.get_mut(index) else {
         return Cut::NotFound;
     };
-    match heard {
-        Some(heard) if heard.trim().is_empty() => {
+    match super::heard::cut(&message.content, heard) {
+        heard::Cut::Nothing => {
             items.remove(index);
             Cut::Removed(index)
         }
-        Some(heard) => {
-            message.content = heard.to_owned();
+        heard::Cut::Upto(end) => {
+            message.content.truncate(end);
             message.interrupted = true;
             Cut::Shortened(index)
         }
-        None => {
+        heard::Cut::Unknown => {
             message.interrupted = true;
             Cut::Shortened(index)
         }
@@ -516,6 +519,34 @@ mod tests {
         );
         assert_eq!(ids(&ledger), ["msg First", "msg Second sentence here."]);
         assert_eq!(ledger.cut_speech(SpeechId(9), Some("x")), Cut::NotFound);
+    }
+
+    #[test]
+    fn heard_text_only_finds_the_cut_and_never_becomes_the_message() {
+        let mut ledger = Ledger::default();
+        let mut sink = no_sink();
+        ledger.append(said(1, "Please hold while I check."), &mut sink);
+        ledger.append(said(2, "Your refund of $5 is approved."), &mut sink);
+        assert_eq!(
+            ledger.cut_speech(
+                SpeechId(1),
+                Some("Your refund of 5,000 dollars is approved.")
+            ),
+            Cut::Shortened(0)
+        );
+        assert_eq!(
+            ledger.cut_speech(SpeechId(2), Some("your refund of five dollars")),
+            Cut::Shortened(1)
+        );
+        assert_eq!(
+            ids(&ledger),
+            ["msg Please hold while I check.", "msg Your refund of $5"]
+        );
+        assert!(ledger
+            .chat()
+            .items()
+            .iter()
+            .all(|i| matches!(i, ChatItem::Message(m) if m.interrupted)));
     }
 
     #[test]

@@ -3,9 +3,19 @@
 //! its outputs are in. The activation machine (`activation.rs`) owns the turn and asks.
 //!
 //! Decisions, each with a unit test below:
+//! - One size rule for everything a model sends ([`bound_call`], [`bound_text`]): each
+//!   part has a limit — a call id or a tool name [`MAX_NAME_BYTES`], a call's arguments
+//!   `max_argument_bytes`, a step's text `max_reply_bytes` — checked as the part arrives,
+//!   before anything keeps it. A part over its limit never enters the chat whole: an id
+//!   is cut (ids are the engine's to choose, and the call still runs); a name becomes
+//!   its first 60 bytes, marked `_cut`, in the characters providers accept in a tool
+//!   name (they check the names in a request's history too: a stand-in they reject would
+//!   fail every later request); arguments become a short JSON stand-in saying their size
+//!   and that they were left out; text stops at the limit and fails the turn. What stays
+//!   is bounded, so every later request stays small.
 //! - A call is refused, in this order of reasons, when the request allowed no tools, when
-//!   the step already has `max_calls_per_step` calls, or when its arguments are over
-//!   `max_argument_bytes`: each gets an error output and nothing runs. Only the first two
+//!   the step already has `max_calls_per_step` calls, or when its name or arguments were
+//!   over their limit: each gets an error output and nothing runs. Only the first two
 //!   ask for nothing more (answering a model that called where it may not would let it
 //!   loop); an oversized call reads as an error the model can act on.
 //! - After a committed step, another LLM step runs only if some output asks for a reply,
@@ -165,7 +175,8 @@ pub(crate) struct Generation {
     pub(crate) first_chunk: Option<Duration>,
     pub(crate) text: String,
     pub(crate) text_chunks: u32,
-    pub(crate) calls: Vec<ToolCallChunk>,
+    /// The step's calls as they arrived, each already bounded ([`bound_call`]).
+    pub(crate) calls: Vec<ModelCall>,
     pub(crate) speech: Option<SpeechHandle>,
     pub(crate) usage: Option<LlmUsage>,
     /// The model a wrapper said serves the request (`LlmChunk::ServedBy`).
@@ -185,20 +196,123 @@ pub(crate) enum Ending {
     Cut,
 }
 
-/// How many calls a step may make and how long their arguments may be.
+/// How much a model may send in one step: the limits of the size rule (see the module
+/// docs) and how many calls run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CallLimits {
+pub(crate) struct InputLimits {
     pub(crate) max_calls_per_step: usize,
     pub(crate) max_argument_bytes: usize,
+    pub(crate) max_reply_bytes: usize,
+}
+
+/// The longest call id or tool name kept from the model. No tool may have a longer name
+/// (`BuildError::InvalidToolName` allows 1–64 ASCII characters, as providers do), and ids
+/// name actors and travel in every request (`call_ids.rs` cuts them to the same length).
+pub(crate) const MAX_NAME_BYTES: usize = 64;
+
+/// The part of a call that was over its limit, with the size the model sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Oversized {
+    Name { bytes: usize },
+    Arguments { bytes: usize },
+}
+
+/// A call as the model sent it, bounded: what goes into the chat, and what was cut.
+#[derive(Debug)]
+pub(crate) struct ModelCall {
+    pub(crate) chunk: ToolCallChunk,
+    pub(crate) oversized: Option<Oversized>,
+}
+
+/// Applies the size rule to a call as it arrives (see the module docs): an id over
+/// [`MAX_NAME_BYTES`] is cut; a name over it becomes [`name_stand_in`], and the call is
+/// refused; arguments
+/// over `max_argument_bytes` become a JSON stand-in, and the call is refused. The name
+/// is checked first: a call refused for its name keeps arguments within their limit.
+pub(crate) fn bound_call(mut chunk: ToolCallChunk, limits: &InputLimits) -> ModelCall {
+    if chunk.call_id.len() > MAX_NAME_BYTES {
+        let end = char_floor(&chunk.call_id, MAX_NAME_BYTES);
+        chunk.call_id.truncate(end);
+    }
+    let mut oversized = None;
+    if chunk.name.len() > MAX_NAME_BYTES {
+        oversized = Some(Oversized::Name {
+            bytes: chunk.name.len(),
+        });
+        chunk.name = name_stand_in(&chunk.name);
+    }
+    let max = limits.max_argument_bytes;
+    if chunk.arguments.len() > max {
+        let bytes = chunk.arguments.len();
+        oversized.get_or_insert(Oversized::Arguments { bytes });
+        chunk.arguments = serde_json::json!({
+            "omitted": format!("{bytes} bytes of arguments, over the limit of {max}; the call did not run")
+        })
+        .to_string();
+    }
+    ModelCall { chunk, oversized }
+}
+
+/// What a tool name over [`MAX_NAME_BYTES`] leaves in the chat: its first 60 bytes, each
+/// character providers do not accept in a name (`^[a-zA-Z0-9_-]{1,64}$`, checked in a
+/// request's history too) as `_`, then `_cut`. The call is refused for its size whatever
+/// tool the stand-in may look like.
+pub(crate) fn name_stand_in(name: &str) -> String {
+    const MARK: &str = "_cut";
+    let kept = &name[..char_floor(name, MAX_NAME_BYTES - MARK.len())];
+    let mut stand_in: String = kept
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    stand_in.push_str(MARK);
+    stand_in
+}
+
+/// Applies the size rule to a chunk of a step's text, given how much of it came before:
+/// the part of `text` that fits within `max_reply_bytes` (cut on a character boundary),
+/// and whether the step went over.
+#[inline]
+pub(crate) fn bound_text<'a>(
+    text: &'a str,
+    before: usize,
+    limits: &InputLimits,
+) -> (&'a str, bool) {
+    // The per-token path: one comparison when the text fits.
+    let room = limits.max_reply_bytes.saturating_sub(before);
+    if text.len() <= room {
+        return (text, false);
+    }
+    over_the_limit(text, room)
+}
+
+#[cold]
+fn over_the_limit(text: &str, room: usize) -> (&str, bool) {
+    (&text[..char_floor(text, room)], true)
+}
+
+/// The largest character boundary of `text` at or below `at`.
+fn char_floor(text: &str, at: usize) -> usize {
+    let mut end = at.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
 }
 
 /// The output of call number `index` of a step when it may not run, or `None` when it
-/// may (see the module docs for the rule).
+/// may (see the module docs for the rule). `oversized` is what [`bound_call`] cut.
 pub(crate) fn refusal(
     call: &FunctionCall,
+    oversized: Option<Oversized>,
     index: usize,
     tool_choice: ToolChoice,
-    limits: CallLimits,
+    limits: &InputLimits,
 ) -> Option<CallOutput> {
     let name = excerpt(&call.name, QUOTE_LIMIT);
     if tool_choice == ToolChoice::None {
@@ -212,14 +326,15 @@ pub(crate) fn refusal(
             "Error: too many tool calls in one step (at most {limit}); {name} did not run."
         )));
     }
-    let max_bytes = limits.max_argument_bytes;
-    if call.arguments.len() > max_bytes {
-        return Some(CallOutput::error(format!(
-            "Error: the arguments for {name} are {} bytes, over the limit of {max_bytes}; it did not run.",
-            call.arguments.len()
-        )));
+    match oversized? {
+        Oversized::Name { bytes } => Some(CallOutput::error(format!(
+            "Error: the tool name was {bytes} bytes, over the limit of {MAX_NAME_BYTES} (shown cut, as {name}); it did not run."
+        ))),
+        Oversized::Arguments { bytes } => Some(CallOutput::error(format!(
+            "Error: the arguments for {name} are {bytes} bytes, over the limit of {}; it did not run.",
+            limits.max_argument_bytes
+        ))),
     }
-    None
 }
 
 /// What a committed step's outputs ask for.
@@ -283,10 +398,29 @@ impl StepEnd {
 mod tests {
     use super::*;
 
-    const LIMITS: CallLimits = CallLimits {
+    const LIMITS: InputLimits = InputLimits {
         max_calls_per_step: 2,
         max_argument_bytes: 10,
+        max_reply_bytes: 8,
     };
+
+    /// A call as the model sent it, through the size rule, refused or not.
+    fn sent(call: FunctionCall, index: usize, choice: ToolChoice) -> Option<CallOutput> {
+        let bounded = bound_call(
+            ToolCallChunk {
+                call_id: call.call_id,
+                name: call.name,
+                arguments: call.arguments,
+            },
+            &LIMITS,
+        );
+        let call = FunctionCall {
+            call_id: bounded.chunk.call_id,
+            name: bounded.chunk.name,
+            arguments: bounded.chunk.arguments,
+        };
+        refusal(&call, bounded.oversized, index, choice, &LIMITS)
+    }
 
     fn call(arguments: &str) -> FunctionCall {
         FunctionCall {
@@ -298,7 +432,7 @@ mod tests {
 
     #[test]
     fn a_call_in_a_reply_without_tools_is_refused_and_asks_for_nothing() {
-        let out = refusal(&call("{}"), 0, ToolChoice::None, LIMITS).unwrap();
+        let out = sent(call("{}"), 0, ToolChoice::None).unwrap();
         assert!(out.is_error);
         assert!(matches!(out.effect, Effect::Quiet));
         assert!(
@@ -310,21 +444,15 @@ mod tests {
 
     #[test]
     fn calls_past_the_limit_are_refused_and_ask_for_nothing() {
-        assert!(refusal(&call("{}"), 1, ToolChoice::Auto, LIMITS).is_none());
-        let out = refusal(&call("{}"), 2, ToolChoice::Auto, LIMITS).unwrap();
+        assert!(sent(call("{}"), 1, ToolChoice::Auto).is_none());
+        let out = sent(call("{}"), 2, ToolChoice::Auto).unwrap();
         assert!(matches!(out.effect, Effect::Quiet));
         assert!(out.output.contains("at most 2"), "{}", out.output);
     }
 
     #[test]
     fn oversized_arguments_are_refused_as_an_error_the_model_reads() {
-        let out = refusal(
-            &call(r#"{"q": "far too long"}"#),
-            0,
-            ToolChoice::Auto,
-            LIMITS,
-        )
-        .unwrap();
+        let out = sent(call(r#"{"q": "far too long"}"#), 0, ToolChoice::Auto).unwrap();
         assert!(out.is_error);
         assert!(matches!(out.effect, Effect::Reply));
         assert!(
@@ -336,13 +464,7 @@ mod tests {
 
     #[test]
     fn the_first_reason_wins() {
-        let out = refusal(
-            &call(r#"{"q": "far too long"}"#),
-            5,
-            ToolChoice::None,
-            LIMITS,
-        )
-        .unwrap();
+        let out = sent(call(r#"{"q": "far too long"}"#), 5, ToolChoice::None).unwrap();
         assert!(
             out.output.contains("no tool may be called"),
             "{}",
@@ -354,8 +476,112 @@ mod tests {
     fn a_long_name_is_quoted_short() {
         let mut long = call("{}");
         long.name = "x".repeat(10_000);
-        let out = refusal(&long, 9, ToolChoice::Auto, LIMITS).unwrap();
+        let out = sent(long, 9, ToolChoice::Auto).unwrap();
         assert!(out.output.len() < 400, "{} bytes", out.output.len());
+    }
+
+    #[test]
+    fn an_oversized_name_is_cut_and_marked_so_it_matches_no_tool_and_is_refused() {
+        let huge = "n".repeat(1 << 20);
+        let bounded = bound_call(
+            ToolCallChunk {
+                call_id: "c".into(),
+                name: huge,
+                arguments: "{}".into(),
+            },
+            &LIMITS,
+        );
+        assert_eq!(bounded.oversized, Some(Oversized::Name { bytes: 1 << 20 }));
+        assert_eq!(bounded.chunk.name, format!("{}_cut", "n".repeat(60)));
+        assert_eq!(
+            bounded.chunk.arguments, "{}",
+            "arguments within the limit stay"
+        );
+        let call = FunctionCall {
+            call_id: "c".into(),
+            name: bounded.chunk.name,
+            arguments: "{}".into(),
+        };
+        let out = refusal(&call, bounded.oversized, 0, ToolChoice::Auto, &LIMITS).unwrap();
+        assert!(out.is_error);
+        assert!(
+            out.output
+                .contains("was 1048576 bytes, over the limit of 64 (shown cut, as nnnn"),
+            "{}",
+            out.output
+        );
+        assert!(out.output.len() < 300, "{} bytes", out.output.len());
+    }
+
+    #[test]
+    fn a_name_stand_in_is_a_name_providers_accept_in_a_later_request() {
+        for name in ["é".repeat(1000), "get.weather ".repeat(100), "x".repeat(65)] {
+            let stand_in = name_stand_in(&name);
+            assert!(stand_in.len() <= MAX_NAME_BYTES, "{stand_in}");
+            assert!(stand_in.ends_with("_cut"));
+            assert!(
+                stand_in
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'),
+                "{stand_in}"
+            );
+        }
+        assert_eq!(
+            name_stand_in(&"get.weather ".repeat(100))[..12],
+            *"get_weather_"
+        );
+    }
+
+    #[test]
+    fn oversized_arguments_leave_a_short_json_stand_in_with_their_size() {
+        let bounded = bound_call(
+            ToolCallChunk {
+                call_id: "c".into(),
+                name: "search".into(),
+                arguments: "A".repeat(10_000_000),
+            },
+            &LIMITS,
+        );
+        assert_eq!(
+            bounded.oversized,
+            Some(Oversized::Arguments { bytes: 10_000_000 })
+        );
+        let stand_in: Value = serde_json::from_str(&bounded.chunk.arguments).unwrap();
+        assert_eq!(
+            stand_in["omitted"],
+            "10000000 bytes of arguments, over the limit of 10; the call did not run"
+        );
+        assert_eq!(bounded.chunk.name, "search");
+    }
+
+    #[test]
+    fn an_oversized_call_id_is_cut_and_the_call_still_runs() {
+        let bounded = bound_call(
+            ToolCallChunk {
+                call_id: "é".repeat(1000),
+                name: "search".into(),
+                arguments: "{}".into(),
+            },
+            &LIMITS,
+        );
+        assert!(bounded.chunk.call_id.len() <= MAX_NAME_BYTES);
+        assert!(bounded.chunk.call_id.chars().all(|c| c == 'é'));
+        assert_eq!(bounded.oversized, None);
+    }
+
+    #[test]
+    fn a_steps_text_stops_at_the_limit_on_a_character_boundary() {
+        assert_eq!(bound_text("hello", 0, &LIMITS), ("hello", false));
+        assert_eq!(
+            bound_text("abc", 5, &LIMITS),
+            ("abc", false),
+            "exactly full"
+        );
+        assert_eq!(bound_text("abcd", 5, &LIMITS), ("abc", true));
+        // 'é' is two bytes: the one that would straddle the limit is left out.
+        assert_eq!(bound_text("aéé", 5, &LIMITS), ("aé", true));
+        assert_eq!(bound_text("more", 8, &LIMITS), ("", true));
+        assert_eq!(bound_text("more", 9, &LIMITS), ("", true));
     }
 
     fn calls(n: usize) -> Vec<FunctionCall> {

@@ -20,9 +20,14 @@ use crate::events::SessionEvent;
 use crate::shared::SessionShared;
 use crate::snapshot_store::{SnapshotStore, StoreError};
 
-/// After this many deltas the session saves a full snapshot: loading applies every delta
-/// after the last full one.
-const DELTAS_PER_FULL: u32 = 64;
+/// The session saves in full once the deltas since the last full snapshot carry as many
+/// items as it held (at least this many): loading then reads at most about twice the
+/// conversation, and a full save's cost, which follows the conversation's length, is
+/// spread over as many items appended — the cost per turn stays flat however long the call.
+const MIN_ITEMS_BEFORE_FULL: usize = 64;
+
+/// Or once this many deltas were saved since: each carries a head.
+const MAX_DELTAS: u32 = 1024;
 
 /// The session's end of its saving.
 pub(crate) struct Saver {
@@ -33,6 +38,9 @@ pub(crate) struct Saver {
     queued: Option<u64>,
     /// Deltas queued since the last full snapshot.
     deltas: u32,
+    /// Chat items the last full snapshot held, and the deltas since carry.
+    full_items: usize,
+    delta_items: usize,
     /// A snapshot for the store is being collected.
     taking: bool,
     /// A turn settled while one was being collected: save again after it.
@@ -69,6 +77,8 @@ impl Saver {
             writer,
             queued: None,
             deltas: 0,
+            full_items: 0,
+            delta_items: 0,
             taking: false,
             again: false,
         }
@@ -83,8 +93,10 @@ impl Saver {
         }
         self.taking = true;
         let failed = self.writer.failed.swap(false, Ordering::AcqRel);
+        let grown = self.delta_items >= self.full_items.max(MIN_ITEMS_BEFORE_FULL)
+            || self.deltas >= MAX_DELTAS;
         SaveNow::Take {
-            full: !started || failed || self.queued != Some(seq) || self.deltas >= DELTAS_PER_FULL,
+            full: !started || failed || self.queued != Some(seq) || grown,
         }
     }
 
@@ -93,12 +105,19 @@ impl Saver {
     pub(crate) fn taken(&mut self, update: Option<SnapshotUpdate>) -> bool {
         self.taking = false;
         if let Some(update) = update {
-            let (seq, full) = match &update {
-                SnapshotUpdate::Full(snapshot) => (snapshot.seq(), true),
-                SnapshotUpdate::Delta(delta) => (delta.base() + 1, false),
-            };
-            self.queued = Some(seq);
-            self.deltas = if full { 0 } else { self.deltas + 1 };
+            self.queued = Some(match &update {
+                SnapshotUpdate::Full(snapshot) => {
+                    self.full_items = snapshot.items();
+                    self.delta_items = 0;
+                    self.deltas = 0;
+                    snapshot.seq()
+                }
+                SnapshotUpdate::Delta(delta) => {
+                    self.delta_items += delta.items();
+                    self.deltas += 1;
+                    delta.base() + 1
+                }
+            });
             self.writer.pending.send_modify(|n| *n += 1);
             if self.queue.send(update).is_err() {
                 // The writer is gone (its arbiter stopped): nothing will write it.
@@ -129,7 +148,7 @@ async fn write_in_order(
 ) {
     let mut broken = false;
     while let Some(update) = updates.recv().await {
-        let written = match &update {
+        let written = match update {
             SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot).await),
             SnapshotUpdate::Delta(_) if broken => None,
             SnapshotUpdate::Delta(delta) => Some(store.append(delta).await),

@@ -524,32 +524,44 @@ impl Chain {
                 );
                 continue;
             }
-            // Cut or rewritten since (or marked): what follows the first item that changed.
-            let items = marked_items(view);
+            // Cut or rewritten since, marked, or only moved to a larger log (an append
+            // past the log's capacity moves it, so the log alone cannot tell): what
+            // follows the first item that changed. Unmarked, the items are compared in
+            // place and the view's own chat is remembered, so the next delta is an
+            // append on its log again; a chat kept as a copy here would never share the
+            // log, and every later delta would compare and copy the whole history.
+            let from = written.from;
+            let marked = (!unmarked).then(|| marked_items(view));
+            let items = marked.as_deref().unwrap_or(view.chat.items());
             let same = written
                 .chat
                 .items()
                 .iter()
-                .zip(&items)
+                .zip(items)
                 .take_while(|(a, b)| a == b)
                 .count();
-            if same == written.chat.len() && same == items.len() {
-                continue;
-            }
-            if same < written.from {
+            let unchanged = same == written.chat.len() && same == items.len();
+            if !unchanged && same < from {
                 // The part written once for all (the inherited items) changed: write the
                 // activation again.
                 activations.push(self.record(view, &closed));
                 continue;
             }
-            let from = written.from;
-            chats.push(ChatChange {
-                order: view.order,
-                keep: same - from,
-                append: items[same..].to_vec(),
-            });
-            let mut chat = ChatContext::new();
-            chat.extend(items);
+            if !unchanged {
+                chats.push(ChatChange {
+                    order: view.order,
+                    keep: same - from,
+                    append: items[same..].to_vec(),
+                });
+            }
+            let chat = match marked {
+                None => view.chat.clone(),
+                Some(items) => {
+                    let mut chat = ChatContext::new();
+                    chat.extend(items);
+                    chat
+                }
+            };
             self.written.insert(view.order, Written { chat, from });
         }
         SnapshotDelta {
@@ -1018,5 +1030,67 @@ impl Drop for Restoring {
         for _ in 0..self.calls {
             self.shared.host_view.tool_run_ended();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ChatRole;
+
+    fn said(text: &str) -> ChatItem {
+        ChatItem::message(ChatRole::User, text)
+    }
+
+    /// The live activation of order 1 as the chain reads it, its chat `chat`.
+    fn view(chat: &ChatContext) -> View {
+        View {
+            order: 1,
+            activity: "activity/s1/a#1".to_owned(),
+            agent: "a".to_owned(),
+            data: Value::Null,
+            chat: chat.clone(),
+            inherited: 0,
+            sub_task_of: None,
+            playing: Vec::new(),
+            closed: false,
+        }
+    }
+
+    #[test]
+    fn after_the_chat_moved_to_a_larger_log_the_next_delta_is_an_append_again() {
+        let mut chain = Chain::default();
+        let mut chat = ChatContext::new();
+        // The first log holds 8 items: the ninth moves the chat to a log of 16.
+        for n in 0..8 {
+            chat.push(said(&format!("m{n}")));
+        }
+        chain.full(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        chat.push(said("m8"));
+        let moved = chain.delta(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        assert_eq!(
+            moved.chats,
+            [ChatChange {
+                order: 1,
+                keep: 8,
+                append: vec![said("m8")],
+            }]
+        );
+        let written = &chain.written[&1].chat;
+        assert!(
+            chat.extends(written),
+            "the chain remembers the chat on its new log, not a copy of it"
+        );
+        chat.push(said("m9"));
+        let next = chain.delta(SnapshotHead::default(), vec![view(&chat)], Vec::new());
+        assert_eq!(
+            next.chats,
+            [ChatChange {
+                order: 1,
+                keep: 9,
+                append: vec![said("m9")],
+            }]
+        );
+        assert_eq!(next.base, moved.base + 1);
     }
 }

@@ -17,9 +17,16 @@ pub(crate) struct Events {
 }
 
 impl Events {
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// Events sent on `channel` when the host subscribed before the session started (its
+    /// first agent's `on_enter` speaks inside `start`), else on a channel made by the
+    /// first subscriber.
+    pub(crate) fn new(capacity: usize, channel: Option<broadcast::Sender<SessionEvent>>) -> Self {
+        let lock = OnceLock::new();
+        if let Some(channel) = channel {
+            let _ = lock.set(channel);
+        }
         Self {
-            channel: OnceLock::new(),
+            channel: lock,
             capacity: capacity.max(1),
         }
     }

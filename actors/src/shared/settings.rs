@@ -22,6 +22,7 @@ pub(crate) struct SessionConfig {
     pub(crate) llm_timeouts: LlmTimeouts,
     pub(crate) max_calls_per_step: usize,
     pub(crate) max_argument_bytes: usize,
+    pub(crate) max_reply_bytes: usize,
     pub(crate) allow_interruptions: bool,
     pub(crate) min_interruption_duration: Duration,
     pub(crate) false_interruption_timeout: Option<Duration>,

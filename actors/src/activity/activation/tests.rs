@@ -202,7 +202,10 @@ impl Fixture {
     }
 
     fn end(&mut self, step: u64) -> Vec<Command> {
-        self.feed(Input::StreamEnded { step, error: None })
+        self.feed(Input::StreamEnded {
+            step,
+            failure: None,
+        })
     }
 
     fn output(&mut self, step: u64, index: usize, output: CallOutput) -> Vec<Command> {
@@ -489,6 +492,115 @@ fn calls_that_may_not_run_are_answered_at_once() {
 }
 
 #[test]
+fn a_step_whose_text_goes_over_the_limit_says_what_fits_and_fails_the_turn() {
+    let agent = Agent::builder("a").max_reply_bytes(10).build().unwrap();
+    let mut f = setup(Output::default(), agent, ChatContext::new(), Vec::new());
+    f.feed(Input::Enter);
+    f.feed(Input::Entered);
+    let (mut done, step) = f.user_turn("talk");
+    f.call(step, "c1", "search", "{}");
+    assert!(f.text(step, "Hello ").is_empty());
+    let out = f.text(step, "world, and on and on");
+    assert!(
+        matches!(out[..], [Command::CancelStream { step: s }] if s == step),
+        "the stream is dropped at once: {out:?}"
+    );
+    assert!(runs(&out).is_empty(), "no call of the step runs");
+    let outcome = answered(&mut done);
+    assert!(matches!(
+        outcome.failure,
+        Some(SessionError::TurnFailed {
+            failure: TurnFailure::ReplyTooLong { limit: 10 },
+            ..
+        })
+    ));
+    assert_eq!(f.chat(), ["User: talk", "Assistant~ Hello worl"]);
+    assert_eq!(
+        f.output.calls(),
+        [
+            "start speech_1",
+            "chunk speech_1 Hello ",
+            "chunk speech_1 worl",
+            "finish speech_1"
+        ],
+        "the output got exactly what the chat keeps"
+    );
+    assert!(f.events().iter().any(|e| matches!(
+        e,
+        SessionEvent::Error { message } if message.contains("over the limit of 10 bytes")
+    )));
+    // Chunks the stream had already produced change nothing; the next turn runs.
+    assert!(f.text(step, "more").is_empty());
+    assert_eq!(f.state(), "listening");
+    let (_done, next) = f.user_turn("again");
+    assert!(f.text(next, "Short.").is_empty());
+}
+
+#[test]
+fn a_text_exactly_at_the_limit_is_whole_and_the_step_goes_on() {
+    let agent = Agent::builder("a").max_reply_bytes(5).build().unwrap();
+    let mut f = setup(Output::default(), agent, ChatContext::new(), Vec::new());
+    f.feed(Input::Enter);
+    f.feed(Input::Entered);
+    let (mut done, step) = f.user_turn("hi");
+    assert!(f.text(step, "Hel").is_empty());
+    assert!(f.text(step, "lo").is_empty());
+    f.end(step);
+    assert!(answered(&mut done).failure.is_none());
+    assert_eq!(f.chat(), ["User: hi", "Assistant: Hello"]);
+}
+
+#[test]
+fn calls_over_the_size_limits_keep_bounded_stand_ins_and_do_not_run() {
+    let mut f = listening(Output::default());
+    let (mut done, step) = f.user_turn("go");
+    f.call(step, "c1", &"n".repeat(1 << 20), "{}");
+    f.call(
+        step,
+        &"i".repeat(1 << 20),
+        "search",
+        &"x".repeat(10_000_000),
+    );
+    f.call(step, "c3", "search", "{}");
+    let out = f.end(step);
+    assert_eq!(runs(&out), [(2, 0, "search".to_owned())], "only c3 runs");
+    let out = f.output(step, 2, CallOutput::reply("found".into()));
+    let request = request(&out);
+    let size: usize = request
+        .chat
+        .items()
+        .iter()
+        .map(|item| serde_json::to_string(item).unwrap().len())
+        .sum();
+    assert!(size < 2_000, "the next request carries {size} bytes");
+    let calls: Vec<&FunctionCall> = request
+        .chat
+        .items()
+        .iter()
+        .filter_map(|item| match item {
+            ChatItem::FunctionCall(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(calls[0].name, format!("{}_cut", "n".repeat(60)));
+    assert_eq!(calls[1].call_id, "i".repeat(64));
+    assert!(calls[1].arguments.contains("10000000 bytes of arguments"));
+    let chat = request.chat.clone();
+    assert!(chat
+        .output_of("c1")
+        .unwrap()
+        .output
+        .contains("was 1048576 bytes, over the limit of 64"));
+    assert!(chat
+        .output_of(&"i".repeat(64))
+        .unwrap()
+        .output
+        .contains("are 10000000 bytes, over the limit of 65536; it did not run"));
+    f.end(opened(&out).unwrap());
+    answered(&mut done);
+}
+
+#[test]
 fn a_step_goes_on_while_outputs_want_a_reply_and_stops_after_max_tool_steps() {
     let mut f = listening(Output::default());
     let (mut done, mut step) = f.user_turn("loop");
@@ -538,7 +650,7 @@ fn a_failing_stream_fails_the_turn_and_keeps_what_was_said() {
     f.text(step, "Partial");
     let out = f.feed(Input::StreamEnded {
         step,
-        error: Some(LlmError::new("broken")),
+        failure: Some(TurnFailure::Llm(crate::llm::LlmError::new("broken"))),
     });
     assert!(matches!(out[..], [Command::CancelStream { .. }]));
     let outcome = answered(&mut done);
@@ -982,6 +1094,69 @@ fn a_report_while_the_text_streams_applies_when_it_ends() {
 }
 
 #[test]
+fn a_report_is_final_once_recorded_and_a_repeat_or_a_late_one_changes_nothing() {
+    let mut f = listening(Output::pending());
+    let (mut done, step) = f.user_turn("hi");
+    f.text(step, "Hello there, friend");
+    // Twice while the text streams: the first one counts.
+    for heard in ["Hello there", ""] {
+        f.feed(Input::Playout {
+            speech: SpeechId(1),
+            interrupted: true,
+            heard: Some(heard.into()),
+        });
+    }
+    f.end(step);
+    answered(&mut done);
+    assert_eq!(f.chat(), ["User: hi", "Assistant~ Hello there"]);
+    // The next turn's speech plays in full; a late report of it, during a third turn,
+    // finds nothing to cut.
+    let (mut done, step) = f.user_turn("and?");
+    f.text(step, "That is all.");
+    f.end(step);
+    f.feed(Input::Playout {
+        speech: SpeechId(2),
+        interrupted: false,
+        heard: None,
+    });
+    answered(&mut done);
+    let (_done, step) = f.user_turn("ok");
+    f.text(step, "Bye.");
+    let before = f.chat();
+    for speech in [1, 2] {
+        f.feed(Input::Playout {
+            speech: SpeechId(speech),
+            interrupted: true,
+            heard: Some(String::new()),
+        });
+    }
+    assert_eq!(f.chat(), before);
+    assert!(before.contains(&"Assistant: That is all.".to_owned()));
+}
+
+#[test]
+fn heard_text_that_is_not_a_prefix_finds_the_cut_and_adds_no_words() {
+    let mut f = listening(Output::pending());
+    let (mut done, step) = f.user_turn("refund?");
+    f.text(step, "Your refund of $5 is approved today.");
+    f.end(step);
+    f.feed(Input::Playout {
+        speech: SpeechId(1),
+        interrupted: true,
+        heard: Some("your refund of five dollars is".into()),
+    });
+    let outcome = answered(&mut done);
+    assert_eq!(
+        f.chat(),
+        ["User: refund?", "Assistant~ Your refund of $5 is"]
+    );
+    assert!(matches!(
+        &outcome.events[1],
+        ChatItem::Message(m) if m.content == "Your refund of $5 is"
+    ));
+}
+
+#[test]
 fn a_say_turn_speaks_its_text_and_records_it() {
     let mut f = listening(Output::default());
     let speech = SpeechHandle::new(
@@ -1084,6 +1259,43 @@ async fn a_storm_of_starts_and_stops_arms_one_timer() {
     assert_eq!(timers, 1);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_close_while_a_false_interruption_is_pending_stops_the_paused_speech() {
+    let mut f = listening(Output::pausable());
+    let (mut done, step) = f.user_turn("menu?");
+    f.text(step, "Soup");
+    f.end(step);
+    let t0 = Instant::now();
+    f.feed(Input::UserStartedSpeaking { at: t0 });
+    f.feed(Input::UserStoppedSpeaking {
+        at: t0 + Duration::from_millis(100),
+    });
+    assert!(f.output.calls().contains(&"pause speech_1".to_owned()));
+    f.feed(Input::Close {
+        reason: Arc::from("the session closed"),
+    });
+    assert_eq!(
+        f.output.calls().last().map(String::as_str),
+        Some("interrupt speech_1"),
+        "the paused output is told to stop"
+    );
+    // The barge-in's timer, if it still fires, resumes nothing.
+    f.feed(Input::Timer {
+        now: t0 + Duration::from_secs(5),
+    });
+    f.feed(Input::ExitHookDone);
+    f.feed(Input::ToolsetsStopped { calls: Vec::new() });
+    assert!(matches!(
+        answered(&mut done).failure,
+        Some(SessionError::Closed)
+    ));
+    assert!(!f.output.calls().iter().any(|c| c.starts_with("resume")));
+    assert!(!f
+        .events()
+        .iter()
+        .any(|e| matches!(e, SessionEvent::AgentFalseInterruption { .. })));
+}
+
 #[test]
 fn an_uninterruptible_turn_ignores_the_users_voice() {
     let agent = Agent::builder("a")
@@ -1176,7 +1388,7 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             "stream end",
             Input::StreamEnded {
                 step: 1,
-                error: None,
+                failure: None,
             },
             vec![],
         ),
