@@ -841,19 +841,24 @@ impl SnapshotWriter {
 }
 
 impl SnapshotStore for SnapshotWriter {
-    fn save(&self, snapshot: &SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
-        // Encoded here, on the session's writer task: the future owns only bytes.
+    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Taken by value: encoded in the future (on the session's writer task, off the
+        // session's own thread), which then owns only bytes.
         let this = self.clone();
-        let payload = encode_full(&self.inner.spec, snapshot);
-        let last_input = snapshot.last_input();
-        async move { this.write_full(payload, last_input, false).await }.boxed()
+        async move {
+            let payload = encode_full(&this.inner.spec, &snapshot);
+            this.write_full(payload, snapshot.last_input(), false).await
+        }
+        .boxed()
     }
 
-    fn append(&self, delta: &SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
         let this = self.clone();
-        let payload: Bytes = delta.to_bytes().into();
-        let last_input = delta.last_input();
-        async move { this.write_delta(payload, last_input).await }.boxed()
+        async move {
+            let payload: Bytes = delta.to_bytes().into();
+            this.write_delta(payload, delta.last_input()).await
+        }
+        .boxed()
     }
 
     fn load(
