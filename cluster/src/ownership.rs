@@ -286,7 +286,7 @@ pub(crate) struct LeaseClock {
 }
 
 impl LeaseClock {
-    fn until(at: Instant) -> Self {
+    pub(crate) fn until(at: Instant) -> Self {
         let clock = Self {
             base: Instant::now(),
             valid_until: Arc::new(AtomicU64::new(0)),

@@ -889,3 +889,135 @@ impl SnapshotStore for SnapshotWriter {
         .boxed()
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::local::NatsServer;
+    use switchboard::prelude::*;
+    use switchboard::testing::{Reply, ScriptedLlm};
+    use std::time::Instant;
+
+    /// A real snapshot of a session named `id` after one turn.
+    async fn a_snapshot(engine: &Engine, id: &str) -> SessionSnapshot {
+        let llm = ScriptedLlm::new([]);
+        llm.otherwise(Reply::text("Hello."));
+        let agent = Agent::builder("greeter")
+            .instructions("Greet.")
+            .build()
+            .unwrap();
+        let session = Session::builder()
+            .llm(llm)
+            .agent(agent)
+            .id(id)
+            .start(engine)
+            .await
+            .unwrap();
+        session.run("hi").await.unwrap();
+        session.set_last_input(1);
+        let snapshot = session.snapshot().await.unwrap();
+        session.close().await.unwrap();
+        snapshot
+    }
+
+    /// A stale owner's write is refused once a newer owner claimed the session, whatever
+    /// its lease says: the store compares what it last wrote with the subject's last
+    /// message, and the claim moved it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_by_an_owner_a_newer_one_claimed_over_is_fenced() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let ns = Namespace::default();
+        let stream = SnapshotStream::open(js, &ns, Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        let key = SessionKey::new("call-1").unwrap();
+        let spec = SessionSpec::new("greeter");
+        // Leases both trust: only the store decides.
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let engine = Engine::with_arbiters(1).unwrap();
+        let snapshot = a_snapshot(&engine, key.as_str()).await;
+
+        let Ok(Claimed::Fresh(first)) = stream.claim(&key, 1, "w1", Some(&spec), lease()).await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        first.save(snapshot.clone()).await.unwrap();
+        assert_eq!(first.saved_input(), 1);
+
+        // w2 claims it (its lease expired, say): one epoch higher, from w1's snapshot.
+        let Ok(Claimed::Resumed {
+            writer: second,
+            spec: read_spec,
+            snapshot: Some(restored),
+        }) = stream.claim(&key, 1, "w2", None, lease()).await
+        else {
+            panic!("the claim of a session with a snapshot resumes it");
+        };
+        assert_eq!(second.epoch(), 2);
+        assert_eq!(read_spec, spec);
+        assert_eq!(restored.to_bytes(), snapshot.to_bytes());
+
+        // w1 wakes and writes: refused, for good.
+        match first.save(snapshot.clone()).await {
+            Err(StoreError::Fenced { session, reason }) => {
+                assert_eq!(session, "call-1");
+                assert!(reason.contains("w2"), "{reason}");
+            }
+            other => panic!("a stale owner's write went through: {other:?}"),
+        }
+        assert!(*first.fenced().borrow());
+        assert!(matches!(
+            first.end().await,
+            Err(StoreError::Fenced { .. })
+        ));
+        assert_eq!(first.refused(), 2);
+
+        // w2 writes on; what the store holds is w2's.
+        second.save(snapshot.clone()).await.unwrap();
+        let stored = stream.load(&key).await.unwrap().unwrap();
+        assert_eq!((stored.epoch, stored.worker.as_str()), (2, "w2"));
+        let kinds: Vec<_> = stream
+            .records(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.kind, r.epoch, r.worker))
+            .collect();
+        assert_eq!(
+            kinds.last(),
+            Some(&(SnapshotKind::Full, 2, "w2".to_owned()))
+        );
+        assert!(kinds.iter().all(|(_, epoch, worker)| *epoch == 2 || worker == "w1"));
+    }
+
+    /// A session that ended cannot be resumed: a resume job finds nothing, writes
+    /// nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_session_is_not_resumed() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let stream = SnapshotStream::open(js, &Namespace::default(), Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        let key = SessionKey::new("call-2").unwrap();
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let Ok(Claimed::Fresh(writer)) = stream
+            .claim(&key, 1, "w1", Some(&SessionSpec::new("greeter")), lease())
+            .await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        assert!(stream.resumable(&key).await.unwrap());
+        writer.end().await.unwrap();
+        assert!(!stream.resumable(&key).await.unwrap());
+        assert!(matches!(
+            stream.claim(&key, 1, "w2", None, lease()).await,
+            Ok(Claimed::Nothing)
+        ));
+        assert!(stream.load(&key).await.unwrap().is_none());
+    }
+}

@@ -37,7 +37,7 @@
 //! `tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`); a gateway gets every
 //! event in order across a server restart (`tests/cluster/sessions_survive_a_server_restart.rs`);
 //! a drained session goes on on another worker (`tests/cluster/drain_moves_sessions.rs`); a
-//! fenced owner writes nothing (`tests/cluster/a_frozen_worker_cannot_write_after_waking.rs`).
+//! fenced owner writes nothing (`tests/cluster/a_paused_worker_is_fenced.rs`).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
