@@ -895,9 +895,9 @@ impl SnapshotStore for SnapshotWriter {
 mod tests {
     use super::*;
     use crate::local::NatsServer;
+    use std::time::Instant;
     use switchboard::prelude::*;
     use switchboard::testing::{Reply, ScriptedLlm};
-    use std::time::Instant;
 
     /// A real snapshot of a session named `id` after one turn.
     async fn a_snapshot(engine: &Engine, id: &str) -> SessionSnapshot {
@@ -969,10 +969,7 @@ mod tests {
             other => panic!("a stale owner's write went through: {other:?}"),
         }
         assert!(*first.fenced().borrow());
-        assert!(matches!(
-            first.end().await,
-            Err(StoreError::Fenced { .. })
-        ));
+        assert!(matches!(first.end().await, Err(StoreError::Fenced { .. })));
         assert_eq!(first.refused(), 2);
 
         // w2 writes on; what the store holds is w2's.
@@ -990,7 +987,9 @@ mod tests {
             kinds.last(),
             Some(&(SnapshotKind::Full, 2, "w2".to_owned()))
         );
-        assert!(kinds.iter().all(|(_, epoch, worker)| *epoch == 2 || worker == "w1"));
+        assert!(kinds
+            .iter()
+            .all(|(_, epoch, worker)| *epoch == 2 || worker == "w1"));
     }
 
     /// A session that ended cannot be resumed: a resume job finds nothing, writes

@@ -209,7 +209,9 @@ fn parse_args() -> Result<Args, String> {
             }
             "--no-provision" => provision = false,
             "--max-tool-ms" => {
-                max_tool_ms = value()?.parse().map_err(|e| format!("--max-tool-ms: {e}"))?
+                max_tool_ms = value()?
+                    .parse()
+                    .map_err(|e| format!("--max-tool-ms: {e}"))?
             }
             other => return Err(format!("unknown argument {other}")),
         }

@@ -109,7 +109,10 @@ async fn sessions_of_a_killed_worker_go_on_elsewhere_with_each_input_applied_onc
         let said = history.assistant_messages();
         for text in ["said 0", "said 1"] {
             let times = said.iter().filter(|s| **s == text).count();
-            assert_eq!(times, 1, "session {i}: {text:?} said {times} times: {said:?}");
+            assert_eq!(
+                times, 1,
+                "session {i}: {text:?} said {times} times: {said:?}"
+            );
         }
         let mut events = session.subscribe_from(1);
         let (resumed, _) = event_where(&mut events, "the resume", |kind| {

@@ -253,7 +253,10 @@ pub async fn owner_of(
         .get_key_value(switchboard_cluster::Namespace::default().owners_bucket())
         .await
         .expect("the owners bucket exists");
-    let value = owners.get(session.as_str()).await.expect("the bucket answers")?;
+    let value = owners
+        .get(session.as_str())
+        .await
+        .expect("the bucket answers")?;
     Some(serde_json::from_slice(&value).expect("an owner record"))
 }
 
