@@ -10,6 +10,7 @@ mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
 mod dispatch_never_over_admits;
+mod figures;
 mod drain_moves_sessions;
 mod inputs_apply_exactly_once;
 mod sessions_survive_a_server_restart;
