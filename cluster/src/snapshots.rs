@@ -153,7 +153,7 @@ pub(crate) enum Claimed {
     Resumed {
         writer: SnapshotWriter,
         spec: SessionSpec,
-        snapshot: Option<SessionSnapshot>,
+        snapshot: Option<Box<SessionSnapshot>>,
     },
 }
 
@@ -365,9 +365,9 @@ impl SnapshotStream {
                     // Nobody can write behind the claim now: what follows the full
                     // snapshot up to it is final.
                     let snapshot = match full {
-                        Some(full) => {
-                            Some(self.apply_deltas(session, full, record.full, fence).await?)
-                        }
+                        Some(full) => Some(Box::new(
+                            self.apply_deltas(session, full, record.full, fence).await?,
+                        )),
                         None => None,
                     };
                     return Ok(Claimed::Resumed {

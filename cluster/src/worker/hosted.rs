@@ -95,7 +95,7 @@ pub(crate) enum Start {
     /// starts again from its spec).
     Resume {
         spec: SessionSpec,
-        snapshot: Option<SessionSnapshot>,
+        snapshot: Option<Box<SessionSnapshot>>,
     },
 }
 
@@ -225,7 +225,7 @@ fn build(
                 move |name: &str, data: &serde_json::Value| factory.agent(name, data)
             });
             let (builder, agents) = factory.restoring(&spec, agents)?;
-            Ok((builder.restore(snapshot, agents), spec.output, last_input))
+            Ok((builder.restore(*snapshot, agents), spec.output, last_input))
         }
     }
 }

@@ -9,6 +9,7 @@
 //! turn on an engine in this process; a new session to its first reply; the failover time
 //! from SIGKILL of the owner to the next reply (lease 1 s); the drain time of 200 sessions;
 //! and the turns a second with 1, 2 and 3 worker processes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
 
@@ -36,10 +37,7 @@ fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
 
 fn print_row(what: &str, samples: &mut [Duration]) -> (f64, f64) {
     let (p50, p99) = percentiles(samples);
-    println!(
-        "| {what} | {p50:.3} ms | {p99:.3} ms | {} |",
-        samples.len()
-    );
+    println!("| {what} | {p50:.3} ms | {p99:.3} ms | {} |", samples.len());
     (p50, p99)
 }
 
@@ -86,11 +84,19 @@ async fn turn_in_process() -> (f64, f64) {
     let engine = Engine::with_arbiters(1).unwrap();
     let llm = ScriptedLlm::new([]);
     llm.rule(|request| {
-        let text = request.chat.items().iter().rev().find_map(|item| match item {
-            ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
-            _ => None,
-        });
-        Some(Reply::text(format!("You said: {}", text.unwrap_or_default())))
+        let text = request
+            .chat
+            .items()
+            .iter()
+            .rev()
+            .find_map(|item| match item {
+                ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
+                _ => None,
+            });
+        Some(Reply::text(format!(
+            "You said: {}",
+            text.unwrap_or_default()
+        )))
     });
     let agent = Agent::builder("greeter")
         .instructions("Greet and help.")
@@ -159,8 +165,12 @@ async fn failover(server: &NatsServer, gateway: &Gateway) {
     for round in 0..5 {
         // The session lands on the doomed worker (alone at its start); the standby joins,
         // then the doomed one dies.
-        let mut doomed =
-            WorkerProcess::start(server, &format!("doomed{round}"), 10, &["--lease-secs", "1"]);
+        let mut doomed = WorkerProcess::start(
+            server,
+            &format!("doomed{round}"),
+            10,
+            &["--lease-secs", "1"],
+        );
         let session = gateway
             .start_session(SessionSpec::new("greeter"))
             .await
