@@ -81,7 +81,7 @@ pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{BeginInput, RecordInput, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -115,6 +115,8 @@ type TaskReply = oneshot::Sender<Result<Value, SessionError>>;
 pub(crate) struct QueuedTurn {
     kind: TurnKind,
     reply: Option<Reply<RunResult>>,
+    /// The host input it is the effect of (`Session::set_last_input`).
+    tie: snapshot::Tie,
 }
 
 /// A handoff whose agent was checked: it can start here.
@@ -301,7 +303,14 @@ impl ControlPort for SessionLinks {
         text: String,
         options: SayOptions,
     ) -> BoxFuture<'static, Result<SpeechHandle, SessionError>> {
-        let ask = self.session.ask(from, Say { text, options });
+        let ask = self.session.ask(
+            from,
+            Say {
+                text,
+                options,
+                host: false,
+            },
+        );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
     }
 }
@@ -403,6 +412,7 @@ impl SessionActor {
         while let Some(next) = self.schedule.next() {
             match next {
                 Next::Turn { activity, turn } => {
+                    self.input_in(turn.tie);
                     self.start_turn(activity, turn.kind, turn.reply, ctx)
                 }
                 Next::Deferred { activity } => {
@@ -520,6 +530,7 @@ impl SessionActor {
             let turn = QueuedTurn {
                 kind: TurnKind::User(text),
                 reply: None,
+                tie: snapshot::Tie::None,
             };
             if let Err((_, why)) =
                 self.schedule
@@ -824,6 +835,7 @@ impl Handler<RunTurn> for SessionActor {
         let turn = QueuedTurn {
             kind: msg.kind,
             reply: Some(tx),
+            tie: self.chain.inputs.host_job(),
         };
         if let Err((turn, why)) =
             self.schedule
@@ -856,6 +868,7 @@ impl Handler<QueueReply> for SessionActor {
         let turn = QueuedTurn {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
+            tie: snapshot::Tie::None,
         };
         let queued = self
             .schedule
@@ -999,9 +1012,11 @@ impl Handler<InterruptSpeech> for SessionActor {
         );
         if let Some(QueuedTurn {
             kind: TurnKind::Say { speech, .. },
+            tie,
             ..
         }) = queued
         {
+            self.input_in(tie);
             speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
                 heard: Some(String::new()),
             }));
@@ -1031,6 +1046,8 @@ impl SessionActor {
 pub(crate) struct Say {
     pub(crate) text: String,
     pub(crate) options: SayOptions,
+    /// Sent by the host (`Session::say`), not by a tool: a host input.
+    pub(crate) host: bool,
 }
 
 impl Message for Say {
@@ -1059,6 +1076,11 @@ impl Handler<Say> for SessionActor {
                 add_to_chat: msg.options.add_to_chat,
             },
             reply: None,
+            tie: if msg.host {
+                self.chain.inputs.host_job()
+            } else {
+                snapshot::Tie::None
+            },
         };
         let queued = self
             .schedule
@@ -1181,7 +1203,10 @@ impl Handler<CancelTurn> for SessionActor {
 
     fn handle(&mut self, msg: CancelTurn, ctx: &mut Self::Context) {
         match self.schedule.cancel_turn(msg.id) {
-            Cancelled::Dequeued(_) => self.pump(ctx),
+            Cancelled::Dequeued(turn) => {
+                self.input_in(turn.tie);
+                self.pump(ctx)
+            }
             Cancelled::Running(activity) => activity
                 .child
                 .mailbox
@@ -1310,6 +1335,7 @@ counted_handlers!(
     ReadAgent,
     CloseSession,
     TakeSnapshot,
+    BeginInput,
     RecordInput,
     InputsHandled,
 );

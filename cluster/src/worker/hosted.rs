@@ -12,8 +12,9 @@
 //! * an input is applied in the order it came: the engine call that applies it is made
 //!   (its first poll sends the engine message) before the next request is read, even when
 //!   its answer takes a whole turn (then its outcome comes later as an `InputDone` event);
-//!   its id is then told to the session (`Session::set_last_input`), in mailbox order after
-//!   the input, so a snapshot holds an input exactly when it holds its id;
+//!   the session is told before (`Session::begin_input`: its saves wait) and its id after
+//!   (`Session::set_last_input`, tied to the input, to its turn when that is queued), so a
+//!   snapshot holds an input exactly when it holds its id;
 //! * engine events and speech are published as they come, each numbered by the event
 //!   log. Each source keeps its order (the engine's events; a speech's start, chunks and
 //!   end); between the two there is no common clock, and when both have something ready
@@ -672,9 +673,16 @@ impl Hosted {
                         None => {}
                     }
                     let closes = matches!(input, Input::Close);
+                    if !closes {
+                        // The session's saves wait from here to the id: a turn can run
+                        // and settle before the id comes, and a snapshot saved then would
+                        // hold the input without its id.
+                        self.session.begin_input();
+                    }
                     let answer = self.apply(id, input).await;
                     if !closes {
-                        // After the input's engine message: the snapshot that holds the
+                        // After the input's engine message: the id is tied to it (to its
+                        // turn when that is queued), so the snapshot that holds the
                         // input holds its id, and the other way round.
                         self.session.set_last_input(id);
                     }
