@@ -21,6 +21,7 @@ use crate::shared::{userdata_json, UserdataJson};
 use crate::snapshot::SnapshotError;
 
 type BuildAgent = Arc<dyn Fn(&Value) -> Result<Agent, String> + Send + Sync>;
+type BuildAnyAgent = Arc<dyn Fn(&str, &Value) -> Result<Agent, String> + Send + Sync>;
 type Userdata = Arc<dyn Any + Send + Sync>;
 type ReadUserdata = Arc<dyn Fn(Value) -> Result<Userdata, String> + Send + Sync>;
 
@@ -49,6 +50,8 @@ type ReadUserdata = Arc<dyn Fn(Value) -> Result<Userdata, String> + Send + Sync>
 #[derive(Clone, Default)]
 pub struct AgentRegistry {
     agents: HashMap<String, BuildAgent>,
+    /// Builds any agent the map does not name, by name and data.
+    fallback: Option<BuildAnyAgent>,
     /// How to read the user data back, and how to write it again in later snapshots.
     userdata: Option<(ReadUserdata, UserdataJson)>,
 }
@@ -59,6 +62,7 @@ impl fmt::Debug for AgentRegistry {
         names.sort_unstable();
         f.debug_struct("AgentRegistry")
             .field("agents", &names)
+            .field("fallback", &self.fallback.is_some())
             .field("userdata", &self.userdata.is_some())
             .finish()
     }
@@ -96,6 +100,19 @@ impl AgentRegistry {
         })
     }
 
+    /// How to build an agent no [`agent`](Self::agent) names, from its name and restore
+    /// data: for a host whose agents come from one factory function (a cluster worker's
+    /// `SessionFactory`). The agent it builds must have that name.
+    pub fn fallback<E: fmt::Display>(
+        mut self,
+        build: impl Fn(&str, &Value) -> Result<Agent, E> + Send + Sync + 'static,
+    ) -> Self {
+        self.fallback = Some(Arc::new(move |name, data| {
+            build(name, data).map_err(|err| err.to_string())
+        }));
+        self
+    }
+
     /// The type the session's user data is read back as, when the session was started
     /// with [`SessionBuilder::userdata_serde`](crate::SessionBuilder::userdata_serde).
     pub fn userdata<T: Serialize + DeserializeOwned + Any + Send + Sync>(mut self) -> Self {
@@ -108,21 +125,20 @@ impl AgentRegistry {
         self
     }
 
-    /// Whether it knows how to build the agent named `name`.
+    /// Whether it knows how to build the agent named `name` (with a
+    /// [`fallback`](Self::fallback), always: the fallback may still refuse it).
     pub fn knows(&self, name: &str) -> bool {
-        self.agents.contains_key(name)
+        self.agents.contains_key(name) || self.fallback.is_some()
     }
 
     /// Builds the agent `name` from `data`.
     pub(crate) fn build(&self, name: &str, data: &Value) -> Result<Agent, SnapshotError> {
-        let build = self
-            .agents
-            .get(name)
-            .ok_or_else(|| SnapshotError::UnknownAgent {
-                name: name.to_owned(),
-                reason: "the registry has no agent of that name".to_owned(),
-            })?;
-        let agent = build(data).map_err(|reason| SnapshotError::UnknownAgent {
+        let built = match (self.agents.get(name), &self.fallback) {
+            (Some(build), _) => build(data),
+            (None, Some(fallback)) => fallback(name, data),
+            (None, None) => Err("the registry has no agent of that name".to_owned()),
+        };
+        let agent = built.map_err(|reason| SnapshotError::UnknownAgent {
             name: name.to_owned(),
             reason,
         })?;

@@ -87,7 +87,7 @@ pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{AwaitTask, RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{AwaitTask, BeginInput, RecordInput, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -123,6 +123,8 @@ pub(crate) struct QueuedTurn {
     reply: Option<Reply<RunResult>>,
     /// Who asked, for the turn's span and latency.
     cause: Cause,
+    /// The host input it is the effect of (`Session::set_last_input`).
+    tie: snapshot::Tie,
 }
 
 /// A handoff whose agent was checked: it can start here.
@@ -335,6 +337,7 @@ impl ControlPort for SessionLinks {
                 text,
                 options,
                 cause: Cause::here(),
+                host: false,
             },
         );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
@@ -446,6 +449,7 @@ impl SessionActor {
         while let Some(next) = self.schedule.next() {
             match next {
                 Next::Turn { activity, turn } => {
+                    self.input_in(turn.tie);
                     self.start_turn(activity, turn.kind, turn.reply, turn.cause, ctx)
                 }
                 Next::Deferred { activity } => {
@@ -576,6 +580,7 @@ impl SessionActor {
                 kind: TurnKind::User(text),
                 reply: None,
                 cause,
+                tie: snapshot::Tie::None,
             };
             if let Err((_, why)) =
                 self.schedule
@@ -938,6 +943,7 @@ impl Handler<RunTurn> for SessionActor {
             kind: msg.kind,
             reply: Some(tx),
             cause: msg.cause,
+            tie: self.chain.inputs.host_job(),
         };
         if let Err((turn, why)) =
             self.schedule
@@ -978,6 +984,7 @@ impl Handler<QueueReply> for SessionActor {
             kind: TurnKind::Reply(msg.instructions),
             reply: None,
             cause: msg.cause,
+            tie: snapshot::Tie::None,
         };
         let queued = self
             .schedule
@@ -1142,9 +1149,11 @@ impl Handler<InterruptSpeech> for SessionActor {
         );
         if let Some(QueuedTurn {
             kind: TurnKind::Say { speech, .. },
+            tie,
             ..
         }) = queued
         {
+            self.input_in(tie);
             speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
                 heard: Some(String::new()),
             }));
@@ -1176,6 +1185,8 @@ pub(crate) struct Say {
     pub(crate) options: SayOptions,
     /// The asker's span at the call (telemetry).
     pub(crate) cause: Cause,
+    /// Sent by the host (`Session::say`), not by a tool: a host input.
+    pub(crate) host: bool,
 }
 
 impl Message for Say {
@@ -1205,6 +1216,11 @@ impl Handler<Say> for SessionActor {
             },
             reply: None,
             cause: msg.cause,
+            tie: if msg.host {
+                self.chain.inputs.host_job()
+            } else {
+                snapshot::Tie::None
+            },
         };
         let queued = self
             .schedule
@@ -1330,7 +1346,10 @@ impl Handler<CancelTurn> for SessionActor {
 
     fn handle(&mut self, msg: CancelTurn, ctx: &mut Self::Context) {
         match self.schedule.cancel_turn(msg.id) {
-            Cancelled::Dequeued(_) => self.pump(ctx),
+            Cancelled::Dequeued(turn) => {
+                self.input_in(turn.tie);
+                self.pump(ctx)
+            }
             Cancelled::Running(activity) => activity
                 .child
                 .mailbox
@@ -1460,6 +1479,7 @@ counted_handlers!(
     CloseSession,
     TakeSnapshot,
     AwaitTask,
+    BeginInput,
     RecordInput,
     InputsHandled,
 );

@@ -43,7 +43,7 @@ use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
 use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
-    CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
+    BeginInput, CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
     RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
     TakeSnapshot, UpdateAgent,
 };
@@ -316,6 +316,7 @@ impl Session {
                     text: text.into(),
                     options,
                     cause: Cause::here(),
+                    host: true,
                 },
             )
             .await
@@ -526,18 +527,37 @@ impl Session {
             .unwrap_or(Err(SessionError::Closed))
     }
 
-    /// Records `id` as the last host input sent, for exactly-once delivery across a
-    /// restore: the session applies it in order after the inputs sent before it, so a
-    /// snapshot holds an input exactly when it holds its id. Call it right after the
-    /// input was sent (for `run`, after its future was first polled), before awaiting
-    /// the input's answer.
+    /// Opens a host input, for exactly-once delivery across a restore: call it before
+    /// sending the input (`run`, `say`, ...), and [`set_last_input`](Self::set_last_input)
+    /// with its id after. In between, the session's saves to its store wait: a snapshot
+    /// taken then could hold the input's effect without its id (a turn can run and
+    /// settle before the id comes). Every `begin_input` must be followed by a
+    /// `set_last_input`, or the session stops saving.
+    pub fn begin_input(&self) {
+        // One per host input: at the host's rate.
+        self.host.mailbox.tell(&ActorId::host(), BeginInput);
+    }
+
+    /// Records `id` as the host input sent last, for exactly-once delivery across a
+    /// restore: a snapshot's [`last_input`](crate::SessionSnapshot::last_input) is the
+    /// last input whose effect the snapshot holds, and every input before it. Call it
+    /// right after the input was sent (for `run`, after its future was first polled),
+    /// before awaiting the input's answer, and open the input with
+    /// [`begin_input`](Self::begin_input) before sending it.
+    ///
+    /// The id is tied to the input sent last: when that input queued a job (`run`,
+    /// `generate_reply`, `say`) that has not started yet, the id counts once the job
+    /// starts (its user message is then in the chat; a queued job the host awaits is the
+    /// host's to send again, so a snapshot leaves it out) or is dropped; otherwise it
+    /// counts at once. Ids count in the order they were recorded: an id never counts
+    /// before one recorded earlier.
     pub fn set_last_input(&self, id: u64) {
         // One per host input: at the host's rate.
         self.host.mailbox.tell(&ActorId::host(), RecordInput { id });
     }
 
-    /// The last host input id recorded (by [`set_last_input`](Self::set_last_input), or
-    /// read from the snapshot this session was restored from).
+    /// The last host input id counted (see [`set_last_input`](Self::set_last_input)), or
+    /// read from the snapshot this session was restored from.
     pub fn last_input(&self) -> Option<u64> {
         self.shared().host_view.last_input()
     }

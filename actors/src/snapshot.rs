@@ -504,6 +504,18 @@ impl SnapshotDelta {
         self.base
     }
 
+    /// The session's epoch when it was taken (see [`SessionSnapshot::epoch`]).
+    pub fn epoch(&self) -> u64 {
+        self.head.epoch
+    }
+
+    /// The id of the last host input applied when it was taken (see
+    /// [`SessionSnapshot::last_input`]): a store that wrote it knows the inputs up to
+    /// there are kept.
+    pub fn last_input(&self) -> Option<u64> {
+        self.head.last_input
+    }
+
     /// How many chat items it carries (what its size follows).
     pub fn items(&self) -> usize {
         self.chats.iter().map(|c| c.append.len()).sum::<usize>()

@@ -49,6 +49,24 @@ pub enum StoreError {
         /// The id.
         id: String,
     },
+    /// Another writer owns the session's snapshots now (a newer owner took the session
+    /// over): this writer is stale and may not write it any more (fencing).
+    #[error("snapshot store: session {session:?} is written by a newer owner: {reason}")]
+    Fenced {
+        /// The session.
+        session: String,
+        /// What the store found.
+        reason: String,
+    },
+    /// A remote store could not be reached or did not answer (a network store: a server
+    /// away, a timeout); a later write may succeed.
+    #[error("snapshot store: session {session:?}: the store is unavailable: {reason}")]
+    Unavailable {
+        /// The session.
+        session: String,
+        /// What failed.
+        reason: String,
+    },
 }
 
 /// Where a session's snapshots go. Implement it to keep them in a database or an object

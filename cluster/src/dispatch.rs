@@ -1,7 +1,11 @@
-//! Dispatch: sessions to start wait as jobs in a JetStream work-queue stream, which every
-//! worker pulls from through one shared durable consumer, and only for as many jobs as it
-//! has free slots.
+//! Dispatch: sessions to start or resume wait as jobs in a JetStream work-queue stream,
+//! which every worker pulls from through one shared durable consumer, and only for as many
+//! jobs as it has free slots.
 //!
+//! * A resume job names a session to take on from its snapshots: a draining worker queues
+//!   one for each session it hands over, and every worker queues one for each session
+//!   whose lease it sees expire (`worker/resume.rs`). Its message id is made of the owner
+//!   record's revision it follows, so the workers that all saw one expiry queue one job.
 //! * A job is published with the session id as its `Nats-Msg-Id`, so a gateway's retried
 //!   publish within the stream's duplicate window is dropped (and reported as a duplicate).
 //! * A worker asks for at most as many jobs as it holds free slots (permits of its
@@ -22,7 +26,7 @@ use async_nats::jetstream::stream::{self, RetentionPolicy, StorageType};
 use async_nats::jetstream::{self};
 use bytes::Bytes;
 
-use crate::namespace::Namespace;
+use crate::namespace::{Namespace, SessionKey};
 use crate::protocol::SessionJob;
 
 /// How long a delivered job may stay unacknowledged before JetStream gives it to another
@@ -112,4 +116,37 @@ pub(crate) async fn publish_job(
     } else {
         Published::Queued
     })
+}
+
+/// Queues a resume job for `session` with the message id `id` (retried a few times: a
+/// lost one is noticed again when the owner record it follows expires).
+pub(crate) async fn publish_resume(
+    js: &jetstream::Context,
+    namespace: &Namespace,
+    session: &SessionKey,
+    id: &str,
+) -> Result<(), String> {
+    let job = SessionJob {
+        session: session.clone(),
+        spec: None,
+    };
+    let payload = Bytes::from(serde_json::to_vec(&job).map_err(|err| err.to_string())?);
+    let mut last_error = String::new();
+    for attempt in 0..5u32 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+        }
+        let message = PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(id);
+        let sent = js.send_publish(namespace.jobs_subject(), message).await;
+        match sent {
+            Ok(ack) => match ack.await {
+                Ok(_) => return Ok(()),
+                Err(err) => last_error = err.to_string(),
+            },
+            Err(err) => last_error = err.to_string(),
+        }
+    }
+    Err(last_error)
 }

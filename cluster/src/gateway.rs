@@ -94,7 +94,19 @@ pub enum GatewayError {
         /// What the session said.
         failure: RemoteFailure,
     },
-    /// The owner missed inputs before this one (a phase-1 worker cannot get them back).
+    /// The input was applied, but the worker that applied it stopped (it died, or lost
+    /// its lease) before its answer reached the gateway, and the worker that took the
+    /// session over does not have the answer. The conversation has it (`history`); the
+    /// session goes on.
+    #[error("{input} on session {session} was applied, but its answer was lost when the session moved to another worker")]
+    AnswerLost {
+        /// The session.
+        session: SessionKey,
+        /// The input.
+        input: &'static str,
+    },
+    /// The owner needs inputs this gateway no longer has (they were in a snapshot that
+    /// could not be read back).
     #[error("session {session} lost inputs: its owner expected input {expected}")]
     InputsLost {
         /// The session.
@@ -136,7 +148,7 @@ impl Default for GatewayOptions {
         Self {
             namespace: Namespace::default(),
             attempt_timeout: Duration::from_millis(500),
-            input_deadline: Duration::from_secs(10),
+            input_deadline: Duration::from_secs(30),
             start_timeout: Duration::from_secs(30),
             kept_events: 4096,
             event_capacity: 1024,
@@ -166,7 +178,9 @@ impl GatewayOptions {
     }
 
     /// How long an input is retried, and how long a turn may go without any sign of its
-    /// owner, before the gateway gives up with [`GatewayError::Unreachable`] (default 10 s).
+    /// owner, before the gateway gives up with [`GatewayError::Unreachable`] (default
+    /// 30 s). Keep it longer than the workers' lease plus a resume: when a worker dies,
+    /// its sessions come back elsewhere one lease later (10 s by default).
     pub fn input_deadline(mut self, deadline: Duration) -> Self {
         self.input_deadline = deadline;
         self
@@ -214,6 +228,11 @@ pub struct GatewayStats {
     pub replays: u64,
     /// Events that could not be had back (reported as `EventsLost`).
     pub events_lost: u64,
+    /// Times a session of this gateway was resumed by a new owner (after a drain or a
+    /// failure).
+    pub resumes: u64,
+    /// Inputs sent again to a new owner whose snapshot did not hold them.
+    pub inputs_resent: u64,
 }
 
 /// What the gateway's sessions share.
@@ -285,7 +304,7 @@ impl Gateway {
         let remote = RemoteSession::open(inner.clone(), key.clone()).await?;
         let job = SessionJob {
             session: key.clone(),
-            spec,
+            spec: Some(spec),
         };
         let subject = options.namespace.jobs_subject();
         let mut attempted = false;

@@ -1,5 +1,5 @@
 //! `Namespace`: the names a cluster uses on NATS — subjects, the jobs stream and its
-//! consumer, the owners bucket — all derived from one prefix, so two clusters (or two
+//! consumer, the owners bucket, the snapshots stream — all derived from one prefix, so two clusters (or two
 //! tenants sharing an account) never touch each other's names, and the permissions a
 //! gateway or a worker needs can be written as a few patterns (ARCHITECTURE.md, "The
 //! cluster").
@@ -11,6 +11,7 @@
 //! | `sb.jobs` | subject of the work-queue stream `sb_jobs`: one message per session to start |
 //! | `sb_jobs` / `workers` | the stream and the durable pull consumer every worker shares |
 //! | `sb_owners` | KV bucket: key = session id, value = its owner, epoch and state, with a TTL (the lease) |
+//! | `sb.snapshots.<id>` → stream `sb_snapshots` | a session's last full snapshot and the deltas after it, each write a compare-and-set on the subject (fencing) |
 //! | `sb.session.<id>.in` | requests to a session's owner: inputs (each with an id) and replays |
 //! | `sb.session.<id>.events` | what a session says, in order, with sequence numbers and the epoch |
 //! | `sb.worker.<name>.info` | a worker answers with its counts (capacity, live, started, …) |
@@ -96,6 +97,21 @@ impl Namespace {
     /// The KV bucket of session owners (`sb_owners`).
     pub fn owners_bucket(&self) -> String {
         format!("{}_owners", self.flat())
+    }
+
+    /// The stream holding every session's snapshots (`sb_snapshots`).
+    pub fn snapshots_stream(&self) -> String {
+        format!("{}_snapshots", self.flat())
+    }
+
+    /// The subjects of the snapshots stream (`sb.snapshots.*`).
+    pub fn snapshots_subjects(&self) -> String {
+        format!("{}.snapshots.*", self.prefix)
+    }
+
+    /// The subject of one session's snapshots (`sb.snapshots.<id>`).
+    pub fn snapshot_subject(&self, session: &SessionKey) -> String {
+        format!("{}.snapshots.{}", self.prefix, session.0)
     }
 
     /// The subject of a session's inputs and replays (`sb.session.<id>.in`).
@@ -194,6 +210,8 @@ mod tests {
         assert_eq!(ns.session_inputs(&s), "acme.voice.session.call-42.in");
         assert_eq!(ns.session_events(&s), "acme.voice.session.call-42.events");
         assert_eq!(ns.worker_info("w1"), "acme.voice.worker.w1.info");
+        assert_eq!(ns.snapshots_stream(), "acme_voice_snapshots");
+        assert_eq!(ns.snapshot_subject(&s), "acme.voice.snapshots.call-42");
         Ok(())
     }
 

@@ -20,8 +20,14 @@
 //!   bucket's ended-retention, so a job redelivered late, or a host id used again, cannot
 //!   start the same session a second time.
 //!
-//! The epoch starts at 1; a claim from a snapshot (phase 2) takes the snapshot's epoch
-//! plus one, so events and snapshot writes of a stale owner lose to the new one.
+//! * **Hand-over** (a drain) writes a `Moving` record (same compare-and-set, a TTL of one
+//!   lease) once the session's last snapshot is stored; the worker that resumes it claims
+//!   over that record. Should the resume job be lost, the record expires like a lease and
+//!   the expiry is noticed like a crash's (`worker/resume.rs`).
+//!
+//! The epoch starts at 1; a claim over a `Moving` record takes its epoch plus one, and a
+//! claim of a session that ran before ends up one above the last epoch in its snapshots
+//! (`snapshots.rs`), so events and snapshot writes of a stale owner lose to the new one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,8 +53,7 @@ pub struct OwnerRecord {
     pub state: OwnerState,
 }
 
-/// Whether an owned session runs. (Phase 2 adds the state of a session handed back for
-/// another worker to resume.)
+/// Whether an owned session runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -58,6 +63,9 @@ pub enum OwnerState {
     /// It ended there; the record stays for the ended-retention so it is not started
     /// again.
     Ended,
+    /// `worker` drained and handed it back: its last snapshot is stored and a resume job
+    /// queued; the next worker to pull that job claims it over this record.
+    Moving,
 }
 
 /// Why a session could not be claimed.
@@ -138,14 +146,25 @@ impl Owners {
         })
     }
 
-    /// Claims `session` for `worker` at `epoch`: succeeds only if no live record exists.
+    /// A watch of every write to the bucket, from each key's latest (so the expiries
+    /// that happened while no worker watched are seen too).
+    pub(crate) async fn watch_expiries(&self) -> Result<kv::Watch, String> {
+        self.store
+            .watch_with_history(">")
+            .await
+            .map_err(|err| format!("cannot watch the owners bucket: {err}"))
+    }
+
+    /// Claims `session` for `worker` at `epoch` (one above a `Moving` record's): succeeds
+    /// only if no live record exists — none, an expired lease's marker, or a session
+    /// handed back.
     pub(crate) async fn claim(
         &self,
         session: &SessionKey,
         worker: &str,
         epoch: u64,
     ) -> Result<Ownership, ClaimError> {
-        let record = OwnerRecord {
+        let mut record = OwnerRecord {
             worker: worker.to_owned(),
             epoch,
             state: OwnerState::Running,
@@ -155,8 +174,8 @@ impl Owners {
             reason,
         };
         let mut expected = 0;
-        // Two rounds: the second after reading what stood in the way (an expired lease's
-        // marker is overwritten by naming its revision).
+        // More rounds after reading what stood in the way (an expired lease's marker or a
+        // handed-back record is overwritten by naming its revision).
         for _ in 0..3 {
             let sent = Instant::now();
             match self.write(session, &record, expected, self.lease).await {
@@ -172,6 +191,10 @@ impl Owners {
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
                     Current::Absent => expected = 0,
                     Current::Marker(revision) => expected = revision,
+                    Current::Record(revision, current) if current.state == OwnerState::Moving => {
+                        expected = revision;
+                        record.epoch = record.epoch.max(current.epoch + 1);
+                    }
                     Current::Record(_, current) => {
                         return Err(ClaimError::Taken {
                             session: session.clone(),
@@ -263,7 +286,7 @@ pub(crate) struct LeaseClock {
 }
 
 impl LeaseClock {
-    fn until(at: Instant) -> Self {
+    pub(crate) fn until(at: Instant) -> Self {
         let clock = Self {
             base: Instant::now(),
             valid_until: Arc::new(AtomicU64::new(0)),
@@ -327,6 +350,29 @@ impl Ownership {
         self.write_over(&record, self.owners.ended_retention).await
     }
 
+    /// Moves the ownership to `epoch` (what the session's snapshots say it must be at
+    /// least), rewriting the record when it changes.
+    pub(crate) async fn raise_epoch(&mut self, epoch: u64) -> Result<(), LeaseError> {
+        if epoch <= self.record.epoch {
+            return Ok(());
+        }
+        let mut record = self.record.clone();
+        record.epoch = epoch;
+        self.write_over(&record, self.owners.lease).await?;
+        self.record = record;
+        Ok(())
+    }
+
+    /// Writes the `Moving` record (compare-and-set) with a TTL of one lease: the session
+    /// is handed back for another worker to resume. Returns the record's revision (the
+    /// resume job's id is made of it).
+    pub(crate) async fn hand_over(mut self) -> Result<u64, LeaseError> {
+        let mut record = self.record.clone();
+        record.state = OwnerState::Moving;
+        self.write_over(&record, self.owners.lease).await?;
+        Ok(self.revision)
+    }
+
     /// Writes `record` over the revision this owner wrote last. When that revision moved,
     /// reads why: another worker's record means this one is fenced; an expired lease (a
     /// marker, or no key) that nobody took is written over with the same epoch — nobody
@@ -360,7 +406,8 @@ impl Ownership {
                         // Our own record: an earlier write whose answer was lost did land.
                         Current::Record(revision, current)
                             if current.worker == self.record.worker
-                                && current.epoch == self.record.epoch =>
+                                && (current.epoch == self.record.epoch
+                                    || current.epoch == record.epoch) =>
                         {
                             revision
                         }

@@ -6,7 +6,8 @@
 //! streams and buckets do not exist for any other account. One tenant's gateway then has
 //! no subject on which it could read or write another tenant's sessions. Inside an
 //! account, these permissions keep each role to its part: a gateway cannot write owner
-//! records, read a session's inputs or pull jobs; a worker cannot start sessions.
+//! records or snapshots, read a session's inputs or pull jobs. (A worker may queue jobs:
+//! it queues the resume of the sessions it hands over or sees expire.)
 //!
 //! ```
 //! use switchboard_cluster::{Namespace, Permissions};
@@ -17,7 +18,8 @@
 //! ```
 //!
 //! A worker started with `provision(false)` needs only [`Permissions::worker`]; creating
-//! the jobs stream, its consumer and the owners bucket takes an admin user of the account
+//! the jobs stream, its consumer, the owners bucket and the snapshots stream takes an
+//! admin user of the account
 //! (`$JS.API.>`), once ([`provision`](crate::provision)).
 
 use crate::namespace::Namespace;
@@ -51,24 +53,37 @@ impl Permissions {
         }
     }
 
-    /// A worker's (one that does not provision): pull and acknowledge jobs, read and
-    /// write owner records, publish sessions' events; read sessions' inputs and its info
-    /// requests, and answer them.
+    /// A worker's (one that does not provision): pull and acknowledge jobs and queue
+    /// resume jobs, read, write and watch owner records, read and write snapshots,
+    /// publish sessions' events; read sessions' inputs and its info requests, and answer
+    /// them.
     pub fn worker(namespace: &Namespace) -> Self {
         let p = namespace.prefix();
         let jobs = namespace.jobs_stream();
         let consumer = namespace.jobs_consumer();
         let owners = namespace.owners_bucket();
+        let snapshots = namespace.snapshots_stream();
         Self {
             publish: vec![
                 format!("$JS.API.STREAM.INFO.{jobs}"),
                 format!("$JS.API.CONSUMER.INFO.{jobs}.{consumer}"),
                 format!("$JS.API.CONSUMER.MSG.NEXT.{jobs}.{consumer}"),
                 format!("$JS.ACK.{jobs}.{consumer}.>"),
+                namespace.jobs_subject(),
                 format!("$JS.API.STREAM.INFO.KV_{owners}"),
                 format!("$JS.API.DIRECT.GET.KV_{owners}.>"),
                 format!("$JS.API.STREAM.MSG.GET.KV_{owners}"),
                 format!("$KV.{owners}.>"),
+                // The expiry watch: an ordered consumer of the bucket, with flow control.
+                format!("$JS.API.CONSUMER.CREATE.KV_{owners}"),
+                format!("$JS.API.CONSUMER.CREATE.KV_{owners}.>"),
+                format!("$JS.API.CONSUMER.DELETE.KV_{owners}.>"),
+                format!("$JS.FC.KV_{owners}.>"),
+                format!("$JS.API.STREAM.INFO.{snapshots}"),
+                format!("$JS.API.DIRECT.GET.{snapshots}"),
+                format!("$JS.API.DIRECT.GET.{snapshots}.>"),
+                format!("$JS.API.STREAM.PURGE.{snapshots}"),
+                format!("{p}.snapshots.*"),
                 format!("{p}.session.*.events"),
             ],
             subscribe: vec![

@@ -13,14 +13,17 @@ use crate::namespace::SessionKey;
 use crate::remote_event::{EndReason, RemoteEvent, RemoteFailure};
 use crate::spec::SessionSpec;
 
-/// A session to start, published on the jobs subject with the session id as its
-/// `Nats-Msg-Id` (a retried publish is dropped by the stream as a duplicate).
+/// A session to run, on the jobs subject: to start (from a gateway, with the spec; the
+/// session id is its `Nats-Msg-Id`, so a retried publish is dropped by the stream as a
+/// duplicate), or to resume from its snapshots (from a draining worker, or a worker that
+/// saw a lease expire; no spec: the snapshots have it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SessionJob {
     /// The session's id.
     pub(crate) session: SessionKey,
-    /// What to start.
-    pub(crate) spec: SessionSpec,
+    /// What to start; none for a resume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) spec: Option<SessionSpec>,
 }
 
 /// A request on `<ns>.session.<id>.in`.
@@ -39,6 +42,10 @@ pub(crate) enum Request {
     Replay {
         /// The first sequence number wanted.
         from: u64,
+        /// The epoch the gateway counts `from` in: an owner with a newer epoch numbers
+        /// its events afresh, and sends them all.
+        #[serde(default)]
+        epoch: u64,
     },
 }
 
@@ -102,11 +109,24 @@ impl Input {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub(crate) enum Reply {
     /// The input is applied (now, or earlier when this is a retry: the same answer).
-    Applied { id: u64, answer: Answer },
+    /// `saved`: the last input id the session's stored snapshot holds (the gateway may
+    /// forget the inputs up to it: a new owner will have them).
+    Applied {
+        id: u64,
+        answer: Answer,
+        #[serde(default)]
+        saved: u64,
+    },
+    /// The input was applied before this owner took the session over (its answer is not
+    /// kept); this owner has every input up to `last`.
+    Earlier { id: u64, last: u64 },
     /// The session is ending or ended: nothing was applied.
     Ended { reason: EndReason },
-    /// The id is not the next one: inputs were lost in between. Phase 1 cannot resend
-    /// them, so the gateway reports it.
+    /// The session is moving to another worker (its worker drains): nothing was applied;
+    /// send it again once the new owner has it (`SessionResumed`).
+    Moving,
+    /// The id is not the next one: this owner needs the inputs from `expected` on first
+    /// (the gateway sends them again).
     OutOfOrder { expected: u64 },
     /// Events for a [`Request::Replay`], in order. `complete` is false when more follow
     /// (ask again from after the last one).
@@ -155,6 +175,14 @@ pub struct WorkerInfo {
     /// Sessions it stopped because another worker took them over (its lease had run
     /// out), without writing anything more.
     pub fenced: u64,
+    /// Of the sessions it started, those it resumed from their snapshots (moved off a
+    /// draining worker, or left by one that died).
+    pub resumed: u64,
+    /// Sessions it handed over to other workers at its drain.
+    pub moved: u64,
+    /// Snapshot writes its sessions did not make: refused by the store (a newer owner
+    /// wrote the session) or held back while a lease could not be trusted.
+    pub snapshot_writes_refused: u64,
     /// Whether it is draining (takes no new sessions).
     pub draining: bool,
 }

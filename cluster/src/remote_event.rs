@@ -17,7 +17,9 @@ use switchboard::{
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RemoteEvent {
     /// 1, 2, 3, … per session, without gaps: the gateway delivers them in this order,
-    /// once each, asking the owner again for any it missed.
+    /// once each, asking the owner again for any it missed. Each owner numbers the
+    /// events it publishes from 1; the gateway numbers what it delivers, so the numbers
+    /// go on across a move to another owner.
     pub seq: u64,
     /// The owner's epoch when it published: a higher epoch means a newer owner, whose
     /// events win over a stale one's.
@@ -49,6 +51,18 @@ pub enum RemoteEventKind {
         input: u64,
         /// Its answer.
         outcome: InputOutcome,
+    },
+    /// Its worker drains: the session settled (or was interrupted at the drain's
+    /// deadline), its last snapshot is stored, and it is moving to another worker. Inputs
+    /// sent meanwhile wait for the new owner; `SessionResumed` follows.
+    SessionMoving,
+    /// A new owner runs the session, restored from its last snapshot (after a drain, or
+    /// because the worker before died or lost its lease): the first event of that owner,
+    /// at a higher epoch. The snapshot held every input up to `last_input`; the gateway
+    /// sends the later ones again. A turn that was under way runs again.
+    SessionResumed {
+        /// The last input id the restored snapshot holds (0: none).
+        last_input: u64,
     },
     /// The session is over on its worker: the last event.
     SessionEnded {

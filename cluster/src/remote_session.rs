@@ -7,11 +7,17 @@
 //! * **inputs** (`remote_session/inputs.rs`) sends the session's inputs one at a time, in
 //!   the order they were given, each with the next id (1, 2, 3, …), and retries an input
 //!   with the same id until its owner answers: core NATS may lose a request, and the
-//!   owner applies each id once.
+//!   owner applies each id once. It keeps the inputs no stored snapshot holds yet, and
+//!   sends them again to a new owner that lacks them.
 //! * **events** (`remote_session/events.rs`) receives the session's events, delivers them
-//!   in sequence order once each, asks the owner again for any it missed (a gap, a
+//!   in order once each (numbered afresh, so the numbers go on without a gap when the
+//!   session moves to another owner), asks the owner again for any it missed (a gap, a
 //!   reconnection, or a periodic check while an answer is awaited), and hands each
 //!   `InputDone` to the call waiting for it.
+//!
+//! When the session moves (its worker drains, dies or loses its lease) the front sees a
+//! pause, then `SessionResumed` and the session going on: inputs sent meanwhile reach the
+//! new owner, and a turn that was under way runs again there and answers its caller.
 //!
 //! Dropping the last handle closes the session, as dropping a local `Session` does.
 
@@ -85,8 +91,20 @@ impl RemoteEvents {
     }
 }
 
+/// Which owner runs the session, as the events showed it: its epoch and the last input
+/// its snapshot held when it took over.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OwnerSeen {
+    pub(crate) epoch: u64,
+    pub(crate) last_input: u64,
+}
+
+type Waiter = oneshot::Sender<Result<InputOutcome, GatewayError>>;
+
 /// The events delivered so far (the newest), and the channel of the next ones.
 struct EventBook {
+    /// The number of the last event delivered (the gateway's numbering).
+    delivered: u64,
     kept: VecDeque<RemoteEvent>,
     capacity: usize,
     /// Dropped once the session ended and its last event went out: subscribers then end.
@@ -99,14 +117,16 @@ pub(crate) struct RemoteShared {
     pub(crate) key: SessionKey,
     pub(crate) inputs_subject: String,
     /// Calls waiting for an input's `InputDone`, by input id.
-    waiters: Mutex<HashMap<u64, oneshot::Sender<InputOutcome>>>,
+    waiters: Mutex<HashMap<u64, Waiter>>,
     book: Mutex<EventBook>,
     started: watch::Sender<StartState>,
     ended: watch::Sender<Option<EndReason>>,
+    /// Changed at each `SessionResumed`: the inputs task sends the new owner what it lacks.
+    pub(crate) owner: watch::Sender<OwnerSeen>,
 }
 
 impl RemoteShared {
-    fn waiters(&self) -> MutexGuard<'_, HashMap<u64, oneshot::Sender<InputOutcome>>> {
+    fn waiters(&self) -> MutexGuard<'_, HashMap<u64, Waiter>> {
         // Plain maps and lists: a panic elsewhere cannot leave them half-written.
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -132,18 +152,47 @@ impl RemoteShared {
         !self.waiters().is_empty()
     }
 
-    /// Hands out an event in order: to its waiter, the book and the subscribers.
-    pub(crate) fn deliver(&self, event: RemoteEvent) {
+    /// Hands out an event in order, numbered after the one before: to its waiter, the
+    /// book and the subscribers.
+    pub(crate) fn deliver(&self, mut event: RemoteEvent) {
         use crate::remote_event::RemoteEventKind as Kind;
         let mut last = false;
         match &event.kind {
             Kind::InputDone { input, outcome } => {
                 if let Some(waiter) = self.waiters().remove(input) {
-                    let _ = waiter.send(outcome.clone());
+                    let _ = waiter.send(Ok(outcome.clone()));
                 }
             }
             Kind::SessionStarted => {
                 self.started.send_replace(StartState::Started);
+            }
+            Kind::SessionResumed { last_input } => {
+                // A new owner, from a snapshot holding the inputs up to `last_input`. A
+                // call waiting on one of those will not hear its answer: the old owner
+                // gave it, or died before it could.
+                let lost: Vec<(u64, Waiter)> = {
+                    let mut waiters = self.waiters();
+                    let ids: Vec<u64> = waiters
+                        .keys()
+                        .copied()
+                        .filter(|id| id <= last_input)
+                        .collect();
+                    ids.into_iter()
+                        .filter_map(|id| waiters.remove(&id).map(|w| (id, w)))
+                        .collect()
+                };
+                for (_, waiter) in lost {
+                    let _ = waiter.send(Err(GatewayError::AnswerLost {
+                        session: self.key.clone(),
+                        input: "input",
+                    }));
+                }
+                self.gateway.count(|s| s.resumes += 1);
+                self.started.send_replace(StartState::Started);
+                self.owner.send_replace(OwnerSeen {
+                    epoch: event.epoch,
+                    last_input: *last_input,
+                });
             }
             Kind::StartFailed { reason } => {
                 self.started
@@ -158,6 +207,8 @@ impl RemoteShared {
             _ => {}
         }
         let mut book = self.book();
+        book.delivered += 1;
+        event.seq = book.delivered;
         if book.kept.len() == book.capacity {
             book.kept.pop_front();
         }
@@ -178,8 +229,15 @@ impl RemoteShared {
         self.waiters().clear();
     }
 
-    fn register(&self, id: u64, waiter: oneshot::Sender<InputOutcome>) {
+    fn register(&self, id: u64, waiter: Waiter) {
         self.waiters().insert(id, waiter);
+    }
+
+    /// Fails the call waiting on input `id` with `err`.
+    fn fail(&self, id: u64, err: GatewayError) {
+        if let Some(waiter) = self.waiters().remove(&id) {
+            let _ = waiter.send(Err(err));
+        }
     }
 
     fn forget(&self, id: u64) {
@@ -253,6 +311,7 @@ impl RemoteSession {
         let shared = Arc::new(RemoteShared {
             inputs_subject: namespace.session_inputs(&key),
             book: Mutex::new(EventBook {
+                delivered: 0,
                 kept: VecDeque::new(),
                 capacity: gateway.options.kept_events,
                 live: Some(broadcast::channel(gateway.options.event_capacity).0),
@@ -260,6 +319,7 @@ impl RemoteSession {
             waiters: Mutex::new(HashMap::new()),
             started: watch::channel(StartState::Waiting).0,
             ended: watch::channel(None).0,
+            owner: watch::channel(OwnerSeen::default()).0,
             key,
             gateway,
         });
@@ -302,11 +362,7 @@ impl RemoteSession {
     }
 
     /// Sends `input`; resolves with the owner's immediate answer.
-    async fn send(
-        &self,
-        input: Input,
-        outcome: Option<oneshot::Sender<InputOutcome>>,
-    ) -> Result<Answer, GatewayError> {
+    async fn send(&self, input: Input, outcome: Option<Waiter>) -> Result<Answer, GatewayError> {
         let name = input.name();
         let (answer, answered) = oneshot::channel();
         let ended =
@@ -343,14 +399,22 @@ impl RemoteSession {
                 })
             }
         }
-        done.await.map_err(|_| match self.inner.shared.ended() {
-            Some(reason) => self.inner.shared.ended_error(reason),
-            None => GatewayError::Unreachable {
-                session: self.id().clone(),
+        match done.await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(GatewayError::AnswerLost { session, .. })) => Err(GatewayError::AnswerLost {
+                session,
                 input: name,
-                waited: self.inner.shared.gateway.options.input_deadline,
-            },
-        })
+            }),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(match self.inner.shared.ended() {
+                Some(reason) => self.inner.shared.ended_error(reason),
+                None => GatewayError::Unreachable {
+                    session: self.id().clone(),
+                    input: name,
+                    waited: self.inner.shared.gateway.options.input_deadline,
+                },
+            }),
+        }
     }
 
     fn session_error(&self, input: &'static str, failure: RemoteFailure) -> GatewayError {

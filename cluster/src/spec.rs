@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use switchboard::snapshot::AgentRegistry;
 use switchboard::{Agent, SessionBuilder};
 
 /// What a front asks for when it starts a session: which agent to begin with and the
@@ -89,10 +90,14 @@ pub enum FactoryError {
 
 /// Builds sessions and agents from their names and data: the code a worker runs.
 ///
-/// The worker calls [`SessionFactory::session`] for each session it starts and then sets
-/// the builder's output to one that publishes the speech to the front (an output set by
-/// the factory is replaced). [`SessionFactory::agent`] builds the agent a front's
-/// `update_agent` names (and, with snapshots, each agent of a session being restored).
+/// For a new session the worker takes [`SessionFactory::builder`] and adds the first agent
+/// ([`SessionFactory::agent`] with the spec's agent and data), the session's id (the
+/// cluster's session key) and an output that publishes the speech to the front (an output
+/// set by the factory is replaced). To resume a session from its snapshot on another
+/// worker it takes [`SessionFactory::restoring`] (by default the same builder) and an
+/// [`AgentRegistry`] that builds each agent the snapshot names with
+/// [`SessionFactory::agent`], from the data it was built with. So that an agent comes
+/// back the same, build it with `AgentBuilder::restore_data(data)`.
 ///
 /// ```
 /// use switchboard::prelude::*;
@@ -103,25 +108,42 @@ pub enum FactoryError {
 /// struct Concierge;
 ///
 /// impl SessionFactory for Concierge {
-///     fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
+///     fn builder(&self, _spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
 ///         let llm = ScriptedLlm::new([]);
 ///         llm.otherwise(Reply::text("Welcome!"));
-///         Ok(Session::builder().llm(llm).agent(self.agent(&spec.agent, &spec.data)?))
+///         Ok(Session::builder().llm(llm))
 ///     }
 ///
-///     fn agent(&self, name: &str, _data: &serde_json::Value) -> Result<Agent, FactoryError> {
+///     fn agent(&self, name: &str, data: &serde_json::Value) -> Result<Agent, FactoryError> {
 ///         match name {
-///             "concierge" => Ok(Agent::builder("concierge").instructions("Greet.").build()?),
+///             "concierge" => Ok(Agent::builder("concierge")
+///                 .instructions("Greet.")
+///                 .restore_data(data)
+///                 .build()?),
 ///             _ => Err(FactoryError::UnknownAgent { name: name.into(), known: vec!["concierge".into()] }),
 ///         }
 ///     }
 /// }
 /// ```
 pub trait SessionFactory: Send + Sync + 'static {
-    /// The builder of the session `spec` asks for: its model, first agent, toolsets and
-    /// options.
-    fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError>;
+    /// The builder of the session `spec` asks for, without its agent: its model,
+    /// toolsets, options and user data.
+    fn builder(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError>;
 
-    /// The agent named `name`, built with `data`.
+    /// The agent named `name`, built with `data`: a session's first agent, the agent a
+    /// front's `update_agent` names, and each agent of a session being restored.
     fn agent(&self, name: &str, data: &Value) -> Result<Agent, FactoryError>;
+
+    /// The builder and agent registry a session restored from its snapshot starts with.
+    /// By default [`builder`](Self::builder) and `agents` (which builds every agent with
+    /// [`agent`](Self::agent)). Override it when the session's user data is written in its
+    /// snapshots (`userdata_serde`): return a builder without user data and
+    /// `agents.userdata::<T>()`, so the snapshot's is read back.
+    fn restoring(
+        &self,
+        spec: &SessionSpec,
+        agents: AgentRegistry,
+    ) -> Result<(SessionBuilder, AgentRegistry), FactoryError> {
+        Ok((self.builder(spec)?, agents))
+    }
 }

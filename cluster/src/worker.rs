@@ -3,26 +3,34 @@
 //!
 //! * **Capacity is a hard bound.** A semaphore of `capacity` permits; the pull loop asks
 //!   JetStream for at most as many jobs as it holds free permits, and each session holds
-//!   its permit from its claim until its owner record says `Ended` (`dispatch.rs`).
+//!   its permit from its claim until its owner record says `Ended` or `Moving`
+//!   (`dispatch.rs`). A resumed session takes a slot like a new one.
 //! * **One owner per session.** A job becomes a session only after the worker created
-//!   the session's owner record by compare-and-set (`ownership.rs`); the session's loop
-//!   (`worker/hosted.rs`) keeps the lease alive and stops, writing nothing more, if it
-//!   loses it.
+//!   the session's owner record by compare-and-set (`ownership.rs`) and then claimed its
+//!   snapshots by compare-and-set (`snapshots.rs`): the claim fences every owner before.
+//!   The session's loop (`worker/hosted.rs`) keeps the lease alive and stops, writing
+//!   nothing more, if it loses it or the store refuses its snapshot.
+//! * **Resume.** A job whose session ran before (its snapshots say so) restores it from
+//!   its last snapshot with the agents the factory builds, one epoch higher. Resume jobs
+//!   come from draining workers and from the expiry watch (`worker/resume.rs`): every
+//!   worker watches the owners bucket and queues a resume job for each session whose
+//!   lease expired with snapshots to resume.
 //! * **Drain.** [`Worker::drain`] stops pulling (a job delivered meanwhile is handed back
 //!   at once), lets every session settle until the deadline, interrupts those that have
-//!   not, closes them, writes their `Ended` records and tells their fronts
-//!   (`SessionEnded { reason: Drained }`), then flushes the connection. (With snapshots,
-//!   phase 2 re-queues them instead of closing them.)
+//!   not, stores each one's last snapshot, writes its `Moving` record and queues a resume
+//!   job for it, then flushes the connection. The other workers resume them; their fronts
+//!   see `SessionMoving` and then `SessionResumed`, and their inputs wait meanwhile.
 //! * A worker answers its counts on `<ns>.worker.<name>.info` ([`WorkerInfo`]).
 //!
 //! Dropping a `Worker` without draining stops its tasks at once, as a crash would: its
-//! sessions end without a word and their leases run out.
+//! sessions stop without a word, their leases run out and other workers resume them.
 
 mod counts;
 mod event_log;
 mod hosted;
 mod ledger;
 mod output;
+mod resume;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -40,9 +48,10 @@ use crate::dispatch;
 use crate::namespace::{check_worker_name, NameError, Namespace};
 use crate::ownership::{ClaimError, Owners};
 use crate::protocol::{SessionJob, WorkerInfo};
+use crate::snapshots::{Claimed, SnapshotStream};
 use crate::spec::SessionFactory;
 use counts::Counts;
-use hosted::Hosting;
+use hosted::{Hosting, Start};
 
 /// The most jobs one pull asks for.
 const MAX_BATCH: usize = 64;
@@ -55,7 +64,7 @@ pub enum WorkerError {
     #[error(transparent)]
     Name(#[from] NameError),
     /// The worker cannot use a piece of the cluster on NATS: the jobs stream, its
-    /// consumer, the owners bucket, its info subject. Missing (start a worker with
+    /// consumer, the owners bucket and its watch, the snapshots stream, its info subject. Missing (start a worker with
     /// `provision(true)`, the default, or create them), or refused by the server's
     /// permissions (see ARCHITECTURE.md, "Who may connect").
     #[error("worker {worker} cannot use the {what}: {reason}")]
@@ -180,8 +189,11 @@ impl WorkerOptions {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DrainReport {
-    /// Sessions that were live when it began, all now ended.
+    /// Sessions that were live when it began, all now handed over (or ended).
     pub sessions: usize,
+    /// Sessions it handed over to other workers (this drain's share of
+    /// [`WorkerInfo::moved`]).
+    pub moved: u64,
     /// How long it took.
     pub took: Duration,
 }
@@ -200,6 +212,7 @@ struct Shared {
     hosting: Arc<Hosting>,
     drain: watch::Sender<Option<Instant>>,
     owners: Owners,
+    snapshots: SnapshotStream,
     consumer: PullConsumer,
     /// One task per session; aborted with the worker.
     sessions: Mutex<JoinSet<()>>,
@@ -240,7 +253,7 @@ impl Worker {
             .await
             .map_err(setup("jobs stream"))?;
         let owners = Owners::open(
-            js,
+            js.clone(),
             &options.namespace,
             options.lease,
             options.ended_retention,
@@ -248,6 +261,18 @@ impl Worker {
         )
         .await
         .map_err(setup("owners bucket"))?;
+        let snapshots = SnapshotStream::open(
+            js.clone(),
+            &options.namespace,
+            options.ended_retention,
+            options.provision,
+        )
+        .await
+        .map_err(setup("snapshots stream"))?;
+        let expiries = owners
+            .watch_expiries()
+            .await
+            .map_err(setup("owners bucket's watch"))?;
         let info_subject = options.namespace.worker_info(&options.name);
         let info_requests = client
             .nats()
@@ -260,6 +285,7 @@ impl Worker {
             name: options.name.clone(),
             slots: Arc::new(Semaphore::new(options.capacity)),
             hosting: Arc::new(Hosting {
+                js,
                 client,
                 namespace: options.namespace.clone(),
                 engine,
@@ -271,6 +297,7 @@ impl Worker {
             }),
             drain,
             owners,
+            snapshots,
             consumer,
             sessions: Mutex::new(JoinSet::new()),
             options,
@@ -278,6 +305,7 @@ impl Worker {
         let mut tasks = JoinSet::new();
         tasks.spawn(pull(shared.clone()));
         tasks.spawn(answer_info(shared.clone(), info_requests));
+        tasks.spawn(resume::queue_expired(shared.clone(), expiries));
         tracing::info!(worker = %shared.name, capacity = shared.options.capacity, "worker started");
         Ok(Self { shared, tasks })
     }
@@ -293,11 +321,13 @@ impl Worker {
     }
 
     /// Stops taking sessions, lets the live ones settle until `deadline` from now,
-    /// interrupts those that have not, closes them all, releases their ownership and
-    /// tells their fronts; then flushes the connection. Returns once every session ended.
+    /// interrupts those that have not, stores each one's last snapshot, hands it over
+    /// (its `Moving` record and a resume job: another worker resumes it) and tells its
+    /// front; then flushes the connection. Returns once every session is handed over.
     pub async fn drain(self, deadline: Duration) -> Result<DrainReport, WorkerError> {
         let began = Instant::now();
         let sessions = self.info().live;
+        let moved_before = self.info().moved;
         self.shared
             .hosting
             .counts
@@ -313,6 +343,7 @@ impl Worker {
         match all_back {
             Ok(_) => Ok(DrainReport {
                 sessions,
+                moved: self.info().moved - moved_before,
                 took: began.elapsed(),
             }),
             Err(_) => Err(WorkerError::DrainTimedOut {
@@ -324,8 +355,8 @@ impl Worker {
     }
 }
 
-/// Creates what a cluster needs on NATS — the jobs stream, its consumer and the owners
-/// bucket — if they do not exist yet: what an operator runs once with an admin user when
+/// Creates what a cluster needs on NATS — the jobs stream, its consumer, the owners
+/// bucket and the snapshots stream — if they do not exist yet: what an operator runs once with an admin user when
 /// workers may not create them (`WorkerOptions::provision(false)`; the subjects each role
 /// needs are in ARCHITECTURE.md, "Who may connect"). A worker with `provision(true)` does
 /// the same at its start.
@@ -345,7 +376,7 @@ pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<
         .map_err(setup("jobs stream"))?;
     let defaults = WorkerOptions::new("provisioning");
     Owners::open(
-        js,
+        js.clone(),
         namespace,
         defaults.lease,
         defaults.ended_retention,
@@ -353,6 +384,9 @@ pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<
     )
     .await
     .map_err(setup("owners bucket"))?;
+    SnapshotStream::open(js, namespace, defaults.ended_retention, true)
+        .await
+        .map_err(setup("snapshots stream"))?;
     Ok(())
 }
 
@@ -391,7 +425,8 @@ impl Shared {
         });
     }
 
-    /// Claims the job's session and runs it; see `dispatch.rs` for the rules.
+    /// Claims the job's session — its owner record, then its snapshots — and runs it,
+    /// new or resumed; see `dispatch.rs` and `snapshots.rs` for the rules.
     async fn take_job(self: Arc<Self>, message: jetstream::Message) {
         let job: SessionJob = match serde_json::from_slice(&message.payload) {
             Ok(job) => job,
@@ -402,28 +437,69 @@ impl Shared {
                 return;
             }
         };
-        match self.owners.claim(&job.session, &self.name, 1).await {
-            Ok(ownership) => {
-                // Confirmed by the server, so JetStream will not hand it to anyone else;
-                // if the confirmation is lost, the owner record still refuses a second
-                // start.
-                if let Err(err) = message.double_ack().await {
-                    tracing::warn!(worker = %self.name, session = %job.session, error = %err, "job ack not confirmed");
-                }
-                hosted::host(self.hosting.clone(), job.session, job.spec, ownership).await;
-            }
+        let back_soon = AckKind::Nak(Some(Duration::from_millis(200)));
+        let mut ownership = match self.owners.claim(&job.session, &self.name, 1).await {
+            Ok(ownership) => ownership,
             Err(err @ ClaimError::Taken { .. }) => {
                 tracing::info!(worker = %self.name, error = %err, "job for a session owned already: dropped");
                 let _ = message.ack_with(AckKind::Term).await;
                 Counts::bump(&self.hosting.counts.refused);
+                return;
             }
             Err(err @ ClaimError::Unreachable { .. }) => {
                 tracing::warn!(worker = %self.name, error = %err, "cannot claim; the job goes back");
-                let _ = message
-                    .ack_with(AckKind::Nak(Some(Duration::from_millis(200))))
-                    .await;
+                let _ = message.ack_with(back_soon).await;
+                return;
             }
+        };
+        let claimed = self
+            .snapshots
+            .claim(
+                &job.session,
+                ownership.epoch(),
+                &self.name,
+                job.spec.as_ref(),
+                ownership.clock(),
+            )
+            .await;
+        let (start, writer) = match claimed {
+            Ok(Claimed::Fresh(writer)) => match job.spec {
+                Some(spec) => (Start::Fresh(spec), writer),
+                // A claim without a spec is never fresh.
+                None => return,
+            },
+            Ok(Claimed::Resumed {
+                writer,
+                spec,
+                snapshot,
+            }) => (Start::Resume { spec, snapshot }, writer),
+            Ok(Claimed::Nothing) => {
+                tracing::info!(worker = %self.name, session = %job.session, "nothing to resume: dropped");
+                let _ = ownership.release().await;
+                let _ = message.ack_with(AckKind::Term).await;
+                Counts::bump(&self.hosting.counts.refused);
+                return;
+            }
+            Err(err) => {
+                // Handed back for the next try: the record a claim may take over.
+                tracing::warn!(worker = %self.name, session = %job.session, error = %err, "cannot claim the snapshots; the job goes back");
+                let _ = ownership.hand_over().await;
+                let _ = message.ack_with(back_soon).await;
+                return;
+            }
+        };
+        if let Err(err) = ownership.raise_epoch(writer.epoch()).await {
+            tracing::warn!(worker = %self.name, session = %job.session, error = %err, "cannot record the session's epoch; the job goes back");
+            let _ = ownership.hand_over().await;
+            let _ = message.ack_with(back_soon).await;
+            return;
         }
+        // Confirmed by the server, so JetStream will not hand it to anyone else; if the
+        // confirmation is lost, the owner record still refuses a second start.
+        if let Err(err) = message.double_ack().await {
+            tracing::warn!(worker = %self.name, session = %job.session, error = %err, "job ack not confirmed");
+        }
+        hosted::host(self.hosting.clone(), job.session, start, ownership, writer).await;
     }
 }
 

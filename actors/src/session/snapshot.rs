@@ -22,7 +22,7 @@
 //! (no `on_enter`), puts its schedule back, runs again the LLM step that was in flight,
 //! and hands each background call to its tool's restore policy.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -109,9 +109,28 @@ impl Handler<AwaitTask> for SessionActor {
     }
 }
 
-/// Sent by the host (`Session::set_last_input`): the id of the last host input sent.
-/// Applied in mailbox order, after the inputs sent before it, so a snapshot holds an
-/// input exactly when it holds its id.
+/// Sent by the host (`Session::begin_input`): a host input is on its way, its id follows
+/// with `RecordInput`. Saves to the store wait until then: a snapshot taken in between
+/// could hold the input without its id.
+pub(crate) struct BeginInput;
+
+impl Message for BeginInput {
+    type Result = ();
+}
+
+impl Handler<BeginInput> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, _msg: BeginInput, _ctx: &mut Self::Context) {
+        self.chain.inputs.in_flight = true;
+    }
+}
+
+/// Sent by the host (`Session::set_last_input`): the id of the host input sent last.
+/// It is tied to that input: when it queued a job (a `run`, a `say`) that has not started
+/// yet, the id counts once the job starts (a queued host job is not in a snapshot);
+/// otherwise at once. Ids count in order: one never counts before those recorded before
+/// it.
 pub(crate) struct RecordInput {
     pub(crate) id: u64,
 }
@@ -123,8 +142,85 @@ impl Message for RecordInput {
 impl Handler<RecordInput> for SessionActor {
     type Result = ();
 
-    fn handle(&mut self, msg: RecordInput, _ctx: &mut Self::Context) {
-        self.shared.host_view.set_last_input(Some(msg.id));
+    fn handle(&mut self, msg: RecordInput, ctx: &mut Self::Context) {
+        let inputs = &mut self.chain.inputs;
+        inputs.in_flight = false;
+        let waits = inputs.newest_job.take().is_some_and(|job| {
+            self.schedule
+                .queued_turn_mut(|turn| turn.tie == Tie::Job(job))
+                .map(|turn| turn.tie = Tie::Input(msg.id))
+                .is_some()
+        });
+        self.chain.inputs.recorded.push_back((msg.id, !waits));
+        self.count_inputs();
+        if std::mem::take(&mut self.chain.inputs.save_waiting) {
+            self.save_settled(ctx);
+        }
+    }
+}
+
+/// What ties a queued turn to a host input id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Tie {
+    /// None: the engine's own turns.
+    #[default]
+    None,
+    /// A job the host queued, before its id came (the session's count of host jobs).
+    Job(u64),
+    /// The host input it is the effect of.
+    Input(u64),
+}
+
+/// The host input ids (`Session::set_last_input`) and what they wait for.
+#[derive(Default)]
+pub(super) struct Inputs {
+    /// Ids recorded and not counted yet, in order, each with whether its effect is in
+    /// (its job started, or it had no job).
+    recorded: VecDeque<(u64, bool)>,
+    /// The job the host queued last, while its id has not come.
+    newest_job: Option<u64>,
+    /// Host jobs queued so far.
+    jobs: u64,
+    /// A host input was begun and its id has not come: saves to the store wait.
+    in_flight: bool,
+    /// A save waits for the id.
+    save_waiting: bool,
+}
+
+impl Inputs {
+    /// A job the host queues: its tie to the id to come.
+    pub(super) fn host_job(&mut self) -> Tie {
+        self.jobs += 1;
+        self.newest_job = Some(self.jobs);
+        Tie::Job(self.jobs)
+    }
+}
+
+impl SessionActor {
+    /// A queued turn leaves the queue (it starts, or it was dropped before it did): the
+    /// host input it is the effect of, if any, counts.
+    pub(super) fn input_in(&mut self, tie: Tie) {
+        let Tie::Input(id) = tie else {
+            return;
+        };
+        if let Some(entry) = self
+            .chain
+            .inputs
+            .recorded
+            .iter_mut()
+            .find(|(recorded, _)| *recorded == id)
+        {
+            entry.1 = true;
+        }
+        self.count_inputs();
+    }
+
+    /// Counts the ids whose effects are in, in order, up to the first that waits.
+    fn count_inputs(&mut self) {
+        while let Some(&(id, true)) = self.chain.inputs.recorded.front() {
+            self.chain.inputs.recorded.pop_front();
+            self.shared.host_view.set_last_input(Some(id));
+        }
     }
 }
 
@@ -185,6 +281,8 @@ pub(super) struct Chain {
     /// Per activation order, the restore data its agent was built with (not `null`):
     /// a closed activation's record holds it too, whenever it is first written.
     data: HashMap<u32, Value>,
+    /// The host input ids and what they wait for.
+    pub(super) inputs: Inputs,
 }
 
 struct Written {
@@ -244,6 +342,11 @@ impl SessionActor {
     /// The session settled after a turn: save to the store, if it has one (a delta, or a
     /// full snapshot when the store may lack what a delta would follow).
     pub(super) fn save_settled(&mut self, ctx: &mut Context<Self>) {
+        if self.chain.inputs.in_flight {
+            // It would not know whether it holds the input on its way: after its id.
+            self.chain.inputs.save_waiting = true;
+            return;
+        }
         let (seq, started) = (self.chain.seq, self.chain.started);
         let Some(saver) = self.chain.saver.as_mut() else {
             return;
@@ -279,6 +382,8 @@ impl SessionActor {
                 async move { (name, ask.await.unwrap_or_default()) }
             })
             .collect();
+        // Read now: the inputs up to it are in what the parts were asked for.
+        let last_input = self.shared.host_view.last_input();
         self.chain.collecting += 1;
         let parts = futures_util::future::join_all(parts);
         let background = futures_util::future::join_all(session_background);
@@ -288,7 +393,7 @@ impl SessionActor {
                 .map(move |(parts, background), act, ctx| {
                     act.chain.collecting -= 1;
                     let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-                        Ok(parts) => Ok(act.write(full, &stack, parts, background)),
+                        Ok(parts) => Ok(act.write(full, &stack, parts, background, last_input)),
                         // An activation stopped meanwhile: the session is closing.
                         Err(_) => Err(SessionError::Closed),
                     };
@@ -312,6 +417,7 @@ impl SessionActor {
         stack: &[ActivityRef],
         parts: Vec<ActivationSnapshot>,
         session_background: Vec<(String, Vec<BackgroundCall>)>,
+        last_input: Option<u64>,
     ) -> SnapshotUpdate {
         let live_after = self.schedule.live().unwrap_or_default();
         // The runs that await a paused caller's sub-task, by key: the caller's order.
@@ -392,7 +498,7 @@ impl SessionActor {
         let head = SnapshotHead {
             session: self.shared.id().to_string(),
             epoch: self.shared.settings.epoch,
-            last_input: self.shared.host_view.last_input(),
+            last_input,
             stack: records,
             jobs: self
                 .schedule
@@ -875,6 +981,7 @@ impl SessionActor {
                     kind: TurnKind::Reply(instructions.clone()),
                     reply: None,
                     cause: Cause::default(),
+                    tie: Tie::None,
                 }),
                 JobRecord::EndTask { value } => RestoredJob::EndTask(value.clone()),
             })
@@ -1029,6 +1136,7 @@ impl SessionActor {
                             }),
                             reply: None,
                             cause: Cause::default(),
+                            tie: Tie::None,
                         }),
                     );
                 }

@@ -5,19 +5,23 @@
 //! ```text
 //! sb-test-worker --url nats://127.0.0.1:4222 --user switchboard --password secret \
 //!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5] \
-//!     [--idle-secs 600] [--no-provision]
+//!     [--idle-secs 600] [--no-provision] [--max-tool-ms N]
 //! ```
 //!
 //! (`--token T`, `--nkey SEED` or `--creds FILE` instead of a user; `SB_NATS_PASSWORD`
 //! instead of `--password`.) It prints `ready <name>` once it pulls sessions. On SIGTERM
-//! (or SIGINT) it drains — sessions settle, at the deadline are interrupted, close and
-//! are released — prints `drained <n>` and exits 0.
+//! (or SIGINT) it drains — sessions settle, at the deadline are interrupted, their last
+//! snapshots are stored and other workers resume them — prints `drained <n>` and exits 0.
 //!
 //! Its agents, `greeter` and `concierge`, run on a scripted model that answers
-//! `look up X` by calling the async tool `lookup` (which sends an update, waits
-//! `tool_ms` of the session data, default 20, and finds X), `stall` with a reply that
-//! never ends (until interrupted), and anything else with `You said: <text>`
-//! (`Concierge: <text>` for the concierge).
+//! `look up X` by calling the async tool `lookup` (which sends an update, waits `tool_ms`
+//! of the session data, default 20, at most `--max-tool-ms`, and finds X; restarted on a
+//! restore), `wait for X` by
+//! calling the tool `wait` (which waits `tool_ms` before it returns, the turn waiting on
+//! it), `stall` with a reply that never ends (until interrupted), and anything else with
+//! `You said: <text>` (`Concierge: <text>` for the concierge). Every request the model
+//! gets is checked against the one-output rule (every tool call has exactly one output,
+//! after it); a request that breaks it prints `one-output broken: <why>` on stdout.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -26,7 +30,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{LlmRequest, SessionBuilder};
+use switchboard::{LlmRequest, RestorePolicy, SessionBuilder};
 use switchboard_cluster::{
     ClusterClient, FactoryError, Namespace, NatsConnect, SessionFactory, SessionSpec, Worker,
     WorkerOptions,
@@ -40,25 +44,31 @@ struct Lookup {
 }
 
 /// Builds the scripted agents; see the module docs.
-struct TestAgents;
+struct TestAgents {
+    /// The longest its tools wait, whatever a session's data says (`--max-tool-ms`): a
+    /// test gives a doomed worker long tools and the ones that take over short ones.
+    max_tool_ms: u64,
+}
 
 impl TestAgents {
     const KNOWN: [&'static str; 2] = ["greeter", "concierge"];
 }
 
 impl SessionFactory for TestAgents {
-    fn session(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
-        let agent = self.agent(&spec.agent, &spec.data)?;
+    fn builder(&self, _spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
         Ok(Session::builder()
             .llm(scripted_model())
-            .agent(agent)
             // A test's barge-in is real at once; a false one resumes quickly.
             .min_interruption_duration(Duration::ZERO)
             .grace_period(Duration::from_millis(200)))
     }
 
     fn agent(&self, name: &str, data: &Value) -> Result<Agent, FactoryError> {
-        let tool_ms = data.get("tool_ms").and_then(Value::as_u64).unwrap_or(20);
+        let tool_ms = data
+            .get("tool_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(20)
+            .min(self.max_tool_ms);
         let lookup = Tool::new(
             "lookup",
             "Looks something up",
@@ -67,6 +77,16 @@ impl SessionFactory for TestAgents {
                 // The lookup's own work, simulated.
                 tokio::time::sleep(Duration::from_millis(tool_ms)).await;
                 Ok::<_, ToolFailure>(format!("found {}", args.what))
+            },
+        )
+        // Its work is a lookup: done again on the worker that resumes the session.
+        .on_restore(RestorePolicy::Restart);
+        let wait = Tool::new(
+            "wait",
+            "Waits for something",
+            move |_ctx: RunContext, args: Lookup| async move {
+                tokio::time::sleep(Duration::from_millis(tool_ms)).await;
+                Ok::<_, ToolFailure>(format!("waited for {}", args.what))
             },
         );
         let instructions = match name {
@@ -82,6 +102,9 @@ impl SessionFactory for TestAgents {
         Ok(Agent::builder(name)
             .instructions(instructions)
             .tool(lookup)
+            .tool(wait)
+            // Built again from the same data when a session is restored elsewhere.
+            .restore_data(data)
             .build()?)
     }
 }
@@ -94,6 +117,10 @@ fn scripted_model() -> Arc<ScriptedLlm> {
 }
 
 fn answer(request: &LlmRequest) -> Option<Reply> {
+    if let Err(why) = request.chat.check_invariant() {
+        println!("one-output broken: {why}");
+        return Some(Reply::text(format!("one-output broken: {why}")));
+    }
     let items = request.chat.items();
     let last_user = items.iter().rev().find_map(|item| match item {
         ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
@@ -108,6 +135,8 @@ fn answer(request: &LlmRequest) -> Option<Reply> {
             let text = m.content.as_str();
             if let Some(what) = text.strip_prefix("look up ") {
                 Some(Reply::tool_call("lookup", json!({ "what": what })))
+            } else if let Some(what) = text.strip_prefix("wait for ") {
+                Some(Reply::tool_call("wait", json!({ "what": what })))
             } else if text.starts_with("stall") {
                 Some(Reply::text("Let me think").and_stall())
             } else if request.agent.as_ref() == "concierge" {
@@ -133,6 +162,7 @@ struct Args {
     drain: Duration,
     idle: Duration,
     provision: bool,
+    max_tool_ms: u64,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -149,6 +179,7 @@ fn parse_args() -> Result<Args, String> {
     let mut drain = Duration::from_secs(5);
     let mut idle = Duration::from_secs(600);
     let mut provision = true;
+    let mut max_tool_ms = u64::MAX;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -177,6 +208,11 @@ fn parse_args() -> Result<Args, String> {
                 )
             }
             "--no-provision" => provision = false,
+            "--max-tool-ms" => {
+                max_tool_ms = value()?
+                    .parse()
+                    .map_err(|e| format!("--max-tool-ms: {e}"))?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -199,6 +235,7 @@ fn parse_args() -> Result<Args, String> {
         drain,
         idle,
         provision,
+        max_tool_ms,
     })
 }
 
@@ -211,7 +248,10 @@ async fn run(args: Args) -> Result<(), String> {
         .lease(args.lease)
         .idle_timeout(Some(args.idle))
         .provision(args.provision);
-    let worker = Worker::start(client, engine, TestAgents, options)
+    let agents = TestAgents {
+        max_tool_ms: args.max_tool_ms,
+    };
+    let worker = Worker::start(client, engine, agents, options)
         .await
         .map_err(|e| e.to_string())?;
     println!("ready {}", args.name);

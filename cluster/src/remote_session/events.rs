@@ -45,12 +45,17 @@ impl Default for EventOrder {
 }
 
 impl EventOrder {
-    /// Where `event` goes; a delivered one moves the order on.
+    /// Where `event` goes; a delivered one moves the order on. A newer owner (a higher
+    /// epoch) numbers its events from 1: the order follows it from there, and a stale
+    /// owner's events are dropped.
     pub(crate) fn place(&mut self, event: &RemoteEvent) -> Placement {
         if event.epoch < self.epoch {
             return Placement::Seen;
         }
-        self.epoch = event.epoch;
+        if event.epoch > self.epoch {
+            self.epoch = event.epoch;
+            self.next = 1;
+        }
         if event.seq < self.next {
             Placement::Seen
         } else if event.seq > self.next {
@@ -64,6 +69,11 @@ impl EventOrder {
     /// The next sequence number to deliver.
     pub(crate) fn next(&self) -> u64 {
         self.next
+    }
+
+    /// The epoch of the owner the numbers are of.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     /// Gives up on everything up to `seq`.
@@ -144,10 +154,10 @@ async fn catch_up(
     let deadline = Instant::now() + patience;
     loop {
         shared.gateway.count(|s| s.replays += 1);
-        match replay(shared, order.next(), deadline).await {
+        match replay(shared, order.next(), order.epoch(), deadline).await {
             Some((events, complete)) => {
                 for event in events {
-                    if event.seq > order.next() {
+                    if event.epoch == order.epoch() && event.seq > order.next() {
                         lose(shared, order, event.seq - 1);
                     }
                     if order.place(&event) == Placement::Deliver {
@@ -191,10 +201,11 @@ fn lose(shared: &RemoteShared, order: &mut EventOrder, to: u64) {
 async fn replay(
     shared: &RemoteShared,
     from: u64,
+    epoch: u64,
     deadline: Instant,
 ) -> Option<(Vec<RemoteEvent>, bool)> {
     let gateway = &shared.gateway;
-    let payload = Bytes::from(serde_json::to_vec(&Request::Replay { from }).ok()?);
+    let payload = Bytes::from(serde_json::to_vec(&Request::Replay { from, epoch }).ok()?);
     let mut attempt = 0u32;
     loop {
         attempt += 1;
@@ -258,15 +269,25 @@ mod tests {
     }
 
     #[test]
-    fn a_stale_owner_loses_to_a_newer_one() {
+    fn a_stale_owner_loses_to_a_newer_one_which_numbers_from_one() {
         let mut order = EventOrder::default();
         order.place(&event(1, 1));
-        assert_eq!(order.place(&event(2, 2)), Placement::Deliver);
+        order.place(&event(2, 1));
+        assert_eq!(order.place(&event(1, 2)), Placement::Deliver);
         assert_eq!(
             order.place(&event(3, 1)),
             Placement::Seen,
             "epoch 1 is stale now"
         );
-        assert_eq!(order.place(&event(3, 2)), Placement::Deliver);
+        assert_eq!(order.place(&event(2, 2)), Placement::Deliver);
+    }
+
+    #[test]
+    fn a_newer_owner_seen_first_past_its_first_event_is_a_gap_from_one() {
+        let mut order = EventOrder::default();
+        order.place(&event(1, 1));
+        assert_eq!(order.place(&event(3, 2)), Placement::Gap { from: 1 });
+        assert_eq!((order.epoch(), order.next()), (2, 1));
+        assert_eq!(order.place(&event(1, 2)), Placement::Deliver);
     }
 }

@@ -1,5 +1,6 @@
 //! The inputs task of a remote session: sends inputs one at a time, in order, each with
-//! the next id, retrying an input with the same id until its owner answers.
+//! the next id, retrying an input with the same id until its owner answers — and, when a
+//! new owner takes the session over, sends it the inputs its snapshot does not hold.
 //!
 //! One at a time, because the owner's ledger keeps only the last applied id (what a
 //! snapshot carries) and because the engine must see inputs in the order the front gave
@@ -7,19 +8,29 @@
 //! turn answers `Pending` at once and its outcome comes as an event), so one at a time
 //! costs a round trip per input, a fraction of a millisecond.
 //!
+//! **Across a move.** The task keeps every input it sent until the owner reports a stored
+//! snapshot that holds it (`saved` in each answer). A new owner says which inputs its
+//! snapshot holds (`SessionResumed { last_input }`, or `Earlier`/`OutOfOrder` answers); the
+//! task then sends it the later ones again, in order, before anything new — whether a
+//! caller waits or not (a turn that was under way on the old owner runs again, and its
+//! `InputDone` reaches the call still waiting for it). Each input is applied once in the
+//! conversation: the old owner's application died with it unless its snapshot holds it.
+//! While the old owner drains it answers `Moving`, and the task waits for the new one.
+//!
 //! An input that found no answer within the input deadline may or may not have been
 //! applied; later inputs of the session then fail the same way rather than risk being
 //! applied out of order.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::RequestErrorKind;
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
-use super::RemoteShared;
+use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
 use crate::protocol::{Answer, Input, Reply, Request};
 use crate::remote_event::InputOutcome;
@@ -28,9 +39,68 @@ use crate::remote_event::InputOutcome;
 pub(crate) struct Submission {
     pub(crate) input: Input,
     /// Where its `InputDone` goes, for an input whose answer takes time.
-    pub(crate) outcome: Option<oneshot::Sender<InputOutcome>>,
+    pub(crate) outcome: Option<oneshot::Sender<Result<InputOutcome, GatewayError>>>,
     /// Where the owner's immediate answer goes (none: nobody waits).
     pub(crate) answer: Option<oneshot::Sender<Result<Answer, GatewayError>>>,
+}
+
+/// An input sent, kept until a stored snapshot holds it.
+struct Sent {
+    id: u64,
+    name: &'static str,
+    /// Whether its only answer is "done" (so one lost in a move is known).
+    answers_done: bool,
+    payload: Bytes,
+}
+
+/// The inputs sent that no stored snapshot is known to hold, oldest first; their ids
+/// follow each other.
+#[derive(Default)]
+struct Outbox {
+    sent: VecDeque<Sent>,
+}
+
+impl Outbox {
+    fn push(&mut self, sent: Sent) {
+        self.sent.push_back(sent);
+    }
+
+    /// Takes back the newest one (it was not applied: its id is used again).
+    fn pop(&mut self) {
+        self.sent.pop_back();
+    }
+
+    fn get(&self, id: u64) -> Option<&Sent> {
+        let first = self.sent.front()?.id;
+        let at = usize::try_from(id.checked_sub(first)?).ok()?;
+        self.sent.get(at)
+    }
+
+    /// Forgets the inputs up to `saved`: a stored snapshot holds them.
+    fn forget_through(&mut self, saved: u64) {
+        while self.sent.front().is_some_and(|s| s.id <= saved) {
+            self.sent.pop_front();
+        }
+    }
+}
+
+/// Where the current owner is in the session's inputs.
+struct Delivery {
+    /// The owner has every input up to this one.
+    acked: u64,
+    owner: watch::Receiver<OwnerSeen>,
+}
+
+impl Delivery {
+    /// A new owner took over: it has the inputs its snapshot holds.
+    fn new_owner(&mut self, shared: &RemoteShared) {
+        let seen = *self.owner.borrow_and_update();
+        if seen.last_input < self.acked {
+            let lacking = self.acked - seen.last_input;
+            shared.gateway.count(|s| s.inputs_resent += lacking);
+        }
+        self.acked = seen.last_input;
+    }
 }
 
 /// Sends the session's inputs until every handle is gone.
@@ -40,35 +110,76 @@ pub(crate) async fn send_inputs(
 ) {
     let mut next_id = 1u64;
     let mut in_doubt: Option<GatewayError> = None;
-    while let Some(Submission {
-        input,
-        outcome,
-        answer,
-    }) = submissions.recv().await
-    {
+    let mut outbox = Outbox::default();
+    let mut owner = shared.owner.subscribe();
+    owner.borrow_and_update();
+    let mut delivery = Delivery { acked: 0, owner };
+    loop {
+        let submission = tokio::select! {
+            biased;
+            changed = delivery.owner.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                delivery.new_owner(&shared);
+                // Nobody waits for these answers (their callers had theirs); a turn that
+                // was under way runs again and its `InputDone` finds its caller.
+                if in_doubt.is_none() && delivery.acked + 1 < next_id {
+                    match deliver(&shared, &mut outbox, &mut delivery, next_id - 1).await {
+                        Ok(_) | Err(GatewayError::AnswerLost { .. } | GatewayError::Ended { .. }) => {}
+                        Err(err) => in_doubt = Some(err),
+                    }
+                }
+                continue;
+            }
+            submission = submissions.recv() => submission,
+        };
+        let Some(Submission {
+            input,
+            outcome,
+            answer,
+        }) = submission
+        else {
+            break;
+        };
         let result = if let Some(err) = &in_doubt {
             Err(err.clone())
         } else if let Some(reason) = shared.ended() {
             Err(shared.ended_error(reason))
         } else {
             let id = next_id;
-            if let Some(outcome) = outcome {
-                shared.register(id, outcome);
-            }
-            let result = send_one(&shared, id, &input).await;
-            match &result {
-                Ok(_) => next_id += 1,
-                Err(err @ (GatewayError::Unreachable { .. } | GatewayError::InputsLost { .. })) => {
+            match sent(&shared, id, input) {
+                Err(err) => Err(err),
+                Ok(sent) => {
+                    if let Some(outcome) = outcome {
+                        shared.register(id, outcome);
+                    }
+                    outbox.push(sent);
                     next_id += 1;
-                    in_doubt = Some(err.clone());
+                    shared.gateway.count(|s| s.inputs_sent += 1);
+                    let result = deliver(&shared, &mut outbox, &mut delivery, id).await;
+                    match &result {
+                        Ok(_) | Err(GatewayError::AnswerLost { .. }) => {}
+                        Err(
+                            err @ (GatewayError::Unreachable { .. }
+                            | GatewayError::InputsLost { .. }),
+                        ) => {
+                            in_doubt = Some(err.clone());
+                        }
+                        // Not applied: the id is free for the next input.
+                        Err(_) => {
+                            outbox.pop();
+                            next_id -= 1;
+                        }
+                    }
+                    match &result {
+                        Ok(Answer::Pending) => {}
+                        Err(err @ GatewayError::AnswerLost { .. }) => shared.fail(id, err.clone()),
+                        _ => shared.forget(id),
+                    }
+                    result
                 }
-                // Not applied: the id is free for the next input.
-                Err(_) => {}
             }
-            if !matches!(result, Ok(Answer::Pending)) {
-                shared.forget(id);
-            }
-            result
         };
         if let Some(answer) = answer {
             let _ = answer.send(result);
@@ -76,41 +187,126 @@ pub(crate) async fn send_inputs(
     }
 }
 
-/// Sends input `id` until its owner answers, the session ends, the server refuses the
-/// subject, or the input deadline passes.
-async fn send_one(shared: &RemoteShared, id: u64, input: &Input) -> Result<Answer, GatewayError> {
+/// Input `id`, ready to send.
+fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayError> {
+    let name = input.name();
+    let answers_done = matches!(
+        input,
+        Input::Transcript { .. }
+            | Input::UserStartedSpeaking
+            | Input::UserStoppedSpeaking
+            | Input::PlayoutFinished { .. }
+    );
+    let payload = serde_json::to_vec(&Request::Input { id, input }).map_err(|err| {
+        GatewayError::Protocol {
+            session: shared.key.clone(),
+            detail: err.to_string(),
+        }
+    })?;
+    Ok(Sent {
+        id,
+        name,
+        answers_done,
+        payload: payload.into(),
+    })
+}
+
+/// Gets every input up to `target` to the current owner, in order — those a new owner
+/// lacks again first — and returns `target`'s answer. Gives up when the session ends, the
+/// server refuses the subject, or the owner stays silent for the input deadline.
+async fn deliver(
+    shared: &RemoteShared,
+    outbox: &mut Outbox,
+    delivery: &mut Delivery,
+    target: u64,
+) -> Result<Answer, GatewayError> {
     let gateway = &shared.gateway;
     let options = &gateway.options;
-    let request = Request::Input {
-        id,
-        input: input.clone(),
-    };
-    let payload =
-        Bytes::from(
-            serde_json::to_vec(&request).map_err(|err| GatewayError::Protocol {
-                session: shared.key.clone(),
-                detail: err.to_string(),
-            })?,
-        );
     let began = Instant::now();
-    let deadline = began + options.input_deadline;
-    gateway.count(|s| s.inputs_sent += 1);
+    let mut deadline = began + options.input_deadline;
     let mut attempt = 0u32;
     loop {
+        let next = delivery.acked + 1;
+        if next > target {
+            // The owner had it before we heard its answer (a move in between).
+            return lost(shared, outbox, target);
+        }
+        let Some(sent) = outbox.get(next) else {
+            return Err(GatewayError::InputsLost {
+                session: shared.key.clone(),
+                expected: next,
+            });
+        };
+        let (payload, name) = (sent.payload.clone(), sent.name);
         if attempt > 0 {
             gateway.count(|s| s.retries += 1);
         }
         attempt += 1;
         let request = async_nats::Request::new()
-            .payload(payload.clone())
+            .payload(payload)
             .timeout(Some(options.attempt_timeout));
-        let sent = gateway
-            .client
-            .nats()
-            .send_request(shared.inputs_subject.clone(), request)
-            .await;
+        let sent = tokio::select! {
+            sent = gateway.client.nats().send_request(shared.inputs_subject.clone(), request) => sent,
+            changed = delivery.owner.changed() => {
+                if changed.is_ok() {
+                    delivery.new_owner(shared);
+                    deadline = Instant::now() + options.input_deadline;
+                    attempt = 0;
+                }
+                continue;
+            }
+        };
         let no_responders = match sent {
-            Ok(message) => return read_reply(shared, id, &message.payload),
+            Ok(message) => {
+                match read_reply(shared, next, &message.payload)? {
+                    Reply::Applied { answer, saved, .. } => {
+                        // (Kept from `target` on: its answer may still be lost in a move.)
+                        outbox.forget_through(saved.min(target - 1));
+                        delivery.acked = next;
+                        attempt = 0;
+                        if next == target {
+                            return Ok(answer);
+                        }
+                    }
+                    Reply::Earlier { last, .. } => {
+                        delivery.acked = last.max(next);
+                        attempt = 0;
+                    }
+                    Reply::OutOfOrder { expected } => {
+                        if expected <= next && outbox.get(expected).is_some() {
+                            delivery.acked = expected - 1;
+                            attempt = 0;
+                        } else {
+                            return Err(GatewayError::InputsLost {
+                                session: shared.key.clone(),
+                                expected,
+                            });
+                        }
+                    }
+                    Reply::Moving => {
+                        // The owner lives and is handing the session over: wait for the
+                        // next one (or ask again shortly).
+                        deadline = Instant::now() + options.input_deadline;
+                        tokio::select! {
+                            changed = delivery.owner.changed() => {
+                                if changed.is_ok() {
+                                    delivery.new_owner(shared);
+                                    attempt = 0;
+                                }
+                            }
+                            _ = tokio::time::sleep(options.attempt_timeout) => {}
+                        }
+                    }
+                    Reply::Ended { reason } => return Err(shared.ended_error(reason)),
+                    Reply::Replay { .. } => {
+                        return Err(GatewayError::Protocol {
+                            session: shared.key.clone(),
+                            detail: format!("input {next} was answered with a replay"),
+                        })
+                    }
+                }
+                continue;
+            }
             Err(err) => err.kind() == RequestErrorKind::NoResponders,
         };
         if let Some(server_said) = gateway.client.refusal_of(&shared.inputs_subject) {
@@ -126,30 +322,51 @@ async fn send_one(shared: &RemoteShared, id: u64, input: &Input) -> Result<Answe
         if now >= deadline {
             return Err(GatewayError::Unreachable {
                 session: shared.key.clone(),
-                input: input.name(),
+                input: name,
                 waited: now - began,
             });
         }
         if no_responders {
-            // Nobody subscribed: the owner is reconnecting (or gone). A timeout, on the
-            // other hand, already waited: send again at once.
+            // Nobody subscribed: the owner is reconnecting, or gone and its session not
+            // yet resumed. A timeout, on the other hand, already waited: send again at
+            // once.
             let pause = Duration::from_millis(10 << attempt.min(4));
-            tokio::time::sleep(pause.min(deadline - now)).await;
+            tokio::select! {
+                changed = delivery.owner.changed() => {
+                    if changed.is_ok() {
+                        delivery.new_owner(shared);
+                        deadline = Instant::now() + options.input_deadline;
+                        attempt = 0;
+                    }
+                }
+                _ = tokio::time::sleep(pause.min(deadline - now)) => {}
+            }
         }
     }
 }
 
-fn read_reply(shared: &RemoteShared, id: u64, payload: &[u8]) -> Result<Answer, GatewayError> {
-    match serde_json::from_slice::<Reply>(payload) {
-        Ok(Reply::Applied {
-            id: answered,
-            answer,
-        }) if answered == id => Ok(answer),
-        Ok(Reply::Ended { reason }) => Err(shared.ended_error(reason)),
-        Ok(Reply::OutOfOrder { expected }) => Err(GatewayError::InputsLost {
+/// Input `target` was applied, but its answer was never heard: an input whose only
+/// answer is "done" has it; any other's is lost.
+fn lost(shared: &RemoteShared, outbox: &Outbox, target: u64) -> Result<Answer, GatewayError> {
+    match outbox.get(target) {
+        Some(sent) if sent.answers_done => Ok(Answer::Done),
+        sent => Err(GatewayError::AnswerLost {
             session: shared.key.clone(),
-            expected,
+            input: sent.map_or("input", |s| s.name),
         }),
+    }
+}
+
+fn read_reply(shared: &RemoteShared, id: u64, payload: &[u8]) -> Result<Reply, GatewayError> {
+    match serde_json::from_slice::<Reply>(payload) {
+        Ok(reply @ Reply::Applied { id: answered, .. }) if answered == id => Ok(reply),
+        Ok(reply @ Reply::Earlier { id: answered, .. }) if answered == id => Ok(reply),
+        Ok(
+            reply @ (Reply::Ended { .. }
+            | Reply::Moving
+            | Reply::OutOfOrder { .. }
+            | Reply::Replay { .. }),
+        ) => Ok(reply),
         Ok(other) => Err(GatewayError::Protocol {
             session: shared.key.clone(),
             detail: format!("input {id} was answered with {other:?}"),
@@ -158,5 +375,34 @@ fn read_reply(shared: &RemoteShared, id: u64, payload: &[u8]) -> Result<Answer, 
             session: shared.key.clone(),
             detail: format!("unreadable answer to input {id}: {err}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(id: u64) -> Sent {
+        Sent {
+            id,
+            name: "run",
+            answers_done: false,
+            payload: Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn the_outbox_keeps_what_no_stored_snapshot_holds() {
+        let mut outbox = Outbox::default();
+        for id in 1..=5 {
+            outbox.push(sent(id));
+        }
+        outbox.forget_through(2);
+        assert!(outbox.get(2).is_none());
+        assert_eq!(outbox.get(3).map(|s| s.id), Some(3));
+        assert_eq!(outbox.get(5).map(|s| s.id), Some(5));
+        assert!(outbox.get(6).is_none());
+        outbox.pop();
+        assert!(outbox.get(5).is_none());
     }
 }

@@ -15,6 +15,9 @@ pub(crate) struct Counts {
     pub(crate) inputs_applied: AtomicU64,
     pub(crate) inputs_repeated: AtomicU64,
     pub(crate) fenced: AtomicU64,
+    pub(crate) resumed: AtomicU64,
+    pub(crate) moved: AtomicU64,
+    pub(crate) snapshot_writes_refused: AtomicU64,
     pub(crate) draining: AtomicBool,
 }
 
@@ -50,6 +53,9 @@ impl Counts {
             inputs_applied: self.inputs_applied.load(Ordering::Relaxed),
             inputs_repeated: self.inputs_repeated.load(Ordering::Relaxed),
             fenced: self.fenced.load(Ordering::Relaxed),
+            resumed: self.resumed.load(Ordering::Relaxed),
+            moved: self.moved.load(Ordering::Relaxed),
+            snapshot_writes_refused: self.snapshot_writes_refused.load(Ordering::Relaxed),
             draining: self.draining.load(Ordering::SeqCst),
         }
     }

@@ -1,32 +1,44 @@
 //! A hosted session: the loop that runs one session on its worker, from its claim to its
-//! release.
+//! release or hand-over.
 //!
 //! It owns the engine's `Session` and everything that session needs on the network: the
-//! subscription to the session's input subject, the event log, the input ledger and the
-//! lease. One task, one `select!` loop, so the order of what it does is the order it
-//! appears on the wire:
+//! subscription to the session's input subject, the event log, the input ledger, the
+//! lease and the session's snapshot writer. One task, one `select!` loop, so the order of
+//! what it does is the order it appears on the wire:
 //!
+//! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
+//!   snapshot writer after every settled turn (`save_snapshots`); a resumed one is
+//!   restored from its snapshot with the agents the factory builds;
 //! * an input is applied in the order it came: the engine call that applies it is made
 //!   (its first poll sends the engine message) before the next request is read, even when
 //!   its answer takes a whole turn (then its outcome comes later as an `InputDone` event);
+//!   the session is told before (`Session::begin_input`: its saves wait) and its id after
+//!   (`Session::set_last_input`, tied to the input, to its turn when that is queued), so a
+//!   snapshot holds an input exactly when it holds its id;
 //! * engine events and speech are published as they come, each numbered by the event
 //!   log. Each source keeps its order (the engine's events; a speech's start, chunks and
 //!   end); between the two there is no common clock, and when both have something ready
 //!   the speech goes first (a voice front's TTS waits on it). A turn's `InputDone`
 //!   follows the events and speech it produced (the loop prefers both: `biased`);
 //! * the lease is renewed every third of its length; while it cannot be trusted the loop
-//!   answers no request (the gateway retries) and holds its events back (published once
-//!   the lease is renewed); a lease lost to another worker ends the session at once, and
-//!   nothing more is written;
-//! * it ends on `close`, the worker's drain (settle, or interrupt at the deadline, then
-//!   close), the idle timeout, or a lost lease; then it publishes what remains, the
-//!   `InputDone` of the close, `SessionEnded`, and writes the `Ended` owner record.
+//!   answers no request (the gateway retries), holds its events back (published once
+//!   the lease is renewed) and its snapshot writer writes nothing; a lease lost to
+//!   another worker, or a snapshot write the store refused, ends the session at once,
+//!   and nothing more is written;
+//! * it ends on `close`, the idle timeout, or a lost lease: then it publishes what
+//!   remains, the `InputDone` of the close, `SessionEnded`, writes the snapshots'
+//!   tombstone and the `Ended` owner record;
+//! * on the worker's drain it moves: it answers inputs `Moving` (the gateway sends them
+//!   to the next owner), lets the session settle until the drain's deadline (interrupting
+//!   it there), stores its last snapshot, publishes the outcomes still due and
+//!   `SessionMoving`, writes the `Moving` owner record and queues a resume job.
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
-//! (`tests/cluster/inputs_apply_exactly_once.rs`); a gateway gets every event in order across a
-//! server restart (`tests/cluster/sessions_survive_a_server_restart.rs`); a drained session ends
-//! with `SessionEnded { reason: Drained }` and its owner record says `Ended`
-//! (`tests/cluster/drain_closes_and_releases.rs`).
+//! (`tests/cluster/inputs_apply_exactly_once.rs`, and across a move:
+//! `tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`); a gateway gets every
+//! event in order across a server restart (`tests/cluster/sessions_survive_a_server_restart.rs`);
+//! a drained session goes on on another worker (`tests/cluster/drain_moves_sessions.rs`); a
+//! fenced owner writes nothing (`tests/cluster/a_paused_worker_is_fenced.rs`).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -38,6 +50,10 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_nats::jetstream;
+use switchboard::snapshot::{AgentRegistry, SessionSnapshot, StoreError};
 use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionEvent};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
@@ -47,17 +63,21 @@ use super::event_log::EventLog;
 use super::ledger::{Admission, InputLedger};
 use super::output::PublishingOutput;
 use crate::connect::ClusterClient;
+use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::{LeaseClock, LeaseError, Ownership};
 use crate::protocol::{Answer, Input, Reply, Request};
 use crate::remote_event::{
     EndReason, InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
 };
-use crate::spec::{SessionFactory, SessionSpec};
+use crate::snapshots::SnapshotWriter;
+use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
 /// What every session of a worker shares.
 pub(crate) struct Hosting {
     pub(crate) client: ClusterClient,
+    /// For resume jobs.
+    pub(crate) js: jetstream::Context,
     pub(crate) namespace: Namespace,
     pub(crate) engine: Engine,
     pub(crate) factory: Arc<dyn SessionFactory>,
@@ -68,35 +88,49 @@ pub(crate) struct Hosting {
     pub(crate) replay_bytes: usize,
 }
 
-/// Runs the session `spec` asks for under `ownership` until it ends; see the module docs.
+/// How a hosted session begins.
+pub(crate) enum Start {
+    /// A new session, from its spec.
+    Fresh(SessionSpec),
+    /// A session that ran before, from its last snapshot (none: it never saved one, so it
+    /// starts again from its spec).
+    Resume {
+        spec: SessionSpec,
+        snapshot: Option<Box<SessionSnapshot>>,
+    },
+}
+
+/// Runs the session under `ownership` until it ends or moves; see the module docs.
 pub(crate) async fn host(
     hosting: Arc<Hosting>,
     key: SessionKey,
-    spec: SessionSpec,
+    start: Start,
     ownership: Ownership,
+    writer: SnapshotWriter,
 ) {
     let events_subject = hosting.namespace.session_events(&key);
     let mut log = EventLog::new(ownership.epoch(), hosting.replay_bytes);
     let (speech_tx, speech) = mpsc::unbounded_channel();
     let reporter = Arc::new(OnceLock::new());
-    let started = match hosting.factory.session(&spec) {
-        Ok(builder) => builder
-            .output(PublishingOutput::new(
-                speech_tx,
-                spec.output,
-                reporter.clone(),
-            ))
+    let resumed = matches!(start, Start::Resume { .. });
+    let started = match build(hosting.factory.clone(), start) {
+        Ok((builder, output, last_input)) => builder
+            .id(key.as_str())
+            .save_snapshots(Arc::new(writer.clone()))
+            .output(PublishingOutput::new(speech_tx, output, reporter.clone()))
             .start(&hosting.engine)
             .await
+            .map(|session| (session, last_input))
             .map_err(|err| format!("the session did not start: {err}")),
         Err(err) => Err(format!("the worker cannot build it: {err}")),
     };
     let running = match started {
-        Ok(session) => {
+        Ok((session, last_input)) => {
             let subject = hosting.namespace.session_inputs(&key);
             match hosting.client.nats().subscribe(subject).await {
-                Ok(inputs) => Ok((session, inputs)),
+                Ok(inputs) => Ok((session, inputs, last_input)),
                 Err(err) => {
+                    writer.seal().await;
                     let _ = session.close().await;
                     Err(format!("cannot subscribe to its inputs: {err}"))
                 }
@@ -104,10 +138,10 @@ pub(crate) async fn host(
         }
         Err(reason) => Err(reason),
     };
-    let (session, inputs) = match running {
+    let (session, inputs, last_input) = match running {
         Ok(running) => running,
         Err(reason) => {
-            tracing::warn!(session = %key, %reason, "session not started");
+            tracing::warn!(session = %key, %reason, resumed, "session not started");
             let (_, json) = log.record(RemoteEventKind::StartFailed { reason });
             let _ = hosting
                 .client
@@ -115,6 +149,9 @@ pub(crate) async fn host(
                 .publish(events_subject, json.into())
                 .await;
             Counts::bump(&hosting.counts.refused);
+            if let Err(err) = writer.end().await {
+                tracing::warn!(session = %key, error = %err, "cannot end the snapshots of a session that did not start");
+            }
             if let Err(err) = ownership.release().await {
                 tracing::warn!(session = %key, error = %err, "cannot release a session that did not start");
             }
@@ -122,6 +159,14 @@ pub(crate) async fn host(
         }
     };
     hosting.counts.session_live();
+    if resumed {
+        Counts::bump(&hosting.counts.resumed);
+    }
+    let first = if resumed {
+        RemoteEventKind::SessionResumed { last_input }
+    } else {
+        RemoteEventKind::SessionStarted
+    };
     let hosted = Hosted {
         engine_events: session.subscribe(),
         session,
@@ -133,32 +178,71 @@ pub(crate) async fn host(
         drain: hosting.drain.clone(),
         lease: ownership.clock(),
         renew_every: ownership.renew_every(),
+        epoch: ownership.epoch(),
         ownership: Some(ownership),
         renewal: None,
         events_subject,
         log,
         published: 0,
-        ledger: InputLedger::default(),
+        ledger: InputLedger::resumed(last_input),
         running: FuturesUnordered::new(),
         ending: None,
         last_input: Instant::now(),
+        fenced: writer.fenced(),
+        writer,
+        quiet: Arc::new(AtomicBool::new(false)),
         key,
         hosting: hosting.clone(),
     };
-    hosted.run().await;
+    hosted.run(first).await;
     hosting.counts.session_ended();
+}
+
+/// The builder of a session as `start` asks for it (without its id and output), the
+/// output mode its front plays, and the last input id it holds.
+fn build(
+    factory: Arc<dyn SessionFactory>,
+    start: Start,
+) -> Result<(switchboard::SessionBuilder, crate::spec::OutputMode, u64), FactoryError> {
+    match start {
+        Start::Fresh(spec) => {
+            let agent = factory.agent(&spec.agent, &spec.data)?;
+            Ok((factory.builder(&spec)?.agent(agent), spec.output, 0))
+        }
+        Start::Resume {
+            spec,
+            snapshot: None,
+        } => {
+            let agent = factory.agent(&spec.agent, &spec.data)?;
+            Ok((factory.builder(&spec)?.agent(agent), spec.output, 0))
+        }
+        Start::Resume {
+            spec,
+            snapshot: Some(snapshot),
+        } => {
+            let last_input = snapshot.last_input().unwrap_or(0);
+            let agents = AgentRegistry::new().fallback({
+                let factory = factory.clone();
+                move |name: &str, data: &serde_json::Value| factory.agent(name, data)
+            });
+            let (builder, agents) = factory.restoring(&spec, agents)?;
+            Ok((builder.restore(*snapshot, agents), spec.output, last_input))
+        }
+    }
 }
 
 /// A piece of work under way in the loop, and what it gives when done.
 enum Finished {
     /// An input's outcome, for its `InputDone`.
     Input { id: u64, outcome: InputOutcome },
-    /// The session closed (a close input, a drain, the idle timeout).
+    /// The session closed (a close input, the idle timeout).
     Ended {
         reason: EndReason,
         close_input: Option<u64>,
         history: RemoteHistory,
     },
+    /// The drain settled the session and stored its last snapshot (or tried to).
+    Moved { saved: Result<(), StoreError> },
 }
 
 /// How the loop ended.
@@ -168,10 +252,21 @@ enum Exit {
         close_input: Option<u64>,
         history: RemoteHistory,
     },
+    /// Its last snapshot is stored: hand it over.
+    Moved,
     /// Another worker owns the session now.
     Fenced(String),
     /// The connection is closed for good (the worker's client was dropped).
     Disconnected,
+}
+
+/// Why new inputs are no longer applied.
+#[derive(Clone, Debug)]
+enum Ending {
+    /// The session ends.
+    End(EndReason),
+    /// It moves to another worker.
+    Moving,
 }
 
 struct Hosted {
@@ -200,14 +295,22 @@ struct Hosted {
     published: u64,
     ledger: InputLedger,
     running: FuturesUnordered<BoxFuture<'static, Finished>>,
-    /// Set once the session is closing: new inputs are refused.
-    ending: Option<EndReason>,
+    /// Set once the session is closing or moving: new inputs are refused.
+    ending: Option<Ending>,
     last_input: Instant,
+    /// The owner's epoch.
+    epoch: u64,
+    writer: SnapshotWriter,
+    /// Changes to true when the store refused a write: a newer owner has the session.
+    fenced: watch::Receiver<bool>,
+    /// Set once a drain's last snapshot is taken: what the session does after it is not
+    /// the conversation the next owner resumes, so it is not published.
+    quiet: Arc<AtomicBool>,
 }
 
 impl Hosted {
-    async fn run(mut self) {
-        self.emit(RemoteEventKind::SessionStarted).await;
+    async fn run(mut self, first: RemoteEventKind) {
+        self.emit(first).await;
         let every = self.renew_every;
         let mut renew = tokio::time::interval_at(Instant::now() + every, every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -223,13 +326,13 @@ impl Hosted {
                 biased;
                 // Speech first: it is what a voice front's TTS waits on.
                 speech = self.speech.recv(), if self.speech_open => match speech {
-                    Some(kind) => self.emit(kind).await,
+                    Some(kind) => self.emit_from_session(kind).await,
                     None => self.speech_open = false,
                 },
                 event = self.engine_events.recv(), if self.events_open => match event {
                     Ok(event) => {
                         if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                            self.emit(kind).await;
+                            self.emit_from_session(kind).await;
                         }
                     }
                     Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -244,7 +347,26 @@ impl Hosted {
                     Finished::Ended { reason, close_input, history } => {
                         break Exit::Ended { reason, close_input, history };
                     }
+                    Finished::Moved { saved } => match saved {
+                        Err(StoreError::Fenced { reason, .. }) => break Exit::Fenced(reason),
+                        Err(err) => {
+                            // The store keeps the last settled state the session saved; the
+                            // gateway sends the inputs after it again.
+                            tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                            break Exit::Moved;
+                        }
+                        Ok(()) => break Exit::Moved,
+                    },
                 },
+                changed = self.fenced.changed() => {
+                    if changed.is_ok() && *self.fenced.borrow() {
+                        break Exit::Fenced("a newer owner wrote the session's snapshots".into());
+                    }
+                    if changed.is_err() {
+                        // The writer is gone: the session is too.
+                        std::future::pending::<()>().await;
+                    }
+                }
                 request = self.inputs.next() => match request {
                     Some(request) => self.on_request(request).await,
                     None => break Exit::Disconnected,
@@ -295,14 +417,15 @@ impl Hosted {
         );
     }
 
-    /// Publishes what remains and releases the session (or, fenced, just stops).
+    /// Publishes what remains and releases or hands over the session (or, fenced, just
+    /// stops).
     async fn finish(mut self, exit: Exit) {
         // A renewal under way has the ownership: wait for it (bounded by its own timeout).
         if self.renewal.is_some() {
             let (ownership, renewed) = finish_renewal(&mut self.renewal).await;
             self.ownership = Some(ownership);
             if let Err(LeaseError::Lost { now, .. }) = renewed {
-                if matches!(exit, Exit::Ended { .. }) {
+                if matches!(exit, Exit::Ended { .. } | Exit::Moved) {
                     return self.finish_fenced(now).await;
                 }
             }
@@ -323,13 +446,7 @@ impl Hosted {
                         self.emit(kind).await;
                     }
                 }
-                let deadline = Instant::now() + Duration::from_secs(2);
-                while let Ok(Some(Finished::Input { id, outcome })) =
-                    tokio::time::timeout_at(deadline, self.running.next()).await
-                {
-                    self.emit(RemoteEventKind::InputDone { input: id, outcome })
-                        .await;
-                }
+                self.emit_outcomes_due().await;
                 if let Some(id) = close_input {
                     let outcome = InputOutcome::History { history };
                     self.emit(RemoteEventKind::InputDone { input: id, outcome })
@@ -337,27 +454,117 @@ impl Hosted {
                 }
                 self.emit(RemoteEventKind::SessionEnded { reason }).await;
                 let _ = self.inputs.unsubscribe().await;
+                // The snapshots first: a stale owner's tombstone is refused, and then it
+                // writes no record either.
+                if let Err(err) = self.writer.end().await {
+                    if let StoreError::Fenced { reason, .. } = err {
+                        return self.finish_fenced(reason).await;
+                    }
+                    tracing::warn!(session = %self.key, error = %err, "cannot end the session's snapshots");
+                }
                 if let Some(ownership) = self.ownership.take() {
                     if let Err(err) = ownership.release().await {
                         tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
                     }
                 }
+                self.count_refused_writes();
             }
+            Exit::Moved => self.hand_over().await,
             Exit::Fenced(now) => self.finish_fenced(now).await,
             Exit::Disconnected => {
+                self.writer.seal().await;
                 self.running.clear();
                 let _ = self.session.close().await;
+                self.count_refused_writes();
             }
         }
+    }
+
+    /// The `InputDone` of inputs still under way (they end quickly on a settled or closed
+    /// session; bounded).
+    async fn emit_outcomes_due(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while let Ok(Some(finished)) = tokio::time::timeout_at(deadline, self.running.next()).await
+        {
+            if let Finished::Input { id, outcome } = finished {
+                self.emit(RemoteEventKind::InputDone { input: id, outcome })
+                    .await;
+            }
+        }
+    }
+
+    /// The drain stored the session's last snapshot: tell the front, write the `Moving`
+    /// record and queue the resume job. Whoever pulls it claims over that record.
+    async fn hand_over(mut self) {
+        // The outcomes of inputs applied before the drain belong to the old owner: the
+        // new one does not run them again (they are in the snapshot).
+        self.emit_outcomes_due().await;
+        // Closing is not the conversation: the snapshot is stored, nothing of it is
+        // written or published.
+        self.quiet.store(true, Ordering::SeqCst);
+        self.writer.seal().await;
+        self.events_open = false;
+        self.speech_open = false;
+        let _ = self.session.close().await;
+        self.emit(RemoteEventKind::SessionMoving).await;
+        let _ = self.inputs.unsubscribe().await;
+        let _ = self.hosting.client.nats().flush().await;
+        let Some(ownership) = self.ownership.take() else {
+            return;
+        };
+        match ownership.hand_over().await {
+            Ok(revision) => {
+                let id = format!("{}.moved.{revision}", self.key);
+                let queued = dispatch::publish_resume(
+                    &self.hosting.js,
+                    &self.hosting.namespace,
+                    &self.key,
+                    &id,
+                )
+                .await;
+                if let Err(err) = queued {
+                    // The `Moving` record expires after a lease; the workers that see it
+                    // queue the resume then.
+                    tracing::warn!(session = %self.key, error = %err, "resume job not queued; the record's expiry will be");
+                }
+                Counts::bump(&self.hosting.counts.moved);
+            }
+            Err(LeaseError::Lost { now, .. }) => {
+                tracing::warn!(session = %self.key, %now, "fenced while handing over");
+                Counts::bump(&self.hosting.counts.fenced);
+            }
+            Err(err) => {
+                tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
+            }
+        }
+        self.count_refused_writes();
     }
 
     /// Another worker owns the session: stop without writing anything more.
     async fn finish_fenced(mut self, now: String) {
         tracing::warn!(session = %self.key, %now, "fenced: another worker owns the session; stopping without writing");
         Counts::bump(&self.hosting.counts.fenced);
+        self.quiet.store(true, Ordering::SeqCst);
+        self.writer.seal().await;
         let _ = self.inputs.unsubscribe().await;
         self.running.clear();
         let _ = self.session.close().await;
+        self.count_refused_writes();
+    }
+
+    fn count_refused_writes(&self) {
+        self.hosting
+            .counts
+            .snapshot_writes_refused
+            .fetch_add(self.writer.refused(), Ordering::Relaxed);
+    }
+
+    /// [`emit`](Self::emit) for what the session said (its events and speech): dropped
+    /// once a drain's last snapshot is taken.
+    async fn emit_from_session(&mut self, kind: RemoteEventKind) {
+        if !self.quiet.load(Ordering::SeqCst) {
+            self.emit(kind).await;
+        }
     }
 
     /// Numbers `kind`, keeps it, and publishes it unless the lease cannot be trusted.
@@ -432,7 +639,9 @@ impl Hosted {
             }
         };
         match request {
-            Request::Replay { from } => {
+            Request::Replay { from, epoch } => {
+                // A gateway still counting in an older owner's numbers gets all of ours.
+                let from = if epoch < self.epoch { 1 } else { from };
                 let (events, complete) = self.log.since(from);
                 self.reply(reply_to, &Reply::Replay { events, complete })
                     .await;
@@ -440,22 +649,49 @@ impl Hosted {
             Request::Input { id, input } => match self.ledger.admit(id) {
                 Admission::Repeat(answer) => {
                     Counts::bump(&self.hosting.counts.inputs_repeated);
-                    self.reply(reply_to, &Reply::Applied { id, answer }).await;
+                    let saved = self.writer.saved_input();
+                    self.reply(reply_to, &Reply::Applied { id, answer, saved })
+                        .await;
                 }
-                Admission::Stale => Counts::bump(&self.hosting.counts.inputs_repeated),
+                Admission::Earlier { last } => {
+                    Counts::bump(&self.hosting.counts.inputs_repeated);
+                    self.reply(reply_to, &Reply::Earlier { id, last }).await;
+                }
                 Admission::OutOfOrder { expected } => {
                     self.reply(reply_to, &Reply::OutOfOrder { expected }).await;
                 }
                 Admission::Apply => {
-                    if let Some(reason) = self.ending.clone() {
-                        self.reply(reply_to, &Reply::Ended { reason }).await;
-                        return;
+                    match self.ending.clone() {
+                        Some(Ending::End(reason)) => {
+                            self.reply(reply_to, &Reply::Ended { reason }).await;
+                            return;
+                        }
+                        Some(Ending::Moving) => {
+                            self.reply(reply_to, &Reply::Moving).await;
+                            return;
+                        }
+                        None => {}
+                    }
+                    let closes = matches!(input, Input::Close);
+                    if !closes {
+                        // The session's saves wait from here to the id: a turn can run
+                        // and settle before the id comes, and a snapshot saved then would
+                        // hold the input without its id.
+                        self.session.begin_input();
                     }
                     let answer = self.apply(id, input).await;
+                    if !closes {
+                        // After the input's engine message: the id is tied to it (to its
+                        // turn when that is queued), so the snapshot that holds the
+                        // input holds its id, and the other way round.
+                        self.session.set_last_input(id);
+                    }
                     self.ledger.record(id, answer.clone());
                     Counts::bump(&self.hosting.counts.inputs_applied);
                     self.last_input = Instant::now();
-                    self.reply(reply_to, &Reply::Applied { id, answer }).await;
+                    let saved = self.writer.saved_input();
+                    self.reply(reply_to, &Reply::Applied { id, answer, saved })
+                        .await;
                 }
             },
         }
@@ -567,7 +803,7 @@ impl Hosted {
     /// Closes the session (after the drain's settle, for a drain); new inputs are refused
     /// from now on.
     fn begin_ending(&mut self, reason: EndReason, close_input: Option<u64>) {
-        self.ending = Some(reason.clone());
+        self.ending = Some(Ending::End(reason.clone()));
         let session = self.session.clone();
         self.under_way(async move {
             let history = match session.close().await {
@@ -582,12 +818,14 @@ impl Hosted {
         });
     }
 
-    /// The worker drains: let the session settle until the deadline, interrupt it there,
-    /// then close.
+    /// The worker drains: let the session settle until the deadline (interrupt it there),
+    /// take its last snapshot and store it; the loop then hands the session over.
     fn begin_drain(&mut self) {
         let deadline = (*self.drain.borrow()).unwrap_or_else(Instant::now);
-        self.ending = Some(EndReason::Drained);
+        self.ending = Some(Ending::Moving);
         let session = self.session.clone();
+        let writer = self.writer.clone();
+        let quiet = self.quiet.clone();
         let key = self.key.clone();
         self.under_way(async move {
             if tokio::time::timeout_at(deadline, session.wait_for_settled())
@@ -597,15 +835,20 @@ impl Hosted {
                 tracing::info!(session = %key, "not settled at the drain's deadline: interrupting");
                 let _ = session.force_interrupt().await;
             }
-            let history = match session.close().await {
-                Ok(history) => RemoteHistory::from(&history),
-                Err(_) => RemoteHistory::default(),
+            let snapshot = session.snapshot().await;
+            // From here on the session's doings are not the conversation the next owner
+            // resumes: not published, not saved (the session's own saving is sealed; this
+            // snapshot is written past the seal).
+            quiet.store(true, Ordering::SeqCst);
+            writer.seal().await;
+            let saved = match snapshot {
+                Ok(snapshot) => writer.save_last(&snapshot).await,
+                Err(err) => Err(StoreError::Unavailable {
+                    session: key.to_string(),
+                    reason: format!("no snapshot to store: {err}"),
+                }),
             };
-            Finished::Ended {
-                reason: EndReason::Drained,
-                close_input: None,
-                history,
-            }
+            Finished::Moved { saved }
         });
     }
 }

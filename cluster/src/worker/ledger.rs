@@ -4,8 +4,9 @@
 //! A gateway numbers a session's inputs 1, 2, 3, … and sends the next only after the
 //! previous one was answered, so the owner needs only the last applied id and its answer:
 //! the next id is applied, the last one is answered again (a retry whose first answer was
-//! lost), an older one is a late duplicate nobody waits for, and a later one means inputs
-//! went missing. (The last applied id is what a snapshot carries in phase 2.)
+//! lost), an older one is answered as applied earlier, and a later one means inputs went
+//! missing. A session resumed from its snapshot starts from the snapshot's last input id
+//! (`Session::set_last_input` put it there), without its answer: the old owner gave it.
 
 use crate::protocol::Answer;
 
@@ -16,8 +17,12 @@ pub(crate) enum Admission {
     Apply,
     /// A retry of the last input: send this answer again, apply nothing.
     Repeat(Answer),
-    /// An older input again, which nobody waits for: apply nothing, answer nothing.
-    Stale,
+    /// Applied earlier (by this owner, or in the snapshot it resumed from) and its answer
+    /// is not kept: apply nothing; this owner has every input up to `last`.
+    Earlier {
+        /// The last applied id.
+        last: u64,
+    },
     /// Inputs before this one never came.
     OutOfOrder {
         /// The id that should have come.
@@ -33,14 +38,29 @@ pub(crate) struct InputLedger {
 }
 
 impl InputLedger {
+    /// The ledger of a session resumed from a snapshot holding inputs up to `last`.
+    pub(crate) fn resumed(last: u64) -> Self {
+        Self {
+            last_applied: last,
+            last_answer: None,
+        }
+    }
+
     /// Decides what input `id` needs.
     pub(crate) fn admit(&self, id: u64) -> Admission {
         if id == self.last_applied + 1 {
             Admission::Apply
         } else if id == self.last_applied && id > 0 {
-            Admission::Repeat(self.last_answer.clone().unwrap_or(Answer::Done))
+            match &self.last_answer {
+                Some(answer) => Admission::Repeat(answer.clone()),
+                None => Admission::Earlier {
+                    last: self.last_applied,
+                },
+            }
         } else if id < self.last_applied {
-            Admission::Stale
+            Admission::Earlier {
+                last: self.last_applied,
+            }
         } else {
             Admission::OutOfOrder {
                 expected: self.last_applied + 1,
@@ -67,7 +87,7 @@ mod tests {
         assert_eq!(ledger.admit(1), Admission::Repeat(Answer::Pending));
         assert_eq!(ledger.admit(2), Admission::Apply);
         ledger.record(2, Answer::Done);
-        assert_eq!(ledger.admit(1), Admission::Stale);
+        assert_eq!(ledger.admit(1), Admission::Earlier { last: 2 });
         assert_eq!(ledger.admit(2), Admission::Repeat(Answer::Done));
     }
 
@@ -76,5 +96,14 @@ mod tests {
         let ledger = InputLedger::default();
         assert_eq!(ledger.admit(0), Admission::OutOfOrder { expected: 1 });
         assert_eq!(ledger.admit(3), Admission::OutOfOrder { expected: 1 });
+    }
+
+    #[test]
+    fn a_resumed_session_goes_on_after_its_snapshot_and_knows_no_answer_before() {
+        let ledger = InputLedger::resumed(7);
+        assert_eq!(ledger.admit(8), Admission::Apply);
+        assert_eq!(ledger.admit(7), Admission::Earlier { last: 7 });
+        assert_eq!(ledger.admit(3), Admission::Earlier { last: 7 });
+        assert_eq!(ledger.admit(9), Admission::OutOfOrder { expected: 8 });
     }
 }

@@ -1,78 +1,88 @@
-//! A worker frozen (SIGSTOP) past its lease loses its session: the server itself expires
-//! the owner record, a new owner takes the session with a higher epoch (here the test
-//! writes that claim, as a phase-2 worker resuming from a snapshot will), and the worker,
-//! thawed, stops the session without writing anything more — no event, no answer, no
-//! owner record.
+//! A worker frozen (SIGSTOP) in the middle of a turn, past its lease, loses its session:
+//! the server itself expires the owner record, another worker process sees the expiry,
+//! claims the session one epoch higher and resumes it from its last snapshot; the gateway
+//! sends it the input the snapshot lacks and the turn runs again there. The frozen worker,
+//! thawed, finishes its own copy of that turn but can write nothing more — no event
+//! anyone reads, no answer, no owner record, no snapshot — and stops the session.
 
 use crate::common;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv::Operation, message::PublishMessage};
-use common::{within, WorkerProcess};
+use common::{event_where, owner_of, within, WorkerProcess};
 use futures_util::{FutureExt, StreamExt};
+use serde_json::json;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    GatewayError, GatewayOptions, Namespace, OwnerRecord, OwnerState, SessionSpec, WorkerInfo,
+    GatewayOptions, Namespace, OwnerState, RemoteEvent, RemoteEventKind, SessionSpec,
+    SnapshotStream, WorkerInfo,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_paused_past_its_lease_stops_without_writing() {
+async fn a_worker_paused_past_its_lease_is_fenced_and_its_session_goes_on_elsewhere() {
     let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
-    let worker = WorkerProcess::start(&server, "w1", 2, &["--lease-secs", "1"]);
+    let frozen = WorkerProcess::start(&server, "w1", 2, &["--lease-secs", "1"]);
     let gateway = common::gateway(
         &server,
-        GatewayOptions::new()
-            .attempt_timeout(Duration::from_millis(100))
-            .input_deadline(Duration::from_millis(500)),
+        GatewayOptions::new().attempt_timeout(Duration::from_millis(100)),
     )
     .await;
+    // The tool waits 1.5 s on w1, 100 ms on w2.
     let session = gateway
-        .start_session(SessionSpec::new("greeter"))
+        .start_session(SessionSpec::new("greeter").data(json!({ "tool_ms": 1500 })))
         .await
         .unwrap();
     session.run("before the pause").await.unwrap();
+    let mut taker = WorkerProcess::start(
+        &server,
+        "w2",
+        2,
+        &["--lease-secs", "1", "--max-tool-ms", "100"],
+    );
 
     let ns = Namespace::default();
     let observer = common::client(&server, "observer").await;
-    let js = jetstream::new(observer.nats().clone());
-    let owners = js.get_key_value(ns.owners_bucket()).await.unwrap();
-    let mut record_changes = owners.watch(session.id().as_str()).await.unwrap();
     let mut overheard = observer
         .nats()
         .subscribe(ns.session_events(session.id()))
         .await
         .unwrap();
+    observer.nats().flush().await.unwrap();
 
-    worker.freeze();
-    // Nobody renews: the server removes the record when its TTL runs out.
-    let expired = within("the lease to expire", async {
-        loop {
-            let entry = record_changes.next().await.unwrap().unwrap();
-            if entry.operation != Operation::Put {
-                break entry;
-            }
-        }
+    // A turn whose tool runs on w1; w1 freezes while it runs.
+    let mut events = session.subscribe();
+    let turn = tokio::spawn({
+        let session = session.clone();
+        async move { session.run("wait for the thaw").await }
+    });
+    event_where(&mut events, "the tool to run on w1", |kind| {
+        matches!(kind, RemoteEventKind::LlmMetrics { .. })
     })
     .await;
-    // A new owner claims it over the marker, at a higher epoch.
-    let claim = OwnerRecord {
-        worker: "w2".into(),
-        epoch: 2,
-        state: OwnerState::Running,
-    };
-    let key = format!("$KV.{}.{}", ns.owners_bucket(), session.id());
-    let message = PublishMessage::build()
-        .payload(serde_json::to_vec(&claim).unwrap().into())
-        .expected_last_subject_sequence(expired.revision)
-        .ttl(Duration::from_secs(60));
-    js.send_publish(key, message).await.unwrap().await.unwrap();
+    frozen.freeze();
 
-    worker.thaw();
-    // At its next renewal the worker finds the new owner and stops the session.
+    // w2 takes the session over and the turn runs again there.
+    let turn = within("the turn to be answered by the new owner", turn)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        turn.assistant_messages().collect::<Vec<_>>(),
+        ["Lookup says: waited for the thaw"]
+    );
+    let owner = owner_of(&observer, session.id()).await.unwrap();
+    assert_eq!(
+        (owner.worker.as_str(), owner.epoch, owner.state),
+        ("w2", 2, OwnerState::Running)
+    );
+
+    // What was published before the freeze has long arrived: read it away.
+    while let Some(Some(_)) = overheard.next().now_or_never() {}
+    frozen.thaw();
+    // At its next renewal w1 finds the new owner and stops the session.
     let subject = ns.worker_info("w1");
-    let info: WorkerInfo = within("the worker to stop the fenced session", async {
+    let info: WorkerInfo = within("w1 to stop the fenced session", async {
         loop {
             let reply = observer
                 .nats()
@@ -88,20 +98,47 @@ async fn a_worker_paused_past_its_lease_stops_without_writing() {
         }
     })
     .await;
-    assert_eq!(info.ended, 1, "{info:?}");
+    println!("w1 after the thaw: {info:?}");
 
-    // It wrote nothing: no event reached this connection before the worker's last answer
-    // did, and the record is the new owner's.
+    // w1 wrote nothing after the thaw: every event on the session's subject since then is
+    // w2's (epoch 2), the record is w2's, and every snapshot message from w2's claim on is
+    // w2's. (A round trip first, so that anything w1 published is here.)
+    observer.nats().flush().await.unwrap();
+    let mut epochs = Vec::new();
+    while let Some(Some(message)) = overheard.next().now_or_never() {
+        let event: RemoteEvent = serde_json::from_slice(&message.payload).unwrap();
+        epochs.push(event.epoch);
+    }
     assert!(
-        overheard.next().now_or_never().is_none(),
-        "the fenced worker published after losing its lease"
+        epochs.iter().all(|e| *e == 2),
+        "events published after the thaw, by epoch: {epochs:?}"
     );
-    let record: OwnerRecord =
-        serde_json::from_slice(&owners.get(session.id().as_str()).await.unwrap().unwrap()).unwrap();
-    assert_eq!(record, claim);
-    // Nobody answers for the session now (phase 1 has no resume yet).
-    assert!(matches!(
-        session.run("after the pause").await,
-        Err(GatewayError::Unreachable { .. })
-    ));
+    let owner = owner_of(&observer, session.id()).await.unwrap();
+    assert_eq!((owner.worker.as_str(), owner.epoch), ("w2", 2));
+    let snapshots = SnapshotStream::connect(&observer, &ns).await.unwrap();
+    let records = snapshots.records(session.id()).await.unwrap();
+    let claim = records
+        .iter()
+        .position(|r| r.worker == "w2")
+        .unwrap_or_else(|| panic!("no claim by w2: {records:?}"));
+    assert!(
+        records[claim..]
+            .iter()
+            .all(|r| r.worker == "w2" && r.epoch == 2),
+        "{records:?}"
+    );
+
+    // The session goes on with w2, each input once.
+    let after = session.run("after the thaw").await.unwrap();
+    assert_eq!(
+        after.assistant_messages().collect::<Vec<_>>(),
+        ["You said: after the thaw"]
+    );
+    let history = session.history().await.unwrap();
+    assert_eq!(
+        history.user_messages(),
+        ["before the pause", "wait for the thaw", "after the thaw"]
+    );
+    taker.assert_one_output_held();
+    assert_eq!(gateway.worker_info("w2").await.unwrap().resumed, 1);
 }

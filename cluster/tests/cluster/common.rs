@@ -114,6 +114,32 @@ impl WorkerProcess {
         self.lines.recv_timeout(timeout).ok()
     }
 
+    /// The lines it printed since the last read, without waiting.
+    pub fn lines_so_far(&mut self) -> Vec<String> {
+        self.lines.try_iter().collect()
+    }
+
+    /// Fails if it printed that a model request broke the one-output rule.
+    pub fn assert_one_output_held(&mut self) {
+        let broken: Vec<String> = self
+            .lines_so_far()
+            .into_iter()
+            .filter(|line| line.starts_with("one-output broken"))
+            .collect();
+        assert!(
+            broken.is_empty(),
+            "worker {} saw requests that break the one-output rule: {broken:?}",
+            self.name
+        );
+    }
+
+    /// SIGKILL: the process dies at once, as a crashed machine would. Returns once it is
+    /// dead.
+    pub fn kill(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
     pub fn pid(&self) -> i32 {
         i32::try_from(self.child.id()).expect("a pid fits in i32")
     }
@@ -216,6 +242,22 @@ pub async fn event_where(
         }
         before.push(event);
     }
+}
+
+/// The owner record of `session` now.
+pub async fn owner_of(
+    client: &ClusterClient,
+    session: &switchboard_cluster::SessionKey,
+) -> Option<switchboard_cluster::OwnerRecord> {
+    let owners = async_nats::jetstream::new(client.nats().clone())
+        .get_key_value(switchboard_cluster::Namespace::default().owners_bucket())
+        .await
+        .expect("the owners bucket exists");
+    let value = owners
+        .get(session.as_str())
+        .await
+        .expect("the bucket answers")?;
+    Some(serde_json::from_slice(&value).expect("an owner record"))
 }
 
 /// Awaits `future` within `PATIENCE`, failing with what was awaited.

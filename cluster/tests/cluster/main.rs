@@ -5,11 +5,13 @@
 
 mod common;
 
+mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
 mod dispatch_never_over_admits;
-mod drain_closes_and_releases;
+mod drain_moves_sessions;
+mod figures;
 mod inputs_apply_exactly_once;
 mod sessions_survive_a_server_restart;
 mod who_may_connect;

@@ -164,6 +164,16 @@ async fn one_tenant_cannot_reach_another_and_each_role_keeps_to_its_subjects() {
         acme.refused(&owner_key, PATIENCE).await.is_some(),
         "the server let a gateway write an owner record"
     );
+    // … nor write a session's snapshots …
+    let snapshot_subject = ns.snapshot_subject(session.id());
+    acme.nats()
+        .publish(snapshot_subject.clone(), "forged".into())
+        .await
+        .unwrap();
+    assert!(
+        acme.refused(&snapshot_subject, PATIENCE).await.is_some(),
+        "the server let a gateway write a snapshot"
+    );
     // … nor read the inputs of sessions …
     let _eavesdrop = acme.nats().subscribe("sb.session.*.in").await.unwrap();
     assert!(acme.refused("sb.session.*.in", PATIENCE).await.is_some());

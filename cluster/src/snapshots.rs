@@ -1,0 +1,1022 @@
+//! Snapshots on JetStream: where a cluster's sessions are written down (SPEC §14, §15), so
+//! a drained or crashed worker's sessions go on elsewhere.
+//!
+//! One stream, `sb_snapshots`, with one subject per session (`sb.snapshots.<id>`). A
+//! session's subject holds, oldest first:
+//!
+//! * **claim** — written by each new owner before it reads or runs the session: its epoch,
+//!   its name, and the session's spec (what the factory builds it from);
+//! * **full** — a whole snapshot (with the spec), written by the session's saving
+//!   (`SessionBuilder::save_snapshots`) at its first save, after a failed write, every 64th
+//!   save, and by a drain; the messages before it are purged;
+//! * **delta** — what changed since the message before it, after every other settled turn;
+//! * **ended** — the session ended: nothing to resume (a tombstone that expires after the
+//!   worker's ended-retention).
+//!
+//! Every message carries its writer's epoch and name, and the sequence of the full snapshot
+//! it follows, so a reader finds the chain from the last message alone.
+//!
+//! **Fencing.** Every write names the subject's last sequence as its writer last saw it
+//! (`Nats-Expected-Last-Subject-Sequence`): only the writer that wrote the last message can
+//! write the next. A new owner's claim is such a write, so the moment it lands every older
+//! owner's next write is refused, whatever that owner believes about its lease: its
+//! session's saving gets [`StoreError::Fenced`], and its loop stops. The new owner reads the
+//! chain only after its claim landed, so nothing can be added behind what it restores.
+//! A writer also refuses to write while its own lease cannot be trusted (the owners bucket,
+//! `ownership.rs`), so a worker frozen past its lease does not even try.
+//!
+//! A message must fit the server's `max_payload` (1 MiB by default): a longer conversation
+//! needs a larger limit, or its full snapshots fail (an `Error` event; the store keeps the
+//! chain before).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::{PublishMessage, StreamMessage};
+use async_nats::jetstream::stream::{self, DirectGetErrorKind, StorageType};
+use async_nats::jetstream::{self};
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use switchboard::snapshot::{SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError};
+use tokio::sync::{watch, Mutex};
+
+use crate::namespace::{Namespace, SessionKey};
+use crate::ownership::LeaseClock;
+use crate::spec::SessionSpec;
+
+const KIND: &str = "Sb-Kind";
+const EPOCH: &str = "Sb-Epoch";
+const WORKER: &str = "Sb-Worker";
+const FULL: &str = "Sb-Full";
+
+/// What one message of a session's subject is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SnapshotKind {
+    /// A new owner took the session (the fence).
+    Claim,
+    /// A whole snapshot.
+    Full,
+    /// What changed since the message before.
+    Delta,
+    /// The session ended.
+    Ended,
+}
+
+impl SnapshotKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Full => "full",
+            Self::Delta => "delta",
+            Self::Ended => "ended",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "claim" => Self::Claim,
+            "full" => Self::Full,
+            "delta" => Self::Delta,
+            "ended" => Self::Ended,
+            _ => return None,
+        })
+    }
+}
+
+/// One message of a session's subject, as its headers describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SnapshotRecord {
+    /// Its sequence in the stream.
+    pub seq: u64,
+    /// What it is.
+    pub kind: SnapshotKind,
+    /// Its writer's epoch.
+    pub epoch: u64,
+    /// Its writer.
+    pub worker: String,
+    /// The sequence of the full snapshot it follows (its own for a full one; 0: none).
+    pub full: u64,
+}
+
+impl SnapshotRecord {
+    fn read(message: &StreamMessage) -> Result<Self, String> {
+        let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
+        let kind = header(KIND)
+            .and_then(|k| SnapshotKind::parse(&k))
+            .ok_or_else(|| format!("message {} has no {KIND} header", message.sequence))?;
+        let number = |name: &str| {
+            header(name)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(Self {
+            seq: message.sequence,
+            kind,
+            epoch: number(EPOCH),
+            worker: header(WORKER).unwrap_or_default(),
+            full: if kind == SnapshotKind::Full {
+                message.sequence
+            } else {
+                number(FULL)
+            },
+        })
+    }
+}
+
+/// A session as the store holds it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct StoredSession {
+    /// What it was started from.
+    pub spec: SessionSpec,
+    /// Its last snapshot with every delta after it applied (`None`: it never saved one).
+    pub snapshot: Option<SessionSnapshot>,
+    /// The last writer's epoch.
+    pub epoch: u64,
+    /// The last writer.
+    pub worker: String,
+}
+
+/// What a claim of a session's snapshots found.
+pub(crate) enum Claimed {
+    /// A resume with nothing to resume: no message, or the session ended. Nothing written.
+    Nothing,
+    /// A new session: the claim is the subject's first message (or follows an ended one).
+    Fresh(SnapshotWriter),
+    /// A session that ran before: its spec and its last snapshot, read after the claim.
+    Resumed {
+        writer: SnapshotWriter,
+        spec: SessionSpec,
+        snapshot: Option<Box<SessionSnapshot>>,
+    },
+}
+
+/// The snapshots stream of a cluster. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SnapshotStream {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    namespace: Namespace,
+    /// How long an ended session's tombstone stays.
+    ended_retention: Duration,
+}
+
+enum WriteError {
+    /// The subject's last sequence is not the expected one.
+    Moved,
+    Other(String),
+}
+
+impl SnapshotStream {
+    /// Opens the stream, creating it when `create` is set and it does not exist.
+    pub(crate) async fn open(
+        js: jetstream::Context,
+        namespace: &Namespace,
+        ended_retention: Duration,
+        create: bool,
+    ) -> Result<Self, String> {
+        let name = namespace.snapshots_stream();
+        let stream = if create {
+            js.get_or_create_stream(stream::Config {
+                name: name.clone(),
+                description: Some(
+                    "switchboard: session snapshots (one subject per session; written only by its owner)"
+                        .into(),
+                ),
+                subjects: vec![namespace.snapshots_subjects()],
+                storage: StorageType::File,
+                allow_direct: true,
+                // The tombstone of an ended session expires.
+                allow_message_ttl: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|err| format!("cannot create the snapshots stream {name}: {err}"))?
+        } else {
+            js.get_stream(&name)
+                .await
+                .map_err(|err| format!("no snapshots stream {name}: {err}"))?
+        };
+        Ok(Self {
+            js,
+            stream,
+            namespace: namespace.clone(),
+            ended_retention: ended_retention.max(Duration::from_secs(1)),
+        })
+    }
+
+    /// Opens a cluster's snapshots stream to read it (an operator, a test).
+    pub async fn connect(
+        client: &crate::ClusterClient,
+        namespace: &Namespace,
+    ) -> Result<Self, String> {
+        let js = jetstream::new(client.nats().clone());
+        Self::open(js, namespace, Duration::from_secs(600), false).await
+    }
+
+    fn subject(&self, session: &SessionKey) -> String {
+        self.namespace.snapshot_subject(session)
+    }
+
+    /// The last message of `subject`, if any.
+    async fn last(&self, subject: &str) -> Result<Option<StreamMessage>, String> {
+        match self.stream.direct_get_last_for_subject(subject).await {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
+            Err(err) => Err(format!("cannot read {subject}: {err}")),
+        }
+    }
+
+    /// The messages of a session's subject, oldest first (what an operator or a test
+    /// inspects).
+    pub async fn records(&self, session: &SessionKey) -> Result<Vec<SnapshotRecord>, String> {
+        let subject = self.subject(session);
+        let mut records = Vec::new();
+        let mut at = 1;
+        loop {
+            match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(at))
+                .await
+            {
+                Ok(message) => {
+                    at = message.sequence + 1;
+                    records.push(SnapshotRecord::read(&message)?);
+                }
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(records),
+                Err(err) => return Err(format!("cannot read {subject}: {err}")),
+            }
+        }
+    }
+
+    /// Whether the store holds a session to resume (something, and not its end).
+    pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, String> {
+        let last = self.last(&self.subject(session)).await?;
+        Ok(match last {
+            Some(message) => SnapshotRecord::read(&message)?.kind != SnapshotKind::Ended,
+            None => false,
+        })
+    }
+
+    /// The session as the store holds it (`None`: nothing, or it ended). Reads only; a
+    /// worker resuming a session claims it instead, which fences the writer before.
+    pub async fn load(&self, session: &SessionKey) -> Result<Option<StoredSession>, StoreError> {
+        let subject = self.subject(session);
+        let unavailable = |reason| StoreError::Unavailable {
+            session: session.to_string(),
+            reason,
+        };
+        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+            return Ok(None);
+        };
+        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        if record.kind == SnapshotKind::Ended {
+            return Ok(None);
+        }
+        let (spec, snapshot) = self
+            .read_chain(session, &last, &record, record.seq + 1)
+            .await?;
+        Ok(Some(StoredSession {
+            spec,
+            snapshot,
+            epoch: record.epoch,
+            worker: record.worker,
+        }))
+    }
+
+    /// Claims a session's snapshots for an owner at `epoch` (at least; more when the
+    /// store has seen that epoch already) named `worker`: the fence. `start` is the spec
+    /// of a new session (a start job); without it (a resume job) an empty or ended
+    /// subject means there is nothing to resume and nothing is written.
+    pub(crate) async fn claim(
+        &self,
+        session: &SessionKey,
+        epoch: u64,
+        worker: &str,
+        start: Option<&SessionSpec>,
+        lease: LeaseClock,
+    ) -> Result<Claimed, StoreError> {
+        let subject = self.subject(session);
+        let unavailable = |reason| StoreError::Unavailable {
+            session: session.to_string(),
+            reason,
+        };
+        let writer = |epoch, last_seq, full_seq, spec: &[u8]| {
+            SnapshotWriter::new(
+                self.clone(),
+                session.clone(),
+                epoch,
+                worker,
+                Bytes::copy_from_slice(spec),
+                last_seq,
+                full_seq,
+                lease.clone(),
+            )
+        };
+        let start_json = match start {
+            Some(spec) => {
+                Some(serde_json::to_vec(spec).map_err(|err| corrupt(session, err.to_string()))?)
+            }
+            None => None,
+        };
+        // A new session: its claim is the subject's first message, one round trip.
+        if let Some(spec) = &start_json {
+            let claim = self.message(SnapshotKind::Claim, epoch, worker, 0, spec.clone().into());
+            match self.write(&subject, claim, 0).await {
+                Ok(seq) => return Ok(Claimed::Fresh(writer(epoch, seq, 0, spec))),
+                Err(WriteError::Moved) => {}
+                Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+            }
+        }
+        // Something is there: claim over the last message, then read what it follows.
+        for _ in 0..5 {
+            let last = self.last(&subject).await.map_err(unavailable)?;
+            let record = match &last {
+                Some(message) => {
+                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
+                }
+                None => None,
+            };
+            let (expected, last_epoch) = record.as_ref().map_or((0, 0), |r| (r.seq, r.epoch));
+            let epoch = epoch.max(last_epoch + 1);
+            match (last, record) {
+                (Some(message), Some(record)) if record.kind != SnapshotKind::Ended => {
+                    let (spec, full) = self.spec_and_full(session, &message, &record).await?;
+                    let spec_json = serde_json::to_vec(&spec)
+                        .map_err(|err| corrupt(session, err.to_string()))?;
+                    let claim = self.message(
+                        SnapshotKind::Claim,
+                        epoch,
+                        worker,
+                        record.full,
+                        spec_json.clone().into(),
+                    );
+                    let fence = match self.write(&subject, claim, expected).await {
+                        Ok(seq) => seq,
+                        Err(WriteError::Moved) => continue,
+                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+                    };
+                    // Nobody can write behind the claim now: what follows the full
+                    // snapshot up to it is final.
+                    let snapshot = match full {
+                        Some(full) => Some(Box::new(
+                            self.apply_deltas(session, full, record.full, fence).await?,
+                        )),
+                        None => None,
+                    };
+                    return Ok(Claimed::Resumed {
+                        writer: writer(epoch, fence, record.full, &spec_json),
+                        spec,
+                        snapshot,
+                    });
+                }
+                _ => {
+                    let Some(spec) = &start_json else {
+                        return Ok(Claimed::Nothing);
+                    };
+                    let claim =
+                        self.message(SnapshotKind::Claim, epoch, worker, 0, spec.clone().into());
+                    match self.write(&subject, claim, expected).await {
+                        Ok(seq) => return Ok(Claimed::Fresh(writer(epoch, seq, 0, spec))),
+                        Err(WriteError::Moved) => continue,
+                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+                    }
+                }
+            }
+        }
+        Err(unavailable(
+            "the subject kept changing under the claim".into(),
+        ))
+    }
+
+    /// The spec and the full snapshot (not yet brought up to date) that `last` follows.
+    async fn spec_and_full(
+        &self,
+        session: &SessionKey,
+        last: &StreamMessage,
+        record: &SnapshotRecord,
+    ) -> Result<(SessionSpec, Option<SessionSnapshot>), StoreError> {
+        if record.full == 0 {
+            // No full snapshot yet: the last message is a claim, which has the spec.
+            if record.kind != SnapshotKind::Claim {
+                return Err(corrupt(
+                    session,
+                    format!("a {:?} without a full snapshot before it", record.kind),
+                ));
+            }
+            let spec = serde_json::from_slice(&last.payload)
+                .map_err(|err| corrupt(session, format!("its spec: {err}")))?;
+            return Ok((spec, None));
+        }
+        let full = if record.kind == SnapshotKind::Full {
+            last.clone()
+        } else {
+            self.stream
+                .direct_get(record.full)
+                .await
+                .map_err(|err| StoreError::Unavailable {
+                    session: session.to_string(),
+                    reason: format!("cannot read its full snapshot {}: {err}", record.full),
+                })?
+        };
+        let (spec, snapshot) =
+            decode_full(&full.payload).map_err(|reason| corrupt(session, reason))?;
+        Ok((spec, Some(snapshot)))
+    }
+
+    /// Brings `snapshot` (the full one at `full_seq`) up to date with the deltas after it,
+    /// before `until`. A delta that does not apply ends the chain there (logged): what
+    /// follows it cannot apply either.
+    async fn apply_deltas(
+        &self,
+        session: &SessionKey,
+        mut snapshot: SessionSnapshot,
+        full_seq: u64,
+        until: u64,
+    ) -> Result<SessionSnapshot, StoreError> {
+        let subject = self.subject(session);
+        let mut at = full_seq + 1;
+        while at < until {
+            let message = match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(at))
+                .await
+            {
+                Ok(message) => message,
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => break,
+                Err(err) => {
+                    return Err(StoreError::Unavailable {
+                        session: session.to_string(),
+                        reason: format!("cannot read {subject} from {at}: {err}"),
+                    })
+                }
+            };
+            if message.sequence >= until {
+                break;
+            }
+            at = message.sequence + 1;
+            let record =
+                SnapshotRecord::read(&message).map_err(|reason| corrupt(session, reason))?;
+            if record.kind != SnapshotKind::Delta {
+                continue;
+            }
+            let applied = SnapshotDelta::from_bytes(&message.payload)
+                .map_err(StoreError::from)
+                .and_then(|delta| snapshot.apply(&delta).map_err(StoreError::from));
+            if let Err(err) = applied {
+                tracing::warn!(%session, seq = message.sequence, error = %err, "a delta does not apply: the chain ends before it");
+                break;
+            }
+        }
+        Ok(snapshot)
+    }
+
+    /// The spec and snapshot `last` ends the chain of, read without claiming.
+    async fn read_chain(
+        &self,
+        session: &SessionKey,
+        last: &StreamMessage,
+        record: &SnapshotRecord,
+        until: u64,
+    ) -> Result<(SessionSpec, Option<SessionSnapshot>), StoreError> {
+        let (spec, full) = self.spec_and_full(session, last, record).await?;
+        let snapshot = match full {
+            Some(full) => Some(self.apply_deltas(session, full, record.full, until).await?),
+            None => None,
+        };
+        Ok((spec, snapshot))
+    }
+
+    fn message(
+        &self,
+        kind: SnapshotKind,
+        epoch: u64,
+        worker: &str,
+        full: u64,
+        payload: Bytes,
+    ) -> PublishMessage {
+        let mut headers = HeaderMap::new();
+        headers.insert(KIND, kind.as_str());
+        headers.insert(EPOCH, epoch.to_string().as_str());
+        headers.insert(WORKER, worker);
+        if full != 0 {
+            headers.insert(FULL, full.to_string().as_str());
+        }
+        PublishMessage::build().payload(payload).headers(headers)
+    }
+
+    /// Writes `message` if the subject's last sequence is `expected` (0: no message).
+    async fn write(
+        &self,
+        subject: &str,
+        message: PublishMessage,
+        expected: u64,
+    ) -> Result<u64, WriteError> {
+        let message = message.expected_last_subject_sequence(expected);
+        let ack = self
+            .js
+            .send_publish(subject.to_owned(), message)
+            .await
+            .map_err(|err| WriteError::Other(err.to_string()))?
+            .await;
+        match ack {
+            Ok(ack) => Ok(ack.sequence),
+            Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Moved),
+            Err(err) => Err(WriteError::Other(err.to_string())),
+        }
+    }
+
+    /// Removes the messages of `subject` before `seq`.
+    async fn purge_before(&self, subject: &str, seq: u64) {
+        if let Err(err) = self.stream.purge().filter(subject).sequence(seq).await {
+            tracing::debug!(subject, error = %err, "old snapshots not purged (the next full one will)");
+        }
+    }
+}
+
+fn corrupt(session: &SessionKey, reason: String) -> StoreError {
+    StoreError::Snapshot(switchboard::snapshot::SnapshotError::Corrupt {
+        reason: format!("session {session}'s snapshots: {reason}"),
+    })
+}
+
+/// A full message: the spec's length (4 bytes, little-endian), the spec (JSON), the
+/// snapshot (its checked binary frame).
+fn encode_full(spec: &[u8], snapshot: &SessionSnapshot) -> Bytes {
+    let bytes = snapshot.to_bytes();
+    let mut out = Vec::with_capacity(4 + spec.len() + bytes.len());
+    out.extend_from_slice(&u32::try_from(spec.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(spec);
+    out.extend_from_slice(&bytes);
+    out.into()
+}
+
+fn decode_full(payload: &[u8]) -> Result<(SessionSpec, SessionSnapshot), String> {
+    let len = payload
+        .get(..4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map(u32::from_le_bytes)
+        .ok_or("a full snapshot shorter than its header")?;
+    let len = usize::try_from(len).map_err(|err| err.to_string())?;
+    let spec = payload
+        .get(4..4 + len)
+        .ok_or("a full snapshot shorter than its spec")?;
+    let spec = serde_json::from_slice(spec).map_err(|err| format!("its spec: {err}"))?;
+    let snapshot =
+        SessionSnapshot::from_bytes(&payload[4 + len..]).map_err(|err| err.to_string())?;
+    Ok((spec, snapshot))
+}
+
+/// One owner's writer of one session's snapshots: the [`SnapshotStore`] its session saves
+/// to. Every write is a compare-and-set on the subject's last sequence (see the module
+/// docs); a refused one fences the writer for good. Cheap to clone.
+#[derive(Clone)]
+pub struct SnapshotWriter {
+    inner: Arc<WriterInner>,
+}
+
+impl std::fmt::Debug for SnapshotWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotWriter")
+            .field("session", &self.inner.session)
+            .field("epoch", &self.inner.epoch)
+            .finish()
+    }
+}
+
+struct WriterInner {
+    stream: SnapshotStream,
+    session: SessionKey,
+    subject: String,
+    epoch: u64,
+    worker: String,
+    spec: Bytes,
+    /// Held across each write: the session's saving writes one at a time, and a drain's
+    /// last snapshot waits for a write under way.
+    state: Mutex<WriterState>,
+    lease: LeaseClock,
+    /// The last host input id of the newest snapshot written.
+    saved_input: AtomicU64,
+    /// Writes refused: by the store (fenced) or because the lease could not be trusted.
+    refused: AtomicU64,
+    fenced: watch::Sender<bool>,
+}
+
+struct WriterState {
+    /// The subject's last sequence, as this writer wrote it.
+    last: u64,
+    /// The sequence of the last full snapshot.
+    full: u64,
+    /// Closed: writes are dropped (the session moved or ended; what it does while it
+    /// closes is not the conversation).
+    sealed: bool,
+}
+
+impl SnapshotWriter {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        stream: SnapshotStream,
+        session: SessionKey,
+        epoch: u64,
+        worker: &str,
+        spec: Bytes,
+        last: u64,
+        full: u64,
+        lease: LeaseClock,
+    ) -> Self {
+        Self {
+            inner: Arc::new(WriterInner {
+                subject: stream.subject(&session),
+                stream,
+                session,
+                epoch,
+                worker: worker.to_owned(),
+                spec,
+                state: Mutex::new(WriterState {
+                    last,
+                    full,
+                    sealed: false,
+                }),
+                lease,
+                saved_input: AtomicU64::new(0),
+                refused: AtomicU64::new(0),
+                fenced: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// The owner's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.inner.epoch
+    }
+
+    /// The last host input id of the newest snapshot written (0: none).
+    pub fn saved_input(&self) -> u64 {
+        self.inner.saved_input.load(Ordering::SeqCst)
+    }
+
+    /// Writes refused so far (fenced, or the lease not trusted).
+    pub fn refused(&self) -> u64 {
+        self.inner.refused.load(Ordering::Relaxed)
+    }
+
+    /// Changes to true once a write was refused because a newer owner wrote the subject.
+    pub(crate) fn fenced(&self) -> watch::Receiver<bool> {
+        self.inner.fenced.subscribe()
+    }
+
+    /// From now on writes are dropped (the session moved or ends).
+    pub(crate) async fn seal(&self) {
+        self.inner.state.lock().await.sealed = true;
+    }
+
+    /// Writes a full snapshot now (a drain's last one), even after sealing.
+    pub(crate) async fn save_last(&self, snapshot: &SessionSnapshot) -> Result<(), StoreError> {
+        let payload = encode_full(&self.inner.spec, snapshot);
+        self.write_full(payload, snapshot.last_input(), true).await
+    }
+
+    /// The session ended: writes its tombstone (compare-and-set, so a stale owner cannot
+    /// end a session a newer one runs) and purges what came before it.
+    pub(crate) async fn end(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock().await;
+        state.sealed = true;
+        let message = inner
+            .stream
+            .message(
+                SnapshotKind::Ended,
+                inner.epoch,
+                &inner.worker,
+                0,
+                Bytes::new(),
+            )
+            .ttl(inner.stream.ended_retention);
+        let seq = self.write_locked(&mut state, message).await?;
+        inner.stream.purge_before(&inner.subject, seq).await;
+        Ok(())
+    }
+
+    async fn write_full(
+        &self,
+        payload: Bytes,
+        last_input: Option<u64>,
+        even_sealed: bool,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock().await;
+        if state.sealed && !even_sealed {
+            return Ok(());
+        }
+        let message =
+            inner
+                .stream
+                .message(SnapshotKind::Full, inner.epoch, &inner.worker, 0, payload);
+        let before = state.full;
+        let seq = self.write_locked(&mut state, message).await?;
+        state.full = seq;
+        if let Some(input) = last_input {
+            inner.saved_input.fetch_max(input, Ordering::SeqCst);
+        }
+        // The chain before it is garbage now. (Before the first full one there is only
+        // this owner's claim: not worth a round trip.)
+        if before != 0 {
+            inner.stream.purge_before(&inner.subject, seq).await;
+        }
+        Ok(())
+    }
+
+    async fn write_delta(&self, payload: Bytes, last_input: Option<u64>) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let mut state = inner.state.lock().await;
+        if state.sealed {
+            return Ok(());
+        }
+        if state.full == 0 {
+            return Err(StoreError::NoBase {
+                session: inner.session.to_string(),
+            });
+        }
+        let message = inner.stream.message(
+            SnapshotKind::Delta,
+            inner.epoch,
+            &inner.worker,
+            state.full,
+            payload,
+        );
+        self.write_locked(&mut state, message).await?;
+        if let Some(input) = last_input {
+            inner.saved_input.fetch_max(input, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+
+    /// Writes `message` after the last one this writer wrote; see the module docs.
+    async fn write_locked(
+        &self,
+        state: &mut WriterState,
+        message: PublishMessage,
+    ) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let session = inner.session.to_string();
+        if *inner.fenced.borrow() {
+            inner.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Fenced {
+                session,
+                reason: "a newer owner wrote the session".into(),
+            });
+        }
+        if !inner.lease.is_valid() {
+            inner.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable {
+                session,
+                reason: "this worker's lease on the session cannot be trusted now".into(),
+            });
+        }
+        // Twice at most: the second after finding that an earlier write of ours whose
+        // answer was lost did land.
+        for _ in 0..2 {
+            match inner
+                .stream
+                .write(&inner.subject, message.clone(), state.last)
+                .await
+            {
+                Ok(seq) => {
+                    state.last = seq;
+                    return Ok(seq);
+                }
+                Err(WriteError::Moved) => {
+                    let last = inner.stream.last(&inner.subject).await.map_err(|reason| {
+                        StoreError::Unavailable {
+                            session: session.clone(),
+                            reason,
+                        }
+                    })?;
+                    let record = last.as_ref().and_then(|m| SnapshotRecord::read(m).ok());
+                    match record {
+                        Some(record)
+                            if record.epoch == inner.epoch
+                                && record.worker == inner.worker
+                                && record.seq > state.last =>
+                        {
+                            state.last = record.seq;
+                            if record.kind == SnapshotKind::Full {
+                                state.full = record.seq;
+                            }
+                        }
+                        other => {
+                            inner.fenced.send_replace(true);
+                            inner.refused.fetch_add(1, Ordering::Relaxed);
+                            let now = match other {
+                                Some(r) => format!(
+                                    "its last message ({:?}, seq {}) is by {} at epoch {}",
+                                    r.kind, r.seq, r.worker, r.epoch
+                                ),
+                                None => "its messages are gone".to_owned(),
+                            };
+                            tracing::warn!(session = %inner.session, epoch = inner.epoch, %now, "snapshot write refused: fenced");
+                            return Err(StoreError::Fenced {
+                                session,
+                                reason: now,
+                            });
+                        }
+                    }
+                }
+                Err(WriteError::Other(reason)) => {
+                    return Err(StoreError::Unavailable { session, reason })
+                }
+            }
+        }
+        Err(StoreError::Unavailable {
+            session,
+            reason: "the subject kept changing under the write".into(),
+        })
+    }
+}
+
+impl SnapshotStore for SnapshotWriter {
+    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
+        // Taken by value: encoded in the future (on the session's writer task, off the
+        // session's own thread), which then owns only bytes.
+        let this = self.clone();
+        async move {
+            let payload = encode_full(&this.inner.spec, &snapshot);
+            this.write_full(payload, snapshot.last_input(), false).await
+        }
+        .boxed()
+    }
+
+    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        async move {
+            let payload: Bytes = delta.to_bytes().into();
+            this.write_delta(payload, delta.last_input()).await
+        }
+        .boxed()
+    }
+
+    fn load(
+        &self,
+        session: &str,
+    ) -> BoxFuture<'static, Result<Option<SessionSnapshot>, StoreError>> {
+        let stream = self.inner.stream.clone();
+        let key = SessionKey::new(session).map_err(|_| StoreError::BadId {
+            id: session.to_owned(),
+        });
+        async move {
+            let key = key?;
+            Ok(stream.load(&key).await?.and_then(|stored| stored.snapshot))
+        }
+        .boxed()
+    }
+
+    fn remove(&self, session: &str) -> BoxFuture<'static, Result<(), StoreError>> {
+        let this = self.clone();
+        let own = session == self.inner.session.as_str();
+        async move {
+            if own {
+                this.end().await
+            } else {
+                Ok(())
+            }
+        }
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::local::NatsServer;
+    use std::time::Instant;
+    use switchboard::prelude::*;
+    use switchboard::testing::{Reply, ScriptedLlm};
+
+    /// A real snapshot of a session named `id` after one turn.
+    async fn a_snapshot(engine: &Engine, id: &str) -> SessionSnapshot {
+        let llm = ScriptedLlm::new([]);
+        llm.otherwise(Reply::text("Hello."));
+        let agent = Agent::builder("greeter")
+            .instructions("Greet.")
+            .build()
+            .unwrap();
+        let session = Session::builder()
+            .llm(llm)
+            .agent(agent)
+            .id(id)
+            .start(engine)
+            .await
+            .unwrap();
+        session.run("hi").await.unwrap();
+        session.set_last_input(1);
+        let snapshot = session.snapshot().await.unwrap();
+        session.close().await.unwrap();
+        snapshot
+    }
+
+    /// A stale owner's write is refused once a newer owner claimed the session, whatever
+    /// its lease says: the store compares what it last wrote with the subject's last
+    /// message, and the claim moved it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_by_an_owner_a_newer_one_claimed_over_is_fenced() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let ns = Namespace::default();
+        let stream = SnapshotStream::open(js, &ns, Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        let key = SessionKey::new("call-1").unwrap();
+        let spec = SessionSpec::new("greeter");
+        // Leases both trust: only the store decides.
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let engine = Engine::with_arbiters(1).unwrap();
+        let snapshot = a_snapshot(&engine, key.as_str()).await;
+
+        let Ok(Claimed::Fresh(first)) = stream.claim(&key, 1, "w1", Some(&spec), lease()).await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        first.save(snapshot.clone()).await.unwrap();
+        assert_eq!(first.saved_input(), 1);
+
+        // w2 claims it (its lease expired, say): one epoch higher, from w1's snapshot.
+        let Ok(Claimed::Resumed {
+            writer: second,
+            spec: read_spec,
+            snapshot: Some(restored),
+        }) = stream.claim(&key, 1, "w2", None, lease()).await
+        else {
+            panic!("the claim of a session with a snapshot resumes it");
+        };
+        assert_eq!(second.epoch(), 2);
+        assert_eq!(read_spec, spec);
+        assert_eq!(restored.to_bytes(), snapshot.to_bytes());
+
+        // w1 wakes and writes: refused, for good.
+        match first.save(snapshot.clone()).await {
+            Err(StoreError::Fenced { session, reason }) => {
+                assert_eq!(session, "call-1");
+                assert!(reason.contains("w2"), "{reason}");
+            }
+            other => panic!("a stale owner's write went through: {other:?}"),
+        }
+        assert!(*first.fenced().borrow());
+        assert!(matches!(first.end().await, Err(StoreError::Fenced { .. })));
+        assert_eq!(first.refused(), 2);
+
+        // w2 writes on; what the store holds is w2's.
+        second.save(snapshot.clone()).await.unwrap();
+        let stored = stream.load(&key).await.unwrap().unwrap();
+        assert_eq!((stored.epoch, stored.worker.as_str()), (2, "w2"));
+        let kinds: Vec<_> = stream
+            .records(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.kind, r.epoch, r.worker))
+            .collect();
+        assert_eq!(
+            kinds.last(),
+            Some(&(SnapshotKind::Full, 2, "w2".to_owned()))
+        );
+        assert!(kinds
+            .iter()
+            .all(|(_, epoch, worker)| *epoch == 2 || worker == "w1"));
+    }
+
+    /// A session that ended cannot be resumed: a resume job finds nothing, writes
+    /// nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_session_is_not_resumed() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let stream = SnapshotStream::open(js, &Namespace::default(), Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        let key = SessionKey::new("call-2").unwrap();
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let Ok(Claimed::Fresh(writer)) = stream
+            .claim(&key, 1, "w1", Some(&SessionSpec::new("greeter")), lease())
+            .await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        assert!(stream.resumable(&key).await.unwrap());
+        writer.end().await.unwrap();
+        assert!(!stream.resumable(&key).await.unwrap());
+        assert!(matches!(
+            stream.claim(&key, 1, "w2", None, lease()).await,
+            Ok(Claimed::Nothing)
+        ));
+        assert!(stream.load(&key).await.unwrap().is_none());
+    }
+}

@@ -1,0 +1,307 @@
+//! The cluster's figures for BENCHMARKS.md, measured in one run against the real server
+//! and worker processes (ignored by default: it takes about a minute and measures time).
+//!
+//! ```text
+//! cargo test --release -p switchboard-cluster --test cluster -- --ignored --nocapture figures
+//! ```
+//!
+//! It prints: the NATS request-reply floor; a turn through the gateway against the same
+//! turn on an engine in this process; a new session to its first reply; the failover time
+//! from SIGKILL of the owner to the next reply (lease 1 s); the drain time of 200 sessions;
+//! and the turns a second with 1, 2 and 3 worker processes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use crate::common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{within, WorkerProcess, PATIENCE};
+use futures_util::StreamExt;
+use switchboard::prelude::*;
+use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard_cluster::local::NatsServer;
+use switchboard_cluster::{Gateway, GatewayOptions, SessionSpec};
+use tokio::task::JoinSet;
+
+/// p50 and p99 of `samples`, in milliseconds.
+fn percentiles(samples: &mut [Duration]) -> (f64, f64) {
+    samples.sort_unstable();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples[i].as_secs_f64() * 1e3
+    };
+    (at(0.5), at(0.99))
+}
+
+fn print_row(what: &str, samples: &mut [Duration]) -> (f64, f64) {
+    let (p50, p99) = percentiles(samples);
+    println!("| {what} | {p50:.3} ms | {p99:.3} ms | {} |", samples.len());
+    (p50, p99)
+}
+
+/// Core NATS request-reply through the server, to a responder in this process.
+async fn request_reply_floor(server: &NatsServer) -> (f64, f64) {
+    let responder = common::client(server, "echo").await;
+    let mut requests = responder.nats().subscribe("bench.echo").await.unwrap();
+    responder.nats().flush().await.unwrap();
+    let echo = tokio::spawn({
+        let nats = responder.nats().clone();
+        async move {
+            while let Some(request) = requests.next().await {
+                if let Some(reply) = request.reply {
+                    nats.publish(reply, request.payload).await.unwrap();
+                }
+            }
+        }
+    });
+    let client = common::client(server, "asker").await;
+    let payload = bytes::Bytes::from(vec![b'x'; 128]);
+    for _ in 0..200 {
+        client
+            .nats()
+            .request("bench.echo", payload.clone())
+            .await
+            .unwrap();
+    }
+    let mut samples = Vec::new();
+    for _ in 0..2000 {
+        let began = Instant::now();
+        client
+            .nats()
+            .request("bench.echo", payload.clone())
+            .await
+            .unwrap();
+        samples.push(began.elapsed());
+    }
+    echo.abort();
+    print_row("NATS request-reply, 128 B (the floor)", &mut samples)
+}
+
+/// The same turn as the test worker's (`You said: <text>`) on an engine in this process.
+async fn turn_in_process() -> (f64, f64) {
+    let engine = Engine::with_arbiters(1).unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.rule(|request| {
+        let text = request
+            .chat
+            .items()
+            .iter()
+            .rev()
+            .find_map(|item| match item {
+                ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
+                _ => None,
+            });
+        Some(Reply::text(format!(
+            "You said: {}",
+            text.unwrap_or_default()
+        )))
+    });
+    let agent = Agent::builder("greeter")
+        .instructions("Greet and help.")
+        .build()
+        .unwrap();
+    let session = Session::builder()
+        .llm(llm)
+        .agent(agent)
+        .start(&engine)
+        .await
+        .unwrap();
+    for i in 0..100 {
+        session.run(format!("warm {i}")).await.unwrap();
+    }
+    let mut samples = Vec::new();
+    for i in 0..1000 {
+        let began = Instant::now();
+        session.run(format!("turn {i}")).await.unwrap();
+        samples.push(began.elapsed());
+    }
+    session.close().await.unwrap();
+    print_row("a turn in process (scripted model)", &mut samples)
+}
+
+/// The same turn through the gateway, to one worker process.
+async fn turn_through_gateway(gateway: &Gateway) -> (f64, f64) {
+    let session = gateway
+        .start_session(SessionSpec::new("greeter"))
+        .await
+        .unwrap();
+    for i in 0..100 {
+        session.run(format!("warm {i}")).await.unwrap();
+    }
+    let mut samples = Vec::new();
+    for i in 0..1000 {
+        let began = Instant::now();
+        session.run(format!("turn {i}")).await.unwrap();
+        samples.push(began.elapsed());
+    }
+    session.close().await.unwrap();
+    print_row("the same turn through the gateway", &mut samples)
+}
+
+/// `start_session` and the first `run`, one after another.
+async fn new_session_to_first_reply(gateway: &Gateway) {
+    let mut started = Vec::new();
+    let mut replied = Vec::new();
+    for i in 0..200 {
+        let began = Instant::now();
+        let session = gateway
+            .start_session(SessionSpec::new("greeter"))
+            .await
+            .unwrap();
+        started.push(began.elapsed());
+        session.run(format!("first {i}")).await.unwrap();
+        replied.push(began.elapsed());
+        session.close().await.unwrap();
+    }
+    print_row("new session: start_session answered", &mut started);
+    print_row("new session: to its first reply", &mut replied);
+}
+
+/// SIGKILL of the owner, then the next input: how long until it is answered.
+async fn failover(server: &NatsServer, gateway: &Gateway) {
+    let mut samples = Vec::new();
+    for round in 0..5 {
+        // The session lands on the doomed worker (alone at its start); the standby joins,
+        // then the doomed one dies.
+        let mut doomed = WorkerProcess::start(
+            server,
+            &format!("doomed{round}"),
+            10,
+            &["--lease-secs", "1"],
+        );
+        let session = gateway
+            .start_session(SessionSpec::new("greeter"))
+            .await
+            .unwrap();
+        session.run("before").await.unwrap();
+        let _standby = WorkerProcess::start(server, "standby", 10, &["--lease-secs", "1"]);
+        doomed.kill();
+        let began = Instant::now();
+        within("the next reply after the kill", session.run("after"))
+            .await
+            .unwrap();
+        samples.push(began.elapsed());
+        session.close().await.unwrap();
+    }
+    print_row(
+        "failover: SIGKILL of the owner to the next reply (lease 1 s)",
+        &mut samples,
+    );
+}
+
+/// 200 sessions (one turn each) on one worker; SIGTERM; until it says drained, and until
+/// every session answered a turn on the other worker.
+async fn drain_200(server: &NatsServer, gateway: &Gateway) {
+    let mut draining = WorkerProcess::start(server, "draining", 200, &[]);
+    let mut sessions = Vec::new();
+    for i in 0..200 {
+        let session = gateway
+            .start_session(SessionSpec::new("greeter"))
+            .await
+            .unwrap();
+        session.run(format!("hello {i}")).await.unwrap();
+        sessions.push(session);
+    }
+    let _taker = WorkerProcess::start(server, "taker", 200, &[]);
+    let began = Instant::now();
+    draining.terminate();
+    let line = draining.next_line(PATIENCE);
+    let drained = began.elapsed();
+    assert_eq!(line.as_deref(), Some("drained 200"));
+    let mut turns = JoinSet::new();
+    for session in sessions {
+        turns.spawn(async move {
+            session.run("after the drain").await?;
+            session.close().await.map(|_| ())
+        });
+    }
+    while let Some(done) = within("the turns after the drain", turns.join_next()).await {
+        done.unwrap().unwrap();
+    }
+    println!(
+        "| drain of 200 idle sessions: SIGTERM to `drained` | {:.0} ms | | 1 |",
+        drained.as_secs_f64() * 1e3
+    );
+    println!(
+        "| drain of 200 idle sessions: SIGTERM to every session answered elsewhere (and closed) | {:.0} ms | | 1 |",
+        began.elapsed().as_secs_f64() * 1e3
+    );
+}
+
+/// Turns a second with `workers` worker processes: 60 sessions, each running turns back
+/// to back, for 3 s.
+async fn throughput(server: &NatsServer, gateway: &Gateway, workers: usize) {
+    let processes: Vec<_> = (0..workers)
+        .map(|i| WorkerProcess::start(server, &format!("t{workers}-{i}"), 60, &[]))
+        .collect();
+    let mut sessions = Vec::new();
+    for _ in 0..60 {
+        let session = gateway
+            .start_session(SessionSpec::new("greeter"))
+            .await
+            .unwrap();
+        session.run("warm").await.unwrap();
+        sessions.push(session);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let turns = Arc::new(AtomicU64::new(0));
+    let mut tasks = JoinSet::new();
+    for session in &sessions {
+        let (session, stop, turns) = (session.clone(), stop.clone(), turns.clone());
+        tasks.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                session.run("one more").await.unwrap();
+                turns.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+    }
+    // A moment to settle, then count for 3 s.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let from = turns.load(Ordering::Relaxed);
+    let began = Instant::now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let counted = turns.load(Ordering::Relaxed) - from;
+    let rate = counted as f64 / began.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    while let Some(done) = within("the throughput tasks", tasks.join_next()).await {
+        done.unwrap();
+    }
+    let mut spread = Vec::new();
+    for process in &processes {
+        spread.push(gateway.worker_info(&process.name).await.unwrap().live);
+    }
+    for session in sessions {
+        session.close().await.unwrap();
+    }
+    println!(
+        "| throughput, {workers} worker process(es), 60 sessions (live per worker {spread:?}) | {rate:.0} turns/s | | {counted} |"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measures time; run it alone, in release: see the module docs"]
+async fn figures() {
+    let _one_at_a_time = common::one_at_a_time().await;
+    let server = NatsServer::start().unwrap();
+    let gateway = common::gateway(&server, GatewayOptions::new()).await;
+    println!("| what | p50 | p99 | samples |\n|---|---|---|---|");
+    let (floor, _) = request_reply_floor(&server).await;
+    let (local, _) = turn_in_process().await;
+    {
+        let _worker = WorkerProcess::start(&server, "w1", 10, &[]);
+        let (remote, _) = turn_through_gateway(&gateway).await;
+        println!(
+            "overhead of the gateway at p50: {:.3} ms = {:.2}x the floor",
+            remote - local,
+            (remote - local) / floor
+        );
+        new_session_to_first_reply(&gateway).await;
+    }
+    failover(&server, &gateway).await;
+    drain_200(&server, &gateway).await;
+    for workers in 1..=3 {
+        throughput(&server, &gateway, workers).await;
+    }
+}
