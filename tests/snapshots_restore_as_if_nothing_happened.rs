@@ -342,7 +342,12 @@ mod regressions {
 
     /// Found by a 10,000-case release run after the sub-task gaps were closed: a call
     /// awaiting its sub-task at the snapshot; then a session-scoped call with updates, a
-    /// host handoff, a call that leaks its context and a `finish_task`.
+    /// host handoff, a call that leaks its context and a `finish_task`. As the caller
+    /// resumes, the session-scoped call's updates race its paused step. The body's output
+    /// reached the step as its toolset's answer to `RunTool`; the run standing for the
+    /// restored call handed its output to the activity directly, one hop sooner, so the
+    /// step landed before `/update_2` instead of after it. Its output now passes through
+    /// the toolset too.
     #[test]
     fn a_call_awaiting_its_sub_task_then_updates_and_a_host_handoff() {
         check(RestoreCase {

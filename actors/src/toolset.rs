@@ -717,9 +717,9 @@ plain_response!(Resumed);
 impl Handler<ResumeRun> for ToolsetActor {
     type Result = Resumed;
 
-    fn handle(&mut self, mut msg: ResumeRun, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, mut msg: ResumeRun, ctx: &mut Self::Context) -> Self::Result {
         if let Some(awaits) = msg.awaits.take() {
-            return self.await_task(msg, awaits);
+            return self.await_task(msg, awaits, ctx);
         }
         let Some((tool, _)) = self.tools.get(&msg.call.name).cloned() else {
             return Resumed::Ended {
@@ -768,7 +768,12 @@ impl Handler<ResumeRun> for ToolsetActor {
 impl ToolsetActor {
     /// Restores a call that awaits a sub-task: a run stands for it (see [`AwaitedTask`]).
     /// A tool no longer here, or a toolset closing, ends it as an abandoned call.
-    fn await_task(&mut self, msg: ResumeRun, awaits: AwaitedTask) -> Resumed {
+    fn await_task(
+        &mut self,
+        msg: ResumeRun,
+        awaits: AwaitedTask,
+        ctx: &mut Context<Self>,
+    ) -> Resumed {
         let tool = match self.tools.get(&msg.call.name) {
             Some((tool, _)) if self.closing.is_none() => tool.clone(),
             _ => {
@@ -791,6 +796,18 @@ impl ToolsetActor {
             Some(_) => Progress::default(),
             None => Progress::restored(msg.updates, msg.checkpoint),
         };
+        // A paused step's output passes through this toolset on its way to the step, as
+        // a body's does (`RunTool` answers it once the run hands it over): the step lands
+        // after the same hops, so a tool's items racing the caller's resume land on the
+        // same side of it as in the session the snapshot was taken of.
+        let immediate = immediate.map(|step| {
+            let (tx, rx) = oneshot::channel();
+            ctx.spawn(rx.into_actor(self).map(move |output, _, _| {
+                // A run dropped without an output reads as `RunTool`'s answer would.
+                let _ = step.send(output.unwrap_or_else(|_| lost()));
+            }));
+            tx
+        });
         self.spawn_entry(
             NewRun {
                 call: msg.call,
