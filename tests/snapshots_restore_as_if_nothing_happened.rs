@@ -363,4 +363,28 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a session-scoped call awaiting its sub-task in
+    /// the caller's paused step, and a call of the same tool the sub-task started, both
+    /// running at the snapshot; a third call of that tool meets the duplicate policy,
+    /// whose answer lists the running calls in the order they started.
+    #[test]
+    fn running_calls_of_a_tool_are_listed_in_the_order_they_started_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Final(vec![vec![Chunk::Call {
+                    tool: TOOLS.iter().position(|t| *t == "bg_job").unwrap(),
+                    behaviour: Behaviour::Task,
+                    id: IdPick::Fresh,
+                    confirm: true,
+                }]]),
+                Op::Run(vec![vec![call("bg_job", Behaviour::Updates(1))]]),
+                Op::UserStarts,
+            ],
+            after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Return)]])],
+            path: Path::Json,
+            anywhere: false,
+        });
+    }
 }

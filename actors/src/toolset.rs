@@ -662,6 +662,9 @@ impl Handler<ListBackground> for ToolsetActor {
 /// `checkpoint`. `Abandon` — or a call that cannot run again (its tool is gone, its
 /// arguments no longer parse, the toolset is closing) — answers the call's terminal output.
 pub(crate) struct ResumeRun {
+    /// The key the session gave the run: it gives the runs it restores keys in the order
+    /// they started, and this toolset lists its runs by key.
+    pub(crate) key: u64,
     pub(crate) call: FunctionCall,
     pub(crate) agent: Agent,
     pub(crate) is_task: bool,
@@ -677,8 +680,6 @@ pub(crate) struct ResumeRun {
 /// `get_running_tasks` and `cancel_task` see it, a pause spares it — whose body awaits the
 /// task's result and returns it, as the tool's `run_task` would have handed it over.
 pub(crate) struct AwaitedTask {
-    /// The run's key, given by the session, which spares it when it pauses the caller.
-    pub(crate) key: u64,
     /// The step of the call (a paused step's call: an interruption of that step after the
     /// caller resumes moves it to the background, as it would the body's run).
     pub(crate) step: u64,
@@ -757,7 +758,7 @@ impl Handler<ResumeRun> for ToolsetActor {
                 tool,
                 body,
             },
-            None,
+            Some(msg.key),
             None,
             Arc::new(Progress::restored(msg.updates, checkpoint)),
         );
@@ -784,7 +785,6 @@ impl ToolsetActor {
             }
         };
         let AwaitedTask {
-            key,
             step,
             interruptibility,
             result,
@@ -819,7 +819,8 @@ impl ToolsetActor {
                 tool,
                 body: awaiting_body(result),
             },
-            Some(key),
+            // The session spares this key when it pauses the caller again.
+            Some(msg.key),
             immediate,
             Arc::new(progress),
         );
