@@ -342,7 +342,12 @@ mod regressions {
 
     /// Found by a 10,000-case release run after the sub-task gaps were closed: a call
     /// awaiting its sub-task at the snapshot; then a session-scoped call with updates, a
-    /// host handoff, a call that leaks its context and a `finish_task`.
+    /// host handoff, a call that leaks its context and a `finish_task`. As the caller
+    /// resumes, the session-scoped call's updates race its paused step. The body's output
+    /// reached the step as its toolset's answer to `RunTool`; the run standing for the
+    /// restored call handed its output to the activity directly, one hop sooner, so the
+    /// step landed before `/update_2` instead of after it. Its output now passes through
+    /// the toolset too.
     #[test]
     #[ignore = "engine: the restored caller's step and a session-scoped update land in \
                 another order than in the uninterrupted session (being fixed)"]
@@ -356,6 +361,30 @@ mod regressions {
                 Op::Run(vec![vec![call("job", Behaviour::Leak)]]),
                 Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
             ],
+            path: Path::Json,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a session-scoped call awaiting its sub-task in
+    /// the caller's paused step, and a call of the same tool the sub-task started, both
+    /// running at the snapshot; a third call of that tool meets the duplicate policy,
+    /// whose answer lists the running calls in the order they started.
+    #[test]
+    fn running_calls_of_a_tool_are_listed_in_the_order_they_started_after_a_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Final(vec![vec![Chunk::Call {
+                    tool: TOOLS.iter().position(|t| *t == "bg_job").unwrap(),
+                    behaviour: Behaviour::Task,
+                    id: IdPick::Fresh,
+                    confirm: true,
+                }]]),
+                Op::Run(vec![vec![call("bg_job", Behaviour::Updates(1))]]),
+                Op::UserStarts,
+            ],
+            after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Return)]])],
             path: Path::Json,
             anywhere: false,
         });

@@ -242,13 +242,13 @@ impl ActivityActor {
         } = waiting;
         let (tx, output) = oneshot::channel();
         let resume = ResumeRun {
+            key,
             call,
             agent: self.agent.clone(),
             is_task: self.is_task,
             updates: 0,
             checkpoint: None,
             awaits: Some(AwaitedTask {
-                key,
                 step,
                 interruptibility,
                 result,
@@ -1062,6 +1062,8 @@ pub(crate) struct RestoreCalls {
 
 /// A call that was running in the background at the snapshot, and its toolset's name.
 pub(crate) struct CallToRestore {
+    /// Its run's key (see `ResumeRun::key`).
+    pub(crate) key: u64,
     pub(crate) toolset: String,
     pub(crate) call: FunctionCall,
     pub(crate) updates: u32,
@@ -1092,6 +1094,7 @@ impl Handler<RestoreCalls> for ActivityActor {
                     .map(|t| t.mailbox.clone());
                 let call = restore.call.clone();
                 let resume = ResumeRun {
+                    key: restore.key,
                     call: restore.call,
                     agent: self.agent.clone(),
                     is_task: self.is_task,

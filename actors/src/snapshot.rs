@@ -138,7 +138,7 @@ pub(crate) struct SnapshotHead {
     /// the session accepted and has not made a turn of yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) user_words: Option<String>,
-    /// Tool calls running in the background.
+    /// Tool calls running in the background, in the order they started.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) running: Vec<RunningRecord>,
     /// The session's user data, when it was given as serde data.
@@ -263,10 +263,20 @@ pub(crate) struct WaitingStep {
     /// a step whose calls may all have their outputs (it is committed on resume).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) awaiting: Option<usize>,
+    /// How many of the head's `running` calls started before the awaiting call: a restore
+    /// gives the run standing for it its key in that place among the restored runs, so
+    /// its toolset lists its runs (a duplicate's answer, `get_running_tasks`) in the order
+    /// they started, as before the snapshot.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub(crate) runs_before: usize,
     /// Items held until the step is in the chat context: the `/finished` pairs the
     /// pause wrote for the step's calls that ran in the background, in order.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) held: Vec<HeldRecord>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Items held for a call of an open step.

@@ -669,6 +669,9 @@ impl Handler<ListBackground> for ToolsetActor {
 /// `checkpoint`. `Abandon` — or a call that cannot run again (its tool is gone, its
 /// arguments no longer parse, the toolset is closing) — answers the call's terminal output.
 pub(crate) struct ResumeRun {
+    /// The key the session gave the run: it gives the runs it restores keys in the order
+    /// they started, and this toolset lists its runs by key.
+    pub(crate) key: u64,
     pub(crate) call: FunctionCall,
     pub(crate) agent: Agent,
     pub(crate) is_task: bool,
@@ -684,8 +687,6 @@ pub(crate) struct ResumeRun {
 /// `get_running_tasks` and `cancel_task` see it, a pause spares it — whose body awaits the
 /// task's result and returns it, as the tool's `run_task` would have handed it over.
 pub(crate) struct AwaitedTask {
-    /// The run's key, given by the session, which spares it when it pauses the caller.
-    pub(crate) key: u64,
     /// The step of the call (a paused step's call: an interruption of that step after the
     /// caller resumes moves it to the background, as it would the body's run).
     pub(crate) step: u64,
@@ -724,9 +725,9 @@ plain_response!(Resumed);
 impl Handler<ResumeRun> for ToolsetActor {
     type Result = Resumed;
 
-    fn handle(&mut self, mut msg: ResumeRun, _ctx: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, mut msg: ResumeRun, ctx: &mut Self::Context) -> Self::Result {
         if let Some(awaits) = msg.awaits.take() {
-            return self.await_task(msg, awaits);
+            return self.await_task(msg, awaits, ctx);
         }
         let Some((tool, _)) = self.tools.get(&msg.call.name).cloned() else {
             return Resumed::Ended {
@@ -765,7 +766,7 @@ impl Handler<ResumeRun> for ToolsetActor {
                 body,
                 cause: Cause::default(),
             },
-            None,
+            Some(msg.key),
             None,
             Arc::new(Progress::restored(msg.updates, checkpoint)),
         );
@@ -776,7 +777,12 @@ impl Handler<ResumeRun> for ToolsetActor {
 impl ToolsetActor {
     /// Restores a call that awaits a sub-task: a run stands for it (see [`AwaitedTask`]).
     /// A tool no longer here, or a toolset closing, ends it as an abandoned call.
-    fn await_task(&mut self, msg: ResumeRun, awaits: AwaitedTask) -> Resumed {
+    fn await_task(
+        &mut self,
+        msg: ResumeRun,
+        awaits: AwaitedTask,
+        ctx: &mut Context<Self>,
+    ) -> Resumed {
         let tool = match self.tools.get(&msg.call.name) {
             Some((tool, _)) if self.closing.is_none() => tool.clone(),
             _ => {
@@ -787,7 +793,6 @@ impl ToolsetActor {
             }
         };
         let AwaitedTask {
-            key,
             step,
             interruptibility,
             result,
@@ -799,6 +804,18 @@ impl ToolsetActor {
             Some(_) => Progress::default(),
             None => Progress::restored(msg.updates, msg.checkpoint),
         };
+        // A paused step's output passes through this toolset on its way to the step, as
+        // a body's does (`RunTool` answers it once the run hands it over): the step lands
+        // after the same hops, so a tool's items racing the caller's resume land on the
+        // same side of it as in the session the snapshot was taken of.
+        let immediate = immediate.map(|step| {
+            let (tx, rx) = oneshot::channel();
+            ctx.spawn(rx.into_actor(self).map(move |output, _, _| {
+                // A run dropped without an output reads as `RunTool`'s answer would.
+                let _ = step.send(output.unwrap_or_else(|_| lost()));
+            }));
+            tx
+        });
         self.spawn_entry(
             NewRun {
                 call: msg.call,
@@ -811,7 +828,8 @@ impl ToolsetActor {
                 body: awaiting_body(result),
                 cause: Cause::default(),
             },
-            Some(key),
+            // The session spares this key when it pauses the caller again.
+            Some(msg.key),
             immediate,
             Arc::new(progress),
         );

@@ -58,7 +58,8 @@
 //! sub-task while a switch is under way, as it comes. A caller resuming from its sub-task
 //! completes its paused step through the run that awaits the task in both sessions (a
 //! restored one has a run standing for the call, which hears the result after the same
-//! hops as the body did), so a body's items land on the same side of the step.
+//! hops as the body did, and whose output reaches the step through its toolset as the
+//! body's did), so a body's items land on the same side of the step.
 
 use proptest::prelude::*;
 use serde_json::Value;

@@ -641,6 +641,8 @@ impl Activation {
                             })
                             .collect(),
                         awaiting: slots.iter().position(|(_, out)| out.is_none()),
+                        // The session knows the runs' order: it fills this in.
+                        runs_before: 0,
                         held: self
                             .ledger
                             .held()

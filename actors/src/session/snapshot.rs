@@ -434,12 +434,13 @@ impl SessionActor {
             updates: c.updates,
             checkpoint: c.checkpoint,
         };
-        let mut running: Vec<RunningRecord> = session_background
+        // With each record, its run's key (keys rise as runs start): see below.
+        let mut running: Vec<(u64, RunningRecord)> = session_background
             .into_iter()
             .flat_map(|(toolset, calls)| {
                 calls
                     .into_iter()
-                    .map(|c| record(ScopeRecord::Session, toolset.clone(), c))
+                    .map(|c| (c.key, record(ScopeRecord::Session, toolset.clone(), c)))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -465,11 +466,12 @@ impl SessionActor {
                     }
                 }
             }
-            running.extend(
-                background
-                    .into_iter()
-                    .map(|(toolset, c)| record(ScopeRecord::Activation(live.order), toolset, c)),
-            );
+            running.extend(background.into_iter().map(|(toolset, c)| {
+                (
+                    c.key,
+                    record(ScopeRecord::Activation(live.order), toolset, c),
+                )
+            }));
             live.after = frame.after.iter().filter_map(job_record).collect();
             match part.decided {
                 Some(Decided::Handoff(handoff)) => live.after.insert(0, handoff_record(&handoff)),
@@ -487,6 +489,18 @@ impl SessionActor {
             }
             records.push(live);
         }
+        // The runs in the order they started, and each paused step's awaiting call placed
+        // among them: a restore gives the runs it makes keys in this order, so a toolset
+        // lists its runs as it did before (it lists them by key).
+        running.sort_by_key(|(key, _)| *key);
+        for (live, frame) in records.iter_mut().zip(&live_after) {
+            if let (Some(waiting), Some(asker)) = (live.waiting.as_mut(), frame.asker) {
+                if waiting.awaiting.is_some() {
+                    waiting.runs_before = running.iter().filter(|(key, _)| *key < asker).count();
+                }
+            }
+        }
+        let running: Vec<RunningRecord> = running.into_iter().map(|(_, r)| r).collect();
         views.sort_by_key(|v| v.order);
         let (speech, step, run) = self.shared.ids.counters();
         let mut generations: Vec<(String, u32)> = self
@@ -998,7 +1012,33 @@ impl SessionActor {
             .filter_map(|(index, r)| Some((r.task_of?, index)))
             .collect();
         // What the runs standing for those calls await, by index in `running`.
-        let mut awaited: HashMap<usize, (u64, BoxFuture<'static, TaskResult>)> = HashMap::new();
+        let mut awaited: HashMap<usize, BoxFuture<'static, TaskResult>> = HashMap::new();
+        // Keys for the runs the restore makes, given in the order the runs started (the
+        // order of `running`, each paused step's awaiting call in its place among them):
+        // a toolset lists its runs by key — a duplicate's answer, `get_running_tasks` —
+        // and lists them as it did before the snapshot. A key given to a call that ends
+        // instead (an abandoned one) is not used.
+        let mut step_keys: HashMap<u32, u64> = HashMap::new();
+        let mut running_keys: Vec<u64> = Vec::with_capacity(head.running.len());
+        let mut in_steps: Vec<(usize, u32)> = head
+            .stack
+            .iter()
+            .filter_map(|r| {
+                let waiting = r.waiting.as_ref()?;
+                waiting.awaiting?;
+                Some((waiting.runs_before, r.order))
+            })
+            .collect();
+        in_steps.sort_by_key(|(before, _)| *before);
+        let mut in_steps = in_steps.into_iter().peekable();
+        for index in 0..=head.running.len() {
+            while let Some((_, order)) = in_steps.next_if(|(before, _)| *before <= index) {
+                step_keys.insert(order, self.shared.ids.next_run());
+            }
+            if index < head.running.len() {
+                running_keys.push(self.shared.ids.next_run());
+            }
+        }
         let mut paused = Vec::new();
         let mut current = None;
         let mut by_order: HashMap<u32, ActivityRef> = HashMap::new();
@@ -1048,13 +1088,19 @@ impl SessionActor {
             let (task_reply, task_result, asker) = if in_step || in_background.is_some() {
                 let (reply, result) = oneshot::channel::<TaskResult>();
                 let result = self.task_answer(result);
-                let key = self.shared.ids.next_run();
                 match in_background.filter(|_| !in_step) {
                     Some(index) => {
-                        awaited.insert(index, (key, result));
-                        (reply, None, Some(key))
+                        awaited.insert(index, result);
+                        (reply, None, running_keys.get(index).copied())
                     }
-                    None => (reply, Some((key, result)), Some(key)),
+                    None => {
+                        // Not reached without a key: `in_step` is what gave it one.
+                        let key = step_keys
+                            .get(&record.order)
+                            .copied()
+                            .unwrap_or_else(|| self.shared.ids.next_run());
+                        (reply, Some((key, result)), Some(key))
+                    }
                 }
             } else {
                 (oneshot::channel().0, None, None)
@@ -1156,14 +1202,18 @@ impl SessionActor {
         let me = self.id();
         let mut restore_calls: HashMap<u32, Vec<CallToRestore>> = HashMap::new();
         for (index, running) in head.running.into_iter().enumerate() {
-            let awaits = awaited.remove(&index).map(|(key, result)| AwaitedTask {
-                key,
+            let awaits = awaited.remove(&index).map(|result| AwaitedTask {
                 step: 0,
                 interruptibility: Interruptibility::new(true),
                 result,
                 immediate: None,
             });
             let restore = CallToRestore {
+                // One per record, given above.
+                key: running_keys
+                    .get(index)
+                    .copied()
+                    .unwrap_or_else(|| self.shared.ids.next_run()),
                 toolset: running.toolset,
                 call: running.call,
                 updates: running.updates,
@@ -1229,6 +1279,7 @@ impl SessionActor {
             .map(|t| t.mailbox.clone());
         let call = restore.call.clone();
         let resume = ResumeRun {
+            key: restore.key,
             call: restore.call,
             agent: current.agent.clone(),
             is_task: self.schedule.in_task(),
