@@ -349,8 +349,6 @@ mod regressions {
     /// step landed before `/update_2` instead of after it. Its output now passes through
     /// the toolset too.
     #[test]
-    #[ignore = "engine: the restored caller's step and a session-scoped update land in \
-                another order than in the uninterrupted session (being fixed)"]
     fn a_call_awaiting_its_sub_task_then_updates_and_a_host_handoff() {
         check(RestoreCase {
             config: config(),
