@@ -147,6 +147,11 @@ impl RemoteShared {
         }
     }
 
+    /// Whether an owner said the session started (or resumed it).
+    pub(crate) fn has_started(&self) -> bool {
+        *self.started.borrow() == StartState::Started
+    }
+
     /// Whether some call waits for an `InputDone`.
     pub(crate) fn awaits_outcomes(&self) -> bool {
         !self.waiters().is_empty()

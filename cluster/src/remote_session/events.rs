@@ -106,8 +106,14 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
                 if changed.is_err() {
                     break;
                 }
-                // Back after an outage: what was published meanwhile never came.
-                catch_up(&shared, &mut order, None, options.input_deadline).await;
+                // Back after an outage: what was published meanwhile never came. Not
+                // before the start is known: there is no owner to replay anything yet (the
+                // client's first `Connected` may only be counted now), and the start's
+                // own event comes on the subscription; a catch-up would hold this loop,
+                // and so that event, for the whole input deadline.
+                if shared.has_started() {
+                    catch_up(&shared, &mut order, None, options.input_deadline).await;
+                }
             }
             _ = check.tick() => {
                 // Silence is fine while nobody waits; while a call does, a replay both
