@@ -195,7 +195,6 @@ pub(crate) async fn host(
         hosting: hosting.clone(),
     };
     hosted.run(first).await;
-    hosting.counts.session_ended();
 }
 
 /// The builder of a session as `start` asks for it (without its id and output), the
@@ -420,6 +419,9 @@ impl Hosted {
     /// Publishes what remains and releases or hands over the session (or, fenced, just
     /// stops).
     async fn finish(mut self, exit: Exit) {
+        // No longer live from here: counted before the owner record says it ended (or
+        // moved), so whoever reads that record then reads the worker's count without it.
+        self.hosting.counts.session_ended();
         // A renewal under way has the ownership: wait for it (bounded by its own timeout).
         if self.renewal.is_some() {
             let (ownership, renewed) = finish_renewal(&mut self.renewal).await;
