@@ -128,7 +128,9 @@ async fn saved_at(store: &MemoryStore, session: &str, seq: u64) -> SessionSnapsh
                     return saved;
                 }
             }
-            tokio::task::yield_now().await;
+            // A sleep, not a yield: under paused time the clock then moves, so the
+            // timeout can fire instead of the loop spinning for ever.
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     })
     .await
@@ -137,6 +139,9 @@ async fn saved_at(store: &MemoryStore, session: &str, seq: u64) -> SessionSnapsh
 
 #[actix::test]
 async fn a_turn_that_settles_before_its_id_comes_is_saved_with_it() {
+    // Paused: a sleep below moves the clock only once every task is idle, so "nothing
+    // was saved" is read after the saver had every chance to write.
+    tokio::time::pause();
     let llm = ScriptedLlm::new([]);
     llm.otherwise(Reply::text("Noted."));
     let store = MemoryStore::new();
@@ -154,9 +159,6 @@ async fn a_turn_that_settles_before_its_id_comes_is_saved_with_it() {
     session.begin_input();
     session.run("hello").await.unwrap();
     session.wait_for_settled().await.unwrap();
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
     tokio::time::sleep(Duration::from_millis(20)).await;
     let saved = store.load(&id).await.unwrap().unwrap();
     assert!(
