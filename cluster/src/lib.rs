@@ -108,6 +108,7 @@
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![deny(unused_must_use)]
 
+mod conditional_write;
 mod connect;
 mod dispatch;
 mod gateway;

@@ -33,13 +33,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
 
 /// What the owners bucket says about one session.
@@ -233,19 +233,8 @@ impl Owners {
         );
         let message = PublishMessage::build()
             .payload(Bytes::from(payload))
-            .expected_last_subject_sequence(expected)
             .ttl(ttl);
-        let ack = self
-            .js
-            .send_publish(subject, message)
-            .await
-            .map_err(|err| WriteError::Other(err.to_string()))?
-            .await;
-        match ack {
-            Ok(ack) => Ok(ack.sequence),
-            Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Moved),
-            Err(err) => Err(WriteError::Other(err.to_string())),
-        }
+        publish_if_last(&self.js, subject, message, expected).await
     }
 
     /// What the key holds now.
@@ -261,12 +250,6 @@ impl Owners {
             Err(err) => Err(err.to_string()),
         }
     }
-}
-
-enum WriteError {
-    /// The key's revision is not the expected one.
-    Moved,
-    Other(String),
 }
 
 enum Current {

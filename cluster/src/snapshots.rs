@@ -33,7 +33,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::{PublishMessage, StreamMessage};
 use async_nats::jetstream::stream::{self, DirectGetErrorKind, StorageType};
 use async_nats::jetstream::{self};
@@ -44,6 +43,7 @@ use futures_util::FutureExt;
 use switchboard::snapshot::{SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError};
 use tokio::sync::{watch, Mutex};
 
+use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::LeaseClock;
 use crate::spec::SessionSpec;
@@ -165,12 +165,6 @@ pub struct SnapshotStream {
     namespace: Namespace,
     /// How long an ended session's tombstone stays.
     ended_retention: Duration,
-}
-
-enum WriteError {
-    /// The subject's last sequence is not the expected one.
-    Moved,
-    Other(String),
 }
 
 impl SnapshotStream {
@@ -518,18 +512,7 @@ impl SnapshotStream {
         message: PublishMessage,
         expected: u64,
     ) -> Result<u64, WriteError> {
-        let message = message.expected_last_subject_sequence(expected);
-        let ack = self
-            .js
-            .send_publish(subject.to_owned(), message)
-            .await
-            .map_err(|err| WriteError::Other(err.to_string()))?
-            .await;
-        match ack {
-            Ok(ack) => Ok(ack.sequence),
-            Err(err) if err.kind() == PublishErrorKind::WrongLastSequence => Err(WriteError::Moved),
-            Err(err) => Err(WriteError::Other(err.to_string())),
-        }
+        publish_if_last(&self.js, subject.to_owned(), message, expected).await
     }
 
     /// Removes the messages of `subject` before `seq`.
