@@ -15,8 +15,8 @@
 //!   session succeeded; a job whose session is claimed already is terminated, so no job
 //!   runs twice even when JetStream redelivers it.
 //! * A worker that cannot claim (the owners bucket unreachable) naks the job for another
-//!   try; a worker that dies holding an unacknowledged job gets it redelivered to another
-//!   worker after the ack wait.
+//!   try; a job held by a worker that died unacknowledged is redelivered to another
+//!   worker after the ack wait, 2 s.
 
 use std::time::Duration;
 
@@ -30,8 +30,12 @@ use crate::namespace::{Namespace, SessionKey};
 use crate::protocol::SessionJob;
 
 /// How long a delivered job may stay unacknowledged before JetStream gives it to another
-/// worker (a worker claims and acknowledges within milliseconds).
-const ACK_WAIT: Duration = Duration::from_secs(30);
+/// worker. A worker claims and acknowledges within milliseconds; this bounds what a job
+/// loses when the worker it went to died before acknowledging it (seen once, in a run
+/// where a worker was killed just before the next start: that start waited the whole ack
+/// wait, then 30 s). A redelivery to a second worker while the first still claims is
+/// harmless: the claim is a compare-and-set, and the loser drops the job.
+const ACK_WAIT: Duration = Duration::from_secs(2);
 
 /// How long a retried start is recognised as a duplicate.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -125,10 +129,12 @@ pub(crate) async fn publish_resume(
     namespace: &Namespace,
     session: &SessionKey,
     id: &str,
+    lapsed: Option<u64>,
 ) -> Result<(), String> {
     let job = SessionJob {
         session: session.clone(),
         spec: None,
+        lapsed,
     };
     let payload = Bytes::from(serde_json::to_vec(&job).map_err(|err| err.to_string())?);
     let mut last_error = String::new();

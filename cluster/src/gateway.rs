@@ -305,6 +305,7 @@ impl Gateway {
         let job = SessionJob {
             session: key.clone(),
             spec: Some(spec),
+            lapsed: None,
         };
         let subject = options.namespace.jobs_subject();
         let mut attempted = false;

@@ -20,6 +20,13 @@
 //!   bucket's ended-retention, so a job redelivered late, or a host id used again, cannot
 //!   start the same session a second time.
 //!
+//! * **A lapsed lease.** The server removes an expired record only at its next expiry
+//!   check, which runs at most every 250 ms, so every worker also times the records it
+//!   sees: one not rewritten within a lease of when the worker saw it has lapsed, and a
+//!   claim may write over it by naming its revision (compare-and-set: if the owner did
+//!   renew, the revision moved and the claim fails). This is safe without comparing
+//!   clocks: the owner sent its last write before any worker saw it, and stops trusting
+//!   it a fifth of a lease before the lease runs out on its own clock.
 //! * **Hand-over** (a drain) writes a `Moving` record (same compare-and-set, a TTL of one
 //!   lease) once the session's last snapshot is stored; the worker that resumes it claims
 //!   over that record. Should the resume job be lost, the record expires like a lease and
@@ -146,6 +153,11 @@ impl Owners {
         })
     }
 
+    /// The lease (whole seconds).
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
     /// A watch of every write to the bucket, from each key's latest (so the expiries
     /// that happened while no worker watched are seen too).
     pub(crate) async fn watch_expiries(&self) -> Result<kv::Watch, String> {
@@ -155,14 +167,16 @@ impl Owners {
             .map_err(|err| format!("cannot watch the owners bucket: {err}"))
     }
 
-    /// Claims `session` for `worker` at `epoch` (one above a `Moving` record's): succeeds
-    /// only if no live record exists — none, an expired lease's marker, or a session
-    /// handed back.
+    /// Claims `session` for `worker` at `epoch` (one above the record it writes over):
+    /// succeeds only if no live record exists — none, an expired lease's marker, a
+    /// session handed back, or the lapsed record at revision `lapsed` when that is still
+    /// the latest (see `worker/resume.rs`).
     pub(crate) async fn claim(
         &self,
         session: &SessionKey,
         worker: &str,
         epoch: u64,
+        lapsed: Option<u64>,
     ) -> Result<Ownership, ClaimError> {
         let mut record = OwnerRecord {
             worker: worker.to_owned(),
@@ -191,7 +205,11 @@ impl Owners {
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
                     Current::Absent => expected = 0,
                     Current::Marker(revision) => expected = revision,
-                    Current::Record(revision, current) if current.state == OwnerState::Moving => {
+                    Current::Record(revision, current)
+                        if current.state == OwnerState::Moving
+                            || (current.state == OwnerState::Running
+                                && lapsed == Some(revision)) =>
+                    {
                         expected = revision;
                         record.epoch = record.epoch.max(current.epoch + 1);
                     }
@@ -423,4 +441,57 @@ impl Ownership {
 fn round_up_to_second(d: Duration) -> Duration {
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
     Duration::from_secs(secs.max(1))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::local::NatsServer;
+
+    #[tokio::test]
+    async fn a_claim_writes_over_a_live_record_only_at_the_revision_that_lapsed() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let owners = Owners::open(
+            js,
+            &Namespace::default(),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            true,
+        )
+        .await
+        .unwrap();
+        let key = SessionKey::new("call-1").unwrap();
+        let mut first = owners.claim(&key, "w1", 1, None).await.unwrap();
+        let seen = first.revision;
+
+        // A live record stands in the way of a claim that names no lapse, or another one.
+        for lapsed in [None, Some(seen + 100)] {
+            let err = owners.claim(&key, "w2", 1, lapsed).await.unwrap_err();
+            assert!(
+                matches!(&err, ClaimError::Taken { worker, .. } if worker == "w1"),
+                "{err}"
+            );
+        }
+
+        // The owner renewed after all: the revision that lapsed is not the latest now.
+        first.renew().await.unwrap();
+        let err = owners.claim(&key, "w2", 1, Some(seen)).await.unwrap_err();
+        assert!(matches!(err, ClaimError::Taken { .. }), "{err}");
+
+        // Not renewed since: the claim takes it one epoch higher, and the old owner is
+        // fenced at its next renewal.
+        let taken = owners
+            .claim(&key, "w2", 1, Some(first.revision))
+            .await
+            .unwrap();
+        assert_eq!(taken.epoch(), first.epoch() + 1);
+        let err = first.renew().await.unwrap_err();
+        assert!(
+            matches!(&err, LeaseError::Lost { now, .. } if now.contains("w2")),
+            "{err}"
+        );
+    }
 }

@@ -3,7 +3,9 @@
 //! missed events) and their replies, and a worker's counts.
 //!
 //! Events go the other way as [`RemoteEvent`](crate::RemoteEvent)s
-//! (`remote_event.rs`); the subjects are in `namespace.rs`.
+//! (`remote_event.rs`), in batches: each message on a session's events subject is a JSON
+//! array of consecutive events (`worker/event_log.rs`); the subjects are in
+//! `namespace.rs`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -24,6 +26,11 @@ pub(crate) struct SessionJob {
     /// What to start; none for a resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) spec: Option<SessionSpec>,
+    /// For a resume after a lapsed lease: the revision of the owner record that was not
+    /// renewed in time. The claim may write over that record, and only while it is still
+    /// the latest (its owner did not renew after all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lapsed: Option<u64>,
 }
 
 /// A request on `<ns>.session.<id>.in`.

@@ -28,6 +28,7 @@
 mod counts;
 mod event_log;
 mod hosted;
+mod lapses;
 mod ledger;
 mod output;
 mod resume;
@@ -438,7 +439,11 @@ impl Shared {
             }
         };
         let back_soon = AckKind::Nak(Some(Duration::from_millis(200)));
-        let mut ownership = match self.owners.claim(&job.session, &self.name, 1).await {
+        let mut ownership = match self
+            .owners
+            .claim(&job.session, &self.name, 1, job.lapsed)
+            .await
+        {
             Ok(ownership) => ownership,
             Err(err @ ClaimError::Taken { .. }) => {
                 tracing::info!(worker = %self.name, error = %err, "job for a session owned already: dropped");

@@ -97,9 +97,14 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
             message = subscription.next() => {
                 let Some(message) = message else { break };
                 last_heard = Instant::now();
-                match serde_json::from_slice::<RemoteEvent>(&message.payload) {
-                    Ok(event) => take(&shared, &mut order, event).await,
-                    Err(err) => tracing::warn!(session = %shared.key, error = %err, "unreadable event"),
+                // Each message is a batch: a JSON array of consecutive events.
+                match serde_json::from_slice::<Vec<RemoteEvent>>(&message.payload) {
+                    Ok(events) => {
+                        for event in events {
+                            take(&shared, &mut order, event).await;
+                        }
+                    }
+                    Err(err) => tracing::warn!(session = %shared.key, error = %err, "unreadable events"),
                 }
             }
             changed = connections.changed() => {

@@ -1,27 +1,42 @@
-//! `EventLog`: the events a session published, numbered, with the newest kept for replay.
+//! `EventLog`: the events a session published, numbered, with the newest kept for replay,
+//! and those not yet sent, as batches.
 //!
 //! Core NATS delivers at most once: an event published while a gateway was reconnecting is
 //! gone for that gateway. So the owner numbers every event (1, 2, 3, … per session, with its
 //! epoch) and keeps the newest ones, up to a byte budget, to send again when a gateway asks
 //! from the first one it lacks. The budget bounds memory per session whatever the model
 //! streams.
+//!
+//! What the session says between two wakes of its loop goes out as one message: a JSON
+//! array of consecutive events. A turn says ten or so things (its user message, states,
+//! speech start, chunks and end, its assistant message, its `InputDone`); one message per
+//! event made each turn a dozen trips through the server and as many wakes of the gateway.
 
 use std::collections::VecDeque;
 
 use crate::remote_event::{RemoteEvent, RemoteEventKind};
 
-/// The most bytes of events one replay reply carries: well under NATS's default 1 MiB
-/// payload limit.
-const REPLAY_REPLY_BYTES: usize = 256 * 1024;
+/// The most bytes of events one message carries (a replay reply, a batch): well under
+/// NATS's default 1 MiB payload limit.
+const MESSAGE_BYTES: usize = 256 * 1024;
 
-/// The numbered events of one session and the newest of them.
+/// The most bytes of events held unsent (while the lease cannot be trusted), beyond the
+/// budget; past it the oldest held ones are dropped, and the gateway reports them lost.
+const HELD_BYTES: usize = 4 * MESSAGE_BYTES;
+
+/// The numbered events of one session, the newest of them, and how far they were sent.
 #[derive(Debug)]
 pub(crate) struct EventLog {
     epoch: u64,
     last_seq: u64,
-    /// Oldest first, each with its serialized size.
-    kept: VecDeque<(RemoteEvent, usize)>,
+    /// The last event sent on the events subject (later ones wait for the next batch, or
+    /// are held while the lease cannot be trusted).
+    sent: u64,
+    /// Oldest first: each event's number and JSON. The sent ones up to the budget, and
+    /// every unsent one (up to `HELD_BYTES`).
+    kept: VecDeque<(u64, Vec<u8>)>,
     kept_bytes: usize,
+    unsent_bytes: usize,
     budget: usize,
 }
 
@@ -31,14 +46,16 @@ impl EventLog {
         Self {
             epoch,
             last_seq: 0,
+            sent: 0,
             kept: VecDeque::new(),
             kept_bytes: 0,
+            unsent_bytes: 0,
             budget,
         }
     }
 
-    /// Numbers `kind` as the next event and keeps it; returns it with its JSON.
-    pub(crate) fn record(&mut self, kind: RemoteEventKind) -> (RemoteEvent, Vec<u8>) {
+    /// Numbers `kind` as the next event and keeps it, to be sent with the next batch.
+    pub(crate) fn record(&mut self, kind: RemoteEventKind) {
         self.last_seq += 1;
         let event = RemoteEvent {
             seq: self.last_seq,
@@ -47,20 +64,61 @@ impl EventLog {
         };
         // A derived `Serialize` of plain data with string keys cannot fail.
         let json = serde_json::to_vec(&event).unwrap_or_default();
-        self.kept.push_back((event.clone(), json.len()));
         self.kept_bytes += json.len();
-        // Always keep the newest, even if it alone is over the budget.
-        while self.kept_bytes > self.budget && self.kept.len() > 1 {
-            if let Some((_, size)) = self.kept.pop_front() {
-                self.kept_bytes -= size;
-            }
-        }
-        (event, json)
+        self.unsent_bytes += json.len();
+        self.kept.push_back((event.seq, json));
+        self.trim();
     }
 
-    /// The sequence number of the newest event (0 before the first).
-    pub(crate) fn last_seq(&self) -> u64 {
-        self.last_seq
+    /// Drops the oldest sent events over the budget, and the oldest unsent ones over
+    /// `HELD_BYTES`; always keeps the newest, even if it alone is over both.
+    fn trim(&mut self) {
+        while self.kept.len() > 1 {
+            let Some((seq, json)) = self.kept.front() else {
+                break;
+            };
+            let sent = *seq <= self.sent;
+            // Held events over their cap go, and every sent one older than them.
+            let over = self.unsent_bytes > HELD_BYTES
+                || (sent && self.kept_bytes - self.unsent_bytes > self.budget);
+            if !over {
+                break;
+            }
+            let size = json.len();
+            self.kept.pop_front();
+            self.kept_bytes -= size;
+            if !sent {
+                self.unsent_bytes -= size;
+            }
+        }
+    }
+
+    /// The events recorded since the last call, as messages for the events subject (each
+    /// a JSON array of consecutive events, at most one message's worth, and at least one
+    /// event); they count as sent from now on. Those the budget dropped before they were
+    /// sent are not there: the gateway sees the hole and asks for a replay.
+    pub(crate) fn take_unsent(&mut self) -> Vec<Vec<u8>> {
+        let mut messages = Vec::new();
+        let mut message: Vec<u8> = Vec::new();
+        // The kept events are consecutive, the newest last.
+        let unsent = usize::try_from(self.last_seq - self.sent).unwrap_or(usize::MAX);
+        let first = self.kept.len().saturating_sub(unsent);
+        for (_, json) in self.kept.range(first..) {
+            if !message.is_empty() && message.len() + json.len() + 1 > MESSAGE_BYTES {
+                message.push(b']');
+                messages.push(std::mem::take(&mut message));
+            }
+            message.push(if message.is_empty() { b'[' } else { b',' });
+            message.extend_from_slice(json);
+        }
+        if !message.is_empty() {
+            message.push(b']');
+            messages.push(message);
+        }
+        self.sent = self.last_seq;
+        self.unsent_bytes = 0;
+        self.trim();
+        messages
     }
 
     /// The kept events from `from` on, at most one reply's worth; `true` when they reach
@@ -69,22 +127,19 @@ impl EventLog {
     pub(crate) fn since(&self, from: u64) -> (Vec<RemoteEvent>, bool) {
         let mut bytes = 0;
         let mut out = Vec::new();
-        for (event, size) in self.kept.iter().filter(|(e, _)| e.seq >= from) {
-            if bytes + size > REPLAY_REPLY_BYTES && !out.is_empty() {
+        let oldest = self.kept.front().map_or(1, |(seq, _)| *seq);
+        let first = usize::try_from(from.saturating_sub(oldest)).unwrap_or(usize::MAX);
+        for (_, json) in self.kept.range(first.min(self.kept.len())..) {
+            if bytes + json.len() > MESSAGE_BYTES && !out.is_empty() {
                 return (out, false);
             }
-            bytes += size;
-            out.push(event.clone());
+            bytes += json.len();
+            // It was serialized from a `RemoteEvent` just above.
+            if let Ok(event) = serde_json::from_slice(json) {
+                out.push(event);
+            }
         }
         (out, true)
-    }
-
-    /// The kept events after `seq` (those not yet published), oldest first.
-    pub(crate) fn after(&self, seq: u64) -> impl Iterator<Item = &RemoteEvent> {
-        self.kept
-            .iter()
-            .map(|(e, _)| e)
-            .filter(move |e| e.seq > seq)
     }
 }
 
@@ -98,16 +153,92 @@ mod tests {
         }
     }
 
+    fn read(message: &[u8]) -> Vec<RemoteEvent> {
+        serde_json::from_slice(message).unwrap()
+    }
+
     #[test]
     fn events_are_numbered_from_one_with_the_epoch() {
         let mut log = EventLog::new(3, 1 << 20);
-        let (first, _) = log.record(chunk("a"));
-        let (second, json) = log.record(chunk("b"));
-        assert_eq!((first.seq, first.epoch), (1, 3));
-        assert_eq!(second.seq, 2);
-        let parsed: RemoteEvent = serde_json::from_slice(&json).unwrap_or(first);
-        assert_eq!(parsed, second);
-        assert_eq!(log.last_seq(), 2);
+        log.record(chunk("a"));
+        log.record(chunk("b"));
+        let messages = log.take_unsent();
+        assert_eq!(messages.len(), 1, "one batch");
+        let events = read(&messages[0]);
+        assert_eq!(
+            events.iter().map(|e| (e.seq, e.epoch)).collect::<Vec<_>>(),
+            [(1, 3), (2, 3)]
+        );
+        assert_eq!(events[1].kind, chunk("b"));
+    }
+
+    #[test]
+    fn each_batch_holds_what_was_recorded_since_the_last() {
+        let mut log = EventLog::new(1, 1 << 20);
+        assert!(log.take_unsent().is_empty());
+        log.record(chunk("a"));
+        assert_eq!(read(&log.take_unsent()[0]).len(), 1);
+        for i in 0..3 {
+            log.record(chunk(&i.to_string()));
+        }
+        let messages = log.take_unsent();
+        let seqs: Vec<u64> = read(&messages[0]).iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, [2, 3, 4]);
+        assert!(log.take_unsent().is_empty(), "nothing new");
+    }
+
+    #[test]
+    fn a_big_batch_comes_in_parts_and_dropped_events_are_left_out() {
+        let mut log = EventLog::new(1, 4 << 20);
+        let text = "x".repeat(10_000);
+        for _ in 0..60 {
+            log.record(chunk(&text));
+        }
+        let messages = log.take_unsent();
+        assert!(
+            messages.len() > 1,
+            "600 KB of events do not fit one message"
+        );
+        let seqs: Vec<u64> = messages
+            .iter()
+            .flat_map(|m| read(m))
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, (1..=60).collect::<Vec<u64>>());
+
+        // Held past their cap (a lease that could not be trusted): the oldest are gone.
+        let mut log = EventLog::new(1, 300);
+        for _ in 0..150 {
+            log.record(chunk(&text));
+        }
+        let seqs: Vec<u64> = log
+            .take_unsent()
+            .iter()
+            .flat_map(|m| read(m))
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs.last(), Some(&150));
+        assert!(seqs[0] > 1, "the oldest were dropped");
+        assert!(seqs.len() * 10_000 <= HELD_BYTES);
+    }
+
+    #[test]
+    fn the_budget_never_drops_an_event_before_it_is_sent() {
+        // A close's answer carries the whole history, over the replay budget; the
+        // `SessionEnded` after it must not push it out before the batch goes.
+        let mut log = EventLog::new(1, 300);
+        log.record(chunk(&"h".repeat(1_000)));
+        log.record(chunk("ended"));
+        let seqs: Vec<u64> = log
+            .take_unsent()
+            .iter()
+            .flat_map(|m| read(m))
+            .map(|e| e.seq)
+            .collect();
+        assert_eq!(seqs, [1, 2]);
+        // Once sent, the budget applies: the big one is gone from the replay.
+        let (events, _) = log.since(1);
+        assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
     }
 
     #[test]
@@ -119,7 +250,8 @@ mod tests {
         let (events, complete) = log.since(3);
         assert!(complete);
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
-        assert_eq!(log.after(4).map(|e| e.seq).collect::<Vec<_>>(), [5]);
+        assert_eq!(events[0].kind, chunk("2"));
+        assert!(log.since(6).0.is_empty());
     }
 
     #[test]
@@ -127,6 +259,7 @@ mod tests {
         let mut log = EventLog::new(1, 300);
         for i in 0..20 {
             log.record(chunk(&format!("event number {i}")));
+            log.take_unsent();
         }
         let (events, complete) = log.since(1);
         assert!(complete);

@@ -16,10 +16,12 @@
 //!   (`Session::set_last_input`, tied to the input, to its turn when that is queued), so a
 //!   snapshot holds an input exactly when it holds its id;
 //! * engine events and speech are published as they come, each numbered by the event
-//!   log. Each source keeps its order (the engine's events; a speech's start, chunks and
-//!   end); between the two there is no common clock, and when both have something ready
-//!   the speech goes first (a voice front's TTS waits on it). A turn's `InputDone`
-//!   follows the events and speech it produced (the loop prefers both: `biased`);
+//!   log; what is ready at one wake of the loop goes out as one message (a batch). Each
+//!   source keeps its order (the engine's events; a speech's start, chunks and end);
+//!   between the two there is no common clock, and when both have something ready the
+//!   speech goes first (a voice front's TTS waits on it). A turn's `InputDone` follows
+//!   the events and speech it produced (the loop prefers both: `biased`, and so does its
+//!   gathering of what is ready);
 //! * the lease is renewed every third of its length; while it cannot be trusted the loop
 //!   answers no request (the gateway retries), holds its events back (published once
 //!   the lease is renewed) and its snapshot writer writes nothing; a lease lost to
@@ -142,12 +144,14 @@ pub(crate) async fn host(
         Ok(running) => running,
         Err(reason) => {
             tracing::warn!(session = %key, %reason, resumed, "session not started");
-            let (_, json) = log.record(RemoteEventKind::StartFailed { reason });
-            let _ = hosting
-                .client
-                .nats()
-                .publish(events_subject, json.into())
-                .await;
+            log.record(RemoteEventKind::StartFailed { reason });
+            for message in log.take_unsent() {
+                let _ = hosting
+                    .client
+                    .nats()
+                    .publish(events_subject.clone(), message.into())
+                    .await;
+            }
             Counts::bump(&hosting.counts.refused);
             if let Err(err) = writer.end().await {
                 tracing::warn!(session = %key, error = %err, "cannot end the snapshots of a session that did not start");
@@ -183,7 +187,6 @@ pub(crate) async fn host(
         renewal: None,
         events_subject,
         log,
-        published: 0,
         ledger: InputLedger::resumed(last_input),
         running: FuturesUnordered::new(),
         ending: None,
@@ -289,9 +292,6 @@ struct Hosted {
     /// the session's inputs and events once the server is back.
     renewal: Option<BoxFuture<'static, (Ownership, Result<(), LeaseError>)>>,
     log: EventLog,
-    /// The last event sent on the events subject (later ones are held while the lease
-    /// cannot be trusted).
-    published: u64,
     ledger: InputLedger,
     running: FuturesUnordered<BoxFuture<'static, Finished>>,
     /// Set once the session is closing or moving: new inputs are refused.
@@ -309,13 +309,14 @@ struct Hosted {
 
 impl Hosted {
     async fn run(mut self, first: RemoteEventKind) {
-        self.emit(first).await;
+        self.emit(first);
         let every = self.renew_every;
         let mut renew = tokio::time::interval_at(Instant::now() + every, every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A drain that began before this session started applies to it too.
         let mut drain_now = self.drain.borrow().is_some();
         let exit = loop {
+            self.send_events().await;
             if drain_now && self.ending.is_none() {
                 self.begin_drain();
             }
@@ -325,38 +326,15 @@ impl Hosted {
                 biased;
                 // Speech first: it is what a voice front's TTS waits on.
                 speech = self.speech.recv(), if self.speech_open => match speech {
-                    Some(kind) => self.emit_from_session(kind).await,
+                    Some(kind) => self.emit_from_session(kind),
                     None => self.speech_open = false,
                 },
-                event = self.engine_events.recv(), if self.events_open => match event {
-                    Ok(event) => {
-                        if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                            self.emit_from_session(kind).await;
-                        }
+                event = self.engine_events.recv(), if self.events_open => self.on_engine_event(event),
+                Some(finished) = self.running.next(), if !self.running.is_empty() => {
+                    if let Some(exit) = self.on_finished(finished) {
+                        break exit;
                     }
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        self.emit(RemoteEventKind::EventsDropped { missed }).await;
-                    }
-                    Err(broadcast::error::RecvError::Closed) => self.events_open = false,
-                },
-                Some(finished) = self.running.next(), if !self.running.is_empty() => match finished {
-                    Finished::Input { id, outcome } => {
-                        self.emit(RemoteEventKind::InputDone { input: id, outcome }).await;
-                    }
-                    Finished::Ended { reason, close_input, history } => {
-                        break Exit::Ended { reason, close_input, history };
-                    }
-                    Finished::Moved { saved } => match saved {
-                        Err(StoreError::Fenced { reason, .. }) => break Exit::Fenced(reason),
-                        Err(err) => {
-                            // The store keeps the last settled state the session saved; the
-                            // gateway sends the inputs after it again.
-                            tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
-                            break Exit::Moved;
-                        }
-                        Ok(()) => break Exit::Moved,
-                    },
-                },
+                }
                 changed = self.fenced.changed() => {
                     if changed.is_ok() && *self.fenced.borrow() {
                         break Exit::Fenced("a newer owner wrote the session's snapshots".into());
@@ -374,7 +352,9 @@ impl Hosted {
                 (ownership, renewed) = finish_renewal(&mut self.renewal), if self.renewal.is_some() => {
                     self.ownership = Some(ownership);
                     match renewed {
-                        Ok(()) => self.publish_held().await,
+                        // Events held while the lease could not be trusted go with the
+                        // next batch.
+                        Ok(()) => {}
                         Err(LeaseError::Lost { now, .. }) => break Exit::Fenced(now),
                         Err(err @ LeaseError::Unreachable { .. }) => {
                             tracing::warn!(session = %self.key, error = %err, valid = self.lease.is_valid(), "lease not renewed");
@@ -389,8 +369,100 @@ impl Hosted {
                     self.begin_ending(EndReason::Idle, None);
                 }
             }
+            // Whatever else the session has said by now goes in the same batch.
+            if let Some(exit) = self.gather_ready() {
+                break exit;
+            }
         };
         self.finish(exit).await;
+    }
+
+    fn on_engine_event(&mut self, event: Result<SessionEvent, broadcast::error::RecvError>) {
+        match event {
+            Ok(event) => {
+                if let Some(kind) = RemoteEventKind::from_session_event(&event) {
+                    self.emit_from_session(kind);
+                }
+            }
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                self.emit(RemoteEventKind::EventsDropped { missed });
+            }
+            Err(broadcast::error::RecvError::Closed) => self.events_open = false,
+        }
+    }
+
+    /// A piece of work under way is done: its `InputDone`, or the loop's end.
+    fn on_finished(&mut self, finished: Finished) -> Option<Exit> {
+        match finished {
+            Finished::Input { id, outcome } => {
+                self.emit(RemoteEventKind::InputDone { input: id, outcome });
+                None
+            }
+            Finished::Ended {
+                reason,
+                close_input,
+                history,
+            } => Some(Exit::Ended {
+                reason,
+                close_input,
+                history,
+            }),
+            Finished::Moved { saved } => Some(match saved {
+                Err(StoreError::Fenced { reason, .. }) => Exit::Fenced(reason),
+                Err(err) => {
+                    // The store keeps the last settled state the session saved; the
+                    // gateway sends the inputs after it again.
+                    tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                    Exit::Moved
+                }
+                Ok(()) => Exit::Moved,
+            }),
+        }
+    }
+
+    /// Takes what the session has ready without waiting, in the loop's order (speech,
+    /// then events, then finished work: a turn's `InputDone` after what it said), so it
+    /// goes out in one batch.
+    fn gather_ready(&mut self) -> Option<Exit> {
+        loop {
+            if self.speech_open {
+                match self.speech.try_recv() {
+                    Ok(kind) => {
+                        self.emit_from_session(kind);
+                        continue;
+                    }
+                    Err(mpsc::error::TryRecvError::Disconnected) => self.speech_open = false,
+                    Err(mpsc::error::TryRecvError::Empty) => {}
+                }
+            }
+            if self.events_open {
+                match self.engine_events.try_recv() {
+                    Ok(event) => {
+                        self.on_engine_event(Ok(event));
+                        continue;
+                    }
+                    Err(broadcast::error::TryRecvError::Lagged(missed)) => {
+                        self.on_engine_event(Err(broadcast::error::RecvError::Lagged(missed)));
+                        continue;
+                    }
+                    Err(broadcast::error::TryRecvError::Closed) => self.events_open = false,
+                    Err(broadcast::error::TryRecvError::Empty) => {}
+                }
+            }
+            if self.running.is_empty() {
+                return None;
+            }
+            // Polled with a no-op waker: the loop's `select!` polls it again with its own
+            // before it waits.
+            match self.running.next().now_or_never() {
+                Some(Some(finished)) => {
+                    if let Some(exit) = self.on_finished(finished) {
+                        return Some(exit);
+                    }
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// Renews the lease beside the loop, bounded by the renewal period.
@@ -441,20 +513,20 @@ impl Hosted {
                 // What the session said while closing, then the answers of inputs still
                 // under way (they end quickly on a closed session), then the close.
                 while let Ok(kind) = self.speech.try_recv() {
-                    self.emit(kind).await;
+                    self.emit(kind);
                 }
                 while let Ok(event) = self.engine_events.try_recv() {
                     if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                        self.emit(kind).await;
+                        self.emit(kind);
                     }
                 }
                 self.emit_outcomes_due().await;
                 if let Some(id) = close_input {
                     let outcome = InputOutcome::History { history };
-                    self.emit(RemoteEventKind::InputDone { input: id, outcome })
-                        .await;
+                    self.emit(RemoteEventKind::InputDone { input: id, outcome });
                 }
-                self.emit(RemoteEventKind::SessionEnded { reason }).await;
+                self.emit(RemoteEventKind::SessionEnded { reason });
+                self.send_events().await;
                 let _ = self.inputs.unsubscribe().await;
                 // The snapshots first: a stale owner's tombstone is refused, and then it
                 // writes no record either.
@@ -489,8 +561,7 @@ impl Hosted {
         while let Ok(Some(finished)) = tokio::time::timeout_at(deadline, self.running.next()).await
         {
             if let Finished::Input { id, outcome } = finished {
-                self.emit(RemoteEventKind::InputDone { input: id, outcome })
-                    .await;
+                self.emit(RemoteEventKind::InputDone { input: id, outcome });
             }
         }
     }
@@ -501,6 +572,7 @@ impl Hosted {
         // The outcomes of inputs applied before the drain belong to the old owner: the
         // new one does not run them again (they are in the snapshot).
         self.emit_outcomes_due().await;
+        self.send_events().await;
         // Closing is not the conversation: the snapshot is stored, nothing of it is
         // written or published.
         self.quiet.store(true, Ordering::SeqCst);
@@ -508,7 +580,8 @@ impl Hosted {
         self.events_open = false;
         self.speech_open = false;
         let _ = self.session.close().await;
-        self.emit(RemoteEventKind::SessionMoving).await;
+        self.emit(RemoteEventKind::SessionMoving);
+        self.send_events().await;
         let _ = self.inputs.unsubscribe().await;
         let _ = self.hosting.client.nats().flush().await;
         let Some(ownership) = self.ownership.take() else {
@@ -522,6 +595,7 @@ impl Hosted {
                     &self.hosting.namespace,
                     &self.key,
                     &id,
+                    None,
                 )
                 .await;
                 if let Err(err) = queued {
@@ -563,35 +637,27 @@ impl Hosted {
 
     /// [`emit`](Self::emit) for what the session said (its events and speech): dropped
     /// once a drain's last snapshot is taken.
-    async fn emit_from_session(&mut self, kind: RemoteEventKind) {
+    fn emit_from_session(&mut self, kind: RemoteEventKind) {
         if !self.quiet.load(Ordering::SeqCst) {
-            self.emit(kind).await;
+            self.emit(kind);
         }
     }
 
-    /// Numbers `kind`, keeps it, and publishes it unless the lease cannot be trusted.
-    async fn emit(&mut self, kind: RemoteEventKind) {
-        let (event, json) = self.log.record(kind);
-        if self.lease.is_valid() && self.published + 1 == event.seq {
-            self.publish(json).await;
-            self.published = event.seq;
-        }
+    /// Numbers `kind` and keeps it; it goes out with the next batch.
+    fn emit(&mut self, kind: RemoteEventKind) {
+        self.log.record(kind);
     }
 
-    /// Publishes the events held back while the lease could not be trusted.
-    async fn publish_held(&mut self) {
-        if self.published == self.log.last_seq() {
+    /// Publishes the events not sent yet, as one message (more for a big batch) — unless
+    /// the lease cannot be trusted: then they wait (bounded by the log's budget) for the
+    /// lease's renewal.
+    async fn send_events(&mut self) {
+        if !self.lease.is_valid() {
             return;
         }
-        let held: Vec<Vec<u8>> = self
-            .log
-            .after(self.published)
-            .map(|event| serde_json::to_vec(event).unwrap_or_default())
-            .collect();
-        for json in held {
-            self.publish(json).await;
+        for message in self.log.take_unsent() {
+            self.publish(message).await;
         }
-        self.published = self.log.last_seq();
     }
 
     // The two below return futures that borrow nothing of `self`: `Hosted` is `Send` but
@@ -885,7 +951,7 @@ async fn finish_renewal(
 }
 
 /// Sleeps until `at` (never, for `None`: the branch is off then anyway).
-async fn sleep_until(at: Option<Instant>) {
+pub(super) async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
