@@ -93,8 +93,9 @@
 //! | `snapshots.rs` | the snapshots stream ([`SnapshotStream`]) and one owner's fenced [`SnapshotWriter`], a `SnapshotStore` |
 //! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain, [`provision`] |
 //! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
-//! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease expired |
-//! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log, the speech output that publishes, the counters |
+//! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
+//! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
+//! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
 //! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
 //! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |

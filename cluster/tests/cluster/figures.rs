@@ -5,8 +5,9 @@
 //! cargo test --release -p switchboard-cluster --test cluster -- --ignored --nocapture figures
 //! ```
 //!
-//! It prints: the NATS request-reply floor; a turn through the gateway against the same
-//! turn on an engine in this process; a new session to its first reply; the failover time
+//! It prints: the NATS request-reply floor (and a request-reply to a worker process); a
+//! turn through the gateway against the same turn on an engine in this process, sampled
+//! in turn with the floor; a new session to its first reply; the failover time
 //! from SIGKILL of the owner to the next reply (lease 1 s); the drain time of 200 sessions;
 //! and the turns a second with 1, 2 and 3 worker processes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -41,47 +42,27 @@ fn print_row(what: &str, samples: &mut [Duration]) -> (f64, f64) {
     (p50, p99)
 }
 
-/// Core NATS request-reply through the server, to a responder in this process.
-async fn request_reply_floor(server: &NatsServer) -> (f64, f64) {
+/// A responder to `bench.echo` in this process: the floor's other end.
+async fn echo_responder(server: &NatsServer) -> tokio::task::JoinHandle<()> {
     let responder = common::client(server, "echo").await;
     let mut requests = responder.nats().subscribe("bench.echo").await.unwrap();
     responder.nats().flush().await.unwrap();
-    let echo = tokio::spawn({
-        let nats = responder.nats().clone();
-        async move {
-            while let Some(request) = requests.next().await {
-                if let Some(reply) = request.reply {
-                    nats.publish(reply, request.payload).await.unwrap();
-                }
+    tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            if let Some(reply) = request.reply {
+                responder
+                    .nats()
+                    .publish(reply, request.payload)
+                    .await
+                    .unwrap();
             }
         }
-    });
-    let client = common::client(server, "asker").await;
-    let payload = bytes::Bytes::from(vec![b'x'; 128]);
-    for _ in 0..200 {
-        client
-            .nats()
-            .request("bench.echo", payload.clone())
-            .await
-            .unwrap();
-    }
-    let mut samples = Vec::new();
-    for _ in 0..2000 {
-        let began = Instant::now();
-        client
-            .nats()
-            .request("bench.echo", payload.clone())
-            .await
-            .unwrap();
-        samples.push(began.elapsed());
-    }
-    echo.abort();
-    print_row("NATS request-reply, 128 B (the floor)", &mut samples)
+    })
 }
 
-/// The same turn as the test worker's (`You said: <text>`) on an engine in this process.
-async fn turn_in_process() -> (f64, f64) {
-    let engine = Engine::with_arbiters(1).unwrap();
+/// A session on an engine in this process whose turn is the test worker's
+/// (`You said: <text>`).
+async fn session_in_process(engine: &Engine) -> Session {
     let llm = ScriptedLlm::new([]);
     llm.rule(|request| {
         let text = request
@@ -102,42 +83,71 @@ async fn turn_in_process() -> (f64, f64) {
         .instructions("Greet and help.")
         .build()
         .unwrap();
-    let session = Session::builder()
+    Session::builder()
         .llm(llm)
         .agent(agent)
-        .start(&engine)
+        .start(engine)
         .await
-        .unwrap();
-    for i in 0..100 {
-        session.run(format!("warm {i}")).await.unwrap();
-    }
-    let mut samples = Vec::new();
-    for i in 0..1000 {
-        let began = Instant::now();
-        session.run(format!("turn {i}")).await.unwrap();
-        samples.push(began.elapsed());
-    }
-    session.close().await.unwrap();
-    print_row("a turn in process (scripted model)", &mut samples)
+        .unwrap()
 }
 
-/// The same turn through the gateway, to one worker process.
-async fn turn_through_gateway(gateway: &Gateway) -> (f64, f64) {
-    let session = gateway
+/// How long `work` took.
+async fn timed<T>(work: impl std::future::Future<Output = T>) -> Duration {
+    let began = Instant::now();
+    work.await;
+    began.elapsed()
+}
+
+/// The floor, the turn in process and the turn through the gateway, sampled in turn
+/// (one of each, a thousand times), so that all of them see the same machine: on this
+/// VM a wake of an idle core costs tens of microseconds, and how often the cores idle
+/// drifts during a run.
+async fn one_turn_three_ways(server: &NatsServer, gateway: &Gateway, worker: &str) {
+    let echo = echo_responder(server).await;
+    let asker = common::client(server, "asker").await;
+    let payload = bytes::Bytes::from(vec![b'x'; 128]);
+    let engine = Engine::with_arbiters(1).unwrap();
+    let local = session_in_process(&engine).await;
+    let remote = gateway
         .start_session(SessionSpec::new("greeter"))
         .await
         .unwrap();
-    for i in 0..100 {
-        session.run(format!("warm {i}")).await.unwrap();
+    let (mut floor, mut to_worker, mut in_process, mut through_gateway) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..1100 {
+        let samples = [
+            timed(asker.nats().request("bench.echo", payload.clone())).await,
+            timed(gateway.worker_info(worker)).await,
+            timed(local.run(format!("turn {i}"))).await,
+            timed(remote.run(format!("turn {i}"))).await,
+        ];
+        // The first hundred warm up.
+        if i >= 100 {
+            floor.push(samples[0]);
+            to_worker.push(samples[1]);
+            in_process.push(samples[2]);
+            through_gateway.push(samples[3]);
+        }
     }
-    let mut samples = Vec::new();
-    for i in 0..1000 {
-        let began = Instant::now();
-        session.run(format!("turn {i}")).await.unwrap();
-        samples.push(began.elapsed());
-    }
-    session.close().await.unwrap();
-    print_row("the same turn through the gateway", &mut samples)
+    echo.abort();
+    local.close().await.unwrap();
+    remote.close().await.unwrap();
+    let (floor, _) = print_row(
+        "NATS request-reply, 128 B, to a responder in this process (the floor)",
+        &mut floor,
+    );
+    let (to_worker, _) = print_row(
+        "NATS request-reply to the worker process (its info subject)",
+        &mut to_worker,
+    );
+    let (local, _) = print_row("a turn in process (scripted model)", &mut in_process);
+    let (remote, _) = print_row("the same turn through the gateway", &mut through_gateway);
+    println!(
+        "overhead of the gateway at p50: {:.3} ms = {:.2}x the floor, {:.2}x a request-reply to the worker process",
+        remote - local,
+        (remote - local) / floor,
+        (remote - local) / to_worker,
+    );
 }
 
 /// `start_session` and the first `run`, one after another.
@@ -287,16 +297,9 @@ async fn figures() {
     let server = NatsServer::start().unwrap();
     let gateway = common::gateway(&server, GatewayOptions::new()).await;
     println!("| what | p50 | p99 | samples |\n|---|---|---|---|");
-    let (floor, _) = request_reply_floor(&server).await;
-    let (local, _) = turn_in_process().await;
     {
         let _worker = WorkerProcess::start(&server, "w1", 10, &[]);
-        let (remote, _) = turn_through_gateway(&gateway).await;
-        println!(
-            "overhead of the gateway at p50: {:.3} ms = {:.2}x the floor",
-            remote - local,
-            (remote - local) / floor
-        );
+        one_turn_three_ways(&server, &gateway, "w1").await;
         new_session_to_first_reply(&gateway).await;
     }
     failover(&server, &gateway).await;
