@@ -19,14 +19,16 @@ use tokio::time::Instant;
 
 use crate::namespace::SessionKey;
 
-/// The live owner records seen, each with the revision seen last, and their deadlines.
+/// The live owner records seen, each with the revision seen last and its deadline.
 #[derive(Debug)]
 pub(crate) struct Lapses {
     lease: Duration,
-    latest: HashMap<SessionKey, u64>,
-    /// Every deadline set, soonest first; one whose revision is no longer the latest is
-    /// stale and skipped (a renewal sets a new one instead of moving the old one).
-    deadlines: BinaryHeap<Reverse<(Instant, u64, SessionKey)>>,
+    /// Each live record: the revision seen last, and when it lapses.
+    latest: HashMap<SessionKey, (u64, Instant)>,
+    /// One entry per live record, soonest first. A renewal does not move its entry: the
+    /// entry, found early when it comes up, goes back in at the record's deadline. So the
+    /// heap holds about one entry per session, however often leases are renewed.
+    deadlines: BinaryHeap<Reverse<(Instant, SessionKey)>>,
 }
 
 impl Lapses {
@@ -42,9 +44,14 @@ impl Lapses {
     /// A live record of `session` at `revision`, seen `now`: it lapses a lease later
     /// unless rewritten.
     pub(crate) fn live(&mut self, session: SessionKey, revision: u64, now: Instant) {
-        self.latest.insert(session.clone(), revision);
-        self.deadlines
-            .push(Reverse((now + self.lease, revision, session)));
+        let deadline = now + self.lease;
+        if self
+            .latest
+            .insert(session.clone(), (revision, deadline))
+            .is_none()
+        {
+            self.deadlines.push(Reverse((deadline, session)));
+        }
     }
 
     /// `session`'s record ended, or its lease expired at the server: no deadline now.
@@ -52,27 +59,33 @@ impl Lapses {
         self.latest.remove(session);
     }
 
-    /// When the soonest deadline falls (it may be a stale one: asking again costs
-    /// nothing).
+    /// When the soonest deadline falls, or earlier (an entry renewed since: asking again
+    /// costs nothing).
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.deadlines.peek().map(|Reverse((at, _, _))| *at)
+        self.deadlines.peek().map(|Reverse((at, _))| *at)
     }
 
     /// The records that lapsed by `now`, each with the revision that was not rewritten;
     /// each is reported once.
     pub(crate) fn lapsed(&mut self, now: Instant) -> Vec<(SessionKey, u64)> {
         let mut lapsed = Vec::new();
-        while let Some(Reverse((at, revision, _))) = self.deadlines.peek() {
-            if *at > now {
-                break;
-            }
-            let revision = *revision;
-            let Some(Reverse((_, _, session))) = self.deadlines.pop() else {
+        while self
+            .deadlines
+            .peek()
+            .is_some_and(|Reverse((at, _))| *at <= now)
+        {
+            let Some(Reverse((_, session))) = self.deadlines.pop() else {
                 break;
             };
-            if self.latest.get(&session) == Some(&revision) {
-                self.latest.remove(&session);
-                lapsed.push((session, revision));
+            match self.latest.get(&session) {
+                // Gone since: nothing to time.
+                None => {}
+                Some(&(revision, deadline)) if deadline <= now => {
+                    self.latest.remove(&session);
+                    lapsed.push((session, revision));
+                }
+                // Renewed since: back in at its deadline.
+                Some(&(_, deadline)) => self.deadlines.push(Reverse((deadline, session))),
             }
         }
         lapsed
@@ -110,6 +123,8 @@ mod tests {
         let renewed = t0 + LEASE / 3;
         lapses.live(key("a"), 9, renewed);
         assert!(lapses.lapsed(t0 + LEASE).is_empty(), "renewed in time");
+        assert_eq!(lapses.next_deadline(), Some(renewed + LEASE));
+        assert_eq!(lapses.deadlines.len(), 1, "one entry per record");
         assert_eq!(lapses.lapsed(renewed + LEASE), [(key("a"), 9)]);
     }
 
