@@ -153,6 +153,25 @@ mod tests {
         }
     }
 
+    /// 600 KB of events, more than one message carries.
+    fn sixty_big_events() -> EventLog {
+        let mut log = EventLog::new(1, 4 << 20);
+        let text = "x".repeat(10_000);
+        for _ in 0..60 {
+            log.record(chunk(&text));
+        }
+        log
+    }
+
+    /// The numbers of the events the next batches carry.
+    fn sent_seqs(log: &mut EventLog) -> Vec<u64> {
+        log.take_unsent()
+            .iter()
+            .flat_map(|m| read(m))
+            .map(|e| e.seq)
+            .collect()
+    }
+
     fn read(message: &[u8]) -> Vec<RemoteEvent> {
         serde_json::from_slice(message).unwrap()
     }
@@ -189,11 +208,8 @@ mod tests {
 
     #[test]
     fn a_big_batch_comes_in_parts_and_dropped_events_are_left_out() {
-        let mut log = EventLog::new(1, 4 << 20);
+        let mut log = sixty_big_events();
         let text = "x".repeat(10_000);
-        for _ in 0..60 {
-            log.record(chunk(&text));
-        }
         let messages = log.take_unsent();
         assert!(
             messages.len() > 1,
@@ -211,12 +227,7 @@ mod tests {
         for _ in 0..150 {
             log.record(chunk(&text));
         }
-        let seqs: Vec<u64> = log
-            .take_unsent()
-            .iter()
-            .flat_map(|m| read(m))
-            .map(|e| e.seq)
-            .collect();
+        let seqs = sent_seqs(&mut log);
         assert_eq!(seqs.last(), Some(&150));
         assert!(seqs[0] > 1, "the oldest were dropped");
         assert!(seqs.len() * 10_000 <= HELD_BYTES);
@@ -229,12 +240,7 @@ mod tests {
         let mut log = EventLog::new(1, 300);
         log.record(chunk(&"h".repeat(1_000)));
         log.record(chunk("ended"));
-        let seqs: Vec<u64> = log
-            .take_unsent()
-            .iter()
-            .flat_map(|m| read(m))
-            .map(|e| e.seq)
-            .collect();
+        let seqs = sent_seqs(&mut log);
         assert_eq!(seqs, [1, 2]);
         // Once sent, the budget applies: the big one is gone from the replay.
         let (events, _) = log.since(1);
@@ -273,11 +279,7 @@ mod tests {
 
     #[test]
     fn a_long_replay_comes_in_parts() {
-        let mut log = EventLog::new(1, 4 << 20);
-        let text = "x".repeat(10_000);
-        for _ in 0..60 {
-            log.record(chunk(&text));
-        }
+        let log = sixty_big_events();
         let mut parts = 0;
         let mut seen = Vec::new();
         loop {
