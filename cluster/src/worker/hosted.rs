@@ -75,6 +75,9 @@ use crate::remote_event::{
 use crate::snapshots::SnapshotWriter;
 use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
+/// The most things a session said that one wake of its loop gathers into a batch.
+const GATHER_AT_MOST: usize = 256;
+
 /// What every session of a worker shares.
 pub(crate) struct Hosting {
     pub(crate) client: ClusterClient,
@@ -424,7 +427,9 @@ impl Hosted {
     /// then events, then finished work: a turn's `InputDone` after what it said), so it
     /// goes out in one batch.
     fn gather_ready(&mut self) -> Option<Exit> {
-        loop {
+        // Bounded: a session that streams faster than this drains must not hold off its
+        // inputs and its lease's renewal.
+        for _ in 0..GATHER_AT_MOST {
             if self.speech_open {
                 match self.speech.try_recv() {
                     Ok(kind) => {
@@ -463,6 +468,7 @@ impl Hosted {
                 _ => return None,
             }
         }
+        None
     }
 
     /// Renews the lease beside the loop, bounded by the renewal period.
