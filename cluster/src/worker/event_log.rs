@@ -93,11 +93,19 @@ impl EventLog {
         }
     }
 
+    /// Whether events were recorded since the last [`take_unsent`](Self::take_unsent).
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.sent != self.last_seq
+    }
+
     /// The events recorded since the last call, as messages for the events subject (each
     /// a JSON array of consecutive events, at most one message's worth, and at least one
     /// event); they count as sent from now on. Those the budget dropped before they were
     /// sent are not there: the gateway sees the hole and asks for a replay.
     pub(crate) fn take_unsent(&mut self) -> Vec<Vec<u8>> {
+        if !self.has_unsent() {
+            return Vec::new();
+        }
         let mut messages = Vec::new();
         let mut message: Vec<u8> = Vec::new();
         // The kept events are consecutive, the newest last.

@@ -430,29 +430,8 @@ impl Hosted {
         // Bounded: a session that streams faster than this drains must not hold off its
         // inputs and its lease's renewal.
         for _ in 0..GATHER_AT_MOST {
-            if self.speech_open {
-                match self.speech.try_recv() {
-                    Ok(kind) => {
-                        self.emit_from_session(kind);
-                        continue;
-                    }
-                    Err(mpsc::error::TryRecvError::Disconnected) => self.speech_open = false,
-                    Err(mpsc::error::TryRecvError::Empty) => {}
-                }
-            }
-            if self.events_open {
-                match self.engine_events.try_recv() {
-                    Ok(event) => {
-                        self.on_engine_event(Ok(event));
-                        continue;
-                    }
-                    Err(broadcast::error::TryRecvError::Lagged(missed)) => {
-                        self.on_engine_event(Err(broadcast::error::RecvError::Lagged(missed)));
-                        continue;
-                    }
-                    Err(broadcast::error::TryRecvError::Closed) => self.events_open = false,
-                    Err(broadcast::error::TryRecvError::Empty) => {}
-                }
+            if self.take_said() {
+                continue;
             }
             if self.running.is_empty() {
                 return None;
@@ -469,6 +448,35 @@ impl Hosted {
             }
         }
         None
+    }
+
+    /// Takes one thing the session said, if one is ready (speech first); whether it did.
+    fn take_said(&mut self) -> bool {
+        if self.speech_open {
+            match self.speech.try_recv() {
+                Ok(kind) => {
+                    self.emit_from_session(kind);
+                    return true;
+                }
+                Err(mpsc::error::TryRecvError::Disconnected) => self.speech_open = false,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+        }
+        if self.events_open {
+            match self.engine_events.try_recv() {
+                Ok(event) => {
+                    self.on_engine_event(Ok(event));
+                    return true;
+                }
+                Err(broadcast::error::TryRecvError::Lagged(missed)) => {
+                    self.on_engine_event(Err(broadcast::error::RecvError::Lagged(missed)));
+                    return true;
+                }
+                Err(broadcast::error::TryRecvError::Closed) => self.events_open = false,
+                Err(broadcast::error::TryRecvError::Empty) => {}
+            }
+        }
+        false
     }
 
     /// Renews the lease beside the loop, bounded by the renewal period.
@@ -518,14 +526,7 @@ impl Hosted {
             } => {
                 // What the session said while closing, then the answers of inputs still
                 // under way (they end quickly on a closed session), then the close.
-                while let Ok(kind) = self.speech.try_recv() {
-                    self.emit(kind);
-                }
-                while let Ok(event) = self.engine_events.try_recv() {
-                    if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                        self.emit(kind);
-                    }
-                }
+                while self.take_said() {}
                 self.emit_outcomes_due().await;
                 if let Some(id) = close_input {
                     let outcome = InputOutcome::History { history };
@@ -658,7 +659,8 @@ impl Hosted {
     /// the lease cannot be trusted: then they wait (bounded by the log's budget) for the
     /// lease's renewal.
     async fn send_events(&mut self) {
-        if !self.lease.is_valid() {
+        // Every wake of the loop comes here: nothing new is the common case.
+        if !self.log.has_unsent() || !self.lease.is_valid() {
             return;
         }
         for message in self.log.take_unsent() {

@@ -45,11 +45,11 @@ impl Lapses {
     /// unless rewritten.
     pub(crate) fn live(&mut self, session: SessionKey, revision: u64, now: Instant) {
         let deadline = now + self.lease;
-        if self
-            .latest
-            .insert(session.clone(), (revision, deadline))
-            .is_none()
-        {
+        // Every renewal of every session in the cluster comes here: update in place.
+        if let Some(latest) = self.latest.get_mut(&session) {
+            *latest = (revision, deadline);
+        } else {
+            self.latest.insert(session.clone(), (revision, deadline));
             self.deadlines.push(Reverse((deadline, session)));
         }
     }
