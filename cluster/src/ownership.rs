@@ -296,7 +296,8 @@ impl LeaseClock {
         clock
     }
 
-    fn set(&self, at: Instant) {
+    /// Moves the end of the lease to `at` (a renewal that succeeded).
+    pub(crate) fn set(&self, at: Instant) {
         let nanos = at.saturating_duration_since(self.base).as_nanos();
         self.valid_until
             .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::SeqCst);
@@ -304,9 +305,12 @@ impl LeaseClock {
 
     /// Whether the lease can be trusted now (see the module docs).
     pub(crate) fn is_valid(&self) -> bool {
-        let now = Instant::now()
-            .saturating_duration_since(self.base)
-            .as_nanos();
+        self.is_valid_at(Instant::now())
+    }
+
+    /// Whether the lease can be trusted at `now`.
+    pub(crate) fn is_valid_at(&self, now: Instant) -> bool {
+        let now = now.saturating_duration_since(self.base).as_nanos();
         u128::from(self.valid_until.load(Ordering::SeqCst)) > now
     }
 }
@@ -345,7 +349,7 @@ impl Ownership {
     }
 
     /// Writes the `Ended` record (compare-and-set), kept for the ended-retention.
-    pub(crate) async fn release(mut self) -> Result<(), LeaseError> {
+    pub(crate) async fn release(&mut self) -> Result<(), LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Ended;
         self.write_over(&record, self.owners.ended_retention).await
@@ -367,7 +371,7 @@ impl Ownership {
     /// Writes the `Moving` record (compare-and-set) with a TTL of one lease: the session
     /// is handed back for another worker to resume. Returns the record's revision (the
     /// resume job's id is made of it).
-    pub(crate) async fn hand_over(mut self) -> Result<u64, LeaseError> {
+    pub(crate) async fn hand_over(&mut self) -> Result<u64, LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Moving;
         self.write_over(&record, self.owners.lease).await?;

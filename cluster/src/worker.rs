@@ -32,6 +32,7 @@ mod lapses;
 mod ledger;
 mod output;
 mod resume;
+mod tenure;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

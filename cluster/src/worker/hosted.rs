@@ -1,10 +1,12 @@
 //! A hosted session: the loop that runs one session on its worker, from its claim to its
-//! release or hand-over.
+//! release, hand-over or fence. It is a driver: what the session does next is decided by
+//! its [`Tenure`] (`tenure.rs`, a plain machine with a unit test for each decision); the
+//! loop turns what happens into the tenure's events and carries out its actions.
 //!
 //! It owns the engine's `Session` and everything that session needs on the network: the
-//! subscription to the session's input subject, the event log, the input ledger, the
-//! lease and the session's snapshot writer. One task, one `select!` loop, so the order of
-//! what it does is the order it appears on the wire:
+//! subscription to the session's input subject, the ownership and its renewals, the
+//! session's snapshot writer, and the publishing of its events. One task, one `select!`,
+//! so the order of what it does is the order it appears on the wire:
 //!
 //! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
 //!   snapshot writer after every settled turn (`save_snapshots`); a resumed one is
@@ -19,63 +21,56 @@
 //!   log; what is ready at one wake of the loop goes out as one message (a batch). Each
 //!   source keeps its order (the engine's events; a speech's start, chunks and end);
 //!   between the two there is no common clock, and when both have something ready the
-//!   speech goes first (a voice front's TTS waits on it). A turn's `InputDone` follows
-//!   the events and speech it produced (the loop prefers both: `biased`, and so does its
-//!   gathering of what is ready);
-//! * the lease is renewed every third of its length; while it cannot be trusted the loop
-//!   answers no request (the gateway retries), holds its events back (published once
-//!   the lease is renewed) and its snapshot writer writes nothing; a lease lost to
-//!   another worker, or a snapshot write the store refused, ends the session at once,
-//!   and nothing more is written;
-//! * it ends on `close`, the idle timeout, or a lost lease: then it publishes what
-//!   remains, the `InputDone` of the close, `SessionEnded`, writes the snapshots'
-//!   tombstone and the `Ended` owner record;
-//! * on the worker's drain it moves: it answers inputs `Moving` (the gateway sends them
-//!   to the next owner), lets the session settle until the drain's deadline (interrupting
-//!   it there), stores its last snapshot, publishes the outcomes still due and
-//!   `SessionMoving`, writes the `Moving` owner record and queues a resume job.
+//!   speech goes first (a voice front's TTS waits on it). Whatever the session said before
+//!   a piece of work ended is taken before that work's end (the loop prefers it: `biased`,
+//!   and so does its gathering of what is ready): a turn's `InputDone` follows the events
+//!   and speech it produced, and a drain's quiet begins after what the session said before
+//!   its last snapshot;
+//! * what takes time runs beside the loop, as work whose end is an event of the tenure:
+//!   the engine calls whose answers take a turn, the close, the drain's settling and last
+//!   snapshot, the lease's renewal, and the writes of an end or a hand-over.
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
 //! (`tests/cluster/inputs_apply_exactly_once.rs`, and across a move:
 //! `tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`); a gateway gets every
 //! event in order across a server restart (`tests/cluster/sessions_survive_a_server_restart.rs`);
 //! a drained session goes on on another worker (`tests/cluster/drain_moves_sessions.rs`); a
-//! fenced owner writes nothing (`tests/cluster/a_paused_worker_is_fenced.rs`).
+//! fenced owner writes nothing (`tests/cluster/a_paused_worker_is_fenced.rs`); all of it at
+//! once, at random (`tests/cluster/a_fault_campaign_loses_nothing.rs`).
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use async_nats::Subscriber;
+use async_nats::jetstream;
+use async_nats::{Subject, Subscriber};
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use async_nats::jetstream;
-use switchboard::snapshot::{AgentRegistry, SessionSnapshot, StoreError};
+use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
 use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionEvent};
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc, watch, Mutex};
 use tokio::time::Instant;
 
 use super::counts::Counts;
 use super::event_log::EventLog;
-use super::ledger::{Admission, InputLedger};
+use super::ledger::InputLedger;
 use super::output::PublishingOutput;
+use super::tenure::{Action, Event, Setup, State, Tenure};
 use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
-use crate::ownership::{LeaseClock, LeaseError, Ownership};
+use crate::ownership::{LeaseError, Ownership};
 use crate::protocol::{Answer, Input, Reply, Request};
 use crate::remote_event::{
-    EndReason, InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
+    InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
 };
 use crate::snapshots::SnapshotWriter;
 use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
-/// The most things a session said that one wake of its loop gathers into a batch.
+/// The most things one wake of the loop gathers into a batch.
 const GATHER_AT_MOST: usize = 256;
 
 /// What every session of a worker shares.
@@ -105,12 +100,13 @@ pub(crate) enum Start {
     },
 }
 
-/// Runs the session under `ownership` until it ends or moves; see the module docs.
+/// Runs the session under `ownership` until it ends, moves or is fenced; see the module
+/// docs.
 pub(crate) async fn host(
     hosting: Arc<Hosting>,
     key: SessionKey,
     start: Start,
-    ownership: Ownership,
+    mut ownership: Ownership,
     writer: SnapshotWriter,
 ) {
     let events_subject = hosting.namespace.session_events(&key);
@@ -174,33 +170,34 @@ pub(crate) async fn host(
     } else {
         RemoteEventKind::SessionStarted
     };
-    let hosted = Hosted {
-        engine_events: session.subscribe(),
-        session,
-        speech,
-        speech_open: true,
-        events_open: true,
-        reporter,
-        inputs,
-        drain: hosting.drain.clone(),
-        lease: ownership.clock(),
-        renew_every: ownership.renew_every(),
+    let tenure = Tenure::new(Setup {
+        key: key.clone(),
         epoch: ownership.epoch(),
-        ownership: Some(ownership),
-        renewal: None,
-        events_subject,
+        lease: ownership.clock(),
         log,
         ledger: InputLedger::resumed(last_input),
-        running: FuturesUnordered::new(),
-        ending: None,
-        last_input: Instant::now(),
+        idle_timeout: hosting.idle_timeout,
+        counts: hosting.counts.clone(),
+        first,
+        now: Instant::now(),
+    });
+    let hosted = Hosted {
+        said: Said::new(speech, session.subscribe()),
+        session,
+        reporter,
+        inputs,
+        listening: true,
+        renew_every: ownership.renew_every(),
+        ownership: Arc::new(Mutex::new(ownership)),
+        events_subject,
+        work: FuturesUnordered::new(),
         fenced: writer.fenced(),
         writer,
-        quiet: Arc::new(AtomicBool::new(false)),
+        tenure,
         key,
-        hosting: hosting.clone(),
+        hosting,
     };
-    hosted.run(first).await;
+    hosted.run().await;
 }
 
 /// The builder of a session as `start` asks for it (without its id and output), the
@@ -236,366 +233,362 @@ fn build(
     }
 }
 
-/// A piece of work under way in the loop, and what it gives when done.
-enum Finished {
-    /// An input's outcome, for its `InputDone`.
-    Input { id: u64, outcome: InputOutcome },
-    /// The session closed (a close input, the idle timeout).
-    Ended {
-        reason: EndReason,
-        close_input: Option<u64>,
-        history: RemoteHistory,
-    },
-    /// The drain settled the session and stored its last snapshot (or tried to).
-    Moved { saved: Result<(), StoreError> },
+/// What the session says: its speech and its engine events, speech first (a voice
+/// front's TTS waits on it).
+struct Said {
+    speech: mpsc::UnboundedReceiver<RemoteEventKind>,
+    speech_open: bool,
+    events: broadcast::Receiver<SessionEvent>,
+    events_open: bool,
 }
 
-/// How the loop ended.
-enum Exit {
-    Ended {
-        reason: EndReason,
-        close_input: Option<u64>,
-        history: RemoteHistory,
-    },
-    /// Its last snapshot is stored: hand it over.
-    Moved,
-    /// Another worker owns the session now.
-    Fenced(String),
-    /// The connection is closed for good (the worker's client was dropped).
-    Disconnected,
+/// One thing the session said.
+enum Heard {
+    Said(RemoteEventKind),
+    /// The loop fell behind the engine's event channel by this many events.
+    Lagged(u64),
 }
 
-/// Why new inputs are no longer applied.
-#[derive(Clone, Debug)]
-enum Ending {
-    /// The session ends.
-    End(EndReason),
-    /// It moves to another worker.
-    Moving,
+impl Said {
+    fn new(
+        speech: mpsc::UnboundedReceiver<RemoteEventKind>,
+        events: broadcast::Receiver<SessionEvent>,
+    ) -> Self {
+        Self {
+            speech,
+            speech_open: true,
+            events,
+            events_open: true,
+        }
+    }
+
+    /// The next thing said; never, once both sources are closed.
+    async fn next(&mut self) -> Heard {
+        loop {
+            tokio::select! {
+                biased;
+                speech = self.speech.recv(), if self.speech_open => match speech {
+                    Some(kind) => return Heard::Said(kind),
+                    None => self.speech_open = false,
+                },
+                event = self.events.recv(), if self.events_open => match event {
+                    Ok(event) => {
+                        if let Some(kind) = RemoteEventKind::from_session_event(&event) {
+                            return Heard::Said(kind);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Lagged(missed)) => return Heard::Lagged(missed),
+                    Err(broadcast::error::RecvError::Closed) => self.events_open = false,
+                },
+                else => std::future::pending::<()>().await,
+            }
+        }
+    }
+
+    /// The next thing said, if one is ready.
+    fn try_next(&mut self) -> Option<Heard> {
+        if self.speech_open {
+            match self.speech.try_recv() {
+                Ok(kind) => return Some(Heard::Said(kind)),
+                Err(mpsc::error::TryRecvError::Disconnected) => self.speech_open = false,
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+        }
+        while self.events_open {
+            match self.events.try_recv() {
+                Ok(event) => {
+                    if let Some(kind) = RemoteEventKind::from_session_event(&event) {
+                        return Some(Heard::Said(kind));
+                    }
+                }
+                Err(broadcast::error::TryRecvError::Lagged(missed)) => {
+                    return Some(Heard::Lagged(missed))
+                }
+                Err(broadcast::error::TryRecvError::Closed) => self.events_open = false,
+                Err(broadcast::error::TryRecvError::Empty) => return None,
+            }
+        }
+        None
+    }
 }
 
+/// What woke the loop.
+enum Wake {
+    Heard(Heard),
+    Event(Event<SessionSnapshot>),
+    /// Nothing for the tenure (an unreadable request, a watch that changed to nothing).
+    Nothing,
+}
+
+/// The session's loop: the driver of its [`Tenure`].
 struct Hosted {
     hosting: Arc<Hosting>,
     key: SessionKey,
     events_subject: String,
     session: Session,
-    engine_events: broadcast::Receiver<SessionEvent>,
-    events_open: bool,
-    speech: mpsc::UnboundedReceiver<RemoteEventKind>,
-    speech_open: bool,
+    said: Said,
     reporter: Arc<OnceLock<PlayoutReporter>>,
     inputs: Subscriber,
-    drain: watch::Receiver<Option<Instant>>,
-    /// Away while a renewal is under way (`renewal` has it then).
-    ownership: Option<Ownership>,
-    /// The lease's validity, readable while the ownership is away.
-    lease: LeaseClock,
+    /// Whether `inputs` is still subscribed (not after the hand-over's unsubscribe).
+    listening: bool,
+    /// Shared with the renewal under way: an end's record waits for it.
+    ownership: Arc<Mutex<Ownership>>,
     renew_every: Duration,
-    /// A renewal under way, beside the loop: a request lost in an outage must not stall
-    /// the session's inputs and events once the server is back.
-    renewal: Option<BoxFuture<'static, (Ownership, Result<(), LeaseError>)>>,
-    log: EventLog,
-    ledger: InputLedger,
-    running: FuturesUnordered<BoxFuture<'static, Finished>>,
-    /// Set once the session is closing or moving: new inputs are refused.
-    ending: Option<Ending>,
-    last_input: Instant,
-    /// The owner's epoch.
-    epoch: u64,
     writer: SnapshotWriter,
     /// Changes to true when the store refused a write: a newer owner has the session.
     fenced: watch::Receiver<bool>,
-    /// Set once a drain's last snapshot is taken: what the session does after it is not
-    /// the conversation the next owner resumes, so it is not published.
-    quiet: Arc<AtomicBool>,
+    /// What runs beside the loop; each ends in an event of the tenure.
+    work: FuturesUnordered<BoxFuture<'static, Event<SessionSnapshot>>>,
+    tenure: Tenure,
 }
 
 impl Hosted {
-    async fn run(mut self, first: RemoteEventKind) {
-        self.emit(first);
+    async fn run(mut self) {
         let every = self.renew_every;
         let mut renew = tokio::time::interval_at(Instant::now() + every, every);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut drain = self.hosting.drain.clone();
+        let mut drain_open = true;
         // A drain that began before this session started applies to it too.
-        let mut drain_now = self.drain.borrow().is_some();
-        let exit = loop {
-            self.send_events().await;
-            if drain_now && self.ending.is_none() {
-                self.begin_drain();
-            }
-            drain_now = false;
-            let idle_at = self.hosting.idle_timeout.map(|idle| self.last_input + idle);
-            tokio::select! {
+        let draining = *drain.borrow_and_update();
+        if let Some(deadline) = draining {
+            self.feed(Event::Drain(deadline)).await;
+        }
+        while !self.tenure.is_done() {
+            self.publish_batch().await;
+            let timer = self.tenure.timer();
+            let wake = tokio::select! {
                 biased;
-                // Speech first: it is what a voice front's TTS waits on.
-                speech = self.speech.recv(), if self.speech_open => match speech {
-                    Some(kind) => self.emit_from_session(kind),
-                    None => self.speech_open = false,
-                },
-                event = self.engine_events.recv(), if self.events_open => self.on_engine_event(event),
-                Some(finished) = self.running.next(), if !self.running.is_empty() => {
-                    if let Some(exit) = self.on_finished(finished) {
-                        break exit;
+                heard = self.said.next() => Wake::Heard(heard),
+                Some(event) = self.work.next(), if !self.work.is_empty() => Wake::Event(event),
+                Ok(()) = self.fenced.changed() => {
+                    if *self.fenced.borrow() {
+                        Wake::Event(Event::Fenced("a newer owner wrote the session's snapshots".into()))
+                    } else {
+                        Wake::Nothing
                     }
                 }
-                changed = self.fenced.changed() => {
-                    if changed.is_ok() && *self.fenced.borrow() {
-                        break Exit::Fenced("a newer owner wrote the session's snapshots".into());
-                    }
-                    if changed.is_err() {
-                        // The writer is gone: the session is too.
-                        std::future::pending::<()>().await;
-                    }
-                }
-                request = self.inputs.next() => match request {
-                    Some(request) => self.on_request(request).await,
-                    None => break Exit::Disconnected,
+                request = self.inputs.next(), if self.listening => match request {
+                    Some(message) => self.request(message),
+                    None => Wake::Event(Event::Disconnected),
                 },
-                _ = renew.tick(), if self.renewal.is_none() => self.begin_renewal(),
-                (ownership, renewed) = finish_renewal(&mut self.renewal), if self.renewal.is_some() => {
-                    self.ownership = Some(ownership);
-                    match renewed {
-                        // Events held while the lease could not be trusted go with the
-                        // next batch.
-                        Ok(()) => {}
-                        Err(LeaseError::Lost { now, .. }) => break Exit::Fenced(now),
-                        Err(err @ LeaseError::Unreachable { .. }) => {
-                            tracing::warn!(session = %self.key, error = %err, valid = self.lease.is_valid(), "lease not renewed");
+                _ = renew.tick() => Wake::Event(Event::RenewDue),
+                changed = drain.changed(), if drain_open => {
+                    let deadline = match changed {
+                        Ok(()) => *drain.borrow(),
+                        // The worker is gone: drain as well.
+                        Err(_) => {
+                            drain_open = false;
+                            Some(Instant::now())
                         }
-                    }
+                    };
+                    deadline.map_or(Wake::Nothing, |at| Wake::Event(Event::Drain(at)))
                 }
-                changed = self.drain.changed(), if self.ending.is_none() => {
-                    // A closed channel means the worker is gone: drain as well.
-                    drain_now = changed.is_err() || self.drain.borrow().is_some();
-                }
-                _ = sleep_until(idle_at), if self.ending.is_none() && idle_at.is_some() => {
-                    self.begin_ending(EndReason::Idle, None);
-                }
+                () = sleep_until(timer), if timer.is_some() => Wake::Event(Event::Timer),
+            };
+            match wake {
+                Wake::Heard(heard) => self.hear(heard),
+                Wake::Event(event) => self.feed(event).await,
+                Wake::Nothing => {}
             }
-            // Whatever else the session has said by now goes in the same batch.
-            if let Some(exit) = self.gather_ready() {
-                break exit;
-            }
-        };
-        self.finish(exit).await;
+            self.gather().await;
+        }
+        if self.listening {
+            let _ = self.inputs.unsubscribe().await;
+        }
+        if let State::Done(exit) = self.tenure.state() {
+            tracing::debug!(session = %self.key, ?exit, "the session left this worker");
+        }
+        self.hosting
+            .counts
+            .snapshot_writes_refused
+            .fetch_add(self.writer.refused(), std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn on_engine_event(&mut self, event: Result<SessionEvent, broadcast::error::RecvError>) {
-        match event {
-            Ok(event) => {
-                if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                    self.emit_from_session(kind);
-                }
-            }
-            Err(broadcast::error::RecvError::Lagged(missed)) => {
-                self.emit(RemoteEventKind::EventsDropped { missed });
-            }
-            Err(broadcast::error::RecvError::Closed) => self.events_open = false,
+    fn hear(&mut self, heard: Heard) {
+        match heard {
+            Heard::Said(kind) => self.tenure.said(kind),
+            Heard::Lagged(missed) => self.tenure.lagged(missed),
         }
     }
 
-    /// A piece of work under way is done: its `InputDone`, or the loop's end.
-    fn on_finished(&mut self, finished: Finished) -> Option<Exit> {
-        match finished {
-            Finished::Input { id, outcome } => {
-                self.emit(RemoteEventKind::InputDone { input: id, outcome });
-                None
-            }
-            Finished::Ended {
-                reason,
-                close_input,
-                history,
-            } => Some(Exit::Ended {
-                reason,
-                close_input,
-                history,
-            }),
-            Finished::Moved { saved } => Some(match saved {
-                Err(StoreError::Fenced { reason, .. }) => Exit::Fenced(reason),
-                Err(err) => {
-                    // The store keeps the last settled state the session saved; the
-                    // gateway sends the inputs after it again.
-                    tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
-                    Exit::Moved
+    /// Feeds `event` to the tenure and carries out what it says, the events that carrying
+    /// out gives at once included (an input's immediate answer).
+    async fn feed(&mut self, event: Event<SessionSnapshot>) {
+        let mut next = Some(event);
+        while let Some(event) = next.take() {
+            for action in self.tenure.on(event, Instant::now()) {
+                if let Some(follow) = self.carry_out(action).await {
+                    next = Some(follow);
                 }
-                Ok(()) => Exit::Moved,
-            }),
+            }
         }
     }
 
-    /// Takes what the session has ready without waiting, in the loop's order (speech,
-    /// then events, then finished work: a turn's `InputDone` after what it said), so it
-    /// goes out in one batch.
-    fn gather_ready(&mut self) -> Option<Exit> {
-        // Bounded: a session that streams faster than this drains must not hold off its
-        // inputs and its lease's renewal.
+    /// Takes what is ready without waiting, in the loop's order (what the session said,
+    /// then finished work), so it goes out in one batch. Bounded: a session that streams
+    /// faster than this drains must not hold off its inputs and its lease's renewal.
+    async fn gather(&mut self) {
         for _ in 0..GATHER_AT_MOST {
-            if self.take_said() {
+            if self.tenure.is_done() {
+                return;
+            }
+            if let Some(heard) = self.said.try_next() {
+                self.hear(heard);
                 continue;
             }
-            if self.running.is_empty() {
-                return None;
+            if self.work.is_empty() {
+                return;
             }
             // Polled with a no-op waker: the loop's `select!` polls it again with its own
             // before it waits.
-            match self.running.next().now_or_never() {
-                Some(Some(finished)) => {
-                    if let Some(exit) = self.on_finished(finished) {
-                        return Some(exit);
-                    }
-                }
-                _ => return None,
+            match self.work.next().now_or_never() {
+                Some(Some(event)) => self.feed(event).await,
+                _ => return,
             }
         }
-        None
     }
 
-    /// Takes one thing the session said, if one is ready (speech first); whether it did.
-    fn take_said(&mut self) -> bool {
-        if self.speech_open {
-            match self.speech.try_recv() {
-                Ok(kind) => {
-                    self.emit_from_session(kind);
-                    return true;
-                }
-                Err(mpsc::error::TryRecvError::Disconnected) => self.speech_open = false,
-                Err(mpsc::error::TryRecvError::Empty) => {}
-            }
-        }
-        if self.events_open {
-            match self.engine_events.try_recv() {
-                Ok(event) => {
-                    self.on_engine_event(Ok(event));
-                    return true;
-                }
-                Err(broadcast::error::TryRecvError::Lagged(missed)) => {
-                    self.on_engine_event(Err(broadcast::error::RecvError::Lagged(missed)));
-                    return true;
-                }
-                Err(broadcast::error::TryRecvError::Closed) => self.events_open = false,
-                Err(broadcast::error::TryRecvError::Empty) => {}
-            }
-        }
-        false
-    }
-
-    /// Renews the lease beside the loop, bounded by the renewal period.
-    fn begin_renewal(&mut self) {
-        let Some(mut ownership) = self.ownership.take() else {
+    /// Publishes the events not sent yet (none while the lease cannot be trusted).
+    async fn publish_batch(&mut self) {
+        // Every wake of the loop comes here: nothing new is the common case, and then no
+        // clock is read.
+        if !self.tenure.has_unsent() {
             return;
-        };
-        let every = self.renew_every;
-        let key = self.key.clone();
-        self.renewal = Some(
-            async move {
-                let renewed = tokio::time::timeout(every, ownership.renew())
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(LeaseError::Unreachable {
-                            session: key,
-                            reason: format!("no answer within {every:?}"),
-                        })
-                    });
-                (ownership, renewed)
-            }
-            .boxed(),
-        );
+        }
+        for message in self.tenure.batch(Instant::now()) {
+            self.publish(message).await;
+        }
     }
 
-    /// Publishes what remains and releases or hands over the session (or, fenced, just
-    /// stops).
-    async fn finish(mut self, exit: Exit) {
-        // No longer live from here: counted before the owner record says it ended (or
-        // moved), so whoever reads that record then reads the worker's count without it.
-        self.hosting.counts.session_ended();
-        // A renewal under way has the ownership: wait for it (bounded by its own timeout).
-        if self.renewal.is_some() {
-            let (ownership, renewed) = finish_renewal(&mut self.renewal).await;
-            self.ownership = Some(ownership);
-            if let Err(LeaseError::Lost { now, .. }) = renewed {
-                if matches!(exit, Exit::Ended { .. } | Exit::Moved) {
-                    return self.finish_fenced(now).await;
-                }
+    /// A request from the input subject, as the tenure's event.
+    fn request(&self, message: async_nats::Message) -> Wake {
+        let Some(reply_to) = message.reply else {
+            return Wake::Nothing;
+        };
+        match serde_json::from_slice::<Request>(&message.payload) {
+            Ok(request) => Wake::Event(Event::Request {
+                request,
+                reply_to,
+                saved: self.writer.saved_input(),
+            }),
+            Err(err) => {
+                tracing::warn!(session = %self.key, error = %err, "unreadable request");
+                Wake::Nothing
             }
         }
-        match exit {
-            Exit::Ended {
-                reason,
-                close_input,
-                history,
+    }
+
+    /// Carries out one action of the tenure; returns the event it gave at once, if any.
+    async fn carry_out(
+        &mut self,
+        action: Action<SessionSnapshot>,
+    ) -> Option<Event<SessionSnapshot>> {
+        match action {
+            Action::Reply { to, reply } => self.reply(to, &reply).await,
+            Action::Apply {
+                id,
+                input,
+                reply_to,
             } => {
-                // What the session said while closing, then the answers of inputs still
-                // under way (they end quickly on a closed session), then the close.
-                while self.take_said() {}
-                self.emit_outcomes_due().await;
-                if let Some(id) = close_input {
-                    let outcome = InputOutcome::History { history };
-                    self.emit(RemoteEventKind::InputDone { input: id, outcome });
+                let answer = self.apply(id, input).await;
+                return Some(Event::Applied {
+                    id,
+                    answer,
+                    reply_to,
+                    saved: self.writer.saved_input(),
+                });
+            }
+            Action::Renew => {
+                let ownership = self.ownership.clone();
+                let every = self.renew_every;
+                let key = self.key.clone();
+                self.work.push(
+                    async move {
+                        let renewal = async { ownership.lock().await.renew().await };
+                        let renewed =
+                            tokio::time::timeout(every, renewal)
+                                .await
+                                .unwrap_or_else(|_| {
+                                    Err(LeaseError::Unreachable {
+                                        session: key,
+                                        reason: format!("no answer within {every:?}"),
+                                    })
+                                });
+                        Event::Renewed(renewed)
+                    }
+                    .boxed(),
+                );
+            }
+            Action::Close => {
+                let session = self.session.clone();
+                self.work.push(
+                    async move {
+                        Event::Closed(match session.close().await {
+                            Ok(history) => RemoteHistory::from(&history),
+                            Err(_) => RemoteHistory::default(),
+                        })
+                    }
+                    .boxed(),
+                );
+            }
+            Action::Settle { deadline } => {
+                let session = self.session.clone();
+                let writer = self.writer.clone();
+                let key = self.key.clone();
+                self.work.push(
+                    async move {
+                        if tokio::time::timeout_at(deadline, session.wait_for_settled())
+                            .await
+                            .is_err()
+                        {
+                            tracing::info!(session = %key, "not settled at the drain's deadline: interrupting");
+                            let _ = session.force_interrupt().await;
+                        }
+                        let snapshot = session.snapshot().await;
+                        // The next owner resumes this snapshot: the session's own saving
+                        // writes nothing after it (the drain writes it past the seal).
+                        writer.seal().await;
+                        Event::Settled(snapshot.map_err(|err| format!("no snapshot to store: {err}")))
+                    }
+                    .boxed(),
+                );
+            }
+            Action::SaveLast(snapshot) => {
+                let writer = self.writer.clone();
+                self.work.push(
+                    async move { Event::LastSaved(writer.save_last(&snapshot).await) }.boxed(),
+                );
+            }
+            Action::Publish(messages) => {
+                for message in messages {
+                    self.publish(message).await;
                 }
-                self.emit(RemoteEventKind::SessionEnded { reason });
-                self.send_events().await;
+            }
+            Action::EndSnapshots => {
+                let writer = self.writer.clone();
+                self.work
+                    .push(async move { Event::SnapshotsEnded(writer.end().await) }.boxed());
+            }
+            Action::Release => {
+                let ownership = self.ownership.clone();
+                self.work.push(
+                    async move { Event::Released(ownership.lock().await.release().await) }.boxed(),
+                );
+            }
+            Action::HandOver => {
+                // Whoever resumes the session subscribes to its inputs: this owner is no
+                // longer there by then.
+                self.listening = false;
                 let _ = self.inputs.unsubscribe().await;
-                // The snapshots first: a stale owner's tombstone is refused, and then it
-                // writes no record either.
-                if let Err(err) = self.writer.end().await {
-                    if let StoreError::Fenced { reason, .. } = err {
-                        return self.finish_fenced(reason).await;
-                    }
-                    tracing::warn!(session = %self.key, error = %err, "cannot end the session's snapshots");
-                }
-                if let Some(ownership) = self.ownership.take() {
-                    if let Err(err) = ownership.release().await {
-                        tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
-                    }
-                }
-                self.count_refused_writes();
+                let _ = self.hosting.client.nats().flush().await;
+                let ownership = self.ownership.clone();
+                self.work.push(
+                    async move { Event::HandedOver(ownership.lock().await.hand_over().await) }
+                        .boxed(),
+                );
             }
-            Exit::Moved => self.hand_over().await,
-            Exit::Fenced(now) => self.finish_fenced(now).await,
-            Exit::Disconnected => {
-                self.writer.seal().await;
-                self.running.clear();
-                let _ = self.session.close().await;
-                self.count_refused_writes();
-            }
-        }
-    }
-
-    /// The `InputDone` of inputs still under way (they end quickly on a settled or closed
-    /// session; bounded).
-    async fn emit_outcomes_due(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while let Ok(Some(finished)) = tokio::time::timeout_at(deadline, self.running.next()).await
-        {
-            if let Finished::Input { id, outcome } = finished {
-                self.emit(RemoteEventKind::InputDone { input: id, outcome });
-            }
-        }
-    }
-
-    /// The drain stored the session's last snapshot: tell the front, write the `Moving`
-    /// record and queue the resume job. Whoever pulls it claims over that record.
-    async fn hand_over(mut self) {
-        // The outcomes of inputs applied before the drain belong to the old owner: the
-        // new one does not run them again (they are in the snapshot).
-        self.emit_outcomes_due().await;
-        self.send_events().await;
-        // Closing is not the conversation: the snapshot is stored, nothing of it is
-        // written or published.
-        self.quiet.store(true, Ordering::SeqCst);
-        self.writer.seal().await;
-        self.events_open = false;
-        self.speech_open = false;
-        let _ = self.session.close().await;
-        self.emit(RemoteEventKind::SessionMoving);
-        self.send_events().await;
-        let _ = self.inputs.unsubscribe().await;
-        let _ = self.hosting.client.nats().flush().await;
-        let Some(ownership) = self.ownership.take() else {
-            return;
-        };
-        match ownership.hand_over().await {
-            Ok(revision) => {
+            Action::QueueResume { revision } => {
                 let id = format!("{}.moved.{revision}", self.key);
                 let queued = dispatch::publish_resume(
                     &self.hosting.js,
@@ -610,62 +603,18 @@ impl Hosted {
                     // queue the resume then.
                     tracing::warn!(session = %self.key, error = %err, "resume job not queued; the record's expiry will be");
                 }
-                Counts::bump(&self.hosting.counts.moved);
             }
-            Err(LeaseError::Lost { now, .. }) => {
-                tracing::warn!(session = %self.key, %now, "fenced while handing over");
-                Counts::bump(&self.hosting.counts.fenced);
+            Action::Stop => {
+                self.writer.seal().await;
+                if self.listening {
+                    self.listening = false;
+                    let _ = self.inputs.unsubscribe().await;
+                }
+                self.work.clear();
+                let _ = self.session.close().await;
             }
-            Err(err) => {
-                tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
-            }
         }
-        self.count_refused_writes();
-    }
-
-    /// Another worker owns the session: stop without writing anything more.
-    async fn finish_fenced(mut self, now: String) {
-        tracing::warn!(session = %self.key, %now, "fenced: another worker owns the session; stopping without writing");
-        Counts::bump(&self.hosting.counts.fenced);
-        self.quiet.store(true, Ordering::SeqCst);
-        self.writer.seal().await;
-        let _ = self.inputs.unsubscribe().await;
-        self.running.clear();
-        let _ = self.session.close().await;
-        self.count_refused_writes();
-    }
-
-    fn count_refused_writes(&self) {
-        self.hosting
-            .counts
-            .snapshot_writes_refused
-            .fetch_add(self.writer.refused(), Ordering::Relaxed);
-    }
-
-    /// [`emit`](Self::emit) for what the session said (its events and speech): dropped
-    /// once a drain's last snapshot is taken.
-    fn emit_from_session(&mut self, kind: RemoteEventKind) {
-        if !self.quiet.load(Ordering::SeqCst) {
-            self.emit(kind);
-        }
-    }
-
-    /// Numbers `kind` and keeps it; it goes out with the next batch.
-    fn emit(&mut self, kind: RemoteEventKind) {
-        self.log.record(kind);
-    }
-
-    /// Publishes the events not sent yet, as one message (more for a big batch) — unless
-    /// the lease cannot be trusted: then they wait (bounded by the log's budget) for the
-    /// lease's renewal.
-    async fn send_events(&mut self) {
-        // Every wake of the loop comes here: nothing new is the common case.
-        if !self.log.has_unsent() || !self.lease.is_valid() {
-            return;
-        }
-        for message in self.log.take_unsent() {
-            self.publish(message).await;
-        }
+        None
     }
 
     // The two below return futures that borrow nothing of `self`: `Hosted` is `Send` but
@@ -683,11 +632,7 @@ impl Hosted {
         }
     }
 
-    fn reply(
-        &self,
-        to: async_nats::Subject,
-        reply: &Reply,
-    ) -> impl Future<Output = ()> + Send + 'static {
+    fn reply(&self, to: Subject, reply: &Reply) -> impl Future<Output = ()> + Send + 'static {
         let client = self.hosting.client.nats().clone();
         let json = serde_json::to_vec(reply).unwrap_or_default();
         let key = self.key.clone();
@@ -698,92 +643,36 @@ impl Hosted {
         }
     }
 
-    async fn on_request(&mut self, message: async_nats::Message) {
-        let Some(reply_to) = message.reply.clone() else {
-            return;
-        };
-        if !self.lease.is_valid() {
-            // Not sure it still owns the session: stay silent, the gateway retries and
-            // reaches whoever owns it once this is settled.
-            return;
-        }
-        let request: Request = match serde_json::from_slice(&message.payload) {
-            Ok(request) => request,
-            Err(err) => {
-                tracing::warn!(session = %self.key, error = %err, "unreadable request");
-                return;
-            }
-        };
-        match request {
-            Request::Replay { from, epoch } => {
-                // A gateway still counting in an older owner's numbers gets all of ours.
-                let from = if epoch < self.epoch { 1 } else { from };
-                let (events, complete) = self.log.since(from);
-                self.reply(reply_to, &Reply::Replay { events, complete })
-                    .await;
-            }
-            Request::Input { id, input } => match self.ledger.admit(id) {
-                Admission::Repeat(answer) => {
-                    Counts::bump(&self.hosting.counts.inputs_repeated);
-                    let saved = self.writer.saved_input();
-                    self.reply(reply_to, &Reply::Applied { id, answer, saved })
-                        .await;
-                }
-                Admission::Earlier { last } => {
-                    Counts::bump(&self.hosting.counts.inputs_repeated);
-                    self.reply(reply_to, &Reply::Earlier { id, last }).await;
-                }
-                Admission::OutOfOrder { expected } => {
-                    self.reply(reply_to, &Reply::OutOfOrder { expected }).await;
-                }
-                Admission::Apply => {
-                    match self.ending.clone() {
-                        Some(Ending::End(reason)) => {
-                            self.reply(reply_to, &Reply::Ended { reason }).await;
-                            return;
-                        }
-                        Some(Ending::Moving) => {
-                            self.reply(reply_to, &Reply::Moving).await;
-                            return;
-                        }
-                        None => {}
-                    }
-                    let closes = matches!(input, Input::Close);
-                    if !closes {
-                        // The session's saves wait from here to the id: a turn can run
-                        // and settle before the id comes, and a snapshot saved then would
-                        // hold the input without its id.
-                        self.session.begin_input();
-                    }
-                    let answer = self.apply(id, input).await;
-                    if !closes {
-                        // After the input's engine message: the id is tied to it (to its
-                        // turn when that is queued), so the snapshot that holds the
-                        // input holds its id, and the other way round.
-                        self.session.set_last_input(id);
-                    }
-                    self.ledger.record(id, answer.clone());
-                    Counts::bump(&self.hosting.counts.inputs_applied);
-                    self.last_input = Instant::now();
-                    let saved = self.writer.saved_input();
-                    self.reply(reply_to, &Reply::Applied { id, answer, saved })
-                        .await;
-                }
-            },
-        }
-    }
-
     /// Hands `input` to the engine; returns what the gateway hears at once.
     async fn apply(&mut self, id: u64, input: Input) -> Answer {
+        let closes = matches!(input, Input::Close);
+        if !closes {
+            // The session's saves wait from here to the id: a turn can run and settle
+            // before the id comes, and a snapshot saved then would hold the input without
+            // its id.
+            self.session.begin_input();
+        }
+        let answer = self.engine_call(id, input).await;
+        if !closes {
+            // After the input's engine message: the id is tied to it (to its turn when
+            // that is queued), so the snapshot that holds the input holds its id, and the
+            // other way round.
+            self.session.set_last_input(id);
+        }
+        answer
+    }
+
+    /// The engine call of `input`.
+    async fn engine_call(&mut self, id: u64, input: Input) -> Answer {
         let session = self.session.clone();
         match input {
             Input::Run { text } => self.under_way(async move {
                 let outcome = turn_outcome(session.run(text).await);
-                Finished::Input { id, outcome }
+                Event::Outcome { id, outcome }
             }),
             Input::GenerateReply { instructions } => self.under_way(async move {
                 let outcome = turn_outcome(session.generate_reply(instructions).await);
-                Finished::Input { id, outcome }
+                Event::Outcome { id, outcome }
             }),
             Input::Say {
                 text,
@@ -821,7 +710,7 @@ impl Hosted {
                 } else {
                     session.interrupt().await
                 };
-                Finished::Input {
+                Event::Outcome {
                     id,
                     outcome: done_outcome(result),
                 }
@@ -829,7 +718,7 @@ impl Hosted {
             Input::UpdateAgent { agent, data } => match self.hosting.factory.agent(&agent, &data) {
                 Ok(agent) => self.under_way(async move {
                     let outcome = done_outcome(session.update_agent(agent).await);
-                    Finished::Input { id, outcome }
+                    Event::Outcome { id, outcome }
                 }),
                 Err(err) => Answer::Failed {
                     failure: RemoteFailure::Factory {
@@ -849,83 +738,33 @@ impl Hosted {
             }
             Input::History => self.under_way(async move {
                 let history = RemoteHistory::from(&session.history().await);
-                Finished::Input {
+                Event::Outcome {
                     id,
                     outcome: InputOutcome::History { history },
                 }
             }),
-            Input::Close => {
-                self.begin_ending(EndReason::Closed, Some(id));
-                Answer::Pending
-            }
+            // The tenure closes the session itself (its `Action::Close`, answered by the
+            // history in the close's `InputDone`): a close never comes here.
+            Input::Close => Answer::Pending,
         }
     }
 
     /// Starts an engine call whose answer takes time. It is polled once at once: the
     /// engine message is sent on the first poll, before the loop reads the next input, so
     /// the engine sees inputs in the order they came.
-    fn under_way(&mut self, work: impl Future<Output = Finished> + Send + 'static) -> Answer {
-        let mut work: BoxFuture<'static, Finished> = work.boxed();
+    fn under_way(
+        &mut self,
+        work: impl Future<Output = Event<SessionSnapshot>> + Send + 'static,
+    ) -> Answer {
+        let mut work: BoxFuture<'static, Event<SessionSnapshot>> = work.boxed();
         // The real waker comes with the `FuturesUnordered`'s next poll, which polls every
         // newly pushed future.
         let mut cx = Context::from_waker(Waker::noop());
         match work.as_mut().poll(&mut cx) {
-            Poll::Ready(done) => self.running.push(futures_util::future::ready(done).boxed()),
-            Poll::Pending => self.running.push(work),
+            Poll::Ready(done) => self.work.push(futures_util::future::ready(done).boxed()),
+            Poll::Pending => self.work.push(work),
         }
         Answer::Pending
-    }
-
-    /// Closes the session (after the drain's settle, for a drain); new inputs are refused
-    /// from now on.
-    fn begin_ending(&mut self, reason: EndReason, close_input: Option<u64>) {
-        self.ending = Some(Ending::End(reason.clone()));
-        let session = self.session.clone();
-        self.under_way(async move {
-            let history = match session.close().await {
-                Ok(history) => RemoteHistory::from(&history),
-                Err(_) => RemoteHistory::default(),
-            };
-            Finished::Ended {
-                reason,
-                close_input,
-                history,
-            }
-        });
-    }
-
-    /// The worker drains: let the session settle until the deadline (interrupt it there),
-    /// take its last snapshot and store it; the loop then hands the session over.
-    fn begin_drain(&mut self) {
-        let deadline = (*self.drain.borrow()).unwrap_or_else(Instant::now);
-        self.ending = Some(Ending::Moving);
-        let session = self.session.clone();
-        let writer = self.writer.clone();
-        let quiet = self.quiet.clone();
-        let key = self.key.clone();
-        self.under_way(async move {
-            if tokio::time::timeout_at(deadline, session.wait_for_settled())
-                .await
-                .is_err()
-            {
-                tracing::info!(session = %key, "not settled at the drain's deadline: interrupting");
-                let _ = session.force_interrupt().await;
-            }
-            let snapshot = session.snapshot().await;
-            // From here on the session's doings are not the conversation the next owner
-            // resumes: not published, not saved (the session's own saving is sealed; this
-            // snapshot is written past the seal).
-            quiet.store(true, Ordering::SeqCst);
-            writer.seal().await;
-            let saved = match snapshot {
-                Ok(snapshot) => writer.save_last(&snapshot).await,
-                Err(err) => Err(StoreError::Unavailable {
-                    session: key.to_string(),
-                    reason: format!("no snapshot to store: {err}"),
-                }),
-            };
-            Finished::Moved { saved }
-        });
     }
 }
 
@@ -941,20 +780,6 @@ fn turn_outcome(result: Result<switchboard::RunResult, switchboard::SessionError
 fn done_outcome(result: Result<(), switchboard::SessionError>) -> InputOutcome {
     InputOutcome::Done {
         result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
-    }
-}
-
-/// The renewal under way, once it is done (never, without one: the branch is off then).
-async fn finish_renewal(
-    renewal: &mut Option<BoxFuture<'static, (Ownership, Result<(), LeaseError>)>>,
-) -> (Ownership, Result<(), LeaseError>) {
-    match renewal {
-        Some(under_way) => {
-            let done = under_way.await;
-            *renewal = None;
-            done
-        }
-        None => std::future::pending().await,
     }
 }
 

@@ -1,0 +1,696 @@
+//! `Tenure`: one worker's hold on one session, from its claim to its release, its
+//! hand-over or its fence, as a plain machine. The session's loop (`hosted.rs`) turns
+//! what happens — a request, something the session said, an answer of the engine, of the
+//! store or of the owners bucket, the drain, the clock — into an [`Event`], feeds it to
+//! [`Tenure::on`] and carries out the [`Action`]s it returns. Nothing here sends, spawns,
+//! waits or reads the clock.
+//!
+//! # States
+//!
+//! ```text
+//!        ┌─ close input, idle ─▶ Ending: Closing ─▶ WindingUp ─▶ Burying ─▶ Releasing ─▶ Done(Ended)
+//!  Live ─┤
+//!        └─ drain ─▶ Moving: Settling ─▶ SavingLast ─▶ WindingUp ─▶ Leaving ─▶ HandingOver ─▶ Done(Moved)
+//!
+//!  any state but Done ── a newer owner (store or bucket) ──▶ Done(Fenced)
+//!                     ── the connection closed for good ──▶ Done(Disconnected)
+//! ```
+//!
+//! Each state owns what it holds: the reason of an end, the close input and the history
+//! it answers with, the deadline of the wait for outcomes still due. The lease (its clock,
+//! shared with the snapshot writer) and the renewal under way, the event log, the input
+//! ledger and the inputs whose outcome is still due are kept across the states.
+//!
+//! # Decisions, each with a unit test (`tenure/tests.rs`)
+//!
+//! - While the lease cannot be trusted no request is answered (the gateway retries and
+//!   reaches whoever owns the session once that is settled), and what the session says is
+//!   held back, to go out with the first batch after the lease is trusted again.
+//! - An input id is applied once: the next id is applied, the last one answered again,
+//!   an older one answered `earlier`, a later one `out_of_order` — in every state.
+//! - A new input is applied only while `Live`; an ending session answers `ended` with its
+//!   reason, a moving one `moving` (the gateway sends it to the next owner).
+//! - A close input ends the session at once (the close's answer is its history, in its
+//!   `InputDone`); no input for the idle timeout ends it too.
+//! - A drain settles the session until its deadline and stores its last snapshot; from
+//!   the moment that snapshot is taken, what the session says is not the conversation the
+//!   next owner resumes, and is not published.
+//! - Before its last words (`SessionEnded`, `SessionMoving`) a session waits, at most
+//!   [`OUTCOMES_WAIT`], for the outcomes of inputs still under way, and an ending one for a
+//!   lease it can trust: the front hears every answer the session gave, then the end.
+//! - The snapshots' tombstone is written before the `Ended` owner record (a stale owner's
+//!   tombstone is refused, and then it writes no record either); a moving session is
+//!   closed (quietly) before its `Moving` record, so no tool of it runs beside the next
+//!   owner's.
+//! - A newer owner — a renewal that finds its record, a snapshot write the store refused —
+//!   stops the session at once, and nothing more is written or published.
+//! - One renewal at a time; a renewal's answer that cannot reach the bucket changes
+//!   nothing (the lease holds until its clock says otherwise).
+//! - The worker's live count drops once per session, before the record that says it ended
+//!   or moved.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::Subject;
+use switchboard::snapshot::StoreError;
+use tokio::time::Instant;
+
+use super::counts::Counts;
+use super::event_log::EventLog;
+use super::ledger::{Admission, InputLedger};
+use crate::namespace::SessionKey;
+use crate::ownership::{LeaseClock, LeaseError};
+use crate::protocol::{Answer, Input, Reply, Request};
+use crate::remote_event::{EndReason, InputOutcome, RemoteEventKind, RemoteHistory};
+
+/// The longest a session that ends or moves waits for the outcomes of inputs still under
+/// way (they end quickly on a settled or closed session).
+pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
+
+/// What happens to a hosted session. `S` is the snapshot a drain takes.
+#[derive(Debug)]
+pub(crate) enum Event<S> {
+    /// A request on the session's input subject, and the last input id a stored snapshot
+    /// holds now (for the answer).
+    Request {
+        request: Request,
+        reply_to: Subject,
+        saved: u64,
+    },
+    /// The engine took input `id` (its [`Action::Apply`]) and answered at once.
+    Applied {
+        id: u64,
+        answer: Answer,
+        reply_to: Subject,
+        saved: u64,
+    },
+    /// An input whose answer took time has its outcome.
+    Outcome { id: u64, outcome: InputOutcome },
+    /// Time to renew the lease.
+    RenewDue,
+    /// The renewal under way is done.
+    Renewed(Result<(), LeaseError>),
+    /// The store refused a snapshot write: a newer owner wrote the session.
+    Fenced(String),
+    /// The worker drains; sessions settle until `deadline`.
+    Drain(Instant),
+    /// The time [`Tenure::timer`] asked for has come.
+    Timer,
+    /// The session closed (its `Action::Close`), with the history it answered.
+    Closed(RemoteHistory),
+    /// A drain's session settled and its last snapshot was taken (or could not be).
+    Settled(Result<S, String>),
+    /// A drain's last snapshot was stored (or not).
+    LastSaved(Result<(), StoreError>),
+    /// The snapshots' tombstone was written (or not).
+    SnapshotsEnded(Result<(), StoreError>),
+    /// The `Ended` owner record was written (or not).
+    Released(Result<(), LeaseError>),
+    /// The `Moving` owner record was written, at this revision (or not).
+    HandedOver(Result<u64, LeaseError>),
+    /// The input subscription ended: the connection is closed for good.
+    Disconnected,
+}
+
+/// What the session's loop must do.
+#[derive(Debug)]
+pub(crate) enum Action<S> {
+    /// Answers a request.
+    Reply { to: Subject, reply: Reply },
+    /// Hands an input to the engine, then feeds back [`Event::Applied`] before anything
+    /// else (the engine sees inputs in the order they came).
+    Apply {
+        id: u64,
+        input: Input,
+        reply_to: Subject,
+    },
+    /// Renews the lease beside the loop, bounded by the renewal period:
+    /// [`Event::Renewed`].
+    Renew,
+    /// Closes the session: [`Event::Closed`].
+    Close,
+    /// Lets the session settle until `deadline` (interrupts it there), takes its last
+    /// snapshot and seals the session's own saving: [`Event::Settled`].
+    Settle { deadline: Instant },
+    /// Stores the drain's last snapshot past the seal: [`Event::LastSaved`].
+    SaveLast(S),
+    /// Publishes these messages on the events subject, in order.
+    Publish(Vec<Vec<u8>>),
+    /// Writes the snapshots' tombstone: [`Event::SnapshotsEnded`].
+    EndSnapshots,
+    /// Writes the `Ended` owner record: [`Event::Released`].
+    Release,
+    /// Stops listening to inputs, then writes the `Moving` owner record:
+    /// [`Event::HandedOver`].
+    HandOver,
+    /// Queues the job that resumes the session elsewhere.
+    QueueResume { revision: u64 },
+    /// Stops without a word: seals the snapshot writer, stops listening, drops the work
+    /// under way and closes the session.
+    Stop,
+}
+
+/// How a tenure ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// The session ended here.
+    Ended,
+    /// It was handed over.
+    Moved,
+    /// Another worker owns it.
+    Fenced,
+    /// The connection closed for good.
+    Disconnected,
+}
+
+/// Where a tenure is; each state owns what it holds.
+#[derive(Debug)]
+pub(crate) enum State {
+    /// Inputs are applied.
+    Live,
+    /// The session ends; new inputs are answered `ended` with `reason`.
+    Ending { reason: EndReason, step: EndStep },
+    /// The session moves to another worker; new inputs are answered `moving`.
+    Moving(MoveStep),
+    /// Nothing more happens.
+    Done(Exit),
+}
+
+/// The steps of an end.
+#[derive(Debug)]
+pub(crate) enum EndStep {
+    /// The session closes.
+    Closing { close_input: Option<u64> },
+    /// Closed: waits for the outcomes still due (until `until`) and a trusted lease, then
+    /// says its last words.
+    WindingUp {
+        close_input: Option<u64>,
+        history: RemoteHistory,
+        until: Instant,
+    },
+    /// The last words are out; the tombstone is being written.
+    Burying,
+    /// The `Ended` record is being written.
+    Releasing,
+}
+
+/// The steps of a move.
+#[derive(Debug)]
+pub(crate) enum MoveStep {
+    /// The session settles; then its last snapshot is taken.
+    Settling,
+    /// The last snapshot is being stored (quiet from here on).
+    SavingLast,
+    /// Waits for the outcomes still due, until `until`.
+    WindingUp { until: Instant },
+    /// The session closes.
+    Leaving,
+    /// `SessionMoving` is out; the `Moving` record is being written.
+    HandingOver,
+}
+
+/// Whether a renewal is under way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Renewal {
+    Idle,
+    UnderWay,
+}
+
+/// What a tenure starts from.
+pub(crate) struct Setup {
+    pub(crate) key: SessionKey,
+    pub(crate) epoch: u64,
+    pub(crate) lease: LeaseClock,
+    pub(crate) log: EventLog,
+    pub(crate) ledger: InputLedger,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) counts: Arc<Counts>,
+    /// `SessionStarted` or `SessionResumed`: the first event.
+    pub(crate) first: RemoteEventKind,
+    pub(crate) now: Instant,
+}
+
+/// One worker's hold on one session; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Tenure {
+    key: SessionKey,
+    epoch: u64,
+    lease: LeaseClock,
+    renewal: Renewal,
+    log: EventLog,
+    ledger: InputLedger,
+    /// Inputs answered `pending` whose outcome has not come yet.
+    under_way: BTreeSet<u64>,
+    idle_timeout: Option<Duration>,
+    last_input: Instant,
+    counts: Arc<Counts>,
+    state: State,
+}
+
+impl Tenure {
+    /// A live tenure whose first event (`SessionStarted` or `SessionResumed`) waits in the
+    /// log.
+    pub(crate) fn new(setup: Setup) -> Self {
+        let mut log = setup.log;
+        log.record(setup.first);
+        Self {
+            key: setup.key,
+            epoch: setup.epoch,
+            lease: setup.lease,
+            renewal: Renewal::Idle,
+            log,
+            ledger: setup.ledger,
+            under_way: BTreeSet::new(),
+            idle_timeout: setup.idle_timeout,
+            last_input: setup.now,
+            counts: setup.counts,
+            state: State::Live,
+        }
+    }
+
+    /// Where it is.
+    pub(crate) fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// Whether it is over: the loop stops.
+    pub(crate) fn is_done(&self) -> bool {
+        matches!(self.state, State::Done(_))
+    }
+
+    /// When to feed [`Event::Timer`]: the idle timeout while live, the end of the wait for
+    /// outcomes while winding up.
+    pub(crate) fn timer(&self) -> Option<Instant> {
+        match &self.state {
+            State::Live => self.idle_timeout.map(|idle| self.last_input + idle),
+            State::Ending {
+                step: EndStep::WindingUp { until, .. },
+                ..
+            }
+            | State::Moving(MoveStep::WindingUp { until }) => Some(*until),
+            _ => None,
+        }
+    }
+
+    /// Something the session said (an engine event, speech): numbered and kept for the
+    /// next batch, unless the session is quiet. No action follows; no clock is read (it
+    /// comes once per streamed chunk).
+    pub(crate) fn said(&mut self, kind: RemoteEventKind) {
+        if !self.quiet() {
+            self.log.record(kind);
+        }
+    }
+
+    /// The loop fell behind the session's event channel and missed `missed` events.
+    pub(crate) fn lagged(&mut self, missed: u64) {
+        self.said(RemoteEventKind::EventsDropped { missed });
+    }
+
+    /// Whether events wait to be published.
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.log.has_unsent() && !self.is_done()
+    }
+
+    /// The events to publish now, as messages: none while the lease cannot be trusted
+    /// (they wait, bounded by the log's budget), none once the tenure is over.
+    pub(crate) fn batch(&mut self, now: Instant) -> Vec<Vec<u8>> {
+        if self.is_done() || !self.lease_trusted(now) {
+            return Vec::new();
+        }
+        self.log.take_unsent()
+    }
+
+    /// Takes `event`; returns what the loop must do, in order.
+    pub(crate) fn on<S>(&mut self, event: Event<S>, now: Instant) -> Vec<Action<S>> {
+        let mut actions = Vec::new();
+        if self.is_done() {
+            return actions;
+        }
+        match event {
+            Event::Request {
+                request,
+                reply_to,
+                saved,
+            } => self.on_request(request, reply_to, saved, now, &mut actions),
+            Event::Applied {
+                id,
+                answer,
+                reply_to,
+                saved,
+            } => {
+                self.ledger.record(id, answer.clone());
+                if answer == Answer::Pending {
+                    self.under_way.insert(id);
+                }
+                Counts::bump(&self.counts.inputs_applied);
+                self.last_input = now;
+                actions.push(Action::Reply {
+                    to: reply_to,
+                    reply: Reply::Applied { id, answer, saved },
+                });
+            }
+            Event::Outcome { id, outcome } => {
+                self.under_way.remove(&id);
+                if !self.last_words_said() {
+                    self.log
+                        .record(RemoteEventKind::InputDone { input: id, outcome });
+                }
+            }
+            Event::RenewDue => {
+                if self.renewal == Renewal::Idle {
+                    self.renewal = Renewal::UnderWay;
+                    actions.push(Action::Renew);
+                }
+            }
+            Event::Renewed(renewed) => {
+                self.renewal = Renewal::Idle;
+                match renewed {
+                    Ok(()) => {}
+                    Err(LeaseError::Lost { now: owner, .. }) => {
+                        self.stop_fenced(&owner, &mut actions);
+                    }
+                    Err(err @ LeaseError::Unreachable { .. }) => {
+                        tracing::warn!(session = %self.key, error = %err, valid = self.lease_trusted(now), "lease not renewed");
+                    }
+                }
+            }
+            Event::Fenced(reason) => self.stop_fenced(&reason, &mut actions),
+            Event::Drain(deadline) => {
+                if matches!(self.state, State::Live) {
+                    self.state = State::Moving(MoveStep::Settling);
+                    actions.push(Action::Settle { deadline });
+                }
+            }
+            Event::Timer => {
+                let idle =
+                    matches!(self.state, State::Live) && self.timer().is_some_and(|at| now >= at);
+                if idle {
+                    self.state = State::Ending {
+                        reason: EndReason::Idle,
+                        step: EndStep::Closing { close_input: None },
+                    };
+                    actions.push(Action::Close);
+                }
+            }
+            Event::Closed(history) => match &mut self.state {
+                State::Ending { step, .. } => {
+                    if let EndStep::Closing { close_input } = *step {
+                        *step = EndStep::WindingUp {
+                            close_input,
+                            history,
+                            until: now + OUTCOMES_WAIT,
+                        };
+                    }
+                }
+                State::Moving(MoveStep::Leaving) => {
+                    self.log.record(RemoteEventKind::SessionMoving);
+                    self.publish_now(now, &mut actions);
+                    self.leave();
+                    self.state = State::Moving(MoveStep::HandingOver);
+                    actions.push(Action::HandOver);
+                }
+                _ => {}
+            },
+            Event::Settled(settled) => {
+                if matches!(self.state, State::Moving(MoveStep::Settling)) {
+                    match settled {
+                        Ok(snapshot) => {
+                            self.state = State::Moving(MoveStep::SavingLast);
+                            actions.push(Action::SaveLast(snapshot));
+                        }
+                        Err(reason) => {
+                            // The store keeps the last settled state the session saved;
+                            // the gateway sends the inputs after it again.
+                            tracing::warn!(session = %self.key, %reason, "no last snapshot at the drain: moving with the one before");
+                            self.state = State::Moving(MoveStep::WindingUp {
+                                until: now + OUTCOMES_WAIT,
+                            });
+                        }
+                    }
+                }
+            }
+            Event::LastSaved(saved) => {
+                if matches!(self.state, State::Moving(MoveStep::SavingLast)) {
+                    match saved {
+                        Err(StoreError::Fenced { reason, .. }) => {
+                            self.stop_fenced(&reason, &mut actions);
+                        }
+                        other => {
+                            if let Err(err) = other {
+                                tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                            }
+                            self.state = State::Moving(MoveStep::WindingUp {
+                                until: now + OUTCOMES_WAIT,
+                            });
+                        }
+                    }
+                }
+            }
+            Event::SnapshotsEnded(ended) => {
+                if let State::Ending {
+                    step: step @ EndStep::Burying,
+                    ..
+                } = &mut self.state
+                {
+                    match ended {
+                        Err(StoreError::Fenced { reason, .. }) => {
+                            self.stop_fenced(&reason, &mut actions);
+                        }
+                        other => {
+                            if let Err(err) = other {
+                                tracing::warn!(session = %self.key, error = %err, "cannot end the session's snapshots");
+                            }
+                            *step = EndStep::Releasing;
+                            self.leave();
+                            actions.push(Action::Release);
+                        }
+                    }
+                }
+            }
+            Event::Released(released) => {
+                if matches!(
+                    self.state,
+                    State::Ending {
+                        step: EndStep::Releasing,
+                        ..
+                    }
+                ) {
+                    if let Err(err) = released {
+                        tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
+                    }
+                    self.state = State::Done(Exit::Ended);
+                }
+            }
+            Event::HandedOver(handed) => {
+                if matches!(self.state, State::Moving(MoveStep::HandingOver)) {
+                    self.state = State::Done(match handed {
+                        Ok(revision) => {
+                            Counts::bump(&self.counts.moved);
+                            actions.push(Action::QueueResume { revision });
+                            Exit::Moved
+                        }
+                        Err(LeaseError::Lost { now: owner, .. }) => {
+                            tracing::warn!(session = %self.key, %owner, "fenced while handing over");
+                            Counts::bump(&self.counts.fenced);
+                            Exit::Fenced
+                        }
+                        Err(err) => {
+                            // The lease's expiry hands it over instead.
+                            tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
+                            Exit::Moved
+                        }
+                    });
+                }
+            }
+            Event::Disconnected => {
+                if !self.left() {
+                    self.counts.session_ended();
+                }
+                self.state = State::Done(Exit::Disconnected);
+                actions.push(Action::Stop);
+            }
+        }
+        self.advance(now, &mut actions);
+        actions
+    }
+
+    fn on_request<S>(
+        &mut self,
+        request: Request,
+        reply_to: Subject,
+        saved: u64,
+        now: Instant,
+        actions: &mut Vec<Action<S>>,
+    ) {
+        if !self.lease_trusted(now) {
+            // Not sure it still owns the session: stay silent, the gateway retries and
+            // reaches whoever owns it once this is settled.
+            return;
+        }
+        let reply = match request {
+            Request::Replay { from, epoch } => {
+                // A gateway still counting in an older owner's numbers gets all of ours.
+                let from = if epoch < self.epoch { 1 } else { from };
+                let (events, complete) = self.log.since(from);
+                Reply::Replay { events, complete }
+            }
+            Request::Input { id, input } => match self.ledger.admit(id) {
+                Admission::Repeat(answer) => {
+                    Counts::bump(&self.counts.inputs_repeated);
+                    Reply::Applied { id, answer, saved }
+                }
+                Admission::Earlier { last } => {
+                    Counts::bump(&self.counts.inputs_repeated);
+                    Reply::Earlier { id, last }
+                }
+                Admission::OutOfOrder { expected } => Reply::OutOfOrder { expected },
+                Admission::Apply => match &self.state {
+                    State::Ending { reason, .. } => Reply::Ended {
+                        reason: reason.clone(),
+                    },
+                    State::Moving(_) => Reply::Moving,
+                    State::Done(_) => return,
+                    State::Live => {
+                        if !matches!(input, Input::Close) {
+                            actions.push(Action::Apply {
+                                id,
+                                input,
+                                reply_to,
+                            });
+                            return;
+                        }
+                        self.ledger.record(id, Answer::Pending);
+                        Counts::bump(&self.counts.inputs_applied);
+                        self.last_input = now;
+                        self.state = State::Ending {
+                            reason: EndReason::Closed,
+                            step: EndStep::Closing {
+                                close_input: Some(id),
+                            },
+                        };
+                        actions.push(Action::Close);
+                        Reply::Applied {
+                            id,
+                            answer: Answer::Pending,
+                            saved,
+                        }
+                    }
+                },
+            },
+        };
+        actions.push(Action::Reply {
+            to: reply_to,
+            reply,
+        });
+    }
+
+    /// Moves a winding-up session on once its outcomes are in (or their wait is over) and,
+    /// for its last words, its lease can be trusted.
+    fn advance<S>(&mut self, now: Instant, actions: &mut Vec<Action<S>>) {
+        let waited =
+            |until: Instant, under_way: &BTreeSet<u64>| under_way.is_empty() || now >= until;
+        match &mut self.state {
+            State::Ending {
+                reason,
+                step:
+                    EndStep::WindingUp {
+                        close_input,
+                        history,
+                        until,
+                    },
+            } => {
+                if !waited(*until, &self.under_way) || !self.lease.is_valid_at(now.into_std()) {
+                    return;
+                }
+                let reason = reason.clone();
+                if let Some(id) = *close_input {
+                    let history = std::mem::take(history);
+                    self.log.record(RemoteEventKind::InputDone {
+                        input: id,
+                        outcome: InputOutcome::History { history },
+                    });
+                }
+                self.log.record(RemoteEventKind::SessionEnded {
+                    reason: reason.clone(),
+                });
+                self.publish_now(now, actions);
+                self.state = State::Ending {
+                    reason,
+                    step: EndStep::Burying,
+                };
+                actions.push(Action::EndSnapshots);
+            }
+            State::Moving(MoveStep::WindingUp { until }) if waited(*until, &self.under_way) => {
+                self.state = State::Moving(MoveStep::Leaving);
+                actions.push(Action::Close);
+            }
+            _ => {}
+        }
+    }
+
+    /// Another worker owns the session: stop without writing or publishing anything more.
+    fn stop_fenced<S>(&mut self, owner: &str, actions: &mut Vec<Action<S>>) {
+        tracing::warn!(session = %self.key, %owner, "fenced: another worker owns the session; stopping without writing");
+        Counts::bump(&self.counts.fenced);
+        if !self.left() {
+            self.counts.session_ended();
+        }
+        self.state = State::Done(Exit::Fenced);
+        actions.push(Action::Stop);
+    }
+
+    /// Pushes what waits in the log as one `Publish`, if the lease can be trusted.
+    fn publish_now<S>(&mut self, now: Instant, actions: &mut Vec<Action<S>>) {
+        let messages = self.batch(now);
+        if !messages.is_empty() {
+            actions.push(Action::Publish(messages));
+        }
+    }
+
+    /// The session leaves the worker's live count (before the record that says so).
+    fn leave(&self) {
+        self.counts.session_ended();
+    }
+
+    /// Whether the live count already dropped.
+    fn left(&self) -> bool {
+        matches!(
+            self.state,
+            State::Ending {
+                step: EndStep::Releasing,
+                ..
+            } | State::Moving(MoveStep::HandingOver)
+                | State::Done(_)
+        )
+    }
+
+    /// Whether what the session says now is dropped: once a drain's last snapshot is
+    /// taken, and once the last words are out.
+    fn quiet(&self) -> bool {
+        matches!(
+            self.state,
+            State::Moving(MoveStep::SavingLast | MoveStep::Leaving | MoveStep::HandingOver)
+        ) || self.last_words_said()
+    }
+
+    /// Whether `SessionEnded` or `SessionMoving` is out: nothing follows it.
+    fn last_words_said(&self) -> bool {
+        matches!(
+            self.state,
+            State::Ending {
+                step: EndStep::Burying | EndStep::Releasing,
+                ..
+            } | State::Moving(MoveStep::HandingOver)
+                | State::Done(_)
+        )
+    }
+
+    fn lease_trusted(&self, now: Instant) -> bool {
+        self.lease.is_valid_at(now.into_std())
+    }
+}
+
+#[cfg(test)]
+mod tests;

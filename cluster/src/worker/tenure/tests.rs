@@ -1,0 +1,902 @@
+//! Every decision of the tenure, as a unit test: no server, no engine, no clock but the
+//! instants the tests hand it. `TRANSITIONS` says where every (state, event) pair leads,
+//! checked over every state × every event.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::remote_event::RemoteEvent;
+
+/// A drain's last snapshot, as the tests see it.
+type Snap = &'static str;
+
+const LEASE: Duration = Duration::from_secs(8);
+const IDLE: Duration = Duration::from_secs(60);
+
+struct Fixture {
+    tenure: Tenure,
+    lease: LeaseClock,
+    counts: Arc<Counts>,
+    /// When the test began: every instant is an offset of it.
+    t0: Instant,
+    now: Instant,
+    /// Every event published so far, in order.
+    published: Vec<RemoteEvent>,
+    /// The next input id (one past the last one applied).
+    next: u64,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let t0 = Instant::now();
+        let lease = LeaseClock::until((t0 + LEASE).into_std());
+        let counts = Arc::new(Counts::default());
+        counts.session_live();
+        let tenure = Tenure::new(Setup {
+            key: SessionKey::new("call-1").unwrap(),
+            epoch: 2,
+            lease: lease.clone(),
+            log: EventLog::new(2, 64 * 1024),
+            ledger: InputLedger::resumed(0),
+            idle_timeout: Some(IDLE),
+            counts: counts.clone(),
+            first: RemoteEventKind::SessionStarted,
+            now: t0,
+        });
+        Self {
+            tenure,
+            lease,
+            counts,
+            t0,
+            now: t0,
+            published: Vec::new(),
+            next: 1,
+        }
+    }
+
+    /// Moves the clock `by` on.
+    fn wait(&mut self, by: Duration) {
+        self.now += by;
+    }
+
+    /// The lease, renewed now.
+    fn renew_lease(&mut self) {
+        self.lease.set((self.now + LEASE).into_std());
+    }
+
+    /// Feeds `event`; publishes what the actions publish, then the batch (as the loop
+    /// does); returns the actions.
+    fn on(&mut self, event: Event<Snap>) -> Vec<Action<Snap>> {
+        let actions = self.tenure.on(event, self.now);
+        for action in &actions {
+            match action {
+                Action::Publish(messages) => self.read(messages),
+                Action::Reply {
+                    reply: Reply::Applied { id, .. },
+                    ..
+                } => self.next = self.next.max(id + 1),
+                _ => {}
+            }
+        }
+        self.flush();
+        actions
+    }
+
+    /// The loop's batch at the end of a wake.
+    fn flush(&mut self) {
+        let messages = self.tenure.batch(self.now);
+        self.read(&messages);
+    }
+
+    fn read(&mut self, messages: &[Vec<u8>]) {
+        for message in messages {
+            let events: Vec<RemoteEvent> = serde_json::from_slice(message).unwrap();
+            self.published.extend(events);
+        }
+    }
+
+    fn said(&mut self, text: &str) {
+        self.tenure.said(error(text));
+        self.flush();
+    }
+
+    /// Input `id` arrives.
+    fn input(&mut self, id: u64, input: Input) -> Vec<Action<Snap>> {
+        self.on(request(id, input))
+    }
+
+    /// Input `id` arrives and, when the tenure applies it, the engine answers `answer`.
+    fn apply(&mut self, id: u64, input: Input, answer: Answer) -> Vec<Action<Snap>> {
+        let actions = self.input(id, input);
+        assert!(
+            matches!(actions.as_slice(), [Action::Apply { id: applied, .. }] if *applied == id),
+            "input {id} applied: {actions:?}"
+        );
+        self.on(Event::Applied {
+            id,
+            answer,
+            reply_to: reply_to(id),
+            saved: 0,
+        })
+    }
+
+    /// A turn under way: input `id`, answered `pending`.
+    fn turn(&mut self, id: u64) {
+        self.apply(id, run("hi"), Answer::Pending);
+    }
+
+    fn kinds(&self) -> Vec<RemoteEventKind> {
+        self.published.iter().map(|e| e.kind.clone()).collect()
+    }
+
+    fn live(&self) -> usize {
+        self.counts.live.load(Ordering::SeqCst)
+    }
+}
+
+fn error(text: &str) -> RemoteEventKind {
+    RemoteEventKind::Error {
+        message: text.to_owned(),
+    }
+}
+
+fn run(text: &str) -> Input {
+    Input::Run {
+        text: text.to_owned(),
+    }
+}
+
+fn reply_to(id: u64) -> Subject {
+    Subject::from(format!("_INBOX.{id}"))
+}
+
+fn request(id: u64, input: Input) -> Event<Snap> {
+    Event::Request {
+        request: Request::Input { id, input },
+        reply_to: reply_to(id),
+        saved: 0,
+    }
+}
+
+fn replay(from: u64) -> Event<Snap> {
+    Event::Request {
+        request: Request::Replay { from, epoch: 2 },
+        reply_to: Subject::from("_INBOX.replay"),
+        saved: 0,
+    }
+}
+
+fn lost() -> LeaseError {
+    LeaseError::Lost {
+        session: SessionKey::new("call-1").unwrap(),
+        now: "Running on w2 at epoch 3".into(),
+    }
+}
+
+fn unreachable() -> LeaseError {
+    LeaseError::Unreachable {
+        session: SessionKey::new("call-1").unwrap(),
+        reason: "no answer".into(),
+    }
+}
+
+fn store_fenced() -> StoreError {
+    StoreError::Fenced {
+        session: "call-1".into(),
+        reason: "w2 wrote it".into(),
+    }
+}
+
+fn store_away() -> StoreError {
+    StoreError::Unavailable {
+        session: "call-1".into(),
+        reason: "the server is away".into(),
+    }
+}
+
+/// The reply among `actions`.
+fn reply(actions: &[Action<Snap>]) -> Option<&Reply> {
+    actions.iter().find_map(|a| match a {
+        Action::Reply { reply, .. } => Some(reply),
+        _ => None,
+    })
+}
+
+fn names(actions: &[Action<Snap>]) -> Vec<&'static str> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Reply { .. } => "reply",
+            Action::Apply { .. } => "apply",
+            Action::Renew => "renew",
+            Action::Close => "close",
+            Action::Settle { .. } => "settle",
+            Action::SaveLast(_) => "save last",
+            Action::Publish(_) => "publish",
+            Action::EndSnapshots => "end snapshots",
+            Action::Release => "release",
+            Action::HandOver => "hand over",
+            Action::QueueResume { .. } => "queue resume",
+            Action::Stop => "stop",
+        })
+        .collect()
+}
+
+/// Where the tenure is.
+fn describe(f: &Fixture) -> &'static str {
+    match f.tenure.state() {
+        State::Live => "live",
+        State::Ending { step, .. } => match step {
+            EndStep::Closing { .. } => "closing",
+            EndStep::WindingUp { .. } => "winding up to end",
+            EndStep::Burying => "burying",
+            EndStep::Releasing => "releasing",
+        },
+        State::Moving(step) => match step {
+            MoveStep::Settling => "settling",
+            MoveStep::SavingLast => "saving last",
+            MoveStep::WindingUp { .. } => "winding up to move",
+            MoveStep::Leaving => "leaving",
+            MoveStep::HandingOver => "handing over",
+        },
+        State::Done(Exit::Ended) => "ended",
+        State::Done(Exit::Moved) => "moved",
+        State::Done(Exit::Fenced) => "fenced",
+        State::Done(Exit::Disconnected) => "disconnected",
+    }
+}
+
+/// A fixture in every state, each with input 1 under way where that holds a state (a
+/// winding-up one waits for its outcome).
+fn every_state() -> Vec<(&'static str, Fixture)> {
+    let live = Fixture::new;
+    let closing = || {
+        let mut f = live();
+        f.turn(1);
+        f.input(2, Input::Close);
+        f
+    };
+    let winding_up_to_end = || {
+        let mut f = closing();
+        f.on(Event::Closed(RemoteHistory::default()));
+        f
+    };
+    let burying = || {
+        let mut f = winding_up_to_end();
+        f.on(Event::Outcome {
+            id: 1,
+            outcome: InputOutcome::Done { result: Ok(()) },
+        });
+        f
+    };
+    let releasing = || {
+        let mut f = burying();
+        f.on(Event::SnapshotsEnded(Ok(())));
+        f
+    };
+    let ended = || {
+        let mut f = releasing();
+        f.on(Event::Released(Ok(())));
+        f
+    };
+    let settling = || {
+        let mut f = live();
+        f.turn(1);
+        let deadline = f.now + Duration::from_secs(5);
+        f.on(Event::Drain(deadline));
+        f
+    };
+    let saving_last = || {
+        let mut f = settling();
+        f.on(Event::Settled(Ok("snapshot")));
+        f
+    };
+    let winding_up_to_move = || {
+        let mut f = saving_last();
+        f.on(Event::LastSaved(Ok(())));
+        f
+    };
+    let leaving = || {
+        let mut f = winding_up_to_move();
+        f.on(Event::Outcome {
+            id: 1,
+            outcome: InputOutcome::Done { result: Ok(()) },
+        });
+        f
+    };
+    let handing_over = || {
+        let mut f = leaving();
+        f.on(Event::Closed(RemoteHistory::default()));
+        f
+    };
+    let moved = || {
+        let mut f = handing_over();
+        f.on(Event::HandedOver(Ok(7)));
+        f
+    };
+    let fenced = || {
+        let mut f = live();
+        f.on(Event::Fenced("w2 wrote it".into()));
+        f
+    };
+    let disconnected = || {
+        let mut f = live();
+        f.on(Event::Disconnected);
+        f
+    };
+    let states: Vec<(&'static str, Fixture)> = vec![
+        ("live", live()),
+        ("closing", closing()),
+        ("winding up to end", winding_up_to_end()),
+        ("burying", burying()),
+        ("releasing", releasing()),
+        ("ended", ended()),
+        ("settling", settling()),
+        ("saving last", saving_last()),
+        ("winding up to move", winding_up_to_move()),
+        ("leaving", leaving()),
+        ("handing over", handing_over()),
+        ("moved", moved()),
+        ("fenced", fenced()),
+        ("disconnected", disconnected()),
+    ];
+    for (name, f) in &states {
+        assert_eq!(describe(f), *name, "the fixture for {name}");
+    }
+    states
+}
+
+/// Every event the tenure takes, by name.
+fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
+    vec![
+        ("next input", request(f.next, run("next"))),
+        ("close input", request(f.next, Input::Close)),
+        ("replay", replay(1)),
+        (
+            "applied",
+            Event::Applied {
+                id: f.next,
+                answer: Answer::Done,
+                reply_to: reply_to(f.next),
+                saved: 0,
+            },
+        ),
+        (
+            "outcome",
+            Event::Outcome {
+                id: 1,
+                outcome: InputOutcome::Done { result: Ok(()) },
+            },
+        ),
+        ("renew due", Event::RenewDue),
+        ("renewed", Event::Renewed(Ok(()))),
+        ("renewal unreachable", Event::Renewed(Err(unreachable()))),
+        ("renewal lost", Event::Renewed(Err(lost()))),
+        ("fenced", Event::Fenced("w2 wrote it".into())),
+        ("drain", Event::Drain(f.now + Duration::from_secs(5))),
+        ("timer", Event::Timer),
+        ("closed", Event::Closed(RemoteHistory::default())),
+        ("settled", Event::Settled(Ok("snapshot"))),
+        ("no snapshot", Event::Settled(Err("closed".into()))),
+        ("last saved", Event::LastSaved(Ok(()))),
+        ("last not saved", Event::LastSaved(Err(store_away()))),
+        ("last refused", Event::LastSaved(Err(store_fenced()))),
+        ("snapshots ended", Event::SnapshotsEnded(Ok(()))),
+        (
+            "tombstone refused",
+            Event::SnapshotsEnded(Err(store_fenced())),
+        ),
+        ("released", Event::Released(Ok(()))),
+        ("handed over", Event::HandedOver(Ok(7))),
+        ("hand-over lost", Event::HandedOver(Err(lost()))),
+        ("disconnected", Event::Disconnected),
+    ]
+}
+
+/// Where each (state, event) pair leads; a pair not listed leaves the state as it was.
+const TRANSITIONS: &[(&str, &str, &str)] = &[
+    ("live", "close input", "closing"),
+    ("live", "drain", "settling"),
+    ("live", "renewal lost", "fenced"),
+    ("live", "fenced", "fenced"),
+    ("live", "disconnected", "disconnected"),
+    // Input 1 is under way: its outcome is what the wind-up waits for.
+    ("closing", "closed", "winding up to end"),
+    ("closing", "renewal lost", "fenced"),
+    ("closing", "fenced", "fenced"),
+    ("closing", "disconnected", "disconnected"),
+    ("winding up to end", "outcome", "burying"),
+    ("winding up to end", "renewal lost", "fenced"),
+    ("winding up to end", "fenced", "fenced"),
+    ("winding up to end", "disconnected", "disconnected"),
+    ("burying", "snapshots ended", "releasing"),
+    // A tombstone the store could not take is logged; the end goes on.
+    ("burying", "tombstone refused", "fenced"),
+    ("burying", "renewal lost", "fenced"),
+    ("burying", "fenced", "fenced"),
+    ("burying", "disconnected", "disconnected"),
+    ("releasing", "released", "ended"),
+    ("releasing", "renewal lost", "fenced"),
+    ("releasing", "fenced", "fenced"),
+    ("releasing", "disconnected", "disconnected"),
+    ("settling", "settled", "saving last"),
+    ("settling", "no snapshot", "winding up to move"),
+    ("settling", "renewal lost", "fenced"),
+    ("settling", "fenced", "fenced"),
+    ("settling", "disconnected", "disconnected"),
+    ("saving last", "last saved", "winding up to move"),
+    ("saving last", "last not saved", "winding up to move"),
+    ("saving last", "last refused", "fenced"),
+    ("saving last", "renewal lost", "fenced"),
+    ("saving last", "fenced", "fenced"),
+    ("saving last", "disconnected", "disconnected"),
+    ("winding up to move", "outcome", "leaving"),
+    ("winding up to move", "renewal lost", "fenced"),
+    ("winding up to move", "fenced", "fenced"),
+    ("winding up to move", "disconnected", "disconnected"),
+    ("leaving", "closed", "handing over"),
+    ("leaving", "renewal lost", "fenced"),
+    ("leaving", "fenced", "fenced"),
+    ("leaving", "disconnected", "disconnected"),
+    ("handing over", "handed over", "moved"),
+    ("handing over", "hand-over lost", "fenced"),
+    ("handing over", "renewal lost", "fenced"),
+    ("handing over", "fenced", "fenced"),
+    ("handing over", "disconnected", "disconnected"),
+];
+
+fn expected(state: &'static str, event: &str) -> &'static str {
+    TRANSITIONS
+        .iter()
+        .find(|(from, on, _)| *from == state && *on == event)
+        .map_or(state, |(_, _, to)| to)
+}
+
+#[test]
+fn every_state_takes_every_event() {
+    let events = every_event(&Fixture::new()).len();
+    for index in 0..events {
+        for (state, mut f) in every_state() {
+            let (event_name, event) = every_event(&f).swap_remove(index);
+            let live_before = f.live();
+            let published_before = f.published.len();
+            let actions = f.on(event);
+            let now = describe(&f);
+            assert_eq!(now, expected(state, event_name), "{state} × {event_name}");
+            // The live count drops once, on the way out.
+            assert!(f.live() <= live_before, "{state} × {event_name}");
+            if matches!(state, "ended" | "moved" | "fenced" | "disconnected") {
+                assert!(
+                    actions.is_empty() && f.published.len() == published_before,
+                    "{state} × {event_name}: a tenure that is over does nothing: {:?}",
+                    names(&actions)
+                );
+            }
+            if now == "fenced" || now == "disconnected" {
+                assert_eq!(f.live(), 0, "{state} × {event_name}");
+                // A session handing over is closed, sealed and unsubscribed already.
+                if state != now && state != "handing over" {
+                    assert_eq!(
+                        names(&actions).last(),
+                        Some(&"stop"),
+                        "{state} × {event_name}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_path_out_drops_the_live_count_once() {
+    for (state, f) in every_state() {
+        let left = matches!(
+            state,
+            "releasing" | "ended" | "handing over" | "moved" | "fenced" | "disconnected"
+        );
+        assert_eq!(f.live(), usize::from(!left), "{state}");
+    }
+}
+
+#[test]
+fn the_first_event_goes_out_with_the_first_batch() {
+    let mut f = Fixture::new();
+    f.flush();
+    assert_eq!(f.kinds(), [RemoteEventKind::SessionStarted]);
+    assert_eq!(f.published[0].epoch, 2);
+}
+
+#[test]
+fn while_the_lease_cannot_be_trusted_nothing_is_answered_or_published() {
+    let mut f = Fixture::new();
+    f.flush();
+    f.wait(LEASE);
+    f.said("held back");
+    assert!(f.input(1, run("hi")).is_empty(), "no request is answered");
+    assert!(f.on(replay(1)).is_empty(), "no replay either");
+    assert_eq!(f.published.len(), 1, "only SessionStarted went out");
+
+    // Renewed: the held events go out with the next batch, and inputs are applied.
+    f.on(Event::RenewDue);
+    f.renew_lease();
+    f.on(Event::Renewed(Ok(())));
+    assert_eq!(f.kinds().last(), Some(&error("held back")));
+    assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
+}
+
+#[test]
+fn an_input_id_is_applied_once_in_every_state() {
+    for (state, mut f) in every_state() {
+        if matches!(f.tenure.state(), State::Done(_)) {
+            assert!(f.input(1, run("hi")).is_empty(), "{state}: over");
+            continue;
+        }
+        if state == "live" {
+            f.turn(1);
+        }
+        // The last input (a turn, or the close) was answered `pending`: a retry gets that
+        // answer again.
+        let last = f.next - 1;
+        let actions = f.input(last, run("hi"));
+        assert_eq!(
+            reply(&actions),
+            Some(&Reply::Applied {
+                id: last,
+                answer: Answer::Pending,
+                saved: 0
+            }),
+            "{state}"
+        );
+        assert!(!names(&actions).contains(&"apply"), "{state}");
+        let actions = f.input(9, run("hi"));
+        let expected = f.next;
+        assert!(
+            matches!(reply(&actions), Some(Reply::OutOfOrder { expected: e }) if *e == expected),
+            "{state}: {actions:?}"
+        );
+        let actions = f.input(0, run("hi"));
+        assert!(
+            matches!(
+                reply(&actions),
+                Some(Reply::OutOfOrder { .. } | Reply::Earlier { .. })
+            ),
+            "{state}: {actions:?}"
+        );
+    }
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.apply(2, run("again"), Answer::Done);
+    let actions = f.input(1, run("hi"));
+    assert_eq!(reply(&actions), Some(&Reply::Earlier { id: 1, last: 2 }));
+    assert_eq!(f.counts.inputs_applied.load(Ordering::Relaxed), 2);
+    assert_eq!(f.counts.inputs_repeated.load(Ordering::Relaxed), 1);
+}
+
+#[test]
+fn a_new_input_is_applied_while_live_refused_while_ending_or_moving() {
+    for (state, mut f) in every_state() {
+        let actions = f.input(f.next, run("next"));
+        let got = match (names(&actions).as_slice(), reply(&actions)) {
+            (["apply"], None) => "applied",
+            (_, Some(Reply::Ended { reason })) => {
+                assert_eq!(*reason, EndReason::Closed, "{state}");
+                "ended"
+            }
+            (_, Some(Reply::Moving)) => "moving",
+            ([], None) => "nothing",
+            _ => panic!("{state}: {actions:?}"),
+        };
+        let want = match state {
+            "live" => "applied",
+            "closing" | "winding up to end" | "burying" | "releasing" => "ended",
+            "settling" | "saving last" | "winding up to move" | "leaving" | "handing over" => {
+                "moving"
+            }
+            _ => "nothing",
+        };
+        assert_eq!(got, want, "{state}");
+    }
+}
+
+#[test]
+fn a_close_answers_with_the_history_after_what_the_session_said_and_ends_it() {
+    let mut f = Fixture::new();
+    let actions = f.input(1, Input::Close);
+    assert_eq!(names(&actions), ["close", "reply"]);
+    assert_eq!(
+        reply(&actions),
+        Some(&Reply::Applied {
+            id: 1,
+            answer: Answer::Pending,
+            saved: 0
+        })
+    );
+    f.said("said while closing");
+    let history = RemoteHistory { agents: Vec::new() };
+    let actions = f.on(Event::Closed(history.clone()));
+    assert_eq!(names(&actions), ["publish", "end snapshots"]);
+    assert_eq!(
+        f.kinds()[1..],
+        [
+            error("said while closing"),
+            RemoteEventKind::InputDone {
+                input: 1,
+                outcome: InputOutcome::History { history }
+            },
+            RemoteEventKind::SessionEnded {
+                reason: EndReason::Closed
+            },
+        ]
+    );
+    // Nothing is said after the last words.
+    f.said("too late");
+    assert_eq!(f.published.len(), 4);
+    // The tombstone first, then the record.
+    assert_eq!(names(&f.on(Event::SnapshotsEnded(Ok(())))), ["release"]);
+    assert!(f.on(Event::Released(Err(unreachable()))).is_empty());
+    assert_eq!(describe(&f), "ended");
+    assert_eq!(f.live(), 0);
+}
+
+#[test]
+fn an_idle_session_is_closed_at_its_timeout_and_not_before() {
+    let mut f = Fixture::new();
+    assert_eq!(f.tenure.timer(), Some(f.t0 + IDLE));
+    f.wait(IDLE / 2);
+    f.renew_lease();
+    f.apply(
+        1,
+        Input::Transcript {
+            text: "hm".into(),
+            is_final: false,
+        },
+        Answer::Done,
+    );
+    assert_eq!(f.tenure.timer(), Some(f.now + IDLE), "an input restarts it");
+    f.wait(IDLE / 2);
+    assert!(f.on(Event::Timer).is_empty(), "early");
+    f.wait(IDLE / 2);
+    f.renew_lease();
+    assert_eq!(names(&f.on(Event::Timer)), ["close"]);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(
+        f.kinds().last(),
+        Some(&RemoteEventKind::SessionEnded {
+            reason: EndReason::Idle
+        })
+    );
+    let actions = f.input(2, run("late"));
+    assert_eq!(
+        reply(&actions),
+        Some(&Reply::Ended {
+            reason: EndReason::Idle
+        })
+    );
+}
+
+#[test]
+fn the_last_words_wait_for_the_outcomes_due_at_most_their_wait() {
+    // An outcome that comes: before the end.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.input(2, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(f.tenure.timer(), Some(f.now + OUTCOMES_WAIT));
+    let outcome = InputOutcome::Turn {
+        result: Err(crate::remote_event::RemoteFailure::Closed),
+    };
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: outcome.clone(),
+    });
+    let kinds = f.kinds();
+    let done = kinds
+        .iter()
+        .position(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. }))
+        .unwrap();
+    let ended = kinds
+        .iter()
+        .position(|k| matches!(k, RemoteEventKind::SessionEnded { .. }))
+        .unwrap();
+    assert!(done < ended);
+
+    // One that does not: the end goes on at the wait's end.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.input(2, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    f.wait(OUTCOMES_WAIT / 2);
+    assert!(f.on(Event::Timer).is_empty());
+    f.wait(OUTCOMES_WAIT);
+    assert_eq!(names(&f.on(Event::Timer)), ["publish", "end snapshots"]);
+}
+
+#[test]
+fn an_end_waits_for_a_lease_it_can_trust() {
+    let mut f = Fixture::new();
+    f.input(1, Input::Close);
+    f.wait(LEASE);
+    assert!(f.on(Event::Closed(RemoteHistory::default())).is_empty());
+    assert_eq!(describe(&f), "winding up to end");
+    f.on(Event::RenewDue);
+    f.renew_lease();
+    assert_eq!(
+        names(&f.on(Event::Renewed(Ok(())))),
+        ["publish", "end snapshots"]
+    );
+    // Or it finds a newer owner, and says nothing.
+    let mut f = Fixture::new();
+    f.flush();
+    f.input(1, Input::Close);
+    f.wait(LEASE);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(names(&f.on(Event::Renewed(Err(lost())))), ["stop"]);
+    assert_eq!(f.kinds(), [RemoteEventKind::SessionStarted]);
+}
+
+#[test]
+fn a_drain_settles_stores_the_last_snapshot_and_hands_over_quietly_after_it() {
+    let mut f = Fixture::new();
+    f.turn(1);
+    let deadline = f.now + Duration::from_secs(5);
+    let actions = f.on(Event::Drain(deadline));
+    assert!(matches!(actions.as_slice(), [Action::Settle { deadline: d }] if *d == deadline));
+    assert!(f.on(Event::Drain(deadline)).is_empty(), "one drain");
+    f.said("said before the snapshot");
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: InputOutcome::Done { result: Ok(()) },
+    });
+    let actions = f.on(Event::Settled(Ok("snapshot")));
+    assert!(matches!(actions.as_slice(), [Action::SaveLast("snapshot")]));
+    f.said("said after the snapshot");
+    assert_eq!(names(&f.on(Event::LastSaved(Ok(())))), ["close"]);
+    let actions = f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(names(&actions), ["publish", "hand over"]);
+    assert_eq!(f.live(), 0, "counted out before the moving record");
+    let actions = f.on(Event::HandedOver(Ok(7)));
+    assert!(matches!(
+        actions.as_slice(),
+        [Action::QueueResume { revision: 7 }]
+    ));
+    assert_eq!(describe(&f), "moved");
+    assert_eq!(f.counts.moved.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        f.kinds()[1..],
+        [
+            error("said before the snapshot"),
+            RemoteEventKind::InputDone {
+                input: 1,
+                outcome: InputOutcome::Done { result: Ok(()) }
+            },
+            RemoteEventKind::SessionMoving,
+        ]
+    );
+}
+
+#[test]
+fn a_drain_whose_last_snapshot_fails_moves_with_the_one_before_and_a_refused_one_stops() {
+    let mut f = Fixture::new();
+    f.on(Event::Drain(f.now));
+    assert_eq!(
+        names(&f.on(Event::Settled(Err("closed".into())))),
+        ["close"]
+    );
+
+    let mut f = Fixture::new();
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    assert_eq!(names(&f.on(Event::LastSaved(Err(store_away())))), ["close"]);
+
+    let mut f = Fixture::new();
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    assert_eq!(
+        names(&f.on(Event::LastSaved(Err(store_fenced())))),
+        ["stop"]
+    );
+    assert_eq!(describe(&f), "fenced");
+}
+
+#[test]
+fn a_moving_session_is_closed_before_its_moving_record() {
+    let mut f = Fixture::new();
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    let actions = f.on(Event::LastSaved(Ok(())));
+    assert_eq!(names(&actions), ["close"], "the close comes first");
+    assert_eq!(describe(&f), "leaving");
+    assert_eq!(
+        names(&f.on(Event::Closed(RemoteHistory::default()))),
+        ["publish", "hand over"]
+    );
+}
+
+#[test]
+fn a_newer_owner_stops_the_session_without_a_word() {
+    for (state, mut f) in every_state() {
+        if matches!(f.tenure.state(), State::Done(_)) {
+            continue;
+        }
+        let before = f.published.len();
+        f.tenure.said(error("after the fence"));
+        let actions = f.on(Event::Fenced("w2 wrote it".into()));
+        assert_eq!(names(&actions), ["stop"], "{state}");
+        assert_eq!(
+            f.published.len(),
+            before,
+            "{state}: nothing published after the fence"
+        );
+        assert!(f.input(5, run("late")).is_empty(), "{state}");
+        assert_eq!(f.counts.fenced.load(Ordering::Relaxed), 1, "{state}");
+    }
+}
+
+#[test]
+fn a_tombstone_the_store_refused_stops_before_the_ended_record() {
+    let mut f = Fixture::new();
+    f.input(1, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    let actions = f.on(Event::SnapshotsEnded(Err(store_fenced())));
+    assert_eq!(names(&actions), ["stop"]);
+    assert_eq!(describe(&f), "fenced");
+    // One the store could not take (away) goes on to the record.
+    let mut f = Fixture::new();
+    f.input(1, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(
+        names(&f.on(Event::SnapshotsEnded(Err(store_away())))),
+        ["release"]
+    );
+}
+
+#[test]
+fn one_renewal_at_a_time_and_an_unreachable_bucket_changes_nothing() {
+    let mut f = Fixture::new();
+    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
+    assert!(f.on(Event::RenewDue).is_empty(), "one under way");
+    assert!(f.on(Event::Renewed(Err(unreachable()))).is_empty());
+    assert_eq!(describe(&f), "live");
+    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
+}
+
+#[test]
+fn a_replay_sends_what_is_kept_and_a_newer_epoch_s_gateway_gets_all() {
+    let mut f = Fixture::new();
+    f.said("one");
+    f.said("two");
+    let actions = f.on(replay(2));
+    let Some(Reply::Replay { events, complete }) = reply(&actions) else {
+        panic!("{actions:?}");
+    };
+    assert!(complete);
+    assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3]);
+    // A gateway that counts in an older owner's numbers.
+    let actions = f.on(Event::Request {
+        request: Request::Replay { from: 3, epoch: 1 },
+        reply_to: Subject::from("_INBOX.r"),
+        saved: 0,
+    });
+    let Some(Reply::Replay { events, .. }) = reply(&actions) else {
+        panic!("{actions:?}");
+    };
+    assert_eq!(events.first().map(|e| e.seq), Some(1));
+}
+
+#[test]
+fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
+    let mut f = Fixture::new();
+    f.input(1, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(describe(&f), "burying");
+    let actions = f.on(replay(1));
+    let Some(Reply::Replay { events, .. }) = reply(&actions) else {
+        panic!("{actions:?}");
+    };
+    assert!(matches!(
+        events.last().map(|e| &e.kind),
+        Some(RemoteEventKind::SessionEnded { .. })
+    ));
+}
