@@ -74,6 +74,20 @@ pub enum GatewayError {
         /// How long the gateway tried.
         waited: Duration,
     },
+    /// What the front sent is bigger than the NATS server takes in one message (its
+    /// `max_payload`): an input (say or transcribe it in pieces) or a session's spec.
+    /// Nothing was sent; the session goes on.
+    #[error("{what} for session {session} takes {bytes} bytes, over the {max} the NATS server takes in one message")]
+    TooLarge {
+        /// The session.
+        session: SessionKey,
+        /// The input, or "the spec".
+        what: &'static str,
+        /// Its size.
+        bytes: usize,
+        /// The server's limit.
+        max: usize,
+    },
     /// The NATS server refused the operation: this client's permissions do not cover
     /// the subject (see ARCHITECTURE.md, "Who may connect").
     #[error("the NATS server refused: {server_said}")]
@@ -307,6 +321,17 @@ impl Gateway {
             spec: Some(spec),
             lapsed: None,
         };
+        // The job, and the claim that stores its spec beside the session's snapshots.
+        let bytes = serde_json::to_vec(&job).map_or(0, |json| json.len());
+        let max = inner.client.nats().max_payload();
+        if bytes > max.saturating_sub(1024) {
+            return Err(GatewayError::TooLarge {
+                session: key,
+                what: "the spec",
+                bytes,
+                max,
+            });
+        }
         let subject = options.namespace.jobs_subject();
         let mut attempted = false;
         loop {

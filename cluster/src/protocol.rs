@@ -4,15 +4,21 @@
 //!
 //! Events go the other way as [`RemoteEvent`](crate::RemoteEvent)s
 //! (`remote_event.rs`), in batches: each message on a session's events subject is a JSON
-//! array of consecutive events (`worker/event_log.rs`); the subjects are in
+//! array of consecutive [`WireEvent`]s (`worker/event_log.rs`); the subjects are in
 //! `namespace.rs`.
+//!
+//! **No message over the server's `max_payload`.** An event too big for one message (a
+//! close's or a history read's answer carries the whole conversation) travels as parts:
+//! its JSON text cut in pieces, each a [`WireEvent`] with its own number, which the
+//! gateway joins back into the event (`remote_session/events.rs`). Being numbered, a part
+//! is ordered, replayed and reported lost like any event.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use switchboard::SpeechId;
 
 use crate::namespace::SessionKey;
-use crate::remote_event::{EndReason, RemoteEvent, RemoteFailure};
+use crate::remote_event::{EndReason, RemoteEventKind, RemoteFailure};
 use crate::spec::SessionSpec;
 
 /// A session to run, on the jobs subject: to start (from a gateway, with the spec; the
@@ -138,9 +144,52 @@ pub(crate) enum Reply {
     /// Events for a [`Request::Replay`], in order. `complete` is false when more follow
     /// (ask again from after the last one).
     Replay {
-        events: Vec<RemoteEvent>,
+        events: Vec<WireEvent>,
         complete: bool,
     },
+}
+
+/// One element of an events message (a batch, a replay): a whole event, or a part of one
+/// too big for a message. Whole events read as a [`RemoteEvent`](crate::RemoteEvent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct WireEvent {
+    /// Its number (a part's own; the joined event takes its last part's).
+    pub(crate) seq: u64,
+    /// The owner's epoch.
+    pub(crate) epoch: u64,
+    /// The event, when it is whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<RemoteEventKind>,
+    /// The part, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) part: Option<EventPart>,
+}
+
+/// A piece of the JSON text of one event's kind; the pieces of one event have
+/// consecutive numbers, `index` 0 to `count - 1`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct EventPart {
+    pub(crate) index: u32,
+    pub(crate) count: u32,
+    pub(crate) text: String,
+}
+
+/// What an element of an events message is.
+#[derive(Debug, PartialEq)]
+pub(crate) enum WireBody {
+    Whole(RemoteEventKind),
+    Part(EventPart),
+}
+
+impl WireEvent {
+    /// The event or the part it carries (`None`: neither, or both: not ours).
+    pub(crate) fn body(self) -> Option<WireBody> {
+        match (self.kind, self.part) {
+            (Some(kind), None) => Some(WireBody::Whole(kind)),
+            (None, Some(part)) => Some(WireBody::Part(part)),
+            _ => None,
+        }
+    }
 }
 
 /// What applying an input gave at once.

@@ -25,9 +25,10 @@
 //! A writer also refuses to write while its own lease cannot be trusted (the owners bucket,
 //! `ownership.rs`), so a worker frozen past its lease does not even try.
 //!
-//! A message must fit the server's `max_payload` (1 MiB by default): a longer conversation
-//! needs a larger limit, or its full snapshots fail (an `Error` event; the store keeps the
-//! chain before).
+//! **No message over the server's `max_payload`.** A message larger than the server takes
+//! (a long conversation's full snapshot) is written as parts followed by the message
+//! itself, and read back joined (`snapshots/parts.rs`); whatever the conversation's
+//! length, nothing is refused.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,6 +49,8 @@ use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::LeaseClock;
 use crate::spec::SessionSpec;
 
+mod parts;
+
 const KIND: &str = "Sb-Kind";
 const EPOCH: &str = "Sb-Epoch";
 const WORKER: &str = "Sb-Worker";
@@ -65,6 +68,8 @@ pub enum SnapshotKind {
     Delta,
     /// The session ended.
     Ended,
+    /// A piece of a message too big for one (see `snapshots/parts.rs`).
+    Part,
 }
 
 impl SnapshotKind {
@@ -74,6 +79,7 @@ impl SnapshotKind {
             Self::Full => "full",
             Self::Delta => "delta",
             Self::Ended => "ended",
+            Self::Part => "part",
         }
     }
 
@@ -83,6 +89,7 @@ impl SnapshotKind {
             "full" => Self::Full,
             "delta" => Self::Delta,
             "ended" => Self::Ended,
+            "part" => Self::Part,
             _ => return None,
         })
     }
@@ -251,30 +258,22 @@ impl SnapshotStream {
 
     /// Whether the store holds a session to resume (something, and not its end).
     pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, String> {
-        let last = self.last(&self.subject(session)).await?;
-        Ok(match last {
-            Some(message) => SnapshotRecord::read(&message)?.kind != SnapshotKind::Ended,
-            None => false,
-        })
+        let tail = self.tail(session).await.map_err(|err| err.to_string())?;
+        Ok(tail.is_some_and(|tail| tail.record.kind != SnapshotKind::Ended))
     }
 
     /// The session as the store holds it (`None`: nothing, or it ended). Reads only; a
     /// worker resuming a session claims it instead, which fences the writer before.
     pub async fn load(&self, session: &SessionKey) -> Result<Option<StoredSession>, StoreError> {
-        let subject = self.subject(session);
-        let unavailable = |reason| StoreError::Unavailable {
-            session: session.to_string(),
-            reason,
-        };
-        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+        let Some(tail) = self.tail(session).await? else {
             return Ok(None);
         };
-        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        let record = tail.record;
         if record.kind == SnapshotKind::Ended {
             return Ok(None);
         }
         let (spec, snapshot) = self
-            .read_chain(session, &last, &record, record.seq + 1)
+            .read_chain(session, &tail.message, &record, tail.last_seq + 1)
             .await?;
         Ok(Some(StoredSession {
             spec,
@@ -330,17 +329,15 @@ impl SnapshotStream {
         }
         // Something is there: claim over the last message, then read what it follows.
         for _ in 0..5 {
-            let last = self.last(&subject).await.map_err(unavailable)?;
-            let record = match &last {
-                Some(message) => {
-                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
-                }
-                None => None,
-            };
-            let (expected, last_epoch) = record.as_ref().map_or((0, 0), |r| (r.seq, r.epoch));
+            // The claim goes over the subject's last message; what it resumes is the
+            // chain's, which ends before any parts a writer left unfinished.
+            let tail = self.tail(session).await?;
+            let (expected, last_epoch) = tail
+                .as_ref()
+                .map_or((0, 0), |t| (t.last_seq, t.last_epoch.max(t.record.epoch)));
             let epoch = epoch.max(last_epoch + 1);
-            match (last, record) {
-                (Some(message), Some(record)) if record.kind != SnapshotKind::Ended => {
+            match tail.map(|t| (t.message, t.record)) {
+                Some((message, record)) if record.kind != SnapshotKind::Ended => {
                     let (spec, full) = self.spec_and_full(session, &message, &record).await?;
                     let spec_json = serde_json::to_vec(&spec)
                         .map_err(|err| corrupt(session, err.to_string()))?;
@@ -419,8 +416,14 @@ impl SnapshotStream {
                     reason: format!("cannot read its full snapshot {}: {err}", record.full),
                 })?
         };
-        let (spec, snapshot) =
-            decode_full(&full.payload).map_err(|reason| corrupt(session, reason))?;
+        let payload = self
+            .payload(&full)
+            .await
+            .map_err(|reason| StoreError::Unavailable {
+                session: session.to_string(),
+                reason,
+            })?;
+        let (spec, snapshot) = decode_full(&payload).map_err(|reason| corrupt(session, reason))?;
         Ok((spec, Some(snapshot)))
     }
 
@@ -460,7 +463,14 @@ impl SnapshotStream {
             if record.kind != SnapshotKind::Delta {
                 continue;
             }
-            let applied = SnapshotDelta::from_bytes(&message.payload)
+            let payload =
+                self.payload(&message)
+                    .await
+                    .map_err(|reason| StoreError::Unavailable {
+                        session: session.to_string(),
+                        reason,
+                    })?;
+            let applied = SnapshotDelta::from_bytes(&payload)
                 .map_err(StoreError::from)
                 .and_then(|delta| snapshot.apply(&delta).map_err(StoreError::from));
             if let Err(err) = applied {
@@ -671,17 +681,10 @@ impl SnapshotWriter {
         let inner = &self.inner;
         let mut state = inner.state.lock().await;
         state.sealed = true;
-        let message = inner
-            .stream
-            .message(
-                SnapshotKind::Ended,
-                inner.epoch,
-                &inner.worker,
-                0,
-                Bytes::new(),
-            )
-            .ttl(inner.stream.ended_retention);
-        let seq = self.write_locked(&mut state, message).await?;
+        let ttl = Some(inner.stream.ended_retention);
+        let (_, seq) = self
+            .write_message(&mut state, SnapshotKind::Ended, 0, Bytes::new(), ttl)
+            .await?;
         inner.stream.purge_before(&inner.subject, seq).await;
         Ok(())
     }
@@ -697,20 +700,18 @@ impl SnapshotWriter {
         if state.sealed && !even_sealed {
             return Ok(());
         }
-        let message =
-            inner
-                .stream
-                .message(SnapshotKind::Full, inner.epoch, &inner.worker, 0, payload);
         let before = state.full;
-        let seq = self.write_locked(&mut state, message).await?;
+        let (first, seq) = self
+            .write_message(&mut state, SnapshotKind::Full, 0, payload, None)
+            .await?;
         state.full = seq;
         if let Some(input) = last_input {
             inner.saved_input.fetch_max(input, Ordering::SeqCst);
         }
-        // The chain before it is garbage now. (Before the first full one there is only
-        // this owner's claim: not worth a round trip.)
+        // The chain before it (before its first part) is garbage now. (Before the first
+        // full one there is only this owner's claim: not worth a round trip.)
         if before != 0 {
-            inner.stream.purge_before(&inner.subject, seq).await;
+            inner.stream.purge_before(&inner.subject, first).await;
         }
         Ok(())
     }
@@ -726,25 +727,22 @@ impl SnapshotWriter {
                 session: inner.session.to_string(),
             });
         }
-        let message = inner.stream.message(
-            SnapshotKind::Delta,
-            inner.epoch,
-            &inner.worker,
-            state.full,
-            payload,
-        );
-        self.write_locked(&mut state, message).await?;
+        let full = state.full;
+        self.write_message(&mut state, SnapshotKind::Delta, full, payload, None)
+            .await?;
         if let Some(input) = last_input {
             inner.saved_input.fetch_max(input, Ordering::SeqCst);
         }
         Ok(())
     }
 
-    /// Writes `message` after the last one this writer wrote; see the module docs.
+    /// Writes `message` (whose payload is `payload`) after the last one this writer
+    /// wrote; see the module docs.
     async fn write_locked(
         &self,
         state: &mut WriterState,
         message: PublishMessage,
+        payload: &Bytes,
     ) -> Result<u64, StoreError> {
         let inner = &self.inner;
         let session = inner.session.to_string();
@@ -789,6 +787,11 @@ impl SnapshotWriter {
                                 && record.seq > state.last =>
                         {
                             state.last = record.seq;
+                            // This very write landed: written once is enough (a part
+                            // written twice would break its message).
+                            if last.is_some_and(|m| m.payload == *payload) {
+                                return Ok(record.seq);
+                            }
                             if record.kind == SnapshotKind::Full {
                                 state.full = record.seq;
                             }
@@ -884,6 +887,12 @@ mod tests {
 
     /// A real snapshot of a session named `id` after one turn.
     async fn a_snapshot(engine: &Engine, id: &str) -> SessionSnapshot {
+        a_snapshot_saying(engine, id, "hi").await
+    }
+
+    /// A real snapshot of a session named `id` after one turn in which the user said
+    /// `text`.
+    async fn a_snapshot_saying(engine: &Engine, id: &str, text: &str) -> SessionSnapshot {
         let llm = ScriptedLlm::new([]);
         llm.otherwise(Reply::text("Hello."));
         let agent = Agent::builder("greeter")
@@ -897,7 +906,7 @@ mod tests {
             .start(engine)
             .await
             .unwrap();
-        session.run("hi").await.unwrap();
+        session.run(text).await.unwrap();
         session.set_last_input(1);
         let snapshot = session.snapshot().await.unwrap();
         session.close().await.unwrap();
@@ -1001,5 +1010,95 @@ mod tests {
             Ok(Claimed::Nothing)
         ));
         assert!(stream.load(&key).await.unwrap().is_none());
+    }
+
+    /// A snapshot three times the size of the server's largest message is written in
+    /// parts, and the next owner's claim reads it back whole; parts left by a writer that
+    /// stopped between them are not the chain.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_snapshot_over_the_server_s_limit_is_written_in_parts_and_read_back_whole() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let max_payload = client.nats().max_payload();
+        let js = jetstream::new(client.nats().clone());
+        let stream = SnapshotStream::open(js, &Namespace::default(), Duration::from_secs(60), true)
+            .await
+            .unwrap();
+        let key = SessionKey::new("call-3").unwrap();
+        let spec = SessionSpec::new("greeter");
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let engine = Engine::with_arbiters(1).unwrap();
+        let text = "a long story, ".repeat(3 * max_payload / 14);
+        let big = a_snapshot_saying(&engine, key.as_str(), &text).await;
+        assert!(big.to_bytes().len() > 3 * max_payload);
+
+        let Ok(Claimed::Fresh(first)) = stream.claim(&key, 1, "w1", Some(&spec), lease()).await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        first.save(big.clone()).await.unwrap();
+        let kinds: Vec<_> = stream
+            .records(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.kind)
+            .collect();
+        assert_eq!(kinds.first(), Some(&SnapshotKind::Claim));
+        assert_eq!(kinds.last(), Some(&SnapshotKind::Full));
+        assert!(
+            kinds.iter().filter(|k| **k == SnapshotKind::Part).count() >= 3,
+            "{kinds:?}"
+        );
+
+        // A writer that stops between the parts of its next full snapshot: its parts
+        // are at the subject's end, and no message closes them.
+        {
+            let mut state = first.inner.state.lock().await;
+            let limit = stream.message_limit();
+            let payload = encode_full(&first.inner.spec, &big);
+            for piece in parts::pieces(&payload, limit).into_iter().take(2) {
+                let before = state.last;
+                let message = stream
+                    .message(SnapshotKind::Part, 1, "w1", state.full, piece.clone())
+                    .header(parts::BEFORE, before.to_string().as_str());
+                let before_run = state.last;
+                first
+                    .write_locked(&mut state, message, &piece)
+                    .await
+                    .unwrap();
+                assert!(state.last > before_run);
+            }
+        }
+        assert_eq!(
+            stream.records(&key).await.unwrap().last().map(|r| r.kind),
+            Some(SnapshotKind::Part)
+        );
+
+        // The next owner reads the whole snapshot, and fences the first.
+        let Ok(Claimed::Resumed {
+            writer: second,
+            snapshot: Some(restored),
+            ..
+        }) = stream.claim(&key, 1, "w2", None, lease()).await
+        else {
+            panic!("the claim of a session with a snapshot resumes it");
+        };
+        assert_eq!(restored.to_bytes(), big.to_bytes());
+        assert!(matches!(
+            first.save(big.clone()).await,
+            Err(StoreError::Fenced { .. })
+        ));
+        // Its own full snapshot in parts purges what came before them.
+        second.save(big.clone()).await.unwrap();
+        let records = stream.records(&key).await.unwrap();
+        assert!(
+            records
+                .iter()
+                .all(|r| r.epoch == 2 && matches!(r.kind, SnapshotKind::Part | SnapshotKind::Full)),
+            "{records:?}"
+        );
+        let stored = stream.load(&key).await.unwrap().unwrap();
+        assert_eq!(stored.snapshot.unwrap().to_bytes(), big.to_bytes());
     }
 }

@@ -6,7 +6,9 @@
 //! (`Replay { from }`) when it sees a gap, when its connection comes back, and, while a
 //! call waits for an answer, every `check_every` (which also shows the owner is alive:
 //! one silent for the input deadline fails the waiting calls). Events the owner no longer
-//! has are reported as one `EventsLost` event, so a subscriber always knows.
+//! has are reported as one `EventsLost` event, so a subscriber always knows. An event too
+//! big for one message comes in numbered parts, joined here in order before it is
+//! delivered; one whose parts were lost is covered by the `EventsLost` of their numbers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::RemoteShared;
-use crate::protocol::{Reply, Request};
+use crate::protocol::{Reply, Request, WireBody, WireEvent};
 use crate::remote_event::{RemoteEvent, RemoteEventKind};
 
 /// Where an event goes.
@@ -31,39 +33,87 @@ pub(crate) enum Placement {
     Gap { from: u64 },
 }
 
-/// The order of a session's events as delivered so far.
+/// The order of a session's events as delivered so far, and the parts of a big event
+/// joined so far.
 #[derive(Debug)]
 pub(crate) struct EventOrder {
     next: u64,
     epoch: u64,
+    /// The text of the event whose parts are coming, and the index of the next part.
+    joined: String,
+    next_part: u32,
 }
 
 impl Default for EventOrder {
     fn default() -> Self {
-        Self { next: 1, epoch: 0 }
+        Self {
+            next: 1,
+            epoch: 0,
+            joined: String::new(),
+            next_part: 0,
+        }
     }
 }
 
 impl EventOrder {
-    /// Where `event` goes; a delivered one moves the order on. A newer owner (a higher
-    /// epoch) numbers its events from 1: the order follows it from there, and a stale
-    /// owner's events are dropped.
-    pub(crate) fn place(&mut self, event: &RemoteEvent) -> Placement {
-        if event.epoch < self.epoch {
+    /// Where the element numbered `seq` at `epoch` goes; a delivered one moves the order
+    /// on. A newer owner (a higher epoch) numbers its events from 1: the order follows it
+    /// from there, and a stale owner's events are dropped.
+    pub(crate) fn place(&mut self, seq: u64, epoch: u64) -> Placement {
+        if epoch < self.epoch {
             return Placement::Seen;
         }
-        if event.epoch > self.epoch {
-            self.epoch = event.epoch;
+        if epoch > self.epoch {
+            self.epoch = epoch;
             self.next = 1;
+            self.drop_parts();
         }
-        if event.seq < self.next {
+        if seq < self.next {
             Placement::Seen
-        } else if event.seq > self.next {
+        } else if seq > self.next {
             Placement::Gap { from: self.next }
         } else {
             self.next += 1;
             Placement::Deliver
         }
+    }
+
+    /// Takes an element [`place`](Self::place) said to deliver: the event to deliver now,
+    /// if it completes one (a whole event does; a part, when it is the last of its event).
+    /// A part out of its order (those before it were lost, and reported so) drops what was
+    /// joined; so does an event that cannot be read.
+    pub(crate) fn join(&mut self, element: WireEvent) -> Result<Option<RemoteEvent>, String> {
+        let (seq, epoch) = (element.seq, element.epoch);
+        match element.body() {
+            Some(WireBody::Whole(kind)) => {
+                self.drop_parts();
+                Ok(Some(RemoteEvent { seq, epoch, kind }))
+            }
+            Some(WireBody::Part(part)) => {
+                if part.index == 0 {
+                    self.drop_parts();
+                } else if part.index != self.next_part {
+                    self.drop_parts();
+                    return Ok(None);
+                }
+                self.joined.push_str(&part.text);
+                self.next_part += 1;
+                if self.next_part < part.count {
+                    return Ok(None);
+                }
+                let text = std::mem::take(&mut self.joined);
+                self.next_part = 0;
+                serde_json::from_str(&text)
+                    .map(|kind| Some(RemoteEvent { seq, epoch, kind }))
+                    .map_err(|err| format!("an event joined from {} parts: {err}", part.count))
+            }
+            None => Err(format!("element {seq} is neither an event nor a part")),
+        }
+    }
+
+    fn drop_parts(&mut self) {
+        self.joined = String::new();
+        self.next_part = 0;
     }
 
     /// The next sequence number to deliver.
@@ -76,9 +126,10 @@ impl EventOrder {
         self.epoch
     }
 
-    /// Gives up on everything up to `seq`.
+    /// Gives up on everything up to `seq` (and on an event whose parts it held).
     fn skip_past(&mut self, seq: u64) {
         self.next = self.next.max(seq + 1);
+        self.drop_parts();
     }
 }
 
@@ -97,8 +148,8 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
             message = subscription.next() => {
                 let Some(message) = message else { break };
                 last_heard = Instant::now();
-                // Each message is a batch: a JSON array of consecutive events.
-                match serde_json::from_slice::<Vec<RemoteEvent>>(&message.payload) {
+                // Each message is a batch: a JSON array of consecutive events and parts.
+                match serde_json::from_slice::<Vec<WireEvent>>(&message.payload) {
                     Ok(events) => {
                         for event in events {
                             take(&shared, &mut order, event).await;
@@ -137,19 +188,28 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
     let _ = subscription.unsubscribe().await;
 }
 
-/// Places a live event, filling a gap before it first.
-async fn take(shared: &RemoteShared, order: &mut EventOrder, event: RemoteEvent) {
-    match order.place(&event) {
-        Placement::Deliver => shared.deliver(event),
+/// Places a live event (or part), filling a gap before it first.
+async fn take(shared: &RemoteShared, order: &mut EventOrder, event: WireEvent) {
+    match order.place(event.seq, event.epoch) {
+        Placement::Deliver => deliver(shared, order, event),
         Placement::Seen => {}
         Placement::Gap { .. } => {
             let deadline = shared.gateway.options.input_deadline;
             catch_up(shared, order, Some(event.seq), deadline).await;
             // The replay normally brought it; if not, it is next now.
-            if order.place(&event) == Placement::Deliver {
-                shared.deliver(event);
+            if order.place(event.seq, event.epoch) == Placement::Deliver {
+                deliver(shared, order, event);
             }
         }
+    }
+}
+
+/// Delivers an element in its place: an event, or the event its last part completes.
+fn deliver(shared: &RemoteShared, order: &mut EventOrder, element: WireEvent) {
+    match order.join(element) {
+        Ok(Some(event)) => shared.deliver(event),
+        Ok(None) => {}
+        Err(err) => tracing::warn!(session = %shared.key, error = %err, "unreadable event"),
     }
 }
 
@@ -171,8 +231,8 @@ async fn catch_up(
                     if event.epoch == order.epoch() && event.seq > order.next() {
                         lose(shared, order, event.seq - 1);
                     }
-                    if order.place(&event) == Placement::Deliver {
-                        shared.deliver(event);
+                    if order.place(event.seq, event.epoch) == Placement::Deliver {
+                        deliver(shared, order, event);
                     }
                 }
                 if let Some(until) = until {
@@ -214,7 +274,7 @@ async fn replay(
     from: u64,
     epoch: u64,
     deadline: Instant,
-) -> Option<(Vec<RemoteEvent>, bool)> {
+) -> Option<(Vec<WireEvent>, bool)> {
     let gateway = &shared.gateway;
     let payload = Bytes::from(serde_json::to_vec(&Request::Replay { from, epoch }).ok()?);
     let mut attempt = 0u32;
@@ -252,53 +312,137 @@ async fn replay(
 mod tests {
     use super::*;
 
-    fn event(seq: u64, epoch: u64) -> RemoteEvent {
-        RemoteEvent {
+    use crate::protocol::EventPart;
+
+    fn whole(seq: u64, text: &str) -> WireEvent {
+        WireEvent {
             seq,
-            epoch,
-            kind: RemoteEventKind::SessionStarted,
+            epoch: 1,
+            kind: Some(RemoteEventKind::Error {
+                message: text.to_owned(),
+            }),
+            part: None,
         }
+    }
+
+    fn part(seq: u64, index: u32, count: u32, text: &str) -> WireEvent {
+        WireEvent {
+            seq,
+            epoch: 1,
+            kind: None,
+            part: Some(EventPart {
+                index,
+                count,
+                text: text.to_owned(),
+            }),
+        }
+    }
+
+    /// The parts of an error event saying `message`, from number `first` on.
+    fn parts_of(first: u64, message: &str, count: u32) -> Vec<WireEvent> {
+        let text = serde_json::to_string(&RemoteEventKind::Error {
+            message: message.to_owned(),
+        })
+        .unwrap();
+        let size = text.len().div_ceil(count as usize);
+        let pieces: Vec<String> = text
+            .as_bytes()
+            .chunks(size)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap())
+            .collect();
+        assert_eq!(pieces.len(), count as usize);
+        (0..count)
+            .zip(pieces)
+            .map(|(i, piece)| part(first + u64::from(i), i, count, &piece))
+            .collect()
+    }
+
+    /// Places and joins `elements` in turn; the events delivered.
+    fn read(order: &mut EventOrder, elements: Vec<WireEvent>) -> Vec<RemoteEvent> {
+        let mut out = Vec::new();
+        for element in elements {
+            if order.place(element.seq, element.epoch) == Placement::Deliver {
+                if let Some(event) = order.join(element).unwrap() {
+                    out.push(event);
+                }
+            }
+        }
+        out
+    }
+
+    fn message(event: &RemoteEvent) -> &str {
+        match &event.kind {
+            RemoteEventKind::Error { message } => message,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_parts_of_a_big_event_are_joined_into_it_in_their_place() {
+        let mut order = EventOrder::default();
+        let mut elements = vec![whole(1, "before")];
+        elements.extend(parts_of(2, "a long history", 3));
+        elements.push(whole(5, "after"));
+        let events = read(&mut order, elements);
+        assert_eq!(
+            events.iter().map(message).collect::<Vec<_>>(),
+            ["before", "a long history", "after"]
+        );
+        assert_eq!(events[1].seq, 4, "the event takes its last part's number");
+    }
+
+    #[test]
+    fn an_event_whose_first_parts_were_lost_is_dropped_and_the_next_one_joins() {
+        let mut order = EventOrder::default();
+        read(&mut order, vec![whole(1, "before")]);
+        let mut parts = parts_of(2, "lost in part", 3);
+        // Its first part never came: the gap was reported lost up to it.
+        parts.remove(0);
+        order.skip_past(2);
+        let mut elements = parts;
+        elements.extend(parts_of(5, "whole again", 2));
+        let events = read(&mut order, elements);
+        assert_eq!(
+            events.iter().map(message).collect::<Vec<_>>(),
+            ["whole again"]
+        );
     }
 
     #[test]
     fn events_are_delivered_in_order_once() {
         let mut order = EventOrder::default();
-        assert_eq!(order.place(&event(1, 1)), Placement::Deliver);
-        assert_eq!(order.place(&event(1, 1)), Placement::Seen);
-        assert_eq!(order.place(&event(2, 1)), Placement::Deliver);
+        assert_eq!(order.place(1, 1), Placement::Deliver);
+        assert_eq!(order.place(1, 1), Placement::Seen);
+        assert_eq!(order.place(2, 1), Placement::Deliver);
         assert_eq!(order.next(), 3);
     }
 
     #[test]
     fn a_gap_is_named_from_the_first_missing_event() {
         let mut order = EventOrder::default();
-        order.place(&event(1, 1));
-        assert_eq!(order.place(&event(4, 1)), Placement::Gap { from: 2 });
+        order.place(1, 1);
+        assert_eq!(order.place(4, 1), Placement::Gap { from: 2 });
         assert_eq!(order.next(), 2, "a gap delivers nothing");
         order.skip_past(3);
-        assert_eq!(order.place(&event(4, 1)), Placement::Deliver);
+        assert_eq!(order.place(4, 1), Placement::Deliver);
     }
 
     #[test]
     fn a_stale_owner_loses_to_a_newer_one_which_numbers_from_one() {
         let mut order = EventOrder::default();
-        order.place(&event(1, 1));
-        order.place(&event(2, 1));
-        assert_eq!(order.place(&event(1, 2)), Placement::Deliver);
-        assert_eq!(
-            order.place(&event(3, 1)),
-            Placement::Seen,
-            "epoch 1 is stale now"
-        );
-        assert_eq!(order.place(&event(2, 2)), Placement::Deliver);
+        order.place(1, 1);
+        order.place(2, 1);
+        assert_eq!(order.place(1, 2), Placement::Deliver);
+        assert_eq!(order.place(3, 1), Placement::Seen, "epoch 1 is stale now");
+        assert_eq!(order.place(2, 2), Placement::Deliver);
     }
 
     #[test]
     fn a_newer_owner_seen_first_past_its_first_event_is_a_gap_from_one() {
         let mut order = EventOrder::default();
-        order.place(&event(1, 1));
-        assert_eq!(order.place(&event(3, 2)), Placement::Gap { from: 1 });
+        order.place(1, 1);
+        assert_eq!(order.place(3, 2), Placement::Gap { from: 1 });
         assert_eq!((order.epoch(), order.next()), (2, 1));
-        assert_eq!(order.place(&event(1, 2)), Placement::Deliver);
+        assert_eq!(order.place(1, 2), Placement::Deliver);
     }
 }

@@ -203,6 +203,15 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
             detail: err.to_string(),
         }
     })?;
+    let max = shared.gateway.client.nats().max_payload();
+    if payload.len() > max {
+        return Err(GatewayError::TooLarge {
+            session: shared.key.clone(),
+            what: name,
+            bytes: payload.len(),
+            max,
+        });
+    }
     Ok(Sent {
         id,
         name,

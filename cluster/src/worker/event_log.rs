@@ -11,18 +11,28 @@
 //! array of consecutive events. A turn says ten or so things (its user message, states,
 //! speech start, chunks and end, its assistant message, its `InputDone`); one message per
 //! event made each turn a dozen trips through the server and as many wakes of the gateway.
+//!
+//! No message exceeds the server's `max_payload`: an event too big for one (a close's
+//! answer carries the whole history) is recorded as parts, each with its own number (see
+//! `protocol.rs`), and kept or dropped as one.
 
 use std::collections::VecDeque;
 
+use serde::Serialize;
+
+use crate::protocol::WireEvent;
 use crate::remote_event::{RemoteEvent, RemoteEventKind};
 
-/// The most bytes of events one message carries (a replay reply, a batch): well under
-/// NATS's default 1 MiB payload limit.
+/// The most bytes of events one message carries (a replay reply, a batch) when the
+/// server allows that much.
 const MESSAGE_BYTES: usize = 256 * 1024;
 
-/// The most bytes of events held unsent (while the lease cannot be trusted), beyond the
-/// budget; past it the oldest held ones are dropped, and the gateway reports them lost.
-const HELD_BYTES: usize = 4 * MESSAGE_BYTES;
+/// What a message needs beside its events: a reply's wrapping, the array's brackets, the
+/// headers; and the least a message may carry whatever the server says.
+const ROOM: usize = 1024;
+
+/// What a part needs beside its text: its numbers and field names.
+const PART_ROOM: usize = 256;
 
 /// The numbered events of one session, the newest of them, and how far they were sent.
 #[derive(Debug)]
@@ -32,17 +42,47 @@ pub(crate) struct EventLog {
     /// The last event sent on the events subject (later ones wait for the next batch, or
     /// are held while the lease cannot be trusted).
     sent: u64,
-    /// Oldest first: each event's number and JSON. The sent ones up to the budget, and
-    /// every unsent one (up to `HELD_BYTES`).
+    /// Oldest first: each event's (or part's) number and JSON. The sent ones up to the
+    /// budget, and every unsent one (up to `held_bytes`).
     kept: VecDeque<(u64, Vec<u8>)>,
     kept_bytes: usize,
     unsent_bytes: usize,
     budget: usize,
+    /// The first number of the newest event: it (all its parts) is never dropped.
+    newest: u64,
+    /// The most bytes of events one message carries: under the server's `max_payload`.
+    message_bytes: usize,
+    /// The last event held back ([`hold`](Self::hold)), and the bytes of those held.
+    held_through: u64,
+    held_now: usize,
+    /// The most bytes of events held back (while the lease cannot be trusted), beyond the
+    /// budget; past it the oldest held ones are dropped, and the gateway reports them
+    /// lost. What one wake of the loop records is never dropped before it is sent.
+    held_bytes: usize,
+}
+
+/// A part as it is written (its text borrowed from the event's JSON).
+#[derive(Serialize)]
+struct PartOut<'a> {
+    seq: u64,
+    epoch: u64,
+    part: PartText<'a>,
+}
+
+#[derive(Serialize)]
+struct PartText<'a> {
+    index: u32,
+    count: u32,
+    text: &'a str,
 }
 
 impl EventLog {
-    /// An empty log for an owner at `epoch`, keeping up to `budget` bytes of events.
-    pub(crate) fn new(epoch: u64, budget: usize) -> Self {
+    /// An empty log for an owner at `epoch`, keeping up to `budget` bytes of events, for
+    /// a server whose messages carry at most `max_payload` bytes.
+    pub(crate) fn new(epoch: u64, budget: usize, max_payload: usize) -> Self {
+        let message_bytes = MESSAGE_BYTES
+            .min(max_payload.saturating_sub(ROOM))
+            .max(ROOM);
         Self {
             epoch,
             last_seq: 0,
@@ -51,36 +91,78 @@ impl EventLog {
             kept_bytes: 0,
             unsent_bytes: 0,
             budget,
+            newest: 1,
+            message_bytes,
+            held_through: 0,
+            held_now: 0,
+            held_bytes: 4 * message_bytes,
         }
     }
 
-    /// Numbers `kind` as the next event and keeps it, to be sent with the next batch.
+    /// Numbers `kind` as the next event (the next ones, for an event recorded in parts)
+    /// and keeps it, to be sent with the next batch.
     pub(crate) fn record(&mut self, kind: RemoteEventKind) {
-        self.last_seq += 1;
+        self.newest = self.last_seq + 1;
         let event = RemoteEvent {
-            seq: self.last_seq,
+            seq: self.newest,
             epoch: self.epoch,
             kind,
         };
         // A derived `Serialize` of plain data with string keys cannot fail.
         let json = serde_json::to_vec(&event).unwrap_or_default();
-        self.kept_bytes += json.len();
-        self.unsent_bytes += json.len();
-        self.kept.push_back((event.seq, json));
+        if json.len() <= self.message_bytes {
+            self.last_seq += 1;
+            self.keep(json);
+        } else {
+            let text = serde_json::to_string(&event.kind).unwrap_or_default();
+            let pieces = cut(&text, self.message_bytes - PART_ROOM);
+            let count = u32::try_from(pieces.len()).unwrap_or(u32::MAX);
+            for (index, text) in (0..count).zip(pieces) {
+                self.last_seq += 1;
+                let part = PartOut {
+                    seq: self.last_seq,
+                    epoch: self.epoch,
+                    part: PartText { index, count, text },
+                };
+                self.keep(serde_json::to_vec(&part).unwrap_or_default());
+            }
+        }
         self.trim();
     }
 
-    /// Drops the oldest sent events over the budget, and the oldest unsent ones over
-    /// `HELD_BYTES`; always keeps the newest, even if it alone is over both.
+    fn keep(&mut self, json: Vec<u8>) {
+        self.kept_bytes += json.len();
+        self.unsent_bytes += json.len();
+        self.kept.push_back((self.last_seq, json));
+    }
+
+    /// The events not sent yet are held back (the lease cannot be trusted): from now on
+    /// the cap on held events applies to them.
+    pub(crate) fn hold(&mut self) {
+        if self.held_through != self.last_seq {
+            self.held_through = self.last_seq;
+            self.held_now = self.unsent_bytes;
+            self.trim();
+        }
+    }
+
+    /// Drops the oldest sent events over the budget, and the oldest held ones over
+    /// `held_bytes`; always keeps the newest event (all its parts), even if it alone is
+    /// over both.
     fn trim(&mut self) {
-        while self.kept.len() > 1 {
-            let Some((seq, json)) = self.kept.front() else {
+        while let Some((seq, json)) = self.kept.front() {
+            let seq = *seq;
+            if seq >= self.newest {
                 break;
-            };
-            let sent = *seq <= self.sent;
+            }
+            let sent = seq <= self.sent;
+            let held_over = self.held_now > self.held_bytes;
             // Held events over their cap go, and every sent one older than them.
-            let over = self.unsent_bytes > HELD_BYTES
-                || (sent && self.kept_bytes - self.unsent_bytes > self.budget);
+            let over = if sent {
+                held_over || self.kept_bytes - self.unsent_bytes > self.budget
+            } else {
+                held_over && seq <= self.held_through
+            };
             if !over {
                 break;
             }
@@ -89,6 +171,7 @@ impl EventLog {
             self.kept_bytes -= size;
             if !sent {
                 self.unsent_bytes -= size;
+                self.held_now -= size;
             }
         }
     }
@@ -99,9 +182,9 @@ impl EventLog {
     }
 
     /// The events recorded since the last call, as messages for the events subject (each
-    /// a JSON array of consecutive events, at most one message's worth, and at least one
-    /// event); they count as sent from now on. Those the budget dropped before they were
-    /// sent are not there: the gateway sees the hole and asks for a replay.
+    /// a JSON array of consecutive events or parts, at most one message's worth, and at
+    /// least one); they count as sent from now on. Those the held cap dropped before they
+    /// were sent are not there: the gateway sees the hole and asks for a replay.
     pub(crate) fn take_unsent(&mut self) -> Vec<Vec<u8>> {
         if !self.has_unsent() {
             return Vec::new();
@@ -112,7 +195,7 @@ impl EventLog {
         let unsent = usize::try_from(self.last_seq - self.sent).unwrap_or(usize::MAX);
         let first = self.kept.len().saturating_sub(unsent);
         for (_, json) in self.kept.range(first..) {
-            if !message.is_empty() && message.len() + json.len() + 1 > MESSAGE_BYTES {
+            if !message.is_empty() && message.len() + json.len() + 1 > self.message_bytes {
                 message.push(b']');
                 messages.push(std::mem::take(&mut message));
             }
@@ -125,6 +208,7 @@ impl EventLog {
         }
         self.sent = self.last_seq;
         self.unsent_bytes = 0;
+        self.held_now = 0;
         self.trim();
         messages
     }
@@ -132,17 +216,17 @@ impl EventLog {
     /// The kept events from `from` on, at most one reply's worth; `true` when they reach
     /// the newest. Events older than the oldest kept are simply not there: the gateway
     /// sees the hole and reports them lost.
-    pub(crate) fn since(&self, from: u64) -> (Vec<RemoteEvent>, bool) {
+    pub(crate) fn since(&self, from: u64) -> (Vec<WireEvent>, bool) {
         let mut bytes = 0;
         let mut out = Vec::new();
         let oldest = self.kept.front().map_or(1, |(seq, _)| *seq);
         let first = usize::try_from(from.saturating_sub(oldest)).unwrap_or(usize::MAX);
         for (_, json) in self.kept.range(first.min(self.kept.len())..) {
-            if bytes + json.len() > MESSAGE_BYTES && !out.is_empty() {
+            if bytes + json.len() > self.message_bytes && !out.is_empty() {
                 return (out, false);
             }
             bytes += json.len();
-            // It was serialized from a `RemoteEvent` just above.
+            // It was serialized from a `RemoteEvent` or a part just above.
             if let Ok(event) = serde_json::from_slice(json) {
                 out.push(event);
             }
@@ -151,9 +235,34 @@ impl EventLog {
     }
 }
 
+/// Cuts `text` at character boundaries into pieces whose JSON string forms (quoted, with
+/// their escapes) take at most `budget` bytes each.
+fn cut(text: &str, budget: usize) -> Vec<&str> {
+    let mut pieces = Vec::new();
+    let mut start = 0;
+    // The quotes.
+    let mut cost = 2;
+    for (at, c) in text.char_indices() {
+        let escaped = match c {
+            '"' | '\\' => 2,
+            c if u32::from(c) < 0x20 => 6,
+            c => c.len_utf8(),
+        };
+        if cost + escaped > budget && at > start {
+            pieces.push(&text[start..at]);
+            start = at;
+            cost = 2;
+        }
+        cost += escaped;
+    }
+    pieces.push(&text[start..]);
+    pieces
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::WireBody;
 
     fn chunk(text: &str) -> RemoteEventKind {
         RemoteEventKind::Error {
@@ -163,7 +272,7 @@ mod tests {
 
     /// 600 KB of events, more than one message carries.
     fn sixty_big_events() -> EventLog {
-        let mut log = EventLog::new(1, 4 << 20);
+        let mut log = EventLog::new(1, 4 << 20, 1 << 20);
         let text = "x".repeat(10_000);
         for _ in 0..60 {
             log.record(chunk(&text));
@@ -184,9 +293,32 @@ mod tests {
         serde_json::from_slice(message).unwrap()
     }
 
+    /// The events of `messages`, parts joined (as the gateway joins them).
+    fn joined(messages: &[Vec<u8>]) -> Vec<RemoteEvent> {
+        let mut events = Vec::new();
+        let mut text = String::new();
+        for message in messages {
+            let wire: Vec<WireEvent> = serde_json::from_slice(message).unwrap();
+            for element in wire {
+                let (seq, epoch) = (element.seq, element.epoch);
+                match element.body().unwrap() {
+                    WireBody::Whole(kind) => events.push(RemoteEvent { seq, epoch, kind }),
+                    WireBody::Part(part) => {
+                        text.push_str(&part.text);
+                        if part.index + 1 == part.count {
+                            let kind = serde_json::from_str(&std::mem::take(&mut text)).unwrap();
+                            events.push(RemoteEvent { seq, epoch, kind });
+                        }
+                    }
+                }
+            }
+        }
+        events
+    }
+
     #[test]
     fn events_are_numbered_from_one_with_the_epoch() {
-        let mut log = EventLog::new(3, 1 << 20);
+        let mut log = EventLog::new(3, 1 << 20, 1 << 20);
         log.record(chunk("a"));
         log.record(chunk("b"));
         let messages = log.take_unsent();
@@ -201,7 +333,7 @@ mod tests {
 
     #[test]
     fn each_batch_holds_what_was_recorded_since_the_last() {
-        let mut log = EventLog::new(1, 1 << 20);
+        let mut log = EventLog::new(1, 1 << 20, 1 << 20);
         assert!(log.take_unsent().is_empty());
         log.record(chunk("a"));
         assert_eq!(read(&log.take_unsent()[0]).len(), 1);
@@ -230,22 +362,24 @@ mod tests {
             .collect();
         assert_eq!(seqs, (1..=60).collect::<Vec<u64>>());
 
-        // Held past their cap (a lease that could not be trusted): the oldest are gone.
-        let mut log = EventLog::new(1, 300);
+        // Held past their cap (a lease that could not be trusted, wake after wake): the
+        // oldest are gone.
+        let mut log = EventLog::new(1, 300, 1 << 20);
         for _ in 0..150 {
             log.record(chunk(&text));
+            log.hold();
         }
         let seqs = sent_seqs(&mut log);
         assert_eq!(seqs.last(), Some(&150));
         assert!(seqs[0] > 1, "the oldest were dropped");
-        assert!(seqs.len() * 10_000 <= HELD_BYTES);
+        assert!(seqs.len() * 10_000 <= log.held_bytes);
     }
 
     #[test]
     fn the_budget_never_drops_an_event_before_it_is_sent() {
         // A close's answer carries the whole history, over the replay budget; the
         // `SessionEnded` after it must not push it out before the batch goes.
-        let mut log = EventLog::new(1, 300);
+        let mut log = EventLog::new(1, 300, 1 << 20);
         log.record(chunk(&"h".repeat(1_000)));
         log.record(chunk("ended"));
         let seqs = sent_seqs(&mut log);
@@ -256,21 +390,110 @@ mod tests {
     }
 
     #[test]
+    fn an_event_over_a_message_goes_in_parts_none_over_the_server_s_limit() {
+        // A server that takes 64 KiB per message, and a history of 200 KB full of what
+        // JSON escapes, and of characters of several bytes.
+        let max_payload = 64 * 1024;
+        let mut log = EventLog::new(1, 1 << 20, max_payload);
+        log.record(chunk("before"));
+        let big = chunk(&"\"quoted\" \\ é 漢字 \n".repeat(12_000));
+        log.record(big.clone());
+        log.record(chunk("after"));
+        let messages = log.take_unsent();
+        assert!(messages.len() >= 3, "{} messages", messages.len());
+        for message in &messages {
+            assert!(
+                message.len() <= max_payload - ROOM,
+                "{} bytes",
+                message.len()
+            );
+        }
+        let events = joined(&messages);
+        assert_eq!(
+            events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(),
+            [chunk("before"), big, chunk("after")]
+        );
+        // Each part has its number: the one after the big event follows its last part.
+        assert_eq!(events[0].seq, 1);
+        assert!(events[2].seq > 3 && events[2].seq == events[1].seq + 1);
+        // A replay from the first part brings them again, in replies under the limit.
+        let mut from = 2;
+        let mut replayed = Vec::new();
+        loop {
+            let (events, complete) = log.since(from);
+            let reply = serde_json::to_vec(&crate::protocol::Reply::Replay {
+                events: events.clone(),
+                complete,
+            })
+            .unwrap();
+            assert!(reply.len() <= max_payload, "{} bytes", reply.len());
+            from = events.last().unwrap().seq + 1;
+            replayed.push(serde_json::to_vec(&events).unwrap());
+            if complete {
+                break;
+            }
+        }
+        assert_eq!(joined(&replayed).len(), 2);
+    }
+
+    #[test]
+    fn the_parts_of_the_newest_event_are_never_dropped_before_they_are_sent() {
+        // Held (the lease could not be trusted) past the cap: the oldest events go, the
+        // big newest one stays whole.
+        let mut log = EventLog::new(1, 300, 64 * 1024);
+        for i in 0..300 {
+            log.record(chunk(&format!("{i}").repeat(1_000)));
+            log.hold();
+        }
+        let big = chunk(&"h".repeat(1 << 20));
+        log.record(big.clone());
+        log.hold();
+        let events = joined(&log.take_unsent());
+        assert_eq!(events.last().map(|e| &e.kind), Some(&big));
+        assert!(events.len() < 301, "the oldest held ones were dropped");
+        // Nor, within one wake, before the events recorded after it.
+        let mut log = EventLog::new(1, 300, 64 * 1024);
+        log.record(big.clone());
+        log.record(chunk("ended"));
+        let events = joined(&log.take_unsent());
+        assert_eq!(
+            events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(),
+            [big, chunk("ended")]
+        );
+    }
+
+    #[test]
+    fn a_cut_keeps_characters_whole_and_counts_escapes() {
+        let text = "aé\"漢\\b";
+        for budget in 3..20 {
+            let pieces = cut(text, budget);
+            assert_eq!(pieces.concat(), text, "budget {budget}");
+            for piece in &pieces {
+                let quoted = serde_json::to_string(piece).unwrap();
+                assert!(
+                    quoted.len() <= budget || piece.chars().count() == 1,
+                    "budget {budget}: {quoted}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_replay_sends_what_is_kept_from_the_asked_number() {
-        let mut log = EventLog::new(1, 1 << 20);
+        let mut log = EventLog::new(1, 1 << 20, 1 << 20);
         for i in 0..5 {
             log.record(chunk(&i.to_string()));
         }
         let (events, complete) = log.since(3);
         assert!(complete);
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
-        assert_eq!(events[0].kind, chunk("2"));
+        assert_eq!(events[0].kind, Some(chunk("2")));
         assert!(log.since(6).0.is_empty());
     }
 
     #[test]
     fn the_budget_drops_the_oldest_and_a_replay_says_where_it_starts() {
-        let mut log = EventLog::new(1, 300);
+        let mut log = EventLog::new(1, 300, 1 << 20);
         for i in 0..20 {
             log.record(chunk(&format!("event number {i}")));
             log.take_unsent();

@@ -110,7 +110,11 @@ pub(crate) async fn host(
     writer: SnapshotWriter,
 ) {
     let events_subject = hosting.namespace.session_events(&key);
-    let mut log = EventLog::new(ownership.epoch(), hosting.replay_bytes);
+    let mut log = EventLog::new(
+        ownership.epoch(),
+        hosting.replay_bytes,
+        hosting.client.nats().max_payload(),
+    );
     let (speech_tx, speech) = mpsc::unbounded_channel();
     let reporter = Arc::new(OnceLock::new());
     let resumed = matches!(start, Start::Resume { .. });

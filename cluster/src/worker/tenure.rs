@@ -316,7 +316,11 @@ impl Tenure {
     /// The events to publish now, as messages: none while the lease cannot be trusted
     /// (they wait, bounded by the log's budget), none once the tenure is over.
     pub(crate) fn batch(&mut self, now: Instant) -> Vec<Vec<u8>> {
-        if self.is_done() || !self.lease_trusted(now) {
+        if self.is_done() {
+            return Vec::new();
+        }
+        if !self.lease_trusted(now) {
+            self.log.hold();
             return Vec::new();
         }
         self.log.take_unsent()

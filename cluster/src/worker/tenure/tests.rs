@@ -38,7 +38,7 @@ impl Fixture {
             key: SessionKey::new("call-1").unwrap(),
             epoch: 2,
             lease: lease.clone(),
-            log: EventLog::new(2, 64 * 1024),
+            log: EventLog::new(2, 64 * 1024, 1 << 20),
             ledger: InputLedger::resumed(0),
             idle_timeout: Some(IDLE),
             counts: counts.clone(),
@@ -896,7 +896,7 @@ fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
         panic!("{actions:?}");
     };
     assert!(matches!(
-        events.last().map(|e| &e.kind),
+        events.last().and_then(|e| e.kind.as_ref()),
         Some(RemoteEventKind::SessionEnded { .. })
     ));
 }

@@ -1,0 +1,195 @@
+//! Messages over the server's `max_payload`, written and read as parts.
+//!
+//! A long conversation's full snapshot (or a big turn's delta) can be larger than one
+//! message may be. It is then written as `part` messages followed by the message itself,
+//! which carries the last piece and, in `Sb-Parts`, the sequence of the first part. Each
+//! write is a compare-and-set like any other, so a stale owner cannot add a part either,
+//! and nothing else can come between the parts of one message: a reader joins the parts
+//! from `Sb-Parts` up to the message.
+//!
+//! A writer that stops between parts (it died, it was fenced, the server went away)
+//! leaves parts that no message closes. They are not the chain: a reader skips them (a
+//! delta's reader looks at deltas only), and one that finds them at the subject's end
+//! follows each part's `Sb-Before` (the subject's last message before the run) back to
+//! the chain's real end. The next full snapshot purges them with the rest.
+
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::DirectGetErrorKind;
+use bytes::{Bytes, BytesMut};
+use switchboard::snapshot::StoreError;
+
+use super::{corrupt, SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter, WriterState};
+use crate::namespace::SessionKey;
+
+/// On a message written in parts: the sequence of its first part.
+pub(super) const PARTS: &str = "Sb-Parts";
+/// On a part: the subject's last message before the run of parts it belongs to.
+pub(super) const BEFORE: &str = "Sb-Before";
+
+/// What a message needs beside its payload (the headers, ours and JetStream's).
+const ROOM: usize = 4096;
+
+/// The most `part` messages followed back from a subject's end.
+const MOST_RUNS: usize = 16;
+
+/// A subject's end: its last sequence and epoch, and the last message of its chain (the
+/// last one that is not a part) with its record.
+pub(super) struct Tail {
+    pub(super) last_seq: u64,
+    pub(super) last_epoch: u64,
+    pub(super) message: StreamMessage,
+    pub(super) record: SnapshotRecord,
+}
+
+/// `payload` cut into pieces of at most `limit` bytes (without copying).
+pub(super) fn pieces(payload: &Bytes, limit: usize) -> Vec<Bytes> {
+    if payload.len() <= limit {
+        return vec![payload.clone()];
+    }
+    (0..payload.len())
+        .step_by(limit)
+        .map(|at| payload.slice(at..payload.len().min(at + limit)))
+        .collect()
+}
+
+fn number(message: &StreamMessage, name: &str) -> u64 {
+    message
+        .headers
+        .get(name)
+        .and_then(|v| v.as_str().parse().ok())
+        .unwrap_or(0)
+}
+
+impl SnapshotStream {
+    /// The most payload bytes one message may carry on this connection's server.
+    pub(super) fn message_limit(&self) -> usize {
+        self.js
+            .client()
+            .max_payload()
+            .saturating_sub(ROOM)
+            .max(ROOM)
+    }
+
+    /// The end of `session`'s subject: `None` when it has no message.
+    pub(super) async fn tail(&self, session: &SessionKey) -> Result<Option<Tail>, StoreError> {
+        let subject = self.subject(session);
+        let unavailable = |reason| StoreError::Unavailable {
+            session: session.to_string(),
+            reason,
+        };
+        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+            return Ok(None);
+        };
+        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        let (last_seq, last_epoch) = (record.seq, record.epoch);
+        let (mut message, mut record) = (last, record);
+        for _ in 0..MOST_RUNS {
+            if record.kind != SnapshotKind::Part {
+                return Ok(Some(Tail {
+                    last_seq,
+                    last_epoch,
+                    message,
+                    record,
+                }));
+            }
+            let before = number(&message, BEFORE);
+            message =
+                self.stream.direct_get(before).await.map_err(|err| {
+                    unavailable(format!("cannot read {subject} at {before}: {err}"))
+                })?;
+            record = SnapshotRecord::read(&message).map_err(|reason| corrupt(session, reason))?;
+        }
+        Err(corrupt(
+            session,
+            format!("it ends in more than {MOST_RUNS} runs of unfinished parts"),
+        ))
+    }
+
+    /// The whole payload of `message`: its parts' joined with its own.
+    pub(super) async fn payload(&self, message: &StreamMessage) -> Result<Bytes, String> {
+        let first = number(message, PARTS);
+        if first == 0 {
+            return Ok(message.payload.clone());
+        }
+        let subject = message.subject.to_string();
+        let mut joined = BytesMut::new();
+        let mut at = first;
+        while at < message.sequence {
+            let part = match self
+                .stream
+                .direct_get_next_for_subject(subject.clone(), Some(at))
+                .await
+            {
+                Ok(part) => part,
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                    return Err(format!(
+                        "{subject}: part {at} of {} is gone",
+                        message.sequence
+                    ))
+                }
+                Err(err) => return Err(format!("cannot read {subject} at {at}: {err}")),
+            };
+            let record = SnapshotRecord::read(&part)?;
+            if part.sequence >= message.sequence || record.kind != SnapshotKind::Part {
+                return Err(format!(
+                    "{subject}: message {} has {:?} {} among its parts",
+                    message.sequence, record.kind, part.sequence
+                ));
+            }
+            joined.extend_from_slice(&part.payload);
+            at = part.sequence + 1;
+        }
+        joined.extend_from_slice(&message.payload);
+        Ok(joined.freeze())
+    }
+}
+
+impl SnapshotWriter {
+    /// Writes one message of `kind` (its parts first, when it is over the server's
+    /// limit), each after the last one this writer wrote; the sequences of its first
+    /// part (its own when whole) and of the message.
+    pub(super) async fn write_message(
+        &self,
+        state: &mut WriterState,
+        kind: SnapshotKind,
+        full: u64,
+        payload: Bytes,
+        ttl: Option<std::time::Duration>,
+    ) -> Result<(u64, u64), StoreError> {
+        let inner = &self.inner;
+        let pieces = pieces(&payload, inner.stream.message_limit());
+        let before = state.last;
+        let mut first = 0;
+        let count = pieces.len();
+        for (index, piece) in pieces.into_iter().enumerate() {
+            let piece_payload = piece.clone();
+            let message = if index + 1 < count {
+                let part = inner.stream.message(
+                    SnapshotKind::Part,
+                    inner.epoch,
+                    &inner.worker,
+                    full,
+                    piece,
+                );
+                part.header(BEFORE, before.to_string().as_str())
+            } else {
+                let mut message =
+                    inner
+                        .stream
+                        .message(kind, inner.epoch, &inner.worker, full, piece);
+                if first != 0 {
+                    message = message.header(PARTS, first.to_string().as_str());
+                }
+                if let Some(ttl) = ttl {
+                    message = message.ttl(ttl);
+                }
+                message
+            };
+            let seq = self.write_locked(state, message, &piece_payload).await?;
+            if index == 0 {
+                first = seq;
+            }
+        }
+        Ok((first, state.last))
+    }
+}
