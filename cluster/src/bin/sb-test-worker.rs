@@ -18,7 +18,8 @@
 //! of the session data, default 20, at most `--max-tool-ms`, and finds X; restarted on a
 //! restore), `wait for X` by
 //! calling the tool `wait` (which waits `tool_ms` before it returns, the turn waiting on
-//! it), `stall` with a reply that never ends (until interrupted), and anything else with
+//! it), `stall` with a reply that never ends (until interrupted), `note <text>` with
+//! `Noted <n> bytes.` (a user can say a lot; a reply is bounded), and anything else with
 //! `You said: <text>` (`Concierge: <text>` for the concierge). Every request the model
 //! gets is checked against the one-output rule (every tool call has exactly one output,
 //! after it); a request that breaks it prints `one-output broken: <why>` on stdout.
@@ -137,6 +138,8 @@ fn answer(request: &LlmRequest) -> Option<Reply> {
                 Some(Reply::tool_call("lookup", json!({ "what": what })))
             } else if let Some(what) = text.strip_prefix("wait for ") {
                 Some(Reply::tool_call("wait", json!({ "what": what })))
+            } else if let Some(note) = text.strip_prefix("note ") {
+                Some(Reply::text(format!("Noted {} bytes.", note.len())))
             } else if text.starts_with("stall") {
                 Some(Reply::text("Let me think").and_stall())
             } else if request.agent.as_ref() == "concierge" {

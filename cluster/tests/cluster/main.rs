@@ -6,6 +6,7 @@
 mod common;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
