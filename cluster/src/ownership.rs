@@ -13,9 +13,11 @@
 //!   on its own monotonic clock from when it *sent* the last renewal that succeeded, so
 //!   it stops acting before the server can have expired the record. A renewal refused
 //!   because the revision moved means another worker wrote the key: the owner is fenced
-//!   and stops without writing anything more. A renewal that finds the key merely expired
-//!   (a marker, nobody else's record) re-creates it with the same epoch — nobody else held
-//!   that epoch — and goes on.
+//!   and stops without writing anything more. So does a renewal that finds the key
+//!   expired (a marker): the bucket keeps no history, so the marker cannot say whether
+//!   another worker claimed the session in between and lost its own lease in turn, and
+//!   an owner that wrote its record again would run beside that one. The expiry queues
+//!   the session's resume, from its last snapshot, as after a crash.
 //! * **Release** writes an `Ended` record (same compare-and-set) that lives for the
 //!   bucket's ended-retention, so a job redelivered late, or a host id used again, cannot
 //!   start the same session a second time.
@@ -270,6 +272,16 @@ impl Owners {
     }
 }
 
+/// What a write over this owner's record does when the record expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expired {
+    /// The ownership is lost: a renewal, which would go on acting on it.
+    Lost,
+    /// It writes over the marker: an end, a hand-over or an epoch raised, each after a
+    /// write the snapshots took (their compare-and-set shows nobody claimed the session).
+    WriteOver,
+}
+
 enum Current {
     Absent,
     /// The marker an expired lease left, with its revision.
@@ -343,16 +355,19 @@ impl Ownership {
     }
 
     /// Rewrites the record (compare-and-set on the last revision) to extend the lease.
+    /// A record that expired is lost (see the module docs).
     pub(crate) async fn renew(&mut self) -> Result<(), LeaseError> {
         let record = self.record.clone();
-        self.write_over(&record, self.owners.lease).await
+        self.write_over(&record, self.owners.lease, Expired::Lost)
+            .await
     }
 
     /// Writes the `Ended` record (compare-and-set), kept for the ended-retention.
     pub(crate) async fn release(&mut self) -> Result<(), LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Ended;
-        self.write_over(&record, self.owners.ended_retention).await
+        self.write_over(&record, self.owners.ended_retention, Expired::WriteOver)
+            .await
     }
 
     /// Moves the ownership to `epoch` (what the session's snapshots say it must be at
@@ -363,7 +378,8 @@ impl Ownership {
         }
         let mut record = self.record.clone();
         record.epoch = epoch;
-        self.write_over(&record, self.owners.lease).await?;
+        self.write_over(&record, self.owners.lease, Expired::WriteOver)
+            .await?;
         self.record = record;
         Ok(())
     }
@@ -374,15 +390,20 @@ impl Ownership {
     pub(crate) async fn hand_over(&mut self) -> Result<u64, LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Moving;
-        self.write_over(&record, self.owners.lease).await?;
+        self.write_over(&record, self.owners.lease, Expired::WriteOver)
+            .await?;
         Ok(self.revision)
     }
 
     /// Writes `record` over the revision this owner wrote last. When that revision moved,
     /// reads why: another worker's record means this one is fenced; an expired lease (a
-    /// marker, or no key) that nobody took is written over with the same epoch — nobody
-    /// else held it.
-    async fn write_over(&mut self, record: &OwnerRecord, ttl: Duration) -> Result<(), LeaseError> {
+    /// marker, or no key) is lost or written over, as `expired` says.
+    async fn write_over(
+        &mut self,
+        record: &OwnerRecord,
+        ttl: Duration,
+        expired: Expired,
+    ) -> Result<(), LeaseError> {
         let mut expected = self.revision;
         for _ in 0..3 {
             let sent = Instant::now();
@@ -406,6 +427,12 @@ impl Ownership {
                             reason,
                         }
                     })? {
+                        Current::Absent | Current::Marker(_) if expired == Expired::Lost => {
+                            return Err(LeaseError::Lost {
+                                session: self.session.clone(),
+                                now: "its lease expired at the server".into(),
+                            })
+                        }
                         Current::Absent => 0,
                         Current::Marker(revision) => revision,
                         // Our own record: an earlier write whose answer was lost did land.
@@ -497,5 +524,40 @@ mod tests {
             matches!(&err, LeaseError::Lost { now, .. } if now.contains("w2")),
             "{err}"
         );
+    }
+
+    /// A record gone from the bucket (its lease expired at the server, leaving a marker)
+    /// may have been claimed by another worker in between, and lost again: the owner that
+    /// finds it so is lost too, and does not write it back.
+    #[tokio::test]
+    async fn a_renewal_that_finds_its_record_expired_is_lost() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let js = jetstream::new(client.nats().clone());
+        let owners = Owners::open(
+            js,
+            &Namespace::default(),
+            Duration::from_secs(60),
+            Duration::from_secs(60),
+            true,
+        )
+        .await
+        .unwrap();
+        let key = SessionKey::new("call-2").unwrap();
+        let mut owner = owners.claim(&key, "w1", 1, None).await.unwrap();
+        // What an expiry leaves: a marker, and no record.
+        owners.store.delete(key.as_str()).await.unwrap();
+        let err = owner.renew().await.unwrap_err();
+        assert!(
+            matches!(&err, LeaseError::Lost { now, .. } if now.contains("expired")),
+            "{err}"
+        );
+        assert!(
+            matches!(owners.read(&key).await.unwrap(), Current::Marker(_)),
+            "nothing written back"
+        );
+        // A claim (the expiry's resume) takes it over.
+        let taken = owners.claim(&key, "w2", 2, None).await.unwrap();
+        assert_eq!(taken.epoch(), 2);
     }
 }

@@ -664,6 +664,12 @@ impl SnapshotWriter {
         self.inner.fenced.subscribe()
     }
 
+    /// Marks the writer fenced, as a refused write would: a newer owner of the session
+    /// (this same worker, claiming it again) wrote its snapshots.
+    pub(crate) fn fence(&self) {
+        self.inner.fenced.send_replace(true);
+    }
+
     /// From now on writes are dropped (the session moved or ends).
     pub(crate) async fn seal(&self) {
         self.inner.state.lock().await.sealed = true;

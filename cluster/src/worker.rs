@@ -31,6 +31,7 @@ mod hosted;
 mod lapses;
 mod ledger;
 mod output;
+mod residents;
 mod resume;
 mod tenure;
 
@@ -296,6 +297,7 @@ impl Worker {
                 drain: drain_rx,
                 idle_timeout: options.idle_timeout,
                 replay_bytes: options.replay_bytes,
+                residents: Arc::default(),
             }),
             drain,
             owners,

@@ -9,7 +9,8 @@
 //! ```
 //!
 //! (`--token T`, `--nkey SEED` or `--creds FILE` instead of a user; `SB_NATS_PASSWORD`
-//! instead of `--password`.) It prints `ready <name>` once it pulls sessions. On SIGTERM
+//! instead of `--password`; `SB_TEST_WORKER_LOG=info` (or `warn`, `debug`) logs what the
+//! worker does on stderr, each line with its name and time.) It prints `ready <name>` once it pulls sessions. On SIGTERM
 //! (or SIGINT) it drains — sessions settle, at the deadline are interrupted, their last
 //! snapshots are stored and other workers resume them — prints `drained <n>` and exits 0.
 //!
@@ -22,7 +23,10 @@
 //! `Noted <n> bytes.` (a user can say a lot; a reply is bounded), and anything else with
 //! `You said: <text>` (`Concierge: <text>` for the concierge). Every request the model
 //! gets is checked against the one-output rule (every tool call has exactly one output,
-//! after it); a request that breaks it prints `one-output broken: <why>` on stdout.
+//! after it); a request that breaks it prints `one-output broken: <why>` on stdout. Each
+//! tool's body prints `effect <tool> <what> start` when it begins and `… done` when its
+//! work is done: what a test counts side effects by (`wait` keeps the default restore
+//! policy, `Abandon`: its body must never run twice for one call).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -74,9 +78,11 @@ impl SessionFactory for TestAgents {
             "lookup",
             "Looks something up",
             move |ctx: RunContext, args: Lookup| async move {
+                println!("effect lookup {} start", args.what);
                 ctx.update(format!("looking up {}", args.what)).await?;
                 // The lookup's own work, simulated.
                 tokio::time::sleep(Duration::from_millis(tool_ms)).await;
+                println!("effect lookup {} done", args.what);
                 Ok::<_, ToolFailure>(format!("found {}", args.what))
             },
         )
@@ -86,7 +92,9 @@ impl SessionFactory for TestAgents {
             "wait",
             "Waits for something",
             move |_ctx: RunContext, args: Lookup| async move {
+                println!("effect wait {} start", args.what);
                 tokio::time::sleep(Duration::from_millis(tool_ms)).await;
+                println!("effect wait {} done", args.what);
                 Ok::<_, ToolFailure>(format!("waited for {}", args.what))
             },
         );
@@ -269,6 +277,61 @@ async fn run(args: Args) -> Result<(), String> {
     Ok(())
 }
 
+/// Logs the worker's events at `level` and above on stderr, one line each, with the
+/// worker's name and the seconds since its start: what a test turns on to see why a
+/// worker did what it did.
+struct StderrLog {
+    name: String,
+    level: tracing::Level,
+    began: std::time::Instant,
+}
+
+impl tracing::Subscriber for StderrLog {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= self.level
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        use std::io::Write as _;
+        let mut line = format!(
+            "[{} {:.3}s {}] ",
+            self.name,
+            self.began.elapsed().as_secs_f64(),
+            event.metadata().level()
+        );
+        event.record(&mut Fields(&mut line));
+        line.push('\n');
+        // One write per line: the lines of several workers on one stderr stay whole.
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// An event's fields, written `name=value` (the message first, bare).
+struct Fields<'a>(&'a mut String);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        let _ = if field.name() == "message" {
+            write!(self.0, "{value:?} ")
+        } else {
+            write!(self.0, "{}={value:?} ", field.name())
+        };
+    }
+}
+
 fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(args) => args,
@@ -277,6 +340,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(level) = std::env::var("SB_TEST_WORKER_LOG")
+        .ok()
+        .and_then(|level| level.parse::<tracing::Level>().ok())
+    {
+        let _ = tracing::subscriber::set_global_default(StderrLog {
+            name: args.name.clone(),
+            level,
+            began: std::time::Instant::now(),
+        });
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -50,7 +50,7 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
-use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionEvent};
+use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionError, SessionEvent};
 use tokio::sync::{broadcast, mpsc, watch, Mutex};
 use tokio::time::Instant;
 
@@ -58,6 +58,7 @@ use super::counts::Counts;
 use super::event_log::EventLog;
 use super::ledger::InputLedger;
 use super::output::PublishingOutput;
+use super::residents::Residents;
 use super::tenure::{Action, Event, Setup, State, Tenure};
 use crate::connect::ClusterClient;
 use crate::dispatch;
@@ -86,6 +87,8 @@ pub(crate) struct Hosting {
     pub(crate) drain: watch::Receiver<Option<Instant>>,
     pub(crate) idle_timeout: Option<Duration>,
     pub(crate) replay_bytes: usize,
+    /// The sessions hosted here, by key.
+    pub(crate) residents: Arc<Residents>,
 }
 
 /// How a hosted session begins.
@@ -109,6 +112,9 @@ pub(crate) async fn host(
     mut ownership: Ownership,
     writer: SnapshotWriter,
 ) {
+    // Held until the session is closed: a newer hosting of the key on this worker waits
+    // for it (the engine names live sessions by their keys).
+    let _residence = hosting.residents.move_in(&key, &writer).await;
     let events_subject = hosting.namespace.session_events(&key);
     let mut log = EventLog::new(
         ownership.epoch(),
@@ -126,8 +132,16 @@ pub(crate) async fn host(
             .start(&hosting.engine)
             .await
             .map(|session| (session, last_input))
-            .map_err(|err| format!("the session did not start: {err}")),
-        Err(err) => Err(format!("the worker cannot build it: {err}")),
+            .map_err(|err| match err {
+                // Its old hosting here did not stop in time.
+                SessionError::DuplicateSession { .. } => {
+                    NotStarted::ForNow(format!("the session did not start: {err}"))
+                }
+                err => NotStarted::Refused(format!("the session did not start: {err}")),
+            }),
+        Err(err) => Err(NotStarted::Refused(format!(
+            "the worker cannot build it: {err}"
+        ))),
     };
     let running = match started {
         Ok((session, last_input)) => {
@@ -137,15 +151,17 @@ pub(crate) async fn host(
                 Err(err) => {
                     writer.seal().await;
                     let _ = session.close().await;
-                    Err(format!("cannot subscribe to its inputs: {err}"))
+                    Err(NotStarted::ForNow(format!(
+                        "cannot subscribe to its inputs: {err}"
+                    )))
                 }
             }
         }
-        Err(reason) => Err(reason),
+        Err(not_started) => Err(not_started),
     };
     let (session, inputs, last_input) = match running {
         Ok(running) => running,
-        Err(reason) => {
+        Err(NotStarted::Refused(reason)) => {
             tracing::warn!(session = %key, %reason, resumed, "session not started");
             log.record(RemoteEventKind::StartFailed { reason });
             for message in log.take_unsent() {
@@ -161,6 +177,19 @@ pub(crate) async fn host(
             }
             if let Err(err) = ownership.release().await {
                 tracing::warn!(session = %key, error = %err, "cannot release a session that did not start");
+            }
+            return;
+        }
+        Err(NotStarted::ForNow(reason)) => {
+            // Handed back whole, as a drain does: its snapshots stay, and the next owner
+            // resumes them.
+            tracing::warn!(session = %key, %reason, resumed, "session not started here: handed back");
+            writer.seal().await;
+            match ownership.hand_over().await {
+                Ok(revision) => queue_resume(&hosting, &key, revision).await,
+                Err(err) => {
+                    tracing::warn!(session = %key, error = %err, "cannot hand it back; the lease's expiry will");
+                }
             }
             return;
         }
@@ -202,6 +231,27 @@ pub(crate) async fn host(
         hosting,
     };
     hosted.run().await;
+}
+
+/// Why a session did not start.
+enum NotStarted {
+    /// For good: what it is built from cannot be (the front hears `StartFailed`, and the
+    /// session ends).
+    Refused(String),
+    /// For now: the engine still runs its old hosting, or the connection failed. It is
+    /// handed back, for whoever pulls its resume job.
+    ForNow(String),
+}
+
+/// Queues the job that resumes `key` over its `Moving` record at `revision`.
+async fn queue_resume(hosting: &Hosting, key: &SessionKey, revision: u64) {
+    let id = format!("{key}.moved.{revision}");
+    let queued = dispatch::publish_resume(&hosting.js, &hosting.namespace, key, &id, None).await;
+    if let Err(err) = queued {
+        // The `Moving` record expires after a lease; the workers that see it queue the
+        // resume then.
+        tracing::warn!(session = %key, error = %err, "resume job not queued; the record's expiry will be");
+    }
 }
 
 /// The builder of a session as `start` asks for it (without its id and output), the
@@ -593,20 +643,7 @@ impl Hosted {
                 );
             }
             Action::QueueResume { revision } => {
-                let id = format!("{}.moved.{revision}", self.key);
-                let queued = dispatch::publish_resume(
-                    &self.hosting.js,
-                    &self.hosting.namespace,
-                    &self.key,
-                    &id,
-                    None,
-                )
-                .await;
-                if let Err(err) = queued {
-                    // The `Moving` record expires after a lease; the workers that see it
-                    // queue the resume then.
-                    tracing::warn!(session = %self.key, error = %err, "resume job not queued; the record's expiry will be");
-                }
+                queue_resume(&self.hosting, &self.key, revision).await;
             }
             Action::Stop => {
                 self.writer.seal().await;

@@ -3,9 +3,12 @@
 //! binary, which they kill, freeze and drain. One file per story; one test binary, so the
 //! workspace links it once. The tests run one at a time (`common::one_at_a_time`).
 
+mod campaign;
 mod common;
+mod proxy;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_fault_campaign_loses_nothing;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;

@@ -1,0 +1,746 @@
+//! The fault campaign's harness: a cluster of worker processes, each behind its own
+//! [`Proxy`], fronts that talk all the time and record what they sent and what they got,
+//! faults drawn from a seeded generator, and a checker over the record.
+//!
+//! **Faults**, one kind at a time drawn at random, on a random worker that is healthy
+//! (at least one stays healthy): SIGKILL (a new worker process takes its place),
+//! SIGSTOP (then SIGCONT), a drain (SIGTERM; a new process takes its place once it
+//! exits), a partition (its proxy stops forwarding, then forwards again), and a restart
+//! of the NATS server itself (only while no other fault is under way). A freeze or a
+//! partition lasts from a quarter of the lease (its inputs wait, and retries pile up
+//! behind them) to twice the lease (its sessions go on elsewhere, and it is fenced).
+//!
+//! **Fronts**: each session's front sends, one after the other, a plain turn, a turn that
+//! calls the async tool `lookup` (policy `Restart`, it sends an update), a turn that waits
+//! on the tool `wait` (policy `Abandon`), or a `say`, each with a text that names it.
+//!
+//! **The checker**, over each session's final history, the record and the tools' effect
+//! lines (`effect <tool> <what> start`, printed by the worker processes):
+//!
+//! * every input is in the conversation at most once (applied once);
+//! * every input whose call answered is in it exactly once (no answered input lost);
+//! * the inputs are in it in the order they were sent, and nothing else is (continuous);
+//! * each answer is the answer to its own input;
+//! * no tool body of policy `Abandon` ran twice for one request; no model request broke
+//!   the one-output rule; no front had to give its session up.
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    unreachable_pub
+)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use switchboard_cluster::local::NatsServer;
+use switchboard_cluster::{
+    ClusterClient, GatewayError, GatewayOptions, Namespace, RemoteSession, SessionSpec,
+    SnapshotStream,
+};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::common::{self, WorkerProcess, PATIENCE};
+use crate::proxy::Proxy;
+
+/// A seeded generator (splitmix64): a seed names the faults a run draws and the inputs
+/// each front sends (their timing is the machine's).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// A duration between `low` and `high`.
+    pub fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = u64::try_from((high - low).as_millis()).unwrap_or(0);
+        low + Duration::from_millis(self.below(span + 1))
+    }
+}
+
+/// What a campaign does.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    pub sessions: usize,
+    pub workers: usize,
+    /// How long faults are drawn.
+    pub faults_for: Duration,
+    pub lease_secs: u64,
+    /// How long each tool works.
+    pub tool_ms: u64,
+}
+
+/// The kinds of fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    Kill,
+    Freeze,
+    Partition,
+    Drain,
+    ServerRestart,
+}
+
+/// What a front sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// A turn whose reply is plain.
+    Run(String),
+    /// A turn that calls `lookup` (`Restart`) about this.
+    Lookup(String),
+    /// A turn that waits on `wait` (`Abandon`) for this.
+    Wait(String),
+    /// A `say`.
+    Say(String),
+}
+
+impl Sent {
+    /// What the conversation holds when the input was applied: the user's message, or
+    /// the assistant's for a `say`.
+    fn text(&self) -> String {
+        match self {
+            Self::Run(text) | Self::Say(text) => text.clone(),
+            Self::Lookup(what) => format!("look up {what}"),
+            Self::Wait(what) => format!("wait for {what}"),
+        }
+    }
+}
+
+/// What a front got back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Got {
+    /// A turn's assistant messages.
+    Reply(Vec<String>),
+    /// A `say` was queued.
+    Speech,
+    /// The call failed: the error's kind and words.
+    Failed { kind: &'static str, error: String },
+}
+
+/// One input and its answer.
+#[derive(Clone, Debug)]
+pub struct Exchange {
+    pub sent: Sent,
+    pub got: Got,
+}
+
+/// What a campaign did and found.
+#[derive(Debug, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub took: Duration,
+    pub faults: BTreeMap<String, u64>,
+    pub inputs: u64,
+    pub answered: u64,
+    /// Calls that failed, by kind.
+    pub failed: BTreeMap<&'static str, u64>,
+    /// Tool bodies started, and started again for the same request, by tool.
+    pub tool_starts: BTreeMap<String, u64>,
+    pub tool_restarts: BTreeMap<String, u64>,
+    /// Lookups the tool refused because one still ran (its duplicate policy).
+    pub lookups_refused: u64,
+    pub resumes: u64,
+    pub events_lost: u64,
+    pub violations: Vec<String>,
+    /// Bodies of the `Abandon` tool that ran again for one request: a known gap of the
+    /// engine's saving (see `check_effects`), reported apart until it is closed.
+    pub abandon_reruns: Vec<String>,
+}
+
+impl Report {
+    /// The figures, as a table.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(out, "| seed | {} |", self.seed);
+        let _ = writeln!(out, "| took | {:.0?} |", self.took);
+        for (kind, n) in &self.faults {
+            let _ = writeln!(out, "| faults: {kind} | {n} |");
+        }
+        let _ = writeln!(out, "| inputs sent | {} |", self.inputs);
+        let _ = writeln!(out, "| inputs answered | {} |", self.answered);
+        for (kind, n) in &self.failed {
+            let _ = writeln!(out, "| calls failed: {kind} | {n} |");
+        }
+        for (tool, n) in &self.tool_starts {
+            let again = self.tool_restarts.get(tool).copied().unwrap_or(0);
+            let _ = writeln!(out, "| tool bodies started: {tool} | {n} ({again} again) |");
+        }
+        let _ = writeln!(
+            out,
+            "| lookups refused as duplicates | {} |",
+            self.lookups_refused
+        );
+        let _ = writeln!(
+            out,
+            "| Abandon bodies run again (known gap) | {} |",
+            self.abandon_reruns.len()
+        );
+        let _ = writeln!(out, "| sessions resumed elsewhere | {} |", self.resumes);
+        let _ = writeln!(out, "| events reported lost | {} |", self.events_lost);
+        let _ = writeln!(out, "| violations | {} |", self.violations.len());
+        out
+    }
+}
+
+/// One place for a worker: its proxy, and the process there now.
+struct Slot {
+    index: usize,
+    proxy: Proxy,
+    process: Option<WorkerProcess>,
+    generation: u32,
+    fault: Option<Active>,
+}
+
+/// A fault under way on a slot, and when it ends.
+#[derive(Clone, Copy, Debug)]
+enum Active {
+    Frozen(Instant),
+    Cut(Instant),
+    Draining,
+}
+
+struct Cluster {
+    server: NatsServer,
+    slots: Vec<Slot>,
+    /// Processes that died or left, kept for their lines.
+    retired: Vec<WorkerProcess>,
+    worker_args: Vec<String>,
+    capacity: usize,
+}
+
+impl Cluster {
+    fn start_worker(&mut self, index: usize) {
+        let slot = &mut self.slots[index];
+        let name = format!("w{}-g{}", slot.index, slot.generation);
+        slot.generation += 1;
+        let url = slot.proxy.url();
+        let args = self.worker_args.clone();
+        let capacity = self.capacity;
+        let process =
+            tokio::task::block_in_place(|| WorkerProcess::start_with(&url, &name, capacity, &args));
+        slot.process = Some(process);
+    }
+
+    fn retire(&mut self, index: usize) {
+        if let Some(process) = self.slots[index].process.take() {
+            self.retired.push(process);
+        }
+    }
+
+    fn healthy(&self) -> Vec<usize> {
+        self.slots
+            .iter()
+            .filter(|s| s.fault.is_none() && s.process.is_some())
+            .map(|s| s.index)
+            .collect()
+    }
+
+    /// Ends the faults that are due (all of them with `all`).
+    fn recover(&mut self, all: bool) {
+        let now = Instant::now();
+        for index in 0..self.slots.len() {
+            match self.slots[index].fault {
+                Some(Active::Frozen(until)) if all || now >= until => {
+                    if let Some(process) = &self.slots[index].process {
+                        process.thaw();
+                    }
+                    self.slots[index].fault = None;
+                }
+                Some(Active::Cut(until)) if all || now >= until => {
+                    self.slots[index].proxy.heal();
+                    self.slots[index].fault = None;
+                }
+                Some(Active::Draining) => {
+                    let wait = if all { PATIENCE } else { Duration::ZERO };
+                    let exited = self.slots[index]
+                        .process
+                        .as_mut()
+                        .map_or(Some(()), |p| p.wait_exit(wait).map(|_| ()));
+                    if exited.is_some() {
+                        self.retire(index);
+                        self.start_worker(index);
+                        self.slots[index].fault = None;
+                    } else if all {
+                        panic!("worker slot {index} did not finish draining");
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Every line the worker processes printed, old and new.
+    fn lines(&mut self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for process in &mut self.retired {
+            lines.extend(process.lines_so_far());
+        }
+        for slot in &mut self.slots {
+            if let Some(process) = &mut slot.process {
+                lines.extend(process.lines_so_far());
+            }
+        }
+        lines
+    }
+}
+
+/// Runs a campaign; see the module docs.
+pub async fn run(plan: Plan) -> Report {
+    let began = Instant::now();
+    let mut rng = Rng::new(plan.seed);
+    let server = NatsServer::start().unwrap();
+    let mut worker_args = common::credentials(&server);
+    worker_args.extend([
+        "--lease-secs".to_owned(),
+        plan.lease_secs.to_string(),
+        "--drain-secs".to_owned(),
+        "1".to_owned(),
+    ]);
+    let mut slots = Vec::new();
+    for index in 0..plan.workers {
+        slots.push(Slot {
+            index,
+            proxy: Proxy::start(&server.url()).await,
+            process: None,
+            generation: 0,
+            fault: None,
+        });
+    }
+    let mut cluster = Cluster {
+        server,
+        slots,
+        retired: Vec::new(),
+        worker_args,
+        capacity: plan.sessions + 10,
+    };
+    for index in 0..plan.workers {
+        cluster.start_worker(index);
+    }
+    let gateway = common::gateway(&cluster.server, GatewayOptions::new()).await;
+    let observer = common::client(&cluster.server, "observer").await;
+
+    // The sessions, then their fronts.
+    let mut sessions = Vec::new();
+    for _ in 0..plan.sessions {
+        let spec = SessionSpec::new("greeter").data(json!({ "tool_ms": plan.tool_ms }));
+        let session = common::within("a session to start", gateway.start_session(spec))
+            .await
+            .unwrap();
+        sessions.push(session);
+    }
+    let (stop, stopping) = watch::channel(false);
+    let mut fronts = JoinSet::new();
+    let mut logs = Vec::new();
+    for (i, session) in sessions.iter().enumerate() {
+        let log = Arc::new(Mutex::new(FrontLog::default()));
+        logs.push(log.clone());
+        let front = talk(
+            i,
+            session.clone(),
+            Rng::new(plan.seed ^ (i as u64 + 1).wrapping_mul(0x1000_0001)),
+            stopping.clone(),
+            log,
+        );
+        fronts.spawn(front);
+    }
+
+    // The faults.
+    let lease = Duration::from_secs(plan.lease_secs);
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    let end = Instant::now() + plan.faults_for;
+    while Instant::now() < end {
+        cluster.recover(false);
+        let healthy = cluster.healthy();
+        let any_active = cluster.slots.iter().any(|s| s.fault.is_some());
+        let kind = match rng.below(100) {
+            0..=21 => Fault::Kill,
+            22..=43 => Fault::Freeze,
+            44..=65 => Fault::Partition,
+            66..=87 => Fault::Drain,
+            _ => Fault::ServerRestart,
+        };
+        let started = match kind {
+            Fault::ServerRestart if !any_active => {
+                let down = rng.between(Duration::from_millis(100), Duration::from_millis(1500));
+                cluster.server.kill();
+                tokio::time::sleep(down).await;
+                tokio::task::block_in_place(|| cluster.server.start_again()).unwrap();
+                true
+            }
+            Fault::ServerRestart => false,
+            _ if healthy.len() < 2 => false,
+            _ => {
+                let index = healthy[usize::try_from(rng.below(healthy.len() as u64)).unwrap()];
+                // Shorter than the lease (a pause its inputs wait out: retries pile up in
+                // its socket) or past it (its sessions go on elsewhere).
+                let past_lease = rng.between(lease / 4, 2 * lease);
+                match kind {
+                    Fault::Kill => {
+                        if let Some(process) = &mut cluster.slots[index].process {
+                            tokio::task::block_in_place(|| process.kill());
+                        }
+                        cluster.retire(index);
+                        tokio::time::sleep(
+                            rng.between(Duration::from_millis(50), Duration::from_millis(500)),
+                        )
+                        .await;
+                        cluster.start_worker(index);
+                    }
+                    Fault::Freeze => {
+                        if let Some(process) = &cluster.slots[index].process {
+                            tokio::task::block_in_place(|| process.freeze());
+                        }
+                        cluster.slots[index].fault =
+                            Some(Active::Frozen(Instant::now() + past_lease));
+                    }
+                    Fault::Partition => {
+                        cluster.slots[index].proxy.cut();
+                        cluster.slots[index].fault = Some(Active::Cut(Instant::now() + past_lease));
+                    }
+                    Fault::Drain => {
+                        if let Some(process) = &cluster.slots[index].process {
+                            process.terminate();
+                        }
+                        cluster.slots[index].fault = Some(Active::Draining);
+                    }
+                    Fault::ServerRestart => {}
+                }
+                true
+            }
+        };
+        if started {
+            *faults.entry(format!("{kind:?}")).or_default() += 1;
+        }
+        tokio::time::sleep(rng.between(Duration::from_millis(300), Duration::from_millis(1200)))
+            .await;
+    }
+    cluster.recover(true);
+
+    // The fronts go on a little on a healed cluster (what moved settles), then stop.
+    tokio::time::sleep(2 * lease).await;
+    stop.send_replace(true);
+    // Each front's last input is answered within the gateway's input deadline (30 s) on
+    // a healed cluster; a front still waiting past it is stuck.
+    let _ = tokio::time::timeout(Duration::from_secs(40), async {
+        while fronts.join_next().await.is_some() {}
+    })
+    .await;
+    fronts.abort_all();
+
+    // The checker.
+    let mut report = Report {
+        seed: plan.seed,
+        faults,
+        ..Report::default()
+    };
+    let mut records: Vec<(usize, Vec<Exchange>)> = Vec::new();
+    for (i, (log, session)) in logs.iter().zip(&sessions).enumerate() {
+        let log = std::mem::take(&mut *log.lock().unwrap());
+        if let Some((sent, since)) = &log.busy {
+            report.violations.push(format!(
+                "session {i}: its front still waits on {sent:?} after {:.0?}; its last events: {}\n  its snapshots: {}",
+                since.elapsed(),
+                last_events(session).await,
+                snapshot_records(&observer, session).await,
+            ));
+            continue;
+        }
+        check_session(i, session, &log.exchanges, &observer, &mut report).await;
+        records.push((i, log.exchanges));
+    }
+    let lines = cluster.lines();
+    check_effects(&lines, &records, &mut report);
+    let stats = gateway.stats();
+    report.resumes = stats.resumes;
+    report.events_lost = stats.events_lost;
+    report.took = began.elapsed();
+    for session in &sessions {
+        let _ = common::within("a close", session.close()).await;
+    }
+    report
+}
+
+/// What a front sent and got so far, and the input it waits on.
+#[derive(Debug, Default)]
+struct FrontLog {
+    exchanges: Vec<Exchange>,
+    busy: Option<(Sent, Instant)>,
+}
+
+/// One front: inputs, one after the other, until told to stop or its session is lost.
+async fn talk(
+    i: usize,
+    session: RemoteSession,
+    mut rng: Rng,
+    stop: watch::Receiver<bool>,
+    log: Arc<Mutex<FrontLog>>,
+) {
+    let mut n = 0;
+    while !*stop.borrow() {
+        n += 1;
+        let sent = match rng.below(100) {
+            0..=54 => Sent::Run(format!("s{i} t{n}")),
+            55..=69 => Sent::Lookup(format!("s{i}-{n}")),
+            70..=84 => Sent::Wait(format!("s{i}-{n}")),
+            _ => Sent::Say(format!("s{i} said {n}")),
+        };
+        log.lock().unwrap().busy = Some((sent.clone(), Instant::now()));
+        let got = match &sent {
+            Sent::Say(text) => match session.say(text.clone()).await {
+                Ok(_) => Got::Speech,
+                Err(err) => failed(&err),
+            },
+            other => match session.run(other.text()).await {
+                Ok(turn) => Got::Reply(turn.assistant_messages().map(str::to_owned).collect()),
+                Err(err) => failed(&err),
+            },
+        };
+        let give_up = matches!(
+            got,
+            Got::Failed {
+                kind: "unreachable" | "ended" | "inputs lost" | "nats",
+                ..
+            }
+        );
+        let mut log = log.lock().unwrap();
+        log.busy = None;
+        log.exchanges.push(Exchange { sent, got });
+        if give_up {
+            break;
+        }
+    }
+}
+
+fn failed(err: &GatewayError) -> Got {
+    let kind = match err {
+        GatewayError::Unreachable { .. } => "unreachable",
+        GatewayError::AnswerLost { .. } => "answer lost",
+        GatewayError::Ended { .. } => "ended",
+        GatewayError::InputsLost { .. } => "inputs lost",
+        GatewayError::Session { .. } => "session",
+        GatewayError::Nats { .. } => "nats",
+        _ => "other",
+    };
+    Got::Failed {
+        kind,
+        error: err.to_string(),
+    }
+}
+
+/// Checks one session's record against its final history.
+async fn check_session(
+    i: usize,
+    session: &RemoteSession,
+    exchanges: &[Exchange],
+    observer: &ClusterClient,
+    report: &mut Report,
+) {
+    let mut found = Vec::new();
+    let mut violation = |what: String| found.push(format!("session {i}: {what}"));
+    // Each answer is its own input's.
+    let mut answered = 0;
+    let mut failed: Vec<&'static str> = Vec::new();
+    for exchange in exchanges {
+        match (&exchange.sent, &exchange.got) {
+            (Sent::Run(text), Got::Reply(reply)) => {
+                if reply != &[format!("You said: {text}")] {
+                    violation(format!("{text:?} answered {reply:?}"));
+                }
+            }
+            (Sent::Wait(what), Got::Reply(reply)) => {
+                if reply != &[format!("Lookup says: waited for {what}")] {
+                    violation(format!("wait for {what:?} answered {reply:?}"));
+                }
+            }
+            (Sent::Lookup(what), Got::Reply(reply)) => {
+                if refused_as_duplicate(reply) {
+                    report.lookups_refused += 1;
+                } else if !reply.iter().any(|r| r.contains(what.as_str())) {
+                    violation(format!("look up {what:?} answered {reply:?}"));
+                }
+            }
+            (Sent::Say(_), Got::Speech) => {}
+            (_, Got::Failed { kind, error }) => {
+                failed.push(kind);
+                if matches!(
+                    *kind,
+                    "unreachable" | "ended" | "inputs lost" | "nats" | "other"
+                ) {
+                    violation(format!(
+                        "the front gave its session up at {:?}: {error}",
+                        exchange.sent
+                    ));
+                }
+                continue;
+            }
+            (sent, got) => violation(format!("{sent:?} got {got:?}")),
+        }
+        answered += 1;
+    }
+    report.violations.append(&mut found);
+    report.inputs += exchanges.len() as u64;
+    report.answered += answered;
+    for kind in failed {
+        *report.failed.entry(kind).or_default() += 1;
+    }
+
+    // The conversation.
+    let history = match common::within("the final history", session.history()).await {
+        Ok(history) => history,
+        Err(err) => {
+            report.violations.push(format!(
+                "session {i}: no final history: {err}; its last events: {}\n  its snapshots: {}",
+                last_events(session).await,
+                snapshot_records(observer, session).await,
+            ));
+            return;
+        }
+    };
+    let mut violation = |what: String| report.violations.push(format!("session {i}: {what}"));
+    let user = history.user_messages();
+    let assistant = history.assistant_messages();
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    for text in user.iter().chain(&assistant) {
+        *count.entry(text).or_default() += 1;
+    }
+    let mut sent_user = Vec::new();
+    for exchange in exchanges {
+        let text = exchange.sent.text();
+        let times = count.get(text.as_str()).copied().unwrap_or(0);
+        if times > 1 {
+            violation(format!("{text:?} applied {times} times"));
+        }
+        if times == 0 && !matches!(exchange.got, Got::Failed { .. }) {
+            violation(format!(
+                "{text:?} was answered but is not in the conversation"
+            ));
+        }
+        if !matches!(exchange.sent, Sent::Say(_)) {
+            sent_user.push(text);
+        }
+    }
+    // In the order sent, and nothing else.
+    let mut next = 0;
+    for text in &user {
+        match sent_user[next..].iter().position(|s| s == text) {
+            Some(at) => next += at + 1,
+            None => violation(format!(
+                "{text:?} is in the conversation out of order or never sent"
+            )),
+        }
+    }
+}
+
+/// The messages of `session`'s snapshots subject (what a failed check shows).
+async fn snapshot_records(observer: &ClusterClient, session: &RemoteSession) -> String {
+    let Ok(stream) = SnapshotStream::connect(observer, &Namespace::default()).await else {
+        return "(no snapshots stream)".into();
+    };
+    match stream.records(session.id()).await {
+        Ok(records) => records
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}:{:?}@{}/{} full {}",
+                    r.seq, r.kind, r.epoch, r.worker, r.full
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(err) => err,
+    }
+}
+
+/// The last events a front got of `session` (what a failed check shows).
+async fn last_events(session: &RemoteSession) -> String {
+    let mut events = session.subscribe_from(1);
+    let mut kinds = Vec::new();
+    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_millis(100), events.recv()).await
+    {
+        let kind = format!("{:?}", event.kind);
+        let kind: String = kind.chars().take(160).collect();
+        kinds.push(format!("{}@{}: {kind}", event.seq, event.epoch));
+    }
+    let from = kinds.len().saturating_sub(12);
+    kinds[from..].join("\n    ")
+}
+
+/// Whether a lookup's answer is the tool's refusal to run beside the lookup still running
+/// (its duplicate policy): no body runs for it.
+fn refused_as_duplicate(reply: &[String]) -> bool {
+    reply
+        .iter()
+        .any(|r| r.contains("is already running; not started again"))
+}
+
+/// Checks the tools' side effects against their policies.
+fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &mut Report) {
+    let mut starts: HashMap<(String, String), u64> = HashMap::new();
+    for line in lines {
+        if let Some(why) = line.strip_prefix("one-output broken: ") {
+            report
+                .violations
+                .push(format!("a model request broke the one-output rule: {why}"));
+        }
+        let mut words = line.split(' ');
+        if let (Some("effect"), Some(tool), Some(what), Some("start")) =
+            (words.next(), words.next(), words.next(), words.next())
+        {
+            *starts
+                .entry((tool.to_owned(), what.to_owned()))
+                .or_default() += 1;
+        }
+    }
+    for ((tool, what), n) in &starts {
+        *report.tool_starts.entry(tool.clone()).or_default() += n;
+        if *n > 1 {
+            *report.tool_restarts.entry(tool.clone()).or_default() += n - 1;
+            if tool == "wait" {
+                // A turn under way when its worker stopped runs again on the next owner
+                // (the store has the snapshot of the last settled turn), and with it the
+                // call it had started: see `an_abandoned_call_s_body_never_runs_twice` (ignored
+                // until the session saves before a call's body starts).
+                report.abandon_reruns.push(format!(
+                    "the Abandon tool `wait` ran {n} times for {what:?}"
+                ));
+            }
+        }
+    }
+    // A turn that answered ran its tool.
+    for (_, exchanges) in records {
+        for exchange in exchanges {
+            let (tool, what) = match &exchange.sent {
+                Sent::Lookup(what) => ("lookup", what),
+                Sent::Wait(what) => ("wait", what),
+                _ => continue,
+            };
+            let ran = matches!(&exchange.got, Got::Reply(reply) if !refused_as_duplicate(reply));
+            if ran && !starts.contains_key(&(tool.to_owned(), what.clone())) {
+                report.violations.push(format!(
+                    "{tool} for {what:?} answered but its body never ran"
+                ));
+            }
+        }
+    }
+}
