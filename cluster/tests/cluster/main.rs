@@ -12,6 +12,7 @@ mod a_fault_campaign_loses_nothing;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
+mod an_abandoned_call_s_body_never_runs_twice;
 mod an_abandoned_session_is_closed;
 mod dispatch_never_over_admits;
 mod drain_moves_sessions;
