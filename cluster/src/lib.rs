@@ -73,6 +73,13 @@
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
 //!   ([`NatsConnect`]); tenants are NATS accounts; [`Permissions`] gives each role only
 //!   its subjects (`tests/cluster/who_may_connect.rs`).
+//! * **No message over the server's `max_payload`.** A long conversation's snapshot and
+//!   an event as big as its whole history (a close's answer) go in parts and come back
+//!   whole (`tests/cluster/a_long_conversation_moves_and_closes_whole.rs`: 5 MiB, moved
+//!   and closed, at the server's default 1 MiB).
+//! * **All of it at once.** Kills, freezes, drains, partitions and server restarts at
+//!   random while 50 sessions talk: every input applied once, none answered lost, each
+//!   conversation continuous (`tests/cluster/a_fault_campaign_loses_nothing.rs`).
 //! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
 //!   interrupts the rest, stores each one's last snapshot and hands it over; the other
 //!   workers resume them and their fronts go on (`tests/cluster/drain_moves_sessions.rs`:
@@ -90,9 +97,11 @@
 //! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
 //! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release ([`OwnerRecord`]) |
-//! | `snapshots.rs` | the snapshots stream ([`SnapshotStream`]) and one owner's fenced [`SnapshotWriter`], a `SnapshotStore` |
+//! | `snapshots.rs`, `snapshots/parts.rs` | the snapshots stream ([`SnapshotStream`]) and one owner's fenced [`SnapshotWriter`], a `SnapshotStore`; messages over the server's `max_payload` as parts |
 //! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain, [`provision`] |
-//! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
+//! | `worker/hosted.rs` | one session's loop on its worker: the driver of its tenure, turning inputs, events, the lease, the drain and the writes into the tenure's events and its actions into I/O |
+//! | `worker/tenure.rs` | `Tenure`: one worker's hold on one session as a plain machine — live, ending, moving, done — with a unit test per decision |
+//! | `worker/residents.rs` | the sessions a worker hosts, by key: a new hosting of a key stops the old one first |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |

@@ -332,192 +332,251 @@ impl Tenure {
         if self.is_done() {
             return actions;
         }
+        let out = &mut actions;
         match event {
             Event::Request {
                 request,
                 reply_to,
                 saved,
-            } => self.on_request(request, reply_to, saved, now, &mut actions),
+            } => self.on_request(request, reply_to, saved, now, out),
             Event::Applied {
                 id,
                 answer,
                 reply_to,
                 saved,
-            } => {
-                self.ledger.record(id, answer.clone());
-                if answer == Answer::Pending {
-                    self.under_way.insert(id);
-                }
-                Counts::bump(&self.counts.inputs_applied);
-                self.last_input = now;
-                actions.push(Action::Reply {
-                    to: reply_to,
-                    reply: Reply::Applied { id, answer, saved },
-                });
-            }
-            Event::Outcome { id, outcome } => {
-                self.under_way.remove(&id);
-                if !self.last_words_said() {
-                    self.log
-                        .record(RemoteEventKind::InputDone { input: id, outcome });
-                }
-            }
-            Event::RenewDue => {
-                if self.renewal == Renewal::Idle {
-                    self.renewal = Renewal::UnderWay;
-                    actions.push(Action::Renew);
-                }
-            }
-            Event::Renewed(renewed) => {
-                self.renewal = Renewal::Idle;
-                match renewed {
-                    Ok(()) => {}
-                    Err(LeaseError::Lost { now: owner, .. }) => {
-                        self.stop_fenced(&owner, &mut actions);
-                    }
-                    Err(err @ LeaseError::Unreachable { .. }) => {
-                        tracing::warn!(session = %self.key, error = %err, valid = self.lease_trusted(now), "lease not renewed");
-                    }
-                }
-            }
-            Event::Fenced(reason) => self.stop_fenced(&reason, &mut actions),
-            Event::Drain(deadline) => {
-                if matches!(self.state, State::Live) {
-                    self.state = State::Moving(MoveStep::Settling);
-                    actions.push(Action::Settle { deadline });
-                }
-            }
-            Event::Timer => {
-                let idle =
-                    matches!(self.state, State::Live) && self.timer().is_some_and(|at| now >= at);
-                if idle {
-                    self.state = State::Ending {
-                        reason: EndReason::Idle,
-                        step: EndStep::Closing { close_input: None },
-                    };
-                    actions.push(Action::Close);
-                }
-            }
-            Event::Closed(history) => match &mut self.state {
-                State::Ending { step, .. } => {
-                    if let EndStep::Closing { close_input } = *step {
-                        *step = EndStep::WindingUp {
-                            close_input,
-                            history,
-                            until: now + OUTCOMES_WAIT,
-                        };
-                    }
-                }
-                State::Moving(MoveStep::Leaving) => {
-                    self.log.record(RemoteEventKind::SessionMoving);
-                    self.publish_now(now, &mut actions);
-                    self.leave();
-                    self.state = State::Moving(MoveStep::HandingOver);
-                    actions.push(Action::HandOver);
-                }
-                _ => {}
-            },
-            Event::Settled(settled) => {
-                if matches!(self.state, State::Moving(MoveStep::Settling)) {
-                    match settled {
-                        Ok(snapshot) => {
-                            self.state = State::Moving(MoveStep::SavingLast);
-                            actions.push(Action::SaveLast(snapshot));
-                        }
-                        Err(reason) => {
-                            // The store keeps the last settled state the session saved;
-                            // the gateway sends the inputs after it again.
-                            tracing::warn!(session = %self.key, %reason, "no last snapshot at the drain: moving with the one before");
-                            self.state = State::Moving(MoveStep::WindingUp {
-                                until: now + OUTCOMES_WAIT,
-                            });
-                        }
-                    }
-                }
-            }
-            Event::LastSaved(saved) => {
-                if matches!(self.state, State::Moving(MoveStep::SavingLast)) {
-                    match saved {
-                        Err(StoreError::Fenced { reason, .. }) => {
-                            self.stop_fenced(&reason, &mut actions);
-                        }
-                        other => {
-                            if let Err(err) = other {
-                                tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
-                            }
-                            self.state = State::Moving(MoveStep::WindingUp {
-                                until: now + OUTCOMES_WAIT,
-                            });
-                        }
-                    }
-                }
-            }
-            Event::SnapshotsEnded(ended) => {
-                if let State::Ending {
-                    step: step @ EndStep::Burying,
-                    ..
-                } = &mut self.state
-                {
-                    match ended {
-                        Err(StoreError::Fenced { reason, .. }) => {
-                            self.stop_fenced(&reason, &mut actions);
-                        }
-                        other => {
-                            if let Err(err) = other {
-                                tracing::warn!(session = %self.key, error = %err, "cannot end the session's snapshots");
-                            }
-                            *step = EndStep::Releasing;
-                            self.leave();
-                            actions.push(Action::Release);
-                        }
-                    }
-                }
-            }
-            Event::Released(released) => {
-                if matches!(
-                    self.state,
-                    State::Ending {
-                        step: EndStep::Releasing,
-                        ..
-                    }
-                ) {
-                    if let Err(err) = released {
-                        tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
-                    }
-                    self.state = State::Done(Exit::Ended);
-                }
-            }
-            Event::HandedOver(handed) => {
-                if matches!(self.state, State::Moving(MoveStep::HandingOver)) {
-                    self.state = State::Done(match handed {
-                        Ok(revision) => {
-                            Counts::bump(&self.counts.moved);
-                            actions.push(Action::QueueResume { revision });
-                            Exit::Moved
-                        }
-                        Err(LeaseError::Lost { now: owner, .. }) => {
-                            tracing::warn!(session = %self.key, %owner, "fenced while handing over");
-                            Counts::bump(&self.counts.fenced);
-                            Exit::Fenced
-                        }
-                        Err(err) => {
-                            // The lease's expiry hands it over instead.
-                            tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
-                            Exit::Moved
-                        }
-                    });
-                }
-            }
-            Event::Disconnected => {
-                if !self.left() {
-                    self.counts.session_ended();
-                }
-                self.state = State::Done(Exit::Disconnected);
-                actions.push(Action::Stop);
-            }
+            } => self.on_applied(id, answer, reply_to, saved, now, out),
+            Event::Outcome { id, outcome } => self.on_outcome(id, outcome),
+            Event::RenewDue => self.on_renew_due(out),
+            Event::Renewed(renewed) => self.on_renewed(renewed, now, out),
+            Event::Fenced(reason) => self.stop_fenced(&reason, out),
+            Event::Drain(deadline) => self.on_drain(deadline, out),
+            Event::Timer => self.on_timer(now, out),
+            Event::Closed(history) => self.on_closed(history, now, out),
+            Event::Settled(settled) => self.on_settled(settled, now, out),
+            Event::LastSaved(saved) => self.on_last_saved(saved, now, out),
+            Event::SnapshotsEnded(ended) => self.on_snapshots_ended(ended, out),
+            Event::Released(released) => self.on_released(released),
+            Event::HandedOver(handed) => self.on_handed_over(handed, out),
+            Event::Disconnected => self.on_disconnected(out),
         }
         self.advance(now, &mut actions);
         actions
+    }
+
+    /// The engine took an input: recorded, answered, and awaited when its answer takes
+    /// time.
+    fn on_applied<S>(
+        &mut self,
+        id: u64,
+        answer: Answer,
+        reply_to: Subject,
+        saved: u64,
+        now: Instant,
+        out: &mut Vec<Action<S>>,
+    ) {
+        self.ledger.record(id, answer.clone());
+        if answer == Answer::Pending {
+            self.under_way.insert(id);
+        }
+        Counts::bump(&self.counts.inputs_applied);
+        self.last_input = now;
+        out.push(Action::Reply {
+            to: reply_to,
+            reply: Reply::Applied { id, answer, saved },
+        });
+    }
+
+    /// An input's outcome: its `InputDone`, unless the last words are out.
+    fn on_outcome(&mut self, id: u64, outcome: InputOutcome) {
+        self.under_way.remove(&id);
+        if !self.last_words_said() {
+            self.log
+                .record(RemoteEventKind::InputDone { input: id, outcome });
+        }
+    }
+
+    fn on_renew_due<S>(&mut self, out: &mut Vec<Action<S>>) {
+        if self.renewal == Renewal::Idle {
+            self.renewal = Renewal::UnderWay;
+            out.push(Action::Renew);
+        }
+    }
+
+    fn on_renewed<S>(
+        &mut self,
+        renewed: Result<(), LeaseError>,
+        now: Instant,
+        out: &mut Vec<Action<S>>,
+    ) {
+        self.renewal = Renewal::Idle;
+        match renewed {
+            Ok(()) => {}
+            Err(LeaseError::Lost { now: owner, .. }) => self.stop_fenced(&owner, out),
+            Err(err @ LeaseError::Unreachable { .. }) => {
+                tracing::warn!(session = %self.key, error = %err, valid = self.lease_trusted(now), "lease not renewed");
+            }
+        }
+    }
+
+    fn on_drain<S>(&mut self, deadline: Instant, out: &mut Vec<Action<S>>) {
+        if matches!(self.state, State::Live) {
+            self.state = State::Moving(MoveStep::Settling);
+            out.push(Action::Settle { deadline });
+        }
+    }
+
+    fn on_timer<S>(&mut self, now: Instant, out: &mut Vec<Action<S>>) {
+        let idle = matches!(self.state, State::Live) && self.timer().is_some_and(|at| now >= at);
+        if idle {
+            self.state = State::Ending {
+                reason: EndReason::Idle,
+                step: EndStep::Closing { close_input: None },
+            };
+            out.push(Action::Close);
+        }
+        // A wind-up's deadline is `advance`'s.
+    }
+
+    /// The session closed: an end winds up; a move says its last words and hands over.
+    fn on_closed<S>(&mut self, history: RemoteHistory, now: Instant, out: &mut Vec<Action<S>>) {
+        match &mut self.state {
+            State::Ending { step, .. } => {
+                if let EndStep::Closing { close_input } = *step {
+                    *step = EndStep::WindingUp {
+                        close_input,
+                        history,
+                        until: now + OUTCOMES_WAIT,
+                    };
+                }
+            }
+            State::Moving(MoveStep::Leaving) => {
+                self.log.record(RemoteEventKind::SessionMoving);
+                self.publish_now(now, out);
+                self.leave();
+                self.state = State::Moving(MoveStep::HandingOver);
+                out.push(Action::HandOver);
+            }
+            _ => {}
+        }
+    }
+
+    /// A drain's session settled: its last snapshot is stored, or it moves with the one
+    /// before.
+    fn on_settled<S>(
+        &mut self,
+        settled: Result<S, String>,
+        now: Instant,
+        out: &mut Vec<Action<S>>,
+    ) {
+        if !matches!(self.state, State::Moving(MoveStep::Settling)) {
+            return;
+        }
+        match settled {
+            Ok(snapshot) => {
+                self.state = State::Moving(MoveStep::SavingLast);
+                out.push(Action::SaveLast(snapshot));
+            }
+            Err(reason) => {
+                // The store keeps the last settled state the session saved; the gateway
+                // sends the inputs after it again.
+                tracing::warn!(session = %self.key, %reason, "no last snapshot at the drain: moving with the one before");
+                self.state = State::Moving(MoveStep::WindingUp {
+                    until: now + OUTCOMES_WAIT,
+                });
+            }
+        }
+    }
+
+    fn on_last_saved<S>(
+        &mut self,
+        saved: Result<(), StoreError>,
+        now: Instant,
+        out: &mut Vec<Action<S>>,
+    ) {
+        if !matches!(self.state, State::Moving(MoveStep::SavingLast)) {
+            return;
+        }
+        match saved {
+            Err(StoreError::Fenced { reason, .. }) => self.stop_fenced(&reason, out),
+            other => {
+                if let Err(err) = other {
+                    tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                }
+                self.state = State::Moving(MoveStep::WindingUp {
+                    until: now + OUTCOMES_WAIT,
+                });
+            }
+        }
+    }
+
+    /// The tombstone is written (or could not be, for a reason that is not a newer
+    /// owner): the `Ended` record follows.
+    fn on_snapshots_ended<S>(&mut self, ended: Result<(), StoreError>, out: &mut Vec<Action<S>>) {
+        let State::Ending {
+            step: step @ EndStep::Burying,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        match ended {
+            Err(StoreError::Fenced { reason, .. }) => self.stop_fenced(&reason, out),
+            other => {
+                if let Err(err) = other {
+                    tracing::warn!(session = %self.key, error = %err, "cannot end the session's snapshots");
+                }
+                *step = EndStep::Releasing;
+                self.leave();
+                out.push(Action::Release);
+            }
+        }
+    }
+
+    fn on_released(&mut self, released: Result<(), LeaseError>) {
+        let releasing = matches!(
+            self.state,
+            State::Ending {
+                step: EndStep::Releasing,
+                ..
+            }
+        );
+        if releasing {
+            if let Err(err) = released {
+                tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
+            }
+            self.state = State::Done(Exit::Ended);
+        }
+    }
+
+    fn on_handed_over<S>(&mut self, handed: Result<u64, LeaseError>, out: &mut Vec<Action<S>>) {
+        if !matches!(self.state, State::Moving(MoveStep::HandingOver)) {
+            return;
+        }
+        self.state = State::Done(match handed {
+            Ok(revision) => {
+                Counts::bump(&self.counts.moved);
+                out.push(Action::QueueResume { revision });
+                Exit::Moved
+            }
+            Err(LeaseError::Lost { now: owner, .. }) => {
+                tracing::warn!(session = %self.key, %owner, "fenced while handing over");
+                Counts::bump(&self.counts.fenced);
+                Exit::Fenced
+            }
+            Err(err) => {
+                // The `Moving` record expires like a lease, and the expiry hands it over.
+                tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
+                Exit::Moved
+            }
+        });
+    }
+
+    fn on_disconnected<S>(&mut self, out: &mut Vec<Action<S>>) {
+        if !self.left() {
+            self.counts.session_ended();
+        }
+        self.state = State::Done(Exit::Disconnected);
+        out.push(Action::Stop);
     }
 
     fn on_request<S>(
