@@ -39,6 +39,10 @@ pub(crate) struct SessionJob {
     pub(crate) lapsed: Option<u64>,
 }
 
+/// The header an owner stamps its epoch in on every reply: a gateway ignores a reply from
+/// an owner older than the newest it has seen (one that should have been fenced).
+pub(crate) const EPOCH_HEADER: &str = "Sb-Epoch";
+
 /// A request on `<ns>.session.<id>.in`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "request", rename_all = "snake_case")]

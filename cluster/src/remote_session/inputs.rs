@@ -32,7 +32,7 @@ use tokio::time::Instant;
 
 use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
-use crate::protocol::{Answer, Input, Reply, Request};
+use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
 use crate::remote_event::InputOutcome;
 
 /// One input to send, with where its answers go.
@@ -267,6 +267,29 @@ async fn deliver(
         };
         let no_responders = match sent {
             Ok(message) => {
+                let epoch = message
+                    .headers
+                    .as_ref()
+                    .and_then(|h| h.get(EPOCH_HEADER))
+                    .and_then(|v| v.as_str().parse::<u64>().ok())
+                    .unwrap_or(0);
+                let newest = delivery.owner.borrow().epoch;
+                if epoch < newest {
+                    // A fenced owner that still answered: its answer is not the
+                    // session's. Asked again, the newest owner answers.
+                    gateway.count(|s| s.stale_replies += 1);
+                    tracing::warn!(session = %shared.key, input = next, epoch, newest, "a reply from a stale owner, ignored");
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(GatewayError::Unreachable {
+                            session: shared.key.clone(),
+                            input: name,
+                            waited: now - began,
+                        });
+                    }
+                    tokio::time::sleep(options.attempt_timeout / 10).await;
+                    continue;
+                }
                 match read_reply(shared, next, &message.payload)? {
                     Reply::Applied { answer, saved, .. } => {
                         // (Kept from `target` on: its answer may still be lost in a move.)

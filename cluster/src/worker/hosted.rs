@@ -64,7 +64,7 @@ use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::{LeaseError, Ownership};
-use crate::protocol::{Answer, Input, Reply, Request};
+use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
 use crate::remote_event::{
     InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
 };
@@ -677,8 +677,13 @@ impl Hosted {
         let client = self.hosting.client.nats().clone();
         let json = serde_json::to_vec(reply).unwrap_or_default();
         let key = self.key.clone();
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(EPOCH_HEADER, self.tenure.epoch().to_string().as_str());
         async move {
-            if let Err(err) = client.publish(to, Bytes::from(json)).await {
+            if let Err(err) = client
+                .publish_with_headers(to, headers, Bytes::from(json))
+                .await
+            {
                 tracing::warn!(session = %key, error = %err, "cannot answer a request");
             }
         }

@@ -270,6 +270,11 @@ impl Tenure {
         }
     }
 
+    /// The owner's epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
     /// Where it is.
     pub(crate) fn state(&self) -> &State {
         &self.state

@@ -39,8 +39,8 @@ use std::time::Duration;
 use serde_json::json;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    ClusterClient, GatewayError, GatewayOptions, Namespace, RemoteSession, SessionSpec,
-    SnapshotStream,
+    ClusterClient, GatewayError, GatewayOptions, Namespace, RemoteEventKind, RemoteSession,
+    SessionSpec, SnapshotStream,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -160,6 +160,8 @@ pub struct Report {
     pub tool_restarts: BTreeMap<String, u64>,
     /// Lookups the tool refused because one still ran (its duplicate policy).
     pub lookups_refused: u64,
+    /// Waits refused the same way (beside one resent to a new owner, which runs again).
+    pub waits_refused: u64,
     pub resumes: u64,
     pub events_lost: u64,
     pub violations: Vec<String>,
@@ -190,6 +192,11 @@ impl Report {
             out,
             "| lookups refused as duplicates | {} |",
             self.lookups_refused
+        );
+        let _ = writeln!(
+            out,
+            "| waits refused as duplicates | {} |",
+            self.waits_refused
         );
         let _ = writeln!(
             out,
@@ -474,6 +481,12 @@ pub async fn run(plan: Plan) -> Report {
     let stats = gateway.stats();
     report.resumes = stats.resumes;
     report.events_lost = stats.events_lost;
+    if stats.stale_replies > 0 {
+        report.violations.push(format!(
+            "{} replies came from owners older than the newest (fenced owners that answered)",
+            stats.stale_replies
+        ));
+    }
     report.took = began.elapsed();
     for session in &sessions {
         let _ = common::within("a close", session.close()).await;
@@ -557,7 +570,8 @@ async fn check_session(
     report: &mut Report,
 ) {
     let mut found = Vec::new();
-    let mut violation = |what: String| found.push(format!("session {i}: {what}"));
+    let key = session.id().to_string();
+    let mut violation = |what: String| found.push(format!("session {i} ({key}): {what}"));
     // Each answer is its own input's.
     let mut answered = 0;
     let mut failed: Vec<&'static str> = Vec::new();
@@ -569,7 +583,11 @@ async fn check_session(
                 }
             }
             (Sent::Wait(what), Got::Reply(reply)) => {
-                if reply != &[format!("Lookup says: waited for {what}")] {
+                // Refused beside a wait still running: one resent to a new owner (its
+                // answer was heard from the old one) runs again there.
+                if refused_as_duplicate(reply) {
+                    report.waits_refused += 1;
+                } else if reply != &[format!("Lookup says: waited for {what}")] {
                     violation(format!("wait for {what:?} answered {reply:?}"));
                 }
             }
@@ -617,7 +635,11 @@ async fn check_session(
             return;
         }
     };
-    let mut violation = |what: String| report.violations.push(format!("session {i}: {what}"));
+    let mut violation = |what: String| {
+        report
+            .violations
+            .push(format!("session {i} ({key}): {what}"))
+    };
     let user = history.user_messages();
     let assistant = history.assistant_messages();
     let mut count: HashMap<&str, usize> = HashMap::new();
@@ -625,6 +647,7 @@ async fn check_session(
         *count.entry(text).or_default() += 1;
     }
     let mut sent_user = Vec::new();
+    let mut missing = Vec::new();
     for exchange in exchanges {
         let text = exchange.sent.text();
         let times = count.get(text.as_str()).copied().unwrap_or(0);
@@ -632,14 +655,23 @@ async fn check_session(
             violation(format!("{text:?} applied {times} times"));
         }
         if times == 0 && !matches!(exchange.got, Got::Failed { .. }) {
-            violation(format!(
-                "{text:?} was answered but is not in the conversation"
-            ));
+            missing.push(text.clone());
         }
         if !matches!(exchange.sent, Sent::Say(_)) {
             sent_user.push(text);
         }
     }
+    if !missing.is_empty() {
+        let resumes = resumed_from(session).await;
+        report.violations.push(format!(
+            "session {i} ({key}): answered but not in the conversation: {missing:?}; the owners resumed from inputs {resumes:?}"
+        ));
+    }
+    let mut violation = |what: String| {
+        report
+            .violations
+            .push(format!("session {i} ({key}): {what}"))
+    };
     // In the order sent, and nothing else.
     let mut next = 0;
     for text in &user {
@@ -670,6 +702,19 @@ async fn snapshot_records(observer: &ClusterClient, session: &RemoteSession) -> 
             .join(", "),
         Err(err) => err,
     }
+}
+
+/// The last input id each owner of `session` resumed from (what a failed check shows).
+async fn resumed_from(session: &RemoteSession) -> Vec<(u64, u64)> {
+    let mut events = session.subscribe_from(1);
+    let mut resumes = Vec::new();
+    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_millis(100), events.recv()).await
+    {
+        if let RemoteEventKind::SessionResumed { last_input } = event.kind {
+            resumes.push((event.epoch, last_input));
+        }
+    }
+    resumes
 }
 
 /// The last events a front got of `session` (what a failed check shows).
