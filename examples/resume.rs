@@ -142,9 +142,14 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     session.run("I need a flight to Lisbon on Friday").await?;
     // The search runs in the background; half-way through it, the process goes down.
     tokio::time::sleep(Duration::from_millis(75)).await;
-    let snapshot = session.snapshot().await?;
-    let (id, bytes) = (snapshot.session_id().to_owned(), snapshot.to_bytes().len());
-    store.save(snapshot).await?;
+    // The session saved itself when its turn settled (`save_snapshots`), the search
+    // still running: that is what the store holds.
+    let id = session.id().as_str().to_owned();
+    let snapshot = store
+        .load(&id)
+        .await?
+        .ok_or("the session saved no snapshot")?;
+    let bytes = snapshot.to_bytes().len();
     println!(
         "  saved session {id} ({bytes} bytes) with agent {} and the search running",
         session.current_agent().await?

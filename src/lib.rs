@@ -183,8 +183,9 @@ pub mod prompts {
 /// [`RestorePolicy`] says what happens to a call of it that was running.
 pub mod snapshot {
     pub use switchboard_actors::{
-        AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotDelta, SnapshotError,
-        SnapshotStore, SnapshotUpdate, StoreError, SNAPSHOT_VERSION,
+        AgentRegistry, ChainEnd, Claim, Claimed, FileStore, LinkRead, MemoryStore, SessionSnapshot,
+        SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore, SnapshotUpdate, StoreError,
+        StoreVersion, SNAPSHOT_VERSION,
     };
 }
 

@@ -55,6 +55,7 @@ const VOCABULARY: &[&str] = &[
     "history",
     "starting_chat",
     "snapshot",
+    "snapshot_chain",
 ];
 
 /// The crate modules a source file names, other than itself.

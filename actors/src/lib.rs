@@ -77,6 +77,7 @@ mod session;
 mod session_handle;
 mod shared;
 mod snapshot;
+mod snapshot_chain;
 mod snapshot_store;
 mod speech;
 mod starting_chat;
@@ -124,8 +125,9 @@ pub use runtime::{
 };
 pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
-pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
-pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
+pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, StoreError, SNAPSHOT_VERSION};
+pub use snapshot_chain::{ChainEnd, LinkRead, SnapshotChain};
+pub use snapshot_store::{Claim, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[cfg(feature = "telemetry")]

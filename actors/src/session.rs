@@ -395,15 +395,18 @@ impl SessionActor {
         probe: Arc<Probe>,
         start: Start,
         toolsets: Vec<Toolset>,
-        store: Option<Arc<dyn crate::snapshot_store::SnapshotStore>>,
+        store: Option<(
+            Arc<dyn crate::snapshot_store::SnapshotStore>,
+            crate::snapshot_store::Claim,
+        )>,
         (lease, alive): (SessionLease, AliveToken),
     ) -> Self {
         let links = Arc::new(SessionLinks {
             session: Mailbox::new(ctx.address(), probe.clone()),
         });
         let mut chain = snapshot::Chain::default();
-        if let Some(store) = store {
-            chain.save_to(store, shared.clone());
+        if let Some((store, claim)) = store {
+            chain.save_to(store, claim, shared.clone());
         }
         let (alarm, rings) = alarm::Alarm::new();
         ctx.add_stream(rings);

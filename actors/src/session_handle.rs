@@ -51,8 +51,8 @@ use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
     UserdataJson,
 };
-use crate::snapshot::{SessionSnapshot, SnapshotError};
-use crate::snapshot_store::SnapshotStore;
+use crate::snapshot::{SessionSnapshot, SnapshotError, StoreError};
+use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
@@ -562,9 +562,11 @@ impl Session {
         self.shared().host_view.last_input()
     }
 
-    /// 0 for a session never restored, one more at each restore: a host that finds a
-    /// snapshot with a newer epoch than its own knows another process took the session
-    /// over (fencing).
+    /// The session's epoch. A session that saves to a store has the epoch its claim got
+    /// from the store (one more than any claim of the session before). Without a store:
+    /// 0 for a session never restored, one more than its snapshot's for a restored one.
+    /// A host that finds a snapshot with a newer epoch than its own knows another process
+    /// took the session over.
     pub fn epoch(&self) -> u64 {
         self.shared().settings.epoch
     }
@@ -671,8 +673,8 @@ pub struct SessionBuilder {
     prompts: Prompts,
     mocks: HashMap<String, MockBody>,
     userdata_json: Option<UserdataJson>,
-    restore: Option<(SessionSnapshot, AgentRegistry)>,
-    store: Option<Arc<dyn SnapshotStore>>,
+    restore: Restoring,
+    saving: Saving,
     /// The host's id for the session, if it chose one.
     id: Option<String>,
     /// The event channel, when someone subscribed before the start.
@@ -707,8 +709,8 @@ impl Default for SessionBuilder {
             prompts: Prompts::new(),
             mocks: HashMap::new(),
             userdata_json: None,
-            restore: None,
-            store: None,
+            restore: Restoring::Nothing,
+            saving: Saving::Nothing,
             id: None,
             events: None,
         }
@@ -778,9 +780,27 @@ impl SessionBuilder {
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at
     /// any length). A failed save is an `Error` event; the next one writes in full.
-    /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
+    ///
+    /// The session claims its record in the store as it starts
+    /// ([`SnapshotStore::claim`]; its epoch is the one the store issues, and a claim the
+    /// store refuses fails `start` with [`SessionError::Store`]). The claim fences every
+    /// writer of the session before it; when a later claim fences this one, the store
+    /// refuses its next save, and the session stops saving with a
+    /// [`SessionEvent::Fenced`]. With [`restore`](Self::restore), what the store held is
+    /// replaced by the snapshot given, at the first save; to go on from what the store
+    /// holds, use [`restore_from`](Self::restore_from).
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
-        self.store = Some(store);
+        self.saving = Saving::Claim(store);
+        self
+    }
+
+    /// Saves the session to `store` as [`save_snapshots`](Self::save_snapshots) does,
+    /// under a claim the host already made ([`SnapshotStore::claim`]): for a host that
+    /// claims sessions itself (a cluster's worker). The session takes the claim's epoch;
+    /// `start` fails with [`BuildError::InvalidSessionId`] when the claim is of another
+    /// session.
+    pub fn save_claimed(mut self, store: Arc<dyn SnapshotStore>, claim: Claim) -> Self {
+        self.saving = Saving::Claimed(store, claim);
         self
     }
 
@@ -796,7 +816,29 @@ impl SessionBuilder {
     /// a model missing, user data that does not read back, a newer schema fail `start`
     /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
-        self.restore = Some((snapshot, agents));
+        self.restore = Restoring::Snapshot(Box::new(snapshot), agents);
+        self
+    }
+
+    /// Starts session `session` again from what `store` holds of it, and saves to
+    /// `store` from then on: at `start`, claims the session in the store (fencing every
+    /// writer before: a process that ran it until now has its next save refused), reads
+    /// its snapshot as the claim left it (nothing can be added behind it), and restores it
+    /// as [`restore`](Self::restore) does. The session's epoch is the claim's. Nothing in
+    /// the store: `start` fails with [`StoreError::NotFound`] (the claim was made).
+    ///
+    /// This is how a process takes a session over from one that crashed or froze: of two
+    /// processes restoring one session this way, the later claim wins, and the earlier
+    /// one's session stops saving ([`SessionEvent::Fenced`]); the store never holds a
+    /// mix of the two.
+    pub fn restore_from(
+        mut self,
+        store: Arc<dyn SnapshotStore>,
+        session: impl Into<String>,
+        agents: AgentRegistry,
+    ) -> Self {
+        self.restore = Restoring::FromStore(session.into(), agents);
+        self.saving = Saving::Claim(store);
         self
     }
 
@@ -1024,7 +1066,27 @@ impl SessionBuilder {
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(mut self, engine: &Engine) -> Result<Session, SessionError> {
-        let restore = self.restore.take();
+        let restore = match std::mem::take(&mut self.restore) {
+            Restoring::Nothing => None,
+            Restoring::Snapshot(snapshot, agents) => Some((*snapshot, agents)),
+            Restoring::FromStore(session, agents) => {
+                let Saving::Claim(store) = std::mem::take(&mut self.saving) else {
+                    // `restore_from` sets both; a later `save_claimed` replaced its store.
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(&session),
+                        reason:
+                            "restore_from claims the session itself: give no save_claimed with it",
+                    }
+                    .into());
+                };
+                let claimed = store.claim(&session, 0).await?;
+                let snapshot = claimed.snapshot.ok_or(StoreError::NotFound {
+                    session: session.clone(),
+                })?;
+                self.saving = Saving::Claimed(store, claimed.claim);
+                Some((snapshot, agents))
+            }
+        };
         // A restored session is the snapshot's: it keeps its id.
         if let Some((snapshot, _)) = &restore {
             match &self.id {
@@ -1109,6 +1171,26 @@ impl SessionBuilder {
         // live session has the id or the engine drains; freed if the start fails.
         let lease = engine.reserve_session(self.id.take())?;
         let id = lease.id().clone();
+        // Its record in the store, claimed before anything starts: the epoch is the
+        // store's, and every writer of the session before is fenced.
+        let saving = match std::mem::take(&mut self.saving) {
+            Saving::Nothing => None,
+            Saving::Claim(store) => {
+                let claimed = store.claim(id.as_str(), epoch).await?;
+                Some((store, claimed.claim))
+            }
+            Saving::Claimed(store, claim) => {
+                if claim.session() != id.as_str() {
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(claim.session()),
+                        reason: "the claim given to save_claimed is of another session",
+                    }
+                    .into());
+                }
+                Some((store, claim))
+            }
+        };
+        let epoch = saving.as_ref().map_or(epoch, |(_, claim)| claim.epoch());
         let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         // Under the span current at `start` (the host's): the session's work nests in it.
@@ -1170,7 +1252,7 @@ impl SessionBuilder {
         };
         let probe = Probe::new(ActorId::session_actor(&id), journal);
         let toolsets = self.toolsets;
-        let store = self.store;
+        let store = saving;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
         let addr = engine.start_session_actor(lease, move |ctx, lease| {
@@ -1207,6 +1289,31 @@ impl SessionBuilder {
             .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
     }
+}
+
+/// What a builder restores from.
+#[derive(Default)]
+enum Restoring {
+    /// Nothing: a new session.
+    #[default]
+    Nothing,
+    /// A snapshot the host has (`restore`).
+    Snapshot(Box<SessionSnapshot>, AgentRegistry),
+    /// What the store holds of a session, read once the session claimed it
+    /// (`restore_from`).
+    FromStore(String, AgentRegistry),
+}
+
+/// Where a builder's session saves.
+#[derive(Default)]
+enum Saving {
+    /// Nowhere.
+    #[default]
+    Nothing,
+    /// To a store, under a claim the session makes as it starts (`save_snapshots`).
+    Claim(Arc<dyn SnapshotStore>),
+    /// To a store, under the host's claim (`save_claimed`).
+    Claimed(Arc<dyn SnapshotStore>, Claim),
 }
 
 /// The first 64 characters of an id for an error message, with `…` when it was longer: an

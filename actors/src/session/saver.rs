@@ -5,10 +5,14 @@
 //! Taking is the session's (it is a few messages to its activities, and fixes the link of
 //! the chain); writing is the writer's: one task per session that writes the updates to
 //! the store one at a time, in the order they were taken, so a delta is never written
-//! before the link it follows and a slow disk never holds the session's mailbox. A write
-//! that fails makes the writer skip the deltas queued behind it (they would not follow
-//! what the store has) and the next save full. Closing waits for the writer to finish
-//! what was queued: a session that closed has its last settled state in the store.
+//! before the link it follows and a slow disk never holds the session's mailbox. Each
+//! write names the store version the writer last got back (from the session's claim, then
+//! from each write): a write the store refuses as fenced (another writer claimed the
+//! session since) stops the saving for good, with a `Fenced` event, and nothing more is
+//! taken or written. A write that fails otherwise makes the writer skip the deltas queued
+//! behind it (they would not follow what the store has) and the next save full. Closing
+//! waits for the writer to finish what was queued: a session that closed has its last
+//! settled state in the store.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -18,7 +22,8 @@ use tokio::sync::{mpsc, watch};
 use super::SnapshotUpdate;
 use crate::events::SessionEvent;
 use crate::shared::SessionShared;
-use crate::snapshot_store::{SnapshotStore, StoreError};
+use crate::snapshot::StoreError;
+use crate::snapshot_store::{Claim, SnapshotStore};
 
 /// The session saves in full once the deltas since the last full snapshot carry as many
 /// items as it held (at least this many): loading then reads at most about twice the
@@ -51,6 +56,8 @@ pub(crate) struct Saver {
 struct WriterState {
     /// A write failed: the next save must be full.
     failed: AtomicBool,
+    /// The store refused a write as fenced: nothing more is saved.
+    fenced: AtomicBool,
     /// Updates queued and not yet written.
     pending: watch::Sender<usize>,
 }
@@ -61,17 +68,31 @@ pub(crate) enum SaveNow {
     Take { full: bool },
     /// One is being collected; another follows it.
     Later,
+    /// Nothing: the store fenced this session's saving.
+    Stopped,
 }
 
 impl Saver {
-    /// Starts the writer of `session`'s updates to `store` (on the current arbiter).
-    pub(crate) fn start(store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) -> Self {
+    /// Starts the writer of `session`'s updates to `store`, under `claim` (on the current
+    /// arbiter).
+    pub(crate) fn start(
+        store: Arc<dyn SnapshotStore>,
+        claim: Claim,
+        session: Arc<SessionShared>,
+    ) -> Self {
         let (queue, updates) = mpsc::unbounded_channel();
         let writer = Arc::new(WriterState {
             failed: AtomicBool::new(false),
+            fenced: AtomicBool::new(false),
             pending: watch::channel(0).0,
         });
-        actix::spawn(write_in_order(store, updates, writer.clone(), session));
+        actix::spawn(write_in_order(
+            store,
+            claim,
+            updates,
+            writer.clone(),
+            session,
+        ));
         Self {
             queue,
             writer,
@@ -87,6 +108,9 @@ impl Saver {
     /// Decides what a settled turn saves, with the chain at `seq` (`started`: whether any
     /// link was taken).
     pub(crate) fn settled(&mut self, seq: u64, started: bool) -> SaveNow {
+        if self.writer.fenced.load(Ordering::Acquire) {
+            return SaveNow::Stopped;
+        }
         if self.taking {
             self.again = true;
             return SaveNow::Later;
@@ -139,22 +163,34 @@ impl Saver {
     }
 }
 
-/// The writer: each update in turn, deltas after a failure skipped until a full one.
+/// The writer: each update in turn, each after the version the last write got back;
+/// deltas after a failure skipped until a full one; nothing after a fence.
 async fn write_in_order(
     store: Arc<dyn SnapshotStore>,
+    claim: Claim,
     mut updates: mpsc::UnboundedReceiver<SnapshotUpdate>,
     state: Arc<WriterState>,
     session: Arc<SessionShared>,
 ) {
+    let mut after = claim.version();
     let mut broken = false;
     while let Some(update) = updates.recv().await {
         let written = match update {
-            SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot).await),
+            _ if state.fenced.load(Ordering::Acquire) => None,
+            SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot, after).await),
             SnapshotUpdate::Delta(_) if broken => None,
-            SnapshotUpdate::Delta(delta) => Some(store.append(delta).await),
+            SnapshotUpdate::Delta(delta) => Some(store.append(delta, after).await),
         };
         match written {
-            Some(Ok(())) => broken = false,
+            Some(Ok(version)) => {
+                after = version;
+                broken = false;
+            }
+            Some(Err(StoreError::Fenced { reason, .. })) => {
+                state.fenced.store(true, Ordering::Release);
+                tracing::warn!(session = %session.id(), epoch = claim.epoch(), %reason, "the session's snapshots are written by a newer claim: saving stops");
+                session.events.emit(SessionEvent::Fenced { reason });
+            }
             Some(Err(err)) => {
                 broken = true;
                 state.failed.store(true, Ordering::Release);

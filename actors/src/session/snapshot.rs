@@ -53,7 +53,7 @@ use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
     SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
 };
-use crate::snapshot_store::SnapshotStore;
+use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::speech::Interruptibility;
 use crate::starting_chat::StartingChat;
 use crate::telemetry::Cause;
@@ -278,6 +278,10 @@ pub(super) struct Chain {
     waiting: Vec<(bool, Taker)>,
     /// Snapshots being collected: new work waits meanwhile.
     collecting: u32,
+    /// A close asked for while a snapshot was being collected (its reason): it begins once
+    /// the snapshot is in. The snapshot is of the point before the close; written once the
+    /// close had taken the activations away, it would hold none of them.
+    close_after: Option<String>,
     /// Per activation order, the restore data its agent was built with (not `null`):
     /// a closed activation's record holds it too, whenever it is first written.
     data: HashMap<u32, Value>,
@@ -296,9 +300,24 @@ impl Chain {
         self.collecting > 0
     }
 
-    /// Starts the session's saving to `store`.
-    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) {
-        self.saver = Some(Saver::start(store, session));
+    /// Whether a close must wait for the snapshot being collected; if so, it is kept (with
+    /// `reason`) and begins once the snapshot is in.
+    pub(super) fn holds_close(&mut self, reason: &str) -> bool {
+        if self.collecting == 0 {
+            return false;
+        }
+        self.close_after.get_or_insert_with(|| reason.to_owned());
+        true
+    }
+
+    /// Starts the session's saving to `store`, under `claim`.
+    pub(super) fn save_to(
+        &mut self,
+        store: Arc<dyn SnapshotStore>,
+        claim: Claim,
+        session: Arc<SessionShared>,
+    ) {
+        self.saver = Some(Saver::start(store, claim, session));
     }
 
     /// Resolves once every snapshot taken for the store is written (at once without one).
@@ -398,6 +417,11 @@ impl SessionActor {
                         Err(_) => Err(SessionError::Closed),
                     };
                     taker.answer(taken, act, ctx);
+                    if act.chain.collecting == 0 {
+                        if let Some(reason) = act.chain.close_after.take() {
+                            act.begin_close(&reason, ctx);
+                        }
+                    }
                     act.pump(ctx);
                 }),
         );

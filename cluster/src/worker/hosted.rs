@@ -7,7 +7,8 @@
 //! what it does is the order it appears on the wire:
 //!
 //! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
-//!   snapshot writer after every settled turn (`save_snapshots`); a resumed one is
+//!   snapshot writer after every settled turn, under the writer's claim (`save_claimed`:
+//!   its epoch is the claim's); a resumed one is
 //!   restored from its snapshot with the agents the factory builds;
 //! * an input is applied in the order it came: the engine call that applies it is made
 //!   (its first poll sends the engine message) before the next request is read, even when
@@ -121,7 +122,7 @@ pub(crate) async fn host(
     let started = match build(hosting.factory.clone(), start) {
         Ok((builder, output, last_input)) => builder
             .id(key.as_str())
-            .save_snapshots(Arc::new(writer.clone()))
+            .save_claimed(Arc::new(writer.clone()), writer.held())
             .output(PublishingOutput::new(speech_tx, output, reporter.clone()))
             .start(&hosting.engine)
             .await

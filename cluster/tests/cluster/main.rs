@@ -14,4 +14,5 @@ mod drain_moves_sessions;
 mod figures;
 mod inputs_apply_exactly_once;
 mod sessions_survive_a_server_restart;
+mod two_restorers_never_merge;
 mod who_may_connect;
