@@ -193,6 +193,12 @@ async fn two_restores_from(store: Arc<dyn SnapshotStore>) {
     let refused_at = writes_a.load(Ordering::SeqCst);
     a.run("from a, not even tried").await.unwrap();
     common::settled(&a).await;
+    // Asked to save (as on SIGTERM), it says why it cannot.
+    let err = a.save().await.unwrap_err();
+    assert!(
+        matches!(err, SessionError::Store(StoreError::Fenced { .. })),
+        "{err}"
+    );
     a.close().await.unwrap();
     assert_eq!(
         writes_a.load(Ordering::SeqCst),
@@ -202,6 +208,12 @@ async fn two_restores_from(store: Arc<dyn SnapshotStore>) {
 
     // B saves on; the store holds B's conversation, none of A's later turns.
     b.run("from b").await.unwrap();
+    // Written now, whole, under b's claim.
+    let written = b.save().await.unwrap();
+    assert_eq!(
+        user_words(&written),
+        ["first", "second", "from a, kept", "from b"]
+    );
     b.close().await.unwrap();
     let saved = store.load("call-1").await.unwrap().unwrap();
     assert_eq!(
@@ -352,6 +364,23 @@ async fn writes_that_do_not_follow_are_refused_and_change_nothing() {
         assert_eq!(fresh.epoch(), 7, "at least what the claimer asks for");
         assert_ne!(fresh.version(), again.claim.version());
     }
+}
+
+/// A session that saves to no store cannot be asked to save.
+#[actix::test]
+async fn a_session_without_a_store_cannot_save() {
+    let session = Session::builder()
+        .llm(llm())
+        .agent(agent())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let err = session.save().await.unwrap_err();
+    assert!(
+        matches!(err, SessionError::Store(StoreError::Unavailable { .. })),
+        "{err}"
+    );
+    session.close().await.unwrap();
 }
 
 /// `restore_from` a store that holds nothing: a typed error, nothing started.

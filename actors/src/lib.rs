@@ -57,8 +57,10 @@ mod events;
 mod handoff;
 mod heartbeat;
 mod history;
+mod host_input;
 mod idle_release;
 mod ids;
+mod input_ledger;
 mod inspector;
 mod lifecycle;
 mod llm;
@@ -97,8 +99,10 @@ pub use events::{
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
+pub use host_input::{HostInput, InputAnswer};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
+pub use input_ledger::{InputId, RecordedAnswer};
 pub use inspector::{InspectError, Inspector};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,

@@ -30,7 +30,9 @@ use crate::events::{AgentState, UserState};
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::SessionHistory;
+use crate::host_input::{HostInput, InputAnswer};
 use crate::ids::{ActorId, SessionId};
+use crate::input_ledger::{InputId, RecordedAnswer};
 use crate::inspector::Inspector;
 use crate::lifecycle::alive_pair;
 use crate::llm::{Llm, LlmTimeouts};
@@ -43,9 +45,9 @@ use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
 use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
-    BeginInput, CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
-    RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
-    TakeSnapshot, UpdateAgent,
+    ApplyInput, CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RestorePlan,
+    RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession, TakeSnapshot,
+    UpdateAgent,
 };
 use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
@@ -224,6 +226,7 @@ impl Session {
                     id,
                     kind,
                     cause: Cause::here(),
+                    input: None,
                 },
             )
             .await;
@@ -316,7 +319,7 @@ impl Session {
                     text: text.into(),
                     options,
                     cause: Cause::here(),
-                    host: true,
+                    input: None,
                 },
             )
             .await
@@ -519,45 +522,106 @@ impl Session {
         self.take_snapshot(false).await
     }
 
+    /// Writes the session to the store it saves to
+    /// ([`save_snapshots`](SessionBuilder::save_snapshots),
+    /// [`save_claimed`](SessionBuilder::save_claimed),
+    /// [`restore_from`](SessionBuilder::restore_from)) now: a full snapshot at its last
+    /// consistent point, taken as [`snapshot`](Self::snapshot) takes one, written by the
+    /// session's own saving after the saves queued before it, under its claim. Resolves
+    /// with the snapshot once it is written. What a host does on SIGTERM before it exits
+    /// (the session also saves after every settled turn: this adds what changed since,
+    /// such as a tool's checkpoint). [`SessionError::Store`] when the store refused the
+    /// write ([`StoreError::Fenced`]: another process claimed the session since) or failed
+    /// it, or when the session saves to no store.
+    pub async fn save(&self) -> Result<SessionSnapshot, SessionError> {
+        self.check_reentry("save")?;
+        let taken = self
+            .host
+            .mailbox
+            .ask(
+                &ActorId::host(),
+                TakeSnapshot {
+                    full: true,
+                    save: true,
+                },
+            )
+            .await
+            .unwrap_or(Err(SessionError::Closed))?;
+        match taken {
+            SnapshotUpdate::Full(snapshot) => Ok(snapshot),
+            // Asked in full, answered in full: a delta here is a bug in the chain.
+            SnapshotUpdate::Delta(_) => Err(SnapshotError::OutOfOrder {
+                reason: "a full snapshot was asked and a delta came".to_owned(),
+            }
+            .into()),
+        }
+    }
+
     async fn take_snapshot(&self, full: bool) -> Result<SnapshotUpdate, SessionError> {
         self.host
             .mailbox
-            .ask(&ActorId::host(), TakeSnapshot { full })
+            .ask(&ActorId::host(), TakeSnapshot { full, save: false })
             .await
             .unwrap_or(Err(SessionError::Closed))
     }
 
-    /// Opens a host input, for exactly-once delivery across a restore: call it before
-    /// sending the input (`run`, `say`, ...), and [`set_last_input`](Self::set_last_input)
-    /// with its id after. In between, the session's saves to its store wait: a snapshot
-    /// taken then could hold the input's effect without its id (a turn can run and
-    /// settle before the id comes). Every `begin_input` must be followed by a
-    /// `set_last_input`, or the session stops saving.
-    pub fn begin_input(&self) {
-        // One per host input: at the host's rate.
-        self.host.mailbox.tell(&ActorId::host(), BeginInput);
-    }
-
-    /// Records `id` as the host input sent last, for exactly-once delivery across a
-    /// restore: a snapshot's [`last_input`](crate::SessionSnapshot::last_input) is the
-    /// last input whose effect the snapshot holds, and every input before it. Call it
-    /// right after the input was sent (for `run`, after its future was first polled),
-    /// before awaiting the input's answer, and open the input with
-    /// [`begin_input`](Self::begin_input) before sending it.
+    /// Applies a host input with its id, exactly once across restores (SPEC §15): what the
+    /// `Session` method of the input's name does, with the id tied to it in one call.
     ///
-    /// The id is tied to the input sent last: when that input queued a job (`run`,
-    /// `generate_reply`, `say`) that has not started yet, the id counts once the job
-    /// starts (its user message is then in the chat; a queued job the host awaits is the
-    /// host's to send again, so a snapshot leaves it out) or is dropped; otherwise it
-    /// counts at once. Ids count in the order they were recorded: an id never counts
-    /// before one recorded earlier.
-    pub fn set_last_input(&self, id: u64) {
-        // One per host input: at the host's rate.
-        self.host.mailbox.tell(&ActorId::host(), RecordInput { id });
+    /// The session keeps a ledger of the ids it applied with what each answered, and its
+    /// snapshots write the ledger with what the inputs changed. An id applied before — by
+    /// this session, or by the one whose snapshot it was restored from — is answered from
+    /// the ledger ([`InputAnswer::AppliedEarlier`]) and nothing is applied, whatever the
+    /// input: a turn, a transcript, a read. A host that resends its inputs after a restore
+    /// (all of them, or those after [`SessionSnapshot::last_input`]) so gets each applied
+    /// once. An input whose job was still queued when the snapshot was taken (a `run`, a
+    /// `say`) is not in it, and is applied when it comes again. The ledger keeps the last
+    /// 16 ids with their answers; an id older than those counts as applied, its answer
+    /// [`RecordedAnswer::Unknown`](crate::RecordedAnswer::Unknown).
+    ///
+    /// The answer: a turn's result once it ended ([`InputAnswer::Turn`]), a speech's handle
+    /// once queued, the history, or `Done` once applied; refusals and failures as the
+    /// method's. The input reaches the session on the future's first poll, so inputs
+    /// applied one after another are applied in that order even when their answers take a
+    /// whole turn. Dropping the future of a turn before it resolves cancels the turn, as
+    /// for [`run`](Self::run). The plain methods stay for hosts that need no ids.
+    pub async fn apply(&self, id: InputId, input: HostInput) -> Result<InputAnswer, SessionError> {
+        self.check_reentry("apply")?;
+        let ticket = self.shared().ids.next_turn();
+        let mut guard = CancelOnDrop {
+            mailbox: &self.host.mailbox,
+            id: ticket,
+            armed: input.is_turn(),
+        };
+        let answer = self
+            .host
+            .mailbox
+            .ask(
+                &ActorId::host(),
+                ApplyInput {
+                    id: id.get(),
+                    input,
+                    ticket,
+                    cause: Cause::here(),
+                },
+            )
+            .await;
+        guard.armed = false;
+        answer.unwrap_or(Err(SessionError::Closed))
     }
 
-    /// The last host input id counted (see [`set_last_input`](Self::set_last_input)), or
-    /// read from the snapshot this session was restored from.
+    /// Whether input `id` was applied (by [`apply`](Self::apply), here or before the
+    /// snapshot this session was restored from), with what it answered as the ledger keeps
+    /// it; `None` when it was not.
+    pub fn applied(&self, id: InputId) -> Option<RecordedAnswer> {
+        self.shared().host_view.inputs().answer(id.get())
+    }
+
+    /// The id up to which every input applied with [`apply`](Self::apply) is in the
+    /// session (ids count in the order they were applied; a `run` or `say` still queued
+    /// holds back those after it), or read from the snapshot this session was restored
+    /// from: what a snapshot taken now would hold
+    /// ([`SessionSnapshot::last_input`]).
     pub fn last_input(&self) -> Option<u64> {
         self.shared().host_view.last_input()
     }

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::chat::{ChatItem, FunctionCall};
+use crate::input_ledger::LedgerRecord;
 use crate::llm::ToolChoice;
 
 /// The schema this build writes. It reads this one; a snapshot of a newer schema is
@@ -183,9 +184,14 @@ pub(crate) struct SnapshotHead {
     pub(crate) session: String,
     /// Incremented at every restore: a writer with an older epoch is stale (fencing).
     pub(crate) epoch: u64,
-    /// The id of the last host input applied (the host's, for exactly-once delivery).
+    /// The id up to which every host input applied with an id is in the snapshot
+    /// (`Session::apply`, for exactly-once delivery).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) last_input: Option<u64>,
+    /// The ledger of the host inputs applied with ids: the last ones, each with its answer,
+    /// or marked not held when its effect is not in the snapshot (a queued job).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) inputs: Vec<LedgerRecord>,
     /// The live activations: the callers paused under sub-tasks, outermost first, then
     /// the current one last.
     pub(crate) stack: Vec<LiveRecord>,
@@ -430,8 +436,10 @@ impl SessionSnapshot {
         self.head.epoch
     }
 
-    /// The id of the last host input applied, as the host recorded it with
-    /// [`Session::set_last_input`](crate::Session::set_last_input).
+    /// The id up to which every host input applied with an id
+    /// ([`Session::apply`](crate::Session::apply)) is in the snapshot: a host that resends
+    /// its inputs after a restore sends those after it (the restored session answers any
+    /// it holds from its ledger without applying it again).
     pub fn last_input(&self) -> Option<u64> {
         self.head.last_input
     }

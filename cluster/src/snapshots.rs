@@ -1058,8 +1058,13 @@ mod tests {
             .start(engine)
             .await
             .unwrap();
-        session.run("hi").await.unwrap();
-        session.set_last_input(1);
+        session
+            .apply(
+                switchboard::InputId::new(1),
+                switchboard::HostInput::Run { text: "hi".into() },
+            )
+            .await
+            .unwrap();
         let snapshot = session.snapshot().await.unwrap();
         session.close().await.unwrap();
         snapshot

@@ -17,7 +17,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::SnapshotUpdate;
 use crate::events::SessionEvent;
@@ -34,9 +34,15 @@ const MIN_ITEMS_BEFORE_FULL: usize = 64;
 /// Or once this many deltas were saved since: each carries a head.
 const MAX_DELTAS: u32 = 1024;
 
+/// One update for the writer, and who waits for it to be written (`Session::save`).
+struct Queued {
+    update: SnapshotUpdate,
+    written: Option<oneshot::Sender<Result<(), StoreError>>>,
+}
+
 /// The session's end of its saving.
 pub(crate) struct Saver {
-    queue: mpsc::UnboundedSender<SnapshotUpdate>,
+    queue: mpsc::UnboundedSender<Queued>,
     writer: Arc<WriterState>,
     /// The chain's `seq` of the last update queued; when the chain moved past it (a host
     /// took a snapshot update in between), the next save is full.
@@ -80,7 +86,7 @@ impl Saver {
         claim: Claim,
         session: Arc<SessionShared>,
     ) -> Self {
-        let (queue, updates) = mpsc::unbounded_channel();
+        let (queue, updates) = mpsc::unbounded_channel::<Queued>();
         let writer = Arc::new(WriterState {
             failed: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
@@ -129,6 +135,28 @@ impl Saver {
     pub(crate) fn taken(&mut self, update: Option<SnapshotUpdate>) -> bool {
         self.taking = false;
         if let Some(update) = update {
+            self.queue(update, None);
+        }
+        std::mem::take(&mut self.again)
+    }
+
+    /// Queues a snapshot the host asked to save (`Session::save`), after what is queued;
+    /// the receiver hears how its write went.
+    pub(crate) fn save(
+        &mut self,
+        update: SnapshotUpdate,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (written, heard) = oneshot::channel();
+        self.queue(update, Some(written));
+        heard
+    }
+
+    fn queue(
+        &mut self,
+        update: SnapshotUpdate,
+        written: Option<oneshot::Sender<Result<(), StoreError>>>,
+    ) {
+        {
             self.queued = Some(match &update {
                 SnapshotUpdate::Full(snapshot) => {
                     self.full_items = snapshot.items();
@@ -143,14 +171,13 @@ impl Saver {
                 }
             });
             self.writer.pending.send_modify(|n| *n += 1);
-            if self.queue.send(update).is_err() {
+            if self.queue.send(Queued { update, written }).is_err() {
                 // The writer is gone (its arbiter stopped): nothing will write it.
                 self.writer
                     .pending
                     .send_modify(|n| *n = n.saturating_sub(1));
             }
         }
-        std::mem::take(&mut self.again)
     }
 
     /// Resolves once everything queued is written (or failed).
@@ -168,25 +195,48 @@ impl Saver {
 async fn write_in_order(
     store: Arc<dyn SnapshotStore>,
     claim: Claim,
-    mut updates: mpsc::UnboundedReceiver<SnapshotUpdate>,
+    mut updates: mpsc::UnboundedReceiver<Queued>,
     state: Arc<WriterState>,
     session: Arc<SessionShared>,
 ) {
     let mut after = claim.version();
     let mut broken = false;
-    while let Some(update) = updates.recv().await {
+    let mut fence = None;
+    while let Some(Queued {
+        update,
+        written: heard,
+    }) = updates.recv().await
+    {
         let written = match update {
             _ if state.fenced.load(Ordering::Acquire) => None,
             SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot, after).await),
             SnapshotUpdate::Delta(_) if broken => None,
             SnapshotUpdate::Delta(delta) => Some(store.append(delta, after).await),
         };
+        if let Some(heard) = heard {
+            let result = match &written {
+                Some(Ok(_)) => Ok(()),
+                Some(Err(err)) => Err(err.clone()),
+                None => Err(fence.clone().unwrap_or_else(|| StoreError::Unavailable {
+                    session: session.id().to_string(),
+                    reason: "not written".to_owned(),
+                })),
+            };
+            let _ = heard.send(result);
+        }
         match written {
             Some(Ok(version)) => {
                 after = version;
                 broken = false;
             }
-            Some(Err(StoreError::Fenced { reason, .. })) => {
+            Some(Err(StoreError::Fenced {
+                session: fenced,
+                reason,
+            })) => {
+                fence = Some(StoreError::Fenced {
+                    session: fenced,
+                    reason: reason.clone(),
+                });
                 state.fenced.store(true, Ordering::Release);
                 tracing::warn!(session = %session.id(), epoch = claim.epoch(), %reason, "the session's snapshots are written by a newer claim: saving stops");
                 session.events.emit(SessionEvent::Fenced { reason });

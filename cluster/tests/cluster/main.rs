@@ -9,6 +9,7 @@ mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
+mod answered_inputs_are_not_applied_again;
 mod dispatch_never_over_admits;
 mod drain_moves_sessions;
 mod figures;
