@@ -255,6 +255,34 @@ impl Locked {
         Ok(())
     }
 
+    /// The claim record at `path`, locked for a write, if `after` is its version (the
+    /// writer is the latest).
+    fn for_write(
+        path: &Path,
+        session: &str,
+        after: StoreVersion,
+    ) -> Result<(Self, ClaimRecord), StoreError> {
+        let locked = Self::open(path, true, false)?.ok_or_else(|| {
+            fenced(
+                session,
+                "the session has no claim record (never claimed, or removed)",
+            )
+        })?;
+        let record = locked.writable(session, after)?;
+        Ok((locked, record))
+    }
+
+    /// Writes `record` as the record's next version (after a write of the files); that
+    /// version.
+    fn moved(&self, record: ClaimRecord) -> Result<StoreVersion, StoreError> {
+        let record = ClaimRecord {
+            version: record.version.saturating_add(1),
+            ..record
+        };
+        self.write(&record, false)?;
+        Ok(StoreVersion::new(record.version))
+    }
+
     /// The record, if `after` is its version (the writer is the latest).
     fn writable(&self, session: &str, after: StoreVersion) -> Result<ClaimRecord, StoreError> {
         match self.read()? {
@@ -455,13 +483,7 @@ impl SnapshotStore for FileStore {
         Self::blocking(move || {
             let paths = paths?;
             let session = snapshot.session_id();
-            let locked = Locked::open(&paths.claim, true, false)?.ok_or_else(|| {
-                fenced(
-                    session,
-                    "the session has no claim record (never claimed, or removed)",
-                )
-            })?;
-            let record = locked.writable(session, after)?;
+            let (locked, record) = Locked::for_write(&paths.claim, session, after)?;
             // Encoded here, on the blocking pool: a long conversation takes milliseconds.
             let bytes = snapshot.to_bytes();
             let mut file = open_write(&paths.tmp, true)?;
@@ -474,14 +496,11 @@ impl SnapshotStore for FileStore {
             // The deltas applied to the old snapshot: the new one holds them. A crash
             // before this removal leaves them; loading skips deltas it already holds.
             remove_if_there(&paths.log)?;
-            let record = ClaimRecord {
-                version: record.version.saturating_add(1),
+            locked.moved(ClaimRecord {
                 chain: Some(snapshot.seq()),
                 log_len: 0,
                 ..record
-            };
-            locked.write(&record, false)?;
-            Ok(StoreVersion::new(record.version))
+            })
         })
     }
 
@@ -494,13 +513,7 @@ impl SnapshotStore for FileStore {
         Self::blocking(move || {
             let paths = paths?;
             let session = delta.session_id();
-            let locked = Locked::open(&paths.claim, true, false)?.ok_or_else(|| {
-                fenced(
-                    session,
-                    "the session has no claim record (never claimed, or removed)",
-                )
-            })?;
-            let record = locked.writable(session, after)?;
+            let (locked, record) = Locked::for_write(&paths.claim, session, after)?;
             if record.chain != Some(delta.base()) {
                 return Err(StoreError::NoBase {
                     session: session.to_owned(),
@@ -514,14 +527,11 @@ impl SnapshotStore for FileStore {
             log.write_all_at(&bytes, record.log_len)
                 .map_err(|err| io_error(&paths.log, err))?;
             log.sync_data().map_err(|err| io_error(&paths.log, err))?;
-            let record = ClaimRecord {
-                version: record.version.saturating_add(1),
+            locked.moved(ClaimRecord {
                 chain: Some(delta.base() + 1),
                 log_len: record.log_len + bytes.len() as u64,
                 ..record
-            };
-            locked.write(&record, false)?;
-            Ok(StoreVersion::new(record.version))
+            })
         })
     }
 
