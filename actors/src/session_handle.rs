@@ -583,8 +583,10 @@ impl Session {
     /// once queued, the history, or `Done` once applied; refusals and failures as the
     /// method's. The input reaches the session on the future's first poll, so inputs
     /// applied one after another are applied in that order even when their answers take a
-    /// whole turn. Dropping the future of a turn before it resolves cancels the turn, as
-    /// for [`run`](Self::run). The plain methods stay for hosts that need no ids.
+    /// whole turn. Await it: a future dropped before the session took the input applies
+    /// nothing (its id stays free), and dropping the future of a turn once it is queued
+    /// cancels the turn, as for [`run`](Self::run). The plain methods stay for hosts that
+    /// need no ids.
     pub async fn apply(&self, id: InputId, input: HostInput) -> Result<InputAnswer, SessionError> {
         self.check_reentry("apply")?;
         let ticket = self.shared().ids.next_turn();
