@@ -247,6 +247,9 @@ pub struct GatewayStats {
     pub resumes: u64,
     /// Inputs sent again to a new owner whose snapshot did not hold them.
     pub inputs_resent: u64,
+    /// Of those, the ones whose answer the front already had: sent as answered (the new
+    /// owner counts the id and applies nothing), never applied a second time.
+    pub inputs_answered: u64,
     /// Replies from an owner older than the newest one seen (one that should have been
     /// fenced), ignored: the input is sent again to the newest.
     pub stale_replies: u64,

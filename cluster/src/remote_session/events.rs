@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use async_nats::{RequestErrorKind, Subscriber};
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use super::RemoteShared;
@@ -152,7 +152,7 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
                 match serde_json::from_slice::<Vec<WireEvent>>(&message.payload) {
                     Ok(events) => {
                         for event in events {
-                            take(&shared, &mut order, event).await;
+                            take(&shared, &mut order, &mut subscription, event).await;
                         }
                     }
                     Err(err) => tracing::warn!(session = %shared.key, error = %err, "unreadable events"),
@@ -168,14 +168,14 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
                 // own event comes on the subscription; a catch-up would hold this loop,
                 // and so that event, for the whole input deadline.
                 if shared.has_started() {
-                    catch_up(&shared, &mut order, None, options.input_deadline).await;
+                    catch_up(&shared, &mut order, &mut subscription, None, options.input_deadline).await;
                 }
             }
             _ = check.tick() => {
                 // Silence is fine while nobody waits; while a call does, a replay both
                 // fetches what was missed and shows the owner is alive.
                 let alive = !shared.awaits_outcomes()
-                    || catch_up(&shared, &mut order, None, options.attempt_timeout).await;
+                    || catch_up(&shared, &mut order, &mut subscription, None, options.attempt_timeout).await;
                 if alive {
                     last_heard = Instant::now();
                 } else if last_heard.elapsed() >= options.input_deadline {
@@ -189,13 +189,18 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
 }
 
 /// Places a live event (or part), filling a gap before it first.
-async fn take(shared: &RemoteShared, order: &mut EventOrder, event: WireEvent) {
+async fn take(
+    shared: &RemoteShared,
+    order: &mut EventOrder,
+    subscription: &mut Subscriber,
+    event: WireEvent,
+) {
     match order.place(event.seq, event.epoch) {
         Placement::Deliver => deliver(shared, order, event),
         Placement::Seen => {}
         Placement::Gap { .. } => {
             let deadline = shared.gateway.options.input_deadline;
-            catch_up(shared, order, Some(event.seq), deadline).await;
+            catch_up(shared, order, subscription, Some(event.seq), deadline).await;
             // The replay normally brought it; if not, it is next now.
             if order.place(event.seq, event.epoch) == Placement::Deliver {
                 deliver(shared, order, event);
@@ -216,9 +221,15 @@ fn deliver(shared: &RemoteShared, order: &mut EventOrder, element: WireEvent) {
 /// Asks the owner for the events from the next one on and delivers them; returns whether
 /// the owner answered. With `until` (a live event's number), events before it that cannot
 /// be had are reported lost.
+///
+/// What the owner published before its reply came before the reply, and may wait in the
+/// subscription, not yet taken (a slow front, big events): it is taken first, so a hole in
+/// the reply (events the owner no longer keeps) is not taken for a loss while they wait
+/// there.
 async fn catch_up(
     shared: &RemoteShared,
     order: &mut EventOrder,
+    subscription: &mut Subscriber,
     until: Option<u64>,
     patience: Duration,
 ) -> bool {
@@ -227,7 +238,8 @@ async fn catch_up(
         shared.gateway.count(|s| s.replays += 1);
         match replay(shared, order.next(), order.epoch(), deadline).await {
             Some((events, complete)) => {
-                for event in events {
+                let later = take_arrived(shared, order, subscription);
+                for event in events.into_iter().chain(later) {
                     if event.epoch == order.epoch() && event.seq > order.next() {
                         lose(shared, order, event.seq - 1);
                     }
@@ -250,6 +262,34 @@ async fn catch_up(
             }
         }
     }
+}
+
+/// Takes what already arrived on the subscription, without waiting: what is in its place
+/// is delivered; what comes after a hole is returned, in order, for after the replay.
+fn take_arrived(
+    shared: &RemoteShared,
+    order: &mut EventOrder,
+    subscription: &mut Subscriber,
+) -> Vec<WireEvent> {
+    let mut later = Vec::new();
+    while let Some(Some(message)) = subscription.next().now_or_never() {
+        let Ok(events) = serde_json::from_slice::<Vec<WireEvent>>(&message.payload) else {
+            tracing::warn!(session = %shared.key, "unreadable events");
+            continue;
+        };
+        for event in events {
+            if !later.is_empty() {
+                later.push(event);
+                continue;
+            }
+            match order.place(event.seq, event.epoch) {
+                Placement::Deliver => deliver(shared, order, event),
+                Placement::Seen => {}
+                Placement::Gap { .. } => later.push(event),
+            }
+        }
+    }
+    later
 }
 
 /// Reports the events from the next one to `to` as lost, as one event numbered `to`.

@@ -146,8 +146,8 @@ impl SnapshotStream {
 
 impl SnapshotWriter {
     /// Writes one message of `kind` (its parts first, when it is over the server's
-    /// limit), each after the last one this writer wrote; the sequences of its first
-    /// part (its own when whole) and of the message.
+    /// limit), the first after the subject's message `after` and each next after the one
+    /// before; the sequences of its first part (its own when whole) and of the message.
     pub(super) async fn write_message(
         &self,
         state: &mut WriterState,
@@ -155,28 +155,30 @@ impl SnapshotWriter {
         full: u64,
         payload: Bytes,
         ttl: Option<std::time::Duration>,
+        after: u64,
     ) -> Result<(u64, u64), StoreError> {
         let inner = &self.inner;
         let pieces = pieces(&payload, inner.stream.message_limit());
-        let before = state.last;
-        let mut first = 0;
         let count = pieces.len();
+        let mut first = 0;
+        let mut last = after;
         for (index, piece) in pieces.into_iter().enumerate() {
-            let piece_payload = piece.clone();
             let message = if index + 1 < count {
-                let part = inner.stream.message(
-                    SnapshotKind::Part,
-                    inner.epoch,
-                    &inner.worker,
-                    full,
-                    piece,
-                );
-                part.header(BEFORE, before.to_string().as_str())
+                inner
+                    .stream
+                    .message(
+                        SnapshotKind::Part,
+                        state.epoch,
+                        &inner.worker,
+                        full,
+                        piece.clone(),
+                    )
+                    .header(BEFORE, after.to_string().as_str())
             } else {
                 let mut message =
                     inner
                         .stream
-                        .message(kind, inner.epoch, &inner.worker, full, piece);
+                        .message(kind, state.epoch, &inner.worker, full, piece.clone());
                 if first != 0 {
                     message = message.header(PARTS, first.to_string().as_str());
                 }
@@ -185,11 +187,11 @@ impl SnapshotWriter {
                 }
                 message
             };
-            let seq = self.write_locked(state, message, &piece_payload).await?;
+            last = self.write_locked(state, message, &piece, last).await?;
             if index == 0 {
-                first = seq;
+                first = last;
             }
         }
-        Ok((first, state.last))
+        Ok((first, last))
     }
 }

@@ -9,14 +9,15 @@
 //! so the order of what it does is the order it appears on the wire:
 //!
 //! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
-//!   snapshot writer after every settled turn (`save_snapshots`); a resumed one is
-//!   restored from its snapshot with the agents the factory builds;
+//!   snapshot writer after every settled turn, under the writer's claim (`save_claimed`:
+//!   its epoch is the claim's); a resumed one is restored from its snapshot with the
+//!   agents the factory builds;
 //! * an input is applied in the order it came: the engine call that applies it is made
 //!   (its first poll sends the engine message) before the next request is read, even when
 //!   its answer takes a whole turn (then its outcome comes later as an `InputDone` event);
-//!   the session is told before (`Session::begin_input`: its saves wait) and its id after
-//!   (`Session::set_last_input`, tied to the input, to its turn when that is queued), so a
-//!   snapshot holds an input exactly when it holds its id;
+//!   the input and its id go to the session in one call (`Session::apply`), so a snapshot
+//!   holds an input exactly when its ledger holds the id, and an input the restored
+//!   snapshot's ledger holds is answered from it (`Session::applied`), never applied again;
 //! * engine events and speech are published as they come, each numbered by the event
 //!   log; what is ready at one wake of the loop goes out as one message (a batch). Each
 //!   source keeps its order (the engine's events; a speech's start, chunks and end);
@@ -39,7 +40,7 @@
 //! once, at random (`tests/cluster/a_fault_campaign_loses_nothing.rs`).
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -50,7 +51,10 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
-use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionError, SessionEvent};
+use switchboard::{
+    Engine, HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionError,
+    SessionEvent,
+};
 use tokio::sync::{broadcast, mpsc, watch, Mutex};
 use tokio::time::Instant;
 
@@ -59,7 +63,7 @@ use super::event_log::EventLog;
 use super::ledger::InputLedger;
 use super::output::PublishingOutput;
 use super::residents::Residents;
-use super::tenure::{Action, Event, Setup, State, Tenure};
+use super::tenure::{Action, Applied, Event, Setup, State, Tenure};
 use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
@@ -122,13 +126,12 @@ pub(crate) async fn host(
         hosting.client.nats().max_payload(),
     );
     let (speech_tx, speech) = mpsc::unbounded_channel();
-    let reporter = Arc::new(OnceLock::new());
     let resumed = matches!(start, Start::Resume { .. });
     let started = match build(hosting.factory.clone(), start) {
         Ok((builder, output, last_input)) => builder
             .id(key.as_str())
-            .save_snapshots(Arc::new(writer.clone()))
-            .output(PublishingOutput::new(speech_tx, output, reporter.clone()))
+            .save_claimed(Arc::new(writer.clone()), writer.held())
+            .output(PublishingOutput::new(speech_tx, output))
             .start(&hosting.engine)
             .await
             .map(|session| (session, last_input))
@@ -217,7 +220,6 @@ pub(crate) async fn host(
     let hosted = Hosted {
         said: Said::new(speech, session.subscribe()),
         session,
-        reporter,
         inputs,
         listening: true,
         renew_every: ownership.renew_every(),
@@ -225,6 +227,7 @@ pub(crate) async fn host(
         events_subject,
         work: FuturesUnordered::new(),
         fenced: writer.fenced(),
+        saved: writer.saved(),
         writer,
         tenure,
         key,
@@ -369,7 +372,8 @@ impl Said {
 /// What woke the loop.
 enum Wake {
     Heard(Heard),
-    Event(Event<SessionSnapshot>),
+    /// (Boxed: an event is large beside what the session says, which wakes the loop most.)
+    Event(Box<Event<SessionSnapshot>>),
     /// Nothing for the tenure (an unreadable request, a watch that changed to nothing).
     Nothing,
 }
@@ -381,7 +385,6 @@ struct Hosted {
     events_subject: String,
     session: Session,
     said: Said,
-    reporter: Arc<OnceLock<PlayoutReporter>>,
     inputs: Subscriber,
     /// Whether `inputs` is still subscribed (not after the hand-over's unsubscribe).
     listening: bool,
@@ -391,6 +394,8 @@ struct Hosted {
     writer: SnapshotWriter,
     /// Changes to true when the store refused a write: a newer owner has the session.
     fenced: watch::Receiver<bool>,
+    /// The last input id a stored snapshot holds.
+    saved: watch::Receiver<u64>,
     /// What runs beside the loop; each ends in an event of the tenure.
     work: FuturesUnordered<BoxFuture<'static, Event<SessionSnapshot>>>,
     tenure: Tenure,
@@ -414,19 +419,23 @@ impl Hosted {
             let wake = tokio::select! {
                 biased;
                 heard = self.said.next() => Wake::Heard(heard),
-                Some(event) = self.work.next(), if !self.work.is_empty() => Wake::Event(event),
+                Some(event) = self.work.next(), if !self.work.is_empty() => Wake::Event(Box::new(event)),
+                Ok(()) = self.saved.changed() => {
+                    let saved = *self.saved.borrow_and_update();
+                    Wake::Event(Box::new(Event::Saved(saved)))
+                }
                 Ok(()) = self.fenced.changed() => {
                     if *self.fenced.borrow() {
-                        Wake::Event(Event::Fenced("a newer owner wrote the session's snapshots".into()))
+                        Wake::Event(Box::new(Event::Fenced("a newer owner wrote the session's snapshots".into())))
                     } else {
                         Wake::Nothing
                     }
                 }
                 request = self.inputs.next(), if self.listening => match request {
                     Some(message) => self.request(message),
-                    None => Wake::Event(Event::Disconnected),
+                    None => Wake::Event(Box::new(Event::Disconnected)),
                 },
-                _ = renew.tick() => Wake::Event(Event::RenewDue),
+                _ = renew.tick() => Wake::Event(Box::new(Event::RenewDue)),
                 changed = drain.changed(), if drain_open => {
                     let deadline = match changed {
                         Ok(()) => *drain.borrow(),
@@ -436,13 +445,13 @@ impl Hosted {
                             Some(Instant::now())
                         }
                     };
-                    deadline.map_or(Wake::Nothing, |at| Wake::Event(Event::Drain(at)))
+                    deadline.map_or(Wake::Nothing, |at| Wake::Event(Box::new(Event::Drain(at))))
                 }
-                () = sleep_until(timer), if timer.is_some() => Wake::Event(Event::Timer),
+                () = sleep_until(timer), if timer.is_some() => Wake::Event(Box::new(Event::Timer)),
             };
             match wake {
                 Wake::Heard(heard) => self.hear(heard),
-                Wake::Event(event) => self.feed(event).await,
+                Wake::Event(event) => self.feed(*event).await,
                 Wake::Nothing => {}
             }
             self.gather().await;
@@ -521,11 +530,28 @@ impl Hosted {
             return Wake::Nothing;
         };
         match serde_json::from_slice::<Request>(&message.payload) {
-            Ok(request) => Wake::Event(Event::Request {
-                request,
-                reply_to,
-                saved: self.writer.saved_input(),
-            }),
+            Ok(request) => {
+                // What the session's own ledger says of it: an input the restored
+                // snapshot holds is answered from there, never applied again. (A close is
+                // not the session's to apply.)
+                let applied = match &request {
+                    Request::Input {
+                        input: Input::Close,
+                        ..
+                    }
+                    | Request::Replay { .. } => Applied::No,
+                    Request::Input { id, .. } => match self.session.applied(InputId::new(*id)) {
+                        Some(recorded) => Applied::Yes(Answer::recorded(recorded)),
+                        None => Applied::No,
+                    },
+                };
+                Wake::Event(Box::new(Event::Request {
+                    request,
+                    reply_to,
+                    saved: self.writer.saved_input(),
+                    applied,
+                }))
+            }
             Err(err) => {
                 tracing::warn!(session = %self.key, error = %err, "unreadable request");
                 Wake::Nothing
@@ -689,35 +715,28 @@ impl Hosted {
         }
     }
 
-    /// Hands `input` to the engine; returns what the gateway hears at once.
+    /// Hands `input` to the engine with its id (`Session::apply`); returns what the
+    /// gateway hears at once.
     async fn apply(&mut self, id: u64, input: Input) -> Answer {
-        let closes = matches!(input, Input::Close);
-        if !closes {
-            // The session's saves wait from here to the id: a turn can run and settle
-            // before the id comes, and a snapshot saved then would hold the input without
-            // its id.
-            self.session.begin_input();
-        }
-        let answer = self.engine_call(id, input).await;
-        if !closes {
-            // After the input's engine message: the id is tied to it (to its turn when
-            // that is queued), so the snapshot that holds the input holds its id, and the
-            // other way round.
-            self.session.set_last_input(id);
-        }
-        answer
-    }
-
-    /// The engine call of `input`.
-    async fn engine_call(&mut self, id: u64, input: Input) -> Answer {
         let session = self.session.clone();
+        let input_id = InputId::new(id);
+        let at_once = |answer: Result<InputAnswer, SessionError>| match answer {
+            Ok(InputAnswer::Speech(speech)) => Answer::Speech {
+                speech: speech.id(),
+            },
+            Ok(_) => Answer::Done,
+            Err(err) => Answer::Failed {
+                failure: (&err).into(),
+            },
+        };
         match input {
             Input::Run { text } => self.under_way(async move {
-                let outcome = turn_outcome(session.run(text).await);
+                let outcome = turn_outcome(session.apply(input_id, HostInput::Run { text }).await);
                 Event::Outcome { id, outcome }
             }),
             Input::GenerateReply { instructions } => self.under_way(async move {
-                let outcome = turn_outcome(session.generate_reply(instructions).await);
+                let reply = HostInput::GenerateReply { instructions };
+                let outcome = turn_outcome(session.apply(input_id, reply).await);
                 Event::Outcome { id, outcome }
             }),
             Input::Say {
@@ -729,41 +748,39 @@ impl Hosted {
                 if let Some(allow) = allow_interruptions {
                     options = options.allow_interruptions(allow);
                 }
-                match session.say_with(text, options).await {
-                    Ok(speech) => Answer::Speech {
-                        speech: speech.id(),
-                    },
-                    Err(err) => Answer::Failed {
-                        failure: (&err).into(),
-                    },
-                }
+                at_once(
+                    session
+                        .apply(input_id, HostInput::Say { text, options })
+                        .await,
+                )
             }
             Input::Transcript { text, is_final } => {
-                session.transcript(text, is_final);
-                Answer::Done
+                let transcript = HostInput::Transcript { text, is_final };
+                at_once(session.apply(input_id, transcript).await)
             }
-            Input::UserStartedSpeaking => {
-                session.user_started_speaking();
-                Answer::Done
-            }
-            Input::UserStoppedSpeaking => {
-                session.user_stopped_speaking();
-                Answer::Done
-            }
+            Input::UserStartedSpeaking => at_once(
+                session
+                    .apply(input_id, HostInput::UserStartedSpeaking)
+                    .await,
+            ),
+            Input::UserStoppedSpeaking => at_once(
+                session
+                    .apply(input_id, HostInput::UserStoppedSpeaking)
+                    .await,
+            ),
             Input::Interrupt { force } => self.under_way(async move {
-                let result = if force {
-                    session.force_interrupt().await
-                } else {
-                    session.interrupt().await
-                };
+                let result = session
+                    .apply(input_id, HostInput::Interrupt { force })
+                    .await;
                 Event::Outcome {
                     id,
-                    outcome: done_outcome(result),
+                    outcome: done_outcome(result.map(|_| ())),
                 }
             }),
             Input::UpdateAgent { agent, data } => match self.hosting.factory.agent(&agent, &data) {
                 Ok(agent) => self.under_way(async move {
-                    let outcome = done_outcome(session.update_agent(agent).await);
+                    let update = HostInput::UpdateAgent { agent };
+                    let outcome = done_outcome(session.apply(input_id, update).await.map(|_| ()));
                     Event::Outcome { id, outcome }
                 }),
                 Err(err) => Answer::Failed {
@@ -777,18 +794,24 @@ impl Hosted {
                 interrupted,
                 heard,
             } => {
-                if let Some(reporter) = self.reporter.get() {
-                    reporter.playout_finished(speech, interrupted, heard);
-                }
-                Answer::Done
+                let report = HostInput::PlayoutFinished {
+                    speech,
+                    interrupted,
+                    heard,
+                };
+                at_once(session.apply(input_id, report).await)
             }
             Input::History => self.under_way(async move {
-                let history = RemoteHistory::from(&session.history().await);
+                let history = match session.apply(input_id, HostInput::History).await {
+                    Ok(InputAnswer::History(history)) => RemoteHistory::from(&history),
+                    _ => RemoteHistory::default(),
+                };
                 Event::Outcome {
                     id,
                     outcome: InputOutcome::History { history },
                 }
             }),
+            Input::Answered => at_once(session.apply(input_id, HostInput::AlreadyAnswered).await),
             // The tenure closes the session itself (its `Action::Close`, answered by the
             // history in the close's `InputDone`): a close never comes here.
             Input::Close => Answer::Pending,
@@ -814,7 +837,11 @@ impl Hosted {
     }
 }
 
-fn turn_outcome(result: Result<switchboard::RunResult, switchboard::SessionError>) -> InputOutcome {
+fn turn_outcome(answer: Result<InputAnswer, SessionError>) -> InputOutcome {
+    let result = answer.map(|answer| match answer {
+        InputAnswer::Turn(result) => result,
+        _ => RunResult::default(),
+    });
     InputOutcome::Turn {
         result: result
             .as_ref()
@@ -823,7 +850,7 @@ fn turn_outcome(result: Result<switchboard::RunResult, switchboard::SessionError
     }
 }
 
-fn done_outcome(result: Result<(), switchboard::SessionError>) -> InputOutcome {
+fn done_outcome(result: Result<(), SessionError>) -> InputOutcome {
     InputOutcome::Done {
         result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
     }

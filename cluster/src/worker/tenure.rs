@@ -27,9 +27,19 @@
 //!   reaches whoever owns the session once that is settled), and what the session says is
 //!   held back, to go out with the first batch after the lease is trusted again.
 //! - An input id is applied once: the next id is applied, the last one answered again,
-//!   an older one answered `earlier`, a later one `out_of_order` — in every state.
+//!   an older one answered `earlier` (or with its answer, when the session's ledger keeps
+//!   it), a later one `out_of_order` — in every state. One the session's ledger holds (the
+//!   restored snapshot had it) is answered from there and never applied again.
 //! - A new input is applied only while `Live`; an ending session answers `ended` with its
 //!   reason, a moving one `moving` (the gateway sends it to the next owner).
+//! - A turn's outcome (its `InputDone`) reaches the front only once a stored snapshot
+//!   holds the turn (the writer's saved input id reached it; the session saves when a
+//!   turn settles): a turn the front heard the end of is never lost with an owner that
+//!   dies before saving, and one whose end it did not hear is sent to the next owner,
+//!   which runs it (once, in the conversation that goes on). Other outcomes (a read, an
+//!   interruption, an agent update, a failed turn) go at once: they may change nothing the
+//!   session would save. An end releases what waits (no owner follows), a move once its
+//!   last snapshot is stored; a fenced owner releases nothing.
 //! - A close input ends the session at once (the close's answer is its history, in its
 //!   `InputDone`); no input for the idle timeout ends it too.
 //! - A drain settles the session until its deadline and stores its last snapshot; from
@@ -49,7 +59,7 @@
 //! - The worker's live count drops once per session, before the record that says it ended
 //!   or moved.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,15 +79,26 @@ use crate::remote_event::{EndReason, InputOutcome, RemoteEventKind, RemoteHistor
 /// way (they end quickly on a settled or closed session).
 pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
 
+/// What the session's own ledger (`Session::applied`) says of an input id.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Applied {
+    /// Not applied.
+    No,
+    /// Applied (here, or by the owner whose snapshot this session restored), with its
+    /// answer when the ledger keeps one the gateway can hear again.
+    Yes(Option<Answer>),
+}
+
 /// What happens to a hosted session. `S` is the snapshot a drain takes.
 #[derive(Debug)]
 pub(crate) enum Event<S> {
-    /// A request on the session's input subject, and the last input id a stored snapshot
-    /// holds now (for the answer).
+    /// A request on the session's input subject, the last input id a stored snapshot
+    /// holds now (for the answer), and what the session's own ledger says of the input.
     Request {
         request: Request,
         reply_to: Subject,
         saved: u64,
+        applied: Applied,
     },
     /// The engine took input `id` (its [`Action::Apply`]) and answered at once.
     Applied {
@@ -88,6 +109,8 @@ pub(crate) enum Event<S> {
     },
     /// An input whose answer took time has its outcome.
     Outcome { id: u64, outcome: InputOutcome },
+    /// A stored snapshot holds every input up to this id (the writer saved it).
+    Saved(u64),
     /// Time to renew the lease.
     RenewDue,
     /// The renewal under way is done.
@@ -211,6 +234,27 @@ pub(crate) enum MoveStep {
     HandingOver,
 }
 
+/// When an input's outcome may go to the front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Release {
+    /// At once.
+    AtOnce,
+    /// Once a stored snapshot holds the input: a turn, which the session saves once it
+    /// settles.
+    WhenSaved,
+}
+
+impl Release {
+    fn of(input: &Input) -> Self {
+        match input {
+            Input::Run { .. } | Input::GenerateReply { .. } => Self::WhenSaved,
+            // A read changes nothing; an interruption or an agent update may change
+            // nothing the session would save, and their outcome would wait for ever.
+            _ => Self::AtOnce,
+        }
+    }
+}
+
 /// Whether a renewal is under way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Renewal {
@@ -241,8 +285,15 @@ pub(crate) struct Tenure {
     renewal: Renewal,
     log: EventLog,
     ledger: InputLedger,
-    /// Inputs answered `pending` whose outcome has not come yet.
-    under_way: BTreeSet<u64>,
+    /// Inputs answered `pending` whose outcome has not come yet, and when their outcome
+    /// may go to the front.
+    under_way: BTreeMap<u64, Release>,
+    /// Inputs handed to the engine and not yet answered, with when their outcome may go.
+    applying: BTreeMap<u64, Release>,
+    /// Outcomes waiting for a stored snapshot to hold their input.
+    held: BTreeMap<u64, InputOutcome>,
+    /// The last input id a stored snapshot holds.
+    saved: u64,
     idle_timeout: Option<Duration>,
     last_input: Instant,
     counts: Arc<Counts>,
@@ -262,7 +313,10 @@ impl Tenure {
             renewal: Renewal::Idle,
             log,
             ledger: setup.ledger,
-            under_way: BTreeSet::new(),
+            under_way: BTreeMap::new(),
+            applying: BTreeMap::new(),
+            held: BTreeMap::new(),
+            saved: 0,
             idle_timeout: setup.idle_timeout,
             last_input: setup.now,
             counts: setup.counts,
@@ -343,7 +397,8 @@ impl Tenure {
                 request,
                 reply_to,
                 saved,
-            } => self.on_request(request, reply_to, saved, now, out),
+                applied,
+            } => self.on_request(request, reply_to, saved, applied, now, out),
             Event::Applied {
                 id,
                 answer,
@@ -351,6 +406,7 @@ impl Tenure {
                 saved,
             } => self.on_applied(id, answer, reply_to, saved, now, out),
             Event::Outcome { id, outcome } => self.on_outcome(id, outcome),
+            Event::Saved(saved) => self.on_saved(saved),
             Event::RenewDue => self.on_renew_due(out),
             Event::Renewed(renewed) => self.on_renewed(renewed, now, out),
             Event::Fenced(reason) => self.stop_fenced(&reason, out),
@@ -380,8 +436,9 @@ impl Tenure {
         out: &mut Vec<Action<S>>,
     ) {
         self.ledger.record(id, answer.clone());
+        let release = self.applying.remove(&id).unwrap_or(Release::WhenSaved);
         if answer == Answer::Pending {
-            self.under_way.insert(id);
+            self.under_way.insert(id, release);
         }
         Counts::bump(&self.counts.inputs_applied);
         self.last_input = now;
@@ -391,12 +448,38 @@ impl Tenure {
         });
     }
 
-    /// An input's outcome: its `InputDone`, unless the last words are out.
+    /// An input's outcome: its `InputDone` — once a stored snapshot holds the input,
+    /// unless it is a read — unless the last words are out.
     fn on_outcome(&mut self, id: u64, outcome: InputOutcome) {
-        self.under_way.remove(&id);
-        if !self.last_words_said() {
+        let release = self.under_way.remove(&id).unwrap_or(Release::WhenSaved);
+        if self.last_words_said() {
+            return;
+        }
+        // A turn that failed is answered at once: it may have changed nothing to save.
+        let turn_done = matches!(&outcome, InputOutcome::Turn { result: Ok(_) });
+        if release == Release::AtOnce || !turn_done || id <= self.saved {
             self.log
                 .record(RemoteEventKind::InputDone { input: id, outcome });
+        } else {
+            self.held.insert(id, outcome);
+        }
+    }
+
+    /// A stored snapshot holds the inputs up to `saved`: their outcomes go.
+    fn on_saved(&mut self, saved: u64) {
+        self.saved = self.saved.max(saved);
+        let later = self.held.split_off(&self.saved.saturating_add(1));
+        let due = std::mem::replace(&mut self.held, later);
+        if !self.last_words_said() {
+            self.release(due);
+        }
+    }
+
+    /// Publishes outcomes that waited, in their inputs' order.
+    fn release(&mut self, outcomes: BTreeMap<u64, InputOutcome>) {
+        for (input, outcome) in outcomes {
+            self.log
+                .record(RemoteEventKind::InputDone { input, outcome });
         }
     }
 
@@ -483,8 +566,9 @@ impl Tenure {
             }
             Err(reason) => {
                 // The store keeps the last settled state the session saved; the gateway
-                // sends the inputs after it again.
+                // sends the inputs after it again (what waits for a snapshot among them).
                 tracing::warn!(session = %self.key, %reason, "no last snapshot at the drain: moving with the one before");
+                self.held.clear();
                 self.state = State::Moving(MoveStep::WindingUp {
                     until: now + OUTCOMES_WAIT,
                 });
@@ -505,7 +589,16 @@ impl Tenure {
             Err(StoreError::Fenced { reason, .. }) => self.stop_fenced(&reason, out),
             other => {
                 if let Err(err) = other {
+                    // What waits for a snapshot never comes: its inputs are sent to the
+                    // next owner again, which applies them.
                     tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                    self.held.clear();
+                } else {
+                    // The last snapshot holds every input applied: what waited goes, and
+                    // so does what comes now.
+                    self.saved = u64::MAX;
+                    let due = std::mem::take(&mut self.held);
+                    self.release(due);
                 }
                 self.state = State::Moving(MoveStep::WindingUp {
                     until: now + OUTCOMES_WAIT,
@@ -589,6 +682,7 @@ impl Tenure {
         request: Request,
         reply_to: Subject,
         saved: u64,
+        applied: Applied,
         now: Instant,
         actions: &mut Vec<Action<S>>,
     ) {
@@ -611,9 +705,26 @@ impl Tenure {
                 }
                 Admission::Earlier { last } => {
                     Counts::bump(&self.counts.inputs_repeated);
-                    Reply::Earlier { id, last }
+                    // Its answer, when the session's ledger keeps it.
+                    match applied {
+                        Applied::Yes(Some(answer)) => Reply::Applied { id, answer, saved },
+                        _ => Reply::Earlier { id, last },
+                    }
                 }
                 Admission::OutOfOrder { expected } => Reply::OutOfOrder { expected },
+                // Applied by the owner whose snapshot this session restored, after the
+                // snapshot's last contiguous input: answered from the session's ledger,
+                // never applied again.
+                Admission::Apply if applied != Applied::No => {
+                    let answer = match applied {
+                        Applied::Yes(Some(answer)) => answer,
+                        _ => Answer::Done,
+                    };
+                    self.ledger.record(id, answer.clone());
+                    Counts::bump(&self.counts.inputs_applied);
+                    self.last_input = now;
+                    Reply::Applied { id, answer, saved }
+                }
                 Admission::Apply => match &self.state {
                     State::Ending { reason, .. } => Reply::Ended {
                         reason: reason.clone(),
@@ -622,6 +733,7 @@ impl Tenure {
                     State::Done(_) => return,
                     State::Live => {
                         if !matches!(input, Input::Close) {
+                            self.applying.insert(id, Release::of(&input));
                             actions.push(Action::Apply {
                                 id,
                                 input,
@@ -657,8 +769,9 @@ impl Tenure {
     /// Moves a winding-up session on once its outcomes are in (or their wait is over) and,
     /// for its last words, its lease can be trusted.
     fn advance<S>(&mut self, now: Instant, actions: &mut Vec<Action<S>>) {
-        let waited =
-            |until: Instant, under_way: &BTreeSet<u64>| under_way.is_empty() || now >= until;
+        let waited = |until: Instant, under_way: &BTreeMap<u64, Release>| {
+            under_way.is_empty() || now >= until
+        };
         match &mut self.state {
             State::Ending {
                 reason,
@@ -673,8 +786,12 @@ impl Tenure {
                     return;
                 }
                 let reason = reason.clone();
-                if let Some(id) = *close_input {
-                    let history = std::mem::take(history);
+                let close_input = *close_input;
+                let history = std::mem::take(history);
+                // No owner follows an end: what waited for a snapshot goes now.
+                let due = std::mem::take(&mut self.held);
+                self.release(due);
+                if let Some(id) = close_input {
                     self.log.record(RemoteEventKind::InputDone {
                         input: id,
                         outcome: InputOutcome::History { history },

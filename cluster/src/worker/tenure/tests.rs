@@ -136,6 +136,13 @@ impl Fixture {
     }
 }
 
+/// A turn's outcome: it ended.
+fn turn_done() -> InputOutcome {
+    InputOutcome::Turn {
+        result: Ok(crate::remote_event::RemoteRunResult::default()),
+    }
+}
+
 fn error(text: &str) -> RemoteEventKind {
     RemoteEventKind::Error {
         message: text.to_owned(),
@@ -157,6 +164,7 @@ fn request(id: u64, input: Input) -> Event<Snap> {
         request: Request::Input { id, input },
         reply_to: reply_to(id),
         saved: 0,
+        applied: Applied::No,
     }
 }
 
@@ -165,6 +173,7 @@ fn replay(from: u64) -> Event<Snap> {
         request: Request::Replay { from, epoch: 2 },
         reply_to: Subject::from("_INBOX.replay"),
         saved: 0,
+        applied: Applied::No,
     }
 }
 
@@ -370,6 +379,7 @@ fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
                 outcome: InputOutcome::Done { result: Ok(()) },
             },
         ),
+        ("saved", Event::Saved(9)),
         ("renew due", Event::RenewDue),
         ("renewed", Event::Renewed(Ok(()))),
         ("renewal unreachable", Event::Renewed(Err(unreachable()))),
@@ -878,6 +888,7 @@ fn a_replay_sends_what_is_kept_and_a_newer_epoch_s_gateway_gets_all() {
         request: Request::Replay { from: 3, epoch: 1 },
         reply_to: Subject::from("_INBOX.r"),
         saved: 0,
+        applied: Applied::No,
     });
     let Some(Reply::Replay { events, .. }) = reply(&actions) else {
         panic!("{actions:?}");
@@ -899,4 +910,153 @@ fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
         events.last().and_then(|e| e.kind.as_ref()),
         Some(RemoteEventKind::SessionEnded { .. })
     ));
+}
+
+#[test]
+fn an_input_the_session_s_ledger_holds_is_answered_from_it_and_never_applied_again() {
+    // A session resumed from a snapshot holding inputs up to 4 contiguously, whose ledger
+    // also holds 5 (applied after a turn still queued at the snapshot).
+    let mut f = Fixture::new();
+    f.tenure.ledger = InputLedger::resumed(4);
+    let ledger_holds = |id, answer| Event::Request {
+        request: Request::Input {
+            id,
+            input: Input::Transcript {
+                text: "hm".into(),
+                is_final: false,
+            },
+        },
+        reply_to: reply_to(id),
+        saved: 0,
+        applied: Applied::Yes(answer),
+    };
+    let actions = f.on(ledger_holds(5, None));
+    assert_eq!(
+        actions.len(),
+        1,
+        "answered, nothing applied: {:?}",
+        names(&actions)
+    );
+    assert_eq!(
+        reply(&actions),
+        Some(&Reply::Applied {
+            id: 5,
+            answer: Answer::Done,
+            saved: 0
+        })
+    );
+    // An earlier one: with its answer when the ledger keeps it, `earlier` when not.
+    // (serde is how a worker gets a speech id it did not make.)
+    let speech = Answer::Speech {
+        speech: serde_json::from_str("3").unwrap(),
+    };
+    let actions = f.on(ledger_holds(3, Some(speech.clone())));
+    assert_eq!(
+        reply(&actions),
+        Some(&Reply::Applied {
+            id: 3,
+            answer: speech,
+            saved: 0
+        })
+    );
+    let actions = f.on(ledger_holds(2, None));
+    assert_eq!(reply(&actions), Some(&Reply::Earlier { id: 2, last: 5 }));
+    // The next one the ledger does not hold is applied.
+    assert_eq!(names(&f.input(6, run("next"))), ["apply"]);
+}
+
+#[test]
+fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.apply(2, Input::History, Answer::Pending);
+    f.flush();
+    let done = |f: &Fixture, id| {
+        f.kinds()
+            .iter()
+            .any(|k| matches!(k, RemoteEventKind::InputDone { input, .. } if *input == id))
+    };
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: turn_done(),
+    });
+    assert!(!done(&f, 1), "the turn's outcome waits for its snapshot");
+    // A read changes nothing to save: its outcome goes at once.
+    f.on(Event::Outcome {
+        id: 2,
+        outcome: InputOutcome::History {
+            history: RemoteHistory::default(),
+        },
+    });
+    assert!(done(&f, 2));
+    f.on(Event::Saved(1));
+    assert!(done(&f, 1), "stored: it goes");
+    // An outcome whose input is stored already goes at once.
+    f.turn(3);
+    f.on(Event::Saved(3));
+    f.on(Event::Outcome {
+        id: 3,
+        outcome: turn_done(),
+    });
+    assert!(done(&f, 3));
+    // A failed turn, an interruption: at once (they may change nothing to save).
+    f.turn(4);
+    f.on(Event::Outcome {
+        id: 4,
+        outcome: InputOutcome::Turn {
+            result: Err(crate::remote_event::RemoteFailure::Closed),
+        },
+    });
+    assert!(done(&f, 4));
+    f.apply(5, Input::Interrupt { force: false }, Answer::Pending);
+    f.on(Event::Outcome {
+        id: 5,
+        outcome: InputOutcome::Done { result: Ok(()) },
+    });
+    assert!(done(&f, 5));
+}
+
+#[test]
+fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_fenced_owner() {
+    let outcome = || Event::Outcome {
+        id: 1,
+        outcome: turn_done(),
+    };
+    let published = |f: &Fixture| {
+        f.kinds()
+            .iter()
+            .any(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. }))
+    };
+    // An end: no owner follows.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(outcome());
+    f.input(2, Input::Close);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert!(published(&f));
+    // A move whose last snapshot is stored.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(outcome());
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    assert!(!published(&f));
+    f.on(Event::LastSaved(Ok(())));
+    assert!(published(&f));
+    // A move whose last snapshot is not: the next owner applies the input again.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(outcome());
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    f.on(Event::LastSaved(Err(store_away())));
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert!(!published(&f));
+    // A fenced owner.
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(outcome());
+    f.on(Event::Fenced("w2 wrote it".into()));
+    f.on(Event::Saved(1));
+    assert!(!published(&f));
 }
