@@ -17,6 +17,7 @@ mod an_abandoned_session_is_closed;
 mod answered_inputs_are_not_applied_again;
 mod dispatch_never_over_admits;
 mod drain_moves_sessions;
+mod every_input_kind_applies_once_across_kills;
 mod figures;
 mod inputs_apply_exactly_once;
 mod sessions_survive_a_server_restart;
