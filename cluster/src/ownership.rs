@@ -480,8 +480,8 @@ mod tests {
     use super::*;
     use crate::local::NatsServer;
 
-    #[tokio::test]
-    async fn a_claim_writes_over_a_live_record_only_at_the_revision_that_lapsed() {
+    /// The owners bucket of a new server (kept running by the returned handle).
+    async fn owners() -> (NatsServer, Owners) {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
         let js = jetstream::new(client.nats().clone());
@@ -494,6 +494,12 @@ mod tests {
         )
         .await
         .unwrap();
+        (server, owners)
+    }
+
+    #[tokio::test]
+    async fn a_claim_writes_over_a_live_record_only_at_the_revision_that_lapsed() {
+        let (_server, owners) = owners().await;
         let key = SessionKey::new("call-1").unwrap();
         let mut first = owners.claim(&key, "w1", 1, None).await.unwrap();
         let seen = first.revision;
@@ -531,18 +537,7 @@ mod tests {
     /// finds it so is lost too, and does not write it back.
     #[tokio::test]
     async fn a_renewal_that_finds_its_record_expired_is_lost() {
-        let server = NatsServer::start().unwrap();
-        let client = server.connect().connect().await.unwrap();
-        let js = jetstream::new(client.nats().clone());
-        let owners = Owners::open(
-            js,
-            &Namespace::default(),
-            Duration::from_secs(60),
-            Duration::from_secs(60),
-            true,
-        )
-        .await
-        .unwrap();
+        let (_server, owners) = owners().await;
         let key = SessionKey::new("call-2").unwrap();
         let mut owner = owners.claim(&key, "w1", 1, None).await.unwrap();
         // What an expiry leaves: a marker, and no record.

@@ -304,31 +304,24 @@ async fn deliver(
                 continue;
             }
         };
+        let epoch = |message: &async_nats::Message| {
+            message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(EPOCH_HEADER))
+                .and_then(|v| v.as_str().parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        let newest = delivery.owner.borrow().epoch;
         let no_responders = match sent {
+            // A fenced owner that still answered: its answer is not the session's. Taken
+            // as no answer: asked again shortly, the newest owner answers.
+            Ok(message) if epoch(&message) < newest => {
+                gateway.count(|s| s.stale_replies += 1);
+                tracing::warn!(session = %shared.key, input = at, epoch = epoch(&message), newest, "a reply from a stale owner, ignored");
+                true
+            }
             Ok(message) => {
-                let epoch = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(EPOCH_HEADER))
-                    .and_then(|v| v.as_str().parse::<u64>().ok())
-                    .unwrap_or(0);
-                let newest = delivery.owner.borrow().epoch;
-                if epoch < newest {
-                    // A fenced owner that still answered: its answer is not the
-                    // session's. Asked again, the newest owner answers.
-                    gateway.count(|s| s.stale_replies += 1);
-                    tracing::warn!(session = %shared.key, input = at, epoch, newest, "a reply from a stale owner, ignored");
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(GatewayError::Unreachable {
-                            session: shared.key.clone(),
-                            input: name,
-                            waited: now - began,
-                        });
-                    }
-                    tokio::time::sleep(options.attempt_timeout / 10).await;
-                    continue;
-                }
                 match read_reply(shared, at, &message.payload)? {
                     Reply::Applied { answer, saved, .. } => {
                         // (Kept from `target` on: its answer may still be lost in a move.)
