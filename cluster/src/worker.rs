@@ -25,6 +25,7 @@
 //! Dropping a `Worker` without draining stops its tasks at once, as a crash would: its
 //! sessions stop without a word, their leases run out and other workers resume them.
 
+mod apply;
 mod counts;
 mod event_log;
 mod hosted;

@@ -51,13 +51,11 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
-use switchboard::{
-    Engine, HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionError,
-    SessionEvent,
-};
+use switchboard::{Engine, InputId, Session, SessionError, SessionEvent};
 use tokio::sync::{broadcast, mpsc, watch, Mutex};
 use tokio::time::Instant;
 
+use super::apply::{apply, Applying};
 use super::counts::Counts;
 use super::event_log::EventLog;
 use super::ledger::InputLedger;
@@ -69,9 +67,7 @@ use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::{LeaseError, Ownership};
 use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
-use crate::remote_event::{
-    InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
-};
+use crate::remote_event::{RemoteEventKind, RemoteHistory};
 use crate::snapshots::SnapshotWriter;
 use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
@@ -715,117 +711,19 @@ impl Hosted {
         }
     }
 
-    /// Hands `input` to the engine with its id (`Session::apply`); returns what the
-    /// gateway hears at once.
+    /// Hands `input` to the engine with its id; returns what the gateway hears at once
+    /// (an answer that takes time comes later, as the work's outcome).
     async fn apply(&mut self, id: u64, input: Input) -> Answer {
-        let session = self.session.clone();
-        let input_id = InputId::new(id);
-        let at_once = |answer: Result<InputAnswer, SessionError>| match answer {
-            Ok(InputAnswer::Speech(speech)) => Answer::Speech {
-                speech: speech.id(),
-            },
-            Ok(_) => Answer::Done,
-            Err(err) => Answer::Failed {
-                failure: (&err).into(),
-            },
-        };
-        match input {
-            Input::Run { text } => self.under_way(async move {
-                let outcome = turn_outcome(session.apply(input_id, HostInput::Run { text }).await);
-                Event::Outcome { id, outcome }
-            }),
-            Input::GenerateReply { instructions } => self.under_way(async move {
-                let reply = HostInput::GenerateReply { instructions };
-                let outcome = turn_outcome(session.apply(input_id, reply).await);
-                Event::Outcome { id, outcome }
-            }),
-            Input::Say {
-                text,
-                allow_interruptions,
-                add_to_chat,
-            } => {
-                let mut options = SayOptions::new().add_to_chat(add_to_chat);
-                if let Some(allow) = allow_interruptions {
-                    options = options.allow_interruptions(allow);
-                }
-                at_once(
-                    session
-                        .apply(input_id, HostInput::Say { text, options })
-                        .await,
-                )
-            }
-            Input::Transcript { text, is_final } => {
-                let transcript = HostInput::Transcript { text, is_final };
-                at_once(session.apply(input_id, transcript).await)
-            }
-            Input::UserStartedSpeaking => at_once(
-                session
-                    .apply(input_id, HostInput::UserStartedSpeaking)
-                    .await,
-            ),
-            Input::UserStoppedSpeaking => at_once(
-                session
-                    .apply(input_id, HostInput::UserStoppedSpeaking)
-                    .await,
-            ),
-            Input::Interrupt { force } => self.under_way(async move {
-                let result = session
-                    .apply(input_id, HostInput::Interrupt { force })
-                    .await;
-                Event::Outcome {
-                    id,
-                    outcome: done_outcome(result.map(|_| ())),
-                }
-            }),
-            Input::UpdateAgent { agent, data } => match self.hosting.factory.agent(&agent, &data) {
-                Ok(agent) => self.under_way(async move {
-                    let update = HostInput::UpdateAgent { agent };
-                    let outcome = done_outcome(session.apply(input_id, update).await.map(|_| ()));
-                    Event::Outcome { id, outcome }
-                }),
-                Err(err) => Answer::Failed {
-                    failure: RemoteFailure::Factory {
-                        message: err.to_string(),
-                    },
-                },
-            },
-            Input::PlayoutFinished {
-                speech,
-                interrupted,
-                heard,
-            } => {
-                let report = HostInput::PlayoutFinished {
-                    speech,
-                    interrupted,
-                    heard,
-                };
-                at_once(session.apply(input_id, report).await)
-            }
-            Input::History => self.under_way(async move {
-                let history = match session.apply(input_id, HostInput::History).await {
-                    Ok(InputAnswer::History(history)) => RemoteHistory::from(&history),
-                    _ => RemoteHistory::default(),
-                };
-                Event::Outcome {
-                    id,
-                    outcome: InputOutcome::History { history },
-                }
-            }),
-            Input::Answered => at_once(session.apply(input_id, HostInput::AlreadyAnswered).await),
-            // The tenure closes the session itself (its `Action::Close`, answered by the
-            // history in the close's `InputDone`): a close never comes here.
-            Input::Close => Answer::Pending,
+        match apply(&self.session, self.hosting.factory.as_ref(), id, input).await {
+            Applying::Answered(answer) => answer,
+            Applying::UnderWay(work) => self.under_way(work),
         }
     }
 
     /// Starts an engine call whose answer takes time. It is polled once at once: the
     /// engine message is sent on the first poll, before the loop reads the next input, so
     /// the engine sees inputs in the order they came.
-    fn under_way(
-        &mut self,
-        work: impl Future<Output = Event<SessionSnapshot>> + Send + 'static,
-    ) -> Answer {
-        let mut work: BoxFuture<'static, Event<SessionSnapshot>> = work.boxed();
+    fn under_way(&mut self, mut work: BoxFuture<'static, Event<SessionSnapshot>>) -> Answer {
         // The real waker comes with the `FuturesUnordered`'s next poll, which polls every
         // newly pushed future.
         let mut cx = Context::from_waker(Waker::noop());
@@ -834,25 +732,6 @@ impl Hosted {
             Poll::Pending => self.work.push(work),
         }
         Answer::Pending
-    }
-}
-
-fn turn_outcome(answer: Result<InputAnswer, SessionError>) -> InputOutcome {
-    let result = answer.map(|answer| match answer {
-        InputAnswer::Turn(result) => result,
-        _ => RunResult::default(),
-    });
-    InputOutcome::Turn {
-        result: result
-            .as_ref()
-            .map(RemoteRunResult::from)
-            .map_err(RemoteFailure::from),
-    }
-}
-
-fn done_outcome(result: Result<(), SessionError>) -> InputOutcome {
-    InputOutcome::Done {
-        result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
     }
 }
 
