@@ -107,6 +107,7 @@
 //! | `worker/hosted.rs` | one session's loop on its worker: the driver of its tenure, turning inputs, events, the lease, the drain and the writes into the tenure's events and its actions into I/O |
 //! | `worker/tenure.rs` | `Tenure`: one worker's hold on one session as a plain machine — live, ending, moving, done — with a unit test per decision |
 //! | `worker/residents.rs` | the sessions a worker hosts, by key: a new hosting of a key stops the old one first |
+//! | `worker/apply.rs` | a host input applied to the engine with its id: its answer now, or the work its answer waits on |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
