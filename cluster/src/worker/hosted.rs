@@ -630,6 +630,20 @@ impl Hosted {
                     .boxed(),
                 );
             }
+            Action::Save => {
+                let session = self.session.clone();
+                let writer = self.writer.clone();
+                let key = self.key.clone();
+                self.work.push(
+                    async move {
+                        if let Err(err) = session.save().await {
+                            tracing::warn!(session = %key, error = %err, "the save an answer waits for failed; asked again later");
+                        }
+                        Event::Saved(writer.saved_input())
+                    }
+                    .boxed(),
+                );
+            }
             Action::SaveLast(snapshot) => {
                 let writer = self.writer.clone();
                 self.work.push(

@@ -36,10 +36,14 @@
 //!   holds the turn (the writer's saved input id reached it; the session saves when a
 //!   turn settles): a turn the front heard the end of is never lost with an owner that
 //!   dies before saving, and one whose end it did not hear is sent to the next owner,
-//!   which runs it (once, in the conversation that goes on). Other outcomes (a read, an
-//!   interruption, an agent update, a failed turn) go at once: they may change nothing the
-//!   session would save. An end releases what waits (no owner follows), a move once its
-//!   last snapshot is stored; a fenced owner releases nothing.
+//!   which runs it (once, in the conversation that goes on). An outcome that waited
+//!   [`SAVE_WAIT`] for the session's own save asks the session to save, and asks again
+//!   after each further wait until a save holds it (a failed save is not made again
+//!   before the next turn settles, and a turn whose tool still runs does not settle).
+//!   Other outcomes (a read, an interruption, an agent update, a failed turn) go at once:
+//!   they may change nothing the session would save. An end releases what waits (no
+//!   owner follows), a move once its last snapshot is stored; a fenced owner releases
+//!   nothing.
 //! - A close input ends the session at once (the close's answer is its history, in its
 //!   `InputDone`); no input for the idle timeout ends it too.
 //! - A drain settles the session until its deadline and stores its last snapshot; from
@@ -78,6 +82,11 @@ use crate::remote_event::{EndReason, InputOutcome, RemoteEventKind, RemoteHistor
 /// The longest a session that ends or moves waits for the outcomes of inputs still under
 /// way (they end quickly on a settled or closed session).
 pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
+
+/// How long an outcome waits for the session's own save (made when its turn settles)
+/// before the session is asked to save: a save that failed is not made again until the
+/// next turn, and the front waits on this one.
+pub(crate) const SAVE_WAIT: Duration = Duration::from_secs(1);
 
 /// What the session's own ledger (`Session::applied`) says of an input id.
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +168,9 @@ pub(crate) enum Action<S> {
     Settle { deadline: Instant },
     /// Stores the drain's last snapshot past the seal: [`Event::LastSaved`].
     SaveLast(S),
+    /// Asks the session to save now (an outcome waits for it): [`Event::Saved`] follows
+    /// once it is stored.
+    Save,
     /// Publishes these messages on the events subject, in order.
     Publish(Vec<Vec<u8>>),
     /// Writes the snapshots' tombstone: [`Event::SnapshotsEnded`].
@@ -292,6 +304,8 @@ pub(crate) struct Tenure {
     applying: BTreeMap<u64, Release>,
     /// Outcomes waiting for a stored snapshot to hold their input.
     held: BTreeMap<u64, InputOutcome>,
+    /// While outcomes are held: when the session is asked to save if no save came by then.
+    ask_save_at: Option<Instant>,
     /// The last input id a stored snapshot holds.
     saved: u64,
     idle_timeout: Option<Duration>,
@@ -316,6 +330,7 @@ impl Tenure {
             under_way: BTreeMap::new(),
             applying: BTreeMap::new(),
             held: BTreeMap::new(),
+            ask_save_at: None,
             saved: 0,
             idle_timeout: setup.idle_timeout,
             last_input: setup.now,
@@ -339,11 +354,18 @@ impl Tenure {
         matches!(self.state, State::Done(_))
     }
 
-    /// When to feed [`Event::Timer`]: the idle timeout while live, the end of the wait for
-    /// outcomes while winding up.
+    /// When to feed [`Event::Timer`]: the idle timeout, or sooner the time to ask for a
+    /// save that held outcomes wait for, while live; the end of the wait for outcomes
+    /// while winding up.
     pub(crate) fn timer(&self) -> Option<Instant> {
         match &self.state {
-            State::Live => self.idle_timeout.map(|idle| self.last_input + idle),
+            State::Live => {
+                let idle = self.idle_timeout.map(|idle| self.last_input + idle);
+                match (idle, self.ask_save_at) {
+                    (Some(idle), Some(save)) => Some(idle.min(save)),
+                    (idle, save) => idle.or(save),
+                }
+            }
             State::Ending {
                 step: EndStep::WindingUp { until, .. },
                 ..
@@ -405,7 +427,7 @@ impl Tenure {
                 reply_to,
                 saved,
             } => self.on_applied(id, answer, reply_to, saved, now, out),
-            Event::Outcome { id, outcome } => self.on_outcome(id, outcome),
+            Event::Outcome { id, outcome } => self.on_outcome(id, outcome, now),
             Event::Saved(saved) => self.on_saved(saved),
             Event::RenewDue => self.on_renew_due(out),
             Event::Renewed(renewed) => self.on_renewed(renewed, now, out),
@@ -450,7 +472,7 @@ impl Tenure {
 
     /// An input's outcome: its `InputDone` — once a stored snapshot holds the input,
     /// unless it is a read — unless the last words are out.
-    fn on_outcome(&mut self, id: u64, outcome: InputOutcome) {
+    fn on_outcome(&mut self, id: u64, outcome: InputOutcome, now: Instant) {
         let release = self.under_way.remove(&id).unwrap_or(Release::WhenSaved);
         if self.last_words_said() {
             return;
@@ -462,6 +484,7 @@ impl Tenure {
                 .record(RemoteEventKind::InputDone { input: id, outcome });
         } else {
             self.held.insert(id, outcome);
+            self.ask_save_at.get_or_insert(now + SAVE_WAIT);
         }
     }
 
@@ -470,6 +493,9 @@ impl Tenure {
         self.saved = self.saved.max(saved);
         let later = self.held.split_off(&self.saved.saturating_add(1));
         let due = std::mem::replace(&mut self.held, later);
+        if self.held.is_empty() {
+            self.ask_save_at = None;
+        }
         if !self.last_words_said() {
             self.release(due);
         }
@@ -514,7 +540,17 @@ impl Tenure {
     }
 
     fn on_timer<S>(&mut self, now: Instant, out: &mut Vec<Action<S>>) {
-        let idle = matches!(self.state, State::Live) && self.timer().is_some_and(|at| now >= at);
+        if let Some(at) = self.ask_save_at {
+            if now >= at && matches!(self.state, State::Live) {
+                // Asked again after another wait, until a save comes.
+                self.ask_save_at = Some(now + SAVE_WAIT);
+                out.push(Action::Save);
+            }
+        }
+        let idle = matches!(self.state, State::Live)
+            && self
+                .idle_timeout
+                .is_some_and(|idle| now >= self.last_input + idle);
         if idle {
             self.state = State::Ending {
                 reason: EndReason::Idle,

@@ -131,6 +131,11 @@ impl Fixture {
         self.published.iter().map(|e| e.kind.clone()).collect()
     }
 
+    /// When the tenure last took an input (its idle timeout counts from there).
+    fn last_input_at(&self) -> Instant {
+        self.tenure.last_input
+    }
+
     fn live(&self) -> usize {
         self.counts.live.load(Ordering::SeqCst)
     }
@@ -223,6 +228,7 @@ fn names(actions: &[Action<Snap>]) -> Vec<&'static str> {
             Action::Close => "close",
             Action::Settle { .. } => "settle",
             Action::SaveLast(_) => "save last",
+            Action::Save => "save",
             Action::Publish(_) => "publish",
             Action::EndSnapshots => "end snapshots",
             Action::Release => "release",
@@ -1059,4 +1065,33 @@ fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_f
     f.on(Event::Fenced("w2 wrote it".into()));
     f.on(Event::Saved(1));
     assert!(!published(&f));
+}
+
+#[test]
+fn an_outcome_that_waits_too_long_for_the_session_s_save_asks_for_one_until_it_comes() {
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: turn_done(),
+    });
+    assert_eq!(f.tenure.timer(), Some(f.now + SAVE_WAIT));
+    f.wait(SAVE_WAIT);
+    assert_eq!(names(&f.on(Event::Timer)), ["save"]);
+    // The save failed (the lease, the store): asked again after another wait.
+    f.wait(SAVE_WAIT / 2);
+    assert!(f.on(Event::Timer).is_empty());
+    f.wait(SAVE_WAIT / 2);
+    f.renew_lease();
+    assert_eq!(names(&f.on(Event::Timer)), ["save"]);
+    f.on(Event::Saved(1));
+    assert!(f
+        .kinds()
+        .iter()
+        .any(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. })));
+    assert_eq!(
+        f.tenure.timer(),
+        Some(f.last_input_at() + IDLE),
+        "nothing waits now"
+    );
 }
