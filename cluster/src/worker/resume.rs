@@ -32,7 +32,7 @@ use crate::namespace::SessionKey;
 use crate::ownership::{OwnerRecord, OwnerState};
 
 /// Queues a resume job for each lease it sees run out, until the worker is dropped; the
-/// watch is made again when it ends (a server restart).
+/// watch is made again when it ends or fails (a server restart, a lost connection).
 pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
     let mut lapses = Lapses::new(shared.owners.lease());
     loop {
@@ -55,8 +55,12 @@ pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(err) => {
-                    tracing::debug!(worker = %shared.name, error = %err, "owners watch");
-                    continue;
+                    // Made again rather than polled again: async-nats 0.51's ordered
+                    // consumer polls a finished future when asked after some of its errors
+                    // (its connection's state watch gone) and panics. The new watch starts
+                    // from each key's last record, so nothing is missed.
+                    tracing::info!(worker = %shared.name, error = %err, "the owners watch failed");
+                    break;
                 }
             };
             let Ok(session) = SessionKey::new(entry.key.clone()) else {
@@ -77,7 +81,7 @@ pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
             let id = format!("{session}.expired.{}", entry.revision);
             tokio::spawn(queue_one(shared.clone(), session, id, None));
         }
-        tracing::info!(worker = %shared.name, "the owners watch ended; watching again");
+        tracing::info!(worker = %shared.name, "the owners watch ended or failed; watching again");
         watch = loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             match shared.owners.watch_expiries().await {

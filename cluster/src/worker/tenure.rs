@@ -39,7 +39,8 @@
 //!   which runs it (once, in the conversation that goes on). An outcome that waited
 //!   [`SAVE_WAIT`] for the session's own save asks the session to save, and asks again
 //!   after each further wait until a save holds it (a failed save is not made again
-//!   before the next turn settles, and a turn whose tool still runs does not settle).
+//!   before the session next goes idle, and a session kept busy after the turn saves
+//!   only once idle).
 //!   Other outcomes (a read, an interruption, an agent update, a failed turn) go at once:
 //!   they may change nothing the session would save. An end releases what waits (no
 //!   owner follows), a move once its last snapshot is stored; a fenced owner releases
@@ -83,9 +84,9 @@ use crate::remote_event::{EndReason, InputOutcome, RemoteEventKind, RemoteHistor
 /// way (they end quickly on a settled or closed session).
 pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
 
-/// How long an outcome waits for the session's own save (made when its turn settles)
-/// before the session is asked to save: a save that failed is not made again until the
-/// next turn, and the front waits on this one.
+/// How long an outcome waits for the session's own save (made when the session goes idle
+/// after the turn) before the session is asked to save: a save that failed is not made
+/// again until the session next goes idle, and the front waits on this one.
 pub(crate) const SAVE_WAIT: Duration = Duration::from_secs(1);
 
 /// What the session's own ledger (`Session::applied`) says of an input id.

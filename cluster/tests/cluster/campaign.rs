@@ -41,8 +41,8 @@ use std::time::Duration;
 use serde_json::json;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    ClusterClient, GatewayError, GatewayOptions, Namespace, RemoteEventKind, RemoteSession,
-    SessionSpec, SnapshotStream,
+    ClusterClient, GatewayError, GatewayOptions, InputOutcome, Namespace, RemoteEventKind,
+    RemoteEvents, RemoteEventsError, RemoteSession, SessionSpec, SnapshotStream,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -362,6 +362,16 @@ pub async fn run(plan: Plan) -> Report {
             .unwrap();
         sessions.push(session);
     }
+    // What each session's owners said of their inputs, as it happened (the gateway keeps
+    // only its last events): which owner answered each turn, and what each new owner's
+    // snapshot held. What a violation's explanation needs.
+    let mut witnesses = Vec::new();
+    let mut recorders = JoinSet::new();
+    for session in &sessions {
+        let witness = Arc::new(Mutex::new(Witness::default()));
+        witnesses.push(witness.clone());
+        recorders.spawn(witness_events(session.subscribe(), witness));
+    }
     let (stop, stopping) = watch::channel(false);
     let mut fronts = JoinSet::new();
     let mut logs = Vec::new();
@@ -468,6 +478,7 @@ pub async fn run(plan: Plan) -> Report {
         ..Report::default()
     };
     let mut records: Vec<(usize, Vec<Exchange>)> = Vec::new();
+    recorders.abort_all();
     for (i, (log, session)) in logs.iter().zip(&sessions).enumerate() {
         let log = std::mem::take(&mut *log.lock().unwrap());
         if let Some((sent, since)) = &log.busy {
@@ -479,7 +490,8 @@ pub async fn run(plan: Plan) -> Report {
             ));
             continue;
         }
-        check_session(i, session, &log.exchanges, &observer, &mut report).await;
+        let witness = std::mem::take(&mut *witnesses[i].lock().unwrap());
+        check_session(i, session, &log.exchanges, &witness, &mut report).await;
         records.push((i, log.exchanges));
     }
     let lines = cluster.lines();
@@ -572,7 +584,7 @@ async fn check_session(
     i: usize,
     session: &RemoteSession,
     exchanges: &[Exchange],
-    observer: &ClusterClient,
+    witness: &Witness,
     report: &mut Report,
 ) {
     let mut found = Vec::new();
@@ -634,9 +646,9 @@ async fn check_session(
         Ok(history) => history,
         Err(err) => {
             report.violations.push(format!(
-                "session {i}: no final history: {err}; its last events: {}\n  its snapshots: {}",
+                "session {i}: no final history: {err}; its last events: {}\n  its first resumes: {}",
                 last_events(session).await,
-                snapshot_records(observer, session).await,
+                witness.resumes_around(0),
             ));
             return;
         }
@@ -674,10 +686,10 @@ async fn check_session(
             sent_user.push(text);
         }
     }
-    if !missing.is_empty() {
-        let resumes = resumed_from(session).await;
+    for text in missing {
         report.violations.push(format!(
-            "session {i} ({key}): answered but not in the conversation: {missing:?}; the owners resumed from inputs {resumes:?}"
+            "session {i} ({key}): {text:?} answered but not in the conversation; {}",
+            witness.explain(&text)
         ));
     }
     let mut violation = |what: String| {
@@ -717,17 +729,78 @@ async fn snapshot_records(observer: &ClusterClient, session: &RemoteSession) -> 
     }
 }
 
-/// The last input id each owner of `session` resumed from (what a failed check shows).
-async fn resumed_from(session: &RemoteSession) -> Vec<(u64, u64)> {
-    let mut events = session.subscribe_from(1);
-    let mut resumes = Vec::new();
-    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_millis(100), events.recv()).await
-    {
-        if let RemoteEventKind::SessionResumed { last_input } = event.kind {
-            resumes.push((event.epoch, last_input));
+/// What a session's owners said of its inputs, in the order the gateway delivered it.
+#[derive(Debug, Default)]
+struct Witness {
+    /// Each owner's epoch and the last input its snapshot held, as it took over.
+    resumes: Vec<(u64, u64)>,
+    /// Each turn's outcome: its first assistant message, its input id and the epoch of
+    /// the owner that sent it.
+    answers: HashMap<String, (u64, u64)>,
+    /// Events the recorder missed (it fell behind).
+    missed: u64,
+}
+
+impl Witness {
+    /// Which owner answered the turn whose reply is `text`, and what the owners that
+    /// followed it resumed from.
+    fn explain(&self, text: &str) -> String {
+        let reply = if text.starts_with("wait for ") {
+            format!("Lookup says: waited for {}", &text["wait for ".len()..])
+        } else {
+            format!("You said: {text}")
+        };
+        match self.answers.get(&reply) {
+            Some(&(input, epoch)) => format!(
+                "input {input}, answered by the owner at epoch {epoch}; the owners around it resumed from (epoch, last input) {} (recorder missed {} events)",
+                self.resumes_around(epoch),
+                self.missed
+            ),
+            None => format!(
+                "its answer was not seen among the events (recorder missed {})",
+                self.missed
+            ),
         }
     }
-    resumes
+
+    fn resumes_around(&self, epoch: u64) -> String {
+        let at = self.resumes.partition_point(|&(e, _)| e < epoch);
+        let from = at.saturating_sub(2);
+        let to = (at + 4).min(self.resumes.len());
+        format!("{:?}", &self.resumes[from..to])
+    }
+}
+
+/// Records what `events` say of inputs into `witness`, until they end.
+async fn witness_events(mut events: RemoteEvents, witness: Arc<Mutex<Witness>>) {
+    loop {
+        match events.recv().await {
+            Ok(event) => {
+                let mut witness = witness.lock().unwrap();
+                match event.kind {
+                    RemoteEventKind::SessionResumed { last_input } => {
+                        witness.resumes.push((event.epoch, last_input));
+                    }
+                    RemoteEventKind::InputDone {
+                        input,
+                        outcome:
+                            InputOutcome::Turn {
+                                result: Ok(turn), ..
+                            },
+                    } => {
+                        if let Some(first) = turn.assistant_messages().next() {
+                            witness
+                                .answers
+                                .insert(first.to_owned(), (input, event.epoch));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Err(RemoteEventsError::Lagged { missed }) => witness.lock().unwrap().missed += missed,
+            Err(_) => return,
+        }
+    }
 }
 
 /// The last events a front got of `session` (what a failed check shows).
