@@ -39,11 +39,7 @@ impl<T> Outbox<T> {
     /// The peer applied every output up to `upto`: forget them. An acknowledgement of a
     /// number never sent is capped at the last one sent.
     pub(crate) fn ack(&mut self, upto: u64) {
-        while self
-            .unacked
-            .front()
-            .is_some_and(|(seq, _)| *seq <= upto)
-        {
+        while self.unacked.front().is_some_and(|(seq, _)| *seq <= upto) {
             self.unacked.pop_front();
         }
     }

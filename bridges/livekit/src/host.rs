@@ -35,9 +35,11 @@ pub struct HostError(pub String);
 /// poll (or before returning), so the session sees the inputs in order.
 pub trait BridgeHost: Send + Sync + 'static {
     /// The user started speaking.
-    fn user_started_speaking(&self) -> impl Future<Output = Result<(), HostError>> + Send + 'static;
+    fn user_started_speaking(&self)
+        -> impl Future<Output = Result<(), HostError>> + Send + 'static;
     /// The user stopped speaking.
-    fn user_stopped_speaking(&self) -> impl Future<Output = Result<(), HostError>> + Send + 'static;
+    fn user_stopped_speaking(&self)
+        -> impl Future<Output = Result<(), HostError>> + Send + 'static;
     /// A transcript, interim or final.
     fn transcript(
         &self,
@@ -181,12 +183,16 @@ fn done() -> std::future::Ready<Result<(), HostError>> {
 }
 
 impl BridgeHost for LocalCall {
-    fn user_started_speaking(&self) -> impl Future<Output = Result<(), HostError>> + Send + 'static {
+    fn user_started_speaking(
+        &self,
+    ) -> impl Future<Output = Result<(), HostError>> + Send + 'static {
         self.session.user_started_speaking();
         done()
     }
 
-    fn user_stopped_speaking(&self) -> impl Future<Output = Result<(), HostError>> + Send + 'static {
+    fn user_stopped_speaking(
+        &self,
+    ) -> impl Future<Output = Result<(), HostError>> + Send + 'static {
         self.session.user_stopped_speaking();
         done()
     }

@@ -70,7 +70,13 @@ pub(crate) async fn run_call<F: HostFactory>(
         Err(reason) => {
             tracing::warn!(%session, %reason, "a bridged call could not start its session");
             while let Ok(mut attach) = attaches.try_recv() {
-                let _ = send(&mut attach.socket, &ServerFrame::Refused { reason: reason.clone() }).await;
+                let _ = send(
+                    &mut attach.socket,
+                    &ServerFrame::Refused {
+                        reason: reason.clone(),
+                    },
+                )
+                .await;
                 let _ = attach.socket.close(None).await;
             }
             forget(&calls, &session);

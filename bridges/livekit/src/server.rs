@@ -158,8 +158,11 @@ async fn greet<F: HostFactory>(
     calls: Calls,
     factory: Arc<F>,
 ) {
-    let Ok(Ok(mut socket)) =
-        tokio::time::timeout(options.hello_timeout, tokio_tungstenite::accept_async(stream)).await
+    let Ok(Ok(mut socket)) = tokio::time::timeout(
+        options.hello_timeout,
+        tokio_tungstenite::accept_async(stream),
+    )
+    .await
     else {
         return;
     };

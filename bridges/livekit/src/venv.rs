@@ -79,21 +79,40 @@ pub fn worker_python() -> Result<WorkerPython, VenvError> {
             package_dir,
         });
     }
-    tried.push(format!("{}: not installed yet, or from other pins", venv.display()));
+    tried.push(format!(
+        "{}: not installed yet, or from other pins",
+        venv.display()
+    ));
     if venv.exists() {
-        fs::remove_dir_all(&venv)
-            .map_err(|e| io(format!("remove the old venv {}", venv.display()), e, &mut tried))?;
+        fs::remove_dir_all(&venv).map_err(|e| {
+            io(
+                format!("remove the old venv {}", venv.display()),
+                e,
+                &mut tried,
+            )
+        })?;
     }
     let _ = fs::remove_file(&stamp);
     let constraints = home.join("constraints.txt");
     fs::write(&constraints, CONSTRAINTS)
         .map_err(|e| io(format!("write {}", constraints.display()), e, &mut tried))?;
     let maker = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    run(&mut tried, Command::new(&maker).args(["-m", "venv"]).arg(&venv))?;
+    run(
+        &mut tried,
+        Command::new(&maker).args(["-m", "venv"]).arg(&venv),
+    )?;
     run(
         &mut tried,
         Command::new(&python)
-            .args(["-m", "pip", "install", "--disable-pip-version-check", "--quiet", "--no-input", "-c"])
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--quiet",
+                "--no-input",
+                "-c",
+            ])
             .arg(&constraints)
             .arg(LIVEKIT_AGENTS),
     )?;
@@ -101,7 +120,8 @@ pub fn worker_python() -> Result<WorkerPython, VenvError> {
         &mut tried,
         Command::new(&python).args(["-c", "import livekit.agents, aiohttp"]),
     )?;
-    fs::write(&stamp, wanted).map_err(|e| io(format!("write {}", stamp.display()), e, &mut tried))?;
+    fs::write(&stamp, wanted)
+        .map_err(|e| io(format!("write {}", stamp.display()), e, &mut tried))?;
     Ok(WorkerPython {
         python,
         package_dir,
@@ -143,7 +163,10 @@ fn target_dir(tried: &mut Vec<String>) -> PathBuf {
         if dir.is_absolute() {
             return dir;
         }
-        tried.push(format!("CARGO_TARGET_DIR={}: relative, skipped", dir.display()));
+        tried.push(format!(
+            "CARGO_TARGET_DIR={}: relative, skipped",
+            dir.display()
+        ));
     }
     if let Ok(exe) = std::env::current_exe() {
         if let Some(dir) = exe

@@ -71,7 +71,11 @@ async fn an_audio_call_with_tools_a_handoff_and_a_barge_in() {
         .iter()
         .find(|m| m.0 == ChatRole::Assistant && STORY.starts_with(m.1.trim_end()) && m.1.len() > 10)
         .unwrap_or_else(|| panic!("the story in the supervisor's chat: {supervisor:?}"));
-    assert_eq!((story.1.as_str(), story.2), (heard.as_str(), true), "{supervisor:?}");
+    assert_eq!(
+        (story.1.as_str(), story.2),
+        (heard.as_str(), true),
+        "{supervisor:?}"
+    );
     assert!(
         supervisor
             .iter()
@@ -97,7 +101,11 @@ async fn a_reconnect_mid_call_loses_and_doubles_nothing() {
         .filter(|m| m.0 == ChatRole::User)
         .map(|m| m.1.as_str())
         .collect();
-    assert_eq!(users, ["What time do you open?", "And on Sundays?"], "{said:?}");
+    assert_eq!(
+        users,
+        ["What time do you open?", "And on Sundays?"],
+        "{said:?}"
+    );
     let answers = said
         .iter()
         .filter(|m| m.1 == "On Sundays we open at ten.")
@@ -110,7 +118,8 @@ async fn a_wrong_token_is_refused() {
     let harness = start_bridge(|mut o| {
         o.resume_window = Duration::from_secs(5);
         o
-    }).await;
+    })
+    .await;
     let observed = run_worker(&harness, "refused", "refused-1").await;
     assert_eq!(observed["refused"], "wrong token");
     assert!(harness.sessions.lock().unwrap().is_empty());

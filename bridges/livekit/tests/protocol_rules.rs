@@ -85,10 +85,18 @@ fn user_messages(history: &switchboard::SessionHistory) -> Vec<String> {
 async fn after_a_reconnect_outputs_come_again_and_inputs_apply_once() {
     let harness = start_bridge(|o| o).await;
     let (mut ws, welcome) = hello(&harness, "p-1", 0).await;
-    assert_eq!(welcome, json!({"type": "welcome", "session": "p-1", "resumed": false, "last_input": 0}));
+    assert_eq!(
+        welcome,
+        json!({"type": "welcome", "session": "p-1", "resumed": false, "last_input": 0})
+    );
     let mut next_input = 1;
     let greeting = outputs_until(&mut ws, "speech_finished", &mut next_input).await;
-    input(&mut ws, next_input, json!({"kind": "user_text", "text": "What time do you open?"})).await;
+    input(
+        &mut ws,
+        next_input,
+        json!({"kind": "user_text", "text": "What time do you open?"}),
+    )
+    .await;
     let typed = next_input;
     next_input += 1;
     let turn = outputs_until(&mut ws, "turn_done", &mut next_input).await;
@@ -100,7 +108,10 @@ async fn after_a_reconnect_outputs_come_again_and_inputs_apply_once() {
     let (mut ws, welcome) = hello(&harness, "p-1", 0).await;
     assert_eq!(welcome["resumed"], true);
     let applied = next_input - 1;
-    assert_eq!(welcome["last_input"], applied, "every input sent was applied: {welcome}");
+    assert_eq!(
+        welcome["last_input"], applied,
+        "every input sent was applied: {welcome}"
+    );
     let mut again = Vec::new();
     for _ in 0..greeting.len() + turn.len() {
         again.push(next(&mut ws).await);
@@ -109,23 +120,41 @@ async fn after_a_reconnect_outputs_come_again_and_inputs_apply_once() {
     assert_eq!(again, before);
 
     // The worker resends the typed turn (it never saw its acknowledgement): applied once.
-    input(&mut ws, typed, json!({"kind": "user_text", "text": "What time do you open?"})).await;
+    input(
+        &mut ws,
+        typed,
+        json!({"kind": "user_text", "text": "What time do you open?"}),
+    )
+    .await;
     let ack = next(&mut ws).await;
     assert_eq!(ack, json!({"type": "ack", "upto": applied}));
-    input(&mut ws, next_input, json!({"kind": "user_text", "text": "And on Sundays?"})).await;
+    input(
+        &mut ws,
+        next_input,
+        json!({"kind": "user_text", "text": "And on Sundays?"}),
+    )
+    .await;
     let sundays = next_input;
     next_input += 1;
     let turn = outputs_until(&mut ws, "turn_done", &mut next_input).await;
     assert_eq!(turn.last().unwrap()["output"]["input"], sundays);
     let history = harness.session("p-1").history().await;
-    assert_eq!(user_messages(&history), ["What time do you open?", "And on Sundays?"]);
+    assert_eq!(
+        user_messages(&history),
+        ["What time do you open?", "And on Sundays?"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_past_the_next_drops_the_connection_and_is_not_applied() {
     let harness = start_bridge(|o| o).await;
     let (mut ws, _) = hello(&harness, "p-2", 0).await;
-    input(&mut ws, 2, json!({"kind": "user_text", "text": "What time do you open?"})).await;
+    input(
+        &mut ws,
+        2,
+        json!({"kind": "user_text", "text": "What time do you open?"}),
+    )
+    .await;
     // The bridge drops the connection rather than apply input 2 without input 1.
     loop {
         match tokio::time::timeout(Duration::from_secs(10), ws.next()).await {
@@ -169,7 +198,12 @@ async fn a_hangup_closes_the_session_and_says_the_call_ended() {
     let (mut ws, _) = hello(&harness, "p-4", 0).await;
     let mut next_input = 1;
     outputs_until(&mut ws, "speech_finished", &mut next_input).await;
-    input(&mut ws, next_input, json!({"kind": "hangup", "reason": "caller left"})).await;
+    input(
+        &mut ws,
+        next_input,
+        json!({"kind": "hangup", "reason": "caller left"}),
+    )
+    .await;
     next_input += 1;
     let end = outputs_until(&mut ws, "ended", &mut next_input).await;
     assert_eq!(end.last().unwrap()["output"]["reason"], "caller left");

@@ -60,7 +60,7 @@ async def end_call(session: AgentSession, agent: SwitchboardAgent) -> None:
 
 async def text_mode(session_id: str) -> dict:
     """No room, no audio: typed turns through session.run(user_input=...)."""
-    session = AgentSession(vad=None, **bridge_session_options(turn_detection="manual"))
+    session = AgentSession(vad=None, **bridge_session_options())
     agent = SwitchboardAgent(url=URL, token=TOKEN, session_id=session_id, room="text-room")
     await session.start(agent)
     await wait_for(lambda: len(agent.played) >= 1, "the greeting")

@@ -55,8 +55,15 @@ def bridge_session_options(**turn_handling: Any) -> dict[str, Any]:
     """The ``AgentSession`` keyword arguments a bridged call needs (add ``stt``, ``vad``,
     ``tts``). ``turn_handling`` entries are merged in (e.g. ``turn_detection="vad"``)."""
     handling: dict[str, Any] = {
+        # Switchboard decides when the user's turn is over (its endpointing); LiveKit's
+        # VAD and STT events still flow, and its own end-of-turn never fires.
+        "turn_detection": "manual",
         # Switchboard decides barge-in; LiveKit keeps listening while the agent speaks.
-        "interruption": {"enabled": False, "discard_audio_if_uninterruptible": False},
+        "interruption": {
+            "enabled": False,
+            "discard_audio_if_uninterruptible": False,
+            "resume_false_interruption": False,
+        },
         # A preemptive generation would send a typed turn before the user finished it.
         "preemptive_generation": {"enabled": False},
     }

@@ -222,7 +222,7 @@ def fake_audio_session(user: FakeUser, *, seconds_per_char: float = 0.02, **opti
         stt=FakeSTT(user),
         vad=FakeVAD(user),
         tts=FakeTTS(seconds_per_char=seconds_per_char),
-        **bridge_session_options(turn_detection="vad"),
+        **bridge_session_options(),
         **options,
     )
     sync = TranscriptSynchronizer(next_in_chain_audio=FakeAudioOutput(), next_in_chain_text=FakeTextOutput())

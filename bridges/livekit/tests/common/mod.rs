@@ -17,7 +17,8 @@ use switchboard_livekit::{
 };
 
 /// What the supervisor tells when asked for a story: long enough to be cut short.
-pub(crate) const STORY: &str = "Once upon a time, in a restaurant by the sea, a cook kept a book of \
+pub(crate) const STORY: &str =
+    "Once upon a time, in a restaurant by the sea, a cook kept a book of \
      every table ever booked, and every night she read one page of it aloud to the guests \
      who stayed late, and they all lived happily ever after.";
 
@@ -51,8 +52,12 @@ pub(crate) async fn start_bridge(options: impl FnOnce(BridgeOptions) -> BridgeOp
     let info: Arc<Mutex<HashMap<String, CallInfo>>> = Arc::default();
     let (sessions2, info2, llm2) = (sessions.clone(), info.clone(), llm.clone());
     tokio::spawn(bridge.serve(move |call: CallInfo, speech: SpeechSink| {
-        let (engine, sessions, info, llm) =
-            (engine.clone(), sessions2.clone(), info2.clone(), llm2.clone());
+        let (engine, sessions, info, llm) = (
+            engine.clone(),
+            sessions2.clone(),
+            info2.clone(),
+            llm2.clone(),
+        );
         async move {
             let session = Session::builder()
                 .id(call.session.clone())
@@ -204,12 +209,16 @@ pub(crate) async fn run_worker(harness: &Harness, scenario: &str, call: &str) ->
         output.status
     );
     let last = stdout.lines().last().unwrap_or_default();
-    serde_json::from_str(last)
-        .unwrap_or_else(|e| panic!("the {scenario} worker printed no JSON ({e}):\n{stdout}\n{stderr}"))
+    serde_json::from_str(last).unwrap_or_else(|e| {
+        panic!("the {scenario} worker printed no JSON ({e}):\n{stdout}\n{stderr}")
+    })
 }
 
 /// The messages of `agent`'s latest activation: (role, content, interrupted).
-pub(crate) fn messages(history: &switchboard::SessionHistory, agent: &str) -> Vec<(ChatRole, String, bool)> {
+pub(crate) fn messages(
+    history: &switchboard::SessionHistory,
+    agent: &str,
+) -> Vec<(ChatRole, String, bool)> {
     history
         .chat_of(agent)
         .map(|chat| {
