@@ -64,6 +64,8 @@
 //! - `delivery.rs`: the outbox and the applied-input ledger, plain types.
 //! - `host.rs`: the seam: [`BridgeHost`], [`SpeechSink`], [`BridgeOutput`] and
 //!   [`LocalCall`] (a session of this process).
+//! - `remote.rs` (feature `cluster`): `RemoteCall`, a session of a switchboard worker pool
+//!   (`switchboard-cluster`'s `RemoteSession`) as a bridge host.
 //! - `token.rs`: [`BridgeToken`].
 //! - `venv.rs`: [`worker_python`], the pinned livekit-agents venv the tests and the
 //!   example run the worker in.
@@ -72,11 +74,15 @@ mod delivery;
 mod host;
 mod link;
 pub mod protocol;
+#[cfg(feature = "cluster")]
+mod remote;
 mod server;
 mod token;
 mod venv;
 
 pub use host::{BridgeHost, BridgeOutput, CallInfo, HostError, LocalCall, SpeechSink};
+#[cfg(feature = "cluster")]
+pub use remote::RemoteCall;
 pub use server::{BridgeError, BridgeOptions, HostFactory, LiveKitBridge};
 pub use token::{BridgeToken, EmptyToken};
 pub use venv::{worker_python, VenvError, WorkerPython, LIVEKIT_AGENTS};
