@@ -12,6 +12,8 @@
 //! cargo bench -p switchboard-livekit --bench bridge_latency   # BENCH_N=500 by default
 //! ```
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 

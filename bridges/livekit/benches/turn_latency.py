@@ -57,38 +57,49 @@ class FakeLLM(llm.LLM):
         return _Stream(self, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
 
 
-async def measure(mode: str, n: int, warmup: int = 20) -> dict:
+async def one_call(mode: str, call: int, turns: int) -> list[float]:
+    """One session, ``turns`` typed turns; the time of each to its first text out."""
     if mode == "bridged":
         session = AgentSession(vad=None, **bridge_session_options())
         agent: Agent = SwitchboardAgent(url=os.environ["SB_BRIDGE_URL"], token=os.environ["SB_BRIDGE_TOKEN"],
-                                        session_id="bench")
+                                        session_id=f"bench-{call}")
     else:
         session = AgentSession(vad=None, llm=FakeLLM(), turn_handling={"turn_detection": "manual"})
         agent = Agent(instructions="You answer.")
     out = FirstText()
     session.output.transcription = out
     await session.start(agent)
-    await asyncio.sleep(0.2)
-    gc.collect()
     samples = []
-    for i in range(warmup + n):
-        loop = asyncio.get_running_loop()
-        out.first = loop.create_future()
+    for i in range(turns):
+        out.first = asyncio.get_running_loop().create_future()
         started = time.perf_counter()
         run = session.run(user_input=f"What time do you open? ({i})")
         first = await asyncio.wait_for(out.first, 10)
         await run
-        if i >= warmup:
-            samples.append((first - started) * 1000)
+        samples.append((first - started) * 1000)
     if isinstance(agent, SwitchboardAgent):
         agent.hang_up()
         await asyncio.wait_for(agent.ended.wait(), 10)
         await agent.bridge.aclose()
     await session.aclose()
-    samples.sort()
+    return samples
+
+
+async def measure(mode: str, n: int, warmup: int = 20, turns_per_call: int = 10) -> dict:
+    """``n`` timed turns after ``warmup``, in calls of ``turns_per_call`` turns each (a
+    fresh session per call, so no history grows past a call's length: LiveKit's pipeline
+    copies and scans its whole chat context on every turn)."""
+    samples: list[float] = []
+    call = 0
+    while len(samples) < warmup + n:
+        samples += await one_call(mode, call, turns_per_call)
+        call += 1
+        gc.collect()
+    samples = sorted(samples[warmup : warmup + n])
     return {
         "mode": mode,
         "n": n,
+        "turns_per_call": turns_per_call,
         "mean_ms": statistics.fmean(samples),
         "p50_ms": samples[len(samples) // 2],
         "p99_ms": samples[min(len(samples) - 1, int(len(samples) * 0.99))],

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use futures_util::stream::FuturesUnordered;
@@ -291,10 +291,9 @@ impl<H: BridgeHost> Call<H> {
         // The real waker comes with the `FuturesUnordered`'s next poll, which polls every
         // newly pushed future.
         let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Pending = work.as_mut().poll(&mut cx) {
+        // Ready at once: an input without an answer (or one refused, already logged).
+        if work.as_mut().poll(&mut cx).is_pending() {
             self.running.push(work);
-        } else {
-            // Ready at once: an input without an answer (or one refused, already logged).
         }
     }
 }

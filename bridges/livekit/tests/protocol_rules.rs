@@ -2,6 +2,8 @@
 //! misbehaves as networks make it: it loses its connection, forgets to acknowledge, resends
 //! what was applied, reconnects late or to a call that is gone.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::time::Duration;

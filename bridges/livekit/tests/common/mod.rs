@@ -2,7 +2,7 @@
 //! on a scripted model, a bridge on a free loopback port, and the Python worker run
 //! against it.
 
-#![allow(dead_code)] // each test file uses its part
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test helpers; each test file uses its part
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
