@@ -10,7 +10,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{messages, run_worker, start_bridge, STORY};
+use common::{messages, run_worker, said_by, start_bridge, STORY};
 use switchboard::{ChatItem, ChatRole};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -23,11 +23,7 @@ async fn text_mode_runs_typed_turns_through_switchboard() {
     assert_eq!(call.room.as_deref(), Some("text-room"));
     let history = harness.session("text-1").history().await;
     let said = messages(&history, "concierge");
-    let users: Vec<&str> = said
-        .iter()
-        .filter(|m| m.0 == ChatRole::User)
-        .map(|m| m.1.as_str())
-        .collect();
+    let users = said_by(&said, ChatRole::User);
     assert_eq!(users, ["What time do you open?", "Reserve a table for two"]);
     let chat = history.chat_of("concierge").unwrap();
     assert!(
@@ -53,11 +49,7 @@ async fn an_audio_call_with_tools_a_handoff_and_a_barge_in() {
     let history = harness.session("audio-1").history().await;
     // The async tool's result was spoken after its turn, by the concierge.
     let concierge = messages(&history, "concierge");
-    let spoken: Vec<&str> = concierge
-        .iter()
-        .filter(|m| m.0 == ChatRole::Assistant)
-        .map(|m| m.1.as_str())
-        .collect();
+    let spoken = said_by(&concierge, ChatRole::Assistant);
     assert_eq!(
         spoken,
         [
@@ -98,11 +90,7 @@ async fn a_reconnect_mid_call_loses_and_doubles_nothing() {
 
     let history = harness.session("reconnect-1").history().await;
     let said = messages(&history, "concierge");
-    let users: Vec<&str> = said
-        .iter()
-        .filter(|m| m.0 == ChatRole::User)
-        .map(|m| m.1.as_str())
-        .collect();
+    let users = said_by(&said, ChatRole::User);
     assert_eq!(
         users,
         ["What time do you open?", "And on Sundays?"],

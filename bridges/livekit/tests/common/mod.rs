@@ -232,3 +232,12 @@ pub(crate) fn messages(
         })
         .unwrap_or_default()
 }
+
+/// The texts of the messages by `role`, in order.
+pub(crate) fn said_by(messages: &[(ChatRole, String, bool)], role: ChatRole) -> Vec<&str> {
+    messages
+        .iter()
+        .filter(|m| m.0 == role)
+        .map(|m| m.1.as_str())
+        .collect()
+}
