@@ -38,8 +38,8 @@ impl Drop for RemoteCall {
 
 impl RemoteCall {
     /// Fronts `session`, forwarding its speech to `speech`. Start the session with
-    /// `OutputMode` voice on the gateway, so the pool waits for the worker's playout
-    /// reports.
+    /// `OutputMode::Voice { pausable: speech.can_pause() }` in its `SessionSpec`, so the
+    /// pool's worker waits for the LiveKit worker's playout reports.
     pub fn new(session: RemoteSession, speech: SpeechSink) -> Self {
         // From its first event: a greeting spoken before this call was made is not missed.
         let mut events = session.subscribe_from(1);
