@@ -36,7 +36,8 @@
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
-//! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
+//! - The actors themselves live in the `switchboard-actors` crate (ARCHITECTURE.md in the
+//!   repository maps them).
 //!
 //! # Runtimes
 //!
@@ -174,7 +175,7 @@ pub mod prompts {
     };
 }
 
-/// Sessions that outlive their process (SPEC §14): a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// Sessions that outlive their process: a [`SessionSnapshot`](snapshot::SessionSnapshot)
 /// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
 /// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
 /// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and

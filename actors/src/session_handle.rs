@@ -493,7 +493,7 @@ impl Session {
         self.shared().settings.userdata.clone()?.downcast().ok()
     }
 
-    /// The whole session written down at its last consistent point (SPEC §14): restore it
+    /// The whole session written down at its last consistent point: restore it
     /// with [`SessionBuilder::restore`]. During a handoff or a sub-task's start or end it
     /// answers once the switch has ended; new work waits while it is collected (a few
     /// messages, not a turn). Starts a new chain: the next
@@ -773,7 +773,7 @@ impl SessionBuilder {
         self
     }
 
-    /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
+    /// Saves the session to `store` after every turn that settles: a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at

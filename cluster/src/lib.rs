@@ -1,6 +1,6 @@
 //! Sessions on many machines: switchboard sessions run on a pool of worker processes
 //! behind [NATS](https://nats.io) with JetStream, and the host's front drives each one
-//! through a gateway without knowing which worker holds it (SPEC §15).
+//! through a gateway without knowing which worker holds it.
 //!
 //! NATS does the delivery; JetStream's work-queue stream, KV bucket and snapshots stream
 //! do the queue, the ownership and the sessions' storage. This crate adds no consensus or
@@ -89,8 +89,8 @@
 //! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, [`WorkerInfo`] |
 //! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
-//! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release ([`OwnerRecord`]) |
-//! | `snapshots.rs` | the snapshots stream ([`SnapshotStream`]) and one owner's fenced [`SnapshotWriter`], a `SnapshotStore` |
+//! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
+//! | `snapshots.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`) |
 //! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain, [`provision`] |
 //! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
@@ -127,7 +127,6 @@ mod worker;
 pub use connect::{ClusterClient, ConnectError, NatsConnect};
 pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
 pub use namespace::{NameError, Namespace, SessionKey};
-pub use ownership::{OwnerRecord, OwnerState};
 pub use permissions::Permissions;
 pub use protocol::WorkerInfo;
 pub use remote_event::{
@@ -135,7 +134,6 @@ pub use remote_event::{
     RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
 };
 pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
-pub use snapshots::{SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter, StoredSession};
 pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
 pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};
 

@@ -51,20 +51,19 @@ use crate::namespace::{Namespace, SessionKey};
 
 /// What the owners bucket says about one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OwnerRecord {
+pub(crate) struct OwnerRecord {
     /// The worker that owns (or owned) it.
-    pub worker: String,
+    pub(crate) worker: String,
     /// The owner's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Whether it runs.
-    pub state: OwnerState,
+    pub(crate) state: OwnerState,
 }
 
 /// Whether an owned session runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum OwnerState {
+pub(crate) enum OwnerState {
     /// It runs on `worker`.
     Running,
     /// It ended there; the record stays for the ended-retention so it is not started

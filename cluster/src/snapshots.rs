@@ -53,10 +53,26 @@ const EPOCH: &str = "Sb-Epoch";
 const WORKER: &str = "Sb-Worker";
 const FULL: &str = "Sb-Full";
 
+/// Why the snapshots stream could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamError {
+    /// Provisioning could not create the stream.
+    #[error("cannot create the snapshots stream {stream}: {reason}")]
+    Create { stream: String, reason: String },
+    /// The stream is not there (or this client may not see it).
+    #[error("no snapshots stream {stream}: {reason}")]
+    Missing { stream: String, reason: String },
+    /// A read of a session's subject failed.
+    #[error("cannot read {subject}: {reason}")]
+    Read { subject: String, reason: String },
+    /// A message of a session's subject does not say what it is (not written by a worker).
+    #[error("message {seq} has no {KIND} header")]
+    Unmarked { seq: u64 },
+}
+
 /// What one message of a session's subject is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SnapshotKind {
+pub(crate) enum SnapshotKind {
     /// A new owner took the session (the fence).
     Claim,
     /// A whole snapshot.
@@ -90,26 +106,28 @@ impl SnapshotKind {
 
 /// One message of a session's subject, as its headers describe it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SnapshotRecord {
+pub(crate) struct SnapshotRecord {
     /// Its sequence in the stream.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// What it is.
-    pub kind: SnapshotKind,
+    pub(crate) kind: SnapshotKind,
     /// Its writer's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Its writer.
-    pub worker: String,
+    pub(crate) worker: String,
     /// The sequence of the full snapshot it follows (its own for a full one; 0: none).
-    pub full: u64,
+    pub(crate) full: u64,
 }
 
 impl SnapshotRecord {
-    fn read(message: &StreamMessage) -> Result<Self, String> {
+    fn read(message: &StreamMessage) -> Result<Self, StreamError> {
         let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
-        let kind = header(KIND)
-            .and_then(|k| SnapshotKind::parse(&k))
-            .ok_or_else(|| format!("message {} has no {KIND} header", message.sequence))?;
+        let kind =
+            header(KIND)
+                .and_then(|k| SnapshotKind::parse(&k))
+                .ok_or(StreamError::Unmarked {
+                    seq: message.sequence,
+                })?;
         let number = |name: &str| {
             header(name)
                 .and_then(|v| v.parse::<u64>().ok())
@@ -131,16 +149,15 @@ impl SnapshotRecord {
 
 /// A session as the store holds it.
 #[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct StoredSession {
-    /// What it was started from.
-    pub spec: SessionSpec,
+pub(crate) struct StoredSession {
     /// Its last snapshot with every delta after it applied (`None`: it never saved one).
-    pub snapshot: Option<SessionSnapshot>,
+    pub(crate) snapshot: Option<SessionSnapshot>,
     /// The last writer's epoch.
-    pub epoch: u64,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) epoch: u64,
     /// The last writer.
-    pub worker: String,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) worker: String,
 }
 
 /// What a claim of a session's snapshots found.
@@ -159,7 +176,7 @@ pub(crate) enum Claimed {
 
 /// The snapshots stream of a cluster. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct SnapshotStream {
+pub(crate) struct SnapshotStream {
     js: jetstream::Context,
     stream: stream::Stream,
     namespace: Namespace,
@@ -174,7 +191,7 @@ impl SnapshotStream {
         namespace: &Namespace,
         ended_retention: Duration,
         create: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, StreamError> {
         let name = namespace.snapshots_stream();
         let stream = if create {
             js.get_or_create_stream(stream::Config {
@@ -191,11 +208,17 @@ impl SnapshotStream {
                 ..Default::default()
             })
             .await
-            .map_err(|err| format!("cannot create the snapshots stream {name}: {err}"))?
+            .map_err(|err| StreamError::Create {
+                stream: name.clone(),
+                reason: err.to_string(),
+            })?
         } else {
             js.get_stream(&name)
                 .await
-                .map_err(|err| format!("no snapshots stream {name}: {err}"))?
+                .map_err(|err| StreamError::Missing {
+                    stream: name.clone(),
+                    reason: err.to_string(),
+                })?
         };
         Ok(Self {
             js,
@@ -205,31 +228,25 @@ impl SnapshotStream {
         })
     }
 
-    /// Opens a cluster's snapshots stream to read it (an operator, a test).
-    pub async fn connect(
-        client: &crate::ClusterClient,
-        namespace: &Namespace,
-    ) -> Result<Self, String> {
-        let js = jetstream::new(client.nats().clone());
-        Self::open(js, namespace, Duration::from_secs(600), false).await
-    }
-
     fn subject(&self, session: &SessionKey) -> String {
         self.namespace.snapshot_subject(session)
     }
 
     /// The last message of `subject`, if any.
-    async fn last(&self, subject: &str) -> Result<Option<StreamMessage>, String> {
+    async fn last(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
         match self.stream.direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(err) => Err(format!("cannot read {subject}: {err}")),
+            Err(err) => Err(StreamError::Read {
+                subject: subject.to_owned(),
+                reason: err.to_string(),
+            }),
         }
     }
 
-    /// The messages of a session's subject, oldest first (what an operator or a test
-    /// inspects).
-    pub async fn records(&self, session: &SessionKey) -> Result<Vec<SnapshotRecord>, String> {
+    /// The messages of a session's subject, oldest first.
+    #[cfg(test)]
+    async fn records(&self, session: &SessionKey) -> Result<Vec<SnapshotRecord>, StreamError> {
         let subject = self.subject(session);
         let mut records = Vec::new();
         let mut at = 1;
@@ -244,13 +261,18 @@ impl SnapshotStream {
                     records.push(SnapshotRecord::read(&message)?);
                 }
                 Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(records),
-                Err(err) => return Err(format!("cannot read {subject}: {err}")),
+                Err(err) => {
+                    return Err(StreamError::Read {
+                        subject,
+                        reason: err.to_string(),
+                    })
+                }
             }
         }
     }
 
     /// Whether the store holds a session to resume (something, and not its end).
-    pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, String> {
+    pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, StreamError> {
         let last = self.last(&self.subject(session)).await?;
         Ok(match last {
             Some(message) => SnapshotRecord::read(&message)?.kind != SnapshotKind::Ended,
@@ -260,24 +282,26 @@ impl SnapshotStream {
 
     /// The session as the store holds it (`None`: nothing, or it ended). Reads only; a
     /// worker resuming a session claims it instead, which fences the writer before.
-    pub async fn load(&self, session: &SessionKey) -> Result<Option<StoredSession>, StoreError> {
+    pub(crate) async fn load(
+        &self,
+        session: &SessionKey,
+    ) -> Result<Option<StoredSession>, StoreError> {
         let subject = self.subject(session);
-        let unavailable = |reason| StoreError::Unavailable {
-            session: session.to_string(),
-            reason,
-        };
-        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+        let Some(last) = self
+            .last(&subject)
+            .await
+            .map_err(|err| unavailable(session, err))?
+        else {
             return Ok(None);
         };
-        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        let record = SnapshotRecord::read(&last).map_err(|err| unmarked(session, err))?;
         if record.kind == SnapshotKind::Ended {
             return Ok(None);
         }
-        let (spec, snapshot) = self
+        let snapshot = self
             .read_chain(session, &last, &record, record.seq + 1)
             .await?;
         Ok(Some(StoredSession {
-            spec,
             snapshot,
             epoch: record.epoch,
             worker: record.worker,
@@ -330,10 +354,13 @@ impl SnapshotStream {
         }
         // Something is there: claim over the last message, then read what it follows.
         for _ in 0..5 {
-            let last = self.last(&subject).await.map_err(unavailable)?;
+            let last = self
+                .last(&subject)
+                .await
+                .map_err(|err| unavailable(err.to_string()))?;
             let record = match &last {
                 Some(message) => {
-                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
+                    Some(SnapshotRecord::read(message).map_err(|err| unmarked(session, err))?)
                 }
                 None => None,
             };
@@ -455,8 +482,7 @@ impl SnapshotStream {
                 break;
             }
             at = message.sequence + 1;
-            let record =
-                SnapshotRecord::read(&message).map_err(|reason| corrupt(session, reason))?;
+            let record = SnapshotRecord::read(&message).map_err(|err| unmarked(session, err))?;
             if record.kind != SnapshotKind::Delta {
                 continue;
             }
@@ -471,20 +497,19 @@ impl SnapshotStream {
         Ok(snapshot)
     }
 
-    /// The spec and snapshot `last` ends the chain of, read without claiming.
+    /// The snapshot `last` ends the chain of, read without claiming.
     async fn read_chain(
         &self,
         session: &SessionKey,
         last: &StreamMessage,
         record: &SnapshotRecord,
         until: u64,
-    ) -> Result<(SessionSpec, Option<SessionSnapshot>), StoreError> {
-        let (spec, full) = self.spec_and_full(session, last, record).await?;
-        let snapshot = match full {
+    ) -> Result<Option<SessionSnapshot>, StoreError> {
+        let (_spec, full) = self.spec_and_full(session, last, record).await?;
+        Ok(match full {
             Some(full) => Some(self.apply_deltas(session, full, record.full, until).await?),
             None => None,
-        };
-        Ok((spec, snapshot))
+        })
     }
 
     fn message(
@@ -521,6 +546,17 @@ impl SnapshotStream {
             tracing::debug!(subject, error = %err, "old snapshots not purged (the next full one will)");
         }
     }
+}
+
+fn unavailable(session: &SessionKey, err: StreamError) -> StoreError {
+    StoreError::Unavailable {
+        session: session.to_string(),
+        reason: err.to_string(),
+    }
+}
+
+fn unmarked(session: &SessionKey, err: StreamError) -> StoreError {
+    corrupt(session, err.to_string())
 }
 
 fn corrupt(session: &SessionKey, reason: String) -> StoreError {
@@ -560,7 +596,7 @@ fn decode_full(payload: &[u8]) -> Result<(SessionSpec, SessionSnapshot), String>
 /// to. Every write is a compare-and-set on the subject's last sequence (see the module
 /// docs); a refused one fences the writer for good. Cheap to clone.
 #[derive(Clone)]
-pub struct SnapshotWriter {
+pub(crate) struct SnapshotWriter {
     inner: Arc<WriterInner>,
 }
 
@@ -635,17 +671,17 @@ impl SnapshotWriter {
     }
 
     /// The owner's epoch.
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.inner.epoch
     }
 
     /// The last host input id of the newest snapshot written (0: none).
-    pub fn saved_input(&self) -> u64 {
+    pub(crate) fn saved_input(&self) -> u64 {
         self.inner.saved_input.load(Ordering::SeqCst)
     }
 
     /// Writes refused so far (fenced, or the lease not trusted).
-    pub fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
     }
 
@@ -775,10 +811,10 @@ impl SnapshotWriter {
                     return Ok(seq);
                 }
                 Err(WriteError::Moved) => {
-                    let last = inner.stream.last(&inner.subject).await.map_err(|reason| {
+                    let last = inner.stream.last(&inner.subject).await.map_err(|err| {
                         StoreError::Unavailable {
                             session: session.clone(),
-                            reason,
+                            reason: err.to_string(),
                         }
                     })?;
                     let record = last.as_ref().and_then(|m| SnapshotRecord::read(m).ok());

@@ -269,7 +269,7 @@ impl Worker {
             options.provision,
         )
         .await
-        .map_err(setup("snapshots stream"))?;
+        .map_err(|err| setup("snapshots stream")(err.to_string()))?;
         let expiries = owners
             .watch_expiries()
             .await
@@ -387,7 +387,7 @@ pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<
     .map_err(setup("owners bucket"))?;
     SnapshotStream::open(js, namespace, defaults.ended_retention, true)
         .await
-        .map_err(setup("snapshots stream"))?;
+        .map_err(|err| setup("snapshots stream")(err.to_string()))?;
     Ok(())
 }
 

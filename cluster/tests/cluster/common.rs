@@ -244,11 +244,29 @@ pub async fn event_where(
     }
 }
 
+/// An owner record as the owners bucket stores it: JSON, one key per session (the
+/// workers' own type is private; this is the stored form docs/wire-protocol.md gives).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct OwnerRecord {
+    pub worker: String,
+    pub epoch: u64,
+    pub state: OwnerState,
+}
+
+/// An owner record's `state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerState {
+    Running,
+    Ended,
+    Moving,
+}
+
 /// The owner record of `session` now.
 pub async fn owner_of(
     client: &ClusterClient,
     session: &switchboard_cluster::SessionKey,
-) -> Option<switchboard_cluster::OwnerRecord> {
+) -> Option<OwnerRecord> {
     let owners = async_nats::jetstream::new(client.nats().clone())
         .get_key_value(switchboard_cluster::Namespace::default().owners_bucket())
         .await
@@ -258,6 +276,59 @@ pub async fn owner_of(
         .await
         .expect("the bucket answers")?;
     Some(serde_json::from_slice(&value).expect("an owner record"))
+}
+
+/// One message of a session's subject in the snapshots stream, as its headers
+/// (`Sb-Kind`, `Sb-Epoch`, `Sb-Worker`) describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub kind: String,
+    pub epoch: u64,
+    pub worker: String,
+}
+
+/// The messages of `session`'s subject in the snapshots stream of `namespace`, oldest
+/// first.
+pub async fn snapshot_records(
+    client: &ClusterClient,
+    namespace: &switchboard_cluster::Namespace,
+    session: &switchboard_cluster::SessionKey,
+) -> Vec<SnapshotRecord> {
+    let stream = async_nats::jetstream::new(client.nats().clone())
+        .get_stream(namespace.snapshots_stream())
+        .await
+        .expect("the snapshots stream exists");
+    let subject = namespace.snapshot_subject(session);
+    let mut records = Vec::new();
+    let mut at = 1;
+    loop {
+        match stream
+            .direct_get_next_for_subject(subject.clone(), Some(at))
+            .await
+        {
+            Ok(message) => {
+                at = message.sequence + 1;
+                let header = |name: &str| {
+                    message
+                        .headers
+                        .get(name)
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_else(|| panic!("message {} has no {name}", message.sequence))
+                };
+                records.push(SnapshotRecord {
+                    kind: header("Sb-Kind"),
+                    epoch: header("Sb-Epoch").parse().expect("an epoch"),
+                    worker: header("Sb-Worker"),
+                });
+            }
+            Err(err)
+                if err.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound =>
+            {
+                return records
+            }
+            Err(err) => panic!("cannot read {subject}: {err}"),
+        }
+    }
 }
 
 /// Awaits `future` within `PATIENCE`, failing with what was awaited.

@@ -8,13 +8,12 @@ use crate::common;
 use std::time::Duration;
 
 use async_nats::RequestErrorKind;
-use common::{within, WorkerProcess, PATIENCE};
+use common::{within, OwnerRecord, OwnerState, WorkerProcess, PATIENCE};
 use futures_util::FutureExt;
 use futures_util::StreamExt;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    ConnectError, GatewayError, GatewayOptions, Namespace, NatsConnect, OwnerRecord, OwnerState,
-    Permissions, SessionSpec,
+    ConnectError, GatewayError, GatewayOptions, Namespace, NatsConnect, Permissions, SessionSpec,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
