@@ -71,8 +71,9 @@
 //!   applied exactly once and a turn under way runs again and answers its caller
 //!   (`tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`).
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
-//!   ([`NatsConnect`]); tenants are NATS accounts; [`Permissions`] gives each role only
-//!   its subjects (`tests/cluster/who_may_connect.rs`).
+//!   ([`NatsConnect`]); tenants are NATS accounts, or share one with a namespace and an
+//!   inbox prefix each; [`Permissions`] gives each role only its tenant's subjects
+//!   (`tests/cluster/who_may_connect.rs`).
 //! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
 //!   interrupts the rest, stores each one's last snapshot and hands it over; the other
 //!   workers resume them and their fronts go on (`tests/cluster/drain_moves_sessions.rs`:
@@ -100,11 +101,13 @@
 //! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
 //! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
-//! | `permissions.rs` | [`Permissions`] of a gateway and a worker |
+//! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
+//! | `wire_protocol.rs` | [`wire_protocol`]: every name on NATS and every message, as JSON (a page, checked against the code by its test) |
 //! | `local.rs` | [`local::NatsServer`]: a real `nats-server` for tests, examples and a laptop |
 //!
-//! The subjects, streams and buckets, who writes what, and what happens on each fault are
-//! in ARCHITECTURE.md, "The cluster".
+//! The subjects, streams and buckets and every message on them are in [`wire_protocol`];
+//! who writes what and what happens on each fault, in the repository's ARCHITECTURE.md,
+//! "The cluster".
 
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![deny(unused_must_use)]
@@ -122,12 +125,13 @@ mod remote_event;
 mod remote_session;
 mod snapshots;
 mod spec;
+pub mod wire_protocol;
 mod worker;
 
 pub use connect::{ClusterClient, ConnectError, NatsConnect};
 pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
 pub use namespace::{NameError, Namespace, SessionKey};
-pub use permissions::Permissions;
+pub use permissions::{Permissions, DEFAULT_INBOX_PREFIX};
 pub use protocol::WorkerInfo;
 pub use remote_event::{
     EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,

@@ -53,6 +53,10 @@ const EPOCH: &str = "Sb-Epoch";
 const WORKER: &str = "Sb-Worker";
 const FULL: &str = "Sb-Full";
 
+/// Every header a snapshot message may carry (the wire protocol's page lists them).
+#[cfg(test)]
+pub(crate) const HEADERS: [&str; 4] = [KIND, EPOCH, WORKER, FULL];
+
 /// Why the snapshots stream could not be opened or read.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StreamError {
@@ -84,7 +88,7 @@ pub(crate) enum SnapshotKind {
 }
 
 impl SnapshotKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Claim => "claim",
             Self::Full => "full",

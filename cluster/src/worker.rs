@@ -67,7 +67,7 @@ pub enum WorkerError {
     /// The worker cannot use a piece of the cluster on NATS: the jobs stream, its
     /// consumer, the owners bucket and its watch, the snapshots stream, its info subject. Missing (start a worker with
     /// `provision(true)`, the default, or create them), or refused by the server's
-    /// permissions (see ARCHITECTURE.md, "Who may connect").
+    /// permissions (see [`Permissions`](crate::Permissions)).
     #[error("worker {worker} cannot use the {what}: {reason}")]
     Setup {
         /// The worker.
@@ -359,7 +359,7 @@ impl Worker {
 /// Creates what a cluster needs on NATS — the jobs stream, its consumer, the owners
 /// bucket and the snapshots stream — if they do not exist yet: what an operator runs once with an admin user when
 /// workers may not create them (`WorkerOptions::provision(false)`; the subjects each role
-/// needs are in ARCHITECTURE.md, "Who may connect"). A worker with `provision(true)` does
+/// needs: [`Permissions`](crate::Permissions)). A worker with `provision(true)` does
 /// the same at its start.
 pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<(), WorkerError> {
     let setup = |what: &'static str| {

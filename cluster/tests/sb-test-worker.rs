@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! sb-test-worker --url nats://127.0.0.1:4222 --user switchboard --password secret \
-//!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5] \
+//!     --name worker-1 --capacity 10 [--namespace sb] [--inbox-prefix _INBOX] \
+//!     [--lease-secs 10] [--drain-secs 5] \
 //!     [--idle-secs 600] [--no-provision] [--max-tool-ms N]
 //! ```
 //!
@@ -175,6 +176,7 @@ fn parse_args() -> Result<Args, String> {
     let mut name = None;
     let mut capacity = 10;
     let mut namespace = Namespace::default();
+    let mut inbox_prefix = None;
     let mut lease = Duration::from_secs(10);
     let mut drain = Duration::from_secs(5);
     let mut idle = Duration::from_secs(600);
@@ -193,6 +195,7 @@ fn parse_args() -> Result<Args, String> {
             "--name" => name = Some(value()?),
             "--capacity" => capacity = value()?.parse().map_err(|e| format!("--capacity: {e}"))?,
             "--namespace" => namespace = Namespace::new(value()?).map_err(|e| e.to_string())?,
+            "--inbox-prefix" => inbox_prefix = Some(value()?),
             "--lease-secs" => {
                 lease =
                     Duration::from_secs(value()?.parse().map_err(|e| format!("--lease-secs: {e}"))?)
@@ -219,6 +222,9 @@ fn parse_args() -> Result<Args, String> {
     let url = url.ok_or("--url is required")?;
     let name = name.ok_or("--name is required")?;
     let mut connect = NatsConnect::new(url).name(name.clone());
+    if let Some(prefix) = inbox_prefix {
+        connect = connect.inbox_prefix(prefix);
+    }
     connect = match (user, password, token, nkey, creds) {
         (Some(user), Some(password), ..) => connect.user_and_password(user, password),
         (_, _, Some(token), ..) => connect.token(token),
