@@ -42,6 +42,9 @@
 //! # }
 //! ```
 //!
+//! The worker you deploy is [`runtime::run`] around your factory: settings from flags and
+//! variables, health and metrics over HTTP, drain on SIGTERM (`examples/worker.rs`).
+//!
 //! `examples/local_cluster.rs` runs all of it on one machine: a local server, three worker
 //! processes and a front; it kills the worker holding a conversation mid-call and drains
 //! another under load, and the conversation goes on.
@@ -92,7 +95,9 @@
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
 //! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
 //! | `snapshots.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`) |
-//! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain, [`provision`] |
+//! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain |
+//! | `provisioning.rs` | [`provision`], [`provision_with_replicas`]: the streams and bucket, created once, R1 or R3 |
+//! | `runtime.rs` | [`runtime`]: the worker you deploy — settings from flags and variables (`runtime/config.rs`), health, readiness and metrics over HTTP (`runtime/status.rs`, `runtime/http.rs`), drain on SIGTERM |
 //! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
@@ -121,8 +126,10 @@ mod namespace;
 mod ownership;
 mod permissions;
 mod protocol;
+mod provisioning;
 mod remote_event;
 mod remote_session;
+pub mod runtime;
 mod snapshots;
 mod spec;
 pub mod wire_protocol;
@@ -133,13 +140,14 @@ pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
 pub use namespace::{NameError, Namespace, SessionKey};
 pub use permissions::{Permissions, DEFAULT_INBOX_PREFIX};
 pub use protocol::WorkerInfo;
+pub use provisioning::{provision, provision_with_replicas};
 pub use remote_event::{
     EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
     RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
 };
 pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
 pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
-pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};
+pub use worker::{DrainReport, Worker, WorkerError, WorkerOptions};
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {

@@ -46,6 +46,7 @@ use tokio::sync::{watch, Mutex};
 use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::LeaseClock;
+use crate::provisioning::Provisioning;
 use crate::spec::SessionSpec;
 
 const KIND: &str = "Sb-Kind";
@@ -178,10 +179,19 @@ pub(crate) enum Claimed {
     },
 }
 
+/// How many writes to the stream landed and how many did not, over every writer of one
+/// worker's stream.
+#[derive(Debug, Default)]
+pub(crate) struct WriteCounts {
+    pub(crate) written: AtomicU64,
+    pub(crate) failed: AtomicU64,
+}
+
 /// The snapshots stream of a cluster. Cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct SnapshotStream {
     js: jetstream::Context,
+    counts: Arc<WriteCounts>,
     stream: stream::Stream,
     namespace: Namespace,
     /// How long an ended session's tombstone stays.
@@ -189,15 +199,15 @@ pub(crate) struct SnapshotStream {
 }
 
 impl SnapshotStream {
-    /// Opens the stream, creating it when `create` is set and it does not exist.
+    /// Opens the stream, creating it when `provisioning` says so and it does not exist.
     pub(crate) async fn open(
         js: jetstream::Context,
         namespace: &Namespace,
         ended_retention: Duration,
-        create: bool,
+        provisioning: Provisioning,
     ) -> Result<Self, StreamError> {
         let name = namespace.snapshots_stream();
-        let stream = if create {
+        let stream = if provisioning != Provisioning::Existing {
             js.get_or_create_stream(stream::Config {
                 name: name.clone(),
                 description: Some(
@@ -209,6 +219,7 @@ impl SnapshotStream {
                 allow_direct: true,
                 // The tombstone of an ended session expires.
                 allow_message_ttl: true,
+                num_replicas: provisioning.replicas(),
                 ..Default::default()
             })
             .await
@@ -226,10 +237,16 @@ impl SnapshotStream {
         };
         Ok(Self {
             js,
+            counts: Arc::default(),
             stream,
             namespace: namespace.clone(),
             ended_retention: ended_retention.max(Duration::from_secs(1)),
         })
+    }
+
+    /// Its writes so far.
+    pub(crate) fn counts(&self) -> &WriteCounts {
+        &self.counts
     }
 
     fn subject(&self, session: &SessionKey) -> String {
@@ -541,7 +558,13 @@ impl SnapshotStream {
         message: PublishMessage,
         expected: u64,
     ) -> Result<u64, WriteError> {
-        publish_if_last(&self.js, subject.to_owned(), message, expected).await
+        let written = publish_if_last(&self.js, subject.to_owned(), message, expected).await;
+        let counter = match written {
+            Ok(_) => &self.counts.written,
+            Err(_) => &self.counts.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        written
     }
 
     /// Removes the messages of `subject` before `seq`.
@@ -790,6 +813,7 @@ impl SnapshotWriter {
         let session = inner.session.to_string();
         if *inner.fenced.borrow() {
             inner.refused.fetch_add(1, Ordering::Relaxed);
+            inner.stream.counts.failed.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Fenced {
                 session,
                 reason: "a newer owner wrote the session".into(),
@@ -797,6 +821,7 @@ impl SnapshotWriter {
         }
         if !inner.lease.is_valid() {
             inner.refused.fetch_add(1, Ordering::Relaxed);
+            inner.stream.counts.failed.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Unavailable {
                 session,
                 reason: "this worker's lease on the session cannot be trusted now".into(),
@@ -953,9 +978,14 @@ mod tests {
         let client = server.connect().connect().await.unwrap();
         let js = jetstream::new(client.nats().clone());
         let ns = Namespace::default();
-        let stream = SnapshotStream::open(js, &ns, Duration::from_secs(60), true)
-            .await
-            .unwrap();
+        let stream = SnapshotStream::open(
+            js,
+            &ns,
+            Duration::from_secs(60),
+            Provisioning::Create { replicas: 1 },
+        )
+        .await
+        .unwrap();
         let key = SessionKey::new("call-1").unwrap();
         let spec = SessionSpec::new("greeter");
         // Leases both trust: only the store decides.
@@ -1022,9 +1052,14 @@ mod tests {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
         let js = jetstream::new(client.nats().clone());
-        let stream = SnapshotStream::open(js, &Namespace::default(), Duration::from_secs(60), true)
-            .await
-            .unwrap();
+        let stream = SnapshotStream::open(
+            js,
+            &Namespace::default(),
+            Duration::from_secs(60),
+            Provisioning::Create { replicas: 1 },
+        )
+        .await
+        .unwrap();
         let key = SessionKey::new("call-2").unwrap();
         let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
         let Ok(Claimed::Fresh(writer)) = stream

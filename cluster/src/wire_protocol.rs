@@ -538,6 +538,7 @@ mod tests {
                 capacity: 100,
                 live: 37,
                 max_live: 52,
+                jobs_pulled: 1206,
                 started: 1204,
                 ended: 1167,
                 refused: 2,
@@ -547,6 +548,8 @@ mod tests {
                 resumed: 14,
                 moved: 0,
                 snapshot_writes_refused: 0,
+                snapshot_writes: 20_480,
+                snapshot_write_failures: 1,
                 draining: false,
             }),
         );

@@ -6,6 +6,7 @@
 mod common;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;

@@ -101,9 +101,9 @@ async fn one_tenant_cannot_reach_another_and_each_role_keeps_to_its_subjects() {
         "acme-w1",
         2,
         &[
-            "--user",
+            "--nats-user",
             "acme_worker",
-            "--password",
+            "--nats-password",
             "acme-worker",
             "--no-provision",
         ]
@@ -268,9 +268,9 @@ async fn tenants_sharing_an_account_cannot_reach_each_other() {
             &format!("{tenant}-w1"),
             2,
             &[
-                "--user".to_owned(),
+                "--nats-user".to_owned(),
                 format!("{tenant}_worker"),
-                "--password".to_owned(),
+                "--nats-password".to_owned(),
                 format!("{tenant}-worker"),
                 "--namespace".to_owned(),
                 format!("{tenant}.sb"),
