@@ -77,6 +77,10 @@
 //!   ([`NatsConnect`]); tenants are NATS accounts, or share one with a namespace and an
 //!   inbox prefix each; [`Permissions`] gives each role only its tenant's subjects
 //!   (`tests/cluster/who_may_connect.rs`).
+//! * **A NATS cluster.** With three servers and everything provisioned with three replicas
+//!   ([`WorkerOptions::replicas`], [`provision_with_replicas`]), killing the server that
+//!   leads the snapshots stream loses no session, snapshot or input
+//!   (`tests/cluster/losing_one_of_three_servers_loses_nothing.rs`).
 //! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
 //!   interrupts the rest, stores each one's last snapshot and hands it over; the other
 //!   workers resume them and their fronts go on (`tests/cluster/drain_moves_sessions.rs`:
@@ -108,7 +112,7 @@
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
 //! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
 //! | `wire_protocol.rs` | [`wire_protocol`]: every name on NATS and every message, as JSON (a page, checked against the code by its test) |
-//! | `local.rs` | [`local::NatsServer`]: a real `nats-server` for tests, examples and a laptop |
+//! | `local.rs`, `local/cluster.rs` | [`local::NatsServer`], [`local::NatsCluster`]: a real `nats-server`, or three clustered, for tests, examples and a laptop |
 //!
 //! The subjects, streams and buckets and every message on them are in [`wire_protocol`];
 //! who writes what and what happens on each fault, in the repository's ARCHITECTURE.md,

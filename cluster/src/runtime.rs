@@ -86,13 +86,7 @@ impl WorkerRuntime {
             Some(arbiters) => Engine::with_arbiters(arbiters)?,
             None => Engine::start()?,
         };
-        let worker = Worker::start(
-            client.clone(),
-            engine.clone(),
-            factory,
-            config.worker.clone(),
-        )
-        .await?;
+        let worker = start_worker(&client, &engine, factory, &config).await?;
         let source = status_source(&worker, &client, &engine);
         let health = match config.listen {
             Some(addr) => {
@@ -177,6 +171,41 @@ impl RunningWorker {
         Ok(report?)
     }
 }
+
+/// Starts the worker, trying again for up to [`SETUP_PATIENCE`] while the cluster cannot
+/// give it its streams and bucket: a NATS cluster electing a stream's leader (a server
+/// just lost, or all starting together) answers nothing for seconds, and a worker
+/// started then would otherwise exit for a wait its orchestrator would have to retry.
+async fn start_worker(
+    client: &ClusterClient,
+    engine: &Engine,
+    factory: impl SessionFactory,
+    config: &WorkerConfig,
+) -> Result<Worker, RuntimeError> {
+    let factory = Arc::new(factory);
+    let began = tokio::time::Instant::now();
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let started = Worker::start(
+            client.clone(),
+            engine.clone(),
+            factory.clone(),
+            config.worker.clone(),
+        )
+        .await;
+        match started {
+            Err(err @ WorkerError::Setup { .. }) if began.elapsed() < SETUP_PATIENCE => {
+                tracing::warn!(worker = %config.name, error = %err, "the cluster is not ready; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            started => return Ok(started?),
+        }
+    }
+}
+
+/// How long a starting worker waits for the cluster's streams and bucket.
+const SETUP_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The status the health server reads at each request. It holds a reader of the worker's
 /// counts, not the worker, so it answers during the drain (which takes the worker).

@@ -46,7 +46,12 @@ pub struct WorkerProcess {
 
 /// The credentials flags for a server's default auth.
 pub fn credentials(server: &NatsServer) -> Vec<String> {
-    match server.auth() {
+    credentials_for(server.auth())
+}
+
+/// The credentials flags for `auth`.
+pub fn credentials_for(auth: &ServerAuth) -> Vec<String> {
+    match auth {
         ServerAuth::UserPassword { user, password } => vec![
             "--nats-user".into(),
             user.clone(),

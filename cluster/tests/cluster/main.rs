@@ -14,5 +14,6 @@ mod dispatch_never_over_admits;
 mod drain_moves_sessions;
 mod figures;
 mod inputs_apply_exactly_once;
+mod losing_one_of_three_servers_loses_nothing;
 mod sessions_survive_a_server_restart;
 mod who_may_connect;
