@@ -57,6 +57,7 @@ mod events;
 mod handoff;
 mod heartbeat;
 mod history;
+mod host_session;
 mod idle_release;
 mod ids;
 mod inspector;
@@ -96,6 +97,7 @@ pub use events::{
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
+pub use host_session::{EventsMissed, HostSession, SessionEvents};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};

@@ -198,7 +198,9 @@ impl Session {
     /// awaiting would wait on the turn the caller runs in.
     fn check_reentry(&self, operation: &'static str) -> Result<(), SessionError> {
         if reentry::is_inside(self.id()) {
-            return Err(SessionError::WouldDeadlock { operation });
+            return Err(SessionError::WouldDeadlock {
+                operation: operation.into(),
+            });
         }
         Ok(())
     }
@@ -622,7 +624,7 @@ impl SessionAddress {
     pub async fn send(&self, handoff: Handoff) -> Result<(), SessionError> {
         if reentry::is_inside(self.host.shared.id()) {
             return Err(SessionError::WouldDeadlock {
-                operation: "update_agent",
+                operation: "update_agent".into(),
             });
         }
         self.host
@@ -1031,7 +1033,7 @@ impl SessionBuilder {
                 Some(id) if id != snapshot.session_id() => {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(id),
-                        reason: "a restored session keeps the id of its snapshot",
+                        reason: "a restored session keeps the id of its snapshot".into(),
                     }
                     .into())
                 }
@@ -1041,7 +1043,7 @@ impl SessionBuilder {
         if let Some(id) = &self.id {
             SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
                 id: quote_prefix(id),
-                reason,
+                reason: reason.into(),
             })?;
         }
         let agent = match (&restore, self.agent.take()) {

@@ -32,7 +32,8 @@ use crate::llm::ToolChoice;
 pub const SNAPSHOT_VERSION: u32 = 1;
 
 /// Why a snapshot could not be read, applied or restored.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SnapshotError {
     /// Written by a newer build: upgrade this one to restore it.
