@@ -146,18 +146,19 @@ pub mod __private {
 }
 
 pub use switchboard_actors::{
-    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
-    BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
-    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
-    InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
-    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RestorePolicy,
-    RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
-    SessionError, SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary,
-    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool,
-    StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
-    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
-    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentHook, AgentState, AgentWork,
+    ArbiterStall, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
+    EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
+    Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
+    LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received,
+    RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
+    SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SessionState,
+    SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority,
+    StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk,
+    ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset,
+    TurnDecision, TurnFailure, Unfinished, UpdateError, UpdateMessage, UserState, WeakSession,
+    CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

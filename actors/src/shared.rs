@@ -13,6 +13,7 @@
 //! | [`output`](SessionShared::output) | the host's speech output | the activity that speaks; the session once, to attach its reporter |
 //! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going | each activity, for its own speeches only; read by the session to route playout reports |
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
+//! | [`unfinished`](SessionShared::unfinished) | the host's code its close stopped waiting for | whichever actor drops it (a run, an activity, the session) |
 //! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
 
 mod events;
@@ -24,6 +25,7 @@ mod speeches;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::events::{SessionEvent, Unfinished};
 use crate::history::{AgentChat, HistoryBook, SessionHistory};
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
@@ -47,6 +49,7 @@ pub(crate) struct SessionShared {
     pub(crate) output: HostOutput,
     pub(crate) speeches: SpeechBook,
     pub(crate) history: History,
+    pub(crate) unfinished: UnfinishedBook,
     /// The mailbox journal every probe of the session reports to: its live actors and
     /// queued messages, and each actor's record when inspection is on.
     pub(crate) journal: Arc<Journal>,
@@ -87,6 +90,7 @@ impl SessionShared {
             output: HostOutput(Mutex::new(parts.output)),
             speeches: SpeechBook::default(),
             history: History::default(),
+            unfinished: UnfinishedBook::default(),
             journal: parts.journal,
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
@@ -149,6 +153,32 @@ impl History {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .history(live)
+    }
+}
+
+/// What the session stopped waiting for (see [`Unfinished`]): each is an event when it is
+/// dropped; those dropped once the session began to close are kept for the drain report.
+/// Nothing is kept before the close, so a long session that cancels many slow tools does
+/// not grow it.
+#[derive(Default)]
+pub(crate) struct UnfinishedBook(Mutex<Vec<Unfinished>>);
+
+impl UnfinishedBook {
+    /// Reports `what`: a warning, an event, and kept when the session is closing.
+    pub(crate) fn report(&self, shared: &SessionShared, what: Unfinished) {
+        tracing::warn!(session = %shared.id(), "{what}");
+        if shared.host_view.is_closing() {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(what.clone());
+        }
+        shared.events.emit(SessionEvent::Unfinished(what));
+    }
+
+    /// What was kept.
+    pub(crate) fn read(&self) -> Vec<Unfinished> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }
 

@@ -36,6 +36,7 @@ use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
+use crate::events::Unfinished;
 use crate::heartbeat;
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
@@ -285,7 +286,13 @@ impl ToolRunActor {
         } else {
             ctx.run_later(self.shared.settings.config.grace_period, |act, ctx| {
                 if act.phase != RunPhase::Returned {
-                    tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
+                    act.shared.unfinished.report(
+                        &act.shared,
+                        Unfinished::ToolBody {
+                            call_id: act.call.call_id.clone(),
+                            tool: act.call.name.clone(),
+                        },
+                    );
                 }
                 ctx.stop();
             });

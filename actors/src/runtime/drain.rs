@@ -18,6 +18,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
+use crate::events::Unfinished;
 use crate::history::SessionHistory;
 use crate::ids::SessionId;
 use crate::registry::{LiveSession, Registry};
@@ -45,6 +46,11 @@ pub struct DrainedSession {
     /// What `close()` returns: the final chat context of every agent it ran. A tool that
     /// was still running has its terminal output in it.
     pub history: SessionHistory,
+    /// What its close stopped waiting for: tool bodies, hooks or snapshot writes that had
+    /// not finished within the grace period (each was also a
+    /// [`SessionEvent::Unfinished`](crate::SessionEvent::Unfinished) event). Empty when
+    /// everything finished.
+    pub unfinished: Vec<Unfinished>,
 }
 
 /// How a drained session ended.
@@ -117,6 +123,7 @@ async fn drain_one(id: SessionId, live: LiveSession, until: Instant) -> DrainedS
             id,
             ended: DrainEnd::ClosedByHost,
             history: SessionHistory::default(),
+            unfinished: Vec::new(),
         };
     };
     // A session that closes meanwhile (its host closed it) ends the wait too.
@@ -148,6 +155,7 @@ async fn drain_one(id: SessionId, live: LiveSession, until: Instant) -> DrainedS
         ended,
         // Every activity recorded its final chat context as it stopped.
         history: shared.history.read(Vec::new()),
+        unfinished: shared.unfinished.read(),
     }
 }
 

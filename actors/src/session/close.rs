@@ -8,6 +8,12 @@
 //! the history as it stops; the snapshots taken for the session's store are written; the
 //! session actor stops. `Session::close` waits for the session actor to be dropped, so
 //! when it returns no actor of the session is alive.
+//!
+//! Each wait on code the engine does not own is bounded by the grace period
+//! (`SessionBuilder::grace_period`): the session's tool bodies, then each agent's
+//! `on_exit` and its own tool bodies, then the snapshot store. What did not finish in time
+//! is dropped and reported (`SessionEvent::Unfinished`, kept for the drain report), so a
+//! close returns within four grace periods plus the engine's own work, whatever they do.
 
 use std::sync::Arc;
 
@@ -17,7 +23,7 @@ use super::SessionActor;
 use crate::activity::{AppendItems, CloseActivity, TurnKind};
 use crate::chat::{ChatItem, FunctionCall};
 use crate::error::{SessionError, UpdateError};
-use crate::events::SessionEvent;
+use crate::events::{SessionEvent, Unfinished};
 use crate::lifecycle::stop_all;
 use crate::outcome::terminal_pair;
 use crate::speech::{SpeechOutcome, SpeechStatus};
@@ -106,9 +112,20 @@ impl SessionActor {
                     })
                     .into_actor(act)
                 })
-                // The last settled state reaches the store before the session is gone.
-                .then(|_, act, _| act.chain.flushed().into_actor(act))
-                .map(|(), act, ctx| {
+                // The last settled state reaches the store before the session is gone,
+                // unless the store does not answer within the grace period: a database
+                // outage must not hold every hang-up (and a drain) for ever.
+                .then(|_, act, _| {
+                    let grace = act.shared.settings.config.grace_period;
+                    tokio::time::timeout(grace, act.chain.flushed()).into_actor(act)
+                })
+                .map(|flushed, act, ctx| {
+                    if flushed.is_err() {
+                        let unwritten = act.chain.unwritten();
+                        act.shared
+                            .unfinished
+                            .report(&act.shared, Unfinished::SnapshotStore { unwritten });
+                    }
                     act.shared.events.emit(SessionEvent::Closed);
                     act.shared.host_view.publish_inactive(true);
                     ctx.stop();

@@ -9,11 +9,18 @@
 //! that fails makes the writer skip the deltas queued behind it (they would not follow
 //! what the store has) and the next save full. Closing waits for the writer to finish
 //! what was queued: a session that closed has its last settled state in the store.
+//!
+//! The queue is bounded: a store that falls [`MAX_QUEUED`] updates behind (slow, or not
+//! answering) gets the next save in full, and a full snapshot replaces every update queued
+//! before it that the writer has not started. The close waits for the writer for the grace
+//! period only (the bound is the close's, at its call site); a writer still stuck in the
+//! store then is dropped with the session.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{watch, Notify};
 
 use super::SnapshotUpdate;
 use crate::events::SessionEvent;
@@ -29,10 +36,17 @@ const MIN_ITEMS_BEFORE_FULL: usize = 64;
 /// Or once this many deltas were saved since: each carries a head.
 const MAX_DELTAS: u32 = 1024;
 
+/// The most updates waiting for a store that is behind: the next save is full, and
+/// replaces them. So a store that stops answering holds at most this many deltas and one
+/// full snapshot of a session, however long the call goes on.
+const MAX_QUEUED: usize = 16;
+
 /// The session's end of its saving.
 pub(crate) struct Saver {
-    queue: mpsc::UnboundedSender<SnapshotUpdate>,
     writer: Arc<WriterState>,
+    /// The writer's task, aborted when the session is dropped: a write stuck in the store
+    /// past the close's grace must not outlive the session.
+    task: tokio::task::JoinHandle<()>,
     /// The chain's `seq` of the last update queued; when the chain moved past it (a host
     /// took a snapshot update in between), the next save is full.
     queued: Option<u64>,
@@ -51,8 +65,25 @@ pub(crate) struct Saver {
 struct WriterState {
     /// A write failed: the next save must be full.
     failed: AtomicBool,
-    /// Updates queued and not yet written.
+    /// Updates queued and not yet written, plus the one being written.
     pending: watch::Sender<usize>,
+    /// The updates the writer has not started, oldest first.
+    queue: Mutex<VecDeque<SnapshotUpdate>>,
+    /// Rung when an update is queued.
+    queued: Notify,
+}
+
+impl WriterState {
+    fn queue(&self) -> MutexGuard<'_, VecDeque<SnapshotUpdate>> {
+        // Pushed and popped whole: a panic elsewhere cannot leave it half-written.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Saver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// What the session does at a settled turn.
@@ -66,15 +97,16 @@ pub(crate) enum SaveNow {
 impl Saver {
     /// Starts the writer of `session`'s updates to `store` (on the current arbiter).
     pub(crate) fn start(store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) -> Self {
-        let (queue, updates) = mpsc::unbounded_channel();
         let writer = Arc::new(WriterState {
             failed: AtomicBool::new(false),
             pending: watch::channel(0).0,
+            queue: Mutex::new(VecDeque::new()),
+            queued: Notify::new(),
         });
-        actix::spawn(write_in_order(store, updates, writer.clone(), session));
+        let task = actix::spawn(write_in_order(store, writer.clone(), session));
         Self {
-            queue,
             writer,
+            task,
             queued: None,
             deltas: 0,
             full_items: 0,
@@ -94,7 +126,8 @@ impl Saver {
         self.taking = true;
         let failed = self.writer.failed.swap(false, Ordering::AcqRel);
         let grown = self.delta_items >= self.full_items.max(MIN_ITEMS_BEFORE_FULL)
-            || self.deltas >= MAX_DELTAS;
+            || self.deltas >= MAX_DELTAS
+            || self.writer.queue().len() >= MAX_QUEUED;
         SaveNow::Take {
             full: !started || failed || self.queued != Some(seq) || grown,
         }
@@ -118,15 +151,25 @@ impl Saver {
                     delta.base() + 1
                 }
             });
-            self.writer.pending.send_modify(|n| *n += 1);
-            if self.queue.send(update).is_err() {
-                // The writer is gone (its arbiter stopped): nothing will write it.
-                self.writer
-                    .pending
-                    .send_modify(|n| *n = n.saturating_sub(1));
-            }
+            let mut queue = self.writer.queue();
+            // A full snapshot holds everything the updates before it would have written.
+            let replaced = match update {
+                SnapshotUpdate::Full(_) => std::mem::take(&mut *queue).len(),
+                SnapshotUpdate::Delta(_) => 0,
+            };
+            queue.push_back(update);
+            drop(queue);
+            self.writer
+                .pending
+                .send_modify(|n| *n = (*n + 1).saturating_sub(replaced));
+            self.writer.queued.notify_one();
         }
         std::mem::take(&mut self.again)
+    }
+
+    /// Updates queued and not yet written (the one being written included).
+    pub(crate) fn unwritten(&self) -> usize {
+        *self.writer.pending.borrow()
     }
 
     /// Resolves once everything queued is written (or failed).
@@ -142,12 +185,17 @@ impl Saver {
 /// The writer: each update in turn, deltas after a failure skipped until a full one.
 async fn write_in_order(
     store: Arc<dyn SnapshotStore>,
-    mut updates: mpsc::UnboundedReceiver<SnapshotUpdate>,
     state: Arc<WriterState>,
     session: Arc<SessionShared>,
 ) {
     let mut broken = false;
-    while let Some(update) = updates.recv().await {
+    loop {
+        let next = state.queue().pop_front();
+        let Some(update) = next else {
+            // Ends when the session drops its `Saver`, which aborts this task.
+            state.queued.notified().await;
+            continue;
+        };
         let written = match update {
             SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot).await),
             SnapshotUpdate::Delta(_) if broken => None,

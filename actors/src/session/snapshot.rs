@@ -311,6 +311,11 @@ impl Chain {
         }
     }
 
+    /// Snapshots taken for the store and not written yet.
+    pub(super) fn unwritten(&self) -> usize {
+        self.saver.as_ref().map_or(0, Saver::unwritten)
+    }
+
     /// An activation started, its agent built with `data`.
     pub(super) fn activation_started(&mut self, order: u32, data: &Value) {
         if !data.is_null() {
