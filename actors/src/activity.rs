@@ -71,7 +71,7 @@ use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
 use crate::llm::{Llm, LlmTimeouts};
 use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
-use crate::outcome::{panic_message, CallOutput};
+use crate::outcome::{panic_message, CallOutput, StoppedCall};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
 use crate::reentry;
@@ -448,7 +448,7 @@ impl ActivityActor {
                     .collect();
                 ctx.spawn(futures_util::future::join_all(stops).into_actor(self).map(
                     move |results, act, ctx| {
-                        let calls: Vec<FunctionCall> =
+                        let calls: Vec<StoppedCall> =
                             results.into_iter().flatten().flatten().collect();
                         act.feed(Input::RunsStopped { calls, reason }, ctx);
                         let handover = act.handover();

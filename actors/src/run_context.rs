@@ -148,9 +148,11 @@ impl RunContext {
     }
 
     /// Resolves when the call is cancelled (by the model, a `replace` duplicate, the stop
-    /// of its scope, or the user interrupting a tool that cancels on interruption). After
-    /// it resolves the tool has the grace period to undo half-done work before its future
-    /// is dropped.
+    /// of its scope — a handoff, a pause, the session's close — or the user interrupting a
+    /// tool that cancels on interruption). After it resolves the tool has the grace period
+    /// to undo half-done work before its future is dropped. For a call-long tool
+    /// (`Tool::call_long`) the stop of its scope is the end of the call it ran for: what it
+    /// returns within the grace period is kept as its result.
     pub async fn cancelled(&self) {
         let mut rx = self.cancelled.clone();
         // An error means the run actor is gone, which is a cancellation too.

@@ -369,6 +369,16 @@ impl Session {
     /// period), writes their terminal outputs, and stops every actor of the session.
     /// Resolves once all are gone — also when called several times at once — with the
     /// final chat context of every agent the session ran (its transcript).
+    ///
+    /// Bounded whatever the host's code does: the session's tool bodies, then each agent's
+    /// `on_exit` hook and its own tool bodies, then the snapshot store
+    /// ([`SessionBuilder::save_snapshots`]) get the grace period each
+    /// ([`SessionBuilder::grace_period`], 2 s by default), so a close returns within four
+    /// grace periods plus the engine's own work. What had not finished by then (a tool body
+    /// deaf to cancellation, a hook awaiting a backend that never answers, a store that
+    /// stopped answering) is dropped and reported as a
+    /// [`SessionEvent::Unfinished`](crate::SessionEvent::Unfinished) event. A speech the
+    /// output still plays and a model still streaming are cut at once.
     pub async fn close(&self) -> Result<SessionHistory, SessionError> {
         // Answered at once; an error means the session is gone already.
         let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
@@ -409,8 +419,9 @@ impl Session {
         let _ = self.host.mailbox.ask(&ActorId::host(), InputsHandled).await;
     }
 
-    /// Resolves when the session has settled: no tool call is running anywhere in it and
-    /// the session is inactive (every deferred reply has run). What a test awaits after
+    /// Resolves when the session has settled: no tool call is running anywhere in it
+    /// (calls of call-long tools aside: see `Tool::call_long`) and the session is
+    /// inactive (every deferred reply has run). What a test awaits after
     /// letting background tools finish. A host call: from inside a tool or hook of this
     /// same session it would wait on its own run, so it fails at once with
     /// [`SessionError::WouldDeadlock`].

@@ -91,6 +91,9 @@ pub(crate) struct Progress {
     checkpoint: Mutex<Option<Value>>,
     /// For a run restored from a snapshot: the checkpoint it starts from (maybe none).
     restored: Option<Option<Value>>,
+    /// A call-long run stopped in the background whose body then returned: what it
+    /// returned, for whoever stopped it to write down (`None` inside: nothing to write).
+    kept: Mutex<Option<Option<(String, bool)>>>,
 }
 
 impl Progress {
@@ -102,7 +105,15 @@ impl Progress {
             updates: AtomicU32::new(updates),
             checkpoint: Mutex::new(checkpoint.clone()),
             restored: Some(checkpoint),
+            kept: Mutex::new(None),
         }
+    }
+
+    /// What a call-long run returned after its stop, once the run is gone: `None` when it
+    /// did not return (or is not call-long), `Some(None)` when it returned nothing to
+    /// write down.
+    pub(crate) fn take_kept(&self) -> Option<Option<(String, bool)>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Whether the call runs in the background now.
@@ -162,6 +173,9 @@ pub(crate) struct ToolRunActor {
     immediate: Option<oneshot::Sender<CallOutput>>,
     progress: Arc<Progress>,
     phase: RunPhase,
+    /// A call-long run stopped in the background by its scope: its body's result is kept
+    /// (see `Tool::call_long`).
+    keep_result: bool,
     cancel: watch::Sender<bool>,
     alive: AliveToken,
 }
@@ -176,7 +190,9 @@ impl ToolRunActor {
             spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.host_view.tool_run_started();
+        spec.shared
+            .host_view
+            .tool_run_started(spec.tool.is_call_long());
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -200,6 +216,7 @@ impl ToolRunActor {
             immediate: spec.immediate,
             progress: spec.progress,
             phase: RunPhase::Running,
+            keep_result: false,
             cancel,
             alive: spec.alive,
         };
@@ -308,7 +325,24 @@ impl ToolRunActor {
         let was = std::mem::replace(&mut self.phase, RunPhase::Returned);
         self.progress.background.store(false, Ordering::Release);
         if was == RunPhase::Stopped {
-            // Stopped while running: whoever stopped it writes the terminal output.
+            // Stopped while running: whoever stopped it writes the terminal output — a
+            // call-long tool's own result, if it returned one in time.
+            if self.keep_result {
+                let out = classify(
+                    &self.call.name,
+                    &self.call.call_id,
+                    result,
+                    &ErrorPolicies {
+                        levels: [
+                            &self.tool.def.error_policy,
+                            &self.agent.def.error_policy,
+                            &self.shared.settings.error_policy,
+                        ],
+                    },
+                );
+                let kept = (!out.is_unit()).then_some((out.output, out.is_error));
+                *self.progress.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+            }
             ctx.stop();
             return;
         }
@@ -541,7 +575,9 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.host_view.tool_run_ended();
+        self.shared
+            .host_view
+            .tool_run_ended(self.tool.is_call_long());
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }
@@ -628,6 +664,9 @@ impl Handler<StopRun> for ToolRunActor {
     fn handle(&mut self, msg: StopRun, ctx: &mut Self::Context) -> bool {
         let already_stopped = self.phase == RunPhase::Stopped;
         let background = self.stop(&msg.reason, ctx);
+        // Its scope stops (a pause, a handoff, the close): the end of the call a call-long
+        // tool runs for, whose result is its own.
+        self.keep_result = self.tool.is_call_long() && background && !msg.report;
         if msg.report && background && !already_stopped {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);

@@ -2,8 +2,11 @@
 //!
 //! From the call on the registry refuses new sessions (`EngineError::Draining`); every
 //! session live then — also one whose start is under way — is let settle (no turn, no
-//! queued work, no deferred reply, no tool run) until the deadline, then closed; one not
-//! settled at the deadline has its turn force-interrupted first. Each session is drained
+//! queued work, no deferred reply, no tool run but call-long ones) until the deadline,
+//! then closed; one not settled at the deadline has its turn force-interrupted first. The
+//! close is bounded as every close is (the grace period per wait on user code), so a drain
+//! returns within its deadline, the interruption's wait for what the user heard of a cut
+//! speech (2 s at most) and a close. Each session is drained
 //! by one future, all of them polled by the caller's task: a session waits on its own
 //! settle signal (`HostView::settled`) and its `gone` signal, so a thousand sessions cost
 //! a thousand idle futures, not a thousand timers or threads. The drain holds a session's

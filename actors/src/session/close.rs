@@ -21,11 +21,11 @@ use actix::prelude::*;
 
 use super::SessionActor;
 use crate::activity::{AppendItems, CloseActivity, TurnKind};
-use crate::chat::{ChatItem, FunctionCall};
+use crate::chat::ChatItem;
 use crate::error::{SessionError, UpdateError};
 use crate::events::{SessionEvent, Unfinished};
 use crate::lifecycle::stop_all;
-use crate::outcome::terminal_pair;
+use crate::outcome::{terminal_pair, StoppedCall};
 use crate::speech::{SpeechOutcome, SpeechStatus};
 use crate::toolset::StopToolset;
 
@@ -92,7 +92,7 @@ impl SessionActor {
                 .then(move |background, act, _| {
                     // Session runs that were in the background get their terminal output
                     // in the current agent's chat context.
-                    let calls: Vec<FunctionCall> =
+                    let calls: Vec<StoppedCall> =
                         background.into_iter().flatten().flatten().collect();
                     if let (Some(current), false) = (activities.first(), calls.is_empty()) {
                         current.child.mailbox.tell(
@@ -134,7 +134,7 @@ impl SessionActor {
     }
 }
 
-fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
+fn terminal_items(calls: Vec<StoppedCall>, reason: &str) -> Vec<ChatItem> {
     calls
         .into_iter()
         .flat_map(|call| terminal_pair(call, reason))

@@ -1335,7 +1335,7 @@ struct Restoring {
 impl Restoring {
     fn new(shared: &Arc<SessionShared>, calls: usize) -> Self {
         for _ in 0..calls {
-            shared.host_view.tool_run_started();
+            shared.host_view.tool_run_started(false);
         }
         Self {
             shared: shared.clone(),
@@ -1347,7 +1347,7 @@ impl Restoring {
 impl Drop for Restoring {
     fn drop(&mut self) {
         for _ in 0..self.calls {
-            self.shared.host_view.tool_run_ended();
+            self.shared.host_view.tool_run_ended(false);
         }
     }
 }
