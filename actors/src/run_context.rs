@@ -59,6 +59,8 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), UpdateError>>;
     /// Holds the calling turn's interruptions off until the run ends.
     fn disallow_interruptions(&self);
+    /// The session's slots on the blocking pool (`run_blocking`).
+    fn blocking_slots(&self) -> Arc<tokio::sync::Semaphore>;
     /// The speech of the step that made the call, if it said something.
     fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
@@ -189,9 +191,17 @@ impl RunContext {
     /// period. The closure itself cannot be stopped from outside: it runs on until it
     /// returns and its result is dropped. Work that takes long should look at a clone of
     /// the context between pieces ([`is_cancelled`](Self::is_cancelled)) and give up
-    /// early. A panic in the closure is the tool's panic (an error output, never the
-    /// session's). The blocking pool has its own bound (512 threads per arbiter by
-    /// default): it is for work that ends, not for loops that wait for ever.
+    /// early. A job whose call is cancelled before it started — waiting for a slot of its
+    /// session, or queued on a busy pool — never starts. A panic in the closure is the
+    /// tool's panic (an error output, never the session's).
+    ///
+    /// Fairness: the pool is shared by the sessions of an arbiter (512 threads, first come
+    /// first served), so each session has a few slots of it
+    /// (`SessionBuilder::max_blocking_jobs`, 4 by default): at most that many of its jobs
+    /// are on the pool at once, running or queued, and its further jobs wait for one of its
+    /// own slots. One session's flood of jobs (or its jobs stuck for ever) then delays
+    /// another session's job by at most one job's time, never by the flood. It is for work
+    /// that ends, not for loops that wait for ever: a job that never returns keeps its slot.
     ///
     /// ```
     /// use switchboard::prelude::*;
@@ -235,12 +245,33 @@ impl RunContext {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let work = tokio::task::spawn_blocking(work);
+        let slots = self.port.blocking_slots();
+        let cancelled = self.cancelled.clone();
+        let job = async move {
+            // A slot of the session, not a thread: further jobs of a session that has its
+            // slots taken wait here, where a cancellation drops them unstarted.
+            let slot = slots.acquire_owned().await.ok();
+            tokio::task::spawn_blocking(move || {
+                // Held until the work ends, not until the tool stops awaiting it: a
+                // cancelled call's work still runs, and still counts.
+                let _slot = slot;
+                // Queued behind other sessions' work on a busy pool, the call may have
+                // been cancelled (or its run gone) meanwhile: then it does not start.
+                if *cancelled.borrow() || cancelled.has_changed().is_err() {
+                    return None;
+                }
+                Some(work())
+            })
+            .await
+        };
         tokio::select! {
             // A result that is there wins over a cancellation that came with it.
             biased;
-            joined = work => match joined {
-                Ok(value) => Ok(value),
+            joined = job => match joined {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(BlockingError::Cancelled {
+                    call_id: self.call.call_id.clone(),
+                }),
                 // The tool's own panic: the run turns it into an error output, as a panic
                 // in the body would be.
                 Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),

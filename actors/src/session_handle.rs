@@ -675,6 +675,7 @@ pub struct SessionBuilder {
     false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
     endpointing_delay: Duration,
+    max_blocking_jobs: usize,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -711,6 +712,7 @@ impl Default for SessionBuilder {
             false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
             endpointing_delay: Duration::from_millis(500),
+            max_blocking_jobs: Self::DEFAULT_MAX_BLOCKING_JOBS,
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -736,6 +738,12 @@ impl fmt::Debug for SessionBuilder {
 }
 
 impl SessionBuilder {
+    /// How many blocking jobs of a session may be on the blocking pool at once unless
+    /// [`max_blocking_jobs`](Self::max_blocking_jobs) says otherwise: a tool that parses
+    /// a few documents in parallel runs them side by side, and a session that floods the
+    /// pool takes no more than four of its threads.
+    pub const DEFAULT_MAX_BLOCKING_JOBS: usize = 4;
+
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.llm = Some(llm);
@@ -924,6 +932,24 @@ impl SessionBuilder {
     /// is a turn at once. `wait_for_settled` covers a pending endpoint.
     pub fn endpointing_delay(mut self, delay: Duration) -> Self {
         self.endpointing_delay = delay;
+        self
+    }
+
+    /// How many of this session's blocking jobs (`RunContext::run_blocking`) may be on the
+    /// blocking pool at once, running or queued there (default
+    /// [`DEFAULT_MAX_BLOCKING_JOBS`](Self::DEFAULT_MAX_BLOCKING_JOBS), 4; at least 1).
+    /// Its further jobs wait in the session for one of these slots.
+    ///
+    /// The pool belongs to the session's arbiter, is shared by every session there and
+    /// takes jobs first come, first served (up to 512 threads). Without a bound per
+    /// session, one session that queued thousands of jobs held every neighbour's job behind
+    /// them, and its jobs stuck for ever took every thread. With it, a session has at most
+    /// this many threads: a neighbour's job waits at most one job's time for a thread as
+    /// long as the arbiter's sessions together hold fewer slots than the pool has threads
+    /// (128 sessions all at their bound, by default). A job whose call is cancelled while
+    /// it waits, for a slot or on the pool, never starts.
+    pub fn max_blocking_jobs(mut self, jobs: usize) -> Self {
+        self.max_blocking_jobs = jobs.max(1);
         self
     }
 
@@ -1145,6 +1171,7 @@ impl SessionBuilder {
                     false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
                     endpointing_delay: self.endpointing_delay,
+                    max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,
                 error_policy: self.error_policy,

@@ -50,6 +50,8 @@ pub(crate) struct SessionShared {
     pub(crate) speeches: SpeechBook,
     pub(crate) history: History,
     pub(crate) unfinished: UnfinishedBook,
+    /// Its jobs' slots on the blocking pool (`RunContext::run_blocking`).
+    pub(crate) blocking: BlockingSlots,
     /// The mailbox journal every probe of the session reports to: its live actors and
     /// queued messages, and each actor's record when inspection is on.
     pub(crate) journal: Arc<Journal>,
@@ -80,6 +82,7 @@ pub(crate) struct SharedParts {
 
 impl SessionShared {
     pub(crate) fn new(parts: SharedParts) -> Self {
+        let blocking = BlockingSlots::new(parts.settings.config.max_blocking_jobs);
         Self {
             span: parts.span,
             telemetry: parts.telemetry,
@@ -91,6 +94,7 @@ impl SessionShared {
             speeches: SpeechBook::default(),
             history: History::default(),
             unfinished: UnfinishedBook::default(),
+            blocking,
             journal: parts.journal,
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
@@ -156,6 +160,35 @@ impl History {
     }
 }
 
+/// How many of the session's blocking jobs (`RunContext::run_blocking`) may be on its
+/// arbiter's blocking pool at once, running or queued there. The pool is shared by every
+/// session of the arbiter and takes jobs first come, first served: a session that queued
+/// ten thousand jobs there would hold every neighbour's job behind them (and its stuck jobs
+/// every thread). With its own few slots, a session's further jobs wait in the session, a
+/// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
+/// a slot never reaches the pool. The semaphore is made at the first job: most sessions
+/// never run one.
+pub(crate) struct BlockingSlots {
+    limit: usize,
+    slots: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
+}
+
+impl BlockingSlots {
+    fn new(limit: usize) -> Self {
+        Self {
+            limit: limit.max(1),
+            slots: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The session's slots.
+    pub(crate) fn slots(&self) -> Arc<tokio::sync::Semaphore> {
+        self.slots
+            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(self.limit)))
+            .clone()
+    }
+}
+
 /// What the session stopped waiting for (see [`Unfinished`]): each is an event when it is
 /// dropped; those dropped once the session began to close are kept for the drain report.
 /// Nothing is kept before the close, so a long session that cancels many slow tools does
@@ -208,6 +241,7 @@ impl SessionShared {
                     false_interruption_timeout: Some(Duration::from_secs(2)),
                     user_away_timeout: None,
                     endpointing_delay: Duration::ZERO,
+                    max_blocking_jobs: 4,
                 },
                 llm: None,
                 error_policy: crate::error_policy::ErrorPolicy::new(),

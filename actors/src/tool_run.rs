@@ -450,6 +450,8 @@ struct RunLinks {
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
     progress: Arc<Progress>,
+    /// The session's state, for its blocking slots.
+    shared: Arc<SessionShared>,
 }
 
 impl RunPort for RunLinks {
@@ -485,6 +487,10 @@ impl RunPort for RunLinks {
 
     fn disallow_interruptions(&self) {
         self.hold.take();
+    }
+
+    fn blocking_slots(&self) -> Arc<tokio::sync::Semaphore> {
+        self.shared.blocking.slots()
     }
 
     fn speech(&self) -> Option<&SpeechHandle> {
@@ -529,6 +535,7 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
+            shared: self.shared.clone(),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
