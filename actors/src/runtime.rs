@@ -218,8 +218,11 @@ impl Engine {
     }
 
     /// Sets when the engine gives the memory of closed sessions back by itself (default
-    /// [`IdleRelease::DEFAULT`]: once no session is live, after a peak of 1,000). Applies
-    /// from the next session that goes.
+    /// [`IdleRelease::DEFAULT`], which is [`IdleRelease::Never`]: the engine does no
+    /// process-wide work unasked; [`IdleRelease::AFTER_BURST`] releases once no session is
+    /// left after a peak of 1,000). A session counts until its memory can be given back:
+    /// its actors gone and the host's last handle of it dropped. Applies from the next
+    /// session that goes.
     ///
     /// ```
     /// # fn demo(engine: &switchboard::Engine) {

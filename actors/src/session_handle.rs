@@ -1144,7 +1144,8 @@ impl SessionBuilder {
         };
         // The session's place on the engine: refused here, before anything starts, when a
         // live session has the id or the engine drains; freed if the start fails.
-        let lease = engine.reserve_session(self.id.take())?;
+        let mut lease = engine.reserve_session(self.id.take())?;
+        let memory = lease.take_memory();
         let id = lease.id().clone();
         let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
@@ -1189,6 +1190,7 @@ impl SessionBuilder {
             gone,
             span,
             telemetry,
+            memory,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
         // (or whose snapshot names one that cannot) fails with the reason and leaves

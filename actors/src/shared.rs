@@ -27,6 +27,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::events::{SessionEvent, Unfinished};
 use crate::history::{AgentChat, HistoryBook, SessionHistory};
+use crate::idle_release::IdleHold;
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
 use crate::output::SpeechOutput;
@@ -65,6 +66,9 @@ pub(crate) struct SessionShared {
     /// When the session was built, for its age in `Session::summary` (tokio's clock, so
     /// paused test time moves it too).
     pub(crate) started_at: tokio::time::Instant,
+    /// The session's count for the engine's idle release: its memory can be given back
+    /// once this state is dropped (none in unit tests, which have no engine).
+    _memory: Option<IdleHold>,
 }
 
 /// What a new [`SessionShared`] is made of.
@@ -78,6 +82,7 @@ pub(crate) struct SharedParts {
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
     pub(crate) telemetry: SessionTelemetry,
+    pub(crate) memory: Option<IdleHold>,
 }
 
 impl SessionShared {
@@ -98,6 +103,7 @@ impl SessionShared {
             journal: parts.journal,
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
+            _memory: parts.memory,
         }
     }
 
@@ -166,8 +172,8 @@ impl History {
 /// ten thousand jobs there would hold every neighbour's job behind them (and its stuck jobs
 /// every thread). With its own few slots, a session's further jobs wait in the session, a
 /// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
-/// a slot never reaches the pool. The semaphore is made at the first job: most sessions
-/// never run one.
+/// a slot never reaches the pool. The semaphore is made at the first tool run: an idle
+/// session does not pay for it.
 pub(crate) struct BlockingSlots {
     limit: usize,
     slots: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
@@ -259,6 +265,7 @@ impl SessionShared {
             gone,
             span: tracing::Span::none(),
             telemetry: SessionTelemetry::default(),
+            memory: None,
         }))
     }
 }

@@ -450,8 +450,9 @@ struct RunLinks {
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
     progress: Arc<Progress>,
-    /// The session's state, for its blocking slots.
-    shared: Arc<SessionShared>,
+    /// The session's slots on the blocking pool (an `Arc` of them: a context kept past
+    /// its run keeps nothing else of the session).
+    blocking: Arc<tokio::sync::Semaphore>,
 }
 
 impl RunPort for RunLinks {
@@ -490,7 +491,7 @@ impl RunPort for RunLinks {
     }
 
     fn blocking_slots(&self) -> Arc<tokio::sync::Semaphore> {
-        self.shared.blocking.slots()
+        self.blocking.clone()
     }
 
     fn speech(&self) -> Option<&SpeechHandle> {
@@ -535,7 +536,7 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
-            shared: self.shared.clone(),
+            blocking: self.shared.blocking.slots(),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
