@@ -13,5 +13,6 @@ mod dispatch_never_over_admits;
 mod drain_moves_sessions;
 mod figures;
 mod inputs_apply_exactly_once;
+mod secrets_stay_out_of_debug;
 mod sessions_survive_a_server_restart;
 mod who_may_connect;
