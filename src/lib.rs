@@ -175,7 +175,8 @@ pub mod prompts {
     };
 }
 
-/// Sessions that outlive their process (SPEC §14): a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// Sessions that outlive their process (a deploy, a crash, a move to another machine): a
+/// [`SessionSnapshot`](snapshot::SessionSnapshot)
 /// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
 /// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
 /// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and

@@ -162,6 +162,12 @@ impl Session {
     /// For a host part that must not keep a call alive: a TTS or playout task, a
     /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
     ///
+    /// A strong handle kept inside the session itself makes a cycle: a `Session` (or
+    /// [`SessionAddress`]) in the session's own user data, in a tool's or hook's closure,
+    /// or in the output given to its builder keeps the session alive after the host drops
+    /// every handle of its own, so it never closes by itself, and its actors and memory
+    /// stay until someone calls `close()`. Keep a `WeakSession` there instead.
+    ///
     /// ```no_run
     /// # fn demo(session: switchboard::Session) {
     /// use std::time::Duration;
@@ -504,7 +510,7 @@ impl Session {
         self.shared().settings.userdata.clone()?.downcast().ok()
     }
 
-    /// The whole session written down at its last consistent point (SPEC §14): restore it
+    /// The whole session written down at its last consistent point: restore it
     /// with [`SessionBuilder::restore`]. During a handoff or a sub-task's start or end it
     /// answers once the switch has ended; new work waits while it is collected (a few
     /// messages, not a turn). Starts a new chain: the next
@@ -583,6 +589,11 @@ impl Session {
 
 /// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
 /// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+///
+/// The way to hold a session from anything the session itself holds: its user data, a
+/// tool's or hook's closure, its speech output. A strong `Session` there is a cycle that
+/// keeps the session alive after the host dropped its own handles (it then never closes
+/// by itself); a `WeakSession` upgrades while the call lives and lets it end.
 #[derive(Clone)]
 pub struct WeakSession {
     host: Weak<Host>,
@@ -774,6 +785,11 @@ impl SessionBuilder {
     /// it (it may be a connection, a handle): a restored session gets it again from its
     /// builder. For data that should travel with the snapshot, use
     /// [`userdata_serde`](Self::userdata_serde).
+    ///
+    /// The session keeps its user data as long as it lives: a [`Session`] (or
+    /// [`SessionAddress`]) of this very session in it is a cycle that keeps the session
+    /// alive after the host drops its own handles. Put a [`WeakSession`] there instead
+    /// ([`Session::downgrade`]).
     pub fn userdata<T: Any + Send + Sync>(mut self, data: T) -> Self {
         self.userdata = Some(Arc::new(data));
         self.userdata_json = None;
@@ -792,7 +808,7 @@ impl SessionBuilder {
         self
     }
 
-    /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
+    /// Saves the session to `store` after every turn that settles: a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at

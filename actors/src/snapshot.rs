@@ -1,4 +1,4 @@
-//! Sessions that outlive their process (SPEC §14): what a snapshot of a session holds, the
+//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a session holds, the
 //! deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built
@@ -134,7 +134,7 @@ pub(crate) struct SnapshotHead {
     /// Tool items asked for a deferred reply that has not started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) reply_wanted: bool,
-    /// The user's words waiting for the end of their turn (endpointing, SPEC §8): input
+    /// The user's words waiting for the end of their turn (endpointing): input
     /// the session accepted and has not made a turn of yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) user_words: Option<String>,

@@ -1,5 +1,5 @@
-//! Where snapshots go (SPEC §14): the [`SnapshotStore`] trait, an in-memory store and a
-//! file store for a single machine. The cluster (SPEC §15) brings its own.
+//! Where snapshots go: the [`SnapshotStore`] trait, an in-memory store and a file store
+//! for a single machine. The cluster crate (`switchboard-cluster`) brings its own.
 //!
 //! A store keeps, per session, the last full snapshot and the deltas taken after it;
 //! [`SnapshotStore::load`] gives the snapshot with every delta applied. A session told to

@@ -1,6 +1,6 @@
 //! Sessions on many machines: switchboard sessions run on a pool of worker processes
 //! behind [NATS](https://nats.io) with JetStream, and the host's front drives each one
-//! through a gateway without knowing which worker holds it (SPEC §15).
+//! through a gateway without knowing which worker holds it.
 //!
 //! NATS does the delivery; JetStream's work-queue stream, KV bucket and snapshots stream
 //! do the queue, the ownership and the sessions' storage. This crate adds no consensus or

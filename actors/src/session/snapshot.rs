@@ -1,4 +1,4 @@
-//! Snapshots of a session (SPEC §14): taking one, in full or as a delta, saving after
+//! Snapshots of a session: taking one, in full or as a delta, saving after
 //! every settled turn, and starting a session again from one.
 //!
 //! **Taking one.** The session waits for a switch under way to end (a handoff or a
