@@ -338,34 +338,45 @@ async fn a_tool_call_before_a_failure_is_an_answer_and_is_not_asked_again() {
     session.close().await.unwrap();
 }
 
-#[switchboard::test]
-async fn fallbacks_nest() {
-    let a = ScriptedLlm::named("a", [refuses(overloaded())]);
-    let b = ScriptedLlm::named("b", [refuses(overloaded())]);
-    let c = ScriptedLlm::named("c", [Reply::text("Hello from c.")]);
+/// `fallback(fallback(a, b), c)`.
+fn nested(a: &Arc<ScriptedLlm>, b: &Arc<ScriptedLlm>, c: &Arc<ScriptedLlm>) -> Arc<FallbackLlm> {
     let inner = FallbackLlm::builder()
         .model(a.clone())
         .model(b.clone())
         .build()
         .unwrap();
-    let outer = Arc::new(
+    Arc::new(
         FallbackLlm::builder()
             .model(Arc::new(inner))
             .model(c.clone())
             .build()
             .unwrap(),
-    );
-    assert_eq!(outer.name(), "fallback(fallback(a, b), c)");
-    let session = start(outer).await;
+    )
+}
+
+/// Runs one turn on a session of `llm`: what the agent said, and which model served.
+async fn one_turn(llm: Arc<FallbackLlm>) -> (Vec<String>, String) {
+    let session = start(llm).await;
     let mut events = session.subscribe();
-
     let result = session.run("hi").await.unwrap();
+    let said = result.assistant_messages().map(str::to_owned).collect();
+    let served = metrics(&mut events).await.llm;
+    session.close().await.unwrap();
+    (said, served)
+}
 
+#[switchboard::test]
+async fn fallbacks_nest() {
+    let a = ScriptedLlm::named("a", [refuses(overloaded())]);
+    let b = ScriptedLlm::named("b", [refuses(overloaded())]);
+    let c = ScriptedLlm::named("c", [Reply::text("Hello from c.")]);
+    let outer = nested(&a, &b, &c);
+    assert_eq!(outer.name(), "fallback(fallback(a, b), c)");
+    // The inner fallback fails only once both its models did: then the outer moves on.
     assert_eq!(
-        result.assistant_messages().collect::<Vec<_>>(),
-        ["Hello from c."]
+        one_turn(outer).await,
+        (vec!["Hello from c.".to_owned()], "c".to_owned())
     );
-    assert_eq!(metrics(&mut events).await.llm, "c");
     assert_eq!(
         (a.request_count(), b.request_count(), c.request_count()),
         (1, 1, 1)
@@ -375,26 +386,9 @@ async fn fallbacks_nest() {
     let a = ScriptedLlm::named("a", [refuses(overloaded())]);
     let b = ScriptedLlm::named("b", [Reply::text("Hello from b.")]);
     let c = ScriptedLlm::named("c", []);
-    let inner = FallbackLlm::builder()
-        .model(a.clone())
-        .model(b.clone())
-        .build()
-        .unwrap();
-    let outer = Arc::new(
-        FallbackLlm::builder()
-            .model(Arc::new(inner))
-            .model(c.clone())
-            .build()
-            .unwrap(),
-    );
-    let session = start(outer).await;
-    let mut events = session.subscribe();
-    let result = session.run("hi").await.unwrap();
     assert_eq!(
-        result.assistant_messages().collect::<Vec<_>>(),
-        ["Hello from b."]
+        one_turn(nested(&a, &b, &c)).await,
+        (vec!["Hello from b.".to_owned()], "b".to_owned())
     );
-    assert_eq!(metrics(&mut events).await.llm, "b");
     assert_eq!(c.request_count(), 0);
-    session.close().await.unwrap();
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::snapshot::{SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError};
 use switchboard::testing::{event, Gate, RecordingOutput, Reply, ScriptedLlm};
-use switchboard::{AgentHook, DrainEnd, LlmTimeouts, Unfinished};
+use switchboard::{AgentHook, DrainEnd, DrainReport, LlmTimeouts, Unfinished};
 use tokio::time::{timeout, Instant};
 
 /// The grace period of every session here.
@@ -309,11 +309,7 @@ async fn an_on_enter_hook_that_never_returns_is_dropped_by_a_drain() {
     assert_eq!(engine.stats().sessions, 1);
 
     let deadline = Duration::from_secs(5);
-    let began = Instant::now();
-    let report = timeout(NEVER, engine.drain(deadline))
-        .await
-        .expect("the drain never returned");
-    let took = began.elapsed();
+    let (took, report) = drain_timed(&engine, deadline).await;
 
     assert!(
         took >= deadline && took <= deadline + GRACE + TIMER_ROUNDING,
@@ -333,18 +329,24 @@ async fn an_on_enter_hook_that_never_returns_is_dropped_by_a_drain() {
     assert_eq!(engine.stats().actors, 0);
 }
 
-#[switchboard::test]
-async fn an_output_that_never_reports_playout_holds_neither_a_close_nor_a_drain() {
-    tokio::time::pause();
-    let engine = Engine::current().unwrap();
-    // A voice output that never says the speech played.
-    let output = RecordingOutput::manual_playout();
-    let start = |id: &str| {
-        session(greeter())
-            .id(id)
-            .output(output.clone())
-            .start(&engine)
-    };
+/// Drains the engine with `deadline`, returning how long it took and its report.
+async fn drain_timed(engine: &Engine, deadline: Duration) -> (Duration, DrainReport) {
+    let began = Instant::now();
+    let report = timeout(NEVER, engine.drain(deadline))
+        .await
+        .expect("the drain never returned");
+    (began.elapsed(), report)
+}
+
+/// Two sessions `start` makes, each with a turn under way that cannot end by itself: a
+/// close of the first returns at once (nothing of the turn is awaited), a drain of the
+/// second returns at its deadline plus at most `then`, the turn interrupted; nothing is
+/// reported unfinished and no actor is left.
+async fn mid_turn_close_and_drain<F, Fut>(engine: &Engine, start: F, then: Duration)
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: std::future::Future<Output = Result<Session, SessionError>>,
+{
     let closed = start("closed").await.unwrap();
     let turn = spawn_turn(&closed, "hi");
     tokio::task::yield_now().await;
@@ -357,21 +359,31 @@ async fn an_output_that_never_reports_playout_holds_neither_a_close_nor_a_drain(
     let turn = spawn_turn(&drained, "hi");
     tokio::task::yield_now().await;
     let deadline = Duration::from_secs(5);
-    let began = Instant::now();
-    let report = timeout(NEVER, engine.drain(deadline))
-        .await
-        .expect("the drain never returned");
-    let took = began.elapsed();
-    // The deadline, then the interruption's wait for what the user heard (2 s at most).
-    let heard_wait = Duration::from_secs(2);
+    let (took, report) = drain_timed(engine, deadline).await;
     assert!(
-        took >= deadline && took <= deadline + heard_wait + TIMER_ROUNDING,
+        took >= deadline && took <= deadline + then + TIMER_ROUNDING,
         "{took:?}"
     );
     assert_eq!(report.sessions[0].ended, DrainEnd::Interrupted);
     assert!(report.sessions[0].unfinished.is_empty());
     assert!(turn.await.unwrap().unwrap().interrupted);
     assert_eq!(engine.stats().actors, 0);
+}
+
+#[switchboard::test]
+async fn an_output_that_never_reports_playout_holds_neither_a_close_nor_a_drain() {
+    tokio::time::pause();
+    let engine = Engine::current().unwrap();
+    // A voice output that never says the speech played.
+    let output = RecordingOutput::manual_playout();
+    let start = |id: &'static str| {
+        session(greeter())
+            .id(id)
+            .output(output.clone())
+            .start(&engine)
+    };
+    // A drain's interrupted turn waits 2 s at most for what the user heard.
+    mid_turn_close_and_drain(&engine, start, Duration::from_secs(2)).await;
 }
 
 #[switchboard::test]
@@ -383,7 +395,7 @@ async fn a_model_that_never_answers_holds_neither_a_close_nor_a_drain() {
         first_chunk: NEVER * 2,
         between_chunks: NEVER * 2,
     };
-    let start = |id: &str| {
+    let start = |id: &'static str| {
         let llm = ScriptedLlm::new([]);
         llm.otherwise(Reply::stall());
         Session::builder()
@@ -394,29 +406,7 @@ async fn a_model_that_never_answers_holds_neither_a_close_nor_a_drain() {
             .llm_timeouts(patient)
             .start(&engine)
     };
-    let closed = start("closed").await.unwrap();
-    let turn = spawn_turn(&closed, "hi");
-    tokio::task::yield_now().await;
-    let (took, _) = close_timed(&closed).await;
-    assert!(took <= TIMER_ROUNDING, "{took:?}");
-    assert!(turn.await.unwrap().is_err());
-
-    let drained = start("drained").await.unwrap();
-    let turn = spawn_turn(&drained, "hi");
-    tokio::task::yield_now().await;
-    let deadline = Duration::from_secs(5);
-    let began = Instant::now();
-    let report = timeout(NEVER, engine.drain(deadline))
-        .await
-        .expect("the drain never returned");
-    let took = began.elapsed();
-    assert!(
-        took >= deadline && took <= deadline + TIMER_ROUNDING,
-        "{took:?}"
-    );
-    assert_eq!(report.sessions[0].ended, DrainEnd::Interrupted);
-    assert!(turn.await.unwrap().unwrap().interrupted);
-    assert_eq!(engine.stats().actors, 0);
+    mid_turn_close_and_drain(&engine, start, Duration::ZERO).await;
 }
 
 /// Everything at once: a session tool deaf to cancellation, an agent whose `on_exit` and
