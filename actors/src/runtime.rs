@@ -377,8 +377,8 @@ impl Engine {
     /// what the user heard of a cut speech (2 s at most), plus a close: at most four grace
     /// periods (`SessionBuilder::grace_period`: the session's tools, each agent's
     /// `on_exit` and its tools, the snapshot store), whatever the host's code does — see
-    /// [`Session::close`](crate::Session::close). With the default grace of 2 s: `deadline`
-    /// + 10 s. The engine keeps refusing sessions afterwards; its threads stop with
+    /// [`Session::close`](crate::Session::close). With the default grace of 2 s, 10 s past
+    /// the deadline. The engine keeps refusing sessions afterwards; its threads stop with
     /// [`Engine::shutdown`] or the last clone. Works the same for sessions of
     /// [`Engine::start`] and [`Engine::current`]; a second call drains the same sessions.
     ///
