@@ -87,7 +87,6 @@ pub(crate) struct SharedParts {
 
 impl SessionShared {
     pub(crate) fn new(parts: SharedParts) -> Self {
-        let blocking = BlockingSlots::new(parts.settings.config.max_blocking_jobs);
         Self {
             span: parts.span,
             telemetry: parts.telemetry,
@@ -99,7 +98,7 @@ impl SessionShared {
             speeches: SpeechBook::default(),
             history: History::default(),
             unfinished: UnfinishedBook::default(),
-            blocking,
+            blocking: BlockingSlots::default(),
             journal: parts.journal,
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
@@ -174,23 +173,15 @@ impl History {
 /// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
 /// a slot never reaches the pool. The semaphore is made at the first tool run: an idle
 /// session does not pay for it.
-pub(crate) struct BlockingSlots {
-    limit: usize,
-    slots: std::sync::OnceLock<Arc<tokio::sync::Semaphore>>,
-}
+#[derive(Default)]
+pub(crate) struct BlockingSlots(std::sync::OnceLock<Arc<tokio::sync::Semaphore>>);
 
 impl BlockingSlots {
-    fn new(limit: usize) -> Self {
-        Self {
-            limit: limit.max(1),
-            slots: std::sync::OnceLock::new(),
-        }
-    }
-
-    /// The session's slots.
-    pub(crate) fn slots(&self) -> Arc<tokio::sync::Semaphore> {
-        self.slots
-            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(self.limit)))
+    /// The session's slots, `limit` of them (the session's `max_blocking_jobs`) when this
+    /// is the first call.
+    pub(crate) fn slots(&self, limit: usize) -> Arc<tokio::sync::Semaphore> {
+        self.0
+            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(limit.max(1))))
             .clone()
     }
 }

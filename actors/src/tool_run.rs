@@ -536,7 +536,10 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
-            blocking: self.shared.blocking.slots(),
+            blocking: self
+                .shared
+                .blocking
+                .slots(self.shared.settings.config.max_blocking_jobs),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
