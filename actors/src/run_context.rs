@@ -59,8 +59,9 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), UpdateError>>;
     /// Holds the calling turn's interruptions off until the run ends.
     fn disallow_interruptions(&self);
-    /// The session's slots on the blocking pool (`run_blocking`).
-    fn blocking_slots(&self) -> Arc<tokio::sync::Semaphore>;
+    /// The session's slots on the blocking pool (`run_blocking`); none once the session
+    /// is gone.
+    fn blocking_slots(&self) -> Option<Arc<tokio::sync::Semaphore>>;
     /// The speech of the step that made the call, if it said something.
     fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
@@ -245,7 +246,12 @@ impl RunContext {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let slots = self.port.blocking_slots();
+        let Some(slots) = self.port.blocking_slots() else {
+            // The session is gone: so is the call.
+            return Err(BlockingError::Cancelled {
+                call_id: self.call.call_id.clone(),
+            });
+        };
         let cancelled = self.cancelled.clone();
         let job = async move {
             // A slot of the session, not a thread: further jobs of a session that has its

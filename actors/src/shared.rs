@@ -171,8 +171,8 @@ impl History {
 /// ten thousand jobs there would hold every neighbour's job behind them (and its stuck jobs
 /// every thread). With its own few slots, a session's further jobs wait in the session, a
 /// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
-/// a slot never reaches the pool. The semaphore is made at the first tool run: an idle
-/// session does not pay for it.
+/// a slot never reaches the pool. The semaphore is made at the session's first blocking
+/// job: most sessions never run one.
 #[derive(Default)]
 pub(crate) struct BlockingSlots(std::sync::OnceLock<Arc<tokio::sync::Semaphore>>);
 

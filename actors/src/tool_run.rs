@@ -450,9 +450,10 @@ struct RunLinks {
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
     progress: Arc<Progress>,
-    /// The session's slots on the blocking pool (an `Arc` of them: a context kept past
-    /// its run keeps nothing else of the session).
-    blocking: Arc<tokio::sync::Semaphore>,
+    /// The session's state, for its slots on the blocking pool, made at its first
+    /// blocking job (most sessions never run one). Weak: a context kept past its run keeps
+    /// nothing of the session.
+    session_state: std::sync::Weak<SessionShared>,
 }
 
 impl RunPort for RunLinks {
@@ -490,8 +491,13 @@ impl RunPort for RunLinks {
         self.hold.take();
     }
 
-    fn blocking_slots(&self) -> Arc<tokio::sync::Semaphore> {
-        self.blocking.clone()
+    fn blocking_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        let shared = self.session_state.upgrade()?;
+        Some(
+            shared
+                .blocking
+                .slots(shared.settings.config.max_blocking_jobs),
+        )
     }
 
     fn speech(&self) -> Option<&SpeechHandle> {
@@ -536,10 +542,7 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
-            blocking: self
-                .shared
-                .blocking
-                .slots(self.shared.settings.config.max_blocking_jobs),
+            session_state: Arc::downgrade(&self.shared),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
