@@ -43,7 +43,7 @@ pub enum IdleRelease {
     /// once since the last release (by the engine or by the host). Sessions that follow
     /// each other reuse one another's memory, so a trickle of calls that passes through
     /// zero never trims; a peak of this many leaves about this many idle sessions' memory
-    /// (4.8 KiB each) to give back.
+    /// (about 6.3 KiB each) to give back.
     AfterPeak(NonZeroU64),
 }
 
@@ -51,7 +51,7 @@ impl IdleRelease {
     /// The engines' default: `Never` (no process-wide work unasked).
     pub const DEFAULT: Self = Self::Never;
 
-    /// A release after a peak of 1,000 live sessions (about 5 MB of idle sessions): the
+    /// A release after a peak of 1,000 live sessions (about 6 MB of idle sessions): the
     /// setting for a host that wants the memory of its traffic peaks back.
     pub const AFTER_BURST: Self = match NonZeroU64::new(1000) {
         Some(n) => Self::AfterPeak(n),
