@@ -132,6 +132,7 @@ async fn plain_text_is_forwarded_event_by_event_before_the_answer_ends() {
             prompt_tokens: 18,
             completion_tokens: 9,
             cached_prompt_tokens: Some(0),
+            ..Default::default()
         }))
     );
     server.assert_none_refused();
@@ -157,6 +158,7 @@ async fn a_tool_call_split_across_many_chunks_is_one_whole_call() {
                 prompt_tokens: 81,
                 completion_tokens: 23,
                 cached_prompt_tokens: Some(64),
+                ..Default::default()
             }),
         ]
     );
@@ -244,6 +246,7 @@ async fn the_usage_chunk_is_a_usage_chunk() {
             prompt_tokens: 20,
             completion_tokens: 3,
             cached_prompt_tokens: Some(0),
+            ..Default::default()
         })]
     );
 }

@@ -60,6 +60,7 @@ mod history;
 mod idle_release;
 mod ids;
 mod inspector;
+mod latency;
 mod lifecycle;
 mod llm;
 mod llm_guard;
@@ -84,6 +85,8 @@ mod telemetry;
 mod tool;
 mod tool_run;
 mod toolset;
+mod turn_handling;
+mod usage;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
@@ -91,7 +94,8 @@ pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+    AgentState, AgentWork, DeferredReplyDecision, IgnoredWords, LlmMetrics, RunResult,
+    SessionEvent, TurnMetrics, UserState,
 };
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
@@ -99,6 +103,7 @@ pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use inspector::{InspectError, Inspector};
+pub use latency::{AgentLatency, LatencyStats, SessionLatency, TurnLatency};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
     ToolCallChunk, ToolChoice, ToolSchema,
@@ -136,6 +141,12 @@ pub use tool::{
     DuplicatePolicy, NoArgs, RestorePolicy, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
 };
+pub use turn_handling::{
+    Backchannel, EndOfTurn, Endpointing, EndpointingMode, Interruption, Overlap, OverlapVerdict,
+    PreemptiveGeneration, TurnClassifier, TurnHandling, UserTurnLimit, DEFAULT_CUT_IN,
+    ENGLISH_BACKCHANNELS,
+};
+pub use usage::{Cost, ModelPrice, PriceTable, SessionUsage, Usage, UsageLine};
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {

@@ -32,10 +32,14 @@ use tokio::time::Instant;
 use crate::chat::{ChatItem, FunctionCall};
 use crate::error::{SessionError, TurnFailure};
 use crate::handoff::Handoff;
+use crate::latency::TurnLatency;
 use crate::llm::{LlmUsage, ToolCallChunk, ToolChoice};
 use crate::outcome::{excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::speech::{Interruptibility, SpeechHandle};
-use crate::telemetry::{Cause, TurnClock};
+use crate::telemetry::Cause;
+use crate::usage::Usage;
+
+use super::latency::TurnTimer;
 
 /// Which toolset runs a tool: an index into the activity's list of toolsets it sees (its
 /// own first, then the session's), so the machine names a toolset without holding one.
@@ -60,6 +64,15 @@ pub(crate) enum TurnKind {
         speech: SpeechHandle,
         add_to_chat: bool,
     },
+    /// Words the user said over the agent that made no turn, kept in the chat as the host
+    /// asked (`Backchannel::keep_in_transcript`): a user message, no reply.
+    Backchannel(String),
+    /// The user spoke past the user-turn limit: their words so far, answered at once by a
+    /// reply under `instructions` that the user cannot interrupt.
+    CutIn {
+        text: String,
+        instructions: Arc<str>,
+    },
 }
 
 impl TurnKind {
@@ -71,6 +84,8 @@ impl TurnKind {
             Self::Deferred => "deferred",
             Self::Redo(_) => "redo",
             Self::Say { .. } => "say",
+            Self::Backchannel(_) => "backchannel",
+            Self::CutIn { .. } => "cut_in",
         }
     }
 }
@@ -85,6 +100,10 @@ pub(crate) struct TurnOutcome {
     pub(crate) interrupted: bool,
     /// With a handoff: the turn's span, the handoff's parent (telemetry).
     pub(crate) cause: Cause,
+    /// What its LLM requests used.
+    pub(crate) usage: Usage,
+    /// How fast it answered.
+    pub(crate) latency: TurnLatency,
 }
 
 impl TurnOutcome {
@@ -121,8 +140,10 @@ pub(crate) struct Turn {
     pub(crate) waiters: Vec<InterruptWaiter>,
     /// `turn` span (session, agent, kind): the parent of its LLM requests' spans.
     pub(crate) span: tracing::Span,
-    /// For its end-to-end latency (telemetry; empty without the feature).
-    pub(crate) clock: TurnClock,
+    /// Its latency: when it was asked for, its first text, its tool waits.
+    pub(crate) timer: TurnTimer,
+    /// What its LLM requests used so far.
+    pub(crate) usage: Usage,
     pub(crate) phase: Phase,
 }
 

@@ -762,7 +762,8 @@ fn a_final_transcript_interrupts_an_interruptible_turn() {
     f.text(step, "Long answer");
     f.feed(Input::UserTranscript {
         is_final: true,
-        has_words: true,
+        interrupts: true,
+        at: Instant::now(),
     });
     assert!(answered(&mut done).interrupted);
 }
@@ -1437,7 +1438,8 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             "transcript",
             Input::UserTranscript {
                 is_final: true,
-                has_words: true,
+                interrupts: true,
+                at: Instant::now(),
             },
             vec![],
         ),
