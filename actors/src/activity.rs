@@ -768,11 +768,12 @@ impl Handler<UserStoppedSpeaking> for ActivityActor {
 
 /// Sent by the session when a final transcript's words wait for the end of the user's
 /// turn, the agent is idle and the turn handling allows preemptive generation: start the
-/// model now with these words (the user's words of the turn so far). The activity holds
+/// model now with these words (the user's words of the turn so far; none: only drop the
+/// request under way, the user went on and no new try is allowed). The activity holds
 /// what the model sends until a user turn with the same words takes it over; anything
 /// else drops it. Told: one per final, and the session bounds the tries per user turn.
 pub(crate) struct Preflight {
-    pub(crate) text: String,
+    pub(crate) text: Option<String>,
 }
 
 impl Message for Preflight {

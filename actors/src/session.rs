@@ -690,7 +690,8 @@ impl SessionActor {
 
     /// Words wait for the end of the user's turn: with preemptive generation, and the
     /// current agent idle, it starts the model on them now (within the tries and speech
-    /// length the turn handling allows).
+    /// length the turn handling allows); past those, a request under way on older words
+    /// is dropped.
     fn preflight(&mut self, now: Instant) {
         if !self.turn_rules.preemptive.enabled {
             return;
@@ -704,14 +705,15 @@ impl SessionActor {
         let Some(text) = self.endpoint.held() else {
             return;
         };
-        if self.preemption.ask(now, idle, &self.turn_rules.preemptive) {
-            current.child.mailbox.tell(
-                self.probe.id(),
-                Preflight {
-                    text: text.to_owned(),
-                },
-            );
-        }
+        let text = match self.preemption.ask(now, idle, &self.turn_rules.preemptive) {
+            preemption::Ask::Start => Some(text.to_owned()),
+            preemption::Ask::Drop => None,
+            preemption::Ask::Nothing => return,
+        };
+        current
+            .child
+            .mailbox
+            .tell(self.probe.id(), Preflight { text });
     }
 
     /// The user spoke past their limit: their words so far become their turn, answered at

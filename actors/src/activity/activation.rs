@@ -195,8 +195,8 @@ pub(crate) enum Input {
     /// A handle asked to interrupt `speech`.
     InterruptSpeech { speech: SpeechId, force: bool },
     /// The session asks for a preemptive request with the user's words so far (they
-    /// wait for the end of the user's turn).
-    Preflight { text: String },
+    /// wait for the end of the user's turn); none: drop the one under way.
+    Preflight { text: Option<String> },
     /// The user started speaking.
     UserStartedSpeaking { at: Instant },
     /// The user stopped speaking.
@@ -910,8 +910,11 @@ impl Activation {
                 other => other,
             },
             Input::Preflight { text } => {
-                if matches!(state, State::Listening) && self.rules.preemptive {
-                    self.start_preflight(text, out);
+                match text {
+                    Some(text) if matches!(state, State::Listening) && self.rules.preemptive => {
+                        self.start_preflight(text, out)
+                    }
+                    _ => self.drop_preflight(out),
                 }
                 state
             }
@@ -1242,7 +1245,7 @@ impl Activation {
                     && preflight
                         .as_ref()
                         .is_some_and(|p| p.fits(self.ledger.chat(), &message));
-                match preflight.take().filter(|_| fits) {
+                match preflight.take_if(|_| fits) {
                     // The request's chat is the ledger's plus this message: taken as it is.
                     Some(taken) => {
                         let chat = taken.chat.clone();
@@ -1686,8 +1689,6 @@ impl Activation {
                 return Some(turn);
             }
         };
-        let mut generation = generation;
-        let calls = std::mem::take(&mut generation.calls);
         let ending = if failure.is_none() {
             Ending::Complete
         } else {
@@ -1698,7 +1699,7 @@ impl Activation {
             outcome: TurnOutcome::default(),
             give_up_at: None,
         };
-        self.close_generation(&mut turn, generation, ending, out);
+        let calls = self.close_generation(&mut turn, generation, ending, out);
         match failure {
             Some(failure) => {
                 tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %failure, "LLM request failed");
@@ -1718,14 +1719,15 @@ impl Activation {
 
     /// Ends a generation: its stream is dropped, its speech finished on the output (and
     /// cut, on an interruption), what was said recorded (marked interrupted when the
-    /// stream did not end on its own), its metrics emitted.
+    /// stream did not end on its own), its metrics emitted. Returns the calls the model
+    /// made (a complete step runs them).
     fn close_generation(
         &mut self,
         turn: &mut Turn,
-        generation: Generation,
+        mut generation: Generation,
         ending: Ending,
         out: &mut Vec<Command>,
-    ) {
+    ) -> Vec<ModelCall> {
         if ending != Ending::Complete {
             out.push(Command::CancelStream {
                 step: generation.step,
@@ -1785,8 +1787,9 @@ impl Activation {
                 cancelled: !complete,
             })
         });
+        let calls = std::mem::take(&mut generation.calls);
         let Some(speech) = generation.speech else {
-            return;
+            return calls;
         };
         if !generation.text.is_empty() {
             self.last_reply_view = generation.view;
@@ -1806,7 +1809,7 @@ impl Activation {
             .call(|output| output.speech_finished(speech.id()));
         if let Some((interrupted, heard)) = generation.early_report {
             self.apply_report(Some(turn), speech.id(), interrupted, heard);
-            return;
+            return calls;
         }
         match (ending, playout) {
             (Ending::Cut, Playout::Pending) => {
@@ -1824,6 +1827,7 @@ impl Activation {
             (_, Playout::Done) => self.speech_ended(&speech, SpeechOutcome::Played),
             (_, Playout::Pending) => {}
         }
+        calls
     }
 
     /// Opens the step in the ledger and sends each call to its toolset, or answers it at
@@ -2105,7 +2109,8 @@ impl Activation {
         );
         Ok(match phase {
             Phase::Generating(generation) => {
-                self.close_generation(&mut turn, generation, Ending::Cut, out);
+                // Cut: the calls it made do not run.
+                let _ = self.close_generation(&mut turn, generation, Ending::Cut, out);
                 self.finish(turn, TurnOutcome::default(), false)
             }
             Phase::Calling { step, toolsets } => {
@@ -2413,7 +2418,8 @@ impl Activation {
             );
             match phase {
                 Phase::Generating(generation) => {
-                    self.close_generation(&mut turn, generation, Ending::Cut, out)
+                    // Closing: the calls it made do not run.
+                    let _ = self.close_generation(&mut turn, generation, Ending::Cut, out);
                 }
                 other => turn.phase = other,
             }

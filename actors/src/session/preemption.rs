@@ -8,6 +8,17 @@ use tokio::time::Instant;
 
 use crate::turn_handling::PreemptiveGeneration;
 
+/// What the session asks of the current agent at a final.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Start a preemptive request on the words so far (one under way is replaced).
+    Start,
+    /// Drop the one under way: the user went on and no new try is allowed.
+    Drop,
+    /// Nothing.
+    Nothing,
+}
+
 /// Preemptive requests asked for in the user's turn under way.
 #[derive(Debug, Default)]
 pub(crate) struct Preemption {
@@ -24,17 +35,22 @@ impl Preemption {
     }
 
     /// A final's words wait for the end of the turn at `now`, the agent idle or not:
-    /// whether to ask for a preemptive request now (counted when so).
-    pub(crate) fn ask(&mut self, now: Instant, idle: bool, rules: &PreemptiveGeneration) -> bool {
+    /// whether to start a preemptive request on them now (counted when so), or to drop the
+    /// one under way (its words are stale and no new try is allowed).
+    pub(crate) fn ask(&mut self, now: Instant, idle: bool, rules: &PreemptiveGeneration) -> Ask {
         let began = *self.began.get_or_insert(now);
-        if !rules.enabled || !idle || self.tries >= rules.max_retries {
-            return false;
+        let allowed = rules.enabled
+            && idle
+            && self.tries < rules.max_retries
+            && now.saturating_duration_since(began) <= rules.max_speech_duration;
+        if allowed {
+            self.tries += 1;
+            Ask::Start
+        } else if self.tries > 0 {
+            Ask::Drop
+        } else {
+            Ask::Nothing
         }
-        if now.saturating_duration_since(began) > rules.max_speech_duration {
-            return false;
-        }
-        self.tries += 1;
-        true
     }
 
     /// The user's turn was confirmed (or cut short): the next one starts afresh.
@@ -54,14 +70,23 @@ mod tests {
         let t0 = Instant::now();
         let on = PreemptiveGeneration::on();
         let mut p = Preemption::default();
-        assert!(!p.ask(t0, false, &on), "a turn runs: no request");
-        assert!(p.ask(t0, true, &on));
-        assert!(p.ask(t0, true, &on));
-        assert!(p.ask(t0, true, &on));
-        assert!(!p.ask(t0, true, &on), "the fourth try is refused");
+        assert_eq!(
+            p.ask(t0, false, &on),
+            Ask::Nothing,
+            "a turn runs: no request"
+        );
+        assert_eq!(p.ask(t0, true, &on), Ask::Start);
+        assert_eq!(p.ask(t0, true, &on), Ask::Start);
+        assert_eq!(p.ask(t0, true, &on), Ask::Start);
+        assert_eq!(
+            p.ask(t0, true, &on),
+            Ask::Drop,
+            "the fourth try is refused, and the third's words are stale"
+        );
         p.turn_confirmed();
-        assert!(p.ask(t0, true, &on));
-        assert!(!Preemption::default().ask(t0, true, &PreemptiveGeneration::off()));
+        assert_eq!(p.ask(t0, true, &on), Ask::Start);
+        let off = PreemptiveGeneration::off();
+        assert_eq!(Preemption::default().ask(t0, true, &off), Ask::Nothing);
     }
 
     #[test]
@@ -70,7 +95,7 @@ mod tests {
         let on = PreemptiveGeneration::on();
         let mut p = Preemption::default();
         p.user_started(t0);
-        assert!(p.ask(t0 + Duration::from_secs(9), true, &on));
-        assert!(!p.ask(t0 + Duration::from_secs(11), true, &on));
+        assert_eq!(p.ask(t0 + Duration::from_secs(9), true, &on), Ask::Start);
+        assert_eq!(p.ask(t0 + Duration::from_secs(11), true, &on), Ask::Drop);
     }
 }
