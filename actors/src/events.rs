@@ -96,7 +96,8 @@ pub struct LlmMetrics {
 
 /// Why words the user said over the agent made no turn (see
 /// [`SessionEvent::UserWordsIgnored`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum IgnoredWords {
     /// Only backchannel words ("uh-huh", "right").
