@@ -13,7 +13,8 @@
 //!   `on_enter`. **Pauses** on `PauseActivity` (a sub-task agent runs) and **resumes** on
 //!   `ResumeActivity`; **stops** on `CloseActivity` (runs `on_exit`, stops its toolsets).
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
-//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `DeliverToolItems`,
+//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `Preflight`,
+//!   `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
 //!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
 //!   has on the session.
@@ -40,7 +41,10 @@
 //!   leaves no message. The first report of a speech is final.
 //! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
-//!   after the minimum duration or a transcript, and resumes after a false interruption.
+//!   after the minimum duration or a transcript, and resumes after a false interruption;
+//!   with a word rule, only words the session judged interrupting do (backchannels never).
+//! - A preemptive request says nothing and leaves nothing in the chat until a user turn
+//!   with its words takes it over; any other turn, a pause or a close drops it.
 
 mod activation;
 mod barge_in;

@@ -32,6 +32,9 @@
 //! - Work the agents start on their own (replies a hook or tool queues, handoffs) is
 //!   bounded per user input (`max_agent_work`): past it, refused with an error and one
 //!   event per input, and the next user input is answered.
+//! - Words the user says over a playing speech are judged once, here (`overlap.rs`):
+//!   backchannels and words that do not pass the turn rules neither interrupt nor make a
+//!   turn, and the activity hears the same judgement the endpointing acts on.
 
 mod agent_work;
 mod alarm;
