@@ -572,6 +572,36 @@ pub struct Overlap<'a> {
     pub rule: OverlapVerdict,
 }
 
+impl<'a> Overlap<'a> {
+    /// An overlap of `transcript` (its words counted), with no timing yet and the rule's
+    /// answer `rule`: for testing a classifier.
+    pub fn new(transcript: &'a str, is_final: bool, rule: OverlapVerdict) -> Self {
+        Self {
+            transcript,
+            is_final,
+            words: words::count(transcript),
+            user_speaking_for: Duration::ZERO,
+            agent_spoke_for: Duration::ZERO,
+            user_speaking: !is_final,
+            rule,
+        }
+    }
+
+    /// The same overlap with its timing: how long the user has spoken over the agent, how
+    /// long the agent had spoken before, whether the user still speaks.
+    pub fn timing(
+        mut self,
+        user_speaking_for: Duration,
+        agent_spoke_for: Duration,
+        user_speaking: bool,
+    ) -> Self {
+        self.user_speaking_for = user_speaking_for;
+        self.agent_spoke_for = agent_spoke_for;
+        self.user_speaking = user_speaking;
+        self
+    }
+}
+
 /// What the user's words over the agent are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverlapVerdict {
