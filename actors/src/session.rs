@@ -1519,6 +1519,10 @@ impl Handler<UserTranscript> for SessionActor {
         if let Some(text) = words {
             self.final_words(text, cause, now);
         }
+        // Words held for no boundary are ignored now, not at the next timer tick.
+        if let Some(ignored) = self.judge.due(now) {
+            self.words_ignored(ignored);
+        }
         self.arm();
         self.pump(ctx);
     }

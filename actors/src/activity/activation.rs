@@ -1458,7 +1458,7 @@ impl Activation {
         record_usage(&preflight.span, reported.as_ref());
         self.shared
             .metrics
-            .request(self.agent.name(), &model, &usage);
+            .request(&self.agent.def.name, &model, &usage);
         let telemetry = &self.shared.telemetry;
         telemetry.llm_request(
             &self.agent.def.name,
@@ -1752,7 +1752,7 @@ impl Activation {
         turn.timer.request_ended(generation.first_chunk);
         self.shared
             .metrics
-            .request(self.agent.name(), model, &usage);
+            .request(&self.agent.def.name, model, &usage);
         record_usage(&generation.span, generation.usage.as_ref());
         if let Some(served) = &generation.llm {
             generation
@@ -2030,10 +2030,10 @@ impl Activation {
         for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
             self.speech_ended(speech, SpeechOutcome::Interrupted { heard: None });
         }
-        let latency = turn.timer.latency(Instant::now());
+        let latency = turn.timer.latency(Instant::now);
         // Turns that asked the model count in the agent's latency (a `say` does not).
         if turn.timer.asked_the_model() {
-            self.shared.metrics.turn(self.agent.name(), &latency);
+            self.shared.metrics.turn(&self.agent.def.name, &latency);
             if !latency.tools.is_zero() {
                 self.shared
                     .telemetry

@@ -79,9 +79,12 @@ impl TurnTimer {
         self.requests > 0
     }
 
-    /// The turn's latency, as it ends at `now` (a wait for tools still open ends here).
-    pub(crate) fn latency(&mut self, now: Instant) -> TurnLatency {
-        self.called(now);
+    /// The turn's latency, as it ends (a wait for tools still open ends now: the clock
+    /// is read only then).
+    pub(crate) fn latency(&mut self, now: impl FnOnce() -> Instant) -> TurnLatency {
+        if self.calling_since.is_some() {
+            self.called(now());
+        }
         TurnLatency {
             end_to_first_audio: self.first_audio,
             time_to_first_token: self.ttft,
@@ -113,7 +116,7 @@ mod tests {
             None,
             "only the first text counts"
         );
-        let latency = t.latency(t0 + ms(3000));
+        let latency = t.latency(|| t0 + ms(3000));
         assert_eq!(latency.end_to_first_audio, Some(ms(2000)));
         assert_eq!(
             latency.time_to_first_token,
@@ -130,7 +133,7 @@ mod tests {
         let t0 = Instant::now();
         let mut t = TurnTimer::new(t0, "user");
         t.calling(t0);
-        assert_eq!(t.latency(t0 + ms(400)).tools, ms(400));
+        assert_eq!(t.latency(|| t0 + ms(400)).tools, ms(400));
         assert!(!t.asked_the_model());
     }
 }
