@@ -843,11 +843,12 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
+        let report = outcome.report.map(|report| *report).unwrap_or_default();
         let result = RunResult {
             events: outcome.events,
             interrupted: outcome.interrupted,
-            usage: outcome.usage,
-            latency: outcome.latency,
+            usage: report.usage,
+            latency: report.latency,
         };
         let failure = outcome.failure;
         let answer = |reply: Option<Reply<RunResult>>, answer| {

@@ -73,7 +73,7 @@ use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::preflight::Preflight;
 use super::turn::{
     bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
-    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
+    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
 };
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
@@ -2049,8 +2049,10 @@ impl Activation {
                 })
             });
         }
-        outcome.usage = turn.usage;
-        outcome.latency = latency;
+        outcome.report = Some(Box::new(TurnReport {
+            usage: turn.usage,
+            latency,
+        }));
         self.barge_in.turn_ended();
         if outcome.handoff.is_some() {
             // The handoff's span goes under this turn's.

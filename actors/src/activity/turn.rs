@@ -100,9 +100,15 @@ pub(crate) struct TurnOutcome {
     pub(crate) interrupted: bool,
     /// With a handoff: the turn's span, the handoff's parent (telemetry).
     pub(crate) cause: Cause,
-    /// What its LLM requests used.
+    /// What its LLM requests used and how fast it answered, set as it ends. Boxed: a
+    /// turn's phase holds an outcome, moved at every step, and most are placeholders.
+    pub(crate) report: Option<Box<TurnReport>>,
+}
+
+/// What a turn used and how fast it answered.
+#[derive(Debug, Default)]
+pub(crate) struct TurnReport {
     pub(crate) usage: Usage,
-    /// How fast it answered.
     pub(crate) latency: TurnLatency,
 }
 

@@ -827,8 +827,9 @@ fn a_preemptive_answer_is_held_unsaid_then_its_turn_says_it_without_asking_again
         output.calls()
     );
     let outcome = answered(&mut answer);
-    assert!(outcome.latency.preemptive);
-    assert_eq!(outcome.usage.requests, 1);
+    let report = outcome.report.as_deref().expect("a turn that ends reports");
+    assert!(report.latency.preemptive);
+    assert_eq!(report.usage.requests, 1);
     assert_eq!(outcome.events.len(), 2);
 }
 
