@@ -1,8 +1,10 @@
 //! Issue 39, SPEC §19 "Cost" and "Latency across handoffs": the usage ledger counts every
 //! request by agent and model (cached and audio tokens apart) across a handoff and a
 //! sub-task, its sums by agent and by model equal the session's total and the turns'
-//! results; a price table prices it; after a handoff the next turn's end-to-end latency
-//! (from the end of the user's speech) and time to first token are the new agent's.
+//! results; a price table prices it; the ledger and the agents' latency survive a snapshot
+//! (full and delta, through bytes) and a restore, and go on counting; after a handoff the
+//! next turn's end-to-end latency (from the end of the user's speech) and time to first
+//! token are the new agent's.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -15,6 +17,7 @@ use common::{spawn_turn, wait_event, wait_started};
 use serde_json::json;
 use switchboard::futures::StreamExt as _;
 use switchboard::prelude::*;
+use switchboard::snapshot::{AgentRegistry, SessionSnapshot, SnapshotUpdate};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{
     Endpointing, Llm, LlmChunk, LlmRequest, LlmStream, LlmUsage, ModelPrice, NoArgs, PriceTable,
@@ -290,4 +293,68 @@ async fn after_a_handoff_the_next_turns_latency_and_ttft_are_the_new_agents() {
     assert_eq!(latency["reception"].turns, 1);
     assert_eq!(latency["reception"].end_to_first_audio.count, 0);
     session.close().await.unwrap();
+}
+
+#[actix::test]
+async fn the_ledger_and_the_latency_survive_a_snapshot_and_a_restore_and_go_on_counting() {
+    tokio::time::pause();
+    let agent = || Agent::builder("host").build().unwrap();
+    let llm = ScriptedLlm::named(
+        "fast",
+        [
+            Reply::text("Hello.").and_usage(usage(100, 10)),
+            Reply::text("Noted.").and_usage(LlmUsage {
+                cached_prompt_tokens: Some(80),
+                ..usage(120, 12)
+            }),
+        ],
+    );
+    let session = Session::builder()
+        .llm(llm)
+        .agent(agent())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("hi").await.unwrap();
+    let SnapshotUpdate::Full(full) = session.snapshot_update().await.unwrap() else {
+        panic!("the chain starts in full");
+    };
+    session.run("a table for two").await.unwrap();
+    let SnapshotUpdate::Delta(delta) = session.snapshot_update().await.unwrap() else {
+        panic!("then a delta");
+    };
+    let (usage_then, latency_then) = (session.usage(), session.latency());
+    assert_eq!(usage_then.total().requests, 2);
+    session.close().await.unwrap();
+
+    // Through bytes, as a store keeps them; the delta carries the ledger as it grew.
+    let mut snapshot = SessionSnapshot::from_bytes(&full.to_bytes()).unwrap();
+    assert_eq!(snapshot.usage().total().requests, 1);
+    snapshot.apply(&delta).unwrap();
+    assert_eq!(
+        snapshot.usage(),
+        &usage_then,
+        "a stored call's cost reads without a restore"
+    );
+    assert_eq!(snapshot.latency(), &latency_then);
+
+    let llm = ScriptedLlm::named("fast", [Reply::text("See you.").and_usage(usage(150, 5))]);
+    let restored = Session::builder()
+        .llm(llm)
+        .restore(
+            snapshot,
+            AgentRegistry::new().agent("host", move |_| Ok::<_, BuildError>(agent())),
+        )
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(restored.usage(), usage_then);
+    assert_eq!(restored.latency(), latency_then);
+    restored.run("thanks").await.unwrap();
+    let total = restored.usage().total();
+    assert_eq!(total.requests, 3);
+    assert_eq!(total.prompt_tokens, 370);
+    assert_eq!(total.cached_prompt_tokens, 80);
+    assert_eq!(restored.latency()["host"].turns, 3);
+    restored.close().await.unwrap();
 }

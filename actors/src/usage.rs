@@ -129,6 +129,11 @@ impl SessionUsage {
         }
     }
 
+    /// Whether no request was counted yet.
+    pub fn is_empty(&self) -> bool {
+        self.lines.is_empty()
+    }
+
     /// Every line, in the order its agent and model were first used.
     pub fn lines(&self) -> &[UsageLine] {
         &self.lines
