@@ -1492,6 +1492,40 @@ impl Llm for HelloThenStall {
     }
 }
 
+/// A session whose turn streams a speech, then its model stalls (marking `dropped` when
+/// its stream is dropped): once the speech is announced, the session, its events and the
+/// turn.
+async fn stalled_speech(
+    engine: &Engine,
+    output: StopWatchOutput,
+    dropped: Arc<Mutex<Option<Instant>>>,
+) -> (
+    Session,
+    tokio::sync::broadcast::Receiver<SessionEvent>,
+    tokio::task::JoinHandle<Result<switchboard::RunResult, switchboard::SessionError>>,
+) {
+    let session = Session::builder()
+        .llm(Arc::new(HelloThenStall { dropped }))
+        .agent(Agent::builder("a").build().unwrap())
+        .output(output)
+        .min_interruption_duration(std::time::Duration::ZERO)
+        .turn_handling(turn_handling())
+        .start(engine)
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    let turn = {
+        let session = session.clone();
+        actix::spawn(async move { session.run("go").await })
+    };
+    while let Ok(event) = events.recv().await {
+        if matches!(event, SessionEvent::SpeechCreated { .. }) {
+            break;
+        }
+    }
+    (session, events, turn)
+}
+
 /// V1 barge-in: a turn streams a speech (then its model stalls); the host reports that
 /// the user started speaking (`min_interruption_duration` zero: a real interruption at
 /// once). Timed: from `user_started_speaking()` until both the output was told to stop and
@@ -1502,27 +1536,8 @@ async fn barge_in(engine: &Engine) {
     for i in 0..warmup + n {
         let dropped = Arc::new(Mutex::new(None));
         let output = StopWatchOutput::default();
-        let session = Session::builder()
-            .llm(Arc::new(HelloThenStall {
-                dropped: dropped.clone(),
-            }))
-            .agent(Agent::builder("a").build().unwrap())
-            .output(output.clone())
-            .min_interruption_duration(std::time::Duration::ZERO)
-            .turn_handling(turn_handling())
-            .start(engine)
-            .await
-            .unwrap();
-        let mut events = session.subscribe();
-        let turn = {
-            let session = session.clone();
-            actix::spawn(async move { session.run("go").await })
-        };
-        while let Ok(event) = events.recv().await {
-            if matches!(event, SessionEvent::SpeechCreated { .. }) {
-                break;
-            }
-        }
+        let (session, _events, turn) =
+            stalled_speech(engine, output.clone(), dropped.clone()).await;
         // With a word rule the voice alone does not interrupt: the words do.
         let start = if turns_on() {
             session.user_started_speaking();
@@ -1556,26 +1571,8 @@ async fn barge_in(engine: &Engine) {
 async fn backchannel(engine: &Engine) {
     let (n, warmup) = (env("BENCH_N", 2000), env("BENCH_WARMUP", 200));
     let mut samples = Vec::with_capacity(n);
-    let session = Session::builder()
-        .llm(Arc::new(HelloThenStall {
-            dropped: Arc::default(),
-        }))
-        .agent(Agent::builder("a").build().unwrap())
-        .output(StopWatchOutput::default())
-        .turn_handling(turn_handling())
-        .start(engine)
-        .await
-        .unwrap();
-    let mut events = session.subscribe();
-    let turn = {
-        let session = session.clone();
-        actix::spawn(async move { session.run("go").await })
-    };
-    while let Ok(event) = events.recv().await {
-        if matches!(event, SessionEvent::SpeechCreated { .. }) {
-            break;
-        }
-    }
+    let (session, mut events, turn) =
+        stalled_speech(engine, StopWatchOutput::default(), Arc::default()).await;
     for i in 0..warmup + n {
         session.user_started_speaking();
         session.user_stopped_speaking();

@@ -162,16 +162,8 @@ async fn a_preemptive_request_the_user_went_past_leaves_nothing_behind_but_its_c
     let asked: Vec<String> = llm.requests().iter().map(last_user).collect();
     assert_eq!(asked, ["a table", "a table for two"]);
     let chat = session.chat_context().await.unwrap();
-    let said: Vec<(ChatRole, String)> = chat
-        .items()
-        .iter()
-        .filter_map(|item| match item {
-            ChatItem::Message(m) => Some((m.role, m.content.clone())),
-            _ => None,
-        })
-        .collect();
     assert_eq!(
-        said,
+        common::said(&chat),
         [
             (ChatRole::User, "a table for two".to_owned()),
             (ChatRole::Assistant, "You said: a table for two".to_owned()),

@@ -13,7 +13,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_invariant, spawn_turn, wait_event, wait_on};
+use common::{assert_invariant, said, spawn_turn, user_messages, wait_event, wait_on};
 use switchboard::prelude::*;
 use switchboard::testing::{event, OutputCall, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{
@@ -26,16 +26,6 @@ const LONG_ANSWER: &str = "Your order left the warehouse on Monday and arrives b
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
-}
-
-fn user_messages(chat: &ChatContext) -> Vec<String> {
-    chat.items()
-        .iter()
-        .filter_map(|item| match item {
-            ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
-            _ => None,
-        })
-        .collect()
 }
 
 async fn start(
@@ -52,6 +42,59 @@ async fn start(
         .start(&Engine::current().unwrap())
         .await
         .unwrap()
+}
+
+/// A session whose agent speaks (its speech still playing) in answer to "where is my
+/// order?", `after` into its speech.
+struct Speaking {
+    session: Session,
+    llm: Arc<ScriptedLlm>,
+    out: RecordingOutput,
+    events: tokio::sync::broadcast::Receiver<SessionEvent>,
+    turn: tokio::task::JoinHandle<Result<RunResult, SessionError>>,
+    speech: SpeechId,
+}
+
+async fn speaking(agent: Agent, turns: TurnHandling, answer: &str, after: Duration) -> Speaking {
+    let out = RecordingOutput::manual_playout().pausable();
+    let llm = ScriptedLlm::new([Reply::text(answer)]);
+    llm.otherwise(Reply::text("Okay."));
+    let session = start(llm.clone(), agent, &out, turns).await;
+    let mut events = session.subscribe();
+    let turn = spawn_turn(&session, "where is my order?");
+    let speech = wait_on(&mut events, event::speech_created()).await.id();
+    sleep(after).await;
+    Speaking {
+        session,
+        llm,
+        out,
+        events,
+        turn,
+        speech,
+    }
+}
+
+fn support() -> Agent {
+    Agent::builder("support").build().unwrap()
+}
+
+impl Speaking {
+    /// The user's words made the agent stop: what the user heard, and the turn's end.
+    async fn interrupted(mut self) -> Self {
+        wait_on(&mut self.events, event::turn_interrupted()).await;
+        assert!(self
+            .out
+            .calls()
+            .contains(&OutputCall::Interrupt(self.speech)));
+        self.out.heard(self.speech, "Your order");
+        assert!((&mut self.turn).await.unwrap().unwrap().interrupted);
+        self
+    }
+
+    /// Whether the output was told to pause or stop the speech.
+    fn stopped_or_paused(&self) -> bool {
+        stopped_or_paused(&self.out, self.speech)
+    }
 }
 
 fn backchannels() -> TurnHandling {
@@ -77,123 +120,72 @@ async fn ignored(
 #[actix::test]
 async fn backchannel_words_during_a_speech_neither_interrupt_it_nor_start_a_turn() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
-    llm.otherwise(Reply::text("Anything else?"));
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        backchannels(),
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-
     // Two seconds into the answer the caller acknowledges, twice.
-    sleep(ms(2000)).await;
+    let mut s = speaking(support(), backchannels(), LONG_ANSWER, ms(2000)).await;
     for words in ["Uh-huh.", "Yeah, right."] {
-        session.user_started_speaking();
-        session.transcript(words.to_lowercase(), false);
+        s.session.user_started_speaking();
+        s.session.transcript(words.to_lowercase(), false);
         sleep(ms(400)).await;
-        session.user_stopped_speaking();
-        session.transcript(words, true);
+        s.session.user_stopped_speaking();
+        s.session.transcript(words, true);
         assert_eq!(
-            ignored(&mut events).await,
+            ignored(&mut s.events).await,
             (words.to_owned(), IgnoredWords::Backchannel)
         );
     }
     assert!(
-        !stopped_or_paused(&out, speech),
+        !s.stopped_or_paused(),
         "the speech went on: {:?}",
-        out.calls()
+        s.out.calls()
     );
-    assert_eq!(session.agent_state(), AgentState::Speaking);
+    assert_eq!(s.session.agent_state(), AgentState::Speaking);
 
-    out.played_out(speech);
-    let result = turn.await.unwrap().unwrap();
-    assert!(!result.interrupted);
-    common::settled(&session).await;
-    assert_eq!(llm.request_count(), 1, "no turn for the backchannels");
-    let chat = session.chat_context().await.unwrap();
+    s.out.played_out(s.speech);
+    assert!(!s.turn.await.unwrap().unwrap().interrupted);
+    common::settled(&s.session).await;
+    assert_eq!(s.llm.request_count(), 1, "no turn for the backchannels");
+    let chat = s.session.chat_context().await.unwrap();
     assert_eq!(user_messages(&chat), ["where is my order?"]);
     assert_invariant(&chat);
-    session.close().await.unwrap();
+    s.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn stop_wait_over_the_agent_interrupts_it_and_is_the_next_turn() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
-    llm.when_user_says("stop, wait", Reply::text("Sure, go ahead."));
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        backchannels(),
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(2000)).await;
-    session.user_started_speaking();
-    session.transcript("stop, wait", false);
+    let s = speaking(support(), backchannels(), LONG_ANSWER, ms(2000)).await;
+    s.session.user_started_speaking();
+    s.session.transcript("stop, wait", false);
     // Words that pass the rules, once the user has spoken the minimum 0.5 s.
-    wait_on(&mut events, event::turn_interrupted()).await;
-    assert!(out.calls().contains(&OutputCall::Interrupt(speech)));
-    out.heard(speech, "Your order left the warehouse");
-    assert!(turn.await.unwrap().unwrap().interrupted);
-    session.user_stopped_speaking();
-    session.transcript("stop, wait", true);
-    let answer = wait_on(&mut events, event::speech_created()).await.id();
-    out.played_out(answer);
-    common::settled(&session).await;
-    let chat = session.chat_context().await.unwrap();
+    let mut s = s.interrupted().await;
+    s.session.user_stopped_speaking();
+    s.session.transcript("stop, wait", true);
+    let answer = wait_on(&mut s.events, event::speech_created()).await.id();
+    s.out.played_out(answer);
+    common::settled(&s.session).await;
+    let chat = s.session.chat_context().await.unwrap();
     assert_eq!(user_messages(&chat), ["where is my order?", "stop, wait"]);
-    assert_eq!(llm.request_count(), 2);
+    assert_eq!(s.llm.request_count(), 2);
     assert_invariant(&chat);
-    session.close().await.unwrap();
+    s.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn a_backchannel_kept_in_the_transcript_follows_the_agents_words_and_asks_no_reply() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
     let turns = TurnHandling::new().interruption(
         Interruption::new().backchannel(Backchannel::english().keep_in_transcript(true)),
     );
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        turns,
-    )
-    .await;
-    let mut events = session.subscribe();
-    let _turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(3000)).await;
-    session.user_started_speaking();
-    session.user_stopped_speaking();
-    session.transcript("mm-hmm", true);
-    ignored(&mut events).await;
-    out.played_out(speech);
-    common::settled(&session).await;
-    let chat = session.chat_context().await.unwrap();
-    let said: Vec<(ChatRole, String)> = chat
-        .items()
-        .iter()
-        .filter_map(|item| match item {
-            ChatItem::Message(m) => Some((m.role, m.content.clone())),
-            _ => None,
-        })
-        .collect();
+    let mut s = speaking(support(), turns, LONG_ANSWER, ms(3000)).await;
+    s.session.user_started_speaking();
+    s.session.user_stopped_speaking();
+    s.session.transcript("mm-hmm", true);
+    ignored(&mut s.events).await;
+    s.out.played_out(s.speech);
+    common::settled(&s.session).await;
+    let chat = s.session.chat_context().await.unwrap();
     assert_eq!(
-        said,
+        said(&chat),
         [
             (ChatRole::User, "where is my order?".to_owned()),
             (ChatRole::Assistant, LONG_ANSWER.to_owned()),
@@ -201,148 +193,90 @@ async fn a_backchannel_kept_in_the_transcript_follows_the_agents_words_and_asks_
         ]
     );
     assert_eq!(
-        llm.request_count(),
+        s.llm.request_count(),
         1,
         "a kept backchannel asks for no reply"
     );
-    session.close().await.unwrap();
+    s.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn yeah_as_the_agent_finishes_is_the_users_answer() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout();
-    let llm = ScriptedLlm::new([Reply::text("Shall I book it for eight?")]);
-    llm.when_user_says("Yeah.", Reply::text("Booked."));
-    let session = start(
-        llm.clone(),
-        Agent::builder("host").build().unwrap(),
-        &out,
-        backchannels(),
-    )
-    .await;
-    let mut events = session.subscribe();
-    let _turn = spawn_turn(&session, "a table tonight");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(2000)).await;
-    session.user_started_speaking();
-    session.user_stopped_speaking();
-    session.transcript("Yeah.", true);
+    let question = "Shall I book it for eight?";
+    let mut s = speaking(support(), backchannels(), question, ms(2000)).await;
+    s.session.user_started_speaking();
+    s.session.user_stopped_speaking();
+    s.session.transcript("Yeah.", true);
     // The question ends within the end boundary (1 s) of the word.
     sleep(ms(300)).await;
-    out.played_out(speech);
-    let answer = wait_on(&mut events, event::speech_created()).await.id();
-    out.played_out(answer);
-    common::settled(&session).await;
-    let chat = session.chat_context().await.unwrap();
-    assert_eq!(user_messages(&chat), ["a table tonight", "Yeah."]);
-    assert_eq!(llm.request_count(), 2);
-    session.close().await.unwrap();
+    s.out.played_out(s.speech);
+    let answer = wait_on(&mut s.events, event::speech_created()).await.id();
+    s.out.played_out(answer);
+    common::settled(&s.session).await;
+    let chat = s.session.chat_context().await.unwrap();
+    assert_eq!(user_messages(&chat), ["where is my order?", "Yeah."]);
+    assert_eq!(s.llm.request_count(), 2);
+    s.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn with_a_two_word_rule_one_word_does_not_interrupt_and_two_do() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
-    llm.otherwise(Reply::text("Okay."));
     let turns = TurnHandling::new().interruption(Interruption::new().min_words(2));
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        turns,
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(1500)).await;
-    session.user_started_speaking();
-    session.transcript("stop", false);
+    let s = speaking(support(), turns, LONG_ANSWER, ms(1500)).await;
+    s.session.user_started_speaking();
+    s.session.transcript("stop", false);
     sleep(ms(1500)).await;
     assert!(
-        !stopped_or_paused(&out, speech),
+        !s.stopped_or_paused(),
         "one word in 1.5 s of voice: {:?}",
-        out.calls()
+        s.out.calls()
     );
-    session.transcript("stop please", false);
-    wait_on(&mut events, event::turn_interrupted()).await;
-    out.heard(speech, "Your order left");
-    assert!(turn.await.unwrap().unwrap().interrupted);
-    session.close().await.unwrap();
+    s.session.transcript("stop please", false);
+    s.interrupted().await.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn with_a_duration_rule_words_wait_until_the_user_has_spoken_long_enough() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
-    llm.otherwise(Reply::text("Okay."));
     let turns = TurnHandling::new().interruption(
         Interruption::new()
             .min_words(1)
             .min_duration(Duration::from_secs(1)),
     );
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        turns,
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(1500)).await;
-    session.user_started_speaking();
+    let s = speaking(support(), turns, LONG_ANSWER, ms(1500)).await;
+    s.session.user_started_speaking();
     sleep(ms(200)).await;
-    session.transcript("hold on", false);
+    s.session.transcript("hold on", false);
     sleep(ms(700)).await;
     assert!(
-        !stopped_or_paused(&out, speech),
+        !s.stopped_or_paused(),
         "words after 0.2 s, still under 1 s of voice at 0.9 s"
     );
     sleep(ms(100)).await;
-    wait_on(&mut events, event::turn_interrupted()).await;
-    out.heard(speech, "Your order");
-    assert!(turn.await.unwrap().unwrap().interrupted);
-    session.close().await.unwrap();
+    s.interrupted().await.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn with_a_duration_rule_and_no_word_rule_a_short_overlap_resumes_and_a_long_one_interrupts() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
     let turns =
         TurnHandling::new().interruption(Interruption::new().min_duration(Duration::from_secs(1)));
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        turns,
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    session.user_started_speaking();
+    let mut s = speaking(support(), turns, LONG_ANSWER, Duration::ZERO).await;
+    s.session.user_started_speaking();
     sleep(ms(800)).await;
-    session.user_stopped_speaking();
-    let resumed = wait_event(&mut events, |e| match e {
+    s.session.user_stopped_speaking();
+    let resumed = wait_event(&mut s.events, |e| match e {
         SessionEvent::AgentFalseInterruption { resumed } => Some(*resumed),
         _ => None,
     })
     .await;
     assert!(resumed, "0.8 s of voice is under the 1 s minimum");
-    assert!(out.calls().contains(&OutputCall::Resume(speech)));
-    session.user_started_speaking();
+    assert!(s.out.calls().contains(&OutputCall::Resume(s.speech)));
+    s.session.user_started_speaking();
     sleep(ms(1000)).await;
-    wait_on(&mut events, event::turn_interrupted()).await;
-    out.heard(speech, "Your order left");
-    assert!(turn.await.unwrap().unwrap().interrupted);
-    session.close().await.unwrap();
+    s.interrupted().await.session.close().await.unwrap();
 }
 
 /// What the classifier was asked, and its answers: it ignores hesitations.
@@ -372,34 +306,16 @@ impl TurnClassifier for HesitationClassifier {
 #[actix::test]
 async fn the_hosts_classifier_hears_the_interim_transcript_and_its_timing_and_decides() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout().pausable();
-    let llm = ScriptedLlm::new([Reply::text(LONG_ANSWER)]);
-    llm.otherwise(Reply::text("Cancelled."));
     let classifier = Arc::new(HesitationClassifier::default());
     let turns = TurnHandling::new().classifier(classifier.clone());
-    let session = start(
-        llm.clone(),
-        Agent::builder("support").build().unwrap(),
-        &out,
-        turns,
-    )
-    .await;
-    let mut events = session.subscribe();
-    let turn = spawn_turn(&session, "where is my order?");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    sleep(ms(2000)).await;
-    session.user_started_speaking();
+    let s = speaking(support(), turns, LONG_ANSWER, ms(2000)).await;
+    s.session.user_started_speaking();
     sleep(ms(300)).await;
-    session.transcript("hmm let me think", false);
+    s.session.transcript("hmm let me think", false);
     sleep(ms(1000)).await;
-    assert!(
-        !stopped_or_paused(&out, speech),
-        "the classifier ignored it"
-    );
-    session.transcript("cancel my order", false);
-    wait_on(&mut events, event::turn_interrupted()).await;
-    out.heard(speech, "Your order");
-    assert!(turn.await.unwrap().unwrap().interrupted);
+    assert!(!s.stopped_or_paused(), "the classifier ignored it");
+    s.session.transcript("cancel my order", false);
+    let s = s.interrupted().await;
     let asked = classifier.asked.lock().unwrap().clone();
     let seen: Vec<_> = asked
         .iter()
@@ -425,36 +341,37 @@ async fn the_hosts_classifier_hears_the_interim_transcript_and_its_timing_and_de
         close(asked[0].4, ms(2000)) && close(asked[1].4, ms(2000)),
         "{asked:?}"
     );
-    session.close().await.unwrap();
+    s.session.close().await.unwrap();
 }
 
 #[actix::test]
 async fn words_over_an_uninterruptible_speech_are_discarded_when_the_host_asks() {
     tokio::time::pause();
-    let out = RecordingOutput::manual_playout();
-    let llm = ScriptedLlm::new([Reply::text("Please listen to these terms in full.")]);
     let turns = TurnHandling::new()
         .interruption(Interruption::new().discard_audio_if_uninterruptible(true));
     let agent = Agent::builder("legal")
         .allow_interruptions(false)
         .build()
         .unwrap();
-    let session = start(llm.clone(), agent, &out, turns).await;
-    let mut events = session.subscribe();
-    let _turn = spawn_turn(&session, "go on");
-    let speech = wait_on(&mut events, event::speech_created()).await.id();
-    session.transcript("what about refunds", true);
+    let mut s = speaking(
+        agent,
+        turns,
+        "Please listen to these terms in full.",
+        ms(500),
+    )
+    .await;
+    s.session.transcript("what about refunds", true);
     assert_eq!(
-        ignored(&mut events).await,
+        ignored(&mut s.events).await,
         (
             "what about refunds".to_owned(),
             IgnoredWords::Uninterruptible
         )
     );
-    out.played_out(speech);
-    common::settled(&session).await;
-    assert_eq!(llm.request_count(), 1);
-    session.close().await.unwrap();
+    s.out.played_out(s.speech);
+    common::settled(&s.session).await;
+    assert_eq!(s.llm.request_count(), 1);
+    s.session.close().await.unwrap();
 }
 
 /// A slow speaker: utterances with 1.5 s pauses (interim words only), then a final, a

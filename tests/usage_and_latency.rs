@@ -70,17 +70,9 @@ fn agents(fast: Arc<ScriptedLlm>, smart: Arc<ScriptedLlm>) -> Agent {
         .tool(ask_id)
         .build()
         .unwrap();
-    let transfer = Tool::new(
-        "transfer",
-        "To billing",
-        move |_ctx: RunContext, _: NoArgs| {
-            let billing = billing.clone();
-            async move { Ok::<_, ToolFailure>(Handoff::to(billing)) }
-        },
-    );
     Agent::builder("reception")
         .llm(fast)
-        .tool(transfer)
+        .tool(common::transfer_to(billing))
         .build()
         .unwrap()
 }
@@ -241,17 +233,9 @@ async fn after_a_handoff_the_next_turns_latency_and_ttft_are_the_new_agents() {
         )],
     );
     let billing = Agent::builder("billing").llm(billing_llm).build().unwrap();
-    let transfer = Tool::new(
-        "transfer",
-        "To billing",
-        move |_ctx: RunContext, _: NoArgs| {
-            let billing = billing.clone();
-            async move { Ok::<_, ToolFailure>(Handoff::to(billing)) }
-        },
-    );
     let reception = Agent::builder("reception")
         .llm(reception_llm)
-        .tool(transfer)
+        .tool(common::transfer_to(billing))
         .build()
         .unwrap();
     let session = Session::builder()

@@ -1234,12 +1234,7 @@ impl Activation {
                     text: text.clone(),
                     is_final: true,
                 });
-                let mut message = ChatMessage {
-                    role: ChatRole::User,
-                    content: text,
-                    interrupted: false,
-                    speech: None,
-                };
+                let mut message = user_message(text);
                 let decision = self.user_turn_hook(&mut message);
                 let fits = decision == TurnDecision::Reply
                     && preflight
@@ -1259,15 +1254,7 @@ impl Activation {
                 (decision == TurnDecision::Reply).then(Ask::default)
             }
             TurnKind::Backchannel(text) => {
-                self.record(
-                    &mut events,
-                    ChatItem::Message(ChatMessage {
-                        role: ChatRole::User,
-                        content: text,
-                        interrupted: false,
-                        speech: None,
-                    }),
-                );
+                self.record(&mut events, ChatItem::Message(user_message(text)));
                 None
             }
             TurnKind::CutIn { text, instructions } => {
@@ -1275,15 +1262,7 @@ impl Activation {
                     text: text.clone(),
                     is_final: true,
                 });
-                self.record(
-                    &mut events,
-                    ChatItem::Message(ChatMessage {
-                        role: ChatRole::User,
-                        content: text,
-                        interrupted: false,
-                        speech: None,
-                    }),
-                );
+                self.record(&mut events, ChatItem::Message(user_message(text)));
                 Some(Ask {
                     tool_choice: ToolChoice::None,
                     extra_instructions: Some(instructions.to_string()),
@@ -1326,20 +1305,13 @@ impl Activation {
                     ..
                 } = taken;
                 replay = Some((step, chunks, ended));
-                Phase::Generating(Generation {
+                Phase::Generating(Generation::new(
                     step,
-                    span: request_span,
-                    view: chat.len(),
+                    request_span,
+                    chat.len(),
                     started,
                     first_chunk,
-                    text: String::new(),
-                    text_chunks: 0,
-                    calls: Vec::new(),
-                    speech: None,
-                    usage: None,
-                    llm: None,
-                    early_report: None,
-                })
+                ))
             }
             (Some(ask), _) => Phase::Generating(self.open_generation(ask, &span, out)),
             (None, _) => Phase::Playing {
@@ -1401,12 +1373,7 @@ impl Activation {
     fn start_preflight(&mut self, text: String, out: &mut Vec<Command>) {
         self.drop_preflight(out);
         let mut chat = self.ledger.chat().clone();
-        chat.push(ChatItem::Message(ChatMessage {
-            role: ChatRole::User,
-            content: text.clone(),
-            interrupted: false,
-            speech: None,
-        }));
+        chat.push(ChatItem::Message(user_message(text.clone())));
         let request = self.request(&Ask::default(), chat.clone());
         let step = self.shared.ids.next_step();
         let span = self.request_span(&self.shared.span, step, &request, true);
@@ -1601,20 +1568,7 @@ impl Activation {
             request,
             span: span.clone(),
         });
-        Generation {
-            step,
-            span,
-            view: self.ledger.chat().len(),
-            started: Instant::now(),
-            first_chunk: None,
-            text: String::new(),
-            text_chunks: 0,
-            calls: Vec::new(),
-            speech: None,
-            usage: None,
-            llm: None,
-            early_report: None,
-        }
+        Generation::new(step, span, self.ledger.chat().len(), Instant::now(), None)
     }
 
     /// The request an `ask` makes of the model, from `chat`.
@@ -2600,6 +2554,16 @@ fn running(turn: Option<Box<Turn>>) -> State {
 /// context that already held the newest pending item (`newest`, its position).
 fn reply_due(last_reply_view: usize, newest: Option<usize>) -> bool {
     newest.is_some_and(|newest| last_reply_view <= newest)
+}
+
+/// The user's words as a chat message.
+fn user_message(text: String) -> ChatMessage {
+    ChatMessage {
+        role: ChatRole::User,
+        content: text,
+        interrupted: false,
+        speech: None,
+    }
 }
 
 /// Records a request's usage on its span (OpenTelemetry's GenAI attributes).

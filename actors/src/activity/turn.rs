@@ -217,6 +217,33 @@ pub(crate) struct Generation {
     pub(crate) early_report: Option<(bool, Option<String>)>,
 }
 
+impl Generation {
+    /// A request of step `step`, made from a chat of `view` items at `started`; nothing
+    /// received yet but, for a request taken over, its first chunk's time.
+    pub(crate) fn new(
+        step: u64,
+        span: tracing::Span,
+        view: usize,
+        started: Instant,
+        first_chunk: Option<Duration>,
+    ) -> Self {
+        Self {
+            step,
+            span,
+            view,
+            started,
+            first_chunk,
+            text: String::new(),
+            text_chunks: 0,
+            calls: Vec::new(),
+            speech: None,
+            usage: None,
+            llm: None,
+            early_report: None,
+        }
+    }
+}
+
 /// How a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Ending {
