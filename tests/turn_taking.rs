@@ -279,22 +279,33 @@ async fn with_a_duration_rule_and_no_word_rule_a_short_overlap_resumes_and_a_lon
     s.interrupted().await.session.close().await.unwrap();
 }
 
+/// One question the classifier was asked.
+#[derive(Clone, Debug)]
+struct Asked {
+    text: String,
+    is_final: bool,
+    words: usize,
+    user_for: Duration,
+    agent_for: Duration,
+    rule: OverlapVerdict,
+}
+
 /// What the classifier was asked, and its answers: it ignores hesitations.
 #[derive(Default)]
 struct HesitationClassifier {
-    asked: Mutex<Vec<(String, bool, usize, Duration, Duration, OverlapVerdict)>>,
+    asked: Mutex<Vec<Asked>>,
 }
 
 impl TurnClassifier for HesitationClassifier {
     fn overlap(&self, overlap: &Overlap<'_>) -> OverlapVerdict {
-        self.asked.lock().unwrap().push((
-            overlap.transcript.to_owned(),
-            overlap.is_final,
-            overlap.words,
-            overlap.user_speaking_for,
-            overlap.agent_spoke_for,
-            overlap.rule,
-        ));
+        self.asked.lock().unwrap().push(Asked {
+            text: overlap.transcript.to_owned(),
+            is_final: overlap.is_final,
+            words: overlap.words,
+            user_for: overlap.user_speaking_for,
+            agent_for: overlap.agent_spoke_for,
+            rule: overlap.rule,
+        });
         if overlap.transcript.starts_with("hmm") {
             OverlapVerdict::Ignore
         } else {
@@ -319,7 +330,7 @@ async fn the_hosts_classifier_hears_the_interim_transcript_and_its_timing_and_de
     let asked = classifier.asked.lock().unwrap().clone();
     let seen: Vec<_> = asked
         .iter()
-        .map(|(text, is_final, words, _, _, rule)| (text.as_str(), *is_final, *words, *rule))
+        .map(|a| (a.text.as_str(), a.is_final, a.words, a.rule))
         .collect();
     assert_eq!(
         seen,
@@ -334,11 +345,11 @@ async fn the_hosts_classifier_hears_the_interim_transcript_and_its_timing_and_de
     let close =
         |actual: Duration, expected: Duration| actual >= expected && actual <= expected + ms(5);
     assert!(
-        close(asked[0].3, ms(300)) && close(asked[1].3, ms(1300)),
+        close(asked[0].user_for, ms(300)) && close(asked[1].user_for, ms(1300)),
         "{asked:?}"
     );
     assert!(
-        close(asked[0].4, ms(2000)) && close(asked[1].4, ms(2000)),
+        close(asked[0].agent_for, ms(2000)) && close(asked[1].agent_for, ms(2000)),
         "{asked:?}"
     );
     s.session.close().await.unwrap();

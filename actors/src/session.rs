@@ -153,10 +153,11 @@ enum HandoffDone {
     Nobody,
     /// The host (`update_agent`, `SessionAddress::send`): once the new `on_enter` ran.
     Host(Reply<()>),
-    /// The turn whose tool handed off: its result, with the handoff in it.
+    /// The turn whose tool handed off: its result, with the handoff in it (boxed: a
+    /// result with its usage and latency is the largest thing a planned handoff holds).
     Turn {
         reply: Option<Reply<RunResult>>,
-        result: RunResult,
+        result: Box<RunResult>,
         failure: Option<SessionError>,
     },
 }
@@ -184,8 +185,8 @@ impl HandoffDone {
                     });
                 }
                 let answer = match (failure, handed) {
-                    (Some(failure), _) => turn_answer(result, Some(failure)),
-                    (None, handed) => handed.map(|()| result),
+                    (Some(failure), _) => turn_answer(*result, Some(failure)),
+                    (None, handed) => handed.map(|()| *result),
                 };
                 if let Some(reply) = reply {
                     let _ = reply.send(answer);
@@ -871,7 +872,7 @@ impl SessionActor {
         let after = if let Some(handoff) = outcome.handoff {
             let done = HandoffDone::Turn {
                 reply,
-                result,
+                result: Box::new(result),
                 failure,
             };
             let work = AgentWork::Handoff {
@@ -1502,14 +1503,13 @@ impl Handler<UserTranscript> for SessionActor {
         let mut words = None;
         match judged {
             None => {}
-            Some(Judged::Discarded) => {
-                if msg.is_final {
-                    self.shared.events.emit(SessionEvent::UserWordsIgnored {
-                        text: msg.text,
-                        reason: IgnoredWords::Uninterruptible,
-                    });
-                }
+            Some(Judged::Discarded) if msg.is_final => {
+                self.shared.events.emit(SessionEvent::UserWordsIgnored {
+                    text: msg.text,
+                    reason: IgnoredWords::Uninterruptible,
+                });
             }
+            Some(Judged::Discarded) => {}
             Some(Judged::Holds) => {
                 msg.interrupts = false;
                 self.relay_transcript(msg);

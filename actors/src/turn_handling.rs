@@ -86,10 +86,7 @@ impl TurnHandling {
     /// `self`'s groups where set, `base`'s elsewhere.
     pub(crate) fn over(&self, base: &TurnHandling) -> TurnHandling {
         TurnHandling {
-            endpointing: self
-                .endpointing
-                .clone()
-                .or_else(|| base.endpointing.clone()),
+            endpointing: self.endpointing.or(base.endpointing),
             interruption: self
                 .interruption
                 .clone()
@@ -106,7 +103,7 @@ impl TurnHandling {
     /// Every group resolved: set, or its default.
     pub(crate) fn rules(&self) -> TurnRules {
         TurnRules {
-            endpointing: self.endpointing.clone().unwrap_or_default(),
+            endpointing: self.endpointing.unwrap_or_default(),
             interruption: self.interruption.clone().unwrap_or_default(),
             preemptive: self.preemptive_generation.unwrap_or_default(),
             user_turn_limit: self.user_turn_limit.clone().unwrap_or_default(),

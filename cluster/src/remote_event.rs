@@ -632,8 +632,9 @@ pub enum RemoteFailure {
     TurnFailed {
         /// Why.
         message: String,
-        /// What the turn did before it failed.
-        result: RemoteRunResult,
+        /// What the turn did before it failed (boxed, as the engine's is: a failure
+        /// travels inside every gateway error).
+        result: Box<RemoteRunResult>,
     },
     /// The worker's factory could not build what was asked (an unknown agent).
     #[error("{message}")]
@@ -660,7 +661,7 @@ impl From<&SessionError> for RemoteFailure {
             },
             SessionError::TurnFailed { failure, result } => Self::TurnFailed {
                 message: failure.to_string(),
-                result: result.as_ref().into(),
+                result: Box::new(result.as_ref().into()),
             },
             other => Self::Engine {
                 message: other.to_string(),
