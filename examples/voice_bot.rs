@@ -18,6 +18,8 @@
 //! - a real barge-in mid-sentence: the TTS stops, and the chat keeps only the words the
 //!   user heard;
 //! - a supervisor taking over with an interrupting handoff;
+//! - what the call used and how fast each agent answered (`usage()`, `latency()`: from the
+//!   end of the user's speech to the first text out, across the handoff);
 //! - the transcript of the call, per agent, from `close()`.
 
 use std::collections::VecDeque;
@@ -109,6 +111,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("    (the specials: {:?})", long.wait_for_playout().await);
     session.wait_for_inactive().await;
     sleep(Duration::from_millis(300)).await;
+
+    let usage = session.usage();
+    println!("\nwhat the call used (tokens the model reported; the scripted one reports none):");
+    for line in usage.lines() {
+        let u = &line.usage;
+        println!(
+            "  {} on {}: {} requests, {} prompt ({} cached), {} completion",
+            line.agent,
+            line.model,
+            u.requests,
+            u.prompt_tokens,
+            u.cached_prompt_tokens,
+            u.completion_tokens
+        );
+    }
+    println!("how fast each agent answered (end of the user's speech to the first text out):");
+    for (agent, latency) in session.latency() {
+        if let Some(mean) = latency.end_to_first_audio.mean() {
+            println!(
+                "  {agent}: {} turns, mean {mean:?}, longest {:?}",
+                latency.turns, latency.end_to_first_audio.max
+            );
+        }
+    }
 
     let history = session.close().await?;
     println!("\ntranscript (what each agent's chat context kept):");
