@@ -29,6 +29,13 @@ pub struct TurnLatency {
     pub preemptive: bool,
 }
 
+impl TurnLatency {
+    /// Whether nothing was measured.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
 /// Sums of one latency over some turns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencyStats {

@@ -58,6 +58,7 @@ mod handoff;
 mod heartbeat;
 mod history;
 mod host_input;
+mod host_session;
 mod idle_release;
 mod ids;
 mod input_ledger;
@@ -97,13 +98,14 @@ pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, AgentWork, DeferredReplyDecision, IgnoredWords, LlmMetrics, RunResult,
-    SessionEvent, TurnMetrics, UserState,
+    AgentHook, AgentState, AgentWork, DeferredReplyDecision, IgnoredWords, LlmMetrics, RunResult,
+    SessionEvent, TurnMetrics, Unfinished, UserState,
 };
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use host_input::{HostInput, InputAnswer};
+pub use host_session::{EventsMissed, HostSession, SessionEvents};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use input_ledger::{InputId, RecordedAnswer};

@@ -14,6 +14,7 @@
 //! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going, and so whether the agent holds the floor | each activity, for its own speeches only; read by the session to route playout reports and to judge the user's words over the agent |
 //! | [`metrics`](SessionShared::metrics) | the usage ledger (tokens by agent and model) and each agent's latency | each activity, as its requests and turns end; read by the host and by snapshots |
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
+//! | [`unfinished`](SessionShared::unfinished) | the host's code its close stopped waiting for | whichever actor drops it (a run, an activity, the session) |
 //! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
 
 mod events;
@@ -26,7 +27,9 @@ mod speeches;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::events::{SessionEvent, Unfinished};
 use crate::history::{AgentChat, HistoryBook, SessionHistory};
+use crate::idle_release::IdleHold;
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
 use crate::output::SpeechOutput;
@@ -51,6 +54,9 @@ pub(crate) struct SessionShared {
     pub(crate) speeches: SpeechBook,
     pub(crate) metrics: MetricsBook,
     pub(crate) history: History,
+    pub(crate) unfinished: UnfinishedBook,
+    /// Its jobs' slots on the blocking pool (`RunContext::run_blocking`).
+    pub(crate) blocking: BlockingSlots,
     /// The mailbox journal every probe of the session reports to: its live actors and
     /// queued messages, and each actor's record when inspection is on.
     pub(crate) journal: Arc<Journal>,
@@ -64,6 +70,9 @@ pub(crate) struct SessionShared {
     /// When the session was built, for its age in `Session::summary` (tokio's clock, so
     /// paused test time moves it too).
     pub(crate) started_at: tokio::time::Instant,
+    /// The session's count for the engine's idle release: its memory can be given back
+    /// once this state is dropped (none in unit tests, which have no engine).
+    _memory: Option<IdleHold>,
 }
 
 /// What a new [`SessionShared`] is made of.
@@ -77,6 +86,7 @@ pub(crate) struct SharedParts {
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
     pub(crate) telemetry: SessionTelemetry,
+    pub(crate) memory: Option<IdleHold>,
 }
 
 impl SessionShared {
@@ -92,9 +102,12 @@ impl SessionShared {
             speeches: SpeechBook::default(),
             metrics: MetricsBook::default(),
             history: History::default(),
+            unfinished: UnfinishedBook::default(),
+            blocking: BlockingSlots::default(),
             journal: parts.journal,
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
+            _memory: parts.memory,
         }
     }
 
@@ -157,6 +170,53 @@ impl History {
     }
 }
 
+/// How many of the session's blocking jobs (`RunContext::run_blocking`) may be on its
+/// arbiter's blocking pool at once, running or queued there. The pool is shared by every
+/// session of the arbiter and takes jobs first come, first served: a session that queued
+/// ten thousand jobs there would hold every neighbour's job behind them (and its stuck jobs
+/// every thread). With its own few slots, a session's further jobs wait in the session, a
+/// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
+/// a slot never reaches the pool. The semaphore is made at the session's first blocking
+/// job: most sessions never run one.
+#[derive(Default)]
+pub(crate) struct BlockingSlots(std::sync::OnceLock<Arc<tokio::sync::Semaphore>>);
+
+impl BlockingSlots {
+    /// The session's slots, `limit` of them (the session's `max_blocking_jobs`) when this
+    /// is the first call.
+    pub(crate) fn slots(&self, limit: usize) -> Arc<tokio::sync::Semaphore> {
+        self.0
+            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(limit.max(1))))
+            .clone()
+    }
+}
+
+/// What the session stopped waiting for (see [`Unfinished`]): each is an event when it is
+/// dropped; those dropped once the session began to close are kept for the drain report.
+/// Nothing is kept before the close, so a long session that cancels many slow tools does
+/// not grow it.
+#[derive(Default)]
+pub(crate) struct UnfinishedBook(Mutex<Vec<Unfinished>>);
+
+impl UnfinishedBook {
+    /// Reports `what`: a warning, an event, and kept when the session is closing.
+    pub(crate) fn report(&self, shared: &SessionShared, what: Unfinished) {
+        tracing::warn!(session = %shared.id(), "{what}");
+        if shared.host_view.is_closing() {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(what.clone());
+        }
+        shared.events.emit(SessionEvent::Unfinished(what));
+    }
+
+    /// What was kept.
+    pub(crate) fn read(&self) -> Vec<Unfinished> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 #[cfg(test)]
 impl SessionShared {
     /// A session's shared state with the builder's defaults, for unit tests of the plain
@@ -183,6 +243,7 @@ impl SessionShared {
                     turn_handling: crate::turn_handling::TurnHandling::new()
                         .endpointing(crate::turn_handling::Endpointing::fixed(Duration::ZERO)),
                     trace_content: false,
+                    max_blocking_jobs: 4,
                 },
                 llm: None,
                 error_policy: crate::error_policy::ErrorPolicy::new(),
@@ -200,6 +261,7 @@ impl SessionShared {
             gone,
             span: tracing::Span::none(),
             telemetry: SessionTelemetry::default(),
+            memory: None,
         }))
     }
 }

@@ -487,11 +487,11 @@ pub struct RemoteRunResult {
     pub items: Vec<ChatItem>,
     /// Whether it was interrupted.
     pub interrupted: bool,
-    /// What its LLM requests used.
-    #[serde(default)]
+    /// What its LLM requests used (left out when nothing was counted).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
     pub usage: Usage,
-    /// How fast it answered.
-    #[serde(default)]
+    /// How fast it answered (left out when nothing was measured).
+    #[serde(default, skip_serializing_if = "TurnLatency::is_empty")]
     pub latency: TurnLatency,
 }
 

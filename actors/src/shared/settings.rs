@@ -31,6 +31,7 @@ pub(crate) struct SessionConfig {
     pub(crate) turn_handling: TurnHandling,
     /// Whether spans carry the messages' content (`gen_ai.input.messages`, …).
     pub(crate) trace_content: bool,
+    pub(crate) max_blocking_jobs: usize,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that
