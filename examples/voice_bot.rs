@@ -137,7 +137,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("how fast each agent answered (end of the user's speech to the first text out):");
-    for (agent, latency) in session.latency() {
+    let latency = session.latency();
+    for (agent, latency) in &latency {
         if let Some(mean) = latency.end_to_first_audio.mean() {
             println!(
                 "  {agent}: {} turns, mean {mean:?}, longest {:?}",
@@ -171,7 +172,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if scripted {
         check(&history, &events, &specials)?;
-        println!("\nchecked: a false interruption resumed, the barge-in cut the speech to what was heard, the booking's result arrived, the supervisor's handoff cut the specials");
+        check_usage(&usage, &latency)?;
+        println!("\nchecked: a false interruption resumed, the barge-in cut the speech to what was heard, the booking's result arrived, the supervisor's handoff cut the specials, each agent's requests and latency were counted");
     } else {
         println!(
             "\n(a real model's words and timings differ: the scripted run's checks are skipped)"
@@ -234,6 +236,32 @@ fn check(
         "the handoff cutting the specials short",
         matches!(specials, SpeechOutcome::Interrupted { .. }),
     )
+}
+
+/// What the example claims of the call's usage and latency: each agent's requests
+/// counted (summing to the call's), each agent's first text measured, the supervisor's
+/// after the handoff too.
+fn check_usage(
+    usage: &switchboard::SessionUsage,
+    latency: &switchboard::SessionLatency,
+) -> Result<(), String> {
+    let by_agent = usage.by_agent();
+    let mut sum = switchboard::Usage::default();
+    for agent in by_agent.values() {
+        sum += agent;
+    }
+    if sum != usage.total() || !by_agent.values().all(|u| u.requests > 0) {
+        return Err(format!("the usage by agent does not add up: {by_agent:?}"));
+    }
+    for agent in ["concierge", "supervisor"] {
+        let measured = latency
+            .get(agent)
+            .is_some_and(|l| l.end_to_first_audio.count > 0);
+        if !measured {
+            return Err(format!("no latency was measured for {agent}: {latency:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// The real model when the environment names one, else the scripted one (and whether it
