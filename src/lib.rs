@@ -167,6 +167,14 @@ pub use switchboard_actors::{
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
+// Turn handling, usage and latency (voice teams' asks: backchannels, cost per call,
+// latency across handoffs).
+pub use switchboard_actors::{
+    AgentLatency, Backchannel, Cost, EndOfTurn, Endpointing, EndpointingMode, IgnoredWords,
+    Interruption, LatencyStats, ModelPrice, Overlap, OverlapVerdict, PreemptiveGeneration,
+    PriceTable, SessionLatency, SessionUsage, TurnClassifier, TurnHandling, TurnLatency,
+    TurnMetrics, Usage, UsageLine, UserTurnLimit, DEFAULT_CUT_IN, ENGLISH_BACKCHANNELS,
+};
 
 /// The texts the engine writes into the conversation — the `update` wrapper, the two
 /// duplicate answers, the deferred `reply` instructions — and how to reword them: a

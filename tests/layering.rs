@@ -26,6 +26,7 @@ const USER_DEFINED: &[&str] = &[
     "restore",
     "snapshot_store",
     "host_input",
+    "turn_handling",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -58,6 +59,8 @@ const VOCABULARY: &[&str] = &[
     "snapshot",
     "snapshot_chain",
     "input_ledger",
+    "usage",
+    "latency",
 ];
 
 /// The crate modules a source file names, other than itself.

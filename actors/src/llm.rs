@@ -90,8 +90,17 @@ pub struct LlmUsage {
     pub prompt_tokens: u32,
     /// Tokens the model generated.
     pub completion_tokens: u32,
-    /// Prompt tokens served from the provider's prompt cache, when it says.
+    /// Prompt tokens served from the provider's prompt cache, when it says (counted in
+    /// `prompt_tokens` too, as providers report them).
     pub cached_prompt_tokens: Option<u32>,
+    /// Prompt tokens that were audio, when the provider says (counted in `prompt_tokens`
+    /// too): a speech-to-speech or audio-input model bills them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_prompt_tokens: Option<u32>,
+    /// Completion tokens that were audio, when the provider says (counted in
+    /// `completion_tokens` too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_completion_tokens: Option<u32>,
 }
 
 /// Which wait of an LLM request ran out.
