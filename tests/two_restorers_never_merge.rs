@@ -4,9 +4,10 @@
 //! restores (`ClaimRule::Restore`), the first claim lands, and the second is refused
 //! (`StoreError::Fenced`: `start` fails and nothing starts) — also when the first has saved
 //! since, because the second read an older state. The store holds the first restorer's
-//! conversation, never a mix. A restorer that died after its claim holds the session until
-//! a host takes it over explicitly (`ClaimRule::Takeover`), which fences that old writer's
-//! late writes. Checked on the memory store, the file store, and the file store shared by
+//! conversation, never a mix. A restore that reads what the first saved goes on from that
+//! state and fences the first, as it would a crashed process. A restorer that died after
+//! its claim and before its first save holds the session until a host takes it over
+//! explicitly (`ClaimRule::Takeover`), which fences that old writer's late writes. Checked on the memory store, the file store, and the file store shared by
 //! two processes (one of them crashing); a delta that does not follow what the store holds
 //! is refused.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -41,14 +42,15 @@ fn llm() -> Arc<ScriptedLlm> {
 
 /// One session's way to a shared store, with the gates a story holds it at: its writes
 /// wait at `writes` (a session slow to save, or frozen), its claims at `claims` (a
-/// restorer between its read and its claim); `read` opens once it has loaded. Counts the
-/// writes it is asked for.
+/// restorer between its read and its claim); `read` opens once it has loaded, `asked`
+/// once a write was asked for. Counts the writes asked for.
 struct Held {
     inner: Arc<dyn SnapshotStore>,
     writes: Gate,
     claims: Gate,
     read: Gate,
-    asked: AtomicUsize,
+    asked: Gate,
+    writes_asked: AtomicUsize,
 }
 
 impl Held {
@@ -66,13 +68,20 @@ impl Held {
             writes: gate(hold_writes),
             claims: gate(hold_claims),
             read: Gate::new(),
-            asked: AtomicUsize::new(0),
+            asked: Gate::new(),
+            writes_asked: AtomicUsize::new(0),
         })
     }
 
     /// The writes asked for so far.
     fn asked(&self) -> usize {
-        self.asked.load(Ordering::SeqCst)
+        self.writes_asked.load(Ordering::SeqCst)
+    }
+
+    /// Counts a write asked for.
+    fn ask(&self) {
+        self.writes_asked.fetch_add(1, Ordering::SeqCst);
+        self.asked.open();
     }
 }
 
@@ -95,7 +104,7 @@ impl SnapshotStore for Held {
         snapshot: SessionSnapshot,
         after: StoreVersion,
     ) -> BoxFuture<'static, Result<StoreVersion, StoreError>> {
-        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.ask();
         let (gate, inner) = (self.writes.clone(), self.inner.clone());
         async move {
             gate.wait().await;
@@ -109,7 +118,7 @@ impl SnapshotStore for Held {
         delta: SnapshotDelta,
         after: StoreVersion,
     ) -> BoxFuture<'static, Result<StoreVersion, StoreError>> {
-        self.asked.fetch_add(1, Ordering::SeqCst);
+        self.ask();
         let (gate, inner) = (self.writes.clone(), self.inner.clone());
         async move {
             gate.wait().await;
@@ -241,6 +250,10 @@ async fn the_second_restore_is_refused(store: Arc<dyn SnapshotStore>) {
         .await
         .unwrap();
     assert!(a.epoch() > read.epoch(), "a restore gets a new epoch");
+    // A restored session saves as soon as it has started, before any turn.
+    tokio::time::timeout(std::time::Duration::from_secs(5), a_store.asked.wait())
+        .await
+        .expect("the restored session never asked to save");
     let reason = refused(
         restore_from(store.clone()).start(&engine_b).await,
         &engine_b,
@@ -292,6 +305,38 @@ async fn on_the_file_store_the_second_restore_is_refused() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+}
+
+/// A restore that reads what the first restorer saved (it saves as soon as it has
+/// started) restores that state, not the one the first read: it goes on from it as from a
+/// crashed process — the store cannot tell a live writer from a dead one — and fences the
+/// first, whose next save is refused.
+#[actix::test]
+async fn a_restore_of_what_the_first_restorer_saved_goes_on_from_it() {
+    let store: Arc<dyn SnapshotStore> = Arc::new(MemoryStore::new());
+    a_stored_session(&store).await;
+    let (engine_a, engine_b) = (
+        Engine::current().unwrap(),
+        Engine::with_arbiters(1).unwrap(),
+    );
+    let a = restore_from(store.clone()).start(&engine_a).await.unwrap();
+    a.run("from a").await.unwrap();
+    stored(&store, &["first", "second", "from a"]).await;
+    let b = restore_from(store.clone()).start(&engine_b).await.unwrap();
+    assert_eq!(b.epoch(), a.epoch() + 1);
+    let mut events = a.subscribe();
+    a.run("from a, fenced").await.unwrap();
+    fenced(&mut events).await;
+    b.run("from b").await.unwrap();
+    let written = b.save().await.unwrap();
+    assert_eq!(
+        user_words(&written),
+        ["first", "second", "from a", "from b"]
+    );
+    for session in [a, b] {
+        session.close().await.unwrap();
+    }
+    assert_eq!(store.load("call-1").await.unwrap().unwrap(), written);
 }
 
 /// Two restorers race: B reads, A reads, claims, restores and saves a turn, then B's claim

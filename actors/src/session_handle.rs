@@ -943,10 +943,13 @@ impl SessionBuilder {
     /// writer of what it restores, whose next save is refused
     /// ([`SessionEvent::Fenced`]). Of two processes restoring one stored state, the second
     /// fails `start` with [`SessionError::Store`]`(`[`StoreError::Fenced`]`)` and starts
-    /// nothing; the store never holds a mix of the two. When the process whose claim holds
-    /// the session died before it saved, every restore is refused (the store cannot tell
-    /// it from one that has not saved yet): a host that knows it is gone takes the session
-    /// over with a [`ClaimRule::Takeover`] claim and [`save_claimed`](Self::save_claimed).
+    /// nothing; the store never holds a mix of the two. A restored session saves as soon
+    /// as it has started: a restore that reads after that reads the first one's own state,
+    /// and goes on from it as from a crashed process (the store cannot tell a live writer
+    /// from a dead one), fencing it. When the process whose claim holds the session died
+    /// before it saved, every restore is refused (for the same reason): a host that knows
+    /// it is gone takes the session over with a [`ClaimRule::Takeover`] claim and
+    /// [`save_claimed`](Self::save_claimed).
     pub fn restore_from(
         mut self,
         store: Arc<dyn SnapshotStore>,
