@@ -198,6 +198,13 @@ async fn a_stored_session(store: &Arc<dyn SnapshotStore>) -> SessionSnapshot {
     snapshot
 }
 
+/// Checks that the store holds `words` for `call-1`, written by `writer` (its epoch).
+async fn holds(store: &Arc<dyn SnapshotStore>, words: &[&str], writer: &Session) {
+    let saved = store.load("call-1").await.unwrap().unwrap();
+    assert_eq!(user_words(&saved), words);
+    assert_eq!(saved.epoch(), writer.epoch(), "written by {}", writer.id());
+}
+
 /// Waits for the `Fenced` event, with what the store said.
 async fn fenced(events: &mut tokio::sync::broadcast::Receiver<SessionEvent>) -> String {
     common::wait_event(events, |event| match event {
@@ -234,15 +241,47 @@ fn restore_from(store: Arc<dyn SnapshotStore>) -> SessionBuilder {
         .restore_from(store, "call-1", registry())
 }
 
+/// A memory store and a file store (in `dir`): each story runs on both.
+fn both_stores(dir: &common::TempDir) -> [Arc<dyn SnapshotStore>; 2] {
+    [
+        Arc::new(MemoryStore::new()),
+        Arc::new(FileStore::new(dir.path()).unwrap()),
+    ]
+}
+
+/// Two engines, as two processes would have: each runs its own session `call-1`.
+fn two_engines() -> (Engine, Engine) {
+    (
+        Engine::current().unwrap(),
+        Engine::with_arbiters(1).unwrap(),
+    )
+}
+
+/// What a host that knows the claimant of `call-1` is gone does: takes the session over
+/// (a takeover claim, fencing every writer before) and restores what the claim read,
+/// saving under it; with the snapshot it restored.
+async fn take_over(store: &Arc<dyn SnapshotStore>, engine: &Engine) -> (Session, SessionSnapshot) {
+    let claimed = store
+        .claim("call-1", ClaimRule::Takeover { at_least: 0 })
+        .await
+        .unwrap();
+    let snapshot = claimed.snapshot.unwrap();
+    let session = Session::builder()
+        .llm(llm())
+        .restore(snapshot.clone(), registry())
+        .save_claimed(store.clone(), claimed.claim)
+        .start(engine)
+        .await
+        .unwrap();
+    (session, snapshot)
+}
+
 /// The story on one store: two restores of one stored state, the second refused, also
 /// once the first has saved.
 async fn the_second_restore_is_refused(store: Arc<dyn SnapshotStore>) {
     let read = a_stored_session(&store).await;
     // Two engines: as two processes would, each runs its own session `call-1`.
-    let (engine_a, engine_b) = (
-        Engine::current().unwrap(),
-        Engine::with_arbiters(1).unwrap(),
-    );
+    let (engine_a, engine_b) = two_engines();
     // A restores; its first save is still on its way, so the store holds what both read.
     let a_store = Held::new(&store, true, false);
     let a = restore_from(a_store.clone())
@@ -284,9 +323,7 @@ async fn the_second_restore_is_refused(store: Arc<dyn SnapshotStore>) {
         ["first", "second", "from a", "again from a"]
     );
     a.close().await.unwrap();
-    let saved = store.load("call-1").await.unwrap().unwrap();
-    assert_eq!(user_words(&saved), user_words(&written));
-    assert_eq!(saved.epoch(), a.epoch());
+    holds(&store, &["first", "second", "from a", "again from a"], &a).await;
 }
 
 #[actix::test]
@@ -315,10 +352,7 @@ async fn on_the_file_store_the_second_restore_is_refused() {
 async fn a_restore_of_what_the_first_restorer_saved_goes_on_from_it() {
     let store: Arc<dyn SnapshotStore> = Arc::new(MemoryStore::new());
     a_stored_session(&store).await;
-    let (engine_a, engine_b) = (
-        Engine::current().unwrap(),
-        Engine::with_arbiters(1).unwrap(),
-    );
+    let (engine_a, engine_b) = two_engines();
     let a = restore_from(store.clone()).start(&engine_a).await.unwrap();
     a.run("from a").await.unwrap();
     stored(&store, &["first", "second", "from a"]).await;
@@ -344,15 +378,9 @@ async fn a_restore_of_what_the_first_restorer_saved_goes_on_from_it() {
 #[actix::test]
 async fn racing_restorers_the_one_that_claims_second_is_refused() {
     let dir = common::TempDir::new("racing");
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SnapshotStore>,
-        Arc::new(FileStore::new(dir.path()).unwrap()),
-    ] {
+    for store in both_stores(&dir) {
         a_stored_session(&store).await;
-        let (engine_a, engine_b) = (
-            Engine::current().unwrap(),
-            Engine::with_arbiters(1).unwrap(),
-        );
+        let (engine_a, engine_b) = two_engines();
         let b_store = Held::new(&store, false, true);
         let b = {
             let (builder, engine) = (restore_from(b_store.clone()), engine_b.clone());
@@ -374,8 +402,7 @@ async fn racing_restorers_the_one_that_claims_second_is_refused() {
 
         a.save().await.unwrap();
         a.close().await.unwrap();
-        let saved = store.load("call-1").await.unwrap().unwrap();
-        assert_eq!(user_words(&saved), ["first", "second", "from a"]);
+        holds(&store, &["first", "second", "from a"], &a).await;
         store.remove("call-1").await.unwrap();
     }
 }
@@ -387,10 +414,7 @@ async fn racing_restorers_the_one_that_claims_second_is_refused() {
 #[actix::test]
 async fn one_snapshot_restored_twice_is_saved_by_one_only() {
     let dir = common::TempDir::new("one-snapshot");
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SnapshotStore>,
-        Arc::new(FileStore::new(dir.path()).unwrap()),
-    ] {
+    for store in both_stores(&dir) {
         let from_the_store = a_stored_session(&store).await;
         let held_by_the_host = {
             let session = Session::builder()
@@ -421,9 +445,7 @@ async fn one_snapshot_restored_twice_is_saved_by_one_only() {
             first.run("from the first").await.unwrap();
             common::settled(&first).await;
             first.close().await.unwrap();
-            let stored = store.load("call-1").await.unwrap().unwrap();
-            assert_eq!(user_words(&stored), ["first", "second", "from the first"]);
-            assert_eq!(stored.epoch(), first.epoch());
+            holds(&store, &["first", "second", "from the first"], &first).await;
             store.remove("call-1").await.unwrap();
         }
     }
@@ -436,15 +458,9 @@ async fn one_snapshot_restored_twice_is_saved_by_one_only() {
 #[actix::test]
 async fn a_restorer_that_never_saved_is_taken_over_explicitly() {
     let dir = common::TempDir::new("takeover");
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SnapshotStore>,
-        Arc::new(FileStore::new(dir.path()).unwrap()),
-    ] {
+    for store in both_stores(&dir) {
         a_stored_session(&store).await;
-        let (engine_a, engine_b) = (
-            Engine::current().unwrap(),
-            Engine::with_arbiters(1).unwrap(),
-        );
+        let (engine_a, engine_b) = two_engines();
         // A claims, and freezes before its first save lands.
         let a_store = Held::new(&store, true, false);
         let a = restore_from(a_store.clone())
@@ -457,18 +473,7 @@ async fn a_restorer_that_never_saved_is_taken_over_explicitly() {
         );
 
         // The host knows A is gone: it takes the session over.
-        let claimed = store
-            .claim("call-1", ClaimRule::Takeover { at_least: 0 })
-            .await
-            .unwrap();
-        assert!(claimed.claim.epoch() > a.epoch());
-        let b = Session::builder()
-            .llm(llm())
-            .restore(claimed.snapshot.unwrap(), registry())
-            .save_claimed(store.clone(), claimed.claim)
-            .start(&engine_b)
-            .await
-            .unwrap();
+        let (b, _) = take_over(&store, &engine_b).await;
         assert!(b.epoch() > a.epoch());
         b.run("from b").await.unwrap();
         stored(&store, &["first", "second", "from b"]).await;
@@ -494,9 +499,7 @@ async fn a_restorer_that_never_saved_is_taken_over_explicitly() {
         );
 
         b.close().await.unwrap();
-        let saved = store.load("call-1").await.unwrap().unwrap();
-        assert_eq!(user_words(&saved), ["first", "second", "from b"]);
-        assert_eq!(saved.epoch(), b.epoch());
+        holds(&store, &["first", "second", "from b"], &b).await;
         store.remove("call-1").await.unwrap();
     }
 }
@@ -508,10 +511,7 @@ async fn a_restorer_that_never_saved_is_taken_over_explicitly() {
 #[actix::test]
 async fn writes_that_do_not_follow_are_refused_and_change_nothing() {
     let dir = common::TempDir::new("conditional");
-    for store in [
-        Arc::new(MemoryStore::new()) as Arc<dyn SnapshotStore>,
-        Arc::new(FileStore::new(dir.path()).unwrap()),
-    ] {
+    for store in both_stores(&dir) {
         let session = Session::builder()
             .llm(llm())
             .agent(agent())
@@ -707,12 +707,12 @@ async fn two_processes_restoring_from_one_folder_do_not_both_save() {
     first.run("from the first process").await.unwrap();
     first.save().await.unwrap();
     first.close().await.unwrap();
-    let stored = store.load("call-1").await.unwrap().unwrap();
-    assert_eq!(
-        user_words(&stored),
-        ["first", "second", "from the first process"]
-    );
-    assert_eq!(stored.epoch(), first.epoch());
+    holds(
+        &store,
+        &["first", "second", "from the first process"],
+        &first,
+    )
+    .await;
 }
 
 /// The second half of `two_processes_restoring_from_one_folder_do_not_both_save`, run by
@@ -750,27 +750,13 @@ async fn a_process_that_crashed_after_its_claim_is_taken_over() {
         reason.contains(&format!("claimed at epoch {}", read.epoch() + 1)),
         "{reason}"
     );
-    let claimed = store
-        .claim("call-1", ClaimRule::Takeover { at_least: 0 })
-        .await
-        .unwrap();
-    assert_eq!(claimed.snapshot.as_ref(), Some(&read));
-    let session = Session::builder()
-        .llm(llm())
-        .restore(claimed.snapshot.unwrap(), registry())
-        .save_claimed(store.clone(), claimed.claim)
-        .start(&engine)
-        .await
-        .unwrap();
+    let (session, restored) = take_over(&store, &engine).await;
+    assert_eq!(restored, read, "the dead process wrote nothing");
     assert_eq!(session.epoch(), read.epoch() + 2);
     session.run("after the takeover").await.unwrap();
     session.save().await.unwrap();
     session.close().await.unwrap();
-    let stored = store.load("call-1").await.unwrap().unwrap();
-    assert_eq!(
-        user_words(&stored),
-        ["first", "second", "after the takeover"]
-    );
+    holds(&store, &["first", "second", "after the takeover"], &session).await;
 }
 
 /// The second half of `a_process_that_crashed_after_its_claim_is_taken_over`, run by it in
