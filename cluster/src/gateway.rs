@@ -89,7 +89,7 @@ pub enum GatewayError {
         max: usize,
     },
     /// The NATS server refused the operation: this client's permissions do not cover
-    /// the subject (see ARCHITECTURE.md, "Who may connect").
+    /// the subject (see [`Permissions`](crate::Permissions)).
     #[error("the NATS server refused: {server_said}")]
     Refused {
         /// The subject.

@@ -18,7 +18,10 @@ use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::{Bytes, BytesMut};
 use switchboard::snapshot::StoreError;
 
-use super::{corrupt, SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter, WriterState};
+use super::{
+    corrupt, unavailable, unmarked, SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter,
+    StreamError, WriterState,
+};
 use crate::namespace::SessionKey;
 
 /// On a message written in parts: the sequence of its first part.
@@ -73,14 +76,14 @@ impl SnapshotStream {
     /// The end of `session`'s subject: `None` when it has no message.
     pub(super) async fn tail(&self, session: &SessionKey) -> Result<Option<Tail>, StoreError> {
         let subject = self.subject(session);
-        let unavailable = |reason| StoreError::Unavailable {
-            session: session.to_string(),
-            reason,
-        };
-        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+        let Some(last) = self
+            .last(&subject)
+            .await
+            .map_err(|err| unavailable(session, err))?
+        else {
             return Ok(None);
         };
-        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        let record = SnapshotRecord::read(&last).map_err(|err| unmarked(session, err))?;
         let (last_seq, last_epoch) = (record.seq, record.epoch);
         let (mut message, mut record) = (last, record);
         for _ in 0..MOST_RUNS {
@@ -93,11 +96,11 @@ impl SnapshotStream {
                 }));
             }
             let before = number(&message, BEFORE);
-            message =
-                self.stream.direct_get(before).await.map_err(|err| {
-                    unavailable(format!("cannot read {subject} at {before}: {err}"))
-                })?;
-            record = SnapshotRecord::read(&message).map_err(|reason| corrupt(session, reason))?;
+            message = self.stream.direct_get(before).await.map_err(|err| {
+                let reason = format!("at {before}: {err}");
+                unavailable(session, StreamError::Read { subject: subject.clone(), reason })
+            })?;
+            record = SnapshotRecord::read(&message).map_err(|err| unmarked(session, err))?;
         }
         Err(corrupt(
             session,
@@ -129,7 +132,7 @@ impl SnapshotStream {
                 }
                 Err(err) => return Err(format!("cannot read {subject} at {at}: {err}")),
             };
-            let record = SnapshotRecord::read(&part)?;
+            let record = SnapshotRecord::read(&part).map_err(|err| err.to_string())?;
             if part.sequence >= message.sequence || record.kind != SnapshotKind::Part {
                 return Err(format!(
                     "{subject}: message {} has {:?} {} among its parts",

@@ -42,7 +42,7 @@ use serde_json::json;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
     ClusterClient, GatewayError, GatewayOptions, InputOutcome, Namespace, RemoteEventKind,
-    RemoteEvents, RemoteEventsError, RemoteSession, SessionSpec, SnapshotStream,
+    RemoteEvents, RemoteEventsError, RemoteSession, SessionSpec,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -665,7 +665,7 @@ async fn check_session(
         *count.entry(text).or_default() += 1;
     }
     let mut sent_user = Vec::new();
-    let mut missing = Vec::new();
+    let mut missing: Vec<&Sent> = Vec::new();
     for exchange in exchanges {
         let text = exchange.sent.text();
         let times = count.get(text.as_str()).copied().unwrap_or(0);
@@ -679,17 +679,18 @@ async fn check_session(
                 // stored. Applied at most once still holds.
                 report.says_cut += 1;
             } else {
-                missing.push(text.clone());
+                missing.push(&exchange.sent);
             }
         }
         if !matches!(exchange.sent, Sent::Say(_)) {
             sent_user.push(text);
         }
     }
-    for text in missing {
+    for sent in missing {
         report.violations.push(format!(
-            "session {i} ({key}): {text:?} answered but not in the conversation; {}",
-            witness.explain(&text)
+            "session {i} ({key}): {:?} answered but not in the conversation; {}",
+            sent.text(),
+            witness.explain(sent)
         ));
     }
     let mut violation = |what: String| {
@@ -711,22 +712,12 @@ async fn check_session(
 
 /// The messages of `session`'s snapshots subject (what a failed check shows).
 async fn snapshot_records(observer: &ClusterClient, session: &RemoteSession) -> String {
-    let Ok(stream) = SnapshotStream::connect(observer, &Namespace::default()).await else {
-        return "(no snapshots stream)".into();
-    };
-    match stream.records(session.id()).await {
-        Ok(records) => records
-            .iter()
-            .map(|r| {
-                format!(
-                    "{}:{:?}@{}/{} full {}",
-                    r.seq, r.kind, r.epoch, r.worker, r.full
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(", "),
-        Err(err) => err,
-    }
+    common::snapshot_records(observer, &Namespace::default(), session.id())
+        .await
+        .iter()
+        .map(|r| format!("{}@{}/{}", r.kind, r.epoch, r.worker))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What a session's owners said of its inputs, in the order the gateway delivered it.
@@ -742,15 +733,21 @@ struct Witness {
 }
 
 impl Witness {
-    /// Which owner answered the turn whose reply is `text`, and what the owners that
-    /// followed it resumed from.
-    fn explain(&self, text: &str) -> String {
-        let reply = if text.starts_with("wait for ") {
-            format!("Lookup says: waited for {}", &text["wait for ".len()..])
-        } else {
-            format!("You said: {text}")
+    /// Which owner answered the turn `sent`, and what the owners that followed it resumed
+    /// from.
+    fn explain(&self, sent: &Sent) -> String {
+        let answer = match sent {
+            Sent::Run(text) => self.answers.get(&format!("You said: {text}")),
+            Sent::Wait(what) => self
+                .answers
+                .get(&format!("Lookup says: waited for {what}")),
+            Sent::Lookup(what) | Sent::Say(what) => self
+                .answers
+                .iter()
+                .find(|(reply, _)| reply.contains(what.as_str()))
+                .map(|(_, answer)| answer),
         };
-        match self.answers.get(&reply) {
+        match answer {
             Some(&(input, epoch)) => format!(
                 "input {input}, answered by the owner at epoch {epoch}; the owners around it resumed from (epoch, last input) {} (recorder missed {} events)",
                 self.resumes_around(epoch),

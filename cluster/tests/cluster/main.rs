@@ -8,6 +8,7 @@ mod common;
 mod proxy;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_fault_campaign_loses_nothing;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
@@ -20,6 +21,7 @@ mod drain_moves_sessions;
 mod every_input_kind_applies_once_across_kills;
 mod figures;
 mod inputs_apply_exactly_once;
+mod losing_one_of_three_servers_loses_nothing;
+mod secrets_stay_out_of_debug;
 mod sessions_survive_a_server_restart;
-mod two_restorers_never_merge;
 mod who_may_connect;
