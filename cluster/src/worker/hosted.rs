@@ -647,7 +647,11 @@ impl Hosted {
             Action::SaveLast(snapshot) => {
                 let writer = self.writer.clone();
                 self.work.push(
-                    async move { Event::LastSaved(writer.save_last(&snapshot).await) }.boxed(),
+                    async move {
+                        let holds = snapshot.last_input().unwrap_or(0);
+                        Event::LastSaved(writer.save_last(&snapshot).await.map(|()| holds))
+                    }
+                    .boxed(),
                 );
             }
             Action::Publish(messages) => {

@@ -43,8 +43,10 @@
 //!   only once idle).
 //!   Other outcomes (a read, an interruption, an agent update, a failed turn) go at once:
 //!   they may change nothing the session would save. An end releases what waits (no
-//!   owner follows), a move once its last snapshot is stored; a fenced owner releases
-//!   nothing.
+//!   owner follows); a move what its stored last snapshot holds, and never the outcome of
+//!   a turn that snapshot lacks (one still queued when the drain's deadline came: it may
+//!   end here, but the next owner resumes without it and runs it); a fenced owner
+//!   releases nothing.
 //! - A close input ends the session at once (the close's answer is its history, in its
 //!   `InputDone`); no input for the idle timeout ends it too.
 //! - A drain settles the session until its deadline and stores its last snapshot; from
@@ -135,8 +137,9 @@ pub(crate) enum Event<S> {
     Closed(RemoteHistory),
     /// A drain's session settled and its last snapshot was taken (or could not be).
     Settled(Result<S, String>),
-    /// A drain's last snapshot was stored (or not).
-    LastSaved(Result<(), StoreError>),
+    /// A drain's last snapshot was stored, holding every input up to this id (or it was
+    /// not stored).
+    LastSaved(Result<u64, StoreError>),
     /// The snapshots' tombstone was written (or not).
     SnapshotsEnded(Result<(), StoreError>),
     /// The `Ended` owner record was written (or not).
@@ -615,7 +618,7 @@ impl Tenure {
 
     fn on_last_saved<S>(
         &mut self,
-        saved: Result<(), StoreError>,
+        saved: Result<u64, StoreError>,
         now: Instant,
         out: &mut Vec<Action<S>>,
     ) {
@@ -625,17 +628,21 @@ impl Tenure {
         match saved {
             Err(StoreError::Fenced { reason, .. }) => self.stop_fenced(&reason, out),
             other => {
-                if let Err(err) = other {
-                    // What waits for a snapshot never comes: its inputs are sent to the
-                    // next owner again, which applies them.
-                    tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
-                    self.held.clear();
-                } else {
-                    // The last snapshot holds every input applied: what waited goes, and
-                    // so does what comes now.
-                    self.saved = u64::MAX;
-                    let due = std::mem::take(&mut self.held);
-                    self.release(due);
+                match other {
+                    Err(err) => {
+                        // What waits for a snapshot never comes: its inputs are sent to
+                        // the next owner again, which applies them.
+                        tracing::warn!(session = %self.key, error = %err, "the drain's last snapshot was not stored: moving with the one before");
+                        self.held.clear();
+                    }
+                    Ok(holds) => {
+                        // What the last snapshot holds goes, now and as it comes. A turn
+                        // still queued when it was taken (the drain's deadline interrupted
+                        // the one before it) is not in it: it may end here, but its outcome
+                        // never goes — the next owner resumes without it and runs it again.
+                        self.on_saved(holds);
+                        self.held.clear();
+                    }
                 }
                 self.state = State::Moving(MoveStep::WindingUp {
                     until: now + OUTCOMES_WAIT,
@@ -893,7 +900,12 @@ impl Tenure {
     fn quiet(&self) -> bool {
         matches!(
             self.state,
-            State::Moving(MoveStep::SavingLast | MoveStep::Leaving | MoveStep::HandingOver)
+            State::Moving(
+                MoveStep::SavingLast
+                    | MoveStep::WindingUp { .. }
+                    | MoveStep::Leaving
+                    | MoveStep::HandingOver
+            )
         ) || self.last_words_said()
     }
 

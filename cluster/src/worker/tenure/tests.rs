@@ -310,7 +310,7 @@ fn every_state() -> Vec<(&'static str, Fixture)> {
     };
     let winding_up_to_move = || {
         let mut f = saving_last();
-        f.on(Event::LastSaved(Ok(())));
+        f.on(Event::LastSaved(Ok(1)));
         f
     };
     let leaving = || {
@@ -396,7 +396,7 @@ fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
         ("closed", Event::Closed(RemoteHistory::default())),
         ("settled", Event::Settled(Ok("snapshot"))),
         ("no snapshot", Event::Settled(Err("closed".into()))),
-        ("last saved", Event::LastSaved(Ok(()))),
+        ("last saved", Event::LastSaved(Ok(1))),
         ("last not saved", Event::LastSaved(Err(store_away()))),
         ("last refused", Event::LastSaved(Err(store_fenced()))),
         ("snapshots ended", Event::SnapshotsEnded(Ok(()))),
@@ -768,7 +768,7 @@ fn a_drain_settles_stores_the_last_snapshot_and_hands_over_quietly_after_it() {
     let actions = f.on(Event::Settled(Ok("snapshot")));
     assert!(matches!(actions.as_slice(), [Action::SaveLast("snapshot")]));
     f.said("said after the snapshot");
-    assert_eq!(names(&f.on(Event::LastSaved(Ok(())))), ["close"]);
+    assert_eq!(names(&f.on(Event::LastSaved(Ok(1)))), ["close"]);
     let actions = f.on(Event::Closed(RemoteHistory::default()));
     assert_eq!(names(&actions), ["publish", "hand over"]);
     assert_eq!(f.live(), 0, "counted out before the moving record");
@@ -786,6 +786,42 @@ fn a_drain_settles_stores_the_last_snapshot_and_hands_over_quietly_after_it() {
             RemoteEventKind::InputDone {
                 input: 1,
                 outcome: InputOutcome::Done { result: Ok(()) }
+            },
+            RemoteEventKind::SessionMoving,
+        ]
+    );
+}
+
+#[test]
+fn a_drain_releases_only_what_its_last_snapshot_holds_and_says_nothing_after_it() {
+    let mut f = Fixture::new();
+    // Turn 2 waits in the session's queue behind turn 1 when the drain's deadline comes:
+    // the last snapshot holds turn 1 only.
+    f.turn(1);
+    f.turn(2);
+    f.on(Event::Drain(f.now));
+    f.on(Event::Settled(Ok("snapshot")));
+    f.on(Event::LastSaved(Ok(1)));
+    assert_eq!(describe(&f), "winding up to move");
+    f.said("turn 2 speaks after the snapshot");
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: turn_done(),
+    });
+    // Turn 2 ran here after the snapshot: the next owner resumes without it and runs it,
+    // so its outcome must not reach the front (which would never send it again).
+    let actions = f.on(Event::Outcome {
+        id: 2,
+        outcome: turn_done(),
+    });
+    assert_eq!(names(&actions), ["close"]);
+    f.on(Event::Closed(RemoteHistory::default()));
+    assert_eq!(
+        f.kinds()[1..],
+        [
+            RemoteEventKind::InputDone {
+                input: 1,
+                outcome: turn_done()
             },
             RemoteEventKind::SessionMoving,
         ]
@@ -821,7 +857,7 @@ fn a_moving_session_is_closed_before_its_moving_record() {
     let mut f = Fixture::new();
     f.on(Event::Drain(f.now));
     f.on(Event::Settled(Ok("snapshot")));
-    let actions = f.on(Event::LastSaved(Ok(())));
+    let actions = f.on(Event::LastSaved(Ok(1)));
     assert_eq!(names(&actions), ["close"], "the close comes first");
     assert_eq!(describe(&f), "leaving");
     assert_eq!(
@@ -1047,7 +1083,7 @@ fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_f
     f.on(Event::Drain(f.now));
     f.on(Event::Settled(Ok("snapshot")));
     assert!(!published(&f));
-    f.on(Event::LastSaved(Ok(())));
+    f.on(Event::LastSaved(Ok(1)));
     assert!(published(&f));
     // A move whose last snapshot is not: the next owner applies the input again.
     let mut f = Fixture::new();
