@@ -802,7 +802,8 @@ impl SnapshotWriter {
             // claim's, parts included); what it resumes is the chain's, which ends before
             // any parts a writer left unfinished.
             let tail = stream.tail(session).await?;
-            let (expected, last_epoch) = tail.as_ref().map_or((0, 0), |t| (t.last_seq, t.last_epoch));
+            let (expected, last_epoch) =
+                tail.as_ref().map_or((0, 0), |t| (t.last_seq, t.last_epoch));
             let epoch = rule
                 .epoch_after(session.as_str(), last_epoch)
                 .map_err(|err| held_by(err, tail.as_ref().map(|t| &t.record)))?;
@@ -1331,8 +1332,8 @@ mod tests {
             Duration::from_secs(60),
             Provisioning::Create { replicas: 1 },
         )
-            .await
-            .unwrap();
+        .await
+        .unwrap();
         let key = SessionKey::new("call-3").unwrap();
         let spec = SessionSpec::new("greeter");
         let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));

@@ -98,7 +98,13 @@ impl SnapshotStream {
             let before = number(&message, BEFORE);
             message = self.stream.direct_get(before).await.map_err(|err| {
                 let reason = format!("at {before}: {err}");
-                unavailable(session, StreamError::Read { subject: subject.clone(), reason })
+                unavailable(
+                    session,
+                    StreamError::Read {
+                        subject: subject.clone(),
+                        reason,
+                    },
+                )
             })?;
             record = SnapshotRecord::read(&message).map_err(|err| unmarked(session, err))?;
         }

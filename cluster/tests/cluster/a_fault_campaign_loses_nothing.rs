@@ -10,7 +10,7 @@
 //! runs ten minutes in release, its figures in RELIABILITY.md:
 //!
 //! ```text
-//! CAMPAIGN_SECS=600 CAMPAIGN_SEED=34 cargo test --release -p switchboard-cluster \
+//! CAMPAIGN_SECS=600 CAMPAIGN_SEED=34 cargo test --release -p switchboard-cluster-tests \
 //!     --test cluster a_long_fault_campaign -- --ignored --nocapture
 //! ```
 

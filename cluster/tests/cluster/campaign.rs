@@ -738,9 +738,7 @@ impl Witness {
     fn explain(&self, sent: &Sent) -> String {
         let answer = match sent {
             Sent::Run(text) => self.answers.get(&format!("You said: {text}")),
-            Sent::Wait(what) => self
-                .answers
-                .get(&format!("Lookup says: waited for {what}")),
+            Sent::Wait(what) => self.answers.get(&format!("Lookup says: waited for {what}")),
             Sent::Lookup(what) | Sent::Say(what) => self
                 .answers
                 .iter()
