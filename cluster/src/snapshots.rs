@@ -390,6 +390,21 @@ impl SnapshotStream {
     /// `save_snapshots` / `restore_from`), as with any store. `spec` is what a new
     /// session's claim records (a resumed one keeps the spec it has). It checks no lease:
     /// its claim is its fence.
+    /// A fresh server's snapshots stream (created), for the tests.
+    #[cfg(test)]
+    pub(crate) async fn for_tests(client: &crate::ClusterClient) -> Self {
+        let js = jetstream::new(client.nats().clone());
+        let created = Self::open(
+            js,
+            &Namespace::default(),
+            Duration::from_secs(60),
+            Provisioning::Create { replicas: 1 },
+        )
+        .await;
+        #[allow(clippy::expect_used)]
+        created.expect("a test server takes the snapshots stream")
+    }
+
     #[cfg(test)]
     pub(crate) fn writer(
         &self,
@@ -1209,16 +1224,7 @@ mod tests {
     async fn a_write_by_an_owner_a_newer_one_claimed_over_is_fenced() {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
-        let js = jetstream::new(client.nats().clone());
-        let ns = Namespace::default();
-        let stream = SnapshotStream::open(
-            js,
-            &ns,
-            Duration::from_secs(60),
-            Provisioning::Create { replicas: 1 },
-        )
-        .await
-        .unwrap();
+        let stream = SnapshotStream::for_tests(&client).await;
         let key = SessionKey::new("call-1").unwrap();
         let spec = SessionSpec::new("greeter");
         // Leases both trust: only the store decides.
@@ -1290,15 +1296,7 @@ mod tests {
     async fn an_ended_session_is_not_resumed() {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
-        let js = jetstream::new(client.nats().clone());
-        let stream = SnapshotStream::open(
-            js,
-            &Namespace::default(),
-            Duration::from_secs(60),
-            Provisioning::Create { replicas: 1 },
-        )
-        .await
-        .unwrap();
+        let stream = SnapshotStream::for_tests(&client).await;
         let key = SessionKey::new("call-2").unwrap();
         let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
         let Ok(Claimed::Fresh(writer)) = stream
@@ -1325,15 +1323,7 @@ mod tests {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
         let max_payload = client.nats().max_payload();
-        let js = jetstream::new(client.nats().clone());
-        let stream = SnapshotStream::open(
-            js,
-            &Namespace::default(),
-            Duration::from_secs(60),
-            Provisioning::Create { replicas: 1 },
-        )
-        .await
-        .unwrap();
+        let stream = SnapshotStream::for_tests(&client).await;
         let key = SessionKey::new("call-3").unwrap();
         let spec = SessionSpec::new("greeter");
         let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));

@@ -16,8 +16,7 @@ use switchboard::testing::{Reply, ScriptedLlm};
 
 use super::SnapshotStream;
 use crate::local::NatsServer;
-use crate::provisioning::Provisioning;
-use crate::{Namespace, SessionKey, SessionSpec};
+use crate::{SessionKey, SessionSpec};
 
 /// How long a wait on the server may take before the test fails saying what it waited for.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -78,15 +77,7 @@ async fn a_stored_session(
 ) {
     let server = NatsServer::start().unwrap();
     let client = server.connect().connect().await.unwrap();
-    let js = async_nats::jetstream::new(client.nats().clone());
-    let stream = SnapshotStream::open(
-        js,
-        &Namespace::default(),
-        Duration::from_secs(60),
-        Provisioning::Create { replicas: 1 },
-    )
-    .await
-    .unwrap();
+    let stream = SnapshotStream::for_tests(&client).await;
     let key = SessionKey::new("call-1").unwrap();
     let spec = SessionSpec::new("a");
     let before = Session::builder()

@@ -25,13 +25,6 @@
 //! * each answer is the answer to its own input;
 //! * no tool body of policy `Abandon` ran twice for one request; no model request broke
 //!   the one-output rule; no front had to give its session up.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    unreachable_pub
-)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

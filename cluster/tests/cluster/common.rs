@@ -1,13 +1,6 @@
 //! Helpers shared by the cluster's tests: one test at a time, worker processes (the
 //! crate's `sb-test-worker` binary) to start, freeze, thaw, drain and kill, and bounded
 //! waits that fail saying what they waited for.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    unreachable_pub
-)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};

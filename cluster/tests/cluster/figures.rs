@@ -10,7 +10,6 @@
 //! in turn with the floor; a new session to its first reply; the failover time
 //! from SIGKILL of the owner to the next reply (lease 1 s); the drain time of 200 sessions;
 //! and the turns a second with 1, 2 and 3 worker processes.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use crate::common;
 

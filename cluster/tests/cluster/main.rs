@@ -2,6 +2,15 @@
 //! port, one per test) with workers as real processes of the crate's `sb-test-worker`
 //! binary, which they kill, freeze and drain. One file per story; one test binary, so the
 //! workspace links it once. The tests run one at a time (`common::one_at_a_time`).
+// A test binary: its helpers (the harnesses, the proxy, the workers) panic on what they
+// cannot do, as its tests do, and each story uses some of them.
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    unreachable_pub
+)]
 
 mod campaign;
 mod common;

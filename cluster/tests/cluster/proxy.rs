@@ -6,13 +6,6 @@
 //! a close, only silence. Healed, it forwards what it held and goes on. A connection the
 //! server closes (a restart) is closed on the worker's side too, once the proxy forwards
 //! again, so the worker reconnects through the proxy as it would to the server.
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    unreachable_pub
-)]
 
 use std::net::SocketAddr;
 

@@ -264,99 +264,66 @@ fn describe(f: &Fixture) -> &'static str {
 }
 
 /// A fixture in every state, each with input 1 under way where that holds a state (a
-/// winding-up one waits for its outcome).
+/// winding-up one waits for its outcome): each state is the one before it on its path,
+/// after one more event.
 fn every_state() -> Vec<(&'static str, Fixture)> {
-    let live = Fixture::new;
+    type Step = (&'static str, fn() -> Event<Snap>);
+    type Path<'a> = (&'static str, &'a dyn Fn() -> Fixture, &'a [Step]);
+    fn done_1() -> Event<Snap> {
+        Event::Outcome {
+            id: 1,
+            outcome: InputOutcome::Done { result: Ok(()) },
+        }
+    }
+    fn closed() -> Event<Snap> {
+        Event::Closed(RemoteHistory::default())
+    }
     let closing = || {
-        let mut f = live();
+        let mut f = Fixture::new();
         f.turn(1);
         f.input(2, Input::Close);
         f
     };
-    let winding_up_to_end = || {
-        let mut f = closing();
-        f.on(Event::Closed(RemoteHistory::default()));
-        f
-    };
-    let burying = || {
-        let mut f = winding_up_to_end();
-        f.on(Event::Outcome {
-            id: 1,
-            outcome: InputOutcome::Done { result: Ok(()) },
-        });
-        f
-    };
-    let releasing = || {
-        let mut f = burying();
-        f.on(Event::SnapshotsEnded(Ok(())));
-        f
-    };
-    let ended = || {
-        let mut f = releasing();
-        f.on(Event::Released(Ok(())));
-        f
-    };
     let settling = || {
-        let mut f = live();
+        let mut f = Fixture::new();
         f.turn(1);
         let deadline = f.now + Duration::from_secs(5);
         f.on(Event::Drain(deadline));
         f
     };
-    let saving_last = || {
-        let mut f = settling();
-        f.on(Event::Settled(Ok("snapshot")));
-        f
-    };
-    let winding_up_to_move = || {
-        let mut f = saving_last();
-        f.on(Event::LastSaved(Ok(1)));
-        f
-    };
-    let leaving = || {
-        let mut f = winding_up_to_move();
-        f.on(Event::Outcome {
-            id: 1,
-            outcome: InputOutcome::Done { result: Ok(()) },
-        });
-        f
-    };
-    let handing_over = || {
-        let mut f = leaving();
-        f.on(Event::Closed(RemoteHistory::default()));
-        f
-    };
-    let moved = || {
-        let mut f = handing_over();
-        f.on(Event::HandedOver(Ok(7)));
-        f
-    };
-    let fenced = || {
-        let mut f = live();
-        f.on(Event::Fenced("w2 wrote it".into()));
-        f
-    };
-    let disconnected = || {
-        let mut f = live();
-        f.on(Event::Disconnected);
-        f
-    };
-    let states: Vec<(&'static str, Fixture)> = vec![
-        ("live", live()),
-        ("closing", closing()),
-        ("winding up to end", winding_up_to_end()),
-        ("burying", burying()),
-        ("releasing", releasing()),
-        ("ended", ended()),
-        ("settling", settling()),
-        ("saving last", saving_last()),
-        ("winding up to move", winding_up_to_move()),
-        ("leaving", leaving()),
-        ("handing over", handing_over()),
-        ("moved", moved()),
-        ("fenced", fenced()),
-        ("disconnected", disconnected()),
+    let end: &[Step] = &[
+        ("winding up to end", closed),
+        ("burying", done_1),
+        ("releasing", || Event::SnapshotsEnded(Ok(()))),
+        ("ended", || Event::Released(Ok(()))),
     ];
+    let moving: &[Step] = &[
+        ("saving last", || Event::Settled(Ok("snapshot"))),
+        ("winding up to move", || Event::LastSaved(Ok(1))),
+        ("leaving", done_1),
+        ("handing over", closed),
+        ("moved", || Event::HandedOver(Ok(7))),
+    ];
+    let paths: [Path<'_>; 2] = [("closing", &closing, end), ("settling", &settling, moving)];
+    let mut states = vec![("live", Fixture::new())];
+    for (first, start, path) in paths {
+        states.push((first, start()));
+        for at in 0..path.len() {
+            let mut f = start();
+            for (_, event) in &path[..=at] {
+                f.on(event());
+            }
+            states.push((path[at].0, f));
+        }
+    }
+    for (name, event) in [
+        ("fenced", Event::Fenced("w2 wrote it".into())),
+        ("disconnected", Event::Disconnected),
+    ] {
+        let mut f = Fixture::new();
+        f.on(event);
+        states.push((name, f));
+    }
     for (name, f) in &states {
         assert_eq!(describe(f), *name, "the fixture for {name}");
     }
@@ -1060,44 +1027,44 @@ fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
 
 #[test]
 fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_fenced_owner() {
-    let outcome = || Event::Outcome {
-        id: 1,
-        outcome: turn_done(),
-    };
     let published = |f: &Fixture| {
         f.kinds()
             .iter()
             .any(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. }))
     };
+    // Turn 1 ended, and waits for a snapshot that holds it.
+    let waiting = || {
+        let mut f = Fixture::new();
+        f.turn(1);
+        f.on(Event::Outcome {
+            id: 1,
+            outcome: turn_done(),
+        });
+        f
+    };
+    let drained = || {
+        let mut f = waiting();
+        f.on(Event::Drain(f.now));
+        f.on(Event::Settled(Ok("snapshot")));
+        f
+    };
     // An end: no owner follows.
-    let mut f = Fixture::new();
-    f.turn(1);
-    f.on(outcome());
+    let mut f = waiting();
     f.input(2, Input::Close);
     f.on(Event::Closed(RemoteHistory::default()));
     assert!(published(&f));
     // A move whose last snapshot is stored.
-    let mut f = Fixture::new();
-    f.turn(1);
-    f.on(outcome());
-    f.on(Event::Drain(f.now));
-    f.on(Event::Settled(Ok("snapshot")));
+    let mut f = drained();
     assert!(!published(&f));
     f.on(Event::LastSaved(Ok(1)));
     assert!(published(&f));
     // A move whose last snapshot is not: the next owner applies the input again.
-    let mut f = Fixture::new();
-    f.turn(1);
-    f.on(outcome());
-    f.on(Event::Drain(f.now));
-    f.on(Event::Settled(Ok("snapshot")));
+    let mut f = drained();
     f.on(Event::LastSaved(Err(store_away())));
     f.on(Event::Closed(RemoteHistory::default()));
     assert!(!published(&f));
     // A fenced owner.
-    let mut f = Fixture::new();
-    f.turn(1);
-    f.on(outcome());
+    let mut f = waiting();
     f.on(Event::Fenced("w2 wrote it".into()));
     f.on(Event::Saved(1));
     assert!(!published(&f));
