@@ -28,8 +28,9 @@
 //!   and speech it produced, and a drain's quiet begins after what the session said before
 //!   its last snapshot;
 //! * what takes time runs beside the loop, as work whose end is an event of the tenure:
-//!   the engine calls whose answers take a turn, the close, the drain's settling and last
-//!   snapshot, the lease's renewal, and the writes of an end or a hand-over.
+//!   the engine calls whose answers take a turn, a save an answer waits for, the close,
+//!   the drain's settling and last snapshot, the lease's renewal, and the writes of an end
+//!   or a hand-over.
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
 //! (`tests/cluster/inputs_apply_exactly_once.rs`, and across a move:
