@@ -88,8 +88,8 @@ pub enum SnapshotError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionSnapshot {
     pub(crate) version: u32,
-    /// How many deltas this snapshot has taken since it was written in full: a delta
-    /// applies to the snapshot whose `seq` is its `base`.
+    /// Its place in the session's chain (see [`SessionSnapshot::seq`]): a delta applies
+    /// to the snapshot whose `seq` is its `base`.
     pub(crate) seq: u64,
     pub(crate) head: SnapshotHead,
     /// Every activation that started, in start order (the body: it only grows).
@@ -389,8 +389,12 @@ impl SessionSnapshot {
         self.activations.iter().map(|a| a.items.len()).sum()
     }
 
-    /// The seq of the chain it is at: 0 when written in full, one more for each delta
-    /// applied since.
+    /// Its place in the session's chain of snapshots: every snapshot or delta the
+    /// session takes moves the chain on by one, a full one too (so a delta never applies
+    /// to a full snapshot taken after its base), and applying a delta moves it to the
+    /// delta's. The first snapshot a session takes is 0; a restored session's chain goes
+    /// on from the snapshot it was restored from, so its first snapshot is one more than
+    /// that snapshot's.
     pub fn seq(&self) -> u64 {
         self.seq
     }

@@ -750,10 +750,9 @@ impl Handler<ResumeRun> for ToolsetActor {
                 }
             }
         };
-        let checkpoint = match tool.restore_policy() {
-            crate::tool::RestorePolicy::Resume => msg.checkpoint,
-            _ => None,
-        };
+        // Both policies that run the body again hand it the checkpoint it saved: it is
+        // the call's own, and a snapshot of the restored session holds it again.
+        let checkpoint = msg.checkpoint;
         self.spawn_entry(
             NewRun {
                 call: msg.call,

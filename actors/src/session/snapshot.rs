@@ -879,11 +879,15 @@ impl RestorePlan {
 }
 
 /// Each activation's whole chat, its inherited items taken from the activation they were
-/// written with.
+/// written with. An activation that inherited the whole of its source's chat goes on from
+/// that chat itself (the items are appended in place, as they were when it started): the
+/// two share their items again, so the next snapshot writes the inherited ones once, as a
+/// reference, as the snapshot restored from did.
 fn chats(records: &[ActivationRecord]) -> HashMap<u32, ChatContext> {
     let mut chats: HashMap<u32, ChatContext> = HashMap::new();
     for record in records {
         let mut chat = match record.inherited_from.and_then(|from| chats.get(&from)) {
+            Some(source) if source.len() == record.inherited => source.clone(),
             Some(source) => {
                 let mut chat = ChatContext::new();
                 chat.extend(
