@@ -13,7 +13,8 @@ use common::Query;
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
-use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::testing::{Gate, Reply, ScriptedLlm};
+use switchboard::RestorePolicy;
 
 /// The snapshot's JSON without the two fields a restore changes on purpose.
 fn without_epoch_and_seq(snapshot: &SessionSnapshot) -> Value {
@@ -86,9 +87,8 @@ async fn after_handoffs_that_inherit_the_chat_the_restored_snapshot_is_the_same_
     session.close().await.unwrap();
 
     let mut agents = AgentRegistry::new();
-    for n in 0..4 {
-        let chain = chain.clone();
-        agents = agents.agent(names[n].clone(), move |_| Ok::<_, BuildError>(chain(n)));
+    for (n, name) in names.iter().enumerate() {
+        agents = agents.agent(name.clone(), move |_| Ok::<_, BuildError>(chain(n)));
     }
     let second = again(&first, agents, ScriptedLlm::new([])).await;
     assert_eq!(second.epoch(), first.epoch() + 1);
@@ -101,5 +101,59 @@ async fn after_handoffs_that_inherit_the_chat_the_restored_snapshot_is_the_same_
         second.to_bytes().len(),
         first.to_bytes().len(),
         "the inherited chats are written once, as references, in both"
+    );
+}
+#[actix::test]
+async fn a_restarted_call_keeps_its_checkpoint_in_the_restored_snapshot() {
+    let gate = Gate::new();
+    let search = {
+        let gate = gate.clone();
+        move || {
+            let gate = gate.clone();
+            Tool::new("search", "Searches", move |ctx: RunContext, args: Query| {
+                let gate = gate.clone();
+                async move {
+                    if !ctx.is_restored() {
+                        ctx.update(format!("looking for {}", args.q)).await?;
+                        ctx.checkpoint(&3u32).unwrap();
+                    }
+                    gate.wait().await;
+                    Ok::<_, ToolFailure>("found")
+                }
+            })
+            .on_restore(RestorePolicy::Restart)
+        }
+    };
+    let searcher = {
+        let search = search.clone();
+        move || {
+            Agent::builder("searcher")
+                .instructions("Help.")
+                .tool(search())
+                .build()
+                .unwrap()
+        }
+    };
+    let llm = ScriptedLlm::new([
+        Reply::tool_call("search", json!({"q": "flights"})),
+        Reply::text("Searching."),
+    ]);
+    let session = Session::builder()
+        .llm(llm)
+        .agent(searcher())
+        .grace_period(Duration::ZERO)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    session.run("find flights").await.unwrap();
+    let first = session.snapshot().await.unwrap();
+    session.close().await.unwrap();
+
+    let agents = AgentRegistry::new().agent("searcher", move |_| Ok::<_, BuildError>(searcher()));
+    let second = again(&first, agents, ScriptedLlm::new([])).await;
+    assert_eq!(
+        without_epoch_and_seq(&second),
+        without_epoch_and_seq(&first),
+        "the restarted call is held as it was: its counters and its checkpoint"
     );
 }

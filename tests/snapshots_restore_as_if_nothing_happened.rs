@@ -215,16 +215,14 @@ mod regressions {
     }
 
     /// A sub-task the host started paused a step whose session-scoped call still runs
-    /// (a pause stops only the caller's own runs). The snapshot takes that call for the
-    /// one awaiting the sub-task (the first call of the step without an output) and does
-    /// not hold its run: after the restore a run standing for it waits for the task's
-    /// result, while in the uninterrupted session its body ends it. A fix: the snapshot
-    /// tells the awaiting call by its run's key (the schedule keeps the asker's), and holds
-    /// a paused step's other running calls like background ones, restored by their tool's
-    /// policy with their output going into the restored step.
+    /// (a pause stops only the caller's own runs). The snapshot took that call for the
+    /// one awaiting the sub-task (the first call of the step without an output) and did
+    /// not hold its run: after the restore a run standing for it waited for the task's
+    /// result, while in the uninterrupted session its body ended it. Now the snapshot holds
+    /// every run in its toolset's state, and tells the awaiting call by its run's key (the
+    /// schedule keeps the asker's): the step's other call is restored by its tool's policy,
+    /// its output going into the restored step.
     #[test]
-    #[ignore = "engine: a snapshot cannot tell a paused step's running session-scoped call \
-                from the call that awaits the sub-task, and holds no run for it"]
     fn a_session_scoped_call_of_a_paused_step_still_runs_after_a_restore() {
         check(RestoreCase {
             config: config(),

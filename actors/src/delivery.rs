@@ -10,8 +10,10 @@ use tokio::sync::oneshot;
 use crate::error::UpdateError;
 use crate::ids::ActorId;
 
-/// Which scope a tool run belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Which scope a tool run belongs to. Written into snapshots as it is: a restored
+/// activity has the id it had.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Scope {
     /// A session-scoped toolset: items go to the agent current at delivery time.
     Session,

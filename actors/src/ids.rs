@@ -14,7 +14,8 @@ use std::sync::Arc;
 /// The id of one actor, e.g. `activity/s1/agent-a#1`.
 ///
 /// Cheap to clone (an `Arc<str>`): every counted message carries its sender's id.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct ActorId(Arc<str>);
 
 impl ActorId {

@@ -37,6 +37,7 @@ mod agent_work;
 mod alarm;
 mod close;
 mod endpoint;
+mod restore;
 mod saver;
 mod schedule;
 mod snapshot;
@@ -85,9 +86,10 @@ use crate::toolset::ToolsetActor;
 use agent_work::{Admission, AgentWorkBound};
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
+pub(crate) use restore::{AwaitTask, RestorePlan};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{AwaitTask, BeginInput, RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{BeginInput, RecordInput, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -97,6 +99,9 @@ pub(crate) struct SessionToolset {
     pub(crate) tools: Vec<Tool>,
     pub(crate) schemas: Vec<ToolSchema>,
     pub(crate) mailbox: Mailbox<ToolsetActor>,
+    /// Its runs, for snapshots: the session reads them as it asks the activations for
+    /// their parts.
+    pub(crate) book: Arc<crate::toolset::RunBook>,
 }
 
 /// An activity as the session holds it.
@@ -881,17 +886,18 @@ impl Handler<StartSession> for SessionActor {
     type Result = ResponseActFuture<Self, Result<(), SessionError>>;
 
     fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
-        self.start_toolsets();
         let reporter = PlayoutReporter::new(self.links.clone());
         self.shared.output.call(|output| output.attach(reporter));
         let (agent, llm) = match self.start.take() {
             Some(Start::Fresh(agent, llm)) => (agent, llm),
             Some(Start::Restore(plan)) => {
+                // Its toolsets start with the calls they were running.
                 self.restore(*plan, ctx);
                 return Box::pin(fut::ready(Ok(())));
             }
             None => return Box::pin(fut::ready(Err(SessionError::Closed))),
         };
+        self.start_toolsets(HashMap::new());
         let (tx, rx) = oneshot::channel();
         let start = StartingChat::resolve(None, agent.starting_chat(), StartingChat::Empty);
         let chat = self.starting_chat(&start, ChatContext::new());

@@ -1164,6 +1164,7 @@ impl SessionBuilder {
                 snapshot,
                 |name, data| Ok(agents.build(name, data)?),
                 |agent| Ok(shared.settings.check_agent(agent)?),
+                &self.toolsets,
             )?)),
             // `agent` is `None` only when restoring (checked above).
             (None, None) => return Err(BuildError::NoAgent.into()),

@@ -234,15 +234,13 @@ pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
     };
     let snapshot_json: Value = serde_json::from_slice(&original.snapshot.to_json())
         .map_err(|e| format!("the snapshot's JSON does not read back: {e}"))?;
-    let stack = &snapshot_json["head"]["stack"];
+    let stack = &snapshot_json["head"]["state"]["stack"];
     let redo = has_redo(&original.snapshot);
     let report = RestoreReport {
         retakes: original.retakes,
         no_point: None,
         redo,
-        running: snapshot_json["head"]["running"]
-            .as_array()
-            .map_or(0, Vec::len),
+        running: runs_of(&snapshot_json).len(),
         live: stack.as_array().map_or(0, Vec::len),
         requests: 0,
         identity_not_checked: None,
@@ -383,57 +381,27 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
     }))
 }
 
-/// A call of a paused step, without an output, that does not await the sub-task on top
-/// of it (a session-scoped call still running when a sub-task the host started paused
-/// the step): a snapshot takes it for the call awaiting the task and holds no run for it
-/// (see `regressions::a_session_scoped_call_of_a_paused_step_still_runs_after_a_restore`).
-/// Here a sub-task a call started is the agent named after that call (`gamma@{call}`).
-fn unheld_call_of_a_paused_step(snapshot: &SessionSnapshot) -> Option<String> {
-    let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    let records = json["activations"].as_array().cloned().unwrap_or_default();
-    let activity_of = |order: &Value| {
-        records
-            .iter()
-            .find(|r| r["order"] == *order)
-            .map(|r| r["activity"].clone())
-            .unwrap_or_default()
-    };
-    for record in json["head"]["stack"].as_array().into_iter().flatten() {
-        let waiting = &record["waiting"];
-        let calls = waiting["calls"].as_array().cloned().unwrap_or_default();
-        let outputs = waiting["outputs"].as_array().cloned().unwrap_or_default();
-        let caller = activity_of(&record["order"]);
-        for (call, output) in calls.iter().zip(&outputs) {
-            if !output.is_null() {
-                continue;
-            }
-            let id = call["call_id"].as_str().unwrap_or_default();
-            let task_agent = format!("gamma@{}", World::agent_tag(id));
-            // The sub-task it started (which may have handed off since).
-            let started = records.iter().any(|r| {
-                r["agent"].as_str() == Some(task_agent.as_str())
-                    && r["sub_task_of"]["caller"] == caller
-            });
-            if !started {
-                return Some(id.to_owned());
-            }
-        }
-    }
-    None
+/// Every call the snapshot's toolsets hold (the session's and each live activation's).
+pub fn runs_of(json: &Value) -> Vec<Value> {
+    let state = &json["head"]["state"];
+    let session = state["toolsets"].as_array().cloned().unwrap_or_default();
+    let live = state["stack"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["toolsets"].as_array().cloned().unwrap_or_default());
+    session
+        .into_iter()
+        .chain(live)
+        .flat_map(|t| t["runs"].as_array().cloned().unwrap_or_default())
+        .collect()
 }
 
 /// Whether tool runs are alive that the snapshot does not hold: runs stopped but still
-/// in their grace period. It holds the runs in the background and, for each paused step
-/// with a call awaiting a sub-task, that call's run.
+/// in their grace period. It holds every run whose body may still run.
 fn lingering_runs(a: &Harness, snapshot: &SessionSnapshot) -> bool {
     let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    let held = json["head"]["running"].as_array().map_or(0, Vec::len)
-        + json["head"]["stack"].as_array().map_or(0, |stack| {
-            stack
-                .iter()
-                .filter(|r| !r["waiting"]["awaiting"].is_null())
-                .count()
-        });
+    let held = runs_of(&json).len();
     let alive = a
         .inspector
         .live_actors()
@@ -466,11 +434,6 @@ fn not_a_point(
     let stalled_now = a.llm.last_stalled_at_start() == Some(tokio::time::Instant::now());
     if has_redo(snapshot) && !stalled_now {
         return Some("a step was in flight past its answer".into());
-    }
-    if let Some(call) = unheld_call_of_a_paused_step(snapshot) {
-        return Some(format!(
-            "the paused step's call {call} runs, not awaiting the sub-task"
-        ));
     }
     if lingering_runs(a, snapshot) {
         // The uninterrupted session waits for it where the restored one (which holds
@@ -509,10 +472,10 @@ async fn finish_sub_tasks(a: &mut Harness) -> Result<(), String> {
 /// Whether the snapshot's current activation has a step in flight (asked again on restore).
 pub fn has_redo(snapshot: &SessionSnapshot) -> bool {
     let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    json["head"]["stack"]
+    json["head"]["state"]["stack"]
         .as_array()
         .and_then(|s| s.last())
-        .is_some_and(|current| !current["redo"].is_null())
+        .is_some_and(|current| !current["activation"]["redo"].is_null())
 }
 
 /// Takes the snapshot the way the case says, read back from its encoding; on the
@@ -637,16 +600,14 @@ async fn restored(
 /// for:
 ///
 /// - `head.epoch`: one more at every restore (fencing);
-/// - `seq`: a full snapshot moves the chain on by one;
-/// - `head.counters.step` and `head.counters.run`: the restore opens a new step for each
-///   paused caller's step that waits for its sub-task, a step for the turn it starts at
-///   once (the step in flight asked again, a queued reply, the deferred reply to pending
-///   items), and a new run for each call it runs again and for each paused step's call
-///   that awaits a sub-task; the numbers are keys and actor ids, in no chat context and
-///   no request;
+/// - `seq`: the restored session's chain goes on from the snapshot's, and a full snapshot
+///   moves it on by one;
 /// - work queued for the current agent starts at once: a queued reply (or the deferred
 ///   reply to pending items) shows as the current agent's step in flight, asking what the
-///   reply asks.
+///   reply asks, under the next step id.
+///
+/// Nothing else: a restored run keeps its key, a step asked again or still open its id,
+/// and a running call its updates, what it said and its checkpoint.
 ///
 /// A queued handoff or task end starts a switch at once, which the second snapshot waits
 /// for: those cases are not checked (`Err` with the reason in `Ok`'s place: see
@@ -688,25 +649,22 @@ pub enum IdentityCheck {
 /// [`same_snapshot`]).
 fn started_at_once(before: &Value) -> Result<Value, &'static str> {
     let mut v = before.clone();
-    let head = &mut v["head"];
-    let waiting = head["stack"]
+    let state = &mut v["head"]["state"];
+    // The next step id, should the restore start a turn at once (a step asked again keeps
+    // its own).
+    let next_step = state["counters"]["step"].as_u64().unwrap_or(0) + 1;
+    let mut started = false;
+    let jobs = state["schedule"]["jobs"]
         .as_array()
-        .map_or(0, |s| s.iter().filter(|r| !r["waiting"].is_null()).count());
-    // A run for each call it runs again, and one standing for each paused step's call
-    // that awaits a sub-task.
-    let awaiting = head["stack"].as_array().map_or(0, |s| {
-        s.iter()
-            .filter(|r| !r["waiting"]["awaiting"].is_null())
-            .count()
-    });
-    let running = head["running"].as_array().map_or(0, Vec::len) + awaiting;
-    let mut started = 0;
-    let jobs = head["jobs"].as_array().cloned().unwrap_or_default();
-    let Some(current) = head["stack"].as_array_mut().and_then(|s| s.last_mut()) else {
+        .cloned()
+        .unwrap_or_default();
+    let Some(current) = state["stack"].as_array_mut().and_then(|s| s.last_mut()) else {
         return Err("no current activation");
     };
-    if !current["redo"].is_null() {
-        started = 1;
+    let current = &mut current["activation"];
+    if !current["redo"].is_null() || !current["step"].is_null() {
+        // A step under way goes on (asked again under its id, or open): nothing else
+        // starts before it.
     } else if let Some(job) = jobs.first() {
         match job["job"].as_str() {
             Some("reply") => {
@@ -714,14 +672,16 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
                 if !job["instructions"].is_null() {
                     ask["extra_instructions"] = job["instructions"].clone();
                 }
-                current["redo"] = ask;
-                started = 1;
+                current["redo"] = json!({"step": next_step, "ask": ask});
+                started = true;
                 let rest: Vec<Value> = jobs[1..].to_vec();
-                let map = head.as_object_mut().ok_or("a head that is not an object")?;
+                let schedule = state["schedule"]
+                    .as_object_mut()
+                    .ok_or("a schedule that is not an object")?;
                 if rest.is_empty() {
-                    map.remove("jobs");
+                    schedule.remove("jobs");
                 } else {
-                    map.insert("jobs".into(), Value::Array(rest));
+                    schedule.insert("jobs".into(), Value::Array(rest));
                 }
             }
             _ => return Err("a queued switch starts at once"),
@@ -729,13 +689,17 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
     } else {
         let pending = current["pending"].as_array().cloned().unwrap_or_default();
         let last_reply_view = current["last_reply_view"].as_u64().unwrap_or(0) as usize;
-        let order = current["order"].clone();
         if let Some(map) = current.as_object_mut() {
             map.remove("pending");
         }
-        if let Some(map) = head.as_object_mut() {
+        if let Some(map) = state["schedule"].as_object_mut() {
             map.remove("reply_wanted");
         }
+        let order = state["stack"]
+            .as_array()
+            .and_then(|s| s.last())
+            .map(|l| l["order"].clone())
+            .ok_or("no current activation")?;
         if !pending.is_empty() {
             // The deferred reply: the items the agent lacks are appended first; the model
             // is asked unless the agent already spoke with the newest item in view.
@@ -763,27 +727,28 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
             }
             if last_reply_view <= newest {
                 let names: Vec<&str> = ids.iter().filter_map(Value::as_str).collect();
-                let current = v["head"]["stack"]
+                let current = v["head"]["state"]["stack"]
                     .as_array_mut()
                     .and_then(|s| s.last_mut())
                     .ok_or("no current activation")?;
-                current["redo"] = json!({
-                    "tool_choice": "none",
-                    "extra_instructions": format!(
-                        "New results from running tools arrived:\n{}\nTell the user what changed, briefly.",
-                        names.join("\n")
-                    ),
-                    "deferred_call_ids": ids,
+                current["activation"]["redo"] = json!({
+                    "step": next_step,
+                    "ask": {
+                        "tool_choice": "none",
+                        "extra_instructions": format!(
+                            "New results from running tools arrived:\n{}\nTell the user what changed, briefly.",
+                            names.join("\n")
+                        ),
+                        "deferred_call_ids": ids,
+                    },
                 });
-                started = 1;
+                started = true;
             }
         }
     }
-    let head = &mut v["head"];
-    let counters = &mut head["counters"];
-    let add = |n: &Value, by: usize| json!(n.as_u64().unwrap_or(0) + by as u64);
-    counters["step"] = add(&counters["step"], waiting + started);
-    counters["run"] = add(&counters["run"], running);
+    if started {
+        v["head"]["state"]["counters"]["step"] = json!(next_step);
+    }
     Ok(v)
 }
 

@@ -73,6 +73,8 @@ use super::turn::{
     bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
     ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
 };
+
+mod state;
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
@@ -81,38 +83,25 @@ use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent}
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::{Llm, LlmChunk, LlmRequest, ToolChoice, ToolSchema};
-use crate::outcome::{excerpt, panic_message, CallOutput, Effect, QUOTE_LIMIT};
+use crate::outcome::{excerpt, panic_message, CallOutput, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
 use crate::shared::SessionShared;
-use crate::snapshot::{
-    AskRecord, HeldRecord, JobRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord,
-    WaitingStep,
-};
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 use crate::telemetry::Cause;
+pub(crate) use state::{ActivationState, Decided, OpenStep, Part, Restored};
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.
 pub(crate) const CUT_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug)]
+/// A tool output waiting for the deferred reply. Written into snapshots as it is.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PendingItem {
     pub(crate) scope: Scope,
     /// The output's call id (`{id}/update_n` or `{id}/finished`).
     pub(crate) call_id: String,
     pub(crate) items: Arc<[ChatItem]>,
-}
-
-/// A restored caller's call that awaits its sub-task (see [`Activation::waiting_call`]).
-pub(crate) struct WaitingCall {
-    pub(crate) step: u64,
-    pub(crate) index: usize,
-    pub(crate) call: FunctionCall,
-    /// The toolset that runs its tool (none: the restored agent no longer has it).
-    pub(crate) toolset: Option<ToolsetKey>,
-    pub(crate) interruptibility: Arc<Interruptibility>,
 }
 
 /// Where the activation is; each state owns what it holds.
@@ -323,49 +312,6 @@ pub(crate) struct Setup {
     /// Session-scoped items pending for a deferred reply, carried over from the agent
     /// before it.
     pub(crate) carried: Vec<PendingItem>,
-    /// Set when the activation comes back from a snapshot: it starts where it was,
-    /// without `on_enter`.
-    pub(crate) restored: Option<Restored>,
-}
-
-/// An activation brought back from a snapshot.
-pub(crate) struct Restored {
-    /// Chat length its latest assistant message was generated from.
-    pub(crate) last_reply_view: usize,
-    /// Paused under a sub-task (a caller), rather than current.
-    pub(crate) paused: bool,
-    /// A paused caller's step that waits for its sub-task, and where the turn's outcome
-    /// goes once the task's result completes the step.
-    pub(crate) waiting: Option<(WaitingStep, oneshot::Sender<TurnOutcome>)>,
-    /// The handoffs that outputs of that step ask for, by call index (built again from
-    /// the agent registry).
-    pub(crate) handoffs: Vec<(usize, crate::handoff::Handoff)>,
-}
-
-/// What an activation contributes to a session snapshot: its chat context as committed
-/// (an open step is not in it), the messages of speeches still playing (a snapshot keeps
-/// them as a barge-in would: marked interrupted, heard unknown), its live state, and what
-/// its turn asked for that the session has not run yet.
-pub(crate) struct Part {
-    /// Its history entry now (none before it started).
-    pub(crate) entry: Option<(u32, AgentChat)>,
-    pub(crate) playing: Vec<usize>,
-    pub(crate) live: LiveRecord,
-    /// A handoff or task end its turn decided, waiting for its speech to play out.
-    pub(crate) decided: Option<Decided>,
-    /// The handoffs that outputs of its paused step ask for, by call index (the session
-    /// writes them into the step's record).
-    pub(crate) waiting_handoffs: Vec<(usize, crate::handoff::Handoff)>,
-    /// How many call ids the step in flight issued (the last ones the session issued):
-    /// the step is asked again after a restore and issues them again, so the snapshot
-    /// does not hold them.
-    pub(crate) in_flight_call_ids: usize,
-}
-
-/// What a turn decided that has not run yet.
-pub(crate) enum Decided {
-    Handoff(crate::handoff::Handoff),
-    EndTask(serde_json::Value),
 }
 
 /// Where a turn's step is committed from: the current activation goes on to the next
@@ -441,8 +387,7 @@ impl Activation {
                 false_timeout: config.false_interruption_timeout,
             },
         };
-        let restored = setup.restored;
-        let mut activation = Self {
+        Self {
             place: Place {
                 order: setup.order,
                 inherited: setup.inherited.unwrap_or(setup.chat.len()),
@@ -465,236 +410,6 @@ impl Activation {
             current: false,
             turn_ended: false,
             armed: None,
-        };
-        if let Some(restored) = restored {
-            activation.restore(restored);
-        }
-        activation
-    }
-
-    /// Puts a restored activation where it was: listening, or paused with the step that
-    /// waits for its sub-task open in the ledger.
-    fn restore(&mut self, restored: Restored) {
-        self.last_reply_view = restored.last_reply_view;
-        let mut handoffs = restored.handoffs;
-        self.state = match (restored.paused, restored.waiting) {
-            (false, _) => State::Listening,
-            (true, None) => State::Paused(None),
-            (true, Some((waiting, done))) => {
-                let step = self.shared.ids.next_step();
-                // The toolset of the call that awaits the task: a run stands for it there,
-                // which an interruption of the step after the resume reaches.
-                let toolsets: Vec<ToolsetKey> = waiting
-                    .awaiting
-                    .and_then(|at| waiting.calls.get(at))
-                    .and_then(|call| self.tools.routes.get(&call.name).copied())
-                    .into_iter()
-                    .collect();
-                let calls = waiting.calls;
-                self.ledger.open_step(step, calls, &mut |_| {});
-                for (index, output) in waiting.outputs.into_iter().enumerate() {
-                    if let Some(output) = output {
-                        let handoff = handoffs
-                            .iter()
-                            .position(|(at, _)| *at == index)
-                            .map(|at| handoffs.swap_remove(at).1);
-                        let effect = match (handoff, output.ends, output.propagate) {
-                            (Some(handoff), _, _) => Effect::Handoff(handoff),
-                            (None, Some(JobRecord::EndTask { value }), _) => {
-                                Effect::CompleteTask(value)
-                            }
-                            (None, _, Some(why)) => Effect::Propagate(why),
-                            _ if output.reply => Effect::Reply,
-                            _ => Effect::Quiet,
-                        };
-                        let out = CallOutput {
-                            output: output.output,
-                            is_error: output.is_error,
-                            effect,
-                        };
-                        self.ledger.answer(step, index, out);
-                    }
-                }
-                // Held again until the step is in the chat context, as they were.
-                for held in waiting.held {
-                    let _ = self.ledger.insert(
-                        &held.call_id,
-                        held.items,
-                        DeliveryAnswer::unheard(),
-                        &mut |_| {},
-                    );
-                }
-                let span = tracing::info_span!(
-                    parent: &self.shared.span,
-                    "turn",
-                    session = %self.shared.id(),
-                    agent = %self.agent.name(),
-                    kind = "restored",
-                );
-                State::Paused(Some(Box::new(Turn {
-                    events: Vec::new(),
-                    steps: waiting.steps,
-                    ask: Ask {
-                        tool_choice: waiting.ask.tool_choice,
-                        extra_instructions: waiting.ask.extra_instructions,
-                        deferred_call_ids: waiting.ask.deferred_call_ids,
-                    },
-                    interrupted: false,
-                    interruptibility: Interruptibility::new(self.rules.allow_interruptions),
-                    speeches: Vec::new(),
-                    done,
-                    waiters: Vec::new(),
-                    span,
-                    clock: Cause::default().clock("restored"),
-                    phase: Phase::Calling { step, toolsets },
-                })))
-            }
-        };
-    }
-
-    /// For a restored caller whose step waits for its sub-task: the call the task's
-    /// result answers, where it is, and the toolset that runs its tool.
-    pub(crate) fn waiting_call(&self) -> Option<WaitingCall> {
-        let State::Paused(Some(turn)) = &self.state else {
-            return None;
-        };
-        let Phase::Calling { step, .. } = turn.phase else {
-            return None;
-        };
-        let (index, call) = self
-            .ledger
-            .open_slots()
-            .enumerate()
-            .find_map(|(index, (call, out))| out.is_none().then(|| (index, call.clone())))?;
-        Some(WaitingCall {
-            step,
-            index,
-            toolset: self.tools.routes.get(&call.name).copied(),
-            call,
-            interruptibility: turn.interruptibility.clone(),
-        })
-    }
-
-    /// Its part of a session snapshot (see [`Part`]).
-    pub(crate) fn part(&self) -> Part {
-        let turn = match &self.state {
-            State::Running(turn) | State::Paused(Some(turn)) => Some(turn),
-            State::Closing { turn, .. } => turn.as_ref(),
-            _ => None,
-        };
-        let chat = self.ledger.chat();
-        let mut playing = Vec::new();
-        let mut redo = None;
-        let mut waiting = None;
-        let mut decided = None;
-        let mut in_flight_call_ids = 0;
-        let mut waiting_handoffs = Vec::new();
-        if let Some(turn) = turn {
-            for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
-                playing.extend(chat.position_of_speech(speech.id()));
-            }
-            let ask = AskRecord {
-                tool_choice: turn.ask.tool_choice,
-                extra_instructions: turn.ask.extra_instructions.clone(),
-                deferred_call_ids: turn.ask.deferred_call_ids.clone(),
-            };
-            match (&self.state, &turn.phase) {
-                (State::Paused(_), Phase::Calling { .. }) => {
-                    // Also a step whose calls all have their outputs (a sub-task the host
-                    // started paused it): it is committed on resume.
-                    let slots: Vec<_> = self.ledger.open_slots().collect();
-                    waiting = Some(WaitingStep {
-                        ask,
-                        steps: turn.steps,
-                        calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
-                        outputs: slots
-                            .iter()
-                            .enumerate()
-                            .map(|(index, (_, out))| {
-                                out.map(|out| {
-                                    let mut record = OutputRecord {
-                                        output: out.output.clone(),
-                                        is_error: out.is_error,
-                                        reply: matches!(
-                                            out.effect,
-                                            Effect::Reply | Effect::Propagate(_)
-                                        ),
-                                        ends: None,
-                                        propagate: None,
-                                    };
-                                    match &out.effect {
-                                        Effect::Handoff(handoff) => {
-                                            waiting_handoffs.push((index, handoff.clone()));
-                                        }
-                                        Effect::CompleteTask(value) => {
-                                            record.ends = Some(JobRecord::EndTask {
-                                                value: value.clone(),
-                                            });
-                                        }
-                                        Effect::Propagate(why) => {
-                                            record.propagate = Some(why.clone());
-                                        }
-                                        Effect::Reply | Effect::Quiet => {}
-                                    }
-                                    record
-                                })
-                            })
-                            .collect(),
-                        awaiting: slots.iter().position(|(_, out)| out.is_none()),
-                        // The session knows the runs' order: it fills this in.
-                        runs_before: 0,
-                        held: self
-                            .ledger
-                            .held()
-                            .map(|(call_id, items)| HeldRecord {
-                                call_id: call_id.to_owned(),
-                                items: items.to_vec(),
-                            })
-                            .collect(),
-                    });
-                }
-                // A step in flight is not taken: it is asked again after a restore.
-                (State::Running(_), Phase::Generating(_) | Phase::Calling { .. }) => {
-                    redo = Some(ask);
-                    in_flight_call_ids = self.ledger.open_calls().count();
-                }
-                (_, Phase::Playing { outcome, .. }) => {
-                    decided = match (&outcome.handoff, &outcome.task_result) {
-                        (Some(handoff), _) => Some(Decided::Handoff(handoff.clone())),
-                        (None, Some(value)) => Some(Decided::EndTask(value.clone())),
-                        (None, None) => None,
-                    };
-                }
-                _ => {}
-            }
-        }
-        let own = ScopeRecord::Activation(self.place.order);
-        Part {
-            entry: self.history_entry(true),
-            playing,
-            live: LiveRecord {
-                order: self.place.order,
-                is_task: false,
-                last_reply_view: self.last_reply_view,
-                pending: self
-                    .pending
-                    .iter()
-                    .map(|p| PendingRecord {
-                        scope: match p.scope {
-                            Scope::Session => ScopeRecord::Session,
-                            Scope::Activity(_) => own.clone(),
-                        },
-                        call_id: p.call_id.clone(),
-                        items: p.items.to_vec(),
-                    })
-                    .collect(),
-                redo,
-                waiting,
-                after: Vec::new(),
-            },
-            decided,
-            in_flight_call_ids,
-            waiting_handoffs,
         }
     }
 
@@ -1169,6 +884,7 @@ impl Activation {
         self.publish(AgentState::Thinking);
         let mut events = Vec::new();
         let mut speeches = Vec::new();
+        let mut redone = None;
         let ask = match kind {
             TurnKind::User(text) => {
                 self.shared.events.emit(SessionEvent::UserInputTranscribed {
@@ -1192,7 +908,10 @@ impl Activation {
             TurnKind::Deferred => self.deferred_reply(&mut events),
             // The LLM step that was in flight when the session was snapshotted: asked again,
             // the user's message already in the chat.
-            TurnKind::Redo(ask) => Some(ask),
+            TurnKind::Redo(redo) => {
+                redone = Some(redo.step);
+                Some(redo.ask)
+            }
             TurnKind::Say {
                 text,
                 speech,
@@ -1204,7 +923,7 @@ impl Activation {
             }
         };
         let phase = match &ask {
-            Some(ask) => Phase::Generating(self.open_generation(ask, &span, out)),
+            Some(ask) => Phase::Generating(self.open_generation(ask, redone, &span, out)),
             None => Phase::Playing {
                 outcome: TurnOutcome::default(),
                 give_up_at: None,
@@ -1333,10 +1052,12 @@ impl Activation {
         })
     }
 
-    /// Opens one LLM step: the request, its span, the command to stream it.
+    /// Opens one LLM step: the request, its span, the command to stream it. A step asked
+    /// again after a restore keeps its id (`redone`).
     fn open_generation(
         &mut self,
         ask: &Ask,
+        redone: Option<u64>,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
@@ -1349,7 +1070,7 @@ impl Activation {
             tool_choice: ask.tool_choice,
             deferred_call_ids: ask.deferred_call_ids.clone(),
         };
-        let step = self.shared.ids.next_step();
+        let step = redone.unwrap_or_else(|| self.shared.ids.next_step());
         let span = tracing::info_span!(
             parent: turn_span,
             "llm_request",
@@ -1636,7 +1357,7 @@ impl Activation {
             from == Where::Current,
         ) {
             turn.steps += 1;
-            turn.phase = Phase::Generating(self.open_generation(&turn.ask, &turn.span, out));
+            turn.phase = Phase::Generating(self.open_generation(&turn.ask, None, &turn.span, out));
             return Some(turn);
         }
         self.finish(turn, end.outcome, from == Where::Closing)

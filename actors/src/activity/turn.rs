@@ -53,7 +53,7 @@ pub(crate) enum TurnKind {
     Deferred,
     /// A step that was in flight when the session was snapshotted, asked again after the
     /// restore (the user's message is in the chat already).
-    Redo(Ask),
+    Redo(Redo),
     /// A text the agent says as it is (`Session::say`).
     Say {
         text: String,
@@ -143,13 +143,25 @@ impl Turn {
     }
 }
 
-/// What a turn's LLM requests ask for, besides the chat context.
-#[derive(Debug, Default)]
+/// What a turn's LLM requests ask for, besides the chat context. Written into snapshots
+/// as it is (a step under way asks it again).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Ask {
     pub(crate) tool_choice: ToolChoice,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) extra_instructions: Option<String>,
     /// The later tool items a deferred reply answers (empty for other turns).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) deferred_call_ids: Vec<String>,
+}
+
+/// An LLM step whose model had not answered when the session was snapshotted: asked
+/// again after the restore, under the same step id (the snapshot's counters already
+/// count it).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Redo {
+    pub(crate) step: u64,
+    pub(crate) ask: Ask,
 }
 
 /// Where a turn is.
