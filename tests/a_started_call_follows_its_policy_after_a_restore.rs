@@ -26,16 +26,20 @@ use switchboard::RestorePolicy;
 /// A tool whose body counts its runs, opens `started`, waits for `done` and returns:
 /// no update before its result.
 fn charge(started: Gate, done: Gate, runs: Arc<AtomicU32>, policy: RestorePolicy) -> Tool {
-    Tool::new("charge_card", "Charges the card", move |ctx: RunContext, args: Query| {
-        let (started, done, runs) = (started.clone(), done.clone(), runs.clone());
-        async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            started.open();
-            done.wait().await;
-            let again = if ctx.is_restored() { " again" } else { "" };
-            Ok::<_, ToolFailure>(format!("charged {}{again}", args.q))
-        }
-    })
+    Tool::new(
+        "charge_card",
+        "Charges the card",
+        move |ctx: RunContext, args: Query| {
+            let (started, done, runs) = (started.clone(), done.clone(), runs.clone());
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                started.open();
+                done.wait().await;
+                let again = if ctx.is_restored() { " again" } else { "" };
+                Ok::<_, ToolFailure>(format!("charged {}{again}", args.q))
+            }
+        },
+    )
     .on_restore(policy)
 }
 
@@ -95,8 +99,7 @@ async fn an_abandoned_call_whose_body_started_before_any_update_is_never_run_aga
     assert!(current["redo"].is_null(), "the step is not asked again");
     assert_eq!(current["step"]["calls"][0]["call_id"], "call_1");
     assert_eq!(
-        json["head"]["state"]["stack"][0]["toolsets"][0]["runs"][0]["call"]["call_id"],
-        "call_1",
+        json["head"]["state"]["stack"][0]["toolsets"][0]["runs"][0]["call"]["call_id"], "call_1",
         "the call is held as running from the moment its body started"
     );
 
@@ -107,7 +110,11 @@ async fn an_abandoned_call_whose_body_started_before_any_update_is_never_run_aga
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1"), "Interrupted before it finished.");
     let requests = llm.requests();
-    assert_eq!(requests.len(), 1, "the step goes on once; it is not asked again");
+    assert_eq!(
+        requests.len(),
+        1,
+        "the step goes on once; it is not asked again"
+    );
     let asked: Vec<&str> = requests[0]
         .chat
         .items()
@@ -140,7 +147,11 @@ async fn a_restarted_call_of_an_open_step_runs_again_and_its_result_is_the_step_
     let llm = ScriptedLlm::new([Reply::text("Paid.")]);
     let session = restore(snapshot, tool(), llm.clone()).await;
     common::settled(&session).await;
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "its policy runs it again, once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "its policy runs it again, once"
+    );
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1"), "charged 40 EUR again");
     assert_eq!(llm.requests().len(), 1);
@@ -171,7 +182,12 @@ async fn a_step_whose_model_had_not_answered_is_asked_again() {
     assert!(!json["head"]["state"]["stack"][0]["activation"]["redo"].is_null());
 
     let llm = ScriptedLlm::new([Reply::text("Hello.")]);
-    let tool = charge(Gate::new(), Gate::new(), Arc::default(), RestorePolicy::Abandon);
+    let tool = charge(
+        Gate::new(),
+        Gate::new(),
+        Arc::default(),
+        RestorePolicy::Abandon,
+    );
     let session = restore(snapshot, tool, llm.clone()).await;
     common::settled(&session).await;
     let requests = llm.requests();
@@ -183,14 +199,18 @@ async fn a_step_whose_model_had_not_answered_is_asked_again() {
 /// A session toolset that records every call and waits for `done`.
 fn recorder(started: Gate, done: Gate) -> Toolset {
     Toolset::new("recorder").tool(
-        Tool::new("record", "Records the call", move |_ctx: RunContext, _: Query| {
-            let (started, done) = (started.clone(), done.clone());
-            async move {
-                started.open();
-                done.wait().await;
-                Ok::<_, ToolFailure>("recorded")
-            }
-        })
+        Tool::new(
+            "record",
+            "Records the call",
+            move |_ctx: RunContext, _: Query| {
+                let (started, done) = (started.clone(), done.clone());
+                async move {
+                    started.open();
+                    done.wait().await;
+                    Ok::<_, ToolFailure>("recorded")
+                }
+            },
+        )
         .on_restore(RestorePolicy::Restart),
     )
 }

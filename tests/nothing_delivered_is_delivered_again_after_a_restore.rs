@@ -31,20 +31,24 @@ struct Lookup {
 impl Lookup {
     fn tool(&self) -> Tool {
         let this = self.clone();
-        Tool::new("lookup", "Looks the order up", move |ctx: RunContext, args: Query| {
-            let this = this.clone();
-            async move {
-                this.runs.fetch_add(1, Ordering::SeqCst);
-                ctx.update(format!("looking up order {}", args.q)).await?;
-                this.found.wait().await;
-                ctx.update("found it, checking the stock").await?;
-                if let (true, Some(last)) = (ctx.is_restored(), this.restarted_last) {
-                    ctx.update(last).await?;
+        Tool::new(
+            "lookup",
+            "Looks the order up",
+            move |ctx: RunContext, args: Query| {
+                let this = this.clone();
+                async move {
+                    this.runs.fetch_add(1, Ordering::SeqCst);
+                    ctx.update(format!("looking up order {}", args.q)).await?;
+                    this.found.wait().await;
+                    ctx.update("found it, checking the stock").await?;
+                    if let (true, Some(last)) = (ctx.is_restored(), this.restarted_last) {
+                        ctx.update(last).await?;
+                    }
+                    this.done.wait().await;
+                    Ok::<_, ToolFailure>("in stock")
                 }
-                this.done.wait().await;
-                Ok::<_, ToolFailure>("in stock")
-            }
-        })
+            },
+        )
         .on_restore(RestorePolicy::Restart)
     }
 

@@ -1,9 +1,12 @@
-//! Issue 25, SPEC §14 "the property that defines it": for any conversation, a snapshot at
-//! any point restored on a fresh engine and fed the same further inputs makes the same
-//! further LLM requests as the uninterrupted session, and snapshot → restore → snapshot
-//! gives the same snapshot. See `tests/reliability/restore.rs` for what is generated,
-//! what is compared and what a restore changes on purpose. Shrunk failures are kept below
-//! as named regression tests.
+//! Issues 25 and 34, SPEC §14 "the property that defines it", "Exactly once, without
+//! exceptions": for any conversation, a snapshot at any point — inside a step whose calls
+//! started before any update, mid-stream, with the user speaking over the agent — restored
+//! on a fresh engine and fed the same further inputs makes the same further LLM requests
+//! as the uninterrupted session, runs each call's body as many times as its tool's restore
+//! policy says, and snapshot → restore → snapshot gives the same snapshot, byte for byte
+//! but for the epoch and the chain's place. See `tests/reliability/restore.rs` for what is
+//! generated, what is compared and what a restore changes on purpose. Shrunk failures are
+//! kept below as named regression tests.
 //!
 //! `RELIABILITY_CASES=10000 cargo test --release --test snapshots_restore_as_if_nothing_happened`
 //! runs more cases than CI's default.
@@ -78,6 +81,7 @@ mod regressions {
             before: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Task)]])],
             after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Polite)]])],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -95,6 +99,7 @@ mod regressions {
             before: vec![Op::Final(vec![vec![call("job", Behaviour::Hold)]])],
             after: vec![Op::Final(text("a"))],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -109,6 +114,7 @@ mod regressions {
             before: vec![Op::HandoffApi(Role::Alpha)],
             after: vec![],
             path: Path::Deltas,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -129,6 +135,7 @@ mod regressions {
                 Op::Run(text(" ")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -149,6 +156,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -172,6 +180,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -190,6 +199,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Bytes,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -210,6 +220,7 @@ mod regressions {
             ]])],
             after: vec![Op::Run(text(" "))],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -236,6 +247,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -261,6 +273,7 @@ mod regressions {
                 ]),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -288,6 +301,7 @@ mod regressions {
                 Op::HostTask,
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -310,6 +324,7 @@ mod regressions {
             ],
             after: vec![],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -334,6 +349,7 @@ mod regressions {
                 call("finish_task", Behaviour::Return),
             ]])],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }
@@ -358,6 +374,7 @@ mod regressions {
                 Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }
@@ -382,6 +399,89 @@ mod regressions {
             ],
             after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Return)]])],
             path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// A step's stream stalls after its first words; the output reports what the user
+    /// heard of them (nothing) while the text still streams, and the snapshot is taken
+    /// there. The report was not in the snapshot: the step asked again spoke the words and
+    /// kept them, where the uninterrupted session removed them at the stream's end. Now
+    /// the step asked again takes the report with it.
+    #[test]
+    fn a_playout_report_that_came_mid_stream_goes_with_the_step_asked_again() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![Chunk::Text("a".into()), Chunk::Stall]]),
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+            ],
+            after: vec![Op::Run(text(" ")), Op::Run(text(" "))],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// A step's stream stalls after its first words and the snapshot is taken there; the
+    /// host then reports that speech. The step asked again speaks under the same speech
+    /// id, so the report reaches it as it reached the uninterrupted one.
+    #[test]
+    fn a_step_asked_again_mid_stream_speaks_under_its_speech_id() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![Chunk::Text("a".into()), Chunk::Stall]])],
+            after: vec![
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+                Op::Run(text(" ")),
+            ],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// The user speaks over the agent when a background call's update lands: the
+    /// deferred reply waits for them. A snapshot taken there holds that the user speaks,
+    /// and the restored session waits too.
+    #[test]
+    fn a_deferred_reply_waits_for_a_user_who_was_speaking_at_the_snapshot() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::UserStarts,
+                Op::Run(vec![vec![call("job", Behaviour::Updates(1))]]),
+                Op::OpenGate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// A step with a call whose tool abandons its calls on a restore (gated, no update)
+    /// and one that runs on in the background: the restored step gets the abandoned
+    /// call's terminal output at once and goes in; the other call's body goes on, and
+    /// neither body runs more than its policy says.
+    #[test]
+    fn an_abandoned_call_s_step_goes_in_at_once_and_its_sibling_goes_on() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![
+                call("kit_job", Behaviour::Gated),
+                call("job", Behaviour::Stubborn),
+            ]])],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }

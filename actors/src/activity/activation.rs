@@ -70,8 +70,8 @@ use tokio::time::Instant;
 use super::barge_in::{BargeAction, BargeIn, BargeInRules};
 use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::turn::{
-    bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
-    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
+    bound_call, bound_text, refusal, Ask, EarlyReport, Ending, Generation, InputLimits,
+    InterruptWaiter, ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
 };
 
 mod state;
@@ -909,7 +909,7 @@ impl Activation {
             // The LLM step that was in flight when the session was snapshotted: asked again,
             // the user's message already in the chat.
             TurnKind::Redo(redo) => {
-                redone = Some(redo.step);
+                redone = Some((redo.step, redo.speech, redo.heard));
                 Some(redo.ask)
             }
             TurnKind::Say {
@@ -1053,11 +1053,11 @@ impl Activation {
     }
 
     /// Opens one LLM step: the request, its span, the command to stream it. A step asked
-    /// again after a restore keeps its id (`redone`).
+    /// again after a restore keeps its id and its speech's (`redone`).
     fn open_generation(
         &mut self,
         ask: &Ask,
-        redone: Option<u64>,
+        redone: Option<(u64, Option<u64>, Option<EarlyReport>)>,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
@@ -1070,7 +1070,14 @@ impl Activation {
             tool_choice: ask.tool_choice,
             deferred_call_ids: ask.deferred_call_ids.clone(),
         };
-        let step = redone.unwrap_or_else(|| self.shared.ids.next_step());
+        let (step, redone_speech, early_report) = match redone {
+            Some((step, speech, heard)) => (
+                step,
+                speech,
+                heard.map(|report| (report.interrupted, report.heard)),
+            ),
+            None => (self.shared.ids.next_step(), None, None),
+        };
         let span = tracing::info_span!(
             parent: turn_span,
             "llm_request",
@@ -1097,7 +1104,8 @@ impl Activation {
             speech: None,
             usage: None,
             llm: None,
-            early_report: None,
+            early_report,
+            redone_speech,
         }
     }
 
@@ -1870,10 +1878,11 @@ impl Speaker<'_> {
         }
     }
 
-    /// Starts a new speech on the output.
-    fn start(&self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
+    /// Starts a new speech on the output (under `id`, for a step asked again after a
+    /// restore whose speech had begun).
+    fn start(&self, interruptibility: Arc<Interruptibility>, id: Option<u64>) -> SpeechHandle {
         let speech = SpeechHandle::new(
-            SpeechId(self.shared.ids.next_speech()),
+            SpeechId(id.unwrap_or_else(|| self.shared.ids.next_speech())),
             interruptibility,
             SpeechStatus::Speaking,
             self.port.clone(),
@@ -1935,7 +1944,10 @@ fn on_chunk(
                         .shared
                         .telemetry
                         .text_started(&mut turn.clock, &speaker.agent.def.name);
-                    let speech = speaker.start(turn.interruptibility.clone());
+                    let speech = speaker.start(
+                        turn.interruptibility.clone(),
+                        generation.redone_speech.take(),
+                    );
                     generation
                         .span
                         .record("speech", tracing::field::display(speech.id()));

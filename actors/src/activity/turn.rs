@@ -155,13 +155,29 @@ pub(crate) struct Ask {
     pub(crate) deferred_call_ids: Vec<String>,
 }
 
-/// An LLM step whose model had not answered when the session was snapshotted: asked
-/// again after the restore, under the same step id (the snapshot's counters already
-/// count it).
+/// An LLM step whose model had not finished answering when the session was snapshotted
+/// (its calls, if any came, not started): asked again after the restore, under the same
+/// step id, and — when its text had begun — spoken under the same speech id (the
+/// snapshot's counters already count both).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Redo {
     pub(crate) step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) speech: Option<u64>,
+    /// What the output reported of that speech while its text still streamed: the first
+    /// report is final, so the step asked again applies it when its stream ends, as the
+    /// step would have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) heard: Option<EarlyReport>,
     pub(crate) ask: Ask,
+}
+
+/// A playout report that came while its speech's text still streamed.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct EarlyReport {
+    pub(crate) interrupted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) heard: Option<String>,
 }
 
 /// Where a turn is.
@@ -200,6 +216,8 @@ pub(crate) struct Generation {
     pub(crate) llm: Option<String>,
     /// A playout report that came while the text still streamed: applied at the end.
     pub(crate) early_report: Option<(bool, Option<String>)>,
+    /// For a step asked again after a restore whose text had begun: the id its speech had.
+    pub(crate) redone_speech: Option<u64>,
 }
 
 /// How a generation ended.

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::{Activation, Command, Phase, State, Turn, TurnOutcome};
-use crate::activity::turn::{Ask, Redo, ToolsetKey};
+use crate::activity::turn::{Ask, EarlyReport, Redo, ToolsetKey};
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall};
 use crate::delivery::DeliveryAnswer;
@@ -174,6 +174,18 @@ impl Activation {
                 Phase::Generating(generation) if matches!(self.state, State::Running(_)) => {
                     redo = Some(Redo {
                         step: generation.step,
+                        speech: generation
+                            .speech
+                            .as_ref()
+                            .map(|s| s.id().0)
+                            .or(generation.redone_speech),
+                        heard: generation
+                            .early_report
+                            .as_ref()
+                            .map(|(interrupted, heard)| EarlyReport {
+                                interrupted: *interrupted,
+                                heard: heard.clone(),
+                            }),
                         ask: turn.ask.clone(),
                     });
                 }
