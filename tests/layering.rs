@@ -25,6 +25,7 @@ const USER_DEFINED: &[&str] = &[
     "handoff",
     "restore",
     "snapshot_store",
+    "host_input",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -55,6 +56,8 @@ const VOCABULARY: &[&str] = &[
     "history",
     "starting_chat",
     "snapshot",
+    "snapshot_chain",
+    "input_ledger",
 ];
 
 /// The crate modules a source file names, other than itself.

@@ -33,6 +33,7 @@ use crate::chat::ChatContext;
 use crate::error::SessionError;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
+use crate::input_ledger::InputLedger;
 use crate::llm::Llm;
 use crate::snapshot::{ActivationRecord, SessionSnapshot, SnapshotError};
 use crate::speech::Interruptibility;
@@ -287,9 +288,8 @@ impl SessionActor {
         } = counters;
         self.shared.ids.restore_counters(speech, step, run);
         self.shared.ids.reserve_issued(&snapshot.call_ids);
-        self.shared
-            .host_view
-            .set_last_input(snapshot.head.last_input);
+        *self.shared.host_view.inputs() =
+            InputLedger::restored(snapshot.head.last_input, &snapshot.head.inputs);
         if let Some(words) = user_words {
             self.endpoint.restore(words, Instant::now());
             self.arm();
