@@ -15,9 +15,12 @@
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
 //!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
-//!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
-//!   has on the session.
+//!   `ReadChat`, `ReadHistoryEntry`, `SnapshotActivation` — the relayed ones under the
+//!   name the host's message has on the session.
 //! - **Records** its final chat context in the session's history when it stops.
+//! - **Writes its own state** for a snapshot (its machine's `ActivationState`, its own
+//!   toolsets' calls from their books) and, restored, starts from it: its toolsets with
+//!   the calls they were running, its open step waiting for its calls' outputs.
 //!
 //! Guarantees, each tested:
 //! - Every function call in the chat context has exactly one output after it, whatever

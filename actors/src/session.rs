@@ -11,7 +11,8 @@
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
 //!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `InterruptTurn`, `InterruptSpeech`,
 //!   `Say`, `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `CancelTurn`,
-//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`. Those it
+//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`,
+//!   `TakeSnapshot`, `ApplyInput`, `AwaitTask`. Those it
 //!   relays to an activity keep their name on the way: `DeliverToolItems`,
 //!   `InterruptTurn`, `InterruptSpeech`, the three user inputs, `PlayoutFinished`,
 //!   `ReadChat`.
