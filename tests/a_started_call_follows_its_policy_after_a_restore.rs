@@ -23,24 +23,48 @@ use switchboard::snapshot::{AgentRegistry, SessionSnapshot, SnapshotError};
 use switchboard::testing::{Gate, Reply, ScriptedLlm};
 use switchboard::RestorePolicy;
 
-/// A tool whose body counts its runs, opens `started`, waits for `done` and returns:
-/// no update before its result.
-fn charge(started: Gate, done: Gate, runs: Arc<AtomicU32>, policy: RestorePolicy) -> Tool {
-    Tool::new(
-        "charge_card",
-        "Charges the card",
-        move |ctx: RunContext, args: Query| {
-            let (started, done, runs) = (started.clone(), done.clone(), runs.clone());
-            async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                started.open();
-                done.wait().await;
-                let again = if ctx.is_restored() { " again" } else { "" };
-                Ok::<_, ToolFailure>(format!("charged {}{again}", args.q))
-            }
-        },
-    )
-    .on_restore(policy)
+/// A card charge whose body counts its runs, opens `started`, waits for `done` and
+/// returns: no update before its result.
+#[derive(Clone)]
+struct Charge {
+    started: Gate,
+    done: Gate,
+    runs: Arc<AtomicU32>,
+    policy: RestorePolicy,
+}
+
+impl Charge {
+    fn new(policy: RestorePolicy) -> Self {
+        Self {
+            started: Gate::new(),
+            done: Gate::new(),
+            runs: Arc::default(),
+            policy,
+        }
+    }
+
+    fn tool(&self) -> Tool {
+        let this = self.clone();
+        Tool::new(
+            "charge_card",
+            "Charges the card",
+            move |ctx: RunContext, args: Query| {
+                let this = this.clone();
+                async move {
+                    this.runs.fetch_add(1, Ordering::SeqCst);
+                    this.started.open();
+                    this.done.wait().await;
+                    let again = if ctx.is_restored() { " again" } else { "" };
+                    Ok::<_, ToolFailure>(format!("charged {}{again}", args.q))
+                }
+            },
+        )
+        .on_restore(self.policy)
+    }
+
+    fn runs(&self) -> u32 {
+        self.runs.load(Ordering::SeqCst)
+    }
 }
 
 fn cashier(tool: Tool) -> Agent {
@@ -72,28 +96,13 @@ async fn restore(snapshot: SessionSnapshot, tool: Tool, llm: Arc<ScriptedLlm>) -
     let agents = AgentRegistry::new().agent("cashier", move |_| {
         Ok::<_, BuildError>(cashier(tool.clone()))
     });
-    Session::builder()
-        .llm(llm)
-        .restore(snapshot, agents)
-        .grace_period(Duration::ZERO)
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap()
+    common::restored(snapshot, agents, llm).await
 }
 
 #[actix::test]
 async fn an_abandoned_call_whose_body_started_before_any_update_is_never_run_again() {
-    let (started, done) = (Gate::new(), Gate::new());
-    let runs = Arc::new(AtomicU32::new(0));
-    let tool = || {
-        charge(
-            started.clone(),
-            done.clone(),
-            runs.clone(),
-            RestorePolicy::Abandon,
-        )
-    };
-    let snapshot = snapshot_while_charging(tool(), &started).await;
+    let charge = Charge::new(RestorePolicy::Abandon);
+    let snapshot = snapshot_while_charging(charge.tool(), &charge.started).await;
     let json: serde_json::Value = serde_json::from_slice(&snapshot.to_json()).unwrap();
     let current = &json["head"]["state"]["stack"][0]["activation"];
     assert!(current["redo"].is_null(), "the step is not asked again");
@@ -104,9 +113,9 @@ async fn an_abandoned_call_whose_body_started_before_any_update_is_never_run_aga
     );
 
     let llm = ScriptedLlm::new([Reply::text("The payment was interrupted; shall I retry?")]);
-    let session = restore(snapshot, tool(), llm.clone()).await;
+    let session = restore(snapshot, charge.tool(), llm.clone()).await;
     common::settled(&session).await;
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the card is charged once");
+    assert_eq!(charge.runs(), 1, "the card is charged once");
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1"), "Interrupted before it finished.");
     let requests = llm.requests();
@@ -132,26 +141,13 @@ async fn an_abandoned_call_whose_body_started_before_any_update_is_never_run_aga
 
 #[actix::test]
 async fn a_restarted_call_of_an_open_step_runs_again_and_its_result_is_the_step_s_output() {
-    let (started, done) = (Gate::new(), Gate::new());
-    let runs = Arc::new(AtomicU32::new(0));
-    let tool = || {
-        charge(
-            started.clone(),
-            done.clone(),
-            runs.clone(),
-            RestorePolicy::Restart,
-        )
-    };
-    let snapshot = snapshot_while_charging(tool(), &started).await;
-    done.open();
+    let charge = Charge::new(RestorePolicy::Restart);
+    let snapshot = snapshot_while_charging(charge.tool(), &charge.started).await;
+    charge.done.open();
     let llm = ScriptedLlm::new([Reply::text("Paid.")]);
-    let session = restore(snapshot, tool(), llm.clone()).await;
+    let session = restore(snapshot, charge.tool(), llm.clone()).await;
     common::settled(&session).await;
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        2,
-        "its policy runs it again, once"
-    );
+    assert_eq!(charge.runs(), 2, "its policy runs it again, once");
     let chat = session.chat_context().await.unwrap();
     assert_eq!(output(&chat, "call_1"), "charged 40 EUR again");
     assert_eq!(llm.requests().len(), 1);
@@ -165,12 +161,7 @@ async fn a_step_whose_model_had_not_answered_is_asked_again() {
     let held = llm.hold(0);
     let session = Session::builder()
         .llm(llm)
-        .agent(cashier(charge(
-            Gate::new(),
-            Gate::new(),
-            Arc::default(),
-            RestorePolicy::Abandon,
-        )))
+        .agent(cashier(Charge::new(RestorePolicy::Abandon).tool()))
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
@@ -182,12 +173,7 @@ async fn a_step_whose_model_had_not_answered_is_asked_again() {
     assert!(!json["head"]["state"]["stack"][0]["activation"]["redo"].is_null());
 
     let llm = ScriptedLlm::new([Reply::text("Hello.")]);
-    let tool = charge(
-        Gate::new(),
-        Gate::new(),
-        Arc::default(),
-        RestorePolicy::Abandon,
-    );
+    let tool = Charge::new(RestorePolicy::Abandon).tool();
     let session = restore(snapshot, tool, llm.clone()).await;
     common::settled(&session).await;
     let requests = llm.requests();

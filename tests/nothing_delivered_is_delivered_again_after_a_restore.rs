@@ -15,7 +15,7 @@ use common::{assert_invariant, output, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
-use switchboard::testing::{event, Gate, Reply, ScriptedLlm};
+use switchboard::testing::{event, Gate, HeldRequest, Reply, ScriptedLlm};
 use switchboard::RestorePolicy;
 
 /// A lookup that says it looks, waits for `found`, says it found it, then says `last`
@@ -63,6 +63,18 @@ impl Lookup {
 
 const BOUND: Duration = Duration::from_secs(5);
 
+/// Lets the held request answer and waits until the session is idle again (a tool may
+/// still run in the background).
+async fn answered(session: &Session, reply: HeldRequest) {
+    reply.requested(BOUND).await.unwrap();
+    reply.release();
+    let mut inactive = session.inactivity();
+    tokio::time::timeout(BOUND, inactive.wait_for(|inactive| *inactive))
+        .await
+        .unwrap()
+        .unwrap();
+}
+
 /// Runs the lookup until both its updates were delivered and answered, snapshots, closes.
 async fn snapshot_after_two_updates(lookup: &Lookup) -> (SessionSnapshot, ChatContext) {
     let llm = ScriptedLlm::new([
@@ -82,13 +94,7 @@ async fn snapshot_after_two_updates(lookup: &Lookup) -> (SessionSnapshot, ChatCo
     lookup.found.open();
     // The deferred reply to `/update_1` is asked for and answered: the session is idle
     // again, the lookup waiting in the background.
-    reply.requested(BOUND).await.unwrap();
-    reply.release();
-    let mut inactive = session.inactivity();
-    tokio::time::timeout(BOUND, inactive.wait_for(|inactive| *inactive))
-        .await
-        .unwrap()
-        .unwrap();
+    answered(&session, reply).await;
     let snapshot = session.snapshot().await.unwrap();
     let chat = session.chat_context().await.unwrap();
     session.close().await.unwrap();
@@ -98,13 +104,7 @@ async fn snapshot_after_two_updates(lookup: &Lookup) -> (SessionSnapshot, ChatCo
 async fn restore(snapshot: SessionSnapshot, lookup: &Lookup, llm: Arc<ScriptedLlm>) -> Session {
     let agent = lookup.clone();
     let agents = AgentRegistry::new().agent("clerk", move |_| Ok::<_, BuildError>(agent.agent()));
-    Session::builder()
-        .llm(llm)
-        .restore(snapshot, agents)
-        .grace_period(Duration::ZERO)
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap()
+    common::restored(snapshot, agents, llm).await
 }
 
 #[actix::test]
@@ -168,13 +168,7 @@ async fn what_a_restarted_body_says_new_is_numbered_after_what_was_delivered() {
     let reply = llm.hold(0);
     let session = restore(snapshot, &lookup, llm.clone()).await;
     // The deferred reply to what is new.
-    reply.requested(BOUND).await.unwrap();
-    reply.release();
-    let mut inactive = session.inactivity();
-    tokio::time::timeout(BOUND, inactive.wait_for(|inactive| *inactive))
-        .await
-        .unwrap()
-        .unwrap();
+    answered(&session, reply).await;
     let chat = session.chat_context().await.unwrap();
     assert!(chat.output_of("call_1/update_1").is_some());
     assert!(chat.output_of("call_1/update_3").is_none());

@@ -101,13 +101,7 @@ async fn restore(snapshot: SessionSnapshot, tool: Tool, llm: Arc<ScriptedLlm>) -
     let agents = AgentRegistry::new().agent("agent-a", move |_| {
         Ok::<_, BuildError>(agent_with(tool.clone()))
     });
-    Session::builder()
-        .llm(llm)
-        .restore(snapshot, agents)
-        .grace_period(Duration::ZERO)
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap()
+    common::restored(snapshot, agents, llm).await
 }
 
 #[actix::test]

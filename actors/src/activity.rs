@@ -238,18 +238,8 @@ impl ActivityActor {
         let addr = ActivityActor::create(move |ctx| {
             let mut actor = actor;
             for (step, index, output) in step_outputs {
-                ctx.spawn(output.into_actor(&actor).map(move |output, act, ctx| {
-                    // No output: the run was dropped before it gave one.
-                    let output = output.unwrap_or_else(|_| CallOutput::ended("the tool stopped"));
-                    act.feed(
-                        Input::CallOutput {
-                            step,
-                            index,
-                            output,
-                        },
-                        ctx,
-                    );
-                }));
+                // No output: the run was dropped before it gave one.
+                actor.feed_output(step, index, output, "the tool stopped", ctx);
             }
             for command in commands {
                 actor.carry_out(command, ctx);
@@ -257,6 +247,29 @@ impl ActivityActor {
             actor
         });
         Child::new(Mailbox::new(addr, probe), gone)
+    }
+
+    /// Feeds the output of call `index` of step `step` once `output` resolves; without
+    /// one (its run or toolset gone), the call ends for `lost`.
+    fn feed_output<E>(
+        &self,
+        step: u64,
+        index: usize,
+        output: impl std::future::Future<Output = Result<CallOutput, E>> + 'static,
+        lost: &'static str,
+        ctx: &mut Context<Self>,
+    ) {
+        ctx.spawn(output.into_actor(self).map(move |output, act, ctx| {
+            let output = output.unwrap_or_else(|_| CallOutput::ended(lost));
+            act.feed(
+                Input::CallOutput {
+                    step,
+                    index,
+                    output,
+                },
+                ctx,
+            );
+        }));
     }
 
     /// Feeds the machine one input and carries out what it asks. The command list is
@@ -361,17 +374,7 @@ impl ActivityActor {
                         cause,
                     },
                 );
-                ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
-                    let output = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
-                    act.feed(
-                        Input::CallOutput {
-                            step,
-                            index,
-                            output,
-                        },
-                        ctx,
-                    );
-                }));
+                self.feed_output(step, index, ask, "the toolset stopped", ctx);
             }
             Command::AnswerCompanion { step, index, call } => {
                 let answer = companions::answer(

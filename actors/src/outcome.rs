@@ -277,6 +277,11 @@ pub(crate) fn finish_in_background(tool: &str, out: CallOutput) -> BackgroundFin
 /// The `/finished` pair of a background call that ended without a result: says why, and
 /// asks for no reply.
 pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
+    finished_pair(call, CallOutput::ended(reason).output, false)
+}
+
+/// A call's `/finished` pair with `output`.
+pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> [ChatItem; 2] {
     let call_id = format!("{}/finished", call.call_id);
     [
         ChatItem::FunctionCall(FunctionCall {
@@ -287,8 +292,8 @@ pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
         ChatItem::FunctionCallOutput(FunctionCallOutput {
             call_id,
             name: call.name,
-            output: CallOutput::ended(reason).output,
-            is_error: false,
+            output,
+            is_error,
         }),
     ]
 }

@@ -39,13 +39,13 @@ use tokio::sync::oneshot;
 
 use crate::activity::DeliverToolItems;
 use crate::agent::Agent;
-use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
+use crate::chat::FunctionCall;
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::SessionError;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
 use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
-use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
+use crate::outcome::{error_text, excerpt, finished_pair, CallOutput, Effect, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
@@ -690,24 +690,6 @@ fn awaiting_body(result: BoxFuture<'static, Result<Value, SessionError>>) -> Pre
 /// The terminal output of a call abandoned at a restore.
 pub(crate) const ABANDONED: &str = "Interrupted before it finished.";
 
-/// The `/finished` pair of a call that ends at a restore.
-pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> Vec<ChatItem> {
-    let call_id = format!("{}/finished", call.call_id);
-    vec![
-        ChatItem::FunctionCall(FunctionCall {
-            call_id: call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments,
-        }),
-        ChatItem::FunctionCallOutput(FunctionCallOutput {
-            call_id,
-            name: call.name,
-            output,
-            is_error,
-        }),
-    ]
-}
-
 impl ToolsetActor {
     /// Carries out a restored call's tool's restore policy (see [`RestoredRun`]): a run
     /// standing for a call that awaits a sub-task; a body run again (`Restart`, `Resume`);
@@ -815,7 +797,7 @@ impl ToolsetActor {
             DeliverToolItems {
                 scope: self.scope.clone(),
                 base_call_id: call.call_id.clone(),
-                items: finished_pair(call, output, is_error),
+                items: finished_pair(call, output, is_error).into(),
                 reply: true,
                 answer,
             },

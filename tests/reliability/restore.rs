@@ -715,12 +715,7 @@ pub fn check_body_runs(
             "the uninterrupted session ran the body of {call} {n} times"
         ));
     }
-    let askers: HashSet<u64> = snapshot["head"]["state"]["schedule"]["frames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["asker"].as_u64())
-        .collect();
+    let askers = askers(snapshot);
     let running: HashMap<String, u32> = runs_of(snapshot)
         .iter()
         .map(|run| {
@@ -766,12 +761,7 @@ pub fn check_body_runs(
 /// Whether the snapshot holds a running call its tool's policy abandons (not one whose
 /// body awaited a sub-task: a run stands for that one).
 fn holds_abandoned_call(snapshot: &Value) -> bool {
-    let askers: HashSet<u64> = snapshot["head"]["state"]["schedule"]["frames"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|f| f["asker"].as_u64())
-        .collect();
+    let askers = askers(snapshot);
     runs_of(snapshot).iter().any(|run| {
         restore_policy(run["call"]["name"].as_str().unwrap_or_default()) == RestorePolicy::Abandon
             && !run["key"].as_u64().is_some_and(|k| askers.contains(&k))
