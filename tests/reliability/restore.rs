@@ -758,6 +758,17 @@ pub fn check_body_runs(
     Ok(())
 }
 
+/// The keys of the runs that await a paused caller's sub-task (a run stands for each
+/// after a restore: its body does not run again).
+fn askers(snapshot: &Value) -> HashSet<u64> {
+    snapshot["head"]["state"]["schedule"]["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["asker"].as_u64())
+        .collect()
+}
+
 /// Whether the snapshot holds a running call its tool's policy abandons (not one whose
 /// body awaited a sub-task: a run stands for that one).
 fn holds_abandoned_call(snapshot: &Value) -> bool {
