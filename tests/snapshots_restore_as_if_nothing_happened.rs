@@ -485,4 +485,26 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a step's tool hands off while its text still
+    /// plays (a voice output), and the snapshot is taken as the session is. The handoff the
+    /// turn decided waits for the speech; the snapshot kept it with the current agent's
+    /// frame, where only a caller resuming from a sub-task looks, so the restored session
+    /// never handed off. Now the current agent's decided end is the first queued job.
+    #[test]
+    fn a_handoff_waiting_for_its_speech_happens_after_a_restore() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![
+                call("job", Behaviour::Handoff(Role::Beta)),
+                Chunk::Text(" ".into()),
+            ]])],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
 }

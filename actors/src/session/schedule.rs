@@ -395,13 +395,16 @@ impl<W: Work> Schedule<W> {
     /// A session restored from a snapshot: `paused` callers (outermost first, each with
     /// who waits for its sub-task's result and the key of the run that stands for the
     /// call awaiting it, if one does) under the `current` agent, the jobs queued for it,
-    /// and whether a deferred reply is wanted.
+    /// and whether a deferred reply is wanted. What waits for the current agent to be
+    /// current again runs first: it is.
     pub(crate) fn restored(
         mut paused: Vec<(RestoredFrame<W>, W::TaskReply, Option<u64>)>,
-        current: RestoredFrame<W>,
-        jobs: Vec<RestoredJob<W>>,
+        mut current: RestoredFrame<W>,
+        mut jobs: Vec<RestoredJob<W>>,
         reply_wanted: bool,
     ) -> Self {
+        let first = std::mem::take(&mut current.after);
+        jobs.splice(0..0, first);
         let frame = |restored: RestoredFrame<W>| Frame {
             id: restored.id,
             activity: restored.activity,

@@ -411,13 +411,20 @@ impl SessionActor {
             .collect();
         let mut live = Vec::with_capacity(parts.len());
         let frames = std::mem::take(&mut schedule.frames);
-        for ((activity, snapshot), mut frame) in stack.iter().zip(parts).zip(frames) {
+        let depth = frames.len();
+        for (index, ((activity, snapshot), mut frame)) in
+            stack.iter().zip(parts).zip(frames).enumerate()
+        {
             let ActivationSnapshot { part, toolsets } = snapshot;
-            match part.decided {
-                Some(Decided::Handoff(handoff)) => {
-                    frame.after.insert(0, JobState::Handoff(handoff.state()))
-                }
-                Some(Decided::EndTask(value)) => frame.after.insert(0, JobState::EndTask { value }),
+            // What a turn decided, waiting for its speech: the current agent's runs before
+            // anything queued; a paused caller's once it is current again.
+            let decided = part.decided.map(|decided| match decided {
+                Decided::Handoff(handoff) => JobState::Handoff(handoff.state()),
+                Decided::EndTask(value) => JobState::EndTask { value },
+            });
+            match decided {
+                Some(job) if index + 1 == depth => schedule.jobs.insert(0, job),
+                Some(job) => frame.after.insert(0, job),
                 None => {}
             }
             // A live activation has started (a switch ends only once it has).
