@@ -507,4 +507,33 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a `Resume` call's second update waits behind
+    /// its step (a sibling call has no output yet), its `ctx.update` unanswered, so the
+    /// body's checkpoint does not count it. The snapshot held the update in the step and
+    /// counted it: the resumed body sent it again, and the chat had it twice. An update
+    /// held and not answered is not delivered yet: the snapshot leaves it to the body.
+    #[test]
+    fn an_update_held_behind_its_step_is_sent_again_by_the_resumed_body_only_once() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    Chunk::Call {
+                        tool: 0,
+                        behaviour: Behaviour::Polite,
+                        id: IdPick::Repeated,
+                        confirm: false,
+                    },
+                    call("job", Behaviour::Updates(2)),
+                    call("job", Behaviour::Gated),
+                ]]),
+                Op::OpenGate(228),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
 }

@@ -89,7 +89,7 @@ use crate::toolset::{
 };
 
 use activation::{Activation, Command, Input, Setup, Tools};
-pub(crate) use activation::{ActivationState, Decided, OpenStep, Part, PendingItem, Restored};
+pub(crate) use activation::{ActivationState, Decided, Part, PendingItem, Restored};
 use turn::ToolsetKey;
 pub(crate) use turn::{TurnKind, TurnOutcome};
 

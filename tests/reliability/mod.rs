@@ -863,23 +863,31 @@ impl World {
         result
     }
 
-    /// How many of its updates a body had sent when its session was snapshotted, for a
-    /// body that goes on where it was (`Resume`): its checkpoint says (each body saves it
-    /// after each update it sends). A `Restart` body, or one not restored, starts over: 0
-    /// (what a restarted body repeats is not delivered again).
-    fn sent_before(&self, ctx: &RunContext) -> u32 {
+    /// Where a body that goes on where it was (`Resume`) had got when its session was
+    /// snapshotted: how many of its updates were delivered, and whether it had passed its
+    /// gate after the first. Its checkpoint says: `2 i` once its `i`-th update returned,
+    /// 3 once it passed the gate after its first. A `Restart` body, or one not restored,
+    /// starts over: (0, false) (what a restarted body repeats is not delivered again).
+    fn resumed_at(&self, ctx: &RunContext) -> (u32, bool) {
         if !self.restorable
             || !ctx.is_restored()
             || restore_policy(&ctx.function_call().name) != RestorePolicy::Resume
         {
-            return 0;
+            return (0, false);
         }
-        ctx.restored_checkpoint::<u32>().ok().flatten().unwrap_or(0)
+        let stage = ctx.restored_checkpoint::<u32>().ok().flatten().unwrap_or(0);
+        (stage / 2, stage % 2 == 1 || stage >= 4)
     }
 
-    /// A body's `i`-th update; a `Resume` tool's body saves `i` as its checkpoint. (A
-    /// `Restart` tool's body saves none: it would not read it, and a restored run of it
-    /// starts without one, so a snapshot of the restored session would not hold it.)
+    /// Saves a `Resume` tool's body's stage as its checkpoint (see [`World::resumed_at`]).
+    /// (A `Restart` tool's body saves none: it starts over.)
+    fn reached(&self, ctx: &RunContext, stage: u32) {
+        if self.restorable && restore_policy(&ctx.function_call().name) == RestorePolicy::Resume {
+            let _ = ctx.checkpoint(&stage);
+        }
+    }
+
+    /// A body's `i`-th update, its stage saved once it returned.
     async fn nth_update(
         &self,
         ctx: &RunContext,
@@ -888,9 +896,7 @@ impl World {
         i: u32,
     ) -> Result<(), switchboard::UpdateError> {
         self.update(ctx, scope, oks, false, &i.to_string()).await?;
-        if self.restorable && restore_policy(&ctx.function_call().name) == RestorePolicy::Resume {
-            let _ = ctx.checkpoint(&i);
-        }
+        self.reached(ctx, 2 * i);
         Ok(())
     }
 
@@ -908,7 +914,7 @@ impl World {
         };
         let mut oks = 0;
         // A restored body goes on where it was: the updates it sent are in the chat.
-        let sent = self.sent_before(&ctx);
+        let (sent, passed_gate) = self.resumed_at(&ctx);
         match behaviour {
             Behaviour::Return => Ok(ToolReturn::Text("returned".into())),
             Behaviour::Fail => Err(ToolError::new("the tool said no").into()),
@@ -921,8 +927,9 @@ impl World {
                 if sent < 1 && self.nth_update(&ctx, scope, &mut oks, 1).await.is_err() {
                     return Ok(ToolReturn::from(()));
                 }
-                if sent <= 1 {
+                if !passed_gate {
                     let _ = self.gate(&ctx, "updates").await;
+                    self.reached(&ctx, 3);
                 }
                 for i in (sent + 1).max(2)..=u32::from(n) {
                     if self.nth_update(&ctx, scope, &mut oks, i).await.is_err() {

@@ -89,7 +89,7 @@ use crate::prompts::ReplyPromptArgs;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 use crate::telemetry::Cause;
-pub(crate) use state::{ActivationState, Decided, OpenStep, Part, Restored};
+pub(crate) use state::{ActivationState, Decided, Part, Restored};
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.

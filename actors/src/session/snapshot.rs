@@ -31,9 +31,7 @@ use tokio::sync::oneshot;
 use super::saver::{SaveNow, Saver};
 use super::schedule::{JobState, JobView, ScheduleState, TurnId};
 use super::{ActivityRef, SessionActor};
-use crate::activity::{
-    ActivationSnapshot, ActivationState, Decided, OpenStep, SnapshotActivation, TurnKind,
-};
+use crate::activity::{ActivationSnapshot, ActivationState, Decided, SnapshotActivation, TurnKind};
 use crate::chat::{ChatContext, ChatItem};
 use crate::error::SessionError;
 use crate::history::{AgentChat, SubTaskOf};
@@ -515,27 +513,23 @@ pub(super) fn books<'a>(
 /// way as the parts were read. A call of an open step without an output is a call of its
 /// step, whatever its run's book says: its immediate output, on its way, is not in the
 /// step, so it delivered nothing yet (its tool's policy decides again). An update sent and
-/// not answered is counted only if it is in a chat context or held in a step.
+/// not answered is delivered only once it is in a chat context: one on its way is not
+/// counted, and one held until its step is in (its `ctx.update` still waiting, so a
+/// `Resume` body's checkpoint does not count it either) is taken out of the step — the
+/// body run again sends it again, and it is held again.
 fn agree(live: &mut [LiveState], session: &mut [ToolsetState], views: &[View]) {
     let in_steps: HashSet<String> = live
         .iter()
         .filter_map(|l| l.activation.step.as_ref())
         .flat_map(|step| step.waiting().map(|(_, call)| call.call_id.clone()))
         .collect();
-    let held: HashSet<String> = live
-        .iter()
-        .filter_map(|l| l.activation.step.as_ref())
-        .flat_map(|step: &OpenStep| step.held.iter())
-        .flat_map(|held| held.items.iter().filter_map(|item| item.call_id()))
-        .map(str::to_owned)
-        .collect();
-    let landed = |call_id: &str| {
-        held.contains(call_id)
-            || views
-                .iter()
-                .filter(|v| !v.closed)
-                .any(|v| v.chat.position_of_call(call_id).is_some())
+    let in_chat = |call_id: &str| {
+        views
+            .iter()
+            .filter(|v| !v.closed)
+            .any(|v| v.chat.position_of_call(call_id).is_some())
     };
+    let mut not_delivered = HashSet::new();
     let runs = live
         .iter_mut()
         .flat_map(|l| l.toolsets.iter_mut())
@@ -547,10 +541,29 @@ fn agree(live: &mut [LiveState], session: &mut [ToolsetState], views: &[View]) {
             run.said.clear();
         } else if std::mem::take(&mut run.unanswered) {
             let newest = format!("{}/update_{}", run.call.call_id, run.updates);
-            if !landed(&newest) {
+            if !in_chat(&newest) {
                 run.updates = run.updates.saturating_sub(1);
                 run.said.pop();
+                not_delivered.insert(newest);
             }
+        }
+    }
+    if not_delivered.is_empty() {
+        return;
+    }
+    for activation in live.iter_mut().map(|l| &mut l.activation) {
+        // Nor does it wait for a deferred reply: sent again, it asks again.
+        activation
+            .pending
+            .retain(|pending| !not_delivered.contains(&pending.call_id));
+        if let Some(step) = activation.step.as_mut() {
+            step.held.retain(|held| {
+                !held
+                    .items
+                    .iter()
+                    .filter_map(|item| item.call_id())
+                    .any(|id| not_delivered.contains(id))
+            });
         }
     }
 }
