@@ -536,4 +536,27 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a background call ends while the turn's next
+    /// step streams and stalls (mid-stream), and the snapshot is taken there, with the
+    /// call's end waiting for a deferred reply.
+    #[test]
+    fn a_deferred_reply_pending_behind_a_step_asked_again_mid_stream_still_runs() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![
+                    vec![call("job", Behaviour::Polite)],
+                    vec![Chunk::Text(" ".into()), Chunk::Stall],
+                ]),
+                Op::OpenGate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
 }

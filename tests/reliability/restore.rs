@@ -841,6 +841,13 @@ pub enum IdentityCheck {
 /// [`same_snapshot`]).
 fn started_at_once(before: &Value) -> Result<Value, &'static str> {
     let mut v = before.clone();
+    // The current activation's chat length: what a turn started at once is asked from.
+    let current_order = v["head"]["state"]["stack"]
+        .as_array()
+        .and_then(|s| s.last())
+        .map(|l| l["order"].clone())
+        .ok_or("no current activation")?;
+    let current_len = chat_of(&mut v.clone(), &current_order)?.0.len();
     let state = &mut v["head"]["state"];
     // The next step id, should the restore start a turn at once (a step asked again keeps
     // its own).
@@ -865,7 +872,7 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
                 if !job["instructions"].is_null() {
                     ask["extra_instructions"] = job["instructions"].clone();
                 }
-                current["redo"] = json!({"step": next_step, "ask": ask});
+                current["redo"] = json!({"step": next_step, "view": current_len, "ask": ask});
                 started = true;
                 let rest: Vec<Value> = jobs[1..].to_vec();
                 let schedule = state["schedule"]
@@ -928,6 +935,7 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
                     .ok_or("no current activation")?;
                 current["activation"]["redo"] = json!({
                     "step": next_step,
+                    "view": chat.len(),
                     "ask": {
                         "tool_choice": "none",
                         "extra_instructions": format!(

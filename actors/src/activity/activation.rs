@@ -70,8 +70,8 @@ use tokio::time::Instant;
 use super::barge_in::{BargeAction, BargeIn, BargeInRules};
 use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::turn::{
-    bound_call, bound_text, refusal, Ask, EarlyReport, Ending, Generation, InputLimits,
-    InterruptWaiter, ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
+    bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
+    ModelCall, Phase, Redo, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
 };
 
 mod state;
@@ -909,8 +909,9 @@ impl Activation {
             // The LLM step that was in flight when the session was snapshotted: asked again,
             // the user's message already in the chat.
             TurnKind::Redo(redo) => {
-                redone = Some((redo.step, redo.speech, redo.heard));
-                Some(redo.ask)
+                let ask = redo.ask.clone();
+                redone = Some(redo);
+                Some(ask)
             }
             TurnKind::Say {
                 text,
@@ -1057,7 +1058,7 @@ impl Activation {
     fn open_generation(
         &mut self,
         ask: &Ask,
-        redone: Option<(u64, Option<u64>, Option<EarlyReport>)>,
+        redone: Option<Redo>,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
@@ -1070,13 +1071,15 @@ impl Activation {
             tool_choice: ask.tool_choice,
             deferred_call_ids: ask.deferred_call_ids.clone(),
         };
-        let (step, redone_speech, early_report) = match redone {
-            Some((step, speech, heard)) => (
-                step,
-                speech,
-                heard.map(|report| (report.interrupted, report.heard)),
+        let view = self.ledger.chat().len();
+        let (step, redone_speech, early_report, view) = match redone {
+            Some(redo) => (
+                redo.step,
+                redo.speech,
+                redo.heard.map(|report| (report.interrupted, report.heard)),
+                redo.view.min(view),
             ),
-            None => (self.shared.ids.next_step(), None, None),
+            None => (self.shared.ids.next_step(), None, None, view),
         };
         let span = tracing::info_span!(
             parent: turn_span,
@@ -1095,7 +1098,7 @@ impl Activation {
         Generation {
             step,
             span,
-            view: self.ledger.chat().len(),
+            view,
             started: Instant::now(),
             first_chunk: None,
             text: String::new(),

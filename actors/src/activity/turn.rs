@@ -169,6 +169,10 @@ pub(crate) struct Redo {
     /// step would have.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) heard: Option<EarlyReport>,
+    /// The chat length the step was first asked from. Asked again, the step sees what
+    /// landed since (a background call's end), but its answer counts as generated from
+    /// this length, as it would have: a deferred reply those items asked for is still due.
+    pub(crate) view: usize,
     pub(crate) ask: Ask,
 }
 

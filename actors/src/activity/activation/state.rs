@@ -186,6 +186,7 @@ impl Activation {
                                 interrupted: *interrupted,
                                 heard: heard.clone(),
                             }),
+                        view: generation.view,
                         ask: turn.ask.clone(),
                     });
                 }
