@@ -559,4 +559,35 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a step's first words are reported unheard (the
+    /// message removed) while the next step streams and stalls. The step in flight still
+    /// counted the chat it was asked from with the removed message, so its answer's place
+    /// was off by one, and a snapshot of the restored session said so.
+    #[test]
+    fn a_message_removed_while_the_next_step_streams_moves_that_step_s_view() {
+        let mut config = config();
+        config.manual_playout = true;
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![
+                    vec![
+                        Chunk::Text("a".into()),
+                        call("job", Behaviour::UpdateThenHandoff(Role::Alpha)),
+                    ],
+                    vec![Chunk::Stall],
+                ]),
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
 }

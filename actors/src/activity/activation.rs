@@ -1620,6 +1620,12 @@ impl Activation {
                     if self.last_reply_view > index {
                         self.last_reply_view -= 1;
                     }
+                    // A step being generated was asked from a chat that held the message.
+                    if let Phase::Generating(generation) = &mut turn.phase {
+                        if generation.view > index {
+                            generation.view -= 1;
+                        }
+                    }
                     self.shared
                         .events
                         .emit_with(|| SessionEvent::ConversationItemRemoved {
