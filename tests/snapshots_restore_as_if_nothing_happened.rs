@@ -590,4 +590,33 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run, a harness bug: the host took what the restored
+    /// copy starts from after it had reported the speeches playing at the snapshot, and
+    /// the turn that reporting let run had already run a call's body — counted as one
+    /// before the snapshot, which the restored session then "ran again". The copy is now
+    /// taken at the snapshot.
+    #[test]
+    fn the_body_counts_are_taken_at_the_snapshot_not_after_the_host_stands_for_it() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(text(" ")),
+                Op::Run(vec![vec![call("job", Behaviour::Handoff(Role::Beta))]]),
+                Op::UserStarts,
+                Op::Run(vec![
+                    vec![Chunk::Text("a".into())],
+                    vec![call("job", Behaviour::Return)],
+                ]),
+                Op::Interrupt { force: false },
+                Op::UserStarts,
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
 }
