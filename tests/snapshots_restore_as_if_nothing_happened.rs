@@ -619,4 +619,27 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a session-scoped `Restart` call had passed the
+    /// gate after its first update, and its second waited behind its step (a sibling call
+    /// had no output) when the snapshot was taken; restarted, its body waited for that gate
+    /// again. The world now stands for it as a host would: what a restarted body waits for
+    /// that had happened (a gate the host opened) has happened.
+    #[test]
+    fn a_restarted_body_finds_open_a_gate_its_first_run_passed() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Gated),
+                    call("bg_job", Behaviour::Updates(2)),
+                ]]),
+                Op::OpenGate(19),
+            ],
+            after: vec![Op::Run(text("a"))],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
 }

@@ -593,6 +593,9 @@ pub struct World {
     /// How many times each call's body ran (the restore property checks it against the
     /// tool's restore policy).
     runs: Mutex<HashMap<String, u32>>,
+    /// The keys of the gates the host opened: a restarted body that waits again for a
+    /// gate its first run had passed finds it open (what it waited for had happened).
+    opened: Mutex<HashSet<String>>,
     leaked: Mutex<Vec<RunContext>>,
     host: Mutex<Option<Session>>,
     violations: Mutex<Vec<String>>,
@@ -612,6 +615,7 @@ pub struct WorldCarry {
     calls: HashMap<String, Scope>,
     /// How many times each call's body ran.
     pub runs: HashMap<String, u32>,
+    opened: HashSet<String>,
     activations: u64,
     agents: Vec<(String, Role)>,
     late: HashMap<String, u32>,
@@ -636,6 +640,7 @@ impl World {
             updates: Mutex::new(Vec::new()),
             calls: Mutex::new(HashMap::new()),
             runs: Mutex::new(HashMap::new()),
+            opened: Mutex::new(HashSet::new()),
             leaked: Mutex::new(Vec::new()),
             host: Mutex::new(None),
             violations: Mutex::new(Vec::new()),
@@ -652,6 +657,7 @@ impl World {
         let world = Self::with(config, true);
         *lock(&world.calls) = carry.calls.clone();
         *lock(&world.runs) = carry.runs.clone();
+        *lock(&world.opened) = carry.opened.clone();
         world
             .activations
             .store(carry.activations, Ordering::Relaxed);
@@ -664,6 +670,7 @@ impl World {
         WorldCarry {
             calls: lock(&self.calls).clone(),
             runs: lock(&self.runs).clone(),
+            opened: lock(&self.opened).clone(),
             activations: self.activations.load(Ordering::Relaxed),
             agents: lock(&self.agents).clone(),
             late: lock(&self.late).clone(),
@@ -691,8 +698,14 @@ impl World {
     /// A gate this body waits on until the host opens it.
     fn gate(&self, ctx: &RunContext, stage: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
+        let key = format!("{}:{stage}", ctx.function_call().call_id);
+        if lock(&self.opened).contains(&key) {
+            // A restarted body waits again for a gate its first run passed.
+            let _ = tx.send(());
+            return rx;
+        }
         lock(&self.gates).push(Gate {
-            key: format!("{}:{stage}", ctx.function_call().call_id),
+            key,
             tx: Some(tx),
             ctx: ctx.clone(),
         });
@@ -714,7 +727,9 @@ impl World {
             return;
         }
         let index = candidates[pick as usize % candidates.len()];
-        if let Some(tx) = gates.remove(index).tx {
+        let gate = gates.remove(index);
+        lock(&self.opened).insert(gate.key);
+        if let Some(tx) = gate.tx {
             let _ = tx.send(());
         }
     }
@@ -726,6 +741,7 @@ impl World {
             gates.sort_by(|a, b| a.key.cmp(&b.key));
         }
         for gate in gates {
+            lock(&self.opened).insert(gate.key);
             if let Some(tx) = gate.tx {
                 let _ = tx.send(());
             }

@@ -29,7 +29,8 @@
 //! call, those the host makes after a counter the restored copy goes on from; tools have
 //! restore policies (see [`restore_policy`]): `Resume` bodies read their checkpoint and go
 //! on where they were, `Restart` ones start over and repeat what they said, which the
-//! engine does not deliver again, `kit_job`'s calls are abandoned; gates and leaked
+//! engine does not deliver again (a gate their first run passed, the host had opened: it
+//! is open), `kit_job`'s calls are abandoned; gates and leaked
 //! contexts are picked by call id among runs alive and not cancelled, the runs a restored
 //! copy has too; between ops each session runs until nothing moves (the two may take
 //! different paths to the same place).
