@@ -642,4 +642,31 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: the user starts speaking over a turn whose step
+    /// waits for a call, and the snapshot is taken there. In the uninterrupted session the
+    /// barge-in interrupts the turn after `min_interruption_duration`; the restored session
+    /// knew the user spoke but not that a barge-in was under way. Now a restored session
+    /// whose user speaks tells its current agent so, as when they start: the barge-in goes
+    /// on from the restore.
+    #[test]
+    fn a_barge_in_under_way_at_the_snapshot_goes_on_after_the_restore() {
+        let mut config = config();
+        config.min_interruption_ms = 500;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![vec![call("job", Behaviour::Polite)]]),
+                Op::Run(vec![vec![
+                    call("job_allow", Behaviour::Polite),
+                    call("job_allow", Behaviour::Gated),
+                ]]),
+                Op::UserStarts,
+            ],
+            after: vec![Op::Run(text("a")), Op::Interim, Op::HandoffApi(Role::Alpha)],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
 }
