@@ -646,9 +646,8 @@ mod regressions {
     /// Found by a 10,000-case release run: the user starts speaking over a turn whose step
     /// waits for a call, and the snapshot is taken there. In the uninterrupted session the
     /// barge-in interrupts the turn after `min_interruption_duration`; the restored session
-    /// knew the user spoke but not that a barge-in was under way. Now a restored session
-    /// whose user speaks tells its current agent so, as when they start: the barge-in goes
-    /// on from the restore.
+    /// knew the user spoke but not that a barge-in was under way. The barge-in is now the
+    /// activation's state, written with the step it is over and restored with it.
     #[test]
     fn a_barge_in_under_way_at_the_snapshot_goes_on_after_the_restore() {
         let mut config = config();
@@ -664,6 +663,25 @@ mod regressions {
                 Op::UserStarts,
             ],
             after: vec![Op::Run(text("a")), Op::Interim, Op::HandoffApi(Role::Alpha)],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run, after a first fix told a restored agent that
+    /// the user started speaking: the user had started before the turn, so no barge-in was
+    /// under way, and the restored one interrupted the step at once. Only a barge-in that
+    /// was under way is restored.
+    #[test]
+    fn a_user_who_spoke_before_the_turn_does_not_barge_in_after_the_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::UserStarts,
+                Op::Run(vec![vec![call("job", Behaviour::Gated)]]),
+            ],
+            after: vec![],
             path: Path::Json,
             point: Point::AsItIs,
             anywhere: false,

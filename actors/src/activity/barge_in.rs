@@ -45,6 +45,48 @@ pub(crate) enum BargeIn {
     Stopped { at: Instant, paused: bool },
 }
 
+/// A barge-in under way, as a snapshot writes it (the activation's): how long ago the
+/// user started talking over the turn, or stopped before it counted, and whether the
+/// output was paused. Restored, its deadline is that much nearer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BargeInState {
+    Overlapping { elapsed: Duration, paused: bool },
+    Stopped { elapsed: Duration, paused: bool },
+}
+
+impl BargeIn {
+    /// What a snapshot taken at `now` writes of it (none while quiet).
+    pub(crate) fn state(&self, now: Instant) -> Option<BargeInState> {
+        match *self {
+            Self::Quiet => None,
+            Self::Overlapping { since, paused } => Some(BargeInState::Overlapping {
+                elapsed: now.saturating_duration_since(since),
+                paused,
+            }),
+            Self::Stopped { at, paused } => Some(BargeInState::Stopped {
+                elapsed: now.saturating_duration_since(at),
+                paused,
+            }),
+        }
+    }
+
+    /// The barge-in `state` said, restored at `now`.
+    pub(crate) fn restored(state: BargeInState, now: Instant) -> Self {
+        let back = |elapsed: Duration| now.checked_sub(elapsed).unwrap_or(now);
+        match state {
+            BargeInState::Overlapping { elapsed, paused } => Self::Overlapping {
+                since: back(elapsed),
+                paused,
+            },
+            BargeInState::Stopped { elapsed, paused } => Self::Stopped {
+                at: back(elapsed),
+                paused,
+            },
+        }
+    }
+}
+
 /// What the activity does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BargeAction {

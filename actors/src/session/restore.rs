@@ -542,17 +542,11 @@ impl SessionActor {
         };
         self.schedule = Schedule::restored(paused, current, jobs, schedule.reply_wanted || pending);
         if schedule.user_speaking {
-            // The user still speaks: as if they had started now, over whatever the current
-            // agent is doing (a barge-in under way at the snapshot goes on from here).
+            // The user still speaks (a barge-in under way is the activation's, restored
+            // with it).
             self.voice = true;
             self.set_user(crate::events::UserState::Speaking);
             self.endpoint.user_started();
-            if let Some(current) = self.schedule.current() {
-                current
-                    .child
-                    .mailbox
-                    .tell(self.probe.id(), crate::activity::UserStartedSpeaking);
-            }
         }
         self.switched(ctx);
         self.pump(ctx);

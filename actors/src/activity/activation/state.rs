@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::oneshot;
 
 use super::{Activation, Command, Phase, State, Turn, TurnOutcome};
+use crate::activity::barge_in::{BargeIn, BargeInState};
 use crate::activity::turn::{Ask, EarlyReport, Redo, ToolsetKey};
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall};
@@ -41,6 +42,10 @@ pub(crate) struct ActivationState {
     /// A step whose calls went to their toolsets: open again on restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) step: Option<OpenStep>,
+    /// The user talking over the step under way (a barge-in): it goes on after the
+    /// restore, its deadline as near as it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) barge_in: Option<BargeInState>,
 }
 
 /// A turn's step whose calls went to their toolsets, waiting for their outputs (or, in a
@@ -200,6 +205,11 @@ impl Activation {
                 Phase::Generating(_) => {}
             }
         }
+        // A barge-in belongs to the turn: kept only with a step a restore goes on with.
+        let barge_in = (redo.is_some()
+            || step.is_some() && matches!(self.state, State::Running(_)))
+        .then(|| self.barge_in.state(tokio::time::Instant::now()))
+        .flatten();
         Part {
             entry: self.history_entry(true),
             playing,
@@ -208,6 +218,7 @@ impl Activation {
                 pending: self.pending.clone(),
                 redo,
                 step,
+                barge_in,
             },
             decided,
         }
@@ -227,6 +238,9 @@ impl Activation {
         } = restored;
         self.last_reply_view = state.last_reply_view;
         self.pending.extend(state.pending);
+        if let Some(barge_in) = state.barge_in {
+            self.barge_in = BargeIn::restored(barge_in, tokio::time::Instant::now());
+        }
         let (Some(open), Some(done)) = (state.step, turn_done) else {
             self.state = if paused {
                 State::Paused(None)
@@ -294,6 +308,8 @@ impl Activation {
         } else {
             State::Running(turn)
         };
+        // Its one timer: a barge-in's deadline.
+        self.arm(out);
     }
 
     /// For a restored activation with an open step: its calls still without an output,
