@@ -510,11 +510,11 @@ mod regressions {
 
     /// Found by a 10,000-case release run: a `Resume` call's second update waits behind
     /// its step (a sibling call has no output yet), its `ctx.update` unanswered, so the
-    /// body's checkpoint does not count it. The snapshot held the update in the step and
-    /// counted it: the resumed body sent it again, and the chat had it twice. An update
-    /// held and not answered is not delivered yet: the snapshot leaves it to the body.
+    /// body's checkpoint does not count it. The snapshot held the update in the step: the
+    /// resumed body sent it again, and the chat had it twice. Now the snapshot marks it as
+    /// the one the body may say again (`repeat`), and said again it is not delivered twice.
     #[test]
-    fn an_update_held_behind_its_step_is_sent_again_by_the_resumed_body_only_once() {
+    fn an_update_held_behind_its_step_is_not_delivered_twice_by_the_resumed_body() {
         check(RestoreCase {
             config: config(),
             before: vec![
@@ -684,6 +684,28 @@ mod regressions {
             after: vec![],
             path: Path::Json,
             point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run, after a first fix left an update held behind its
+    /// step to the body to send again: an update the host made through a context the body
+    /// leaked was held there, and nobody sent it again after the restore. An update held
+    /// is delivered; the body run again just does not say it twice.
+    #[test]
+    fn an_update_made_through_a_leaked_context_and_held_behind_its_step_is_kept() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Gated),
+                    call("job", Behaviour::Leak),
+                ]]),
+                Op::LateUpdate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }

@@ -84,8 +84,8 @@ use crate::speech::Interruptibility;
 use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, Tool};
 use crate::toolset::{
-    InterruptStep, RestoredRun, RunBook, RunState, RunTool, StopRuns, StopToolset, ToolsetActor,
-    ToolsetState,
+    InterruptStep, RepeatAnswer, RestoredRun, RunBook, RunState, RunTool, StopRuns, StopToolset,
+    ToolsetActor, ToolsetState,
 };
 
 use activation::{Activation, Command, Input, Setup, Tools};
@@ -204,7 +204,23 @@ impl ActivityActor {
         let mut commands = Vec::new();
         let mut restored_runs: Vec<Vec<RestoredRun>> = groups.iter().map(|_| Vec::new()).collect();
         let mut step_outputs = Vec::new();
-        if let Some(restored) = spec.restored.take() {
+        if let Some(mut restored) = spec.restored.take() {
+            // An update of its own calls, held until its step is in, whose answer had not
+            // reached the body: the body saying it again waits for that item to land.
+            let mut repeats = HashMap::new();
+            if let Some(step) = restored.machine.state.step.as_ref() {
+                for run in restored.toolsets.iter().flat_map(|t| t.runs.iter()) {
+                    let id = run.newest_update();
+                    if run.repeat.is_some() && step.holds(&id) {
+                        let slot = Arc::new(crate::delivery::AnswerSlot::default());
+                        restored
+                            .machine
+                            .held_answers
+                            .insert(id, crate::delivery::DeliveryAnswer::to_slot(slot.clone()));
+                        repeats.insert(run.call.call_id.clone(), slot);
+                    }
+                }
+            }
             machine.restore(restored.machine, &mut commands);
             step_outputs = restore_runs(
                 &spec,
@@ -213,6 +229,7 @@ impl ActivityActor {
                 restored.toolsets,
                 restored.step_outputs,
                 restored.awaits,
+                repeats,
                 &mut restored_runs,
             );
         }
@@ -640,6 +657,7 @@ fn restore_runs(
     toolsets: Vec<ToolsetState>,
     mut from_session: HashMap<String, oneshot::Receiver<CallOutput>>,
     mut awaits: HashMap<u64, BoxFuture<'static, TaskResult>>,
+    mut repeats: HashMap<String, RepeatAnswer>,
     runs: &mut [Vec<RestoredRun>],
 ) -> Vec<(u64, usize, oneshot::Receiver<CallOutput>)> {
     // Each written call by id, with its toolset's place (the restore checked the names).
@@ -684,7 +702,9 @@ fn restore_runs(
                 updates: 0,
                 said: Vec::new(),
                 checkpoint: None,
+                repeat: None,
                 unanswered: false,
+                last_said: None,
             },
         };
         let awaits = awaits.remove(&state.key);
@@ -695,18 +715,21 @@ fn restore_runs(
             step: Some(tx),
             interruptibility: waiting.interruptibility,
             awaits,
+            repeat_answer: None,
         });
     }
     let mut background: Vec<(usize, RunState)> = written.into_values().collect();
     background.sort_by_key(|(_, state)| state.key);
     for (at, state) in background {
         let awaits = awaits.remove(&state.key);
+        let repeat_answer = repeats.remove(&state.call.call_id);
         runs[at].push(RestoredRun {
             state,
             agent: spec.agent.clone(),
             is_task: spec.is_task,
             step: None,
             interruptibility: Interruptibility::new(true),
+            repeat_answer,
             awaits,
         });
     }

@@ -51,7 +51,7 @@ use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::telemetry::{Cause, Stopwatch};
 use crate::tool::{PreparedBody, Tool, ToolResult};
-use crate::toolset::{Progress, RunEnded};
+use crate::toolset::{Progress, Replayed, RunEnded};
 
 /// Why a call cancelled by an interruption stopped ("Cancelled: the user interrupted.").
 const INTERRUPTED: &str = "the user interrupted";
@@ -531,12 +531,20 @@ impl Handler<ToolUpdate> for ToolRunActor {
             }),
             UpdateMessage::Json(value) => value.to_string(),
         };
-        let said = self.progress.said_digest(&text);
-        if self.progress.replays(said) {
-            // A restarted body repeats what the call said before the snapshot, in its
-            // place: the user heard it, the chat holds it. Not delivered again.
-            let _ = msg.answer.send(Ok(()));
-            return;
+        let said = crate::toolset::digest(&text);
+        match self.progress.replays(said) {
+            Replayed::No => {}
+            // A body run again says what the call said before the snapshot, in its place:
+            // the chat holds it (the user heard it, or will once its step is in). Not
+            // delivered again; answered as the first one is.
+            Replayed::Landed => {
+                let _ = msg.answer.send(Ok(()));
+                return;
+            }
+            Replayed::WhenHeldLands(held) => {
+                held.wait(msg.answer);
+                return;
+            }
         }
         if let Some(immediate) = self.immediate.take() {
             // The first update answers the LLM step; the tool goes on in the background.

@@ -57,7 +57,7 @@ use crate::tool::{
 use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
 
 use duplicates::{is_duplicate, on_duplicate, OnDuplicate, Running};
-pub(crate) use runs::{Progress, RunBook, RunState, ToolsetState};
+pub(crate) use runs::{digest, Progress, RepeatAnswer, Replayed, RunBook, RunState, ToolsetState};
 
 /// How many interrupted steps a toolset remembers for calls still being set up (a
 /// `replace` waiting for the old run to stop): steps of one activity are sequential, so a
@@ -679,6 +679,8 @@ pub(crate) struct RestoredRun {
     /// call, whose body awaits the task's result and returns it — whatever the tool's
     /// policy, since running the body again would ask for the task a second time.
     pub(crate) awaits: Option<BoxFuture<'static, Result<Value, SessionError>>>,
+    /// For a call whose `repeat` is held until its step is in: that item's answer.
+    pub(crate) repeat_answer: Option<RepeatAnswer>,
 }
 
 /// The body of a run standing for a call that awaits a sub-task: the task's result is
@@ -704,6 +706,7 @@ impl ToolsetActor {
             step,
             interruptibility,
             awaits,
+            repeat_answer,
         } = run;
         // The restore checked that every call's tool is here (`RestorePlan`); one missing
         // all the same is abandoned rather than lost.
@@ -731,9 +734,14 @@ impl ToolsetActor {
                 return self.end_restored(state.call, step, ABANDONED.to_owned(), false, ctx);
             }
         };
-        // A body that starts over does not say again what the call said before.
-        let replay = policy == RestorePolicy::Restart;
-        let progress = Progress::restored(&state, Arc::new(state.call.clone()), replay, replay);
+        // What the call said before, the body run again does not say twice.
+        let starts_over = policy == RestorePolicy::Restart;
+        let progress = Progress::restored(
+            &state,
+            Arc::new(state.call.clone()),
+            starts_over,
+            repeat_answer,
+        );
         let immediate = step.map(|step| self.relay(step, ctx));
         self.spawn_entry(
             NewRun {

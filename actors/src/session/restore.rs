@@ -30,6 +30,7 @@ use crate::activity::{
 };
 use crate::agent::Agent;
 use crate::chat::ChatContext;
+use crate::delivery::DeliveryAnswer;
 use crate::error::SessionError;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
@@ -235,6 +236,29 @@ fn generation_of(activity: &str) -> u32 {
         .unwrap_or(1)
 }
 
+/// For a restored call whose `repeat` (an update whose answer had not reached its body) is
+/// held in a live activation's open step: the answer the body saying it again waits for,
+/// its sender put with that activation's held items (`held_answers`, in stack order).
+pub(super) fn held_repeat(
+    state: &RunState,
+    stack: &[LiveState],
+    held_answers: &mut [HashMap<String, DeliveryAnswer>],
+) -> Option<crate::toolset::RepeatAnswer> {
+    state.repeat?;
+    let id = state.newest_update();
+    let at = stack.iter().position(|live| {
+        live.activation
+            .step
+            .as_ref()
+            .is_some_and(|step| step.holds(&id))
+    })?;
+    let slot = Arc::new(crate::delivery::AnswerSlot::default());
+    held_answers
+        .get_mut(at)?
+        .insert(id, DeliveryAnswer::to_slot(slot.clone()));
+    Some(slot)
+}
+
 /// Sent by the session to itself as it restores a call that awaits a sub-task (see
 /// `SessionActor::task_answer`): answered with the task's result once `result` hears it,
 /// as `RunTask` is.
@@ -386,7 +410,9 @@ impl SessionActor {
                         updates: 0,
                         said: Vec::new(),
                         checkpoint: None,
+                        repeat: None,
                         unanswered: false,
+                        last_said: None,
                     },
                 };
                 let (tx, rx) = oneshot::channel();
@@ -402,6 +428,7 @@ impl SessionActor {
                         step: Some(tx),
                         interruptibility: interruptibility.clone(),
                         awaits,
+                        repeat_answer: None,
                     });
             }
             returning.push(Returning {
@@ -410,8 +437,13 @@ impl SessionActor {
             });
         }
         let current_agent = live[depth - 1].0.clone();
+        // An update a call delivered, held until its step is in, whose answer had not
+        // reached the body: the body saying it again waits for that item to land.
+        let mut held_answers: Vec<HashMap<String, DeliveryAnswer>> =
+            std::iter::repeat_with(HashMap::new).take(depth).collect();
         for (_, (toolset, state)) in written {
             let awaits = awaits.remove(&state.key);
+            let repeat_answer = held_repeat(&state, &stack, &mut held_answers);
             session_runs.entry(toolset).or_default().push(RestoredRun {
                 state,
                 agent: current_agent.clone(),
@@ -419,6 +451,7 @@ impl SessionActor {
                 step: None,
                 interruptibility: Interruptibility::new(true),
                 awaits,
+                repeat_answer,
             });
         }
         for runs in session_runs.values_mut() {
@@ -440,8 +473,11 @@ impl SessionActor {
             .zip(live)
             .zip(schedule.frames)
             .zip(returning)
-            .zip(output_handoffs);
-        for (index, ((((entry, (agent, llm)), frame), returning), handoffs)) in parts.enumerate() {
+            .zip(output_handoffs)
+            .zip(held_answers);
+        for (index, (((((entry, (agent, llm)), frame), returning), handoffs), held_answers)) in
+            parts.enumerate()
+        {
             let is_current = index + 1 == depth;
             let Some(record) = snapshot.activations.iter().find(|a| a.order == entry.order) else {
                 continue;
@@ -490,6 +526,7 @@ impl SessionActor {
                         turn_done,
                         handoffs,
                         interruptibility: returning.interruptibility,
+                        held_answers,
                     },
                     toolsets,
                     step_outputs: returning.step_outputs,

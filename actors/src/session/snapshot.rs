@@ -513,23 +513,30 @@ pub(super) fn books<'a>(
 /// way as the parts were read. A call of an open step without an output is a call of its
 /// step, whatever its run's book says: its immediate output, on its way, is not in the
 /// step, so it delivered nothing yet (its tool's policy decides again). An update sent and
-/// not answered is delivered only once it is in a chat context: one on its way is not
-/// counted, and one held until its step is in (its `ctx.update` still waiting, so a
-/// `Resume` body's checkpoint does not count it either) is taken out of the step — the
-/// body run again sends it again, and it is held again.
+/// not answered is delivered once it is in a chat context or held until its step is in;
+/// one still on its way is not counted (the body run again sends it again). One delivered
+/// whose answer had not reached the body is its `repeat`: the body's own record (a
+/// `Resume` body's checkpoint) does not count it, and said again it is not delivered twice.
 fn agree(live: &mut [LiveState], session: &mut [ToolsetState], views: &[View]) {
     let in_steps: HashSet<String> = live
         .iter()
         .filter_map(|l| l.activation.step.as_ref())
         .flat_map(|step| step.waiting().map(|(_, call)| call.call_id.clone()))
         .collect();
-    let in_chat = |call_id: &str| {
-        views
-            .iter()
-            .filter(|v| !v.closed)
-            .any(|v| v.chat.position_of_call(call_id).is_some())
+    let held: HashSet<String> = live
+        .iter()
+        .filter_map(|l| l.activation.step.as_ref())
+        .flat_map(|step| step.held.iter())
+        .flat_map(|held| held.items.iter().filter_map(|item| item.call_id()))
+        .map(str::to_owned)
+        .collect();
+    let landed = |call_id: &str| {
+        held.contains(call_id)
+            || views
+                .iter()
+                .filter(|v| !v.closed)
+                .any(|v| v.chat.position_of_call(call_id).is_some())
     };
-    let mut not_delivered = HashSet::new();
     let runs = live
         .iter_mut()
         .flat_map(|l| l.toolsets.iter_mut())
@@ -539,31 +546,15 @@ fn agree(live: &mut [LiveState], session: &mut [ToolsetState], views: &[View]) {
         if in_steps.contains(&run.call.call_id) {
             run.updates = 0;
             run.said.clear();
+            run.repeat = None;
         } else if std::mem::take(&mut run.unanswered) {
             let newest = format!("{}/update_{}", run.call.call_id, run.updates);
-            if !in_chat(&newest) {
+            if landed(&newest) {
+                run.repeat = run.last_said;
+            } else {
                 run.updates = run.updates.saturating_sub(1);
                 run.said.pop();
-                not_delivered.insert(newest);
             }
-        }
-    }
-    if not_delivered.is_empty() {
-        return;
-    }
-    for activation in live.iter_mut().map(|l| &mut l.activation) {
-        // Nor does it wait for a deferred reply: sent again, it asks again.
-        activation
-            .pending
-            .retain(|pending| !not_delivered.contains(&pending.call_id));
-        if let Some(step) = activation.step.as_mut() {
-            step.held.retain(|held| {
-                !held
-                    .items
-                    .iter()
-                    .filter_map(|item| item.call_id())
-                    .any(|id| not_delivered.contains(id))
-            });
         }
     }
 }

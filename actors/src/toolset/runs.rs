@@ -48,10 +48,26 @@ pub(crate) struct RunState {
     /// What it saved last with `ctx.checkpoint`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) checkpoint: Option<Value>,
+    /// A digest of its newest update when that update was delivered (in a chat context, or
+    /// held until its step is in) but its answer had not reached the body: the body's own
+    /// record (a `Resume` body's checkpoint) does not count it, so the body run again says
+    /// it again, and it is not delivered twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) repeat: Option<u64>,
     /// Its newest update was sent and not answered yet when the state was read: whether
-    /// it landed is for the session to find in the chat it assembles (not written).
+    /// it landed is for the session to find in what it assembles (not written).
     #[serde(skip)]
     pub(crate) unanswered: bool,
+    /// A digest of its newest update (not written: `repeat` is, when it applies).
+    #[serde(skip)]
+    pub(crate) last_said: Option<u64>,
+}
+
+impl RunState {
+    /// The call id of its newest update (`{id}/update_n`), which `repeat` is of.
+    pub(crate) fn newest_update(&self) -> String {
+        format!("{}/update_{}", self.call.call_id, self.updates)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -76,6 +92,18 @@ pub(crate) fn digest(text: &str) -> u64 {
     hash
 }
 
+/// Whether a body run again said again what the call had said (see [`Progress::replays`]).
+#[derive(Debug)]
+pub(crate) enum Replayed {
+    /// No: it goes out.
+    No,
+    /// Yes, and it is in a chat context: not delivered again, answered at once.
+    Landed,
+    /// Yes, and it is held until its step is in: not delivered again, answered when it
+    /// lands.
+    WhenHeldLands(RepeatAnswer),
+}
+
 /// What a run, its body's context and its toolset share of one run (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Progress {
@@ -87,7 +115,13 @@ pub(crate) struct Progress {
     live: Mutex<Live>,
     /// For a run restored from a snapshot: the checkpoint it starts from (maybe none).
     restored: Option<Option<Value>>,
+    /// For a run restored with a `repeat` held until its step is in: the answer to that
+    /// update, which the body saying it again waits for.
+    repeat_answer: Mutex<Option<RepeatAnswer>>,
 }
+
+/// The answer to an update held until its step is in.
+pub(crate) type RepeatAnswer = Arc<crate::delivery::AnswerSlot>;
 
 #[derive(Debug, Default)]
 struct Live {
@@ -98,9 +132,15 @@ struct Live {
     /// An update was sent and its answer has not come (one at a time: `ctx.update` awaits).
     unanswered: bool,
     said: Vec<u64>,
+    /// The digest of its newest update.
+    last_said: Option<u64>,
     checkpoint: Option<Value>,
-    /// A restarted body's: the digests of what the call said before, still to be matched.
+    /// A body run again: the digests of what the call said before that it may say again,
+    /// still to be matched, in order.
     replay: VecDeque<u64>,
+    /// The update delivered whose answer had not reached the body at the snapshot, while
+    /// the body run again has not said it again.
+    repeat: Option<u64>,
 }
 
 impl Progress {
@@ -113,34 +153,41 @@ impl Progress {
             keeps_said,
             live: Mutex::default(),
             restored: None,
+            repeat_answer: Mutex::default(),
         }
     }
 
-    /// A run restored from `state`: its updates go on after those it delivered; a body that
-    /// starts over (`replay`) does not deliver again what repeats, in order, what it said.
+    /// A run restored from `state`, its body run again: its updates go on after those it
+    /// delivered, and what it says again of what the call said is not delivered twice — a
+    /// body that starts over (`starts_over`, which keeps what it says) may repeat it all, in
+    /// order; one that goes on from its checkpoint, the update it was not told had landed.
     pub(crate) fn restored(
         state: &RunState,
         call: Arc<FunctionCall>,
-        keeps_said: bool,
-        replay: bool,
+        starts_over: bool,
+        repeat_answer: Option<RepeatAnswer>,
     ) -> Self {
+        let replay = if starts_over {
+            state.said.iter().copied().collect()
+        } else {
+            state.repeat.into_iter().collect()
+        };
         Self {
             key: state.key,
             step: state.step,
             call,
-            keeps_said,
+            keeps_said: starts_over,
             live: Mutex::new(Live {
                 updates: state.updates,
                 said: state.said.clone(),
+                last_said: state.said.last().copied().or(state.repeat),
                 checkpoint: state.checkpoint.clone(),
-                replay: if replay {
-                    state.said.iter().copied().collect()
-                } else {
-                    VecDeque::new()
-                },
+                replay,
+                repeat: state.repeat,
                 ..Live::default()
             }),
             restored: Some(state.checkpoint.clone()),
+            repeat_answer: Mutex::new(repeat_answer),
         }
     }
 
@@ -153,39 +200,50 @@ impl Progress {
         self.key
     }
 
-    /// The digest a body's update is kept under, when its tool keeps them.
-    pub(crate) fn said_digest(&self, text: &str) -> Option<u64> {
-        self.keeps_said.then(|| digest(text))
-    }
-
-    /// Whether a restarted body's update repeats, in its place, one the call delivered
-    /// before the snapshot (`digest`): then it is not delivered again. The first that does
-    /// not ends the replay.
-    pub(crate) fn replays(&self, digest: Option<u64>) -> bool {
+    /// Whether a body run again says, in its place, what the call delivered before the
+    /// snapshot (`digest` of its update): then it is not delivered again. The first that
+    /// does not ends the replay.
+    pub(crate) fn replays(&self, digest: u64) -> Replayed {
         let mut live = self.live();
-        match (live.replay.front(), digest) {
-            (Some(front), Some(digest)) if *front == digest => {
-                live.replay.pop_front();
-                true
+        if live.replay.front() == Some(&digest) {
+            live.replay.pop_front();
+            if live.replay.is_empty() && live.repeat.take().is_some() {
+                // The update the body had not been told had landed: its answer is the
+                // held item's, once it lands.
+                let held = self
+                    .repeat_answer
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take();
+                if let Some(held) = held {
+                    return Replayed::WhenHeldLands(held);
+                }
             }
-            _ => {
-                live.replay.clear();
-                false
-            }
+            return Replayed::Landed;
         }
+        live.replay.clear();
+        live.repeat = None;
+        Replayed::No
     }
 
     /// The body's first update became the call's immediate output.
-    pub(crate) fn first_update(&self, digest: Option<u64>) {
-        self.live().said.extend(digest);
+    pub(crate) fn first_update(&self, digest: u64) {
+        let mut live = self.live();
+        live.last_said = Some(digest);
+        if self.keeps_said {
+            live.said.push(digest);
+        }
     }
 
     /// A later update goes out: its number (`/update_n`).
-    pub(crate) fn next_update(&self, digest: Option<u64>) -> u32 {
+    pub(crate) fn next_update(&self, digest: u64) -> u32 {
         let mut live = self.live();
         live.updates += 1;
         live.unanswered = true;
-        live.said.extend(digest);
+        live.last_said = Some(digest);
+        if self.keeps_said {
+            live.said.push(digest);
+        }
         live.updates
     }
 
@@ -225,7 +283,9 @@ impl Progress {
             updates: live.updates,
             said: live.said.clone(),
             checkpoint: live.checkpoint.clone(),
+            repeat: live.repeat,
             unanswered: live.unanswered,
+            last_said: live.last_said,
         })
     }
 }
@@ -277,10 +337,10 @@ mod tests {
     #[test]
     fn a_refused_update_frees_its_number_and_a_landed_one_keeps_it() {
         let progress = Progress::new(1, 1, call(), true);
-        progress.first_update(Some(digest("one")));
-        assert_eq!(progress.next_update(Some(digest("two"))), 1);
+        progress.first_update(digest("one"));
+        assert_eq!(progress.next_update(digest("two")), 1);
         progress.answered(true);
-        assert_eq!(progress.next_update(Some(digest("three"))), 2);
+        assert_eq!(progress.next_update(digest("three")), 2);
         assert!(progress.state().unwrap().unanswered);
         progress.answered(false);
         let state = progress.state().unwrap();
@@ -298,17 +358,42 @@ mod tests {
             updates: 1,
             said: vec![digest("one"), digest("two")],
             checkpoint: None,
+            repeat: None,
             unanswered: false,
+            last_said: None,
         };
-        let progress = Progress::restored(&state, call(), true, true);
-        assert!(progress.replays(Some(digest("one"))));
+        let progress = Progress::restored(&state, call(), true, None);
+        assert!(matches!(progress.replays(digest("one")), Replayed::Landed));
         assert!(
-            !progress.replays(Some(digest("new"))),
+            matches!(progress.replays(digest("new")), Replayed::No),
             "a new update ends it"
         );
         assert!(
-            !progress.replays(Some(digest("two"))),
+            matches!(progress.replays(digest("two")), Replayed::No),
             "past the first new one, nothing is held back"
+        );
+    }
+
+    #[test]
+    fn a_resumed_body_does_not_say_twice_the_update_it_was_not_told_had_landed() {
+        let state = RunState {
+            key: 7,
+            step: 2,
+            call: (*call()).clone(),
+            updates: 2,
+            said: Vec::new(),
+            checkpoint: Some(serde_json::json!(1)),
+            repeat: Some(digest("two")),
+            unanswered: false,
+            last_said: None,
+        };
+        let progress = Progress::restored(&state, call(), false, None);
+        assert_eq!(progress.state().unwrap().repeat, Some(digest("two")));
+        assert!(matches!(progress.replays(digest("two")), Replayed::Landed));
+        assert_eq!(progress.state().unwrap().repeat, None);
+        assert!(
+            matches!(progress.replays(digest("two")), Replayed::No),
+            "said again after that, it goes out"
         );
     }
 

@@ -9,7 +9,7 @@
 //! each of whose bodies may have started, so each follows its tool's restore policy and
 //! its output goes into the step; the step is never asked again.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::{Activation, Command, Phase, State, Turn, TurnOutcome};
 use crate::activity::barge_in::{BargeIn, BargeInState};
+use crate::activity::ledger::output_call_id;
 use crate::activity::turn::{Ask, EarlyReport, Redo, ToolsetKey};
 use crate::agent::Agent;
 use crate::chat::{ChatItem, FunctionCall};
@@ -71,6 +72,13 @@ pub(crate) struct OpenStep {
 }
 
 impl OpenStep {
+    /// Whether the item with this call id is held until the step is in.
+    pub(crate) fn holds(&self, call_id: &str) -> bool {
+        self.held
+            .iter()
+            .any(|held| output_call_id(&held.items).as_deref() == Some(call_id))
+    }
+
     /// The calls still without an output: the ones whose restore policy decides.
     pub(crate) fn waiting(&self) -> impl Iterator<Item = (usize, &FunctionCall)> {
         self.calls
@@ -120,6 +128,10 @@ pub(crate) struct Restored {
     /// Whether the turn of the open step may be interrupted: shared with the runs of its
     /// calls, which the session restores too.
     pub(crate) interruptibility: Arc<Interruptibility>,
+    /// For a held update whose answer had not reached its body at the snapshot (by its
+    /// call id, `{id}/update_n`): where the answer goes once it lands — the body run again
+    /// that says it again waits for it, as the first one did.
+    pub(crate) held_answers: HashMap<String, DeliveryAnswer>,
 }
 
 /// A call of a restored open step still without an output: its tool's restore policy
@@ -235,6 +247,7 @@ impl Activation {
             turn_done,
             mut handoffs,
             interruptibility,
+            mut held_answers,
         } = restored;
         self.last_reply_view = state.last_reply_view;
         self.pending.extend(state.pending);
@@ -270,12 +283,12 @@ impl Activation {
         }
         // Held again until the step is in the chat context, as they were.
         for held in open.held {
-            let _ = self.ledger.insert(
-                &held.call_id,
-                held.items,
-                DeliveryAnswer::unheard(),
-                &mut |_| {},
-            );
+            let answer = output_call_id(&held.items)
+                .and_then(|id| held_answers.remove(&id))
+                .unwrap_or_else(DeliveryAnswer::unheard);
+            let _ = self
+                .ledger
+                .insert(&held.call_id, held.items, answer, &mut |_| {});
         }
         if open.interrupted && !toolsets.is_empty() {
             out.push(Command::InterruptStep {
