@@ -709,4 +709,30 @@ mod regressions {
             anywhere: false,
         });
     }
+
+    /// Found by a 10,000-case release run: a step's tool holds interruptions off and runs
+    /// on in the background after a forced interruption, beside a sibling call; the model
+    /// then cancels the sibling, which its turn's hold refuses. Restored, each background
+    /// call had an interruptibility of its own, so the hold no longer covered its sibling
+    /// and the cancel went through. A step's calls share one again after a restore.
+    #[test]
+    fn a_hold_on_interruptions_still_covers_the_step_s_other_calls_after_a_restore() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![vec![Chunk::Error]]),
+                Op::Run(vec![vec![
+                    call("bg_job", Behaviour::Hold),
+                    call("job_replace", Behaviour::Updates(1)),
+                ]]),
+                Op::Interrupt { force: true },
+            ],
+            after: vec![Op::Run(vec![vec![Chunk::CancelTask(0)]])],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
 }

@@ -125,6 +125,12 @@ pub(crate) struct ActivitySpec {
 /// calls, and what the session restored for it.
 pub(crate) struct RestoredActivity {
     pub(crate) machine: Restored,
+    pub(crate) calls: RestoredCalls,
+}
+
+/// What a restored activity's own toolsets start with, and what the session restored for
+/// its calls.
+pub(crate) struct RestoredCalls {
     /// Its own toolsets' calls, as each toolset wrote them.
     pub(crate) toolsets: Vec<ToolsetState>,
     /// The outputs of its open step's calls of session toolsets (by call id), whose runs
@@ -132,6 +138,12 @@ pub(crate) struct RestoredActivity {
     pub(crate) step_outputs: HashMap<String, oneshot::Receiver<CallOutput>>,
     /// The results of the sub-tasks its own runs awaited, by run key.
     pub(crate) awaits: HashMap<u64, BoxFuture<'static, TaskResult>>,
+    /// Per step, whether its turn may be interrupted, shared by the step's calls whichever
+    /// toolset runs them.
+    pub(crate) steps: HashMap<u64, Arc<Interruptibility>>,
+    /// The answers its own calls' repeated updates wait for, by call id (filled as the
+    /// activity spawns).
+    pub(crate) repeats: HashMap<String, RepeatAnswer>,
 }
 
 /// The result of a sub-task, as the session hands it to the caller that waited for it.
@@ -209,7 +221,7 @@ impl ActivityActor {
             // reached the body: the body saying it again waits for that item to land.
             let mut repeats = HashMap::new();
             if let Some(step) = restored.machine.state.step.as_ref() {
-                for run in restored.toolsets.iter().flat_map(|t| t.runs.iter()) {
+                for run in restored.calls.toolsets.iter().flat_map(|t| t.runs.iter()) {
                     let id = run.newest_update();
                     if run.repeat.is_some() && step.holds(&id) {
                         let slot = Arc::new(crate::delivery::AnswerSlot::default());
@@ -222,16 +234,9 @@ impl ActivityActor {
                 }
             }
             machine.restore(restored.machine, &mut commands);
-            step_outputs = restore_runs(
-                &spec,
-                &machine,
-                &groups,
-                restored.toolsets,
-                restored.step_outputs,
-                restored.awaits,
-                repeats,
-                &mut restored_runs,
-            );
+            restored.calls.repeats = repeats;
+            step_outputs =
+                restore_runs(&spec, &machine, &groups, restored.calls, &mut restored_runs);
         }
         let (own, books, toolsets) = start_toolsets(&spec, &id, groups, restored_runs);
         let actor = ActivityActor {
@@ -654,12 +659,16 @@ fn restore_runs(
     spec: &ActivitySpec,
     machine: &Activation,
     groups: &[Group],
-    toolsets: Vec<ToolsetState>,
-    mut from_session: HashMap<String, oneshot::Receiver<CallOutput>>,
-    mut awaits: HashMap<u64, BoxFuture<'static, TaskResult>>,
-    mut repeats: HashMap<String, RepeatAnswer>,
+    calls: RestoredCalls,
     runs: &mut [Vec<RestoredRun>],
 ) -> Vec<(u64, usize, oneshot::Receiver<CallOutput>)> {
+    let RestoredCalls {
+        toolsets,
+        step_outputs: mut from_session,
+        mut awaits,
+        steps,
+        mut repeats,
+    } = calls;
     // Each written call by id, with its toolset's place (the restore checked the names).
     let mut written: HashMap<String, (usize, RunState)> = HashMap::new();
     for toolset in toolsets {
@@ -723,12 +732,16 @@ fn restore_runs(
     for (at, state) in background {
         let awaits = awaits.remove(&state.key);
         let repeat_answer = repeats.remove(&state.call.call_id);
+        let interruptibility = steps
+            .get(&state.step)
+            .cloned()
+            .unwrap_or_else(|| Interruptibility::new(true));
         runs[at].push(RestoredRun {
             state,
             agent: spec.agent.clone(),
             is_task: spec.is_task,
             step: None,
-            interruptibility: Interruptibility::new(true),
+            interruptibility,
             repeat_answer,
             awaits,
         });

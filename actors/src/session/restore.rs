@@ -26,7 +26,8 @@ use super::schedule::{JobState, RestoredFrame, RestoredJob, Schedule};
 use super::snapshot::{Counters, LiveState, SessionState, Tie, Written};
 use super::{ActivityRef, HandoffDone, PlannedHandoff, QueuedTurn, SessionActor};
 use crate::activity::{
-    ActivityActor, ActivitySpec, Restored, RestoredActivity, TaskResult, TurnKind, TurnOutcome,
+    ActivityActor, ActivitySpec, Restored, RestoredActivity, RestoredCalls, TaskResult, TurnKind,
+    TurnOutcome,
 };
 use crate::agent::Agent;
 use crate::chat::ChatContext;
@@ -382,14 +383,25 @@ impl SessionActor {
             .collect();
         let mut session_runs: HashMap<String, Vec<RestoredRun>> = HashMap::new();
         let mut returning = Vec::with_capacity(depth);
+        // Whether a step's turn may be interrupted is one thing its calls share (a tool that
+        // holds interruptions off holds them for its siblings too): one per step, whichever
+        // toolsets its calls run in.
+        let allows = |agent: &Agent| {
+            agent
+                .def
+                .allow_interruptions
+                .unwrap_or(self.shared.settings.config.allow_interruptions)
+        };
+        let mut steps: HashMap<u64, Arc<Interruptibility>> = HashMap::new();
         for (index, entry) in stack.iter().enumerate() {
             let agent = &live[index].0;
-            let interruptibility = Interruptibility::new(
-                agent
-                    .def
-                    .allow_interruptions
-                    .unwrap_or(self.shared.settings.config.allow_interruptions),
-            );
+            let interruptibility = match &entry.activation.step {
+                Some(open) => steps
+                    .entry(open.step)
+                    .or_insert_with(|| Interruptibility::new(allows(agent)))
+                    .clone(),
+                None => Interruptibility::new(allows(agent)),
+            };
             let mut step_outputs = HashMap::new();
             let waiting = entry
                 .activation
@@ -437,6 +449,17 @@ impl SessionActor {
             });
         }
         let current_agent = live[depth - 1].0.clone();
+        let background_steps = written.values().map(|(_, state)| state.step).chain(
+            stack
+                .iter()
+                .flat_map(|l| l.toolsets.iter().flat_map(|t| t.runs.iter()))
+                .map(|run| run.step),
+        );
+        for step in background_steps.collect::<Vec<_>>() {
+            steps
+                .entry(step)
+                .or_insert_with(|| Interruptibility::new(allows(&current_agent)));
+        }
         // An update a call delivered, held until its step is in, whose answer had not
         // reached the body: the body saying it again waits for that item to land.
         let mut held_answers: Vec<HashMap<String, DeliveryAnswer>> =
@@ -444,12 +467,16 @@ impl SessionActor {
         for (_, (toolset, state)) in written {
             let awaits = awaits.remove(&state.key);
             let repeat_answer = held_repeat(&state, &stack, &mut held_answers);
+            let interruptibility = steps
+                .get(&state.step)
+                .cloned()
+                .unwrap_or_else(|| Interruptibility::new(true));
             session_runs.entry(toolset).or_default().push(RestoredRun {
                 state,
                 agent: current_agent.clone(),
                 is_task: in_task,
                 step: None,
-                interruptibility: Interruptibility::new(true),
+                interruptibility,
                 awaits,
                 repeat_answer,
             });
@@ -528,9 +555,13 @@ impl SessionActor {
                         interruptibility: returning.interruptibility,
                         held_answers,
                     },
-                    toolsets,
-                    step_outputs: returning.step_outputs,
-                    awaits: own_awaits,
+                    calls: RestoredCalls {
+                        toolsets,
+                        step_outputs: returning.step_outputs,
+                        awaits: own_awaits,
+                        steps: steps.clone(),
+                        repeats: HashMap::new(),
+                    },
                 }),
             });
             let activity = ActivityRef {
