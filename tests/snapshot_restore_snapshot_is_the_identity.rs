@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::Query;
@@ -42,8 +43,6 @@ async fn again(
     session.close().await.unwrap();
     taken
 }
-
-use std::sync::Arc;
 
 #[actix::test]
 async fn after_handoffs_that_inherit_the_chat_the_restored_snapshot_is_the_same_bytes() {
@@ -93,6 +92,11 @@ async fn after_handoffs_that_inherit_the_chat_the_restored_snapshot_is_the_same_
     let second = again(&first, agents, ScriptedLlm::new([])).await;
     assert_eq!(second.epoch(), first.epoch() + 1);
     assert_eq!(
+        second.seq(),
+        first.seq() + 1,
+        "the restored session's chain goes on from the snapshot's"
+    );
+    assert_eq!(
         without_epoch_and_seq(&second),
         without_epoch_and_seq(&first),
         "snapshot → restore → snapshot is the identity"
@@ -103,6 +107,7 @@ async fn after_handoffs_that_inherit_the_chat_the_restored_snapshot_is_the_same_
         "the inherited chats are written once, as references, in both"
     );
 }
+
 #[actix::test]
 async fn a_restarted_call_keeps_its_checkpoint_in_the_restored_snapshot() {
     let gate = Gate::new();
