@@ -1,4 +1,4 @@
-//! A conversation that outlives its process (SPEC §14).
+//! A conversation that outlives its process: saved to a store, restored by another.
 //!
 //! ```text
 //! cargo run --example resume
@@ -16,16 +16,19 @@
 //!    exits.
 //! 2. **The second process** claims the session in the store and restores it from there
 //!    (`SessionBuilder::restore_from`: a new epoch from the store, and any process still
-//!    running the session would have its next save refused), with the same code — the
-//!    model, and the session toolset given to the builder again (a snapshot with a running
-//!    call of a toolset the builder lacks is refused, never silently ended) — and an
-//!    `AgentRegistry` (the booking agent is built again from its data). The search and the
-//!    recording resume from their checkpoints (`RestorePolicy::Resume`); the search's
-//!    result reaches the user in a deferred reply, and the conversation goes on.
+//!    running the session would have its next save refused, while a third process
+//!    restoring it too would be refused), with the same code — the model, and the session
+//!    toolset given to the builder again (a snapshot with a running call of a toolset the
+//!    builder lacks is refused, never silently ended) — and an `AgentRegistry` (the
+//!    booking agent is built again from its data). The search and the recording resume
+//!    from their checkpoints (`RestorePolicy::Resume`); the search's result reaches the
+//!    user in a deferred reply, and the conversation goes on.
 //!
 //! The model is the bundled scripted one: no key, no network.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,6 +37,7 @@ use switchboard::prelude::*;
 use switchboard::snapshot::{AgentRegistry, FileStore, SnapshotStore};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::RestorePolicy;
+use tokio::sync::Notify;
 
 /// How many segments the recording takes; the first process stops after about three.
 const SEGMENTS: u32 = 6;
@@ -78,6 +82,15 @@ struct Search {
 /// The last page of the search; the first process stops after page 2 of it.
 const PAGES: u32 = 4;
 
+/// In this process: the last page the search read, the page after which it stops (the
+/// first process goes down there; 0: never), and the first page it read (the second
+/// process checks it resumed rather than started again).
+static LAST_READ: AtomicU32 = AtomicU32::new(0);
+static GOES_DOWN_AFTER: AtomicU32 = AtomicU32::new(0);
+static FIRST_READ: AtomicU32 = AtomicU32::new(0);
+/// Rung after each page.
+static PAGE_READ: Notify = Notify::const_new();
+
 fn greeter() -> Result<Agent, BuildError> {
     let start_booking = Tool::new(
         "start_booking",
@@ -112,8 +125,15 @@ fn booker(trip: &Trip) -> Result<Agent, BuildError> {
                 }
                 for page in first..=PAGES {
                     println!("    [tool] search_flights reads page {page} of {PAGES}");
+                    let _ = FIRST_READ.compare_exchange(0, page, SeqCst, SeqCst);
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     ctx.checkpoint(&page)?;
+                    LAST_READ.store(page, SeqCst);
+                    PAGE_READ.notify_waiters();
+                    if page == GOES_DOWN_AFTER.load(SeqCst) {
+                        // The process goes down here (see `first_half`).
+                        std::future::pending::<()>().await;
+                    }
                 }
                 Ok::<_, ToolFailure>(format!("the 9:40 to {destination}, 180 EUR"))
             }
@@ -176,9 +196,16 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .save_snapshots(Arc::new(store.clone()))
         .start(&engine)
         .await?;
+    GOES_DOWN_AFTER.store(2, SeqCst);
     session.run("I need a flight to Lisbon on Friday").await?;
     // The search runs in the background; half-way through it, the process goes down.
-    tokio::time::sleep(Duration::from_millis(75)).await;
+    loop {
+        let read = PAGE_READ.notified();
+        if LAST_READ.load(SeqCst) >= 2 {
+            break;
+        }
+        read.await;
+    }
     // As a host does on SIGTERM: the session writes itself to its store once more (it
     // saved when its turn settled; this adds the search's checkpoints since), under its
     // claim on the session.
@@ -201,10 +228,11 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         Reply::text("Booked. Have a good trip!"),
     ]);
     let engine = Engine::start()?;
-    // Claims the session in the store (a process still running it would be fenced: its
-    // next save refused), reads it as the claim left it, and goes on saving there — with
-    // the same code as the first process: its model and its session toolset (the
-    // recording is running in it); the agents come from the registry.
+    // Reads the session, claims it on what it read (a process still running it would be
+    // fenced: its next save refused; another restorer of the same state, refused), reads
+    // it as the claim left it, and goes on saving there — with the same code as the first
+    // process: its model and its session toolset (the recording is running in it); the
+    // agents come from the registry.
     let session = Session::builder()
         .llm(llm)
         .toolset(call_log())
@@ -220,9 +248,23 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     );
     session.wait_for_settled().await?;
     session.run("Yes, book it").await?;
-    print_chat(&session.chat_context().await?);
+    let chat = session.chat_context().await?;
+    print_chat(&chat);
     session.close().await?;
     store.remove("s1").await?;
+    // What this example shows, checked (CI runs it: `.ci/examples`).
+    if FIRST_READ.load(SeqCst) != 3 {
+        return Err("the search did not resume after the page the first process saved".into());
+    }
+    let found = chat.outputs().any(|out| out.call_id == "call_2/finished");
+    let replied = chat
+        .items()
+        .iter()
+        .any(|item| matches!(item, ChatItem::Message(m) if m.content.starts_with("Found one")));
+    if !(found && replied) {
+        return Err("the resumed search's result did not reach the user".into());
+    }
+    println!("  checked: the search resumed at page 3 and its result reached the user");
     Ok(())
 }
 

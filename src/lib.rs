@@ -13,7 +13,9 @@
 //! - The root: [`Engine`] (where sessions run; its counts, [`EngineStats`], and
 //!   [`Engine::drain`]), [`Session`] (one conversation: `run`, `update_agent`, `run_task`,
 //!   `say`, `close`, events, the mailbox [`Inspector`], its [`SessionSummary`], and a
-//!   [`WeakSession`] for host parts that must not keep it alive),
+//!   [`WeakSession`] for host parts that must not keep it alive), [`HostSession`] (the
+//!   host API as one trait, which a `Session` and the cluster's remote session implement,
+//!   so a front is written once),
 //!   [`Agent`] (instructions, tools, an [`Llm`], hooks), [`Tool`] / [`Toolset`] (typed
 //!   arguments with a JSON schema, an async body with a [`RunContext`] that can `update`
 //!   the conversation while it keeps running), the chat vocabulary ([`ChatContext`],
@@ -32,11 +34,13 @@
 //!   models as one, moving to the next when one fails before answering), and the call-id
 //!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
-//!   turn, a gate, bounded waits on events: for tests without network.
+//!   turn, a gate, bounded waits on events, a front's script run over any
+//!   [`HostSession`]: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
-//! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
+//! - The actors themselves live in the `switchboard-actors` crate (ARCHITECTURE.md in the
+//!   repository maps them).
 //!
 //! # Runtimes
 //!
@@ -146,22 +150,31 @@ pub mod __private {
 }
 
 pub use switchboard_actors::{
-    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
-    BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
-    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
-    HostInput, InputAnswer, InputId, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics,
-    LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter,
-    Received, RecordedAnswer, RestorePolicy, RunContext, RunResult, SayOptions, Session,
-    SessionAddress, SessionBuilder, SessionControl, SessionError, SessionEvent, SessionHistory,
-    SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentHook, AgentState, AgentWork,
+    ArbiterStall, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
+    EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
+    FunctionCallOutput, GivenChat, Handoff, HookContext, HostInput, HostSession, InputAnswer,
+    InputId, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer,
+    RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
+    SessionControl, SessionError, SessionEvent, SessionEvents, SessionHistory, SessionId,
+    SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
     SpeechPriority, StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool,
     ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState,
-    WeakSession, CONFIRM_DUPLICATE_PARAM,
+    ToolSchema, Toolset, TurnDecision, TurnFailure, Unfinished, UpdateError, UpdateMessage,
+    UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
+// Turn handling, usage and latency (voice teams' asks: backchannels, cost per call,
+// latency across handoffs).
+pub use switchboard_actors::{
+    AgentLatency, Backchannel, Cost, EndOfTurn, Endpointing, EndpointingMode, IgnoredWords,
+    Interruption, LatencyStats, ModelPrice, Overlap, OverlapVerdict, PreemptiveGeneration,
+    PriceTable, SessionLatency, SessionUsage, TurnClassifier, TurnHandling, TurnLatency,
+    TurnMetrics, Usage, UsageLine, UserTurnLimit, DEFAULT_CUT_IN, ENGLISH_BACKCHANNELS,
+};
 
 /// The texts the engine writes into the conversation — the `update` wrapper, the two
 /// duplicate answers, the deferred `reply` instructions — and how to reword them: a
@@ -175,7 +188,8 @@ pub mod prompts {
     };
 }
 
-/// Sessions that outlive their process (SPEC §14): a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// Sessions that outlive their process (a deploy, a crash, a move to another machine): a
+/// [`SessionSnapshot`](snapshot::SessionSnapshot)
 /// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
 /// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
 /// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and
@@ -184,9 +198,9 @@ pub mod prompts {
 /// [`RestorePolicy`] says what happens to a call of it that was running.
 pub mod snapshot {
     pub use switchboard_actors::{
-        AgentRegistry, ChainEnd, Claim, Claimed, FileStore, LinkRead, MemoryStore, SessionSnapshot,
-        SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore, SnapshotUpdate, StoreError,
-        StoreVersion, SNAPSHOT_VERSION,
+        AgentRegistry, ChainEnd, Claim, ClaimRule, Claimed, FileStore, LinkRead, MemoryStore,
+        SessionSnapshot, SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore,
+        SnapshotUpdate, StoreError, StoreVersion, SNAPSHOT_VERSION,
     };
 }
 

@@ -1,11 +1,13 @@
 //! Testing support, for users' tests and for ours: a scripted model, a recording speech
-//! output, fluent assertions on a turn, a gate to hold a tool, and bounded waits on
-//! session events. No network, no key, no sleeps.
+//! output, fluent assertions on a turn, a gate to hold a tool, bounded waits on session
+//! events, and front code run over any session through the host API ([`front`]). No
+//! network, no key, no sleeps.
 //!
 //! `docs/testing.md` ("Testing an agent") walks through all of it.
 
 pub mod event;
 mod expect;
+pub mod front;
 mod gate;
 mod output;
 mod scripted_llm;

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The host's side: its handle on a session, the engine, the mailbox inspector.
-const HOST_SIDE: &[&str] = &["session_handle", "runtime", "inspector"];
+const HOST_SIDE: &[&str] = &["session_handle", "host_session", "runtime", "inspector"];
 /// The actor modules: the session, an activity, a toolset, a tool run.
 const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
 /// The host's handle.
@@ -26,6 +26,7 @@ const USER_DEFINED: &[&str] = &[
     "restore",
     "snapshot_store",
     "host_input",
+    "turn_handling",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -58,6 +59,8 @@ const VOCABULARY: &[&str] = &[
     "snapshot",
     "snapshot_chain",
     "input_ledger",
+    "usage",
+    "latency",
 ];
 
 /// The crate modules a source file names, other than itself.

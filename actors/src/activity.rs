@@ -13,7 +13,8 @@
 //!   `on_enter`. **Pauses** on `PauseActivity` (a sub-task agent runs) and **resumes** on
 //!   `ResumeActivity`; **stops** on `CloseActivity` (runs `on_exit`, stops its toolsets).
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
-//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `DeliverToolItems`,
+//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `Preflight`,
+//!   `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
 //!   `ReadChat`, `ReadHistoryEntry`, `SnapshotActivation` — the relayed ones under the
 //!   name the host's message has on the session.
@@ -43,13 +44,18 @@
 //!   leaves no message. The first report of a speech is final.
 //! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
-//!   after the minimum duration or a transcript, and resumes after a false interruption.
+//!   after the minimum duration or a transcript, and resumes after a false interruption;
+//!   with a word rule, only words the session judged interrupting do (backchannels never).
+//! - A preemptive request says nothing and leaves nothing in the chat until a user turn
+//!   with its words takes it over; any other turn, a pause or a close drops it.
 
 mod activation;
 mod barge_in;
 mod companions;
 mod heard;
+mod latency;
 mod ledger;
+mod preflight;
 mod turn;
 
 use std::collections::HashMap;
@@ -63,18 +69,18 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::agent::{effective_policy, Agent, Hook, HookContext};
-use crate::chat::{ChatContext, ChatItem, FunctionCall};
+use crate::chat::{ChatContext, ChatItem};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{SessionError, TurnFailure};
-use crate::events::SessionEvent;
+use crate::events::{AgentHook, SessionEvent, Unfinished};
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
 use crate::llm::{Llm, LlmTimeouts};
 use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
-use crate::outcome::{panic_message, CallOutput};
+use crate::outcome::{panic_message, CallOutput, StoppedCall};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
 use crate::reentry;
@@ -181,7 +187,22 @@ pub(crate) struct ActivityActor {
     pausing: Vec<oneshot::Sender<Handover>>,
     /// Who waits for the close to end (`CloseActivity`).
     closing: Vec<oneshot::Sender<Handover>>,
+    /// Where its `on_exit` is.
+    exit_hook: ExitHook,
     _alive: AliveToken,
+}
+
+/// Where an activity's `on_exit` is: a close waits for it, for the grace period once the
+/// session is closing.
+enum ExitHook {
+    /// Not started.
+    NotStarted,
+    /// Running, with no bound yet (a handoff's).
+    Running(SpawnHandle),
+    /// Running, and dropped when the grace period set at the session's close ends.
+    Bounded,
+    /// Returned, or dropped.
+    Done,
 }
 
 impl ActivityActor {
@@ -255,6 +276,7 @@ impl ActivityActor {
             entering: None,
             pausing: Vec::new(),
             closing: Vec::new(),
+            exit_hook: ExitHook::NotStarted,
             _alive: alive,
         };
         let addr = ActivityActor::create(move |ctx| {
@@ -318,10 +340,12 @@ impl ActivityActor {
             }
             Command::RunExitHook => {
                 let hook = self.run_hook(self.agent.def.on_exit.clone(), "on_exit");
-                ctx.spawn(
-                    hook.into_actor(self)
-                        .map(|(), act, ctx| act.feed(Input::ExitHookDone, ctx)),
-                );
+                let running = ctx.spawn(hook.into_actor(self).map(|(), act, ctx| {
+                    act.exit_hook = ExitHook::Done;
+                    act.feed(Input::ExitHookDone, ctx)
+                }));
+                self.exit_hook = ExitHook::Running(running);
+                self.bound_exit_hook(ctx);
             }
             Command::OpenStream {
                 step,
@@ -440,7 +464,7 @@ impl ActivityActor {
                     .collect();
                 ctx.spawn(futures_util::future::join_all(stops).into_actor(self).map(
                     move |results, act, ctx| {
-                        let calls: Vec<FunctionCall> =
+                        let calls: Vec<StoppedCall> =
                             results.into_iter().flatten().flatten().collect();
                         act.feed(Input::RunsStopped { calls, reason }, ctx);
                         let handover = act.handover();
@@ -491,6 +515,40 @@ impl ActivityActor {
             chat: self.machine.chat().clone(),
             pending: self.machine.take_carried(),
         }
+    }
+
+    /// Gives a running `on_exit` the grace period once the session is closing (a hook
+    /// that awaits a backend that never answers must not hold the close): still running
+    /// then, it is dropped and reported, and the close goes on as if it had returned. An
+    /// `on_exit` of a handoff runs unbounded until the session closes.
+    fn bound_exit_hook(&mut self, ctx: &mut Context<Self>) {
+        if !matches!(self.exit_hook, ExitHook::Running(_)) || !self.shared.host_view.is_closing() {
+            return;
+        }
+        let ExitHook::Running(running) = std::mem::replace(&mut self.exit_hook, ExitHook::Bounded)
+        else {
+            return;
+        };
+        ctx.run_later(self.shared.settings.config.grace_period, move |act, ctx| {
+            if !matches!(act.exit_hook, ExitHook::Bounded) {
+                return;
+            }
+            act.exit_hook = ExitHook::Done;
+            ctx.cancel_future(running);
+            act.report_hook(AgentHook::OnExit);
+            act.feed(Input::ExitHookDone, ctx);
+        });
+    }
+
+    /// Reports a hook the session stopped waiting for.
+    fn report_hook(&self, hook: AgentHook) {
+        self.shared.unfinished.report(
+            &self.shared,
+            Unfinished::Hook {
+                agent: self.agent.name().to_owned(),
+                hook,
+            },
+        );
     }
 
     /// Runs a lifecycle hook: marked as engine code of this session (so a host call made
@@ -756,6 +814,14 @@ impl Actor for ActivityActor {
     type Context = Context<Self>;
 
     fn stopped(&mut self, ctx: &mut Self::Context) {
+        // A hook still running is dropped with the actor (its `on_enter` when the session
+        // closed while it ran; its `on_exit` when a close came during a handoff's).
+        if self.entering.is_some() && self.agent.def.on_enter.is_some() {
+            self.report_hook(AgentHook::OnEnter);
+        }
+        if matches!(self.exit_hook, ExitHook::Running(_) | ExitHook::Bounded) {
+            self.report_hook(AgentHook::OnExit);
+        }
         self.feed(Input::Stopped, ctx);
         // Recorded here, whoever stopped it (a handoff, the end of a task, the session's
         // close, or several of them racing): the session reads the book once every
@@ -909,14 +975,42 @@ impl Handler<UserStoppedSpeaking> for ActivityActor {
     }
 }
 
+/// Sent by the session when a final transcript's words wait for the end of the user's
+/// turn, the agent is idle and the turn handling allows preemptive generation: start the
+/// model now with these words (the user's words of the turn so far; none: only drop the
+/// request under way, the user went on and no new try is allowed). The activity holds
+/// what the model sends until a user turn with the same words takes it over; anything
+/// else drops it. Told: one per final, and the session bounds the tries per user turn.
+pub(crate) struct Preflight {
+    pub(crate) text: Option<String>,
+}
+
+impl Message for Preflight {
+    type Result = ();
+}
+
+impl Handler<Preflight> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Preflight, ctx: &mut Self::Context) {
+        self.feed(Input::Preflight { text: msg.text }, ctx);
+    }
+}
+
 /// Host input (`Session::transcript`): what the user said, interim or final. The session
-/// turns a final one into a user turn and relays the transcript to the current agent:
-/// words make a barge-in under way real, and a final one interrupts an interruptible turn.
+/// judges its words (the turn rules: a word minimum, backchannel words, the host's
+/// classifier), turns a final one into a user turn unless its words were ignored, and
+/// relays a transcript with words to the current agent with the judgement: words that
+/// interrupt make a barge-in under way real, and a final one interrupts an interruptible
+/// turn; words that do not leave the agent speaking.
 pub(crate) struct UserTranscript {
     pub(crate) text: String,
     pub(crate) is_final: bool,
     /// The host's span at the call (telemetry): the session keeps it for the user turn.
     pub(crate) cause: Cause,
+    /// Set by the session: whether the words interrupt the agent (the host sends false;
+    /// the session decides).
+    pub(crate) interrupts: bool,
 }
 
 impl Message for UserTranscript {
@@ -930,7 +1024,8 @@ impl Handler<UserTranscript> for ActivityActor {
         self.feed(
             Input::UserTranscript {
                 is_final: msg.is_final,
-                has_words: !msg.text.trim().is_empty(),
+                interrupts: msg.interrupts,
+                at: Instant::now(),
             },
             ctx,
         );
@@ -1073,6 +1168,8 @@ impl Handler<CloseActivity> for ActivityActor {
         let (tx, rx) = oneshot::channel();
         self.closing.push(tx);
         self.feed(Input::Close { reason: msg.reason }, ctx);
+        // The session's close reaching a handoff's `on_exit` still running bounds it.
+        self.bound_exit_hook(ctx);
         Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }
@@ -1187,6 +1284,7 @@ counted_handlers!(
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscript,
+    Preflight,
     DeliverToolItems,
     AppendItems,
     PauseActivity,

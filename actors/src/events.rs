@@ -3,13 +3,18 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::chat::{ChatContext, ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
+use crate::latency::TurnLatency;
 use crate::llm::LlmUsage;
 use crate::output::SpeechId;
 use crate::speech::SpeechHandle;
+use crate::usage::Usage;
 
 /// What the user is doing, as the host's input says.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum UserState {
     /// Speaking (between `user_started_speaking` and `user_stopped_speaking`).
@@ -22,7 +27,8 @@ pub enum UserState {
 }
 
 /// What became of a deferred reply (see [`SessionEvent::DeferredReply`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum DeferredReplyDecision {
     /// The model is asked to reply; the request's `deferred_call_ids` name the items.
@@ -34,7 +40,8 @@ pub enum DeferredReplyDecision {
 
 /// Work an agent starts on its own, without user input: what
 /// `SessionBuilder::max_agent_work` bounds.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "work", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AgentWork {
     /// A reply a hook or tool queued (`SessionControl::generate_reply`).
@@ -55,8 +62,82 @@ impl std::fmt::Display for AgentWork {
     }
 }
 
+/// An agent's lifecycle hook, as [`Unfinished::Hook`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AgentHook {
+    /// `AgentBuilder::on_enter`.
+    OnEnter,
+    /// `AgentBuilder::on_exit`.
+    OnExit,
+}
+
+impl std::fmt::Display for AgentHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::OnEnter => "on_enter",
+            Self::OnExit => "on_exit",
+        })
+    }
+}
+
+/// Code the engine does not own that a session stopped waiting for: it had not finished
+/// within its grace period (`SessionBuilder::grace_period`), so the engine dropped it and
+/// went on. Reported as a [`SessionEvent::Unfinished`] event when it is dropped, and, for a
+/// session an [`Engine::drain`](crate::Engine::drain) closed, in its
+/// [`DrainedSession::unfinished`](crate::DrainedSession::unfinished).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Unfinished {
+    /// A tool body still running a grace period after its call was stopped (cancelled, its
+    /// agent handed off, the session closed): its future was dropped.
+    ToolBody {
+        /// The call's id.
+        call_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// An agent's hook still running when the session closed: an `on_exit` is given the
+    /// grace period, an `on_enter` is dropped with its agent.
+    Hook {
+        /// The agent.
+        agent: String,
+        /// Which hook.
+        hook: AgentHook,
+    },
+    /// The snapshot store had not written what the session saved a grace period after the
+    /// close began: that many snapshots or deltas were not stored (the store holds an
+    /// earlier state of the session).
+    SnapshotStore {
+        /// Snapshots and deltas the session queued that were not written.
+        unwritten: usize,
+    },
+}
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ToolBody { call_id, tool } => write!(
+                f,
+                "the body of {tool} (call {call_id}) did not end within the grace period after it was stopped: dropped"
+            ),
+            Self::Hook { agent, hook } => write!(
+                f,
+                "the {hook} hook of {agent} had not returned when the session closed: dropped"
+            ),
+            Self::SnapshotStore { unwritten } => write!(
+                f,
+                "the snapshot store did not write the session's last {unwritten} update(s) within the grace period of its close: not stored"
+            ),
+        }
+    }
+}
+
 /// What the agent is doing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AgentState {
     /// The activity is starting (`on_enter` runs).
@@ -71,7 +152,7 @@ pub enum AgentState {
 }
 
 /// What one LLM request cost, reported when its stream ends (or is dropped).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LlmMetrics {
     /// The agent that asked.
     pub agent: String,
@@ -92,13 +173,49 @@ pub struct LlmMetrics {
     pub cancelled: bool,
 }
 
+/// Why words the user said over the agent made no turn (see
+/// [`SessionEvent::UserWordsIgnored`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum IgnoredWords {
+    /// Only backchannel words ("uh-huh", "right").
+    Backchannel,
+    /// Fewer words than the interruption's minimum.
+    TooFewWords,
+    /// The host's classifier said to ignore them.
+    Classifier,
+    /// The agent's speech could not be interrupted, and the session discards what the
+    /// user says then.
+    Uninterruptible,
+}
+
+/// What one turn cost and how fast it answered (see [`SessionEvent::TurnMetrics`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnMetrics {
+    /// The agent that ran the turn.
+    pub agent: String,
+    /// What its LLM requests used.
+    pub usage: Usage,
+    /// How fast it answered.
+    pub latency: TurnLatency,
+    /// Whether it was interrupted.
+    pub interrupted: bool,
+}
+
 /// An event of the session, delivered to every subscriber.
 ///
 /// New kinds of events may be added: match with a wildcard arm.
 ///
 /// The channel is a bounded broadcast: a subscriber that falls behind is told how many
 /// events it missed (`RecvError::Lagged`) instead of growing the queue.
-#[derive(Clone, Debug)]
+///
+/// An event serializes (JSON: an object tagged by `type`, in snake case) to travel to
+/// another machine. A speech's handle travels as what names it there, its id and whether
+/// it allows interruptions (`{"id": 3, "allow_interruptions": true}`): the handle itself
+/// is a link into this engine, so the side that reads the event makes its own.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SessionEvent {
     /// The user said something: an interim transcript (`is_final == false`, for display
@@ -205,6 +322,29 @@ pub enum SessionEvent {
     },
     /// One LLM request ended; what it cost.
     LlmMetrics(LlmMetrics),
+    /// A turn ended: what its requests used and how fast it answered, for the agent that
+    /// ran it (after a handoff, the new agent's turns report under its name).
+    TurnMetrics(TurnMetrics),
+    /// Words the user said while the agent spoke made no turn and did not interrupt it
+    /// (a backchannel, too few words, the classifier's call, an uninterruptible speech).
+    /// Whether they went into the chat anyway is the host's choice
+    /// (`Backchannel::keep_in_transcript`).
+    UserWordsIgnored {
+        /// What the user said.
+        text: String,
+        /// Why it made no turn.
+        reason: IgnoredWords,
+    },
+    /// The user spoke longer than the turn handling's user-turn limit without the agent
+    /// answering (see `UserTurnLimit`).
+    UserTurnExceeded {
+        /// The user's words since the agent last spoke.
+        transcript: String,
+        /// How many words that is.
+        words: u32,
+        /// How long since the user began.
+        duration: Duration,
+    },
     /// A turn was interrupted (`Session::interrupt`, a preempting handoff, a dropped
     /// `run` future): its LLM stream was dropped and its calls got their outputs.
     TurnInterrupted {
@@ -224,19 +364,22 @@ pub enum SessionEvent {
         /// The limit that was reached.
         limit: u32,
     },
-    /// Another writer claimed this session in its snapshot store (a newer restore of it,
-    /// in this process or another: `SessionBuilder::restore_from`, a cluster's new owner),
-    /// and the store refused this session's save
+    /// Another writer claimed this session in its snapshot store (a restore of what this
+    /// session saved, in this process or another: `SessionBuilder::restore_from`; a
+    /// takeover, such as a cluster's new owner), and the store refused this session's save
     /// ([`StoreError::Fenced`](crate::StoreError::Fenced)). The session saves nothing more
-    /// from now on: the
-    /// conversation goes on where the newer claimant runs it, and what this one does from
-    /// here is not kept. Sent once. A host should close this session and send the user to
-    /// the one that claimed it; to take the conversation back here instead, restore it
-    /// again from the store (a new claim, which fences the other).
+    /// from now on: the conversation goes on where the newer claimant runs it, and what
+    /// this one does from here is not kept. Sent once. A host should close this session
+    /// and send the user to the one that claimed it; to take the conversation back here
+    /// instead, take it over in the store
+    /// ([`ClaimRule::Takeover`](crate::ClaimRule::Takeover), which fences the other).
     Fenced {
         /// What the store said.
         reason: String,
     },
+    /// The session stopped waiting for code it does not own (a tool body, a hook, the
+    /// snapshot store) that had not finished within its grace period, and dropped it.
+    Unfinished(Unfinished),
     /// Something failed; the session is still up.
     Error {
         /// What failed, with its causes.
@@ -247,13 +390,19 @@ pub enum SessionEvent {
 }
 
 /// The outcome of one turn (`session.run`, `session.generate_reply`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     /// What the turn added, in order: messages, function calls and outputs, handoffs.
     pub events: Vec<ChatItem>,
     /// Whether the turn was interrupted before it ended on its own: its LLM stream was
     /// dropped, no further step ran, and every call it made got an output.
     pub interrupted: bool,
+    /// What the turn's LLM requests used (its share of `Session::usage`).
+    #[serde(default)]
+    pub usage: Usage,
+    /// How fast the turn answered.
+    #[serde(default)]
+    pub latency: TurnLatency,
 }
 
 impl RunResult {

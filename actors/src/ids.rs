@@ -14,8 +14,7 @@ use std::sync::Arc;
 /// The id of one actor, e.g. `activity/s1/agent-a#1`.
 ///
 /// Cheap to clone (an `Arc<str>`): every counted message carries its sender's id.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ActorId(Arc<str>);
 
 impl ActorId {
@@ -62,6 +61,20 @@ impl ActorId {
 
     pub(crate) fn tool_run(session: &SessionId, seq: u64, call_id: &str) -> Self {
         Self::new(format!("tool/{session}/{seq}:{call_id}"))
+    }
+}
+
+/// As its text: `"activity/s1/booker#2"`.
+impl serde::Serialize for ActorId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// From its text (an id another engine made: it names that engine's actor).
+impl<'de> serde::Deserialize<'de> for ActorId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self::new(String::deserialize(deserializer)?))
     }
 }
 
@@ -134,6 +147,24 @@ impl SessionId {
             return Err("it contains whitespace or a control character");
         }
         Ok(())
+    }
+}
+
+/// As its text: `"s1"`, `"call-42"`.
+impl serde::Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// From its text, checked as a host's id is ([`SessionBuilder::id`](crate::SessionBuilder::id)).
+impl<'de> serde::Deserialize<'de> for SessionId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::check(&text).map_err(|reason| {
+            serde::de::Error::custom(format!("session id {text:?} is invalid: {reason}"))
+        })?;
+        Ok(Self::new(text))
     }
 }
 

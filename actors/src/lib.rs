@@ -58,10 +58,12 @@ mod handoff;
 mod heartbeat;
 mod history;
 mod host_input;
+mod host_session;
 mod idle_release;
 mod ids;
 mod input_ledger;
 mod inspector;
+mod latency;
 mod lifecycle;
 mod llm;
 mod llm_guard;
@@ -87,6 +89,8 @@ mod telemetry;
 mod tool;
 mod tool_run;
 mod toolset;
+mod turn_handling;
+mod usage;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
@@ -94,16 +98,19 @@ pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+    AgentHook, AgentState, AgentWork, DeferredReplyDecision, IgnoredWords, LlmMetrics, RunResult,
+    SessionEvent, TurnMetrics, Unfinished, UserState,
 };
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
 pub use host_input::{HostInput, InputAnswer};
+pub use host_session::{EventsMissed, HostSession, SessionEvents};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use input_ledger::{InputId, RecordedAnswer};
 pub use inspector::{InspectError, Inspector};
+pub use latency::{AgentLatency, LatencyStats, SessionLatency, TurnLatency};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
     ToolCallChunk, ToolChoice, ToolSchema,
@@ -131,7 +138,9 @@ pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
 pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, StoreError, SNAPSHOT_VERSION};
 pub use snapshot_chain::{ChainEnd, LinkRead, SnapshotChain};
-pub use snapshot_store::{Claim, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion};
+pub use snapshot_store::{
+    Claim, ClaimRule, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion,
+};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[cfg(feature = "telemetry")]
@@ -142,6 +151,12 @@ pub use tool::{
     DuplicatePolicy, NoArgs, RestorePolicy, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
 };
+pub use turn_handling::{
+    Backchannel, EndOfTurn, Endpointing, EndpointingMode, Interruption, Overlap, OverlapVerdict,
+    PreemptiveGeneration, TurnClassifier, TurnHandling, UserTurnLimit, DEFAULT_CUT_IN,
+    ENGLISH_BACKCHANNELS,
+};
+pub use usage::{Cost, ModelPrice, PriceTable, SessionUsage, Usage, UsageLine};
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {

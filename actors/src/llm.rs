@@ -90,12 +90,22 @@ pub struct LlmUsage {
     pub prompt_tokens: u32,
     /// Tokens the model generated.
     pub completion_tokens: u32,
-    /// Prompt tokens served from the provider's prompt cache, when it says.
+    /// Prompt tokens served from the provider's prompt cache, when it says (counted in
+    /// `prompt_tokens` too, as providers report them).
     pub cached_prompt_tokens: Option<u32>,
+    /// Prompt tokens that were audio, when the provider says (counted in `prompt_tokens`
+    /// too): a speech-to-speech or audio-input model bills them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_prompt_tokens: Option<u32>,
+    /// Completion tokens that were audio, when the provider says (counted in
+    /// `completion_tokens` too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_completion_tokens: Option<u32>,
 }
 
 /// Which wait of an LLM request ran out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TimeoutStage {
     /// Opening the connection and getting the response headers.
@@ -138,7 +148,8 @@ impl Default for LlmTimeouts {
 }
 
 /// A failure of the model provider, by what a caller can do about it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum LlmError {
     /// The provider refused the credentials (HTTP 401/403): check the API key.

@@ -34,6 +34,7 @@ use crate::host_input::{HostInput, InputAnswer};
 use crate::ids::{ActorId, SessionId};
 use crate::input_ledger::{InputId, RecordedAnswer};
 use crate::inspector::Inspector;
+use crate::latency::SessionLatency;
 use crate::lifecycle::alive_pair;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
@@ -54,10 +55,12 @@ use crate::shared::{
     UserdataJson,
 };
 use crate::snapshot::{SessionSnapshot, SnapshotError, StoreError};
-use crate::snapshot_store::{Claim, SnapshotStore};
+use crate::snapshot_store::{Claim, ClaimRule, SnapshotStore};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
+use crate::turn_handling::{Endpointing, TurnHandling};
+use crate::usage::SessionUsage;
 
 /// A running session: the host's handle on one conversation. Cheap to clone; every clone
 /// talks to the same session actor.
@@ -164,6 +167,12 @@ impl Session {
     /// For a host part that must not keep a call alive: a TTS or playout task, a
     /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
     ///
+    /// A strong handle kept inside the session itself makes a cycle: a `Session` (or
+    /// [`SessionAddress`]) in the session's own user data, in a tool's or hook's closure,
+    /// or in the output given to its builder keeps the session alive after the host drops
+    /// every handle of its own, so it never closes by itself, and its actors and memory
+    /// stay until someone calls `close()`. Keep a `WeakSession` there instead.
+    ///
     /// ```no_run
     /// # fn demo(session: switchboard::Session) {
     /// use std::time::Duration;
@@ -200,7 +209,9 @@ impl Session {
     /// awaiting would wait on the turn the caller runs in.
     fn check_reentry(&self, operation: &'static str) -> Result<(), SessionError> {
         if reentry::is_inside(self.id()) {
-            return Err(SessionError::WouldDeadlock { operation });
+            return Err(SessionError::WouldDeadlock {
+                operation: operation.into(),
+            });
         }
         Ok(())
     }
@@ -354,6 +365,7 @@ impl Session {
                 text: text.into(),
                 is_final,
                 cause: Cause::here(),
+                interrupts: false,
             },
         );
     }
@@ -368,10 +380,35 @@ impl Session {
         self.shared().host_view.user_state()
     }
 
+    /// The session's usage ledger: every LLM request's tokens so far, by agent and model,
+    /// across handoffs and sub-tasks (and restores: a snapshot carries it). Price it with
+    /// [`SessionUsage::cost`]. Read without a message: a request's usage is in once its
+    /// stream ended.
+    pub fn usage(&self) -> SessionUsage {
+        self.shared().metrics.usage()
+    }
+
+    /// Each agent's latency so far (end of the user's speech to the first text out, time
+    /// to first token, tool time), by agent name, across handoffs and sub-tasks. A turn's
+    /// own is in its `RunResult` and its `TurnMetrics` event.
+    pub fn latency(&self) -> SessionLatency {
+        self.shared().metrics.latency()
+    }
+
     /// Closes the session: waits for no queued work, cancels tool runs (with their grace
     /// period), writes their terminal outputs, and stops every actor of the session.
     /// Resolves once all are gone — also when called several times at once — with the
     /// final chat context of every agent the session ran (its transcript).
+    ///
+    /// Bounded whatever the host's code does: the session's tool bodies, then each agent's
+    /// `on_exit` hook and its own tool bodies, then the snapshot store
+    /// ([`SessionBuilder::save_snapshots`]) get the grace period each
+    /// ([`SessionBuilder::grace_period`], 2 s by default), so a close returns within four
+    /// grace periods plus the engine's own work. What had not finished by then (a tool body
+    /// deaf to cancellation, a hook awaiting a backend that never answers, a store that
+    /// stopped answering) is dropped and reported as a
+    /// [`SessionEvent::Unfinished`](crate::SessionEvent::Unfinished) event. A speech the
+    /// output still plays and a model still streaming are cut at once.
     pub async fn close(&self) -> Result<SessionHistory, SessionError> {
         // Answered at once; an error means the session is gone already.
         let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
@@ -412,8 +449,9 @@ impl Session {
         let _ = self.host.mailbox.ask(&ActorId::host(), InputsHandled).await;
     }
 
-    /// Resolves when the session has settled: no tool call is running anywhere in it and
-    /// the session is inactive (every deferred reply has run). What a test awaits after
+    /// Resolves when the session has settled: no tool call is running anywhere in it
+    /// (calls of call-long tools aside: see `Tool::call_long`) and the session is
+    /// inactive (every deferred reply has run). What a test awaits after
     /// letting background tools finish. A host call: from inside a tool or hook of this
     /// same session it would wait on its own run, so it fails at once with
     /// [`SessionError::WouldDeadlock`].
@@ -496,7 +534,7 @@ impl Session {
         self.shared().settings.userdata.clone()?.downcast().ok()
     }
 
-    /// The whole session written down at its last consistent point (SPEC §14): restore it
+    /// The whole session written down at its last consistent point: restore it
     /// with [`SessionBuilder::restore`]. During a handoff or a sub-task's start or end it
     /// answers once the switch has ended; new work waits while it is collected (a few
     /// messages, not a turn). Starts a new chain: the next
@@ -583,8 +621,10 @@ impl Session {
     /// once queued, the history, or `Done` once applied; refusals and failures as the
     /// method's. The input reaches the session on the future's first poll, so inputs
     /// applied one after another are applied in that order even when their answers take a
-    /// whole turn. Dropping the future of a turn before it resolves cancels the turn, as
-    /// for [`run`](Self::run). The plain methods stay for hosts that need no ids.
+    /// whole turn. Await it: a future dropped before the session took the input applies
+    /// nothing (its id stays free), and dropping the future of a turn once it is queued
+    /// cancels the turn, as for [`run`](Self::run). The plain methods stay for hosts that
+    /// need no ids.
     pub async fn apply(&self, id: InputId, input: HostInput) -> Result<InputAnswer, SessionError> {
         self.check_reentry("apply")?;
         let ticket = self.shared().ids.next_turn();
@@ -638,6 +678,11 @@ impl Session {
 
 /// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
 /// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+///
+/// The way to hold a session from anything the session itself holds: its user data, a
+/// tool's or hook's closure, its speech output. A strong `Session` there is a cycle that
+/// keeps the session alive after the host dropped its own handles (it then never closes
+/// by itself); a `WeakSession` upgrades while the call lives and lets it end.
 #[derive(Clone)]
 pub struct WeakSession {
     host: Weak<Host>,
@@ -688,7 +733,7 @@ impl SessionAddress {
     pub async fn send(&self, handoff: Handoff) -> Result<(), SessionError> {
         if reentry::is_inside(self.host.shared.id()) {
             return Err(SessionError::WouldDeadlock {
-                operation: "update_agent",
+                operation: "update_agent".into(),
             });
         }
         self.host
@@ -726,10 +771,10 @@ pub struct SessionBuilder {
     max_reply_bytes: usize,
     max_agent_work: u32,
     allow_interruptions: bool,
-    min_interruption_duration: Duration,
-    false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
-    endpointing_delay: Duration,
+    turn_handling: TurnHandling,
+    trace_content: bool,
+    max_blocking_jobs: usize,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -762,10 +807,10 @@ impl Default for SessionBuilder {
             max_reply_bytes: 64 * 1024,
             max_agent_work: 8,
             allow_interruptions: true,
-            min_interruption_duration: Duration::from_millis(500),
-            false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
-            endpointing_delay: Duration::from_millis(500),
+            turn_handling: TurnHandling::new(),
+            trace_content: false,
+            max_blocking_jobs: Self::DEFAULT_MAX_BLOCKING_JOBS,
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -791,6 +836,12 @@ impl fmt::Debug for SessionBuilder {
 }
 
 impl SessionBuilder {
+    /// How many blocking jobs of a session may be on the blocking pool at once unless
+    /// [`max_blocking_jobs`](Self::max_blocking_jobs) says otherwise: a tool that parses
+    /// a few documents in parallel runs them side by side, and a session that floods the
+    /// pool takes no more than four of its threads.
+    pub const DEFAULT_MAX_BLOCKING_JOBS: usize = 4;
+
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.llm = Some(llm);
@@ -821,6 +872,11 @@ impl SessionBuilder {
     /// it (it may be a connection, a handle): a restored session gets it again from its
     /// builder. For data that should travel with the snapshot, use
     /// [`userdata_serde`](Self::userdata_serde).
+    ///
+    /// The session keeps its user data as long as it lives: a [`Session`] (or
+    /// [`SessionAddress`]) of this very session in it is a cycle that keeps the session
+    /// alive after the host drops its own handles. Put a [`WeakSession`] there instead
+    /// ([`Session::downgrade`]).
     pub fn userdata<T: Any + Send + Sync>(mut self, data: T) -> Self {
         self.userdata = Some(Arc::new(data));
         self.userdata_json = None;
@@ -839,7 +895,7 @@ impl SessionBuilder {
         self
     }
 
-    /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
+    /// Saves the session to `store` after every turn that settles: a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at
@@ -847,12 +903,18 @@ impl SessionBuilder {
     ///
     /// The session claims its record in the store as it starts
     /// ([`SnapshotStore::claim`]; its epoch is the one the store issues, and a claim the
-    /// store refuses fails `start` with [`SessionError::Store`]). The claim fences every
-    /// writer of the session before it; when a later claim fences this one, the store
-    /// refuses its next save, and the session stops saving with a
-    /// [`SessionEvent::Fenced`]. With [`restore`](Self::restore), what the store held is
-    /// replaced by the snapshot given, at the first save; to go on from what the store
-    /// holds, use [`restore_from`](Self::restore_from).
+    /// store refuses fails `start` with [`SessionError::Store`], nothing started). A new
+    /// session takes the record over ([`ClaimRule::Takeover`]). With
+    /// [`restore`](Self::restore), the claim is a restore of the snapshot given
+    /// ([`ClaimRule::Restore`]): it lands only if nobody claimed the session after that
+    /// snapshot's writer did, so of two processes restoring one snapshot to one store, the
+    /// second fails `start` with [`StoreError::Fenced`]; what the store held is replaced
+    /// by the snapshot given at the first save. To go on from what the store holds, use
+    /// [`restore_from`](Self::restore_from).
+    ///
+    /// A claim fences every writer of the session before it: when a later one fences this
+    /// session, the store refuses its next save, and the session stops saving with a
+    /// [`SessionEvent::Fenced`].
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
         self.saving = Saving::Claim(store);
         self
@@ -860,9 +922,11 @@ impl SessionBuilder {
 
     /// Saves the session to `store` as [`save_snapshots`](Self::save_snapshots) does,
     /// under a claim the host already made ([`SnapshotStore::claim`]): for a host that
-    /// claims sessions itself (a cluster's worker). The session takes the claim's epoch;
-    /// `start` fails with [`BuildError::InvalidSessionId`] when the claim is of another
-    /// session.
+    /// claims sessions itself (a cluster's worker), and for a takeover of a session whose
+    /// last claimant is known to be gone (a claim with [`ClaimRule::Takeover`], and
+    /// [`restore`](Self::restore) of the snapshot it returns: [`ClaimRule`] shows it). The
+    /// session takes the claim's epoch; `start` fails with
+    /// [`BuildError::InvalidSessionId`] when the claim is of another session.
     pub fn save_claimed(mut self, store: Arc<dyn SnapshotStore>, claim: Claim) -> Self {
         self.saving = Saving::Claimed(store, claim);
         self
@@ -888,16 +952,24 @@ impl SessionBuilder {
     }
 
     /// Starts session `session` again from what `store` holds of it, and saves to
-    /// `store` from then on: at `start`, claims the session in the store (fencing every
-    /// writer before: a process that ran it until now has its next save refused), reads
-    /// its snapshot as the claim left it (nothing can be added behind it), and restores it
-    /// as [`restore`](Self::restore) does. The session's epoch is the claim's. Nothing in
-    /// the store: `start` fails with [`StoreError::NotFound`] (the claim was made).
+    /// `store` from then on: at `start`, reads the session's snapshot, claims the session
+    /// on it ([`ClaimRule::Restore`]: the claim lands only if nobody claimed the session
+    /// since that snapshot's writer did), and restores the snapshot as the claim left it
+    /// (nothing can be added behind it) as [`restore`](Self::restore) does. The session's
+    /// epoch is the claim's. Nothing in the store: `start` fails with
+    /// [`StoreError::NotFound`], nothing claimed.
     ///
-    /// This is how a process takes a session over from one that crashed or froze: of two
-    /// processes restoring one session this way, the later claim wins, and the earlier
-    /// one's session stops saving ([`SessionEvent::Fenced`]); the store never holds a
-    /// mix of the two.
+    /// This is how a process goes on from one that crashed or froze: its claim fences the
+    /// writer of what it restores, whose next save is refused
+    /// ([`SessionEvent::Fenced`]). Of two processes restoring one stored state, the second
+    /// fails `start` with [`SessionError::Store`]`(`[`StoreError::Fenced`]`)` and starts
+    /// nothing; the store never holds a mix of the two. A restored session saves as soon
+    /// as it has started: a restore that reads after that reads the first one's own state,
+    /// and goes on from it as from a crashed process (the store cannot tell a live writer
+    /// from a dead one), fencing it. When the process whose claim holds the session died
+    /// before it saved, every restore is refused (for the same reason): a host that knows
+    /// it is gone takes the session over with a [`ClaimRule::Takeover`] claim and
+    /// [`save_claimed`](Self::save_claimed).
     pub fn restore_from(
         mut self,
         store: Arc<dyn SnapshotStore>,
@@ -997,7 +1069,8 @@ impl SessionBuilder {
     /// How long the user must talk over the agent before it is a real interruption
     /// (default 0.5 s); a transcript with words makes it one at once.
     pub fn min_interruption_duration(mut self, duration: Duration) -> Self {
-        self.min_interruption_duration = duration;
+        let interruption = self.turn_handling.interruption.take().unwrap_or_default();
+        self.turn_handling.interruption = Some(interruption.min_duration(duration));
         self
     }
 
@@ -1005,7 +1078,8 @@ impl SessionBuilder {
     /// long to wait for a transcript before the paused speech resumes (default 2 s);
     /// `None`: a paused speech never resumes (the pause becomes an interruption).
     pub fn false_interruption_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.false_interruption_timeout = timeout;
+        let interruption = self.turn_handling.interruption.take().unwrap_or_default();
+        self.turn_handling.interruption = Some(interruption.false_interruption_timeout(timeout));
         self
     }
 
@@ -1021,7 +1095,47 @@ impl SessionBuilder {
     /// and the user speaking again inside it holds it until they stop. Zero: every final
     /// is a turn at once. `wait_for_settled` covers a pending endpoint.
     pub fn endpointing_delay(mut self, delay: Duration) -> Self {
-        self.endpointing_delay = delay;
+        let endpointing = self.turn_handling.endpointing.take().unwrap_or_default();
+        self.turn_handling.endpointing =
+            Some(Endpointing::fixed(delay).max_delay(endpointing.max()));
+        self
+    }
+
+    /// How the session's agents take turns (see [`TurnHandling`]): endpointing,
+    /// interruptions and backchannels, preemptive generation, user-turn limits, the
+    /// host's classifier. An agent's own ([`AgentBuilder::turn_handling`](crate::AgentBuilder::turn_handling))
+    /// overrides it group by group. Replaces what `endpointing_delay`,
+    /// `min_interruption_duration` and `false_interruption_timeout` set before it, group
+    /// by group too; those three set their field of this afterwards.
+    pub fn turn_handling(mut self, turn_handling: TurnHandling) -> Self {
+        self.turn_handling = turn_handling.over(&self.turn_handling);
+        self
+    }
+
+    /// Whether the spans of LLM requests carry the messages' content
+    /// (`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.system_instructions`;
+    /// default false: a trace backend is often kept longer and seen by more people than
+    /// the conversation should be). Spans always carry the other GenAI attributes.
+    pub fn trace_content(mut self, on: bool) -> Self {
+        self.trace_content = on;
+        self
+    }
+
+    /// How many of this session's blocking jobs (`RunContext::run_blocking`) may be on the
+    /// blocking pool at once, running or queued there (default
+    /// [`DEFAULT_MAX_BLOCKING_JOBS`](Self::DEFAULT_MAX_BLOCKING_JOBS), 4; at least 1).
+    /// Its further jobs wait in the session for one of these slots.
+    ///
+    /// The pool belongs to the session's arbiter, is shared by every session there and
+    /// takes jobs first come, first served (up to 512 threads). Without a bound per
+    /// session, one session that queued thousands of jobs held every neighbour's job behind
+    /// them, and its jobs stuck for ever took every thread. With it, a session has at most
+    /// this many threads: a neighbour's job waits at most one job's time for a thread as
+    /// long as the arbiter's sessions together hold fewer slots than the pool has threads
+    /// (128 sessions all at their bound, by default). A job whose call is cancelled while
+    /// it waits, for a slot or on the pool, never starts.
+    pub fn max_blocking_jobs(mut self, jobs: usize) -> Self {
+        self.max_blocking_jobs = jobs.max(1);
         self
     }
 
@@ -1142,14 +1256,22 @@ impl SessionBuilder {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(&session),
                         reason:
-                            "restore_from claims the session itself: give no save_claimed with it",
+                            "restore_from claims the session itself: give no save_claimed with it"
+                                .into(),
                     }
                     .into());
                 };
-                let claimed = store.claim(&session, 0).await?;
-                let snapshot = claimed.snapshot.ok_or(StoreError::NotFound {
+                let not_found = || StoreError::NotFound {
                     session: session.clone(),
-                })?;
+                };
+                // Read, then claimed on what was read: the claim lands only if nobody
+                // claimed the session since that snapshot's writer did, so of two
+                // restorers of one stored state the second is refused here, before
+                // anything starts. What is restored is read after the claim (nothing can
+                // be added behind it): the same state, or what that writer added since.
+                let read = store.load(&session).await?.ok_or_else(not_found)?;
+                let claimed = store.claim(&session, ClaimRule::restore(&read)).await?;
+                let snapshot = claimed.snapshot.ok_or_else(not_found)?;
                 self.saving = Saving::Claimed(store, claimed.claim);
                 Some((snapshot, agents))
             }
@@ -1160,7 +1282,7 @@ impl SessionBuilder {
                 Some(id) if id != snapshot.session_id() => {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(id),
-                        reason: "a restored session keeps the id of its snapshot",
+                        reason: "a restored session keeps the id of its snapshot".into(),
                     }
                     .into())
                 }
@@ -1170,7 +1292,7 @@ impl SessionBuilder {
         if let Some(id) = &self.id {
             SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
                 id: quote_prefix(id),
-                reason,
+                reason: reason.into(),
             })?;
         }
         let agent = match (&restore, self.agent.take()) {
@@ -1236,21 +1358,29 @@ impl SessionBuilder {
         };
         // The session's place on the engine: refused here, before anything starts, when a
         // live session has the id or the engine drains; freed if the start fails.
-        let lease = engine.reserve_session(self.id.take())?;
+        let mut lease = engine.reserve_session(self.id.take())?;
+        let memory = lease.take_memory();
         let id = lease.id().clone();
         // Its record in the store, claimed before anything starts: the epoch is the
-        // store's, and every writer of the session before is fenced.
+        // store's, and every writer of the session before is fenced (or the claim is
+        // refused, and nothing starts).
         let saving = match std::mem::take(&mut self.saving) {
             Saving::Nothing => None,
             Saving::Claim(store) => {
-                let claimed = store.claim(id.as_str(), epoch).await?;
+                // A restore claims on its snapshot (refused when a later claim holds the
+                // session); a new session takes the record over.
+                let rule = match &restore {
+                    Some((snapshot, _)) => ClaimRule::restore(snapshot),
+                    None => ClaimRule::Takeover { at_least: epoch },
+                };
+                let claimed = store.claim(id.as_str(), rule).await?;
                 Some((store, claimed.claim))
             }
             Saving::Claimed(store, claim) => {
                 if claim.session() != id.as_str() {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(claim.session()),
-                        reason: "the claim given to save_claimed is of another session",
+                        reason: "the claim given to save_claimed is of another session".into(),
                     }
                     .into());
                 }
@@ -1279,10 +1409,10 @@ impl SessionBuilder {
                     max_reply_bytes: self.max_reply_bytes,
                     max_agent_work: self.max_agent_work,
                     allow_interruptions: self.allow_interruptions,
-                    min_interruption_duration: self.min_interruption_duration,
-                    false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
-                    endpointing_delay: self.endpointing_delay,
+                    turn_handling: self.turn_handling,
+                    trace_content: self.trace_content,
+                    max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,
                 error_policy: self.error_policy,
@@ -1300,6 +1430,7 @@ impl SessionBuilder {
             gone,
             span,
             telemetry,
+            memory,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
         // (or whose snapshot names one that cannot) fails with the reason and leaves

@@ -1,4 +1,4 @@
-//! Sessions that outlive their process (SPEC §14): what a snapshot of a session holds, the
+//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a session holds, the
 //! deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built
@@ -31,6 +31,8 @@ use serde_json::Value;
 
 use crate::chat::ChatItem;
 use crate::input_ledger::LedgerRecord;
+use crate::latency::SessionLatency;
+use crate::usage::SessionUsage;
 
 /// The schema this build writes. It reads this one; a snapshot of a newer schema is
 /// refused with [`SnapshotError::NewerSchema`], one of an older schema with
@@ -38,7 +40,8 @@ use crate::input_ledger::LedgerRecord;
 pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// Why a snapshot could not be read, applied or restored.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SnapshotError {
     /// Written by a newer build: upgrade this one to restore it.
@@ -122,7 +125,8 @@ pub enum SnapshotError {
 }
 
 /// Why a store could not claim, save or load a session's snapshots.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StoreError {
     /// The file system refused (a missing folder, no room, no permission).
@@ -152,11 +156,14 @@ pub enum StoreError {
         /// The id.
         id: String,
     },
-    /// The write was refused: the session's record is not at the version this writer
-    /// last saw. Someone claimed the session after this writer did (a newer restore of
-    /// it, here or in another process), or removed it. This writer is stale and may not
-    /// write the session any more (fencing); a session's saving stops for good
-    /// ([`SessionEvent::Fenced`](crate::SessionEvent::Fenced)).
+    /// The write or the claim was refused. A write: the session's record is not at the
+    /// version this writer last saw — someone claimed the session after this writer did
+    /// (a restore of it, here or in another process, or a takeover), or removed it; this
+    /// writer is stale and may not write the session any more (fencing), and a session's
+    /// saving stops for good ([`SessionEvent::Fenced`](crate::SessionEvent::Fenced)). A
+    /// restore's claim ([`ClaimRule::Restore`](crate::ClaimRule::Restore)): someone
+    /// claimed the session after the snapshot restored was written — another restore of
+    /// it came first — and nothing was written; a session being started does not start.
     #[error("snapshot store: session {session:?} is written by a newer owner: {reason}")]
     Fenced {
         /// The session.
@@ -175,7 +182,7 @@ pub enum StoreError {
     },
     /// The store holds no snapshot of the session
     /// ([`SessionBuilder::restore_from`](crate::SessionBuilder::restore_from) had nothing
-    /// to restore). The claim was made: a writer before it is fenced all the same.
+    /// to restore): nothing was claimed.
     #[error("snapshot store: no snapshot of session {session:?} to restore")]
     NotFound {
         /// The session.
@@ -236,6 +243,13 @@ pub(crate) struct SnapshotHead {
     pub(crate) userdata: Option<Value>,
     /// The machines' own states, as the session assembled them (see the module docs).
     pub(crate) state: Value,
+    /// The usage ledger: every LLM request's tokens by agent and model, for the whole call
+    /// (a restored session goes on counting from it).
+    #[serde(default, skip_serializing_if = "SessionUsage::is_empty")]
+    pub(crate) usage: SessionUsage,
+    /// Each agent's latency over the call.
+    #[serde(default, skip_serializing_if = "SessionLatency::is_empty")]
+    pub(crate) latency: SessionLatency,
 }
 
 /// One activation as the history keeps it: who, and its chat context.
@@ -302,6 +316,17 @@ impl SessionSnapshot {
     /// The schema version it was written with.
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// The session's usage ledger when it was taken: what the call had cost so far, by
+    /// agent and model (a stored call's cost reads without restoring it).
+    pub fn usage(&self) -> &SessionUsage {
+        &self.head.usage
+    }
+
+    /// Each agent's latency over the call when it was taken.
+    pub fn latency(&self) -> &SessionLatency {
+        &self.head.latency
     }
 
     /// How many activations it holds (closed and live).

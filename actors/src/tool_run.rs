@@ -36,6 +36,7 @@ use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
+use crate::events::Unfinished;
 use crate::heartbeat;
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
@@ -114,6 +115,9 @@ pub(crate) struct ToolRunActor {
     immediate: Option<oneshot::Sender<CallOutput>>,
     progress: Arc<Progress>,
     phase: RunPhase,
+    /// A call-long run stopped in the background by its scope: its body's result is kept
+    /// (see `Tool::call_long`).
+    keep_result: bool,
     cancel: watch::Sender<bool>,
     alive: AliveToken,
 }
@@ -128,7 +132,9 @@ impl ToolRunActor {
             spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.host_view.tool_run_started();
+        spec.shared
+            .host_view
+            .tool_run_started(spec.tool.is_call_long());
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -152,6 +158,7 @@ impl ToolRunActor {
             immediate: spec.immediate,
             progress: spec.progress,
             phase: RunPhase::Running,
+            keep_result: false,
             cancel,
             alive: spec.alive,
         };
@@ -239,7 +246,13 @@ impl ToolRunActor {
         } else {
             ctx.run_later(self.shared.settings.config.grace_period, |act, ctx| {
                 if act.phase != RunPhase::Returned {
-                    tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
+                    act.shared.unfinished.report(
+                        &act.shared,
+                        Unfinished::ToolBody {
+                            call_id: act.call.call_id.clone(),
+                            tool: act.call.name.clone(),
+                        },
+                    );
                 }
                 ctx.stop();
             });
@@ -257,7 +270,24 @@ impl ToolRunActor {
         // holds it.
         self.progress.over();
         if was == RunPhase::Stopped {
-            // Stopped while running: whoever stopped it writes the terminal output.
+            // Stopped while running: whoever stopped it writes the terminal output — a
+            // call-long tool's own result, if it returned one in time.
+            if self.keep_result {
+                let out = classify(
+                    &self.call.name,
+                    &self.call.call_id,
+                    result,
+                    &ErrorPolicies {
+                        levels: [
+                            &self.tool.def.error_policy,
+                            &self.agent.def.error_policy,
+                            &self.shared.settings.error_policy,
+                        ],
+                    },
+                );
+                let kept = (!out.is_unit()).then_some((out.output, out.is_error));
+                self.progress.keep(kept);
+            }
             ctx.stop();
             return;
         }
@@ -365,6 +395,10 @@ struct RunLinks {
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
     progress: Arc<Progress>,
+    /// The session's state, for its slots on the blocking pool, made at its first
+    /// blocking job (most sessions never run one). Weak: a context kept past its run keeps
+    /// nothing of the session.
+    session_state: std::sync::Weak<SessionShared>,
 }
 
 impl RunPort for RunLinks {
@@ -405,6 +439,15 @@ impl RunPort for RunLinks {
         self.hold.take();
     }
 
+    fn blocking_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        let shared = self.session_state.upgrade()?;
+        Some(
+            shared
+                .blocking
+                .slots(shared.settings.config.max_blocking_jobs),
+        )
+    }
+
     fn speech(&self) -> Option<&SpeechHandle> {
         self.speech.as_ref()
     }
@@ -443,6 +486,7 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
+            session_state: Arc::downgrade(&self.shared),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
@@ -461,6 +505,11 @@ impl Actor for ToolRunActor {
             tool = %self.call.name,
             call_id = %self.call.call_id,
             run = %self.probe.id(),
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %self.call.name,
+            "gen_ai.tool.call.id" = %self.call.call_id,
+            "gen_ai.agent.name" = %self.agent.name(),
+            "gen_ai.conversation.id" = %self.shared.id(),
         );
         let body = reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind())
             .instrument(span);
@@ -489,7 +538,9 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.host_view.tool_run_ended();
+        self.shared
+            .host_view
+            .tool_run_ended(self.tool.is_call_long());
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }
@@ -591,6 +642,9 @@ impl Handler<StopRun> for ToolRunActor {
     fn handle(&mut self, msg: StopRun, ctx: &mut Self::Context) -> bool {
         let already_stopped = self.phase == RunPhase::Stopped;
         let background = self.stop(&msg.reason, ctx);
+        // Its scope stops (a pause, a handoff, the close): the end of the call a call-long
+        // tool runs for, whose result is its own.
+        self.keep_result = self.tool.is_call_long() && background && !msg.report;
         if msg.report && background && !already_stopped {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);

@@ -9,6 +9,10 @@
 //! authentication on (a user `switchboard` with a fresh random password unless told
 //! otherwise). It stops the server (SIGKILL) and removes the store when dropped.
 //!
+//! [`NatsCluster::start`] starts three of them routed to each other, with JetStream
+//! clustered across them, as production runs NATS: streams created with three replicas
+//! survive the loss of any one server.
+//!
 //! When it cannot get a server it fails with everything it tried: never a silent skip.
 //!
 //! The calls block (they start a process and wait for its ports file): call them before
@@ -24,6 +28,7 @@
 //! # }
 //! ```
 
+mod cluster;
 mod install;
 
 use std::fs::{self, File, OpenOptions};
@@ -32,6 +37,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use cluster::NatsCluster;
 pub use install::BINARY_ENV;
 
 use crate::connect::NatsConnect;
@@ -72,8 +78,9 @@ pub enum LocalServerError {
     },
 }
 
-/// Who the local server lets in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Who the local server lets in. Its `Debug` names the method and the user, never the
+/// password or token.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ServerAuth {
     /// One user with a password (the default: `switchboard` and a random password).
@@ -90,11 +97,22 @@ pub enum ServerAuth {
     ConfigFile,
 }
 
+impl std::fmt::Debug for ServerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?} with a password)"),
+            Self::Token(_) => f.write_str("Token(…)"),
+            Self::ConfigFile => f.write_str("ConfigFile"),
+        }
+    }
+}
+
 /// Configures a [`NatsServer`] before it starts.
 #[derive(Debug, Default)]
 pub struct NatsServerBuilder {
     auth: Option<ServerAuth>,
     config: Option<String>,
+    member: Option<cluster::Member>,
 }
 
 impl NatsServerBuilder {
@@ -123,6 +141,12 @@ impl NatsServerBuilder {
         self
     }
 
+    /// Makes the server a member of a cluster (see [`NatsCluster`]).
+    pub(crate) fn member(mut self, member: cluster::Member) -> Self {
+        self.member = Some(member);
+        self
+    }
+
     /// Finds (or installs) the binary and starts the server.
     pub fn start(self) -> Result<NatsServer, LocalServerError> {
         let binary = install::find_or_install()?;
@@ -147,6 +171,7 @@ impl NatsServerBuilder {
             dir,
             auth,
             config,
+            member: self.member,
             port: None,
             child: None,
         };
@@ -163,6 +188,8 @@ pub struct NatsServer {
     dir: PathBuf,
     auth: ServerAuth,
     config: Option<PathBuf>,
+    /// Its place in a cluster of servers ([`NatsCluster`]); `None` for a server alone.
+    member: Option<cluster::Member>,
     /// Chosen by the server at the first start, reused by [`NatsServer::start_again`] so
     /// clients reconnect to the same address.
     port: Option<u16>,
@@ -206,6 +233,15 @@ impl NatsServer {
     /// The server process's id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Its monitoring port (servers of a [`NatsCluster`] have one), while it runs.
+    pub(crate) fn monitoring_port(&self) -> Option<u16> {
+        let pid = self.pid()?;
+        read_port(
+            &self.dir.join(format!("nats-server_{pid}.ports")),
+            &["monitoring"],
+        )
     }
 
     /// The JetStream store directory, kept across [`NatsServer::kill`] and
@@ -274,6 +310,9 @@ impl NatsServer {
             }
             ServerAuth::ConfigFile => {}
         }
+        if let Some(member) = &self.member {
+            member.add_args(&mut command);
+        }
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -338,9 +377,14 @@ impl Drop for NatsServer {
 /// The client port from a ports file: `{"nats": ["nats://127.0.0.1:4222"], …}` (2.15;
 /// some versions say `"client"`).
 fn read_ports_file(path: &Path) -> Option<u16> {
+    read_port(path, &["nats", "client"])
+}
+
+/// The port of the first URL under one of `keys` in a ports file.
+fn read_port(path: &Path, keys: &[&str]) -> Option<u16> {
     let text = fs::read_to_string(path).ok()?;
     let ports: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let urls = ports.get("nats").or_else(|| ports.get("client"))?;
+    let urls = keys.iter().find_map(|key| ports.get(*key))?;
     let url = urls.as_array()?.first()?.as_str()?;
     url.rsplit(':').next()?.parse().ok()
 }

@@ -16,7 +16,7 @@ use super::heard;
 use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
 use crate::delivery::DeliveryAnswer;
 use crate::error::UpdateError;
-use crate::outcome::{terminal_pair, CallOutput, Effect};
+use crate::outcome::{terminal_pair, CallOutput, Effect, StoppedCall};
 use crate::output::SpeechId;
 
 /// What cutting a message to what was heard did.
@@ -136,6 +136,26 @@ impl Ledger {
     pub(crate) fn append(&mut self, item: ChatItem, sink: Sink<'_>) {
         sink(&item);
         self.chat.push(item);
+    }
+
+    /// Takes `chat` as the chat context: it is this one with items appended (a
+    /// preemptive request's, whose last item is the user's message), so the items are not
+    /// copied; each appended item goes to the sink. No step may be open (a turn's start).
+    /// A `chat` that is not this one grown (never, as the caller checks) is appended to
+    /// item by item instead.
+    pub(crate) fn adopt(&mut self, chat: ChatContext, sink: Sink<'_>) {
+        let from = self.chat.len();
+        if chat.extends(&self.chat) && self.step.is_none() {
+            for item in &chat.items()[from..] {
+                sink(item);
+            }
+            self.chat = chat;
+        } else {
+            for item in chat.items().iter().skip(from) {
+                sink(item);
+                self.chat.push(item.clone());
+            }
+        }
     }
 
     /// Opens a step with these calls. A step still open is aborted first ("superseded"),
@@ -271,14 +291,9 @@ impl Ledger {
 
     /// Writes the `/finished` pair of background calls that were stopped, saying why;
     /// held like any later item while the call's own step is open.
-    pub(crate) fn write_terminal(
-        &mut self,
-        calls: Vec<FunctionCall>,
-        reason: &str,
-        sink: Sink<'_>,
-    ) {
+    pub(crate) fn write_terminal(&mut self, calls: Vec<StoppedCall>, reason: &str, sink: Sink<'_>) {
         for call in calls {
-            let base = call.call_id.clone();
+            let base = call.call.call_id.clone();
             let items = terminal_pair(call, reason).to_vec();
             self.insert(&base, items, DeliveryAnswer::unheard(), sink);
         }
@@ -471,7 +486,11 @@ mod tests {
         ledger.answer(1, 0, CallOutput::reply("started".into()));
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         ledger.insert("a", pair("a/update_1"), DeliveryAnswer::to(tx), &mut sink);
-        ledger.write_terminal(vec![call("a")], "the agent was paused", &mut sink);
+        ledger.write_terminal(
+            vec![StoppedCall::stopped(call("a"))],
+            "the agent was paused",
+            &mut sink,
+        );
         assert_eq!(ledger.refuse_held(), ["a/update_1"]);
         assert!(matches!(
             rx.try_recv().unwrap(),

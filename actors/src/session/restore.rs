@@ -1,4 +1,4 @@
-//! Starting a session again from a snapshot (SPEC §14): the host side checks everything
+//! Starting a session again from a snapshot: the host side checks everything
 //! first ([`RestorePlan`]: schema, the session's part, every agent from the registry,
 //! every running call's toolset and tool, user data), so nothing starts on a snapshot that
 //! cannot be restored. Then the session hands each machine its own part back: it
@@ -315,6 +315,9 @@ impl SessionActor {
         self.shared.ids.reserve_issued(&snapshot.call_ids);
         *self.shared.host_view.inputs() =
             InputLedger::restored(snapshot.head.last_input, &snapshot.head.inputs);
+        self.shared
+            .metrics
+            .restore(&snapshot.head.usage, &snapshot.head.latency);
         if let Some(words) = user_words {
             self.endpoint.restore(words, Instant::now());
             self.arm();
@@ -614,7 +617,7 @@ impl SessionActor {
             // with it).
             self.voice = true;
             self.set_user(crate::events::UserState::Speaking);
-            self.endpoint.user_started();
+            self.endpoint.user_started(Instant::now());
         }
         self.switched(ctx);
         self.pump(ctx);

@@ -502,6 +502,16 @@ impl<W: Work> Schedule<W> {
             .collect()
     }
 
+    /// The jobs queued for the current agent, in order.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = JobView<'_, W>> {
+        self.jobs.iter().map(Job::view)
+    }
+
+    /// Whether a deferred reply is wanted.
+    pub(crate) fn reply_wanted(&self) -> bool {
+        self.reply_wanted
+    }
+
     /// Whether an agent started now would be a sub-task (callers are paused under it):
     /// only a sub-task may complete a task.
     pub(crate) fn in_task(&self) -> bool {

@@ -1,5 +1,5 @@
-//! Snapshots of a session (SPEC §14): taking one, in full or as a delta, and saving after
-//! every settled turn. Restoring is `restore.rs`.
+//! Snapshots of a session: taking one, in full or as a delta, and saving after every
+//! settled turn. Restoring is `restore.rs`.
 //!
 //! **Taking one.** The session waits for a switch under way to end (a handoff or a
 //! sub-task's start or end: the snapshot is of a settled stack of agents), holds new work
@@ -36,6 +36,7 @@ use crate::chat::{ChatContext, ChatItem};
 use crate::error::SessionError;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::input_ledger::LedgerRecord;
+use crate::latency::SessionLatency;
 use crate::shared::SessionShared;
 use crate::snapshot::{
     ActivationRecord, ChatChange, SessionSnapshot, SnapshotDelta, SnapshotHead, StoreError,
@@ -43,6 +44,7 @@ use crate::snapshot::{
 };
 use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::toolset::ToolsetState;
+use crate::usage::SessionUsage;
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
 #[derive(Clone, Debug, PartialEq)]
@@ -246,6 +248,11 @@ impl Chain {
         }
     }
 
+    /// Snapshots taken for the store and not written yet.
+    pub(super) fn unwritten(&self) -> usize {
+        self.saver.as_ref().map_or(0, Saver::unwritten)
+    }
+
     /// An activation started, its agent built with `data`.
     pub(super) fn activation_started(&mut self, order: u32, data: &Value) {
         if !data.is_null() {
@@ -353,17 +360,20 @@ impl SessionActor {
                 .iter()
                 .map(|toolset| (toolset.name.as_str(), toolset.book.as_ref())),
         );
-        // Read now: the inputs it holds are in what the parts were asked for.
+        // Read now: the inputs it holds are in what the parts were asked for; so are the
+        // requests the usage ledger counts (a step still in flight is asked again after a
+        // restore, and counted then).
         let inputs = {
             let ledger = self.shared.host_view.inputs();
             (ledger.last_input(), ledger.records())
         };
+        let metrics = (self.shared.metrics.usage(), self.shared.metrics.latency());
         self.chain.collecting += 1;
         let parts = futures_util::future::join_all(parts);
         ctx.spawn(parts.into_actor(self).map(move |parts, act, ctx| {
             act.chain.collecting -= 1;
             let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-                Ok(parts) => Ok(act.write(full, &stack, parts, session_toolsets, inputs)),
+                Ok(parts) => Ok(act.write(full, &stack, parts, session_toolsets, inputs, metrics)),
                 // An activation stopped meanwhile: the session is closing.
                 Err(_) => Err(SessionError::Closed),
             };
@@ -392,6 +402,7 @@ impl SessionActor {
         parts: Vec<ActivationSnapshot>,
         session_toolsets: Vec<ToolsetState>,
         (last_input, inputs): (Option<u64>, Vec<LedgerRecord>),
+        (usage, latency): (SessionUsage, SessionLatency),
     ) -> SnapshotUpdate {
         let mut schedule = self
             .schedule
@@ -480,6 +491,8 @@ impl SessionActor {
             },
             // Plain data with derived impls and string keys: serializing it cannot fail.
             state: serde_json::to_value(&state).unwrap_or_default(),
+            usage,
+            latency,
         };
         let from = if full || !self.chain.started {
             0

@@ -141,6 +141,9 @@ struct Live {
     /// The update delivered whose answer had not reached the body at the snapshot, while
     /// the body run again has not said it again.
     repeat: Option<u64>,
+    /// A call-long run stopped in the background whose body then returned: what it
+    /// returned, for whoever stopped it to write down (`None` inside: nothing to write).
+    kept: Option<Option<(String, bool)>>,
 }
 
 impl Progress {
@@ -262,6 +265,19 @@ impl Progress {
     /// The run stopped or its body returned.
     pub(crate) fn over(&self) {
         self.live().over = true;
+    }
+
+    /// A call-long run stopped in the background returned after its stop: `kept` is its
+    /// own result, `None` when it returned nothing to write down.
+    pub(crate) fn keep(&self, kept: Option<(String, bool)>) {
+        self.live().kept = Some(kept);
+    }
+
+    /// What a call-long run returned after its stop, once the run is gone: `None` when it
+    /// did not return (or is not call-long), `Some(None)` when it returned nothing to
+    /// write down.
+    pub(crate) fn take_kept(&self) -> Option<Option<(String, bool)>> {
+        self.live().kept.take()
     }
 
     pub(crate) fn checkpoint(&self, value: Value) {

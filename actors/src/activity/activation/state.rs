@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use super::{Activation, Command, Phase, State, Turn, TurnOutcome};
 use crate::activity::barge_in::{BargeIn, BargeInState};
+use crate::activity::latency::TurnTimer;
 use crate::activity::ledger::output_call_id;
 use crate::activity::turn::{Ask, EarlyReport, Redo, ToolsetKey};
 use crate::agent::Agent;
@@ -25,7 +26,7 @@ use crate::delivery::DeliveryAnswer;
 use crate::history::AgentChat;
 use crate::outcome::{EffectState, OutputState};
 use crate::speech::Interruptibility;
-use crate::telemetry::Cause;
+use crate::usage::Usage;
 
 use super::PendingItem;
 
@@ -313,7 +314,8 @@ impl Activation {
             done,
             waiters: Vec::new(),
             span,
-            clock: Cause::default().clock("restored"),
+            timer: TurnTimer::new(tokio::time::Instant::now(), "restored"),
+            usage: Usage::default(),
             phase: Phase::Calling { step, toolsets },
         });
         self.state = if paused {
