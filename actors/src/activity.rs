@@ -790,19 +790,14 @@ fn restore_runs(
     for (at, state) in background {
         let awaits = awaits.remove(&state.key);
         let repeat_answer = repeats.remove(&state.call.call_id);
-        let interruptibility = steps
-            .get(&state.step)
-            .cloned()
-            .unwrap_or_else(|| Interruptibility::new(true));
-        runs[at].push(RestoredRun {
+        runs[at].push(RestoredRun::in_background(
             state,
-            agent: spec.agent.clone(),
-            is_task: spec.is_task,
-            step: None,
-            interruptibility,
-            repeat_answer,
+            spec.agent.clone(),
+            spec.is_task,
+            &steps,
             awaits,
-        });
+            repeat_answer,
+        ));
     }
     for runs in runs.iter_mut() {
         runs.sort_by_key(|run| run.state.key);

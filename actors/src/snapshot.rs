@@ -1,5 +1,5 @@
-//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a session holds, the
-//! deltas that bring one up to date, and their two encodings.
+//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a
+//! session holds, the deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built
 //! with (restored through an [`AgentRegistry`](crate::AgentRegistry)), tools by name (their
@@ -12,9 +12,10 @@
 //! toolset's (the calls it runs) — and the call ids issued.
 //!
 //! Each machine writes and reads its own part, with serde, beside its code; this module
-//! knows the frame they travel in: the session's id, its epoch, the last host input
-//! applied, and the chain. The machines' parts are one JSON value in the head (`state`),
-//! which the session assembles and takes apart again.
+//! knows the frame they travel in: the session's id, its epoch, the ledger of host inputs
+//! applied, the call's usage and latency so far, and the chain. The machines' parts are
+//! one JSON value in the head (`state`), which the session assembles and takes apart
+//! again.
 //!
 //! It is split in two so that saving after every turn costs what changed, not the length
 //! of the call: a small *head* (replaced whole by each delta) and the *body* — chat items
@@ -670,6 +671,7 @@ mod tests {
                 inputs: Vec::new(),
                 userdata: None,
                 state: serde_json::json!({"stack": [{"order": 1}]}),
+                ..SnapshotHead::default()
             },
             activations: vec![ActivationRecord {
                 order: 1,

@@ -699,6 +699,34 @@ pub(crate) struct RestoredRun {
     pub(crate) repeat_answer: Option<RepeatAnswer>,
 }
 
+impl RestoredRun {
+    /// A call that ran in the background: it shares the interruptibility of the step that
+    /// made it, when that step's turn is restored (`steps`, by step id), so a tool's hold on
+    /// interruptions covers its siblings as it did before the snapshot.
+    pub(crate) fn in_background(
+        state: RunState,
+        agent: Agent,
+        is_task: bool,
+        steps: &HashMap<u64, Arc<Interruptibility>>,
+        awaits: Option<BoxFuture<'static, Result<Value, SessionError>>>,
+        repeat_answer: Option<RepeatAnswer>,
+    ) -> Self {
+        let interruptibility = steps
+            .get(&state.step)
+            .cloned()
+            .unwrap_or_else(|| Interruptibility::new(true));
+        Self {
+            state,
+            agent,
+            is_task,
+            step: None,
+            interruptibility,
+            awaits,
+            repeat_answer,
+        }
+    }
+}
+
 /// The body of a run standing for a call that awaits a sub-task: the task's result is
 /// its return value (a failed task's error, its error).
 fn awaiting_body(result: BoxFuture<'static, Result<Value, SessionError>>) -> PreparedBody {

@@ -470,19 +470,17 @@ impl SessionActor {
         for (_, (toolset, state)) in written {
             let awaits = awaits.remove(&state.key);
             let repeat_answer = held_repeat(&state, &stack, &mut held_answers);
-            let interruptibility = steps
-                .get(&state.step)
-                .cloned()
-                .unwrap_or_else(|| Interruptibility::new(true));
-            session_runs.entry(toolset).or_default().push(RestoredRun {
-                state,
-                agent: current_agent.clone(),
-                is_task: in_task,
-                step: None,
-                interruptibility,
-                awaits,
-                repeat_answer,
-            });
+            session_runs
+                .entry(toolset)
+                .or_default()
+                .push(RestoredRun::in_background(
+                    state,
+                    current_agent.clone(),
+                    in_task,
+                    &steps,
+                    awaits,
+                    repeat_answer,
+                ));
         }
         for runs in session_runs.values_mut() {
             runs.sort_by_key(|run| run.state.key);
