@@ -1432,7 +1432,19 @@ impl Handler<UserStartedSpeaking> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
-        let now = Instant::now();
+        self.user_started(Instant::now());
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(self.probe.id(), msg);
+        }
+        self.pump(ctx);
+    }
+}
+
+impl SessionActor {
+    /// The user speaks since `now`, as the session's own machines see it (the current
+    /// agent's barge-in is the activation's): the host said so, or a restored session's
+    /// user was speaking at the snapshot.
+    fn user_started(&mut self, now: Instant) {
         self.voice = true;
         self.set_user(UserState::Speaking);
         self.user_stopped_at = None;
@@ -1445,10 +1457,6 @@ impl Handler<UserStartedSpeaking> for SessionActor {
             let spoke = self.shared.speeches.agent_speech().started;
             self.turn_limit.user_started(now, spoke);
         }
-        if let Some(current) = self.schedule.current() {
-            current.child.mailbox.tell(self.probe.id(), msg);
-        }
-        self.pump(ctx);
     }
 }
 

@@ -613,9 +613,7 @@ impl SessionActor {
         if schedule.user_speaking {
             // The user still speaks (a barge-in under way is the activation's, restored
             // with it).
-            self.voice = true;
-            self.set_user(crate::events::UserState::Speaking);
-            self.endpoint.user_started(Instant::now());
+            self.user_started(Instant::now());
         }
         self.switched(ctx);
         self.pump(ctx);
