@@ -224,6 +224,15 @@ pub enum SessionEvent {
         /// The limit that was reached.
         limit: u32,
     },
+    /// The connection to a realtime model is being replaced: it dropped (`reason` says
+    /// how), or it reached its age limit. The next connection is set up and the
+    /// conversation replayed as text before anything else is asked of the model.
+    RealtimeReconnecting {
+        /// The model.
+        model: String,
+        /// Why.
+        reason: String,
+    },
     /// Something failed; the session is still up.
     Error {
         /// What failed, with its causes.

@@ -68,6 +68,8 @@ mod memory;
 mod outcome;
 mod output;
 mod prompts;
+mod realtime;
+mod realtime_link;
 mod reentry;
 mod registry;
 mod restore;
@@ -113,6 +115,11 @@ pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
     DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
+};
+pub use realtime::{
+    response_event_id, response_tag, AudioFormat, ClientEvent, OutputKind, Place,
+    RealtimeCapabilities, RealtimeConnection, RealtimeError, RealtimeModel, RealtimeSettings,
+    Reconnect, RemoteItem, ResponseStatus, ServerEvent, SessionUpdate, TurnDetection, VadKind,
 };
 pub use restore::AgentRegistry;
 #[allow(deprecated)]
