@@ -147,20 +147,36 @@ pub mod __private {
 
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
-    BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
-    ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat, Handoff, HookContext,
-    InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
-    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RestorePolicy,
-    RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl,
-    SessionError, SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary,
-    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool,
-    StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
-    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
-    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
+    AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
+    EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
+    Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
+    LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received,
+    RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
+    SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SessionState,
+    SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority,
+    StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk,
+    ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset,
+    TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState, WeakSession,
+    CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
+
+/// Realtime speech-to-speech models: the [`RealtimeModel`](realtime::RealtimeModel) an agent
+/// uses in place of an [`Llm`] (`AgentBuilder::realtime`, `SessionBuilder::realtime`), how
+/// its sessions are set up ([`RealtimeSettings`](realtime::RealtimeSettings)), and the
+/// events a provider moves over its [`RealtimeConnection`](realtime::RealtimeConnection).
+/// The provider for OpenAI is `providers::openai_realtime::OpenAiRealtime`; the host's
+/// microphone goes in through [`Session::audio_input`] ([`AudioInput`]) and the model's
+/// audio comes out through [`SpeechOutput::speech_audio`].
+pub mod realtime {
+    pub use switchboard_actors::{
+        response_event_id, response_tag, AudioFormat, ClientEvent, OutputKind, Place,
+        RealtimeCapabilities, RealtimeConnection, RealtimeError, RealtimeModel, RealtimeSettings,
+        Reconnect, RemoteItem, ResponseStatus, ServerEvent, SessionUpdate, TurnDetection, VadKind,
+    };
+}
 
 /// The texts the engine writes into the conversation — the `update` wrapper, the two
 /// duplicate answers, the deferred `reply` instructions — and how to reword them: a

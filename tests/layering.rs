@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The host's side: its handle on a session, the engine, the mailbox inspector.
-const HOST_SIDE: &[&str] = &["session_handle", "runtime", "inspector"];
+const HOST_SIDE: &[&str] = &["session_handle", "runtime", "inspector", "audio_input"];
 /// The actor modules: the session, an activity, a toolset, a tool run.
 const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
 /// The host's handle.
@@ -41,6 +41,7 @@ const PLUMBING: &[&str] = &[
     "registry",
     "telemetry",
     "heartbeat",
+    "realtime_link",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[
@@ -55,6 +56,7 @@ const VOCABULARY: &[&str] = &[
     "history",
     "starting_chat",
     "snapshot",
+    "realtime",
 ];
 
 /// The crate modules a source file names, other than itself.

@@ -47,6 +47,7 @@
 // (see `ARCHITECTURE.md`), not part of its surface.
 mod activity;
 mod agent;
+mod audio_input;
 mod call_ids;
 mod chat;
 mod control;
@@ -88,6 +89,7 @@ mod tool_run;
 mod toolset;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
+pub use audio_input::AudioInput;
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};

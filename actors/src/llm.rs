@@ -92,6 +92,14 @@ pub struct LlmUsage {
     pub completion_tokens: u32,
     /// Prompt tokens served from the provider's prompt cache, when it says.
     pub cached_prompt_tokens: Option<u32>,
+    /// Of the prompt tokens, those of audio (a realtime model hearing the user), when the
+    /// provider says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_prompt_tokens: Option<u32>,
+    /// Of the completion tokens, those of audio (a realtime model speaking), when the
+    /// provider says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio_completion_tokens: Option<u32>,
 }
 
 /// Which wait of an LLM request ran out.

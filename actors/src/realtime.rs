@@ -65,7 +65,10 @@ pub trait RealtimeConnection: Send + 'static {
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), RealtimeError>>;
 
     /// The next event from the server; `None` once the connection is closed.
-    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<ServerEvent, RealtimeError>>>;
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<ServerEvent, RealtimeError>>>;
 
     /// Closes the connection (a close frame, then the socket); called once, at the end.
     fn poll_close(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
@@ -146,7 +149,9 @@ impl RealtimeSettings {
 
     /// Whether the server answers the user's turns by itself.
     pub(crate) fn server_answers(&self) -> bool {
-        self.turn_detection.as_ref().is_some_and(|t| t.create_response)
+        self.turn_detection
+            .as_ref()
+            .is_some_and(|t| t.create_response)
     }
 
     /// Whether the server cancels its response when the user starts speaking.
@@ -427,20 +432,17 @@ pub enum ServerEvent {
         /// A message, or a call with its id and tool.
         kind: OutputKind,
     },
-    /// A piece of the model's audio, decoded, in the session's output format.
+    /// A piece of the model's audio (of the active response), decoded, in the session's
+    /// output format.
     AudioDelta {
-        /// The response.
-        response_id: String,
         /// The message item the audio belongs to.
         item_id: String,
         /// The audio.
         audio: Vec<u8>,
     },
     /// A piece of the text of what the model says (the transcript of its audio, or its
-    /// text in a text-only session).
+    /// text in a text-only session), in the active response.
     TextDelta {
-        /// The response.
-        response_id: String,
         /// The message item.
         item_id: String,
         /// The text.

@@ -40,6 +40,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::chat::ChatContext;
 use crate::events::SessionEvent;
+use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
 use crate::llm::LlmError;
 use crate::output::SpeechId;
@@ -61,7 +62,8 @@ const CLOSE_WAIT: Duration = Duration::from_secs(1);
 
 /// What the session hears from the link: the user's side of the conversation.
 pub(crate) trait UserPort: Send + Sync + 'static {
-    fn user(&self, signal: UserSignal);
+    /// What the server heard; `from` names the link's task.
+    fn user(&self, from: &ActorId, signal: UserSignal);
 }
 
 /// A request to the link.
@@ -91,7 +93,14 @@ pub(crate) enum LinkOp {
     Spoke { speech: SpeechId, item: String },
     /// A speech was cut after `heard_ms`.
     Truncate { speech: SpeechId, heard_ms: u32 },
-    /// The host ends the user's turn (no server turn detection).
+}
+
+/// What the host's `AudioInput` sends, in order on one channel.
+#[derive(Debug)]
+pub(crate) enum AudioIn {
+    /// A piece of the user's audio.
+    Audio(Vec<u8>),
+    /// The user's turn ends here (push to talk, without server turn detection).
     Commit,
 }
 
@@ -109,7 +118,7 @@ pub(crate) enum LinkEvent {
 pub(crate) struct RealtimeLink {
     model: Arc<dyn RealtimeModel>,
     ops: mpsc::UnboundedSender<LinkOp>,
-    audio: mpsc::Sender<Vec<u8>>,
+    audio: mpsc::Sender<AudioIn>,
 }
 
 impl RealtimeLink {
@@ -123,6 +132,7 @@ impl RealtimeLink {
         let (ops, ops_rx) = mpsc::unbounded_channel();
         let (audio, audio_rx) = mpsc::channel(AUDIO_QUEUE);
         let wire = Wire::new(model.settings().clone(), model.capabilities());
+        let id = ActorId::realtime(shared.id(), model.name());
         let task = Task {
             model: model.clone(),
             ops: ops_rx,
@@ -136,6 +146,7 @@ impl RealtimeLink {
             timer: Box::pin(tokio::time::sleep_until(far_future())),
             armed: None,
             dropped_audio: 0,
+            id,
             _alive: alive,
         };
         actix::spawn(task.run());
@@ -153,8 +164,13 @@ impl RealtimeLink {
     }
 
     /// Where the host's audio goes.
-    pub(crate) fn audio(&self) -> mpsc::Sender<Vec<u8>> {
+    pub(crate) fn audio(&self) -> mpsc::Sender<AudioIn> {
         self.audio.clone()
+    }
+
+    /// Whether two handles are of one connection.
+    pub(crate) fn same(&self, other: &RealtimeLink) -> bool {
+        self.ops.same_channel(&other.ops)
     }
 }
 
@@ -171,7 +187,7 @@ enum End {
 struct Task {
     model: Arc<dyn RealtimeModel>,
     ops: mpsc::UnboundedReceiver<LinkOp>,
-    audio: mpsc::Receiver<Vec<u8>>,
+    audio: mpsc::Receiver<AudioIn>,
     wire: Wire,
     listener: Option<mpsc::UnboundedSender<LinkEvent>>,
     port: Arc<dyn UserPort>,
@@ -184,6 +200,8 @@ struct Task {
     timer: Pin<Box<Sleep>>,
     armed: Option<Instant>,
     dropped_audio: u64,
+    /// The task's name as a sender of the session's messages.
+    id: ActorId,
     _alive: AliveToken,
 }
 
@@ -192,7 +210,6 @@ impl Task {
         let settings = self.model.settings().clone();
         let mut failures = 0u32;
         let mut reconnecting = false;
-        let mut last_error = String::new();
         loop {
             // Requests keep coming while the connection is opened: held until it is.
             let opened = {
@@ -214,10 +231,9 @@ impl Task {
                 Some(Ok(conn)) => conn,
                 Some(Err(err)) => {
                     failures += 1;
-                    last_error = err.to_string();
                     tracing::warn!(session = %self.shared.id(), model = %self.model.name(), %err, attempt = failures, "cannot connect to the realtime model");
                     if failures > settings.reconnect.attempts {
-                        self.give_up(&last_error).await;
+                        self.give_up(&err.to_string()).await;
                         return;
                     }
                     let wait = settings.reconnect.backoff * 2u32.saturating_pow(failures - 1);
@@ -246,23 +262,17 @@ impl Task {
                 }
                 End::Dropped(err) => {
                     tracing::warn!(session = %self.shared.id(), model = %self.model.name(), %err, "the realtime connection dropped; reconnecting");
-                    self.shared
-                        .events
-                        .emit(SessionEvent::RealtimeReconnecting {
-                            model: self.model.name().to_owned(),
-                            reason: err.to_string(),
-                        });
-                    last_error = err.to_string();
-                    let _ = &last_error;
+                    self.shared.events.emit(SessionEvent::RealtimeReconnecting {
+                        model: self.model.name().to_owned(),
+                        reason: err.to_string(),
+                    });
                 }
                 End::Recycle => {
                     tracing::debug!(session = %self.shared.id(), model = %self.model.name(), "replacing the realtime connection before its time limit");
-                    self.shared
-                        .events
-                        .emit(SessionEvent::RealtimeReconnecting {
-                            model: self.model.name().to_owned(),
-                            reason: "the connection reached its age limit".to_owned(),
-                        });
+                    self.shared.events.emit(SessionEvent::RealtimeReconnecting {
+                        model: self.model.name().to_owned(),
+                        reason: "the connection reached its age limit".to_owned(),
+                    });
                     close(&mut *conn).await;
                 }
             }
@@ -294,7 +304,10 @@ impl Task {
                 }
             }
             while let Poll::Ready(Some(audio)) = self.audio.poll_recv(cx) {
-                conn.send(ClientEvent::AppendAudio(audio));
+                conn.send(match audio {
+                    AudioIn::Audio(audio) => ClientEvent::AppendAudio(audio),
+                    AudioIn::Commit => ClientEvent::CommitAudio,
+                });
                 progress = true;
             }
             for _ in 0..EVENT_BATCH {
@@ -384,7 +397,6 @@ impl Task {
             LinkOp::Truncate { speech, heard_ms } => {
                 self.wire.truncate(speech, heard_ms, &mut self.out)
             }
-            LinkOp::Commit => self.out.push(Out::Send(ClientEvent::CommitAudio)),
         }
     }
 
@@ -400,7 +412,7 @@ impl Task {
                         }
                     }
                 }
-                Out::User(signal) => self.port.user(signal),
+                Out::User(signal) => self.port.user(&self.id, signal),
                 Out::Error(message) => self.shared.events.emit(SessionEvent::Error {
                     message: format!("the realtime model refused an event: {message}"),
                 }),
@@ -416,7 +428,7 @@ impl Task {
             match out {
                 Out::Send(_) => {}
                 Out::Step(step, event) => self.tell(LinkEvent::Step(step, event)),
-                Out::User(signal) => self.port.user(signal),
+                Out::User(signal) => self.port.user(&self.id, signal),
                 Out::Error(message) => self.shared.events.emit(SessionEvent::Error { message }),
             }
         }

@@ -37,6 +37,7 @@ mod agent_work;
 mod alarm;
 mod close;
 mod endpoint;
+mod realtime;
 mod saver;
 mod schedule;
 mod snapshot;
@@ -68,9 +69,11 @@ use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
-use crate::llm::{Llm, ToolSchema};
+use crate::llm::ToolSchema;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::realtime::Model;
+use crate::realtime_link::RealtimeLink;
 use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
@@ -85,6 +88,7 @@ use crate::toolset::ToolsetActor;
 use agent_work::{Admission, AgentWorkBound};
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
+use realtime::{HeardTurn, Transcribed};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
 pub(crate) use snapshot::{AwaitTask, BeginInput, RecordInput, RestorePlan, TakeSnapshot};
@@ -130,7 +134,7 @@ pub(crate) struct QueuedTurn {
 /// A handoff whose agent was checked: it can start here.
 pub(crate) struct PlannedHandoff {
     handoff: Handoff,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     done: HandoffDone,
     /// Who asked, for the handoff's span.
     cause: Cause,
@@ -205,7 +209,7 @@ type Refused = Box<(HandoffDone, SessionError)>;
 /// A sub-task whose agent was checked.
 pub(crate) struct PlannedTask {
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -287,7 +291,13 @@ impl SpeechPort for SessionLinks {
 }
 
 impl PlayoutPort for SessionLinks {
-    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+    fn report(
+        &self,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+        heard_audio: Option<std::time::Duration>,
+    ) {
         // One per report, at the host's pace; a report of a speech that has ended is
         // dropped at the session.
         self.session.tell(
@@ -296,6 +306,7 @@ impl PlayoutPort for SessionLinks {
                 speech,
                 interrupted,
                 heard,
+                heard_audio,
             },
         );
     }
@@ -383,6 +394,8 @@ pub(crate) struct SessionActor {
     /// The latest final transcript's cause, for the user turn its words make (telemetry;
     /// empty without the feature).
     transcript_cause: Cause,
+    /// The connections to the realtime models live activities use, one per model.
+    realtime_links: Vec<RealtimeLink>,
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -430,6 +443,7 @@ impl SessionActor {
             was_inactive: false,
             published_agent: None,
             transcript_cause: Cause::default(),
+            realtime_links: Vec::new(),
             _lease: lease,
             _alive: alive,
         }
@@ -863,7 +877,7 @@ impl StreamHandler<alarm::Rang> for SessionActor {
 /// What a session starts from.
 pub(crate) enum Start {
     /// Its first agent, with the model it uses.
-    Fresh(Agent, Arc<dyn Llm>),
+    Fresh(Agent, Model),
     /// A snapshot, with the agents it names.
     Restore(Box<RestorePlan>),
 }
@@ -1482,4 +1496,6 @@ counted_handlers!(
     BeginInput,
     RecordInput,
     InputsHandled,
+    HeardTurn,
+    Transcribed,
 );

@@ -224,8 +224,8 @@ impl Mirror {
                 j += 1;
                 continue;
             }
-            let gone_until = (i + 1..old.len().min(i + 1 + LOOKAHEAD))
-                .find(|&k| old[k].key.matches(&items[j]));
+            let gone_until =
+                (i + 1..old.len().min(i + 1 + LOOKAHEAD)).find(|&k| old[k].key.matches(&items[j]));
             if let Some(k) = gone_until {
                 // The entries before `k` left the chat.
                 for entry in &old[i..k] {
@@ -276,12 +276,7 @@ impl Mirror {
 
     /// The entry for a chat item new to the remote side: bound to the model's own item,
     /// created, or local only.
-    fn enter(
-        &mut self,
-        item: &ChatItem,
-        previous: Place,
-        out: &mut Vec<ClientEvent>,
-    ) -> Entry {
+    fn enter(&mut self, item: &ChatItem, previous: Place, out: &mut Vec<ClientEvent>) -> Entry {
         let local = |key| Entry {
             key,
             remote: None,
@@ -391,12 +386,7 @@ impl Mirror {
     }
 
     /// Creates an item with an id of the engine's after `previous`.
-    fn create(
-        &mut self,
-        previous: Place,
-        item: RemoteItem,
-        out: &mut Vec<ClientEvent>,
-    ) -> String {
+    fn create(&mut self, previous: Place, item: RemoteItem, out: &mut Vec<ClientEvent>) -> String {
         self.next_item += 1;
         let id = format!("sb_item_{}", self.next_item);
         out.push(ClientEvent::CreateItem {
@@ -532,7 +522,9 @@ mod tests {
         let out = sync(&mut mirror, &chat);
         let made = created(&out);
         assert_eq!(made.len(), 1);
-        assert!(matches!(&made[0].2, RemoteItem::FunctionCallOutput { call_id, .. } if call_id == "call_a"));
+        assert!(
+            matches!(&made[0].2, RemoteItem::FunctionCallOutput { call_id, .. } if call_id == "call_a")
+        );
     }
 
     #[test]
@@ -642,9 +634,15 @@ mod tests {
         chat.push(ChatItem::message(ChatRole::Assistant, "Sure."));
         sync(&mut mirror, &chat);
         let mut task = ChatContext::new();
-        task.push(ChatItem::message(ChatRole::System, "Collect the party size."));
+        task.push(ChatItem::message(
+            ChatRole::System,
+            "Collect the party size.",
+        ));
         let out = sync(&mut mirror, &task);
-        assert_eq!(deleted(&out), vec!["item_user".to_owned(), "sb_item_1".to_owned()]);
+        assert_eq!(
+            deleted(&out),
+            vec!["item_user".to_owned(), "sb_item_1".to_owned()]
+        );
         assert_eq!(created(&out).len(), 1);
         // Back to the first chat: what was deleted is created again, as text.
         let out = sync(&mut mirror, &chat);
@@ -708,8 +706,12 @@ mod tests {
         let out = sync(&mut mirror, &chat);
         let made = created(&out);
         assert_eq!(made.len(), 4);
-        assert!(matches!(&made[1].2, RemoteItem::Message { role: ChatRole::Assistant, text } if text == "Checking."));
-        assert!(matches!(&made[2].2, RemoteItem::FunctionCall { call_id, .. } if call_id == "call_a"));
+        assert!(
+            matches!(&made[1].2, RemoteItem::Message { role: ChatRole::Assistant, text } if text == "Checking.")
+        );
+        assert!(
+            matches!(&made[2].2, RemoteItem::FunctionCall { call_id, .. } if call_id == "call_a")
+        );
         // Ids stay unique across connections.
         assert!(made.iter().all(|(id, _, _)| id != "sb_item_1"));
     }

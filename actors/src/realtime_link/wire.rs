@@ -82,6 +82,18 @@ pub(crate) struct Ask {
     cancelled: bool,
 }
 
+impl Ask {
+    /// A request of step `step`.
+    pub(crate) fn new(step: u64, instructions: Option<String>, tool_choice: ToolChoice) -> Self {
+        Self {
+            step,
+            instructions,
+            tool_choice,
+            ..Self::default()
+        }
+    }
+}
+
 /// A piece of a step's answer.
 #[derive(Debug)]
 pub(crate) enum StepEvent {
@@ -107,9 +119,14 @@ pub(crate) enum UserSignal {
     Started,
     Stopped,
     /// The user's turn ended: their audio is item `item`.
-    Heard { item: String },
+    Heard {
+        item: String,
+    },
     /// The transcript of item `item`.
-    Transcript { item: String, text: String },
+    Transcript {
+        item: String,
+        text: String,
+    },
 }
 
 /// What the link's task does.
@@ -614,10 +631,7 @@ impl Wire {
 
     /// Sends the next waiting request if nothing holds it back.
     fn pump(&mut self, now: Instant, out: &mut Vec<Out>) {
-        if self.active.is_some()
-            || self.in_flight.is_some()
-            || self.user_speaking
-            || !self.replayed
+        if self.active.is_some() || self.in_flight.is_some() || self.user_speaking || !self.replayed
         {
             return;
         }

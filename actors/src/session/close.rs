@@ -109,6 +109,8 @@ impl SessionActor {
                 // The last settled state reaches the store before the session is gone.
                 .then(|_, act, _| act.chain.flushed().into_actor(act))
                 .map(|(), act, ctx| {
+                    // Every activity is gone: the realtime connections close now.
+                    act.drop_realtime();
                     act.shared.events.emit(SessionEvent::Closed);
                     act.shared.host_view.publish_inactive(true);
                     ctx.stop();

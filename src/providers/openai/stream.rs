@@ -152,6 +152,8 @@ impl StreamDecoder {
                 prompt_tokens: usage.prompt_tokens,
                 completion_tokens: usage.completion_tokens,
                 cached_prompt_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
+                audio_prompt_tokens: None,
+                audio_completion_tokens: None,
             }));
         }
         Ok(decoded)

@@ -8,7 +8,7 @@ use tokio::sync::broadcast;
 use tokio::sync::oneshot::error::TryRecvError;
 
 use super::*;
-use crate::llm::ToolCallChunk;
+use crate::llm::{Llm, ToolCallChunk};
 use crate::outcome::Effect;
 use crate::output::SpeechOutput;
 
@@ -125,7 +125,7 @@ fn setup(output: Output, agent: Agent, chat: ChatContext, carried: Vec<PendingIt
     let machine = Activation::new(Setup {
         id: ActorId::new("activity/s1/a#1"),
         agent,
-        llm: Arc::new(Silent),
+        llm: crate::realtime::Model::Text(Arc::new(Silent)),
         shared,
         speech_port: Arc::new(NoPort),
         tools,

@@ -84,7 +84,6 @@ fn message(id: &str) -> ServerEvent {
 
 fn audio(item: &str, ms: usize) -> ServerEvent {
     ServerEvent::AudioDelta {
-        response_id: "r".to_owned(),
         item_id: item.to_owned(),
         audio: vec![0; ms * 48],
     }
@@ -383,7 +382,10 @@ fn calls_of_a_cut_response_are_deleted_before_the_next_request() {
             id: "c1".to_owned()
         }
     );
-    assert!(matches!(sent[1], ClientEvent::CreateResponse { tag: 2, .. }));
+    assert!(matches!(
+        sent[1],
+        ClientEvent::CreateResponse { tag: 2, .. }
+    ));
 }
 
 #[test]
@@ -406,7 +408,10 @@ fn every_call_is_answered_before_the_response_that_follows() {
             ..
         }
     ));
-    assert!(matches!(sent[1], ClientEvent::CreateResponse { tag: 2, .. }));
+    assert!(matches!(
+        sent[1],
+        ClientEvent::CreateResponse { tag: 2, .. }
+    ));
 }
 
 #[test]
@@ -457,7 +462,6 @@ fn a_drop_mid_answer_asks_again_after_the_replay_with_what_was_said() {
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(
         ServerEvent::TextDelta {
-            response_id: "r1".to_owned(),
             item_id: "a1".to_owned(),
             delta: "It is sun".to_owned(),
         },
@@ -474,7 +478,10 @@ fn a_drop_mid_answer_asks_again_after_the_replay_with_what_was_said() {
     assert!(
         matches!(sent[0], ClientEvent::CreateItem { item: crate::realtime::RemoteItem::Message { text, .. }, .. } if text == "It is sun")
     );
-    assert!(matches!(sent[1], ClientEvent::CreateResponse { tag: 1, .. }));
+    assert!(matches!(
+        sent[1],
+        ClientEvent::CreateResponse { tag: 1, .. }
+    ));
     assert_eq!(creates(&out), 1, "step 2 waits for step 1's response");
 }
 
@@ -511,7 +518,10 @@ fn a_drop_after_the_calls_came_ends_the_step_so_they_run() {
             ..
         }
     ));
-    assert!(matches!(sent[2], ClientEvent::CreateResponse { tag: 2, .. }));
+    assert!(matches!(
+        sent[2],
+        ClientEvent::CreateResponse { tag: 2, .. }
+    ));
 }
 
 #[test]
@@ -532,7 +542,11 @@ fn requests_wait_for_the_replay_after_a_reconnection() {
     wire.connected(&mut out);
     out.clear();
     wire.tick(now, &mut out);
-    assert_eq!(creates(&out), 0, "the request in flight waits for the replay");
+    assert_eq!(
+        creates(&out),
+        0,
+        "the request in flight waits for the replay"
+    );
     wire.sync(&ChatContext::new(), now, &mut out);
     assert_eq!(creates(&out), 1);
 }
