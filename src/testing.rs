@@ -2,13 +2,24 @@
 //! output, fluent assertions on a turn, a gate to hold a tool, and bounded waits on
 //! session events. No network, no key, no sleeps.
 //!
+//! For realtime agents: [`ScriptedRealtime`], a realtime model that answers from a
+//! [`RealtimeScript`] in memory and checks every event the engine sends as the OpenAI
+//! Realtime service does ([`SimReport`]); [`RealtimeServer`] (cargo feature `realtime`),
+//! the same on a loopback WebSocket for the real provider; [`tone`] and [`silence`] to
+//! play a caller through `Session::audio_input`.
+//!
 //! `docs/testing.md` ("Testing an agent") walks through all of it.
 
 pub mod event;
 mod expect;
 mod gate;
 mod output;
+mod realtime_script;
+#[cfg(feature = "realtime")]
+mod realtime_server;
+mod realtime_sim;
 mod scripted_llm;
+mod scripted_realtime;
 mod wait;
 
 pub use expect::{
@@ -17,5 +28,10 @@ pub use expect::{
 };
 pub use gate::Gate;
 pub use output::{ConsoleOutput, OutputCall, RecordedSpeech, RecordingOutput};
+pub use realtime_script::{silence, tone, RealtimeReply, RealtimeScript};
+#[cfg(feature = "realtime")]
+pub use realtime_server::RealtimeServer;
+pub use realtime_sim::{SimReport, SpeechStart};
 pub use scripted_llm::{HeldRequest, Reply, ScriptedLlm};
+pub use scripted_realtime::ScriptedRealtime;
 pub use wait::{next_event, settled, EventMatcher, EventWaiter, WaitError};
