@@ -913,12 +913,13 @@ impl Handler<UserStartedSpeaking> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, _msg: UserStartedSpeaking, ctx: &mut Self::Context) {
+        self.feed(Input::UserStartedSpeaking { at: Instant::now() }, ctx);
         if let Some(realtime) = &self.realtime {
             // The server may answer by itself when the user stops: what the chat holds
-            // that the model lacks (outputs of calls) goes now.
+            // that the model lacks goes now, with the outputs the interruption just gave
+            // the calls of the step it cut.
             realtime.sync(self.machine.chat().clone());
         }
-        self.feed(Input::UserStartedSpeaking { at: Instant::now() }, ctx);
     }
 }
 

@@ -419,7 +419,11 @@ impl Connection {
             Ok(event) => event,
             Err(_) => {
                 self.count_client("<invalid json>");
-                let refusal = refuse("invalid_client_event", "invalid_json", "The server could not parse the JSON event.");
+                let refusal = refuse(
+                    "invalid_client_event",
+                    "invalid_json",
+                    "The server could not parse the JSON event.",
+                );
                 self.send_error(refusal, &Value::Null);
                 return;
             }
@@ -483,7 +487,10 @@ impl Connection {
             "session.update" => self.session_update(event),
             "input_audio_buffer.append" => self.append(event),
             "input_audio_buffer.commit" => {
-                let item = self.speech_item.take().unwrap_or_else(|| self.new_id("item"));
+                let item = self
+                    .speech_item
+                    .take()
+                    .unwrap_or_else(|| self.new_id("item"));
                 self.speaking = false;
                 self.commit(item)
             }
@@ -524,7 +531,9 @@ impl Connection {
                         return Err(refuse(
                             "cancel_unknown_response_id",
                             "invalid_value",
-                            format!("Cancellation failed: response '{id}' is not the active response."),
+                            format!(
+                                "Cancellation failed: response '{id}' is not the active response."
+                            ),
                         ));
                     }
                 }
@@ -562,7 +571,9 @@ impl Connection {
             ));
         }
         let modalities = &session["output_modalities"];
-        if !modalities.is_null() && *modalities != json!(["audio"]) && *modalities != json!(["text"])
+        if !modalities.is_null()
+            && *modalities != json!(["audio"])
+            && *modalities != json!(["text"])
         {
             return Err(refuse(
                 "invalid_session_update",
@@ -756,7 +767,10 @@ impl Connection {
 
     fn speech_stopped(&mut self) {
         self.speaking = false;
-        let item = self.speech_item.take().unwrap_or_else(|| self.new_id("item"));
+        let item = self
+            .speech_item
+            .take()
+            .unwrap_or_else(|| self.new_id("item"));
         self.send(json!({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 0, "item_id": item}));
         if self.buffered_bytes < 100 * PCM_BYTES_PER_MS {
             return;
@@ -797,8 +811,12 @@ impl Connection {
             None,
         );
         self.send(json!({"type": "input_audio_buffer.committed", "previous_item_id": prev, "item_id": item_id}));
-        self.send(json!({"type": "conversation.item.added", "previous_item_id": prev, "item": data}));
-        self.send(json!({"type": "conversation.item.done", "previous_item_id": prev, "item": data}));
+        self.send(
+            json!({"type": "conversation.item.added", "previous_item_id": prev, "item": data}),
+        );
+        self.send(
+            json!({"type": "conversation.item.done", "previous_item_id": prev, "item": data}),
+        );
         if !self.session["audio"]["input"]["transcription"].is_null() {
             let text = self.sim.lock().script.user_transcript.clone();
             self.send(json!({"type": "conversation.item.input_audio_transcription.delta", "item_id": item_id, "content_index": 0, "delta": text}));
@@ -828,7 +846,10 @@ impl Connection {
             return Err(refuse(
                 "invalid_conversation_item",
                 "string_above_max_length",
-                format!("Invalid 'item.id': string too long ({} > {MAX_ID}).", id.len()),
+                format!(
+                    "Invalid 'item.id': string too long ({} > {MAX_ID}).",
+                    id.len()
+                ),
             ));
         }
         if self.items.contains_key(&id) {
@@ -844,11 +865,14 @@ impl Connection {
                 return Err(refuse(
                     "invalid_conversation_item",
                     "item_create_invalid_previous_item_id",
-                    format!("Error adding item: the previous item with id '{previous}' does not exist."),
+                    format!(
+                        "Error adding item: the previous item with id '{previous}' does not exist."
+                    ),
                 ));
             }
         }
-        let mut data = json!({"id": id, "object": "realtime.item", "type": kind, "status": "completed"});
+        let mut data =
+            json!({"id": id, "object": "realtime.item", "type": kind, "status": "completed"});
         match kind.as_str() {
             "message" => {
                 let role = item["role"].as_str().unwrap_or_default();
@@ -945,8 +969,12 @@ impl Connection {
             }
             _ => {}
         }
-        self.send(json!({"type": "conversation.item.added", "previous_item_id": prev, "item": data}));
-        self.send(json!({"type": "conversation.item.done", "previous_item_id": prev, "item": data}));
+        self.send(
+            json!({"type": "conversation.item.added", "previous_item_id": prev, "item": data}),
+        );
+        self.send(
+            json!({"type": "conversation.item.done", "previous_item_id": prev, "item": data}),
+        );
         Ok(())
     }
 
@@ -1029,7 +1057,13 @@ impl Connection {
             .transcript
             .split_whitespace()
             .enumerate()
-            .map(|(i, w)| if i == 0 { w.to_owned() } else { format!(" {w}") })
+            .map(|(i, w)| {
+                if i == 0 {
+                    w.to_owned()
+                } else {
+                    format!(" {w}")
+                }
+            })
             .collect();
         self.streaming = Some(Streaming {
             id,
@@ -1110,7 +1144,13 @@ impl Connection {
                 let item = streaming.message.clone().unwrap_or_default();
                 if streaming.cancelled.is_none() {
                     let spoken = streaming.reply.chunks as usize;
-                    for word in streaming.words.iter().skip(spoken).cloned().collect::<Vec<_>>() {
+                    for word in streaming
+                        .words
+                        .iter()
+                        .skip(spoken)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                    {
                         streaming.said.push_str(&word);
                         self.send(json!({"type": "response.output_audio_transcript.delta", "response_id": rid, "item_id": item, "output_index": 0, "content_index": 0, "delta": word}));
                     }
@@ -1192,7 +1232,13 @@ impl Connection {
         self.streaming = Some(streaming);
     }
 
-    fn response_obj(&self, streaming: &Streaming, status: &str, details: Value, output: bool) -> Value {
+    fn response_obj(
+        &self,
+        streaming: &Streaming,
+        status: &str,
+        details: Value,
+        output: bool,
+    ) -> Value {
         let output: Vec<Value> = if output {
             streaming
                 .output

@@ -172,11 +172,11 @@ impl RealtimeConnection for MemoryConnection {
             match self.from_server.poll_recv(cx) {
                 Poll::Ready(Some(Outgoing::Text(text))) => match codec::decode(&text) {
                     Ok(event) => return Poll::Ready(Some(Ok(event))),
-                    Err(why) => tracing::warn!(%why, "the simulated server sent an unreadable event"),
+                    Err(why) => {
+                        tracing::warn!(%why, "the simulated server sent an unreadable event")
+                    }
                 },
-                Poll::Ready(Some(Outgoing::Close)) | Poll::Ready(None) => {
-                    return Poll::Ready(None)
-                }
+                Poll::Ready(Some(Outgoing::Close)) | Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
         }

@@ -78,6 +78,8 @@ pub(crate) struct Ask {
     pub(crate) tool_choice: ToolChoice,
     /// What the model said before the connection dropped (asked again after a replay).
     pub(crate) said: String,
+    /// Asked again after a drop: its text goes on from what was said.
+    continues: bool,
     /// Cancelled after it was sent: its response is cancelled when it starts.
     cancelled: bool,
 }
@@ -520,6 +522,10 @@ impl Wire {
                     }));
                 } else {
                     active.claim = Claim::Step(tag);
+                    if ask.continues {
+                        // The answer goes on after what was said before the drop.
+                        out.push(Out::Step(tag, StepEvent::Text(" ".to_owned())));
+                    }
                 }
                 active.ask = Some(ask);
             }
@@ -701,6 +707,7 @@ impl Wire {
                 } else {
                     let mut ask = active.ask.unwrap_or_default();
                     ask.step = step;
+                    ask.continues = !active.text.is_empty();
                     ask.said = active.text;
                     again.push(ask);
                 }
