@@ -29,6 +29,10 @@ use crate::output::SpeechId;
 use crate::realtime::AudioFormat;
 use crate::realtime_link::{AgentConfig, Ask, LinkEvent, LinkOp, RealtimeLink};
 
+/// A speaking pace (about 150 words a minute), to place a cut in a text whose audio did
+/// not all come.
+const CHARS_PER_SECOND: u64 = 15;
+
 /// Speeches whose audio is remembered for their playout reports (a report comes once the
 /// speech has played; a few turns back is plenty).
 const REMEMBERED: usize = 8;
@@ -266,11 +270,14 @@ impl Realtime {
         let heard_ms = u32::try_from(heard.as_millis()).unwrap_or(u32::MAX);
         self.link.send(LinkOp::Truncate { speech, heard_ms });
         let bytes = self.heard.iter().find(|h| h.speech == speech)?.bytes;
-        let total = self.format.duration_of(bytes);
         let text = chat
             .position_of_speech(speech)
             .and_then(|at| chat.items().get(at))
             .and_then(ChatItem::text)?;
+        // The text usually runs ahead of the audio, and a cut answer's full length is
+        // unknown: the longer of the audio received and the text at a speaking pace.
+        let spoken = Duration::from_millis(text.chars().count() as u64 * 1000 / CHARS_PER_SECOND);
+        let total = self.format.duration_of(bytes).max(spoken);
         Some(heard_text(text, heard, total).to_owned())
     }
 

@@ -39,6 +39,8 @@ struct Instruments {
     prompt_tokens: Counter<u64>,
     completion_tokens: Counter<u64>,
     cached_prompt_tokens: Counter<u64>,
+    audio_prompt_tokens: Counter<u64>,
+    audio_completion_tokens: Counter<u64>,
     sessions_live: UpDownCounter<i64>,
 }
 
@@ -77,6 +79,15 @@ impl Telemetry {
     /// Counter, tokens, attributes `agent` and `llm`: prompt tokens served from the
     /// provider's cache, when it says. LiveKit: `prompt_cached_tokens`.
     pub const LLM_PROMPT_CACHED_TOKENS: &'static str = "switchboard.llm.prompt_cached_tokens";
+    /// Counter, tokens, attributes `agent` and `llm`: of the prompt tokens, those of audio
+    /// (a realtime model hearing the user), when the provider says. LiveKit's realtime
+    /// metrics: `input_token_details.audio_tokens`.
+    pub const LLM_PROMPT_AUDIO_TOKENS: &'static str = "switchboard.llm.prompt_audio_tokens";
+    /// Counter, tokens, attributes `agent` and `llm`: of the completion tokens, those of
+    /// audio (a realtime model speaking), when the provider says. LiveKit:
+    /// `output_token_details.audio_tokens`.
+    pub const LLM_COMPLETION_AUDIO_TOKENS: &'static str =
+        "switchboard.llm.completion_audio_tokens";
     /// Up-down counter: sessions whose actor runs, summed over every engine that records
     /// here.
     pub const SESSIONS_LIVE: &'static str = "switchboard.sessions.live";
@@ -124,6 +135,14 @@ impl Telemetry {
                 cached_prompt_tokens: tokens(
                     Self::LLM_PROMPT_CACHED_TOKENS,
                     "Prompt tokens served from the provider's cache",
+                ),
+                audio_prompt_tokens: tokens(
+                    Self::LLM_PROMPT_AUDIO_TOKENS,
+                    "Prompt tokens of audio (realtime models)",
+                ),
+                audio_completion_tokens: tokens(
+                    Self::LLM_COMPLETION_AUDIO_TOKENS,
+                    "Completion tokens of audio (realtime models)",
                 ),
                 sessions_live: meter
                     .i64_up_down_counter(Self::SESSIONS_LIVE)
@@ -187,6 +206,12 @@ impl Telemetry {
                 .add(u64::from(usage.completion_tokens), &attributes);
             if let Some(cached) = usage.cached_prompt_tokens {
                 i.cached_prompt_tokens.add(u64::from(cached), &attributes);
+            }
+            if let Some(audio) = usage.audio_prompt_tokens {
+                i.audio_prompt_tokens.add(u64::from(audio), &attributes);
+            }
+            if let Some(audio) = usage.audio_completion_tokens {
+                i.audio_completion_tokens.add(u64::from(audio), &attributes);
             }
         }
     }
