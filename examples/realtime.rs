@@ -107,7 +107,11 @@ impl SpeechOutput for Speaker {
         let me = self.clone();
         tokio::spawn(async move {
             sleep(left).await;
-            if me.lock().current.is_some_and(|(playing, ..)| playing == speech) {
+            if me
+                .lock()
+                .current
+                .is_some_and(|(playing, ..)| playing == speech)
+            {
                 me.lock().current = None;
                 reporter.audio_finished(speech, false, received);
             }
@@ -124,7 +128,10 @@ impl SpeechOutput for Speaker {
                 playing.current = None;
                 playing.cut = Some(speech);
                 let heard = started.elapsed().min(received);
-                println!("\n  [the speaker stops after {} ms of the answer]", heard.as_millis());
+                println!(
+                    "\n  [the speaker stops after {} ms of the answer]",
+                    heard.as_millis()
+                );
                 reporter.audio_finished(speech, true, heard);
             }
         }
@@ -230,7 +237,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     mic.flush();
     let first = asking.await??;
-    println!("\n  [the first turn ended; interrupted: {}]", first.interrupted);
+    println!(
+        "\n  [the first turn ended; interrupted: {}]",
+        first.interrupted
+    );
     session.wait_for_settled().await?;
 
     // 3. A billing question: the front desk transfers the call on the same socket.

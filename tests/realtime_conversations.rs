@@ -49,4 +49,142 @@ scenario!(
     a_sub_task,
     a_dropped_socket_mid_response_is_replayed,
     a_late_tool_result_is_always_heard,
+    a_long_answer_in_one_burst_plays_in_full,
 );
+
+/// A connection that hands over a whole response at once, as a socket whose buffer holds
+/// many events does: readable once, then every event without a new wake.
+mod burst {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+    use std::task::{Context, Poll, Waker};
+
+    use switchboard::futures::future::{BoxFuture, FutureExt};
+    use switchboard::realtime::{
+        ClientEvent, OutputKind, RealtimeCapabilities, RealtimeConnection, RealtimeError,
+        RealtimeModel, RealtimeSettings, ResponseStatus, ServerEvent,
+    };
+
+    pub struct Burst {
+        settings: RealtimeSettings,
+        pub chunks: usize,
+    }
+
+    impl Burst {
+        pub fn new(chunks: usize) -> Self {
+            Self {
+                settings: RealtimeSettings::new(),
+                chunks,
+            }
+        }
+    }
+
+    impl RealtimeModel for Burst {
+        fn name(&self) -> &str {
+            "burst"
+        }
+        fn capabilities(&self) -> RealtimeCapabilities {
+            RealtimeCapabilities::OPENAI
+        }
+        fn settings(&self) -> &RealtimeSettings {
+            &self.settings
+        }
+        fn connect(
+            &self,
+        ) -> BoxFuture<'static, Result<Box<dyn RealtimeConnection>, RealtimeError>> {
+            let chunks = self.chunks;
+            async move {
+                Ok(Box::new(Conn {
+                    chunks,
+                    ready: Arc::new(Mutex::new((VecDeque::new(), None))),
+                }) as Box<dyn RealtimeConnection>)
+            }
+            .boxed()
+        }
+    }
+
+    type Ready = Arc<Mutex<(VecDeque<ServerEvent>, Option<Waker>)>>;
+
+    struct Conn {
+        chunks: usize,
+        ready: Ready,
+    }
+
+    impl RealtimeConnection for Conn {
+        fn send(&mut self, event: ClientEvent) {
+            let ClientEvent::CreateResponse { tag, .. } = event else {
+                return;
+            };
+            let mut ready = self.ready.lock().unwrap();
+            let response = format!("resp_{tag}");
+            ready.0.push_back(ServerEvent::ResponseCreated {
+                response_id: response.clone(),
+                tag: Some(tag),
+            });
+            ready.0.push_back(ServerEvent::OutputItemAdded {
+                response_id: response.clone(),
+                item_id: format!("item_{tag}"),
+                kind: OutputKind::Message,
+            });
+            ready.0.push_back(ServerEvent::TextDelta {
+                item_id: format!("item_{tag}"),
+                delta: "A long answer.".to_owned(),
+            });
+            for _ in 0..self.chunks {
+                ready.0.push_back(ServerEvent::AudioDelta {
+                    item_id: format!("item_{tag}"),
+                    audio: vec![0; 960],
+                });
+            }
+            ready.0.push_back(ServerEvent::ResponseDone {
+                response_id: response,
+                status: ResponseStatus::Completed,
+                usage: None,
+            });
+            // One readiness edge for the whole burst.
+            if let Some(waker) = ready.1.take() {
+                waker.wake();
+            }
+        }
+
+        fn poll_flush(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), RealtimeError>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_next(
+            &mut self,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<ServerEvent, RealtimeError>>> {
+            let mut ready = self.ready.lock().unwrap();
+            match ready.0.pop_front() {
+                Some(event) => Poll::Ready(Some(Ok(event))),
+                None => {
+                    ready.1 = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        }
+    }
+}
+
+#[switchboard::test]
+async fn a_burst_the_connection_holds_at_once_is_read_to_its_end() {
+    use switchboard::prelude::*;
+    use switchboard::testing::RecordingOutput;
+    tokio::time::pause();
+    let output = RecordingOutput::new();
+    let session = Session::builder()
+        .realtime(Arc::new(burst::Burst::new(300)))
+        .agent(Agent::builder("assistant").build().unwrap())
+        .output(output.clone())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let result = session
+        .run("hi")
+        .await
+        .expect("the answer, read to its end");
+    assert!(!result.interrupted);
+    assert_eq!(output.last_speech().unwrap().audio_bytes, 300 * 960);
+    session.close().await.unwrap();
+}

@@ -61,6 +61,7 @@ scenario!(
     a_sub_task,
     a_dropped_socket_mid_response_is_replayed,
     a_late_tool_result_is_always_heard,
+    a_long_answer_in_one_burst_plays_in_full,
 );
 
 #[switchboard::test]

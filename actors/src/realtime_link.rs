@@ -310,7 +310,12 @@ impl Task {
                 });
                 progress = true;
             }
-            for _ in 0..EVENT_BATCH {
+            let mut batch = 0;
+            let drained = loop {
+                if batch == EVENT_BATCH {
+                    break false;
+                }
+                batch += 1;
                 match conn.poll_next(cx) {
                     Poll::Ready(Some(Ok(event))) => {
                         self.wire.on_event(event, Instant::now(), &mut self.out);
@@ -322,11 +327,17 @@ impl Task {
                             message: "the server closed the connection".to_owned(),
                         }))
                     }
-                    Poll::Pending => break,
+                    Poll::Pending => break true,
                 }
-            }
+            };
             if let Poll::Ready(Err(err)) = conn.poll_flush(cx) {
                 return Poll::Ready(End::Dropped(err));
+            }
+            if !drained {
+                // More events may wait in the connection's buffer, which no waker watches:
+                // yield to the arbiter's other tasks and come back at once.
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
             }
             let old_at = opened_at + self.model.settings().max_connection_age;
             let now = Instant::now();

@@ -681,3 +681,22 @@ pub async fn a_late_tool_result_is_always_heard<B: Backend>() {
     );
     session.close().await.unwrap();
 }
+
+/// A long answer sent in one burst (250 chunks, more than the link reads in one go) is
+/// played in full: the link yields between batches and comes back for the rest.
+pub async fn a_long_answer_in_one_burst_plays_in_full<B: Backend>() {
+    let backend = B::start(RealtimeScript::new([RealtimeReply::speech(
+        "Here is something nice: the sun is out and the coffee is still warm today.",
+    )
+    .chunks(250)]));
+    let output = RecordingOutput::new();
+    let agent = Agent::builder("assistant").build().unwrap();
+    let session = start(backend.model(), agent, output.clone()).await;
+    let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+    speak(&session);
+    assistant_said(&mut events).await;
+    session.wait_for_settled().await.unwrap();
+    assert_eq!(output.last_speech().unwrap().audio_bytes, 250 * 960);
+    no_violations(&backend.report());
+    session.close().await.unwrap();
+}

@@ -86,8 +86,7 @@ impl Telemetry {
     /// Counter, tokens, attributes `agent` and `llm`: of the completion tokens, those of
     /// audio (a realtime model speaking), when the provider says. LiveKit:
     /// `output_token_details.audio_tokens`.
-    pub const LLM_COMPLETION_AUDIO_TOKENS: &'static str =
-        "switchboard.llm.completion_audio_tokens";
+    pub const LLM_COMPLETION_AUDIO_TOKENS: &'static str = "switchboard.llm.completion_audio_tokens";
     /// Up-down counter: sessions whose actor runs, summed over every engine that records
     /// here.
     pub const SESSIONS_LIVE: &'static str = "switchboard.sessions.live";

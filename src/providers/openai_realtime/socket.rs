@@ -140,7 +140,12 @@ impl Socket {
         } else {
             Transport::Plain(tcp)
         };
-        let config = WebSocketConfig::default().max_message_size(Some(64 << 20));
+        // tungstenite zeroes its free read buffer before every read: at its default of 128
+        // KiB that is a 128 KiB memset (and a cache flushed) per event of ~1.4 KiB; 8 KiB
+        // holds several events and the buffer still grows to any message's length.
+        let config = WebSocketConfig::default()
+            .max_message_size(Some(64 << 20))
+            .read_buffer_size(8 * 1024);
         let (ws, _response) =
             tokio_tungstenite::client_async_with_config(request, transport, Some(config))
                 .await
