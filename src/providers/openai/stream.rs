@@ -272,7 +272,8 @@ mod tests {
                 LlmChunk::Usage(LlmUsage {
                     prompt_tokens: 50,
                     completion_tokens: 20,
-                    cached_prompt_tokens: Some(10)
+                    cached_prompt_tokens: Some(10),
+                    ..LlmUsage::default()
                 }),
             ]
         );

@@ -316,9 +316,42 @@ fn owned(text: Option<Cow<'_, str>>) -> String {
     text.map(Cow::into_owned).unwrap_or_default()
 }
 
+/// The value of the string field `name` in a flat event, when it holds no escape (`None`:
+/// absent, escaped, or not a string; the full parser then reads the event).
+fn plain_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let key = text.find(name)?;
+    let rest = text[key + name.len()..].trim_start();
+    let rest = rest.strip_prefix(':')?.trim_start().strip_prefix('"')?;
+    let end = rest.find('"')?;
+    let value = &rest[..end];
+    (!value.contains('\\')).then_some(value)
+}
+
+/// The hot path: a piece of the model's audio (most events of a response) read without the
+/// general parser: its item id and its base64, found by their keys. Anything unusual (an
+/// escape, a missing field) goes to the general parser.
+fn audio_delta(text: &str) -> Option<Result<ServerEvent, String>> {
+    if !text.contains(r#""response.output_audio.delta""#) {
+        return None;
+    }
+    let delta = plain_field(text, r#""delta""#)?;
+    let item = plain_field(text, r#""item_id""#)?;
+    Some(
+        B64.decode(delta)
+            .map(|audio| ServerEvent::AudioDelta {
+                item_id: item.to_owned(),
+                audio,
+            })
+            .map_err(|err| format!("an audio delta is not base64: {err}")),
+    )
+}
+
 /// Decodes one server event. Text that is not an event the engine can read is reported
 /// as an error (the connection goes on; the caller logs it).
 pub fn decode(text: &str) -> Result<ServerEvent, String> {
+    if let Some(audio) = audio_delta(text) {
+        return audio;
+    }
     let event: Event<'_> = serde_json::from_str(text).map_err(|err| {
         let mut quoted = String::new();
         let end = (0..=QUOTE.min(text.len()))
@@ -508,6 +541,28 @@ mod tests {
                 audio: vec![9; 960]
             })
         );
+    }
+
+    #[test]
+    fn audio_deltas_decode_in_any_field_order_and_with_escapes() {
+        let b64 = B64.encode([7u8; 48]);
+        let reordered = format!(
+            r#"{{"delta" : "{b64}", "item_id":"i2", "type":"response.output_audio.delta"}}"#
+        );
+        let escaped = format!(
+            r#"{{"type":"response.output_audio.delta","item_id":"i3","delta":"{}"}}"#,
+            b64.replace('/', "\\/")
+        );
+        for (text, item) in [(reordered, "i2"), (escaped, "i3")] {
+            assert_eq!(
+                decode(&text),
+                Ok(ServerEvent::AudioDelta {
+                    item_id: item.to_owned(),
+                    audio: vec![7; 48]
+                }),
+                "{text}"
+            );
+        }
     }
 
     #[test]
