@@ -814,8 +814,11 @@ async fn snapshot_delta(engine: &Engine, pasts: &[Arc<[ChatItem]>], file: Option
             for k in 0..warmup + n {
                 let session = session_at(engine, past, None).await;
                 let full = session.snapshot().await.unwrap();
+                // A writer claims the session, then saves the full snapshot after its claim.
+                let mut after = None;
                 if let Some(store) = file {
-                    store.save(full.clone()).await.unwrap();
+                    let claim = store.claim(session.id().as_str(), 0).await.unwrap().claim;
+                    after = Some(store.save(full.clone(), claim.version()).await.unwrap());
                 }
                 // Kept only for the check below: a host that saved it would have let it go.
                 let full = (file.is_some() && k == warmup).then_some(full);
@@ -835,7 +838,8 @@ async fn snapshot_delta(engine: &Engine, pasts: &[Arc<[ChatItem]>], file: Option
                 let appending = Instant::now();
                 let appended = match file {
                     Some(store) => {
-                        store.append(delta).await.unwrap();
+                        let after = after.expect("saved above");
+                        store.append(delta, after).await.unwrap();
                         Instant::now()
                     }
                     None => appending,

@@ -11,9 +11,12 @@
 //!    every settled turn. The user asks for a flight; the agent hands off to a booking
 //!    agent built with the call's data (the destination), which starts a search that runs
 //!    in the background, saving a checkpoint per page it reads. Half-way through the search the
-//!    process takes a last snapshot (as a host does on SIGTERM) and exits.
-//! 2. **The second process** loads the snapshot, restores the session with an
-//!    `AgentRegistry` (the booking agent is built again from its data), and the search
+//!    process writes the session to the store once more (`Session::save`, as a host does
+//!    on SIGTERM) and exits.
+//! 2. **The second process** claims the session in the store and restores it from there
+//!    (`SessionBuilder::restore_from`: a new epoch from the store, and any process still
+//!    running the session would have its next save refused) with an `AgentRegistry` (the
+//!    booking agent is built again from its data), and the search
 //!    resumes from its checkpoint (`RestorePolicy::Resume`); its result reaches the user in
 //!    a deferred reply, and the conversation goes on.
 //!
@@ -142,9 +145,11 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     session.run("I need a flight to Lisbon on Friday").await?;
     // The search runs in the background; half-way through it, the process goes down.
     tokio::time::sleep(Duration::from_millis(75)).await;
-    let snapshot = session.snapshot().await?;
+    // As a host does on SIGTERM: the session writes itself to its store once more (it
+    // saved when its turn settled; this adds the search's checkpoints since), under its
+    // claim on the session.
+    let snapshot = session.save().await?;
     let (id, bytes) = (snapshot.session_id().to_owned(), snapshot.to_bytes().len());
-    store.save(snapshot).await?;
     println!(
         "  saved session {id} ({bytes} bytes) with agent {} and the search running",
         session.current_agent().await?
@@ -156,24 +161,22 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
 
 async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     println!("== second process (pid {})", std::process::id());
-    let store = FileStore::new(dir)?;
-    let snapshot = store
-        .load("s1")
-        .await?
-        .ok_or("the first process saved no snapshot")?;
+    let store = Arc::new(FileStore::new(dir)?);
     let llm = ScriptedLlm::new([
         Reply::text("Found one: the 9:40 to Lisbon for 180 EUR. Shall I book it?"),
         Reply::text("Booked. Have a good trip!"),
     ]);
     let engine = Engine::start()?;
+    // Claims the session in the store (a process still running it would be fenced: its
+    // next save refused), reads it as the claim left it, and goes on saving there.
     let session = Session::builder()
         .llm(llm)
         .inherit_chat_context(true)
-        .restore(snapshot, registry())
+        .restore_from(store.clone(), "s1", registry())
         .start(&engine)
         .await?;
     println!(
-        "  restored session {} (epoch {}) with agent {}",
+        "  restored session {} (epoch {}, from the store's claim) with agent {}",
         session.id(),
         session.epoch(),
         session.current_agent().await?

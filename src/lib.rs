@@ -150,15 +150,15 @@ pub use switchboard_actors::{
     AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
     DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
     EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
-    Handoff, HookContext, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest,
-    LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received,
-    RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
-    SessionControl, SessionError, SessionEvent, SessionHistory, SessionId, SessionState,
-    SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority,
-    StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk,
-    ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset,
-    TurnDecision, TurnFailure, UpdateError, UpdateMessage, UserState, WeakSession,
-    CONFIRM_DUPLICATE_PARAM,
+    Handoff, HookContext, HostInput, InputAnswer, InputId, InspectError, Inspector, Llm, LlmChunk,
+    LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput,
+    Playout, PlayoutReporter, Received, RecordedAnswer, RestorePolicy, RunContext, RunResult,
+    SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
+    SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId,
+    SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool, StartingChat,
+    SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic,
+    ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
+    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
@@ -199,8 +199,9 @@ pub mod prompts {
 /// [`RestorePolicy`] says what happens to a call of it that was running.
 pub mod snapshot {
     pub use switchboard_actors::{
-        AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotDelta, SnapshotError,
-        SnapshotStore, SnapshotUpdate, StoreError, SNAPSHOT_VERSION,
+        AgentRegistry, ChainEnd, Claim, Claimed, FileStore, LinkRead, MemoryStore, SessionSnapshot,
+        SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore, SnapshotUpdate, StoreError,
+        StoreVersion, SNAPSHOT_VERSION,
     };
 }
 

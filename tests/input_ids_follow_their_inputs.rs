@@ -1,8 +1,8 @@
-//! A host input's id (`Session::set_last_input`) and the input's effect go into snapshots
-//! together: a snapshot's `last_input` is the last input whose effect it holds. A `run`
-//! queued behind a running turn is not in a snapshot, so its id counts only once its turn
-//! starts (and no later id counts before it); a turn that runs and settles before its id
-//! comes is not saved without it (`Session::begin_input` holds the saves until the id).
+//! A host input and its id go into the session in one call (`Session::apply`), and into
+//! snapshots together: a snapshot's `last_input` is the last input whose effect it holds.
+//! A `run` queued behind a running turn is not in a snapshot, so its id counts only once
+//! its turn starts (and no later id counts before it); a turn saved after it settled is
+//! saved with its id, however fast it ran.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::future::Future;
@@ -14,6 +14,7 @@ use std::time::Duration;
 use switchboard::prelude::*;
 use switchboard::snapshot::{MemoryStore, SessionSnapshot, SnapshotStore};
 use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::{HostInput, InputAnswer, InputId, RecordedAnswer};
 
 type Pending<T> = Pin<Box<dyn Future<Output = T> + 'static>>;
 
@@ -30,6 +31,10 @@ fn sent<T: 'static>(call: impl Future<Output = T> + 'static) -> Pending<T> {
 
 fn agent() -> Agent {
     Agent::builder("a").build().unwrap()
+}
+
+fn run(text: &str) -> HostInput {
+    HostInput::Run { text: text.into() }
 }
 
 fn user_texts(snapshot: &SessionSnapshot) -> String {
@@ -49,12 +54,10 @@ async fn a_queued_run_s_id_counts_once_its_turn_starts() {
         .unwrap();
 
     // Input 1 runs (its model request is held).
-    session.begin_input();
     let first = sent({
         let s = session.clone();
-        async move { s.run("first words").await }
+        async move { s.apply(InputId::new(1), run("first words")).await }
     });
-    session.set_last_input(1);
     let first = actix::spawn(first);
     held.requested(Duration::from_secs(5)).await.unwrap();
     let snapshot = session.snapshot().await.unwrap();
@@ -63,14 +66,15 @@ async fn a_queued_run_s_id_counts_once_its_turn_starts() {
 
     // Input 2 queues behind it; input 3 has no job. Neither counts yet: the snapshot does
     // not hold the queued turn, and 3 does not count before 2.
-    session.begin_input();
     let second = sent({
         let s = session.clone();
-        async move { s.run("second words").await }
+        async move { s.apply(InputId::new(2), run("second words")).await }
     });
-    session.set_last_input(2);
-    session.begin_input();
-    session.set_last_input(3);
+    let third = session
+        .apply(InputId::new(3), HostInput::UserStoppedSpeaking)
+        .await
+        .unwrap();
+    assert!(matches!(third, InputAnswer::Done));
     let snapshot = session.snapshot().await.unwrap();
     assert!(!user_texts(&snapshot).contains("second words"));
     assert_eq!(snapshot.last_input(), Some(1), "input 2 is not in it");
@@ -88,7 +92,7 @@ async fn a_queued_run_s_id_counts_once_its_turn_starts() {
 }
 
 #[actix::test]
-async fn a_queued_run_dropped_before_it_starts_lets_its_id_count() {
+async fn a_queued_run_dropped_before_it_starts_lets_the_ids_after_it_count() {
     let llm = ScriptedLlm::new([]);
     llm.otherwise(Reply::text("Noted."));
     let held = llm.hold(0);
@@ -103,16 +107,27 @@ async fn a_queued_run_dropped_before_it_starts_lets_its_id_count() {
         async move { s.run("first words").await }
     });
     held.requested(Duration::from_secs(5)).await.unwrap();
-    session.begin_input();
     let second = sent({
         let s = session.clone();
-        async move { s.run("second words").await }
+        async move { s.apply(InputId::new(1), run("second words")).await }
     });
-    session.set_last_input(1);
-    // The host drops it: it leaves the queue, having had no effect.
+    // Input 2 has no job; applied after 1, it waits for 1's turn to count.
+    session
+        .apply(InputId::new(2), HostInput::UserStoppedSpeaking)
+        .await
+        .unwrap();
+    assert_eq!(session.last_input(), None);
+    // The host drops 1: it leaves the queue, having had no effect, and both count.
     drop(second);
     let snapshot = session.snapshot().await.unwrap();
-    assert_eq!(snapshot.last_input(), Some(1));
+    assert_eq!(snapshot.last_input(), Some(2));
+    // Applied once: sent again, it is answered from the ledger, and nothing runs.
+    assert!(session.applied(InputId::new(1)).is_some());
+    let again = session
+        .apply(InputId::new(1), run("second words"))
+        .await
+        .unwrap();
+    assert!(matches!(again, InputAnswer::AppliedEarlier(_)), "{again:?}");
     assert!(!user_texts(&snapshot).contains("second words"));
     held.release();
     first.await.unwrap().unwrap();
@@ -138,9 +153,7 @@ async fn saved_at(store: &MemoryStore, session: &str, seq: u64) -> SessionSnapsh
 }
 
 #[actix::test]
-async fn a_turn_that_settles_before_its_id_comes_is_saved_with_it() {
-    // Paused: a sleep below moves the clock only once every task is idle, so "nothing
-    // was saved" is read after the saver had every chance to write.
+async fn a_turn_saved_after_it_settled_is_saved_with_its_id() {
     tokio::time::pause();
     let llm = ScriptedLlm::new([]);
     llm.otherwise(Reply::text("Noted."));
@@ -155,22 +168,12 @@ async fn a_turn_that_settles_before_its_id_comes_is_saved_with_it() {
     let id = session.id().as_str().to_owned();
     saved_at(&store, &id, 0).await;
 
-    // The host is slow to record the id: the turn runs and settles first.
-    session.begin_input();
-    session.run("hello").await.unwrap();
-    session.wait_for_settled().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let saved = store.load(&id).await.unwrap().unwrap();
-    assert!(
-        !user_texts(&saved).contains("hello") || saved.last_input() == Some(1),
-        "a snapshot holding input 1 without its id was saved: {:?}",
-        saved.last_input()
-    );
-    assert_eq!(saved.seq(), 0, "the save waits for the id");
-
-    session.set_last_input(1);
+    // The turn runs and settles at once: its save holds it, and its id.
+    let answer = session.apply(InputId::new(1), run("hello")).await.unwrap();
+    assert!(matches!(answer, InputAnswer::Turn(_)));
     let saved = saved_at(&store, &id, 1).await;
     assert!(user_texts(&saved).contains("hello"));
     assert_eq!(saved.last_input(), Some(1));
+    assert_eq!(session.applied(InputId::new(1)), Some(RecordedAnswer::Turn));
     session.close().await.unwrap();
 }

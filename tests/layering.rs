@@ -25,6 +25,7 @@ const USER_DEFINED: &[&str] = &[
     "handoff",
     "restore",
     "snapshot_store",
+    "host_input",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -56,6 +57,8 @@ const VOCABULARY: &[&str] = &[
     "history",
     "starting_chat",
     "snapshot",
+    "snapshot_chain",
+    "input_ledger",
     "realtime",
 ];
 

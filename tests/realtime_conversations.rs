@@ -65,13 +65,13 @@ mod burst {
         RealtimeModel, RealtimeSettings, ResponseStatus, ServerEvent,
     };
 
-    pub struct Burst {
+    pub(crate) struct Burst {
         settings: RealtimeSettings,
-        pub chunks: usize,
+        chunks: usize,
     }
 
     impl Burst {
-        pub fn new(chunks: usize) -> Self {
+        pub(crate) fn new(chunks: usize) -> Self {
             Self {
                 settings: RealtimeSettings::new(),
                 chunks,

@@ -70,3 +70,36 @@ async fn every_settled_turn_is_saved_and_restores() {
     assert_eq!(restored.chat_context().await.unwrap().items(), chat.items());
     restored.close().await.unwrap();
 }
+
+/// A close right after a turn: the turn settles, its snapshot is being collected when the
+/// close comes, and the close waits for it. The store holds the turn, never a snapshot
+/// taken half-way through the close (once, such a save wrote a session with no agents
+/// over the conversation).
+#[actix::test]
+async fn a_close_right_after_a_turn_keeps_that_turn_in_the_store() {
+    // Its own arbiter: the close and the collection race as they do for a host.
+    let engine = Engine::with_arbiters(1).unwrap();
+    let llm = ScriptedLlm::new([]);
+    llm.otherwise(Reply::text("Noted."));
+    let store = MemoryStore::new();
+    for round in 0..40 {
+        let id = format!("call-{round}");
+        let session = Session::builder()
+            .llm(llm.clone())
+            .agent(Agent::builder("a").build().unwrap())
+            .id(&id)
+            .save_snapshots(Arc::new(store.clone()))
+            .start(&engine)
+            .await
+            .unwrap();
+        session.run(format!("turn of round {round}")).await.unwrap();
+        session.close().await.unwrap();
+        let saved = store.load(&id).await.unwrap().unwrap();
+        assert_eq!(saved.activations(), 1, "round {round}: the agent is in it");
+        let json = String::from_utf8(saved.to_json()).unwrap();
+        assert!(
+            json.contains(&format!("turn of round {round}")),
+            "round {round}: the turn is in it: {json}"
+        );
+    }
+}

@@ -328,8 +328,15 @@ async fn ids_go_on_after_a_restore_and_no_call_id_is_issued_twice() {
         .start(&Engine::current().unwrap())
         .await
         .unwrap();
-    session.run("find a").await.unwrap();
-    session.set_last_input(41);
+    session
+        .apply(
+            switchboard::InputId::new(41),
+            switchboard::HostInput::Run {
+                text: "find a".into(),
+            },
+        )
+        .await
+        .unwrap();
     let snapshot = session.snapshot().await.unwrap();
     assert_eq!(snapshot.last_input(), Some(41));
     session.close().await.unwrap();

@@ -202,7 +202,11 @@ async fn the_file_store_writes_owner_only_files_and_follows_no_link() {
     std::fs::write(&outside, b"not yours").unwrap();
     std::fs::remove_file(&snap).unwrap();
     std::os::unix::fs::symlink(&outside, folder.join("s1.snap.tmp")).unwrap();
-    let err = store.save(whole.clone()).await.unwrap_err();
+    let claim = store.claim("s1", 0).await.unwrap().claim;
+    let err = store
+        .save(whole.clone(), claim.version())
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     assert_eq!(std::fs::read(&outside).unwrap(), b"not yours");
     std::fs::remove_file(folder.join("s1.snap.tmp")).unwrap();

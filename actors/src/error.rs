@@ -59,6 +59,10 @@ pub enum SessionError {
     /// A snapshot could not be read or restored (nothing was started).
     #[error(transparent)]
     Snapshot(#[from] crate::snapshot::SnapshotError),
+    /// The snapshot store refused or failed the session's claim at its start
+    /// (`save_snapshots`, `save_claimed`, `restore_from`): nothing was started.
+    #[error(transparent)]
+    Store(#[from] crate::snapshot::StoreError),
     /// `RunContext::run_task` from a tool run that was stopped with its agent (paused for
     /// another sub-task, handed off, closed) before the sub-task could start: it did not
     /// start, since nobody would wait for its result.

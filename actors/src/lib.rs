@@ -58,8 +58,10 @@ mod events;
 mod handoff;
 mod heartbeat;
 mod history;
+mod host_input;
 mod idle_release;
 mod ids;
+mod input_ledger;
 mod inspector;
 mod lifecycle;
 mod llm;
@@ -80,6 +82,7 @@ mod session;
 mod session_handle;
 mod shared;
 mod snapshot;
+mod snapshot_chain;
 mod snapshot_store;
 mod speech;
 mod starting_chat;
@@ -100,8 +103,10 @@ pub use events::{
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
 pub use history::{AgentChat, SessionHistory, SubTaskOf};
+pub use host_input::{HostInput, InputAnswer};
 pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
+pub use input_ledger::{InputId, RecordedAnswer};
 pub use inspector::{InspectError, Inspector};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
@@ -133,8 +138,9 @@ pub use runtime::{
 };
 pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
-pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, SNAPSHOT_VERSION};
-pub use snapshot_store::{FileStore, MemoryStore, SnapshotStore, StoreError};
+pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, StoreError, SNAPSHOT_VERSION};
+pub use snapshot_chain::{ChainEnd, LinkRead, SnapshotChain};
+pub use snapshot_store::{Claim, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[cfg(feature = "telemetry")]

@@ -35,6 +35,7 @@
 
 mod agent_work;
 mod alarm;
+mod apply;
 mod close;
 mod endpoint;
 mod realtime;
@@ -86,12 +87,13 @@ use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
 
 use agent_work::{Admission, AgentWorkBound};
+pub(crate) use apply::ApplyInput;
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use realtime::{HeardTurn, Transcribed};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{AwaitTask, BeginInput, RecordInput, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::{AwaitTask, RestorePlan, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -127,7 +129,7 @@ pub(crate) struct QueuedTurn {
     reply: Option<Reply<RunResult>>,
     /// Who asked, for the turn's span and latency.
     cause: Cause,
-    /// The host input it is the effect of (`Session::set_last_input`).
+    /// The host input it is the effect of (`Session::apply`).
     tie: snapshot::Tie,
 }
 
@@ -348,7 +350,7 @@ impl ControlPort for SessionLinks {
                 text,
                 options,
                 cause: Cause::here(),
-                host: false,
+                input: None,
             },
         );
         async move { ask.await.unwrap_or(Err(SessionError::Closed)) }.boxed()
@@ -408,15 +410,18 @@ impl SessionActor {
         probe: Arc<Probe>,
         start: Start,
         toolsets: Vec<Toolset>,
-        store: Option<Arc<dyn crate::snapshot_store::SnapshotStore>>,
+        store: Option<(
+            Arc<dyn crate::snapshot_store::SnapshotStore>,
+            crate::snapshot_store::Claim,
+        )>,
         (lease, alive): (SessionLease, AliveToken),
     ) -> Self {
         let links = Arc::new(SessionLinks {
             session: Mailbox::new(ctx.address(), probe.clone()),
         });
         let mut chain = snapshot::Chain::default();
-        if let Some(store) = store {
-            chain.save_to(store, shared.clone());
+        if let Some((store, claim)) = store {
+            chain.save_to(store, claim, shared.clone());
         }
         let (alarm, rings) = alarm::Alarm::new();
         ctx.add_stream(rings);
@@ -941,6 +946,8 @@ pub(crate) struct RunTurn {
     pub(crate) kind: TurnKind,
     /// The host's span at the call, and when (telemetry).
     pub(crate) cause: Cause,
+    /// The host input it applies (`Session::apply`), if any.
+    pub(crate) input: Option<u64>,
 }
 
 impl Message for RunTurn {
@@ -957,7 +964,7 @@ impl Handler<RunTurn> for SessionActor {
             kind: msg.kind,
             reply: Some(tx),
             cause: msg.cause,
-            tie: self.chain.inputs.host_job(),
+            tie: snapshot::Tie::of(msg.input),
         };
         if let Err((turn, why)) =
             self.schedule
@@ -1199,8 +1206,8 @@ pub(crate) struct Say {
     pub(crate) options: SayOptions,
     /// The asker's span at the call (telemetry).
     pub(crate) cause: Cause,
-    /// Sent by the host (`Session::say`), not by a tool: a host input.
-    pub(crate) host: bool,
+    /// The host input it applies (`Session::apply`), if any.
+    pub(crate) input: Option<u64>,
 }
 
 impl Message for Say {
@@ -1230,11 +1237,7 @@ impl Handler<Say> for SessionActor {
             },
             reply: None,
             cause: msg.cause,
-            tie: if msg.host {
-                self.chain.inputs.host_job()
-            } else {
-                snapshot::Tie::None
-            },
+            tie: snapshot::Tie::of(msg.input),
         };
         let queued = self
             .schedule
@@ -1493,8 +1496,7 @@ counted_handlers!(
     CloseSession,
     TakeSnapshot,
     AwaitTask,
-    BeginInput,
-    RecordInput,
+    ApplyInput,
     InputsHandled,
     HeardTurn,
     Transcribed,

@@ -31,7 +31,9 @@ use crate::events::{AgentState, UserState};
 use crate::events::{RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::SessionHistory;
+use crate::host_input::{HostInput, InputAnswer};
 use crate::ids::{ActorId, SessionId};
+use crate::input_ledger::{InputId, RecordedAnswer};
 use crate::inspector::Inspector;
 use crate::lifecycle::alive_pair;
 use crate::llm::{Llm, LlmTimeouts};
@@ -45,16 +47,16 @@ use crate::restore::AgentRegistry;
 use crate::run_context::RunContext;
 use crate::runtime::{Engine, SessionSummary};
 use crate::session::{
-    BeginInput, CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RecordInput,
-    RestorePlan, RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession,
-    TakeSnapshot, UpdateAgent,
+    ApplyInput, CancelTurn, CloseSession, InputsHandled, Read, ReadAgent, ReadHistory, RestorePlan,
+    RunTask, RunTurn, Say, SessionActor, SnapshotUpdate, Start, StartSession, TakeSnapshot,
+    UpdateAgent,
 };
 use crate::shared::{
     userdata_json, SessionConfig, SessionSettings, SessionShared, SessionTools, SharedParts,
     UserdataJson,
 };
-use crate::snapshot::{SessionSnapshot, SnapshotError};
-use crate::snapshot_store::SnapshotStore;
+use crate::snapshot::{SessionSnapshot, SnapshotError, StoreError};
+use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
@@ -226,6 +228,7 @@ impl Session {
                     id,
                     kind,
                     cause: Cause::here(),
+                    input: None,
                 },
             )
             .await;
@@ -318,7 +321,7 @@ impl Session {
                     text: text.into(),
                     options,
                     cause: Cause::here(),
-                    host: true,
+                    input: None,
                 },
             )
             .await
@@ -530,52 +533,117 @@ impl Session {
         self.take_snapshot(false).await
     }
 
+    /// Writes the session to the store it saves to
+    /// ([`save_snapshots`](SessionBuilder::save_snapshots),
+    /// [`save_claimed`](SessionBuilder::save_claimed),
+    /// [`restore_from`](SessionBuilder::restore_from)) now: a full snapshot at its last
+    /// consistent point, taken as [`snapshot`](Self::snapshot) takes one, written by the
+    /// session's own saving after the saves queued before it, under its claim. Resolves
+    /// with the snapshot once it is written. What a host does on SIGTERM before it exits
+    /// (the session also saves after every settled turn: this adds what changed since,
+    /// such as a tool's checkpoint). [`SessionError::Store`] when the store refused the
+    /// write ([`StoreError::Fenced`]: another process claimed the session since) or failed
+    /// it, or when the session saves to no store.
+    pub async fn save(&self) -> Result<SessionSnapshot, SessionError> {
+        self.check_reentry("save")?;
+        let taken = self
+            .host
+            .mailbox
+            .ask(
+                &ActorId::host(),
+                TakeSnapshot {
+                    full: true,
+                    save: true,
+                },
+            )
+            .await
+            .unwrap_or(Err(SessionError::Closed))?;
+        match taken {
+            SnapshotUpdate::Full(snapshot) => Ok(snapshot),
+            // Asked in full, answered in full: a delta here is a bug in the chain.
+            SnapshotUpdate::Delta(_) => Err(SnapshotError::OutOfOrder {
+                reason: "a full snapshot was asked and a delta came".to_owned(),
+            }
+            .into()),
+        }
+    }
+
     async fn take_snapshot(&self, full: bool) -> Result<SnapshotUpdate, SessionError> {
         self.host
             .mailbox
-            .ask(&ActorId::host(), TakeSnapshot { full })
+            .ask(&ActorId::host(), TakeSnapshot { full, save: false })
             .await
             .unwrap_or(Err(SessionError::Closed))
     }
 
-    /// Opens a host input, for exactly-once delivery across a restore: call it before
-    /// sending the input (`run`, `say`, ...), and [`set_last_input`](Self::set_last_input)
-    /// with its id after. In between, the session's saves to its store wait: a snapshot
-    /// taken then could hold the input's effect without its id (a turn can run and
-    /// settle before the id comes). Every `begin_input` must be followed by a
-    /// `set_last_input`, or the session stops saving.
-    pub fn begin_input(&self) {
-        // One per host input: at the host's rate.
-        self.host.mailbox.tell(&ActorId::host(), BeginInput);
-    }
-
-    /// Records `id` as the host input sent last, for exactly-once delivery across a
-    /// restore: a snapshot's [`last_input`](crate::SessionSnapshot::last_input) is the
-    /// last input whose effect the snapshot holds, and every input before it. Call it
-    /// right after the input was sent (for `run`, after its future was first polled),
-    /// before awaiting the input's answer, and open the input with
-    /// [`begin_input`](Self::begin_input) before sending it.
+    /// Applies a host input with its id, exactly once across restores (SPEC §15): what the
+    /// `Session` method of the input's name does, with the id tied to it in one call.
     ///
-    /// The id is tied to the input sent last: when that input queued a job (`run`,
-    /// `generate_reply`, `say`) that has not started yet, the id counts once the job
-    /// starts (its user message is then in the chat; a queued job the host awaits is the
-    /// host's to send again, so a snapshot leaves it out) or is dropped; otherwise it
-    /// counts at once. Ids count in the order they were recorded: an id never counts
-    /// before one recorded earlier.
-    pub fn set_last_input(&self, id: u64) {
-        // One per host input: at the host's rate.
-        self.host.mailbox.tell(&ActorId::host(), RecordInput { id });
+    /// The session keeps a ledger of the ids it applied with what each answered, and its
+    /// snapshots write the ledger with what the inputs changed. An id applied before — by
+    /// this session, or by the one whose snapshot it was restored from — is answered from
+    /// the ledger ([`InputAnswer::AppliedEarlier`]) and nothing is applied, whatever the
+    /// input: a turn, a transcript, a read. A host that resends its inputs after a restore
+    /// (all of them, or those after [`SessionSnapshot::last_input`]) so gets each applied
+    /// once. An input whose job was still queued when the snapshot was taken (a `run`, a
+    /// `say`) is not in it, and is applied when it comes again. The ledger keeps the last
+    /// 16 ids with their answers; an id older than those counts as applied, its answer
+    /// [`RecordedAnswer::Unknown`](crate::RecordedAnswer::Unknown).
+    ///
+    /// The answer: a turn's result once it ended ([`InputAnswer::Turn`]), a speech's handle
+    /// once queued, the history, or `Done` once applied; refusals and failures as the
+    /// method's. The input reaches the session on the future's first poll, so inputs
+    /// applied one after another are applied in that order even when their answers take a
+    /// whole turn. Await it: a future dropped before the session took the input applies
+    /// nothing (its id stays free), and dropping the future of a turn once it is queued
+    /// cancels the turn, as for [`run`](Self::run). The plain methods stay for hosts that
+    /// need no ids.
+    pub async fn apply(&self, id: InputId, input: HostInput) -> Result<InputAnswer, SessionError> {
+        self.check_reentry("apply")?;
+        let ticket = self.shared().ids.next_turn();
+        let mut guard = CancelOnDrop {
+            mailbox: &self.host.mailbox,
+            id: ticket,
+            armed: input.is_turn(),
+        };
+        let answer = self
+            .host
+            .mailbox
+            .ask(
+                &ActorId::host(),
+                ApplyInput {
+                    id: id.get(),
+                    input,
+                    ticket,
+                    cause: Cause::here(),
+                },
+            )
+            .await;
+        guard.armed = false;
+        answer.unwrap_or(Err(SessionError::Closed))
     }
 
-    /// The last host input id counted (see [`set_last_input`](Self::set_last_input)), or
-    /// read from the snapshot this session was restored from.
+    /// Whether input `id` was applied (by [`apply`](Self::apply), here or before the
+    /// snapshot this session was restored from), with what it answered as the ledger keeps
+    /// it; `None` when it was not.
+    pub fn applied(&self, id: InputId) -> Option<RecordedAnswer> {
+        self.shared().host_view.inputs().answer(id.get())
+    }
+
+    /// The id up to which every input applied with [`apply`](Self::apply) is in the
+    /// session (ids count in the order they were applied; a `run` or `say` still queued
+    /// holds back those after it), or read from the snapshot this session was restored
+    /// from: what a snapshot taken now would hold
+    /// ([`SessionSnapshot::last_input`]).
     pub fn last_input(&self) -> Option<u64> {
         self.shared().host_view.last_input()
     }
 
-    /// 0 for a session never restored, one more at each restore: a host that finds a
-    /// snapshot with a newer epoch than its own knows another process took the session
-    /// over (fencing).
+    /// The session's epoch. A session that saves to a store has the epoch its claim got
+    /// from the store (one more than any claim of the session before). Without a store:
+    /// 0 for a session never restored, one more than its snapshot's for a restored one.
+    /// A host that finds a snapshot with a newer epoch than its own knows another process
+    /// took the session over.
     pub fn epoch(&self) -> u64 {
         self.shared().settings.epoch
     }
@@ -683,8 +751,8 @@ pub struct SessionBuilder {
     prompts: Prompts,
     mocks: HashMap<String, MockBody>,
     userdata_json: Option<UserdataJson>,
-    restore: Option<(SessionSnapshot, AgentRegistry)>,
-    store: Option<Arc<dyn SnapshotStore>>,
+    restore: Restoring,
+    saving: Saving,
     /// The host's id for the session, if it chose one.
     id: Option<String>,
     /// The event channel, when someone subscribed before the start.
@@ -720,8 +788,8 @@ impl Default for SessionBuilder {
             prompts: Prompts::new(),
             mocks: HashMap::new(),
             userdata_json: None,
-            restore: None,
-            store: None,
+            restore: Restoring::Nothing,
+            saving: Saving::Nothing,
             id: None,
             events: None,
         }
@@ -800,9 +868,27 @@ impl SessionBuilder {
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at
     /// any length). A failed save is an `Error` event; the next one writes in full.
-    /// Restore from it with [`SnapshotStore::load`] and [`restore`](Self::restore).
+    ///
+    /// The session claims its record in the store as it starts
+    /// ([`SnapshotStore::claim`]; its epoch is the one the store issues, and a claim the
+    /// store refuses fails `start` with [`SessionError::Store`]). The claim fences every
+    /// writer of the session before it; when a later claim fences this one, the store
+    /// refuses its next save, and the session stops saving with a
+    /// [`SessionEvent::Fenced`]. With [`restore`](Self::restore), what the store held is
+    /// replaced by the snapshot given, at the first save; to go on from what the store
+    /// holds, use [`restore_from`](Self::restore_from).
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
-        self.store = Some(store);
+        self.saving = Saving::Claim(store);
+        self
+    }
+
+    /// Saves the session to `store` as [`save_snapshots`](Self::save_snapshots) does,
+    /// under a claim the host already made ([`SnapshotStore::claim`]): for a host that
+    /// claims sessions itself (a cluster's worker). The session takes the claim's epoch;
+    /// `start` fails with [`BuildError::InvalidSessionId`] when the claim is of another
+    /// session.
+    pub fn save_claimed(mut self, store: Arc<dyn SnapshotStore>, claim: Claim) -> Self {
+        self.saving = Saving::Claimed(store, claim);
         self
     }
 
@@ -818,7 +904,29 @@ impl SessionBuilder {
     /// a model missing, user data that does not read back, a newer schema fail `start`
     /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
-        self.restore = Some((snapshot, agents));
+        self.restore = Restoring::Snapshot(Box::new(snapshot), agents);
+        self
+    }
+
+    /// Starts session `session` again from what `store` holds of it, and saves to
+    /// `store` from then on: at `start`, claims the session in the store (fencing every
+    /// writer before: a process that ran it until now has its next save refused), reads
+    /// its snapshot as the claim left it (nothing can be added behind it), and restores it
+    /// as [`restore`](Self::restore) does. The session's epoch is the claim's. Nothing in
+    /// the store: `start` fails with [`StoreError::NotFound`] (the claim was made).
+    ///
+    /// This is how a process takes a session over from one that crashed or froze: of two
+    /// processes restoring one session this way, the later claim wins, and the earlier
+    /// one's session stops saving ([`SessionEvent::Fenced`]); the store never holds a
+    /// mix of the two.
+    pub fn restore_from(
+        mut self,
+        store: Arc<dyn SnapshotStore>,
+        session: impl Into<String>,
+        agents: AgentRegistry,
+    ) -> Self {
+        self.restore = Restoring::FromStore(session.into(), agents);
+        self.saving = Saving::Claim(store);
         self
     }
 
@@ -1046,7 +1154,27 @@ impl SessionBuilder {
     /// Starts the session on one of the engine's arbiters and runs the first agent's
     /// `on_enter`.
     pub async fn start(mut self, engine: &Engine) -> Result<Session, SessionError> {
-        let restore = self.restore.take();
+        let restore = match std::mem::take(&mut self.restore) {
+            Restoring::Nothing => None,
+            Restoring::Snapshot(snapshot, agents) => Some((*snapshot, agents)),
+            Restoring::FromStore(session, agents) => {
+                let Saving::Claim(store) = std::mem::take(&mut self.saving) else {
+                    // `restore_from` sets both; a later `save_claimed` replaced its store.
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(&session),
+                        reason:
+                            "restore_from claims the session itself: give no save_claimed with it",
+                    }
+                    .into());
+                };
+                let claimed = store.claim(&session, 0).await?;
+                let snapshot = claimed.snapshot.ok_or(StoreError::NotFound {
+                    session: session.clone(),
+                })?;
+                self.saving = Saving::Claimed(store, claimed.claim);
+                Some((snapshot, agents))
+            }
+        };
         // A restored session is the snapshot's: it keeps its id.
         if let Some((snapshot, _)) = &restore {
             match &self.id {
@@ -1135,6 +1263,26 @@ impl SessionBuilder {
         // live session has the id or the engine drains; freed if the start fails.
         let lease = engine.reserve_session(self.id.take())?;
         let id = lease.id().clone();
+        // Its record in the store, claimed before anything starts: the epoch is the
+        // store's, and every writer of the session before is fenced.
+        let saving = match std::mem::take(&mut self.saving) {
+            Saving::Nothing => None,
+            Saving::Claim(store) => {
+                let claimed = store.claim(id.as_str(), epoch).await?;
+                Some((store, claimed.claim))
+            }
+            Saving::Claimed(store, claim) => {
+                if claim.session() != id.as_str() {
+                    return Err(BuildError::InvalidSessionId {
+                        id: quote_prefix(claim.session()),
+                        reason: "the claim given to save_claimed is of another session",
+                    }
+                    .into());
+                }
+                Some((store, claim))
+            }
+        };
+        let epoch = saving.as_ref().map_or(epoch, |(_, claim)| claim.epoch());
         let journal = Journal::new(self.inspect.then_some(self.journal_capacity));
         let (alive, gone) = alive_pair();
         // Under the span current at `start` (the host's): the session's work nests in it.
@@ -1197,7 +1345,7 @@ impl SessionBuilder {
         };
         let probe = Probe::new(ActorId::session_actor(&id), journal);
         let toolsets = self.toolsets;
-        let store = self.store;
+        let store = saving;
         let actor_shared = shared.clone();
         let actor_probe = probe.clone();
         let addr = engine.start_session_actor(lease, move |ctx, lease| {
@@ -1234,6 +1382,31 @@ impl SessionBuilder {
             .unwrap_or(Err(SessionError::Closed))?;
         Ok(session)
     }
+}
+
+/// What a builder restores from.
+#[derive(Default)]
+enum Restoring {
+    /// Nothing: a new session.
+    #[default]
+    Nothing,
+    /// A snapshot the host has (`restore`).
+    Snapshot(Box<SessionSnapshot>, AgentRegistry),
+    /// What the store holds of a session, read once the session claimed it
+    /// (`restore_from`).
+    FromStore(String, AgentRegistry),
+}
+
+/// Where a builder's session saves.
+#[derive(Default)]
+enum Saving {
+    /// Nowhere.
+    #[default]
+    Nothing,
+    /// To a store, under a claim the session makes as it starts (`save_snapshots`).
+    Claim(Arc<dyn SnapshotStore>),
+    /// To a store, under the host's claim (`save_claimed`).
+    Claimed(Arc<dyn SnapshotStore>, Claim),
 }
 
 /// The first 64 characters of an id for an error message, with `…` when it was longer: an

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::chat::{ChatItem, FunctionCall};
+use crate::input_ledger::LedgerRecord;
 use crate::llm::ToolChoice;
 
 /// The schema this build writes. It reads this one; a snapshot of a newer schema is
@@ -81,6 +82,68 @@ pub enum SnapshotError {
     },
 }
 
+/// Why a store could not claim, save or load a session's snapshots.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The file system refused (a missing folder, no room, no permission).
+    #[error("snapshot store: {path}: {message}")]
+    Io {
+        /// The file or folder.
+        path: String,
+        /// What the system said.
+        message: String,
+    },
+    /// What the store holds does not read as a snapshot.
+    #[error("snapshot store: {0}")]
+    Snapshot(#[from] SnapshotError),
+    /// A delta that does not follow the chain the store holds (another chain's, or a
+    /// link is missing), or one for a session with no full snapshot yet: nothing was
+    /// written. Save a full snapshot first (a session's saving does so by itself).
+    #[error(
+        "snapshot store: the delta for session {session:?} does not follow what the store holds"
+    )]
+    NoBase {
+        /// The session.
+        session: String,
+    },
+    /// A session id that cannot name a record here.
+    #[error("snapshot store: session id {id:?} cannot name a file")]
+    BadId {
+        /// The id.
+        id: String,
+    },
+    /// The write was refused: the session's record is not at the version this writer
+    /// last saw. Someone claimed the session after this writer did (a newer restore of
+    /// it, here or in another process), or removed it. This writer is stale and may not
+    /// write the session any more (fencing); a session's saving stops for good
+    /// ([`SessionEvent::Fenced`](crate::SessionEvent::Fenced)).
+    #[error("snapshot store: session {session:?} is written by a newer owner: {reason}")]
+    Fenced {
+        /// The session.
+        session: String,
+        /// What the store found.
+        reason: String,
+    },
+    /// A remote store could not be reached or did not answer (a network store: a server
+    /// away, a timeout); a later write may succeed.
+    #[error("snapshot store: session {session:?}: the store is unavailable: {reason}")]
+    Unavailable {
+        /// The session.
+        session: String,
+        /// What failed.
+        reason: String,
+    },
+    /// The store holds no snapshot of the session
+    /// ([`SessionBuilder::restore_from`](crate::SessionBuilder::restore_from) had nothing
+    /// to restore). The claim was made: a writer before it is fenced all the same.
+    #[error("snapshot store: no snapshot of session {session:?} to restore")]
+    NotFound {
+        /// The session.
+        session: String,
+    },
+}
+
 /// A session written down at its last consistent point: read it back with
 /// [`SessionBuilder::restore`](crate::SessionBuilder::restore), on this engine or another
 /// process's. Serializable with serde; [`to_json`](Self::to_json) and
@@ -121,9 +184,14 @@ pub(crate) struct SnapshotHead {
     pub(crate) session: String,
     /// Incremented at every restore: a writer with an older epoch is stale (fencing).
     pub(crate) epoch: u64,
-    /// The id of the last host input applied (the host's, for exactly-once delivery).
+    /// The id up to which every host input applied with an id is in the snapshot
+    /// (`Session::apply`, for exactly-once delivery).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) last_input: Option<u64>,
+    /// The ledger of the host inputs applied with ids: the last ones, each with its answer,
+    /// or marked not held when its effect is not in the snapshot (a queued job).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) inputs: Vec<LedgerRecord>,
     /// The live activations: the callers paused under sub-tasks, outermost first, then
     /// the current one last.
     pub(crate) stack: Vec<LiveRecord>,
@@ -368,8 +436,10 @@ impl SessionSnapshot {
         self.head.epoch
     }
 
-    /// The id of the last host input applied, as the host recorded it with
-    /// [`Session::set_last_input`](crate::Session::set_last_input).
+    /// The id up to which every host input applied with an id
+    /// ([`Session::apply`](crate::Session::apply)) is in the snapshot: a host that resends
+    /// its inputs after a restore sends those after it (the restored session answers any
+    /// it holds from its ledger without applying it again).
     pub fn last_input(&self) -> Option<u64> {
         self.head.last_input
     }
@@ -596,6 +666,18 @@ const MAGIC: &[u8; 4] = b"SBSN";
 /// Magic, kind, version, payload length, CRC-32 of the payload.
 const HEADER: usize = 4 + 1 + 4 + 8 + 4;
 
+/// The length of the binary frame ([`SessionSnapshot::to_bytes`],
+/// [`SnapshotDelta::to_bytes`]) at the start of `bytes`, if its header is all there: how a
+/// log of frames written one after another is split.
+pub(crate) fn frame_len(bytes: &[u8]) -> Option<usize> {
+    let len = bytes.get(9..17)?;
+    let mut word = [0u8; 8];
+    word.copy_from_slice(len);
+    usize::try_from(u64::from_le_bytes(word))
+        .ok()?
+        .checked_add(HEADER)
+}
+
 fn frame<T: Serialize>(kind: Kind, value: &T) -> Vec<u8> {
     // Named fields (a map), so a reader of a later schema with added optional fields
     // still reads it; serializing derived plain data into memory cannot fail.
@@ -651,7 +733,7 @@ fn unframe<T: serde::de::DeserializeOwned>(kind: Kind, bytes: &[u8]) -> Result<T
 
 /// CRC-32 (IEEE 802.3, reflected), bit by bit: snapshots are written per turn, not per
 /// byte on a hot path, and a table would be 1 KiB of statics for nothing.
-fn crc32(bytes: &[u8]) -> u32 {
+pub(crate) fn crc32(bytes: &[u8]) -> u32 {
     let mut crc = !0u32;
     for &byte in bytes {
         // The index is the low byte of `crc ^ byte`: always below 256.

@@ -233,6 +233,9 @@ pub struct GatewayStats {
     pub resumes: u64,
     /// Inputs sent again to a new owner whose snapshot did not hold them.
     pub inputs_resent: u64,
+    /// Of those, the ones whose answer the front already had: sent as answered (the new
+    /// owner counts the id and applies nothing), never applied a second time.
+    pub inputs_answered: u64,
 }
 
 /// What the gateway's sessions share.

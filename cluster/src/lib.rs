@@ -55,14 +55,19 @@
 //! * **Exactly-once inputs.** Every input carries an id; the gateway sends a session's
 //!   inputs one at a time and retries an unanswered one with the same id; the owner
 //!   applies each id once and answers a retry with the first answer
-//!   (`tests/cluster/inputs_apply_exactly_once.rs`, retries forced by freezing the worker).
+//!   (`tests/cluster/inputs_apply_exactly_once.rs`, every kind of input, retries forced by
+//!   freezing the worker). An input whose answer the front has is never sent to a new
+//!   owner again, even when no snapshot holds it
+//!   (`tests/cluster/answered_inputs_are_not_applied_again.rs`).
 //! * **Ordered, complete events.** The owner numbers its events; the gateway delivers
 //!   them in order, once each, and asks the owner for the ones it missed (a gap, a
 //!   reconnection); those the owner no longer has arrive as one `EventsLost` event
 //!   (`tests/cluster/sessions_survive_a_server_restart.rs`).
 //! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing,
 //!   publishes nothing and writes no snapshot; a newer owner's claim makes the store refuse
-//!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError));
+//!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError)),
+//!   on the engine's store contract: two engines restoring one session from the
+//!   JetStream store cannot both save it (`tests/cluster/two_restorers_never_merge.rs`);
 //!   one that finds another owner's record stops the session without writing anything
 //!   more (`tests/cluster/a_paused_worker_is_fenced.rs`).
 //! * **A crash loses at most the turn in flight.** When a worker dies its leases expire;

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use switchboard::SpeechId;
+use switchboard::{RecordedAnswer, SpeechId};
 
 use crate::namespace::SessionKey;
 use crate::remote_event::{EndReason, RemoteEvent, RemoteFailure};
@@ -90,6 +90,11 @@ pub(crate) enum Input {
     History,
     /// `Session::close`.
     Close,
+    /// In place of an input whose answer the front already has, sent to an owner that
+    /// took the session over from a snapshot that does not hold it: the owner counts its
+    /// id and applies nothing (`HostInput::AlreadyAnswered`), so the input is never applied
+    /// twice.
+    Answered,
 }
 
 impl Input {
@@ -107,6 +112,7 @@ impl Input {
             Self::PlayoutFinished { .. } => "playout_finished",
             Self::History => "history",
             Self::Close => "close",
+            Self::Answered => "answered",
         }
     }
 }
@@ -155,6 +161,22 @@ pub(crate) enum Answer {
     Speech { speech: SpeechId },
     /// Refused (the factory does not know the agent, the session refused it).
     Failed { failure: RemoteFailure },
+}
+
+impl Answer {
+    /// The answer a session's ledger kept for an input applied before, as the gateway hears
+    /// it; `None` when it cannot be told again (a turn's or a read's outcome went out as an
+    /// `InputDone` event; an answer not kept).
+    pub(crate) fn recorded(recorded: RecordedAnswer) -> Option<Self> {
+        match recorded {
+            RecordedAnswer::Done => Some(Self::Done),
+            RecordedAnswer::Speech(speech) => Some(Self::Speech { speech }),
+            RecordedAnswer::Failed(message) => Some(Self::Failed {
+                failure: RemoteFailure::Engine { message },
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A worker's counts, answered on `<ns>.worker.<name>.info`.

@@ -101,6 +101,14 @@ pub(crate) struct OwnerSeen {
 
 type Waiter = oneshot::Sender<Result<InputOutcome, GatewayError>>;
 
+/// Inputs whose outcome (`InputDone`) was delivered, above the ones the inputs task forgot.
+#[derive(Default)]
+struct Outcomes {
+    /// The inputs task keeps no input up to this one.
+    forgotten: u64,
+    delivered: std::collections::BTreeSet<u64>,
+}
+
 /// The events delivered so far (the newest), and the channel of the next ones.
 struct EventBook {
     /// The number of the last event delivered (the gateway's numbering).
@@ -118,6 +126,10 @@ pub(crate) struct RemoteShared {
     pub(crate) inputs_subject: String,
     /// Calls waiting for an input's `InputDone`, by input id.
     waiters: Mutex<HashMap<u64, Waiter>>,
+    /// The inputs whose `InputDone` was delivered and that the inputs task still keeps
+    /// (it forgets them with the inputs): their answers are the front's, so they are never
+    /// sent again.
+    outcomes: Mutex<Outcomes>,
     book: Mutex<EventBook>,
     started: watch::Sender<StartState>,
     ended: watch::Sender<Option<EndReason>>,
@@ -129,6 +141,23 @@ impl RemoteShared {
     fn waiters(&self) -> MutexGuard<'_, HashMap<u64, Waiter>> {
         // Plain maps and lists: a panic elsewhere cannot leave them half-written.
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn outcomes(&self) -> MutexGuard<'_, Outcomes> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether input `id`'s outcome (`InputDone`) was delivered.
+    pub(crate) fn outcome_delivered(&self, id: u64) -> bool {
+        self.outcomes().delivered.contains(&id)
+    }
+
+    /// The inputs task keeps no input up to `id` any more.
+    pub(crate) fn forget_outcomes_through(&self, id: u64) {
+        let mut outcomes = self.outcomes();
+        outcomes.forgotten = outcomes.forgotten.max(id);
+        let kept = outcomes.delivered.split_off(&(id + 1));
+        outcomes.delivered = kept;
     }
 
     fn book(&self) -> MutexGuard<'_, EventBook> {
@@ -166,6 +195,10 @@ impl RemoteShared {
             Kind::InputDone { input, outcome } => {
                 if let Some(waiter) = self.waiters().remove(input) {
                     let _ = waiter.send(Ok(outcome.clone()));
+                }
+                let mut outcomes = self.outcomes();
+                if *input > outcomes.forgotten {
+                    outcomes.delivered.insert(*input);
                 }
             }
             Kind::SessionStarted => {
@@ -322,6 +355,7 @@ impl RemoteSession {
                 live: Some(broadcast::channel(gateway.options.event_capacity).0),
             }),
             waiters: Mutex::new(HashMap::new()),
+            outcomes: Mutex::new(Outcomes::default()),
             started: watch::channel(StartState::Waiting).0,
             ended: watch::channel(None).0,
             owner: watch::channel(OwnerSeen::default()).0,

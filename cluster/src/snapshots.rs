@@ -7,23 +7,31 @@
 //! * **claim** — written by each new owner before it reads or runs the session: its epoch,
 //!   its name, and the session's spec (what the factory builds it from);
 //! * **full** — a whole snapshot (with the spec), written by the session's saving
-//!   (`SessionBuilder::save_snapshots`) at its first save, after a failed write, every 64th
-//!   save, and by a drain; the messages before it are purged;
+//!   (`SessionBuilder::save_claimed`) at its first save, after a failed write, once the
+//!   deltas carry as many items as the last full one, and by a drain; the messages
+//!   before it are purged;
 //! * **delta** — what changed since the message before it, after every other settled turn;
 //! * **ended** — the session ended: nothing to resume (a tombstone that expires after the
 //!   worker's ended-retention).
 //!
 //! Every message carries its writer's epoch and name, and the sequence of the full snapshot
-//! it follows, so a reader finds the chain from the last message alone.
+//! it follows, so a reader finds the chain from the last message alone; the chain is read
+//! with the engine's one rule (`SnapshotChain`).
 //!
-//! **Fencing.** Every write names the subject's last sequence as its writer last saw it
-//! (`Nats-Expected-Last-Subject-Sequence`): only the writer that wrote the last message can
-//! write the next. A new owner's claim is such a write, so the moment it lands every older
-//! owner's next write is refused, whatever that owner believes about its lease: its
-//! session's saving gets [`StoreError::Fenced`], and its loop stops. The new owner reads the
-//! chain only after its claim landed, so nothing can be added behind what it restores.
-//! A writer also refuses to write while its own lease cannot be trusted (the owners bucket,
-//! `ownership.rs`), so a worker frozen past its lease does not even try.
+//! **The engine's store contract.** A [`SnapshotWriter`] is a [`SnapshotStore`] for one
+//! session, on the same contract as the engine's memory and file stores: its versions are
+//! the subject's sequences, a claim is the claim message (its epoch one more than the last
+//! message's, and at least the owner record's), and every write names the sequence its
+//! writer last saw (`Nats-Expected-Last-Subject-Sequence`): only the writer that wrote the
+//! last message can write the next. A new owner's claim is such a write, so the moment it
+//! lands every older owner's next write is refused, whatever that owner believes about its
+//! lease: its session's saving gets [`StoreError::Fenced`] (the session stops saving, with
+//! a `Fenced` event), and its loop stops. The new owner reads the chain only after its
+//! claim landed, so nothing can be added behind what it restores. A write whose answer was
+//! lost and that did land is recognised (the last message is by the same epoch and
+//! worker) and not taken for a fence. A writer in a worker also refuses to write while its
+//! lease cannot be trusted (the owners bucket, `ownership.rs`), so a worker frozen past its
+//! lease does not even try.
 //!
 //! A message must fit the server's `max_payload` (1 MiB by default): a longer conversation
 //! needs a larger limit, or its full snapshots fail (an `Error` event; the store keeps the
@@ -40,7 +48,9 @@ use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use switchboard::snapshot::{SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError};
+use switchboard::snapshot::{
+    Claim, SessionSnapshot, SnapshotChain, SnapshotDelta, SnapshotStore, StoreError, StoreVersion,
+};
 use tokio::sync::{watch, Mutex};
 
 use crate::conditional_write::{publish_if_last, WriteError};
@@ -296,97 +306,39 @@ impl SnapshotStream {
         start: Option<&SessionSpec>,
         lease: LeaseClock,
     ) -> Result<Claimed, StoreError> {
-        let subject = self.subject(session);
-        let unavailable = |reason| StoreError::Unavailable {
-            session: session.to_string(),
-            reason,
-        };
-        let writer = |epoch, last_seq, full_seq, spec: &[u8]| {
-            SnapshotWriter::new(
-                self.clone(),
-                session.clone(),
-                epoch,
-                worker,
-                Bytes::copy_from_slice(spec),
-                last_seq,
-                full_seq,
-                lease.clone(),
-            )
-        };
-        let start_json = match start {
+        let spec = match start {
             Some(spec) => {
-                Some(serde_json::to_vec(spec).map_err(|err| corrupt(session, err.to_string()))?)
+                serde_json::to_vec(spec).map_err(|err| corrupt(session, err.to_string()))?
             }
-            None => None,
+            None => Vec::new(),
         };
-        // A new session: its claim is the subject's first message, one round trip.
-        if let Some(spec) = &start_json {
-            let claim = self.message(SnapshotKind::Claim, epoch, worker, 0, spec.clone().into());
-            match self.write(&subject, claim, 0).await {
-                Ok(seq) => return Ok(Claimed::Fresh(writer(epoch, seq, 0, spec))),
-                Err(WriteError::Moved) => {}
-                Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
-            }
-        }
-        // Something is there: claim over the last message, then read what it follows.
-        for _ in 0..5 {
-            let last = self.last(&subject).await.map_err(unavailable)?;
-            let record = match &last {
-                Some(message) => {
-                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
-                }
-                None => None,
-            };
-            let (expected, last_epoch) = record.as_ref().map_or((0, 0), |r| (r.seq, r.epoch));
-            let epoch = epoch.max(last_epoch + 1);
-            match (last, record) {
-                (Some(message), Some(record)) if record.kind != SnapshotKind::Ended => {
-                    let (spec, full) = self.spec_and_full(session, &message, &record).await?;
-                    let spec_json = serde_json::to_vec(&spec)
-                        .map_err(|err| corrupt(session, err.to_string()))?;
-                    let claim = self.message(
-                        SnapshotKind::Claim,
-                        epoch,
-                        worker,
-                        record.full,
-                        spec_json.clone().into(),
-                    );
-                    let fence = match self.write(&subject, claim, expected).await {
-                        Ok(seq) => seq,
-                        Err(WriteError::Moved) => continue,
-                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
-                    };
-                    // Nobody can write behind the claim now: what follows the full
-                    // snapshot up to it is final.
-                    let snapshot = match full {
-                        Some(full) => Some(Box::new(
-                            self.apply_deltas(session, full, record.full, fence).await?,
-                        )),
-                        None => None,
-                    };
-                    return Ok(Claimed::Resumed {
-                        writer: writer(epoch, fence, record.full, &spec_json),
-                        spec,
-                        snapshot,
-                    });
-                }
-                _ => {
-                    let Some(spec) = &start_json else {
-                        return Ok(Claimed::Nothing);
-                    };
-                    let claim =
-                        self.message(SnapshotKind::Claim, epoch, worker, 0, spec.clone().into());
-                    match self.write(&subject, claim, expected).await {
-                        Ok(seq) => return Ok(Claimed::Fresh(writer(epoch, seq, 0, spec))),
-                        Err(WriteError::Moved) => continue,
-                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
-                    }
-                }
-            }
-        }
-        Err(unavailable(
-            "the subject kept changing under the claim".into(),
-        ))
+        let writer = SnapshotWriter::new(
+            self.clone(),
+            session.clone(),
+            worker,
+            spec.into(),
+            Some(lease),
+        );
+        Ok(match writer.claim_over(epoch, start.is_some()).await? {
+            None => Claimed::Nothing,
+            Some(Found::Fresh) => Claimed::Fresh(writer),
+            Some(Found::Resumed { spec, snapshot }) => Claimed::Resumed {
+                writer,
+                spec,
+                snapshot,
+            },
+        })
+    }
+
+    /// A [`SnapshotStore`] for one session's snapshots, writing as `worker`, for a host
+    /// that runs the session outside a worker (an operator's tool, a test): claim the
+    /// session through it first (`SnapshotStore::claim`, or the session builder's
+    /// `save_snapshots` / `restore_from`), as with any store. `spec` is what a new
+    /// session's claim records (a resumed one keeps the spec it has). It checks no lease:
+    /// its claim is its fence.
+    pub fn writer(&self, session: &SessionKey, worker: &str, spec: &SessionSpec) -> SnapshotWriter {
+        let spec = serde_json::to_vec(spec).unwrap_or_default();
+        SnapshotWriter::new(self.clone(), session.clone(), worker, spec.into(), None)
     }
 
     /// The spec and the full snapshot (not yet brought up to date) that `last` follows.
@@ -425,18 +377,22 @@ impl SnapshotStream {
     }
 
     /// Brings `snapshot` (the full one at `full_seq`) up to date with the deltas after it,
-    /// before `until`. A delta that does not apply ends the chain there (logged): what
-    /// follows it cannot apply either.
+    /// before `until`, with the engine's one rule (`SnapshotChain`): a delta that does not
+    /// follow ends the chain there (logged), and what follows it cannot apply either.
     async fn apply_deltas(
         &self,
         session: &SessionKey,
-        mut snapshot: SessionSnapshot,
+        snapshot: SessionSnapshot,
         full_seq: u64,
         until: u64,
     ) -> Result<SessionSnapshot, StoreError> {
         let subject = self.subject(session);
+        let mut chain = SnapshotChain::new();
+        chain.full(snapshot);
         let mut at = full_seq + 1;
-        while at < until {
+        // No full snapshot lies between `full_seq` and `until`: once ended, the chain
+        // stays so, and nothing more needs reading.
+        while at < until && chain.end().is_none() {
             let message = match self
                 .stream
                 .direct_get_next_for_subject(subject.clone(), Some(at))
@@ -460,15 +416,20 @@ impl SnapshotStream {
             if record.kind != SnapshotKind::Delta {
                 continue;
             }
-            let applied = SnapshotDelta::from_bytes(&message.payload)
-                .map_err(StoreError::from)
-                .and_then(|delta| snapshot.apply(&delta).map_err(StoreError::from));
-            if let Err(err) = applied {
-                tracing::warn!(%session, seq = message.sequence, error = %err, "a delta does not apply: the chain ends before it");
-                break;
+            match SnapshotDelta::from_bytes(&message.payload) {
+                Ok(delta) => {
+                    chain.delta(&delta);
+                }
+                Err(err) => chain.unreadable(&err, false),
             }
         }
-        Ok(snapshot)
+        if let Some(end) = chain.end() {
+            tracing::warn!(%session, reason = %end.reason, "a delta does not follow: the chain ends before it");
+        }
+        // A full snapshot was fed first: there is one.
+        chain
+            .into_snapshot()
+            .ok_or_else(|| corrupt(session, "no full snapshot".into()))
     }
 
     /// The spec and snapshot `last` ends the chain of, read without claiming.
@@ -556,9 +517,20 @@ fn decode_full(payload: &[u8]) -> Result<(SessionSpec, SessionSnapshot), String>
     Ok((spec, snapshot))
 }
 
+/// What a claim found on a session's subject.
+enum Found {
+    /// Nothing to resume: the claim is the subject's first message, or follows its end.
+    Fresh,
+    /// A session that ran before: its spec and its snapshot, read after the claim.
+    Resumed {
+        spec: SessionSpec,
+        snapshot: Option<Box<SessionSnapshot>>,
+    },
+}
+
 /// One owner's writer of one session's snapshots: the [`SnapshotStore`] its session saves
-/// to. Every write is a compare-and-set on the subject's last sequence (see the module
-/// docs); a refused one fences the writer for good. Cheap to clone.
+/// to (see the module docs). A refused write fences the writer until it claims again.
+/// Cheap to clone.
 #[derive(Clone)]
 pub struct SnapshotWriter {
     inner: Arc<WriterInner>,
@@ -568,7 +540,7 @@ impl std::fmt::Debug for SnapshotWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SnapshotWriter")
             .field("session", &self.inner.session)
-            .field("epoch", &self.inner.epoch)
+            .field("claim", &self.held())
             .finish()
     }
 }
@@ -577,13 +549,14 @@ struct WriterInner {
     stream: SnapshotStream,
     session: SessionKey,
     subject: String,
-    epoch: u64,
     worker: String,
-    spec: Bytes,
     /// Held across each write: the session's saving writes one at a time, and a drain's
     /// last snapshot waits for a write under way.
     state: Mutex<WriterState>,
-    lease: LeaseClock,
+    /// The claim this writer holds (read without waiting for a write).
+    claim: std::sync::Mutex<Claim>,
+    /// A worker's lease on the session (none: a writer outside a worker).
+    lease: Option<LeaseClock>,
     /// The last host input id of the newest snapshot written.
     saved_input: AtomicU64,
     /// Writes refused: by the store (fenced) or because the lease could not be trusted.
@@ -592,38 +565,43 @@ struct WriterInner {
 }
 
 struct WriterState {
+    /// The epoch of this writer's claim.
+    epoch: u64,
     /// The subject's last sequence, as this writer wrote it.
     last: u64,
     /// The sequence of the last full snapshot.
     full: u64,
+    /// The chain's `seq` as written: what the next delta's base must be (`None`: not
+    /// known, and a delta is refused until a full snapshot).
+    chain: Option<u64>,
+    /// The session's spec, as JSON: what a full snapshot carries.
+    spec: Bytes,
     /// Closed: writes are dropped (the session moved or ended; what it does while it
     /// closes is not the conversation).
     sealed: bool,
 }
 
 impl SnapshotWriter {
-    #[allow(clippy::too_many_arguments)]
     fn new(
         stream: SnapshotStream,
         session: SessionKey,
-        epoch: u64,
         worker: &str,
         spec: Bytes,
-        last: u64,
-        full: u64,
-        lease: LeaseClock,
+        lease: Option<LeaseClock>,
     ) -> Self {
         Self {
             inner: Arc::new(WriterInner {
                 subject: stream.subject(&session),
+                claim: std::sync::Mutex::new(Claim::new(session.as_str(), 0, StoreVersion::new(0))),
                 stream,
                 session,
-                epoch,
                 worker: worker.to_owned(),
-                spec,
                 state: Mutex::new(WriterState {
-                    last,
-                    full,
+                    epoch: 0,
+                    last: 0,
+                    full: 0,
+                    chain: None,
+                    spec,
                     sealed: false,
                 }),
                 lease,
@@ -634,9 +612,19 @@ impl SnapshotWriter {
         }
     }
 
+    /// The claim this writer holds: its epoch, and the sequence of its claim message (what
+    /// its session's first write follows). Give it to `SessionBuilder::save_claimed`.
+    pub fn held(&self) -> Claim {
+        self.inner
+            .claim
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// The owner's epoch.
     pub fn epoch(&self) -> u64 {
-        self.inner.epoch
+        self.held().epoch()
     }
 
     /// The last host input id of the newest snapshot written (0: none).
@@ -659,10 +647,132 @@ impl SnapshotWriter {
         self.inner.state.lock().await.sealed = true;
     }
 
-    /// Writes a full snapshot now (a drain's last one), even after sealing.
+    /// Claims the session for this writer, at epoch `at_least` or more (one more than the
+    /// last message's): a write over the subject's last message, then a read of the chain
+    /// it closes. `create`: an empty or ended subject gets a fresh claim with this
+    /// writer's spec; without it, nothing is written there (`None`).
+    async fn claim_over(&self, at_least: u64, create: bool) -> Result<Option<Found>, StoreError> {
+        let inner = &self.inner;
+        let stream = &inner.stream;
+        let session = &inner.session;
+        let unavailable = |reason| StoreError::Unavailable {
+            session: session.to_string(),
+            reason,
+        };
+        let mut state = inner.state.lock().await;
+        // A new session: its claim is the subject's first message, one round trip.
+        if create {
+            let epoch = at_least.max(1);
+            let claim = stream.message(
+                SnapshotKind::Claim,
+                epoch,
+                &inner.worker,
+                0,
+                state.spec.clone(),
+            );
+            match stream.write(&inner.subject, claim, 0).await {
+                Ok(seq) => {
+                    self.adopt(&mut state, epoch, seq, 0, None);
+                    return Ok(Some(Found::Fresh));
+                }
+                Err(WriteError::Moved) => {}
+                Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+            }
+        }
+        // Something is there: claim over the last message, then read what it follows.
+        for _ in 0..5 {
+            let last = stream.last(&inner.subject).await.map_err(unavailable)?;
+            let record = match &last {
+                Some(message) => {
+                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
+                }
+                None => None,
+            };
+            let (expected, last_epoch) = record.as_ref().map_or((0, 0), |r| (r.seq, r.epoch));
+            let epoch = at_least.max(last_epoch + 1);
+            match (last, record) {
+                (Some(message), Some(record)) if record.kind != SnapshotKind::Ended => {
+                    let (spec, full) = stream.spec_and_full(session, &message, &record).await?;
+                    let spec_json = serde_json::to_vec(&spec)
+                        .map_err(|err| corrupt(session, err.to_string()))?;
+                    let claim = stream.message(
+                        SnapshotKind::Claim,
+                        epoch,
+                        &inner.worker,
+                        record.full,
+                        spec_json.clone().into(),
+                    );
+                    let fence = match stream.write(&inner.subject, claim, expected).await {
+                        Ok(seq) => seq,
+                        Err(WriteError::Moved) => continue,
+                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+                    };
+                    // Nobody can write behind the claim now: what follows the full
+                    // snapshot up to it is final.
+                    let snapshot = match full {
+                        Some(full) => Some(Box::new(
+                            stream
+                                .apply_deltas(session, full, record.full, fence)
+                                .await?,
+                        )),
+                        None => None,
+                    };
+                    state.spec = spec_json.into();
+                    let chain = snapshot.as_ref().map(|s| s.seq());
+                    self.adopt(&mut state, epoch, fence, record.full, chain);
+                    return Ok(Some(Found::Resumed { spec, snapshot }));
+                }
+                _ => {
+                    if !create {
+                        return Ok(None);
+                    }
+                    let claim = stream.message(
+                        SnapshotKind::Claim,
+                        epoch,
+                        &inner.worker,
+                        0,
+                        state.spec.clone(),
+                    );
+                    match stream.write(&inner.subject, claim, expected).await {
+                        Ok(seq) => {
+                            self.adopt(&mut state, epoch, seq, 0, None);
+                            return Ok(Some(Found::Fresh));
+                        }
+                        Err(WriteError::Moved) => continue,
+                        Err(WriteError::Other(reason)) => return Err(unavailable(reason)),
+                    }
+                }
+            }
+        }
+        Err(unavailable(
+            "the subject kept changing under the claim".into(),
+        ))
+    }
+
+    /// The writer holds a new claim: its epoch, its claim message's sequence, the full
+    /// snapshot and chain position it follows.
+    fn adopt(&self, state: &mut WriterState, epoch: u64, seq: u64, full: u64, chain: Option<u64>) {
+        *state = WriterState {
+            epoch,
+            last: seq,
+            full,
+            chain,
+            spec: std::mem::take(&mut state.spec),
+            sealed: false,
+        };
+        *self.inner.claim.lock().unwrap_or_else(|p| p.into_inner()) =
+            Claim::new(self.inner.session.as_str(), epoch, StoreVersion::new(seq));
+        self.inner.fenced.send_replace(false);
+    }
+
+    /// Writes a full snapshot now (a drain's last one), even after sealing, after the last
+    /// message this writer wrote.
     pub(crate) async fn save_last(&self, snapshot: &SessionSnapshot) -> Result<(), StoreError> {
-        let payload = encode_full(&self.inner.spec, snapshot);
-        self.write_full(payload, snapshot.last_input(), true).await
+        let mut state = self.inner.state.lock().await;
+        let after = state.last;
+        self.write_full(&mut state, snapshot, after)
+            .await
+            .map(|_| ())
     }
 
     /// The session ended: writes its tombstone (compare-and-set, so a stale owner cannot
@@ -675,36 +785,35 @@ impl SnapshotWriter {
             .stream
             .message(
                 SnapshotKind::Ended,
-                inner.epoch,
+                state.epoch,
                 &inner.worker,
                 0,
                 Bytes::new(),
             )
             .ttl(inner.stream.ended_retention);
-        let seq = self.write_locked(&mut state, message).await?;
+        let after = state.last;
+        let seq = self.write_locked(&mut state, message, after).await?;
         inner.stream.purge_before(&inner.subject, seq).await;
         Ok(())
     }
 
     async fn write_full(
         &self,
-        payload: Bytes,
-        last_input: Option<u64>,
-        even_sealed: bool,
-    ) -> Result<(), StoreError> {
+        state: &mut WriterState,
+        snapshot: &SessionSnapshot,
+        after: u64,
+    ) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let mut state = inner.state.lock().await;
-        if state.sealed && !even_sealed {
-            return Ok(());
-        }
+        let payload = encode_full(&state.spec, snapshot);
         let message =
             inner
                 .stream
-                .message(SnapshotKind::Full, inner.epoch, &inner.worker, 0, payload);
+                .message(SnapshotKind::Full, state.epoch, &inner.worker, 0, payload);
         let before = state.full;
-        let seq = self.write_locked(&mut state, message).await?;
+        let seq = self.write_locked(state, message, after).await?;
         state.full = seq;
-        if let Some(input) = last_input {
+        state.chain = Some(snapshot.seq());
+        if let Some(input) = snapshot.last_input() {
             inner.saved_input.fetch_max(input, Ordering::SeqCst);
         }
         // The chain before it is garbage now. (Before the first full one there is only
@@ -712,39 +821,44 @@ impl SnapshotWriter {
         if before != 0 {
             inner.stream.purge_before(&inner.subject, seq).await;
         }
-        Ok(())
+        Ok(seq)
     }
 
-    async fn write_delta(&self, payload: Bytes, last_input: Option<u64>) -> Result<(), StoreError> {
+    async fn write_delta(
+        &self,
+        state: &mut WriterState,
+        delta: &SnapshotDelta,
+        after: u64,
+    ) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let mut state = inner.state.lock().await;
-        if state.sealed {
-            return Ok(());
-        }
-        if state.full == 0 {
+        // Only after a full snapshot, and only the link that follows the chain as this
+        // writer wrote it.
+        if state.full == 0 || (after == state.last && state.chain != Some(delta.base())) {
             return Err(StoreError::NoBase {
                 session: inner.session.to_string(),
             });
         }
         let message = inner.stream.message(
             SnapshotKind::Delta,
-            inner.epoch,
+            state.epoch,
             &inner.worker,
             state.full,
-            payload,
+            delta.to_bytes().into(),
         );
-        self.write_locked(&mut state, message).await?;
-        if let Some(input) = last_input {
+        let seq = self.write_locked(state, message, after).await?;
+        state.chain = Some(delta.base() + 1);
+        if let Some(input) = delta.last_input() {
             inner.saved_input.fetch_max(input, Ordering::SeqCst);
         }
-        Ok(())
+        Ok(seq)
     }
 
-    /// Writes `message` after the last one this writer wrote; see the module docs.
+    /// Writes `message` if the subject's last sequence is `after`; see the module docs.
     async fn write_locked(
         &self,
         state: &mut WriterState,
         message: PublishMessage,
+        after: u64,
     ) -> Result<u64, StoreError> {
         let inner = &self.inner;
         let session = inner.session.to_string();
@@ -755,19 +869,20 @@ impl SnapshotWriter {
                 reason: "a newer owner wrote the session".into(),
             });
         }
-        if !inner.lease.is_valid() {
+        if inner.lease.as_ref().is_some_and(|lease| !lease.is_valid()) {
             inner.refused.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Unavailable {
                 session,
                 reason: "this worker's lease on the session cannot be trusted now".into(),
             });
         }
+        let mut expected = after;
         // Twice at most: the second after finding that an earlier write of ours whose
         // answer was lost did land.
         for _ in 0..2 {
             match inner
                 .stream
-                .write(&inner.subject, message.clone(), state.last)
+                .write(&inner.subject, message.clone(), expected)
                 .await
             {
                 Ok(seq) => {
@@ -784,14 +899,17 @@ impl SnapshotWriter {
                     let record = last.as_ref().and_then(|m| SnapshotRecord::read(m).ok());
                     match record {
                         Some(record)
-                            if record.epoch == inner.epoch
+                            if record.epoch == state.epoch
                                 && record.worker == inner.worker
-                                && record.seq > state.last =>
+                                && record.seq > expected =>
                         {
+                            expected = record.seq;
                             state.last = record.seq;
                             if record.kind == SnapshotKind::Full {
                                 state.full = record.seq;
                             }
+                            // What the lost write did to the chain is not known here.
+                            state.chain = None;
                         }
                         other => {
                             inner.fenced.send_replace(true);
@@ -803,7 +921,7 @@ impl SnapshotWriter {
                                 ),
                                 None => "its messages are gone".to_owned(),
                             };
-                            tracing::warn!(session = %inner.session, epoch = inner.epoch, %now, "snapshot write refused: fenced");
+                            tracing::warn!(session = %inner.session, epoch = state.epoch, %now, "snapshot write refused: fenced");
                             return Err(StoreError::Fenced {
                                 session,
                                 reason: now,
@@ -821,25 +939,71 @@ impl SnapshotWriter {
             reason: "the subject kept changing under the write".into(),
         })
     }
+
+    fn own(&self, session: &str) -> Result<(), StoreError> {
+        if session == self.inner.session.as_str() {
+            Ok(())
+        } else {
+            Err(StoreError::BadId {
+                id: format!("{session} (this writer writes {})", self.inner.session),
+            })
+        }
+    }
 }
 
 impl SnapshotStore for SnapshotWriter {
-    fn save(&self, snapshot: SessionSnapshot) -> BoxFuture<'static, Result<(), StoreError>> {
-        // Taken by value: encoded in the future (on the session's writer task, off the
-        // session's own thread), which then owns only bytes.
+    fn claim(
+        &self,
+        session: &str,
+        at_least: u64,
+    ) -> BoxFuture<'static, Result<switchboard::snapshot::Claimed, StoreError>> {
         let this = self.clone();
+        let own = self.own(session);
         async move {
-            let payload = encode_full(&this.inner.spec, &snapshot);
-            this.write_full(payload, snapshot.last_input(), false).await
+            own?;
+            let snapshot = match this.claim_over(at_least, true).await? {
+                Some(Found::Resumed { snapshot, .. }) => snapshot.map(|s| *s),
+                Some(Found::Fresh) | None => None,
+            };
+            Ok(switchboard::snapshot::Claimed::new(this.held(), snapshot))
         }
         .boxed()
     }
 
-    fn append(&self, delta: SnapshotDelta) -> BoxFuture<'static, Result<(), StoreError>> {
+    fn save(
+        &self,
+        snapshot: SessionSnapshot,
+        after: StoreVersion,
+    ) -> BoxFuture<'static, Result<StoreVersion, StoreError>> {
+        // Taken by value: encoded in the future (on the session's writer task, off the
+        // session's own thread).
         let this = self.clone();
         async move {
-            let payload: Bytes = delta.to_bytes().into();
-            this.write_delta(payload, delta.last_input()).await
+            let mut state = this.inner.state.lock().await;
+            if state.sealed {
+                return Ok(after);
+            }
+            this.write_full(&mut state, &snapshot, after.get())
+                .await
+                .map(StoreVersion::new)
+        }
+        .boxed()
+    }
+
+    fn append(
+        &self,
+        delta: SnapshotDelta,
+        after: StoreVersion,
+    ) -> BoxFuture<'static, Result<StoreVersion, StoreError>> {
+        let this = self.clone();
+        async move {
+            let mut state = this.inner.state.lock().await;
+            if state.sealed {
+                return Ok(after);
+            }
+            this.write_delta(&mut state, &delta, after.get())
+                .await
+                .map(StoreVersion::new)
         }
         .boxed()
     }
@@ -861,13 +1025,10 @@ impl SnapshotStore for SnapshotWriter {
 
     fn remove(&self, session: &str) -> BoxFuture<'static, Result<(), StoreError>> {
         let this = self.clone();
-        let own = session == self.inner.session.as_str();
+        let own = self.own(session);
         async move {
-            if own {
-                this.end().await
-            } else {
-                Ok(())
-            }
+            own?;
+            this.end().await
         }
         .boxed()
     }
@@ -897,8 +1058,13 @@ mod tests {
             .start(engine)
             .await
             .unwrap();
-        session.run("hi").await.unwrap();
-        session.set_last_input(1);
+        session
+            .apply(
+                switchboard::InputId::new(1),
+                switchboard::HostInput::Run { text: "hi".into() },
+            )
+            .await
+            .unwrap();
         let snapshot = session.snapshot().await.unwrap();
         session.close().await.unwrap();
         snapshot
@@ -927,7 +1093,10 @@ mod tests {
         else {
             panic!("a new session's claim is fresh");
         };
-        first.save(snapshot.clone()).await.unwrap();
+        let saved = first
+            .save(snapshot.clone(), first.held().version())
+            .await
+            .unwrap();
         assert_eq!(first.saved_input(), 1);
 
         // w2 claims it (its lease expired, say): one epoch higher, from w1's snapshot.
@@ -944,7 +1113,7 @@ mod tests {
         assert_eq!(restored.to_bytes(), snapshot.to_bytes());
 
         // w1 wakes and writes: refused, for good.
-        match first.save(snapshot.clone()).await {
+        match first.save(snapshot.clone(), saved).await {
             Err(StoreError::Fenced { session, reason }) => {
                 assert_eq!(session, "call-1");
                 assert!(reason.contains("w2"), "{reason}");
@@ -956,7 +1125,10 @@ mod tests {
         assert_eq!(first.refused(), 2);
 
         // w2 writes on; what the store holds is w2's.
-        second.save(snapshot.clone()).await.unwrap();
+        second
+            .save(snapshot.clone(), second.held().version())
+            .await
+            .unwrap();
         let stored = stream.load(&key).await.unwrap().unwrap();
         assert_eq!((stored.epoch, stored.worker.as_str()), (2, "w2"));
         let kinds: Vec<_> = stream

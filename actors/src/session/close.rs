@@ -1,6 +1,7 @@
 //! Closing a session: by `Session::close`, or because the host dropped its last handle.
 //!
-//! In order: everything waiting fails with `Closed` (queued turns, handoffs, sub-task
+//! In order (after a snapshot being collected, if any, is in: it is of the point before
+//! the close): everything waiting fails with `Closed` (queued turns, handoffs, sub-task
 //! requests, tool items held during a switch) and the pending reply is dropped; the
 //! session-scoped toolsets stop (runs cancelled with their grace period, awaited) and
 //! their background calls' terminal outputs go to the current agent; every activity
@@ -42,6 +43,11 @@ impl Handler<CloseSession> for SessionActor {
 impl SessionActor {
     /// Starts the close (once; later calls find it under way).
     pub(super) fn begin_close(&mut self, reason: &str, ctx: &mut Context<Self>) {
+        // A snapshot being collected is of the point before the close: written whole
+        // first (its parts come in a few messages).
+        if self.chain.holds_close(reason) {
+            return;
+        }
         let Some(closing) = self.schedule.close() else {
             return;
         };

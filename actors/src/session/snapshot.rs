@@ -22,7 +22,7 @@
 //! (no `on_enter`), puts its schedule back, runs again the LLM step that was in flight,
 //! and hands each background call to its tool's restore policy.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -47,13 +47,14 @@ use crate::error::SessionError;
 use crate::handoff::Handoff;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
+use crate::input_ledger::{InputLedger, LedgerRecord};
 use crate::realtime::Model;
 use crate::shared::SessionShared;
 use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
-    SnapshotDelta, SnapshotHead, StartingChatRecord, SubTaskRecord, SNAPSHOT_VERSION,
+    SnapshotDelta, SnapshotHead, StartingChatRecord, StoreError, SubTaskRecord, SNAPSHOT_VERSION,
 };
-use crate::snapshot_store::SnapshotStore;
+use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::speech::Interruptibility;
 use crate::starting_chat::StartingChat;
 use crate::telemetry::Cause;
@@ -69,11 +70,14 @@ pub enum SnapshotUpdate {
     Delta(SnapshotDelta),
 }
 
-/// Sent by the host (`Session::snapshot`, `Session::snapshot_update`): takes a snapshot
-/// at the last consistent point, in full or as a delta on the chain. Answered once the
-/// parts are in; during a switch, once the switch has ended.
+/// Sent by the host (`Session::snapshot`, `Session::snapshot_update`, `Session::save`):
+/// takes a snapshot at the last consistent point, in full or as a delta on the chain.
+/// Answered once the parts are in (and, to `save`, once the session's store wrote it);
+/// during a switch, once the switch has ended.
 pub(crate) struct TakeSnapshot {
     pub(crate) full: bool,
+    /// Written to the session's store (`Session::save`): in full, through its saving.
+    pub(crate) save: bool,
 }
 
 impl Message for TakeSnapshot {
@@ -85,7 +89,12 @@ impl Handler<TakeSnapshot> for SessionActor {
 
     fn handle(&mut self, msg: TakeSnapshot, ctx: &mut Self::Context) -> Self::Result {
         let (tx, rx) = oneshot::channel();
-        self.snapshot(msg.full, Taker::Host(tx), ctx);
+        let taker = if msg.save {
+            Taker::Save(tx)
+        } else {
+            Taker::Host(tx)
+        };
+        self.snapshot(msg.full || msg.save, taker, ctx);
         Box::pin(async move { rx.await.unwrap_or(Err(SessionError::Closed)) })
     }
 }
@@ -109,117 +118,29 @@ impl Handler<AwaitTask> for SessionActor {
     }
 }
 
-/// Sent by the host (`Session::begin_input`): a host input is on its way, its id follows
-/// with `RecordInput`. Saves to the store wait until then: a snapshot taken in between
-/// could hold the input without its id.
-pub(crate) struct BeginInput;
-
-impl Message for BeginInput {
-    type Result = ();
-}
-
-impl Handler<BeginInput> for SessionActor {
-    type Result = ();
-
-    fn handle(&mut self, _msg: BeginInput, _ctx: &mut Self::Context) {
-        self.chain.inputs.in_flight = true;
-    }
-}
-
-/// Sent by the host (`Session::set_last_input`): the id of the host input sent last.
-/// It is tied to that input: when it queued a job (a `run`, a `say`) that has not started
-/// yet, the id counts once the job starts (a queued host job is not in a snapshot);
-/// otherwise at once. Ids count in order: one never counts before those recorded before
-/// it.
-pub(crate) struct RecordInput {
-    pub(crate) id: u64,
-}
-
-impl Message for RecordInput {
-    type Result = ();
-}
-
-impl Handler<RecordInput> for SessionActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: RecordInput, ctx: &mut Self::Context) {
-        let inputs = &mut self.chain.inputs;
-        inputs.in_flight = false;
-        let waits = inputs.newest_job.take().is_some_and(|job| {
-            self.schedule
-                .queued_turn_mut(|turn| turn.tie == Tie::Job(job))
-                .map(|turn| turn.tie = Tie::Input(msg.id))
-                .is_some()
-        });
-        self.chain.inputs.recorded.push_back((msg.id, !waits));
-        self.count_inputs();
-        if std::mem::take(&mut self.chain.inputs.save_waiting) {
-            self.save_settled(ctx);
-        }
-    }
-}
-
 /// What ties a queued turn to a host input id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Tie {
-    /// None: the engine's own turns.
+    /// None: the engine's own turns, and host turns sent without an id.
     #[default]
     None,
-    /// A job the host queued, before its id came (the session's count of host jobs).
-    Job(u64),
-    /// The host input it is the effect of.
+    /// The host input it is the effect of (`Session::apply`).
     Input(u64),
 }
 
-/// The host input ids (`Session::set_last_input`) and what they wait for.
-#[derive(Default)]
-pub(super) struct Inputs {
-    /// Ids recorded and not counted yet, in order, each with whether its effect is in
-    /// (its job started, or it had no job).
-    recorded: VecDeque<(u64, bool)>,
-    /// The job the host queued last, while its id has not come.
-    newest_job: Option<u64>,
-    /// Host jobs queued so far.
-    jobs: u64,
-    /// A host input was begun and its id has not come: saves to the store wait.
-    in_flight: bool,
-    /// A save waits for the id.
-    save_waiting: bool,
-}
-
-impl Inputs {
-    /// A job the host queues: its tie to the id to come.
-    pub(super) fn host_job(&mut self) -> Tie {
-        self.jobs += 1;
-        self.newest_job = Some(self.jobs);
-        Tie::Job(self.jobs)
+impl Tie {
+    /// The tie of a job queued for host input `input`, if any.
+    pub(crate) fn of(input: Option<u64>) -> Self {
+        input.map_or(Self::None, Self::Input)
     }
 }
 
 impl SessionActor {
     /// A queued turn leaves the queue (it starts, or it was dropped before it did): the
-    /// host input it is the effect of, if any, counts.
+    /// host input it is the effect of, if any, is in.
     pub(super) fn input_in(&mut self, tie: Tie) {
-        let Tie::Input(id) = tie else {
-            return;
-        };
-        if let Some(entry) = self
-            .chain
-            .inputs
-            .recorded
-            .iter_mut()
-            .find(|(recorded, _)| *recorded == id)
-        {
-            entry.1 = true;
-        }
-        self.count_inputs();
-    }
-
-    /// Counts the ids whose effects are in, in order, up to the first that waits.
-    fn count_inputs(&mut self) {
-        while let Some(&(id, true)) = self.chain.inputs.recorded.front() {
-            self.chain.inputs.recorded.pop_front();
-            self.shared.host_view.set_last_input(Some(id));
+        if let Tie::Input(id) = tie {
+            self.shared.host_view.inputs().job_left_queue(id);
         }
     }
 }
@@ -228,6 +149,8 @@ impl SessionActor {
 pub(super) enum Taker {
     /// The host, waiting for it.
     Host(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
+    /// The host, waiting for it to be written to the session's store (`Session::save`).
+    Save(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
     /// The session's own store, after a settled turn.
     Store,
 }
@@ -242,6 +165,36 @@ impl Taker {
         match self {
             Self::Host(tx) => {
                 let _ = tx.send(taken);
+            }
+            Self::Save(tx) => {
+                let session = actor.shared.id().to_string();
+                let Some(saver) = actor.chain.saver.as_mut() else {
+                    let _ = tx.send(Err(StoreError::Unavailable {
+                        session,
+                        reason: "the session saves to no store (SessionBuilder::save_snapshots)"
+                            .to_owned(),
+                    }
+                    .into()));
+                    return;
+                };
+                let update = match taken {
+                    Ok(update) => update,
+                    Err(err) => {
+                        let _ = tx.send(Err(err));
+                        return;
+                    }
+                };
+                // The host gets what was written; the writer gets its own (a copy, once,
+                // at the host's asking).
+                let written = saver.save(update.clone());
+                actix::spawn(async move {
+                    let answer = match written.await {
+                        Ok(Ok(())) => Ok(update),
+                        Ok(Err(err)) => Err(err.into()),
+                        Err(_) => Err(SessionError::Closed),
+                    };
+                    let _ = tx.send(answer);
+                });
             }
             Self::Store => {
                 if let Err(err) = &taken {
@@ -278,11 +231,13 @@ pub(super) struct Chain {
     waiting: Vec<(bool, Taker)>,
     /// Snapshots being collected: new work waits meanwhile.
     collecting: u32,
+    /// A close asked for while a snapshot was being collected (its reason): it begins once
+    /// the snapshot is in. The snapshot is of the point before the close; written once the
+    /// close had taken the activations away, it would hold none of them.
+    close_after: Option<String>,
     /// Per activation order, the restore data its agent was built with (not `null`):
     /// a closed activation's record holds it too, whenever it is first written.
     data: HashMap<u32, Value>,
-    /// The host input ids and what they wait for.
-    pub(super) inputs: Inputs,
 }
 
 struct Written {
@@ -296,9 +251,24 @@ impl Chain {
         self.collecting > 0
     }
 
-    /// Starts the session's saving to `store`.
-    pub(super) fn save_to(&mut self, store: Arc<dyn SnapshotStore>, session: Arc<SessionShared>) {
-        self.saver = Some(Saver::start(store, session));
+    /// Whether a close must wait for the snapshot being collected; if so, it is kept (with
+    /// `reason`) and begins once the snapshot is in.
+    pub(super) fn holds_close(&mut self, reason: &str) -> bool {
+        if self.collecting == 0 {
+            return false;
+        }
+        self.close_after.get_or_insert_with(|| reason.to_owned());
+        true
+    }
+
+    /// Starts the session's saving to `store`, under `claim`.
+    pub(super) fn save_to(
+        &mut self,
+        store: Arc<dyn SnapshotStore>,
+        claim: Claim,
+        session: Arc<SessionShared>,
+    ) {
+        self.saver = Some(Saver::start(store, claim, session));
     }
 
     /// Resolves once every snapshot taken for the store is written (at once without one).
@@ -342,11 +312,6 @@ impl SessionActor {
     /// The session settled after a turn: save to the store, if it has one (a delta, or a
     /// full snapshot when the store may lack what a delta would follow).
     pub(super) fn save_settled(&mut self, ctx: &mut Context<Self>) {
-        if self.chain.inputs.in_flight {
-            // It would not know whether it holds the input on its way: after its id.
-            self.chain.inputs.save_waiting = true;
-            return;
-        }
         let (seq, started) = (self.chain.seq, self.chain.started);
         let Some(saver) = self.chain.saver.as_mut() else {
             return;
@@ -382,8 +347,11 @@ impl SessionActor {
                 async move { (name, ask.await.unwrap_or_default()) }
             })
             .collect();
-        // Read now: the inputs up to it are in what the parts were asked for.
-        let last_input = self.shared.host_view.last_input();
+        // Read now: the inputs it holds are in what the parts were asked for.
+        let inputs = {
+            let ledger = self.shared.host_view.inputs();
+            (ledger.last_input(), ledger.records())
+        };
         self.chain.collecting += 1;
         let parts = futures_util::future::join_all(parts);
         let background = futures_util::future::join_all(session_background);
@@ -393,11 +361,16 @@ impl SessionActor {
                 .map(move |(parts, background), act, ctx| {
                     act.chain.collecting -= 1;
                     let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-                        Ok(parts) => Ok(act.write(full, &stack, parts, background, last_input)),
+                        Ok(parts) => Ok(act.write(full, &stack, parts, background, inputs)),
                         // An activation stopped meanwhile: the session is closing.
                         Err(_) => Err(SessionError::Closed),
                     };
                     taker.answer(taken, act, ctx);
+                    if act.chain.collecting == 0 {
+                        if let Some(reason) = act.chain.close_after.take() {
+                            act.begin_close(&reason, ctx);
+                        }
+                    }
                     act.pump(ctx);
                 }),
         );
@@ -417,7 +390,7 @@ impl SessionActor {
         stack: &[ActivityRef],
         parts: Vec<ActivationSnapshot>,
         session_background: Vec<(String, Vec<BackgroundCall>)>,
-        last_input: Option<u64>,
+        (last_input, inputs): (Option<u64>, Vec<LedgerRecord>),
     ) -> SnapshotUpdate {
         let live_after = self.schedule.live().unwrap_or_default();
         // The runs that await a paused caller's sub-task, by key: the caller's order.
@@ -513,6 +486,7 @@ impl SessionActor {
             session: self.shared.id().to_string(),
             epoch: self.shared.settings.epoch,
             last_input,
+            inputs,
             stack: records,
             jobs: self
                 .schedule
@@ -928,7 +902,7 @@ impl SessionActor {
         } = head.counters;
         self.shared.ids.restore_counters(speech, step, run);
         self.shared.ids.reserve_issued(&snapshot.call_ids);
-        self.shared.host_view.set_last_input(head.last_input);
+        *self.shared.host_view.inputs() = InputLedger::restored(head.last_input, &head.inputs);
         if let Some(words) = head.user_words.clone() {
             self.endpoint.restore(words, Instant::now());
             self.arm();

@@ -8,13 +8,14 @@
 //! and a message per change would cost the hot path), and the count of live tool runs by
 //! each run as it starts and stops (a counter, so that the settle signal needs no message).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
 
 use crate::agent::Agent;
 use crate::events::{AgentState, SessionEvent, UserState};
+use crate::input_ledger::InputLedger;
 use crate::shared::Events;
 
 pub(crate) struct HostView {
@@ -33,9 +34,10 @@ pub(crate) struct HostView {
     // idle session should not pay for a channel each.
     agent_state: AtomicU8,
     user_state: AtomicU8,
-    /// The id of the last host input applied, as the host records it (`u64::MAX`: none);
-    /// written by the host, carried in snapshots.
-    last_input: AtomicU64,
+    /// The host inputs applied with their ids and what they answered
+    /// (`Session::apply`): written by the session actor as it applies them, read by the
+    /// host (`Session::applied`, `Session::last_input`), carried in snapshots.
+    inputs: Mutex<InputLedger>,
     /// Set once the session began to close.
     closing: AtomicBool,
     /// Turns the session started that ask the model (user turns, replies, deferred
@@ -75,25 +77,23 @@ impl HostView {
             switched: Notify::new(),
             agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
             user_state: AtomicU8::new(user_state_code(UserState::Listening)),
-            last_input: AtomicU64::new(u64::MAX),
+            inputs: Mutex::new(InputLedger::default()),
             closing: AtomicBool::new(false),
             turns: AtomicU32::new(0),
             agent: Mutex::new(None),
         }
     }
 
-    /// Records the id of the last host input applied.
-    pub(crate) fn set_last_input(&self, id: Option<u64>) {
-        self.last_input
-            .store(id.unwrap_or(u64::MAX), Ordering::Release);
+    /// The ledger of the host inputs applied, for the session actor to change or read.
+    pub(crate) fn inputs(&self) -> std::sync::MutexGuard<'_, InputLedger> {
+        // A plain value changed whole under the lock: a panic elsewhere cannot leave it
+        // half-written.
+        self.inputs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The id of the last host input applied, if the host recorded one.
+    /// The last id up to which every host input applied with an id is in the session.
     pub(crate) fn last_input(&self) -> Option<u64> {
-        match self.last_input.load(Ordering::Acquire) {
-            u64::MAX => None,
-            id => Some(id),
-        }
+        self.inputs().last_input()
     }
 
     /// How many tool runs are alive in the session now.

@@ -14,8 +14,15 @@
 //! task then sends it the later ones again, in order, before anything new — whether a
 //! caller waits or not (a turn that was under way on the old owner runs again, and its
 //! `InputDone` reaches the call still waiting for it). Each input is applied once in the
-//! conversation: the old owner's application died with it unless its snapshot holds it.
-//! While the old owner drains it answers `Moving`, and the task waits for the new one.
+//! conversation: the old owner's application died with it unless its snapshot holds it —
+//! and an input whose answer the front already has (an answer other than "pending", or a
+//! delivered `InputDone`) is never sent again: in its place goes `Input::Answered`, which
+//! the new owner counts and applies nothing for (a read, a transcript or a turn the front
+//! heard the end of is not done a second time; what the old owner's state had of it and
+//! its snapshot did not is gone with it). An input a new owner's snapshot holds whose
+//! answer was not heard is asked for again: the owner answers from its session's ledger
+//! when that keeps it. While the old owner drains it answers `Moving`, and the task waits
+//! for the new one.
 //!
 //! An input that found no answer within the input deadline may or may not have been
 //! applied; later inputs of the session then fail the same way rather than risk being
@@ -50,6 +57,9 @@ struct Sent {
     name: &'static str,
     /// Whether its only answer is "done" (so one lost in a move is known).
     answers_done: bool,
+    /// Whether the front has its answer (one other than "pending"; a pending one's
+    /// `InputDone` is in `RemoteShared`): it is never sent again.
+    answered: bool,
     payload: Bytes,
 }
 
@@ -74,6 +84,12 @@ impl Outbox {
         let first = self.sent.front()?.id;
         let at = usize::try_from(id.checked_sub(first)?).ok()?;
         self.sent.get(at)
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut Sent> {
+        let first = self.sent.front()?.id;
+        let at = usize::try_from(id.checked_sub(first)?).ok()?;
+        self.sent.get_mut(at)
     }
 
     /// Forgets the inputs up to `saved`: a stored snapshot holds them.
@@ -207,13 +223,30 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
         id,
         name,
         answers_done,
+        answered: false,
         payload: payload.into(),
     })
 }
 
+/// What goes in place of input `id` when the front has its answer.
+fn answered_payload(shared: &RemoteShared, id: u64) -> Result<Bytes, GatewayError> {
+    let request = Request::Input {
+        id,
+        input: Input::Answered,
+    };
+    serde_json::to_vec(&request)
+        .map(Bytes::from)
+        .map_err(|err| GatewayError::Protocol {
+            session: shared.key.clone(),
+            detail: err.to_string(),
+        })
+}
+
 /// Gets every input up to `target` to the current owner, in order — those a new owner
-/// lacks again first — and returns `target`'s answer. Gives up when the session ends, the
-/// server refuses the subject, or the owner stays silent for the input deadline.
+/// lacks again first, each whose answer the front has as `Input::Answered` — and returns
+/// `target`'s answer (asked for again when a new owner had it before it was heard). Gives
+/// up when the session ends, the server refuses the subject, or the owner stays silent for
+/// the input deadline.
 async fn deliver(
     shared: &RemoteShared,
     outbox: &mut Outbox,
@@ -227,17 +260,23 @@ async fn deliver(
     let mut attempt = 0u32;
     loop {
         let next = delivery.acked + 1;
-        if next > target {
-            // The owner had it before we heard its answer (a move in between).
-            return lost(shared, outbox, target);
-        }
-        let Some(sent) = outbox.get(next) else {
+        // The owner had `target` before its answer was heard (a move in between): asked
+        // again, it answers from its session's ledger if that keeps the answer.
+        let asking = next > target;
+        let at = next.min(target);
+        let Some(sent) = outbox.get(at) else {
             return Err(GatewayError::InputsLost {
                 session: shared.key.clone(),
-                expected: next,
+                expected: at,
             });
         };
-        let (payload, name) = (sent.payload.clone(), sent.name);
+        let answered = !asking && (sent.answered || shared.outcome_delivered(at));
+        let name = sent.name;
+        let payload = if answered {
+            answered_payload(shared, at)?
+        } else {
+            sent.payload.clone()
+        };
         if attempt > 0 {
             gateway.count(|s| s.retries += 1);
         }
@@ -258,16 +297,30 @@ async fn deliver(
         };
         let no_responders = match sent {
             Ok(message) => {
-                match read_reply(shared, next, &message.payload)? {
+                match read_reply(shared, at, &message.payload)? {
                     Reply::Applied { answer, saved, .. } => {
                         // (Kept from `target` on: its answer may still be lost in a move.)
-                        outbox.forget_through(saved.min(target - 1));
+                        let forget = saved.min(target - 1);
+                        outbox.forget_through(forget);
+                        shared.forget_outcomes_through(forget);
+                        if asking {
+                            return Ok(answer);
+                        }
+                        if answered {
+                            gateway.count(|s| s.inputs_answered += 1);
+                        }
+                        if answer != Answer::Pending {
+                            if let Some(sent) = outbox.get_mut(at) {
+                                sent.answered = true;
+                            }
+                        }
                         delivery.acked = next;
                         attempt = 0;
                         if next == target {
                             return Ok(answer);
                         }
                     }
+                    Reply::Earlier { .. } if asking => return lost(shared, outbox, target),
                     Reply::Earlier { last, .. } => {
                         delivery.acked = last.max(next);
                         attempt = 0;
@@ -387,6 +440,7 @@ mod tests {
             id,
             name: "run",
             answers_done: false,
+            answered: false,
             payload: Bytes::new(),
         }
     }

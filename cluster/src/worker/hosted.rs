@@ -7,14 +7,15 @@
 //! what it does is the order it appears on the wire:
 //!
 //! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
-//!   snapshot writer after every settled turn (`save_snapshots`); a resumed one is
+//!   snapshot writer after every settled turn, under the writer's claim (`save_claimed`:
+//!   its epoch is the claim's); a resumed one is
 //!   restored from its snapshot with the agents the factory builds;
 //! * an input is applied in the order it came: the engine call that applies it is made
 //!   (its first poll sends the engine message) before the next request is read, even when
 //!   its answer takes a whole turn (then its outcome comes later as an `InputDone` event);
-//!   the session is told before (`Session::begin_input`: its saves wait) and its id after
-//!   (`Session::set_last_input`, tied to the input, to its turn when that is queued), so a
-//!   snapshot holds an input exactly when it holds its id;
+//!   the input and its id go to the session in one call (`Session::apply`), so a snapshot
+//!   holds an input exactly when its ledger holds the id, and an input the restored
+//!   snapshot's ledger holds is answered from it (`Session::applied`), never applied again;
 //! * engine events and speech are published as they come, each numbered by the event
 //!   log; what is ready at one wake of the loop goes out as one message (a batch). Each
 //!   source keeps its order (the engine's events; a speech's start, chunks and end);
@@ -43,7 +44,7 @@
 //! fenced owner writes nothing (`tests/cluster/a_paused_worker_is_fenced.rs`).
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -56,7 +57,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_nats::jetstream;
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot, StoreError};
-use switchboard::{Engine, PlayoutReporter, SayOptions, Session, SessionEvent};
+use switchboard::{
+    Engine, HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionEvent,
+};
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 
@@ -116,13 +119,12 @@ pub(crate) async fn host(
     let events_subject = hosting.namespace.session_events(&key);
     let mut log = EventLog::new(ownership.epoch(), hosting.replay_bytes);
     let (speech_tx, speech) = mpsc::unbounded_channel();
-    let reporter = Arc::new(OnceLock::new());
     let resumed = matches!(start, Start::Resume { .. });
     let started = match build(hosting.factory.clone(), start) {
         Ok((builder, output, last_input)) => builder
             .id(key.as_str())
-            .save_snapshots(Arc::new(writer.clone()))
-            .output(PublishingOutput::new(speech_tx, output, reporter.clone()))
+            .save_claimed(Arc::new(writer.clone()), writer.held())
+            .output(PublishingOutput::new(speech_tx, output))
             .start(&hosting.engine)
             .await
             .map(|session| (session, last_input))
@@ -180,7 +182,6 @@ pub(crate) async fn host(
         speech,
         speech_open: true,
         events_open: true,
-        reporter,
         inputs,
         drain: hosting.drain.clone(),
         lease: ownership.clock(),
@@ -283,7 +284,6 @@ struct Hosted {
     events_open: bool,
     speech: mpsc::UnboundedReceiver<RemoteEventKind>,
     speech_open: bool,
-    reporter: Arc<OnceLock<PlayoutReporter>>,
     inputs: Subscriber,
     drain: watch::Receiver<Option<Instant>>,
     /// Away while a renewal is under way (`renewal` has it then).
@@ -731,7 +731,16 @@ impl Hosted {
                 }
                 Admission::Earlier { last } => {
                     Counts::bump(&self.hosting.counts.inputs_repeated);
-                    self.reply(reply_to, &Reply::Earlier { id, last }).await;
+                    // Its answer, when the session's ledger keeps it.
+                    let recorded = self.session.applied(InputId::new(id));
+                    match recorded.and_then(Answer::recorded) {
+                        Some(answer) => {
+                            let saved = self.writer.saved_input();
+                            self.reply(reply_to, &Reply::Applied { id, answer, saved })
+                                .await;
+                        }
+                        None => self.reply(reply_to, &Reply::Earlier { id, last }).await,
+                    }
                 }
                 Admission::OutOfOrder { expected } => {
                     self.reply(reply_to, &Reply::OutOfOrder { expected }).await;
@@ -748,20 +757,16 @@ impl Hosted {
                         }
                         None => {}
                     }
-                    let closes = matches!(input, Input::Close);
-                    if !closes {
-                        // The session's saves wait from here to the id: a turn can run
-                        // and settle before the id comes, and a snapshot saved then would
-                        // hold the input without its id.
-                        self.session.begin_input();
-                    }
-                    let answer = self.apply(id, input).await;
-                    if !closes {
-                        // After the input's engine message: the id is tied to it (to its
-                        // turn when that is queued), so the snapshot that holds the
-                        // input holds its id, and the other way round.
-                        self.session.set_last_input(id);
-                    }
+                    // Applied by the owner whose snapshot this session restored, after the
+                    // snapshot's last contiguous input: answered from the session's ledger.
+                    let recorded = match input {
+                        Input::Close => None,
+                        _ => self.session.applied(InputId::new(id)),
+                    };
+                    let answer = match recorded {
+                        Some(recorded) => Answer::recorded(recorded).unwrap_or(Answer::Done),
+                        None => self.apply(id, input).await,
+                    };
                     self.ledger.record(id, answer.clone());
                     Counts::bump(&self.hosting.counts.inputs_applied);
                     self.last_input = Instant::now();
@@ -773,16 +778,28 @@ impl Hosted {
         }
     }
 
-    /// Hands `input` to the engine; returns what the gateway hears at once.
+    /// Hands `input` to the engine with its id (`Session::apply`); returns what the
+    /// gateway hears at once.
     async fn apply(&mut self, id: u64, input: Input) -> Answer {
         let session = self.session.clone();
+        let input_id = InputId::new(id);
+        let at_once = |answer: Result<InputAnswer, switchboard::SessionError>| match answer {
+            Ok(InputAnswer::Speech(speech)) => Answer::Speech {
+                speech: speech.id(),
+            },
+            Ok(_) => Answer::Done,
+            Err(err) => Answer::Failed {
+                failure: (&err).into(),
+            },
+        };
         match input {
             Input::Run { text } => self.under_way(async move {
-                let outcome = turn_outcome(session.run(text).await);
+                let outcome = turn_outcome(session.apply(input_id, HostInput::Run { text }).await);
                 Finished::Input { id, outcome }
             }),
             Input::GenerateReply { instructions } => self.under_way(async move {
-                let outcome = turn_outcome(session.generate_reply(instructions).await);
+                let reply = HostInput::GenerateReply { instructions };
+                let outcome = turn_outcome(session.apply(input_id, reply).await);
                 Finished::Input { id, outcome }
             }),
             Input::Say {
@@ -794,41 +811,39 @@ impl Hosted {
                 if let Some(allow) = allow_interruptions {
                     options = options.allow_interruptions(allow);
                 }
-                match session.say_with(text, options).await {
-                    Ok(speech) => Answer::Speech {
-                        speech: speech.id(),
-                    },
-                    Err(err) => Answer::Failed {
-                        failure: (&err).into(),
-                    },
-                }
+                at_once(
+                    session
+                        .apply(input_id, HostInput::Say { text, options })
+                        .await,
+                )
             }
             Input::Transcript { text, is_final } => {
-                session.transcript(text, is_final);
-                Answer::Done
+                let transcript = HostInput::Transcript { text, is_final };
+                at_once(session.apply(input_id, transcript).await)
             }
-            Input::UserStartedSpeaking => {
-                session.user_started_speaking();
-                Answer::Done
-            }
-            Input::UserStoppedSpeaking => {
-                session.user_stopped_speaking();
-                Answer::Done
-            }
+            Input::UserStartedSpeaking => at_once(
+                session
+                    .apply(input_id, HostInput::UserStartedSpeaking)
+                    .await,
+            ),
+            Input::UserStoppedSpeaking => at_once(
+                session
+                    .apply(input_id, HostInput::UserStoppedSpeaking)
+                    .await,
+            ),
             Input::Interrupt { force } => self.under_way(async move {
-                let result = if force {
-                    session.force_interrupt().await
-                } else {
-                    session.interrupt().await
-                };
+                let result = session
+                    .apply(input_id, HostInput::Interrupt { force })
+                    .await;
                 Finished::Input {
                     id,
-                    outcome: done_outcome(result),
+                    outcome: done_outcome(result.map(|_| ())),
                 }
             }),
             Input::UpdateAgent { agent, data } => match self.hosting.factory.agent(&agent, &data) {
                 Ok(agent) => self.under_way(async move {
-                    let outcome = done_outcome(session.update_agent(agent).await);
+                    let update = HostInput::UpdateAgent { agent };
+                    let outcome = done_outcome(session.apply(input_id, update).await.map(|_| ()));
                     Finished::Input { id, outcome }
                 }),
                 Err(err) => Answer::Failed {
@@ -842,18 +857,24 @@ impl Hosted {
                 interrupted,
                 heard,
             } => {
-                if let Some(reporter) = self.reporter.get() {
-                    reporter.playout_finished(speech, interrupted, heard);
-                }
-                Answer::Done
+                let report = HostInput::PlayoutFinished {
+                    speech,
+                    interrupted,
+                    heard,
+                };
+                at_once(session.apply(input_id, report).await)
             }
             Input::History => self.under_way(async move {
-                let history = RemoteHistory::from(&session.history().await);
+                let history = match session.apply(input_id, HostInput::History).await {
+                    Ok(InputAnswer::History(history)) => RemoteHistory::from(&history),
+                    _ => RemoteHistory::default(),
+                };
                 Finished::Input {
                     id,
                     outcome: InputOutcome::History { history },
                 }
             }),
+            Input::Answered => at_once(session.apply(input_id, HostInput::AlreadyAnswered).await),
             Input::Close => {
                 self.begin_ending(EndReason::Closed, Some(id));
                 Answer::Pending
@@ -929,7 +950,11 @@ impl Hosted {
     }
 }
 
-fn turn_outcome(result: Result<switchboard::RunResult, switchboard::SessionError>) -> InputOutcome {
+fn turn_outcome(answer: Result<InputAnswer, switchboard::SessionError>) -> InputOutcome {
+    let result = answer.map(|answer| match answer {
+        InputAnswer::Turn(result) => result,
+        _ => RunResult::default(),
+    });
     InputOutcome::Turn {
         result: result
             .as_ref()

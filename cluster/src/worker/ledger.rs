@@ -6,7 +6,10 @@
 //! the next id is applied, the last one is answered again (a retry whose first answer was
 //! lost), an older one is answered as applied earlier, and a later one means inputs went
 //! missing. A session resumed from its snapshot starts from the snapshot's last input id
-//! (`Session::set_last_input` put it there), without its answer: the old owner gave it.
+//! (`SessionSnapshot::last_input`: every input up to it is in the snapshot), without its
+//! answer: the old owner gave it. The session's own ledger (`Session::applied`) is what
+//! answers an earlier id when it keeps the answer, and what spots an input after that id
+//! that the snapshot holds all the same (it is answered from there, not applied again).
 
 use crate::protocol::Answer;
 

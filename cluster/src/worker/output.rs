@@ -1,13 +1,11 @@
 //! `PublishingOutput`: the `SpeechOutput` a worker gives each session. It forwards the
 //! speech (start, chunks, end, interrupt, pause, resume) to the session's loop, which
-//! publishes it in order with the session's events, and keeps the `PlayoutReporter` the
-//! session hands it, through which the front's playout reports come back in.
+//! publishes it in order with the session's events. The front's playout reports come back
+//! as inputs with ids (`Session::apply`), not through the `PlayoutReporter`.
 //!
 //! The engine calls it on its arbiter thread, once per chunk: each call only sends on an
 //! unbounded channel (it must not block, and a bounded one would drop speech). The channel
 //! holds at most what the session streams before its loop publishes it.
-
-use std::sync::{Arc, OnceLock};
 
 use switchboard::{Playout, PlayoutReporter, SpeechId, SpeechOutput};
 use tokio::sync::mpsc;
@@ -19,22 +17,12 @@ use crate::spec::OutputMode;
 pub(crate) struct PublishingOutput {
     speech: mpsc::UnboundedSender<RemoteEventKind>,
     mode: OutputMode,
-    reporter: Arc<OnceLock<PlayoutReporter>>,
 }
 
 impl PublishingOutput {
-    /// An output for a front that plays speech as `mode` says; the reporter lands in
-    /// `reporter` when the session attaches it.
-    pub(crate) fn new(
-        speech: mpsc::UnboundedSender<RemoteEventKind>,
-        mode: OutputMode,
-        reporter: Arc<OnceLock<PlayoutReporter>>,
-    ) -> Self {
-        Self {
-            speech,
-            mode,
-            reporter,
-        }
+    /// An output for a front that plays speech as `mode` says.
+    pub(crate) fn new(speech: mpsc::UnboundedSender<RemoteEventKind>, mode: OutputMode) -> Self {
+        Self { speech, mode }
     }
 
     fn send(&self, kind: RemoteEventKind) {
@@ -44,9 +32,9 @@ impl PublishingOutput {
 }
 
 impl SpeechOutput for PublishingOutput {
-    fn attach(&mut self, reporter: PlayoutReporter) {
-        let _ = self.reporter.set(reporter);
-    }
+    // The playout reports come as the front's inputs, with ids: the reporter is not
+    // needed.
+    fn attach(&mut self, _reporter: PlayoutReporter) {}
 
     fn speech_started(&mut self, speech: SpeechId, agent: &str) {
         self.send(RemoteEventKind::SpeechStarted {

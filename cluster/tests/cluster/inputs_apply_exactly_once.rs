@@ -106,3 +106,106 @@ async fn every_accepted_input_is_applied_once_even_when_the_gateway_retries() {
     assert_eq!(stats.inputs_sent, inputs, "{stats:?}");
     println!("inputs: {inputs}; {stats:?}; {info:?}");
 }
+
+/// The same for every kind of input: each is sent while its owner is frozen, retried, and
+/// applied once — transcripts (interim and final), the user speaking, a reply asked for,
+/// an interruption, an agent update, a history read, a playout report. What each does
+/// shows once: its event, its message, its handoff; the owner counts each input once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_kind_of_input_is_applied_once_when_the_gateway_retries_it() {
+    use switchboard_cluster::{RemoteEventKind, RemoteUserState};
+
+    let _one_at_a_time = common::one_at_a_time().await;
+    let server = NatsServer::start().unwrap();
+    let worker = WorkerProcess::start(&server, "w1", 4, &[]);
+    let gateway = common::gateway(
+        &server,
+        GatewayOptions::new().attempt_timeout(Duration::from_millis(50)),
+    )
+    .await;
+    let mut stats = gateway.watch_stats();
+    let session = gateway
+        .start_session(SessionSpec::new("greeter"))
+        .await
+        .unwrap();
+    let mut events = session.subscribe_from(1);
+    let said = session.say("Hello there.").await.unwrap();
+    let mut inputs = 1u64;
+
+    // Sends one input while the owner is frozen, so the gateway retries it; then lets the
+    // owner go and waits for the input's answer.
+    macro_rules! frozen {
+        ($name:literal, |$s:ident| $call:expr) => {{
+            worker.freeze();
+            let before = stats.borrow().retries;
+            let call = tokio::spawn({
+                let $s = session.clone();
+                async move { $call.await }
+            });
+            retried(&mut stats, before + 3).await;
+            worker.thaw();
+            inputs += 1;
+            within($name, call).await.unwrap().unwrap()
+        }};
+    }
+    frozen!("user started speaking", |s| s.user_started_speaking());
+    frozen!("an interim transcript", |s| s.transcript("look", false));
+    frozen!("user stopped speaking", |s| s.user_stopped_speaking());
+    frozen!("a final transcript", |s| s.transcript("final words", true));
+    frozen!("a playout report", |s| s
+        .playout_finished(said, false, None));
+    frozen!("a reply", |s| s.generate_reply(Some("Ask.".into())));
+    frozen!("an interruption", |s| s.interrupt());
+    frozen!("an agent update", |s| s
+        .update_agent("concierge", serde_json::json!({})));
+    let read = frozen!("a history read", |s| s.history());
+    assert!(read.user_messages().contains(&"final words"));
+
+    let history = within("the close", session.close()).await.unwrap();
+    inputs += 1;
+    assert_eq!(history.user_messages(), ["final words"], "{history:?}");
+    // The say, the reply asked for, the answer to the final transcript: once each.
+    assert_eq!(
+        history.assistant_messages().len(),
+        3,
+        "one reply asked for, one given: {history:?}"
+    );
+    let handoffs = history
+        .agents
+        .iter()
+        .filter(|entry| entry.agent == "concierge")
+        .count();
+    assert_eq!(handoffs, 1, "one agent update, one handoff: {history:?}");
+
+    // Each input's own event, once.
+    let mut interims = 0;
+    let mut speaking = 0;
+    let mut listening = 0;
+    loop {
+        let event = within("the session's events", events.recv()).await.unwrap();
+        match event.kind {
+            RemoteEventKind::UserInputTranscribed {
+                is_final: false, ..
+            } => interims += 1,
+            RemoteEventKind::UserStateChanged {
+                state: RemoteUserState::Speaking,
+            } => speaking += 1,
+            RemoteEventKind::UserStateChanged {
+                state: RemoteUserState::Listening,
+            } => listening += 1,
+            RemoteEventKind::SessionEnded { .. } => break,
+            _ => {}
+        }
+    }
+    assert_eq!((interims, speaking, listening), (1, 1, 1));
+
+    let info = gateway.worker_info("w1").await.unwrap();
+    assert_eq!(
+        info.inputs_applied, inputs,
+        "the owner applied each input once: {info:?}"
+    );
+    assert!(
+        info.inputs_repeated >= 9,
+        "the owner recognised the retried copies: {info:?}"
+    );
+}
