@@ -311,8 +311,9 @@ pub(super) fn config(
     }
 }
 
-/// The share of `text` a listener heard after `heard` of its `total` audio: whole words,
-/// cut at the last word boundary at or before the same share of the text.
+/// The share of `text` a listener heard after `heard` of its `total` audio: the same
+/// share of its characters, to the end of the word the cut falls in (a word begun was
+/// heard).
 pub(super) fn heard_text(text: &str, heard: Duration, total: Duration) -> &str {
     if total.is_zero() || heard >= total {
         return text;
@@ -322,12 +323,14 @@ pub(super) fn heard_text(text: &str, heard: Duration, total: Duration) -> &str {
     while at > 0 && !text.is_char_boundary(at) {
         at -= 1;
     }
-    // Back to the end of the last whole word.
-    let cut = match text[..at].rfind(char::is_whitespace) {
-        Some(space) if !text[at..].starts_with(char::is_whitespace) => space,
-        _ => at,
-    };
-    text[..cut].trim_end()
+    if at == 0 {
+        return "";
+    }
+    // On to the end of the word the cut falls in.
+    let end = text[at..]
+        .find(char::is_whitespace)
+        .map_or(text.len(), |space| at + space);
+    text[..end].trim_end()
 }
 
 #[cfg(test)]
@@ -335,18 +338,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_heard_share_of_the_text_ends_on_a_whole_word() {
+    fn the_heard_share_of_the_text_ends_with_the_word_it_falls_in() {
         let text = "It is sunny and warm in Paris today.";
         let total = Duration::from_millis(1000);
         assert_eq!(
             heard_text(text, Duration::from_millis(500), total),
-            "It is sunny"
+            "It is sunny and warm"
         );
         assert_eq!(heard_text(text, Duration::ZERO, total), "");
         assert_eq!(heard_text(text, total, total), text);
         assert_eq!(heard_text(text, Duration::from_millis(10), total), "");
+        assert_eq!(heard_text(text, Duration::from_millis(40), total), "It");
         assert_eq!(
-            heard_text("héllo wörld", Duration::from_millis(600), total),
+            heard_text("héllo wörld", Duration::from_millis(400), total),
             "héllo"
         );
     }
