@@ -62,6 +62,7 @@ scenario!(
     a_dropped_socket_mid_response_is_replayed,
     a_late_tool_result_is_always_heard,
     a_long_answer_in_one_burst_plays_in_full,
+    a_snapshot_mid_call_is_restored_on_another_engine,
 );
 
 #[switchboard::test]

@@ -187,6 +187,7 @@ impl ActivityActor {
             Some((restored, task_result)) => (Some(restored), task_result),
             None => (None, None),
         };
+        let restored_current = restored.as_ref().is_some_and(|r| !r.paused);
         let machine = Activation::new(Setup {
             id,
             agent: spec.agent.clone(),
@@ -202,7 +203,7 @@ impl ActivityActor {
             inherited: spec.inherited,
             restored,
         });
-        let actor = ActivityActor {
+        let mut actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
             llm: spec.llm,
@@ -223,7 +224,13 @@ impl ActivityActor {
             _alive: alive,
         };
         let waiting = actor.machine.waiting_call();
+        // A restored current agent takes its model's connection at once (it gets no
+        // `StartActivity`): the new connection is set up and its chat replayed as text.
+        let restored_current = restored_current && actor.realtime.is_some();
         let addr = ActivityActor::create(move |ctx| {
+            if restored_current {
+                actor.attach_realtime(ctx);
+            }
             // A restored caller's step waits for its sub-task's result. The tool body that
             // awaited the task is gone with the old process: a run stands for it in its
             // toolset, whose body returns the task's result, and its output is the call's.

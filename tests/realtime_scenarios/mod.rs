@@ -700,3 +700,112 @@ pub async fn a_long_answer_in_one_burst_plays_in_full<B: Backend>() {
     no_violations(&backend.report());
     session.close().await.unwrap();
 }
+
+/// A call is snapshotted while an async tool runs in the background, and restored on
+/// another engine talking to another server: the new connection is set up and the
+/// conversation replayed as text (the user's words, the call with its output, what the
+/// agent said), the running call follows its restore policy (abandoned: its terminal
+/// output, and a deferred reply tells the user), and nothing is refused.
+pub async fn a_snapshot_mid_call_is_restored_on_another_engine<B: Backend>() {
+    use switchboard::snapshot::AgentRegistry;
+    let first = B::start(
+        RealtimeScript::new([
+            RealtimeReply::call("search_flights", json!({"city": "Lisbon"})),
+            RealtimeReply::speech("I am searching for flights to Lisbon."),
+        ])
+        .user_transcript("find me a flight to Lisbon"),
+    );
+    let never = Gate::new();
+    let search = move || {
+        let never = never.clone();
+        Tool::new(
+            "search_flights",
+            "Searches flights",
+            move |ctx: RunContext, args: City| {
+                let never = never.clone();
+                async move {
+                    ctx.update(format!("searching flights to {}", args.city)).await?;
+                    never.wait().await;
+                    Ok::<_, ToolFailure>("3 flights found")
+                }
+            },
+        )
+    };
+    let agent = |tool: Tool| {
+        Agent::builder("travel")
+            .instructions("You book travel.")
+            .tool(tool)
+            .build()
+            .unwrap()
+    };
+    let session = start_with(
+        Session::builder().grace_period(Duration::ZERO),
+        first.model(),
+        agent(search()),
+        RecordingOutput::new(),
+    )
+    .await;
+    let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+    speak(&session);
+    assert_eq!(
+        assistant_said(&mut events).await,
+        "I am searching for flights to Lisbon."
+    );
+    session.wait_for_inactive().await;
+    let snapshot = session.snapshot().await.unwrap();
+    session.close().await.unwrap();
+    no_violations(&first.report());
+
+    // Another engine, another server: nothing of the first connection survives.
+    let second = B::start(RealtimeScript::new([RealtimeReply::speech(
+        "Sorry, the search stopped. Shall I try again?",
+    )]));
+    let search_again = search();
+    let agents = AgentRegistry::new().agent("travel", move |_| {
+        Ok::<_, BuildError>(agent(search_again.clone()))
+    });
+    let output = RecordingOutput::new();
+    let restored = Session::builder()
+        .realtime(second.model())
+        .output(output.clone())
+        .grace_period(Duration::ZERO)
+        .restore(snapshot, agents)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = EventWaiter::new(&restored).with_timeout(WAIT);
+    assistant_says(&mut events, "Sorry, the search stopped. Shall I try again?").await;
+    restored.wait_for_settled().await.unwrap();
+    let report = second.report();
+    no_violations(&report);
+    assert_eq!(report.connections, 1);
+    let trace: Vec<&Value> = report.trace.iter().map(|(_, e)| e).collect();
+    assert_eq!(trace[0]["type"], "session.update");
+    let replayed: Vec<String> = created_items(&report)
+        .iter()
+        .map(|i| match i["type"].as_str().unwrap() {
+            "message" => format!(
+                "{}: {}",
+                i["role"].as_str().unwrap(),
+                i["content"][0]["text"].as_str().unwrap()
+            ),
+            "function_call" => format!("call {}", i["name"].as_str().unwrap()),
+            other => format!("{other}: {}", i["output"].as_str().unwrap_or_default()),
+        })
+        .collect();
+    assert_eq!(replayed[0], "user: find me a flight to Lisbon");
+    assert_eq!(replayed[1], "call search_flights");
+    assert!(
+        replayed[2].starts_with("function_call_output: ") && replayed[2].contains("searching flights to Lisbon"),
+        "{replayed:?}"
+    );
+    assert_eq!(replayed[3], "assistant: I am searching for flights to Lisbon.");
+    // The abandoned call's terminal output goes in as a call of its own with its output,
+    // then the deferred reply is asked, without tools.
+    assert!(replayed[4..].iter().any(|r| r.contains("nterrupted")), "{replayed:?}");
+    let creates = report.events_of("response.create");
+    assert_eq!(creates.len(), 1);
+    assert_eq!(creates[0]["response"]["tool_choice"], "none");
+    crate::common::assert_invariant(&restored.chat_context().await.unwrap());
+    restored.close().await.unwrap();
+}
