@@ -189,3 +189,141 @@ async fn a_burst_the_connection_holds_at_once_is_read_to_its_end() {
     assert_eq!(output.last_speech().unwrap().audio_bytes, 300 * 960);
     session.close().await.unwrap();
 }
+
+mod more {
+    //! Scripted-only stories: a connection replaced at its age limit, a handoff to an agent
+    //! of another model, a model that cannot be reached.
+    use std::time::Duration;
+
+    use serde_json::json;
+    use switchboard::prelude::*;
+    use switchboard::realtime::RealtimeSettings;
+    use switchboard::testing::{
+        event, EventWaiter, RealtimeReply, RealtimeScript, RecordingOutput, ScriptedRealtime,
+    };
+
+    use crate::realtime_scenarios::{assistant_said, speak, WAIT};
+
+    #[switchboard::test]
+    async fn a_connection_is_replaced_before_its_age_limit_and_the_call_goes_on() {
+        tokio::time::pause();
+        let mut settings = RealtimeSettings::new();
+        settings.max_connection_age = Duration::from_secs(60);
+        let model = ScriptedRealtime::new(
+            RealtimeScript::new([
+                RealtimeReply::speech("First answer."),
+                RealtimeReply::speech("Second answer."),
+            ])
+            .user_transcript("hello"),
+        )
+        .with_settings(settings);
+        let session = Session::builder()
+            .realtime(model.shared())
+            .agent(Agent::builder("assistant").build().unwrap())
+            .output(RecordingOutput::new())
+            .start(&Engine::current().unwrap())
+            .await
+            .unwrap();
+        let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+        speak(&session);
+        assert_eq!(assistant_said(&mut events).await, "First answer.");
+        session.wait_for_settled().await.unwrap();
+        // Past the age limit, at a quiet moment: a new connection, the call replayed.
+        tokio::time::sleep(Duration::from_secs(61)).await;
+        events
+            .next(event::matching("the recycling", |e| match e {
+                SessionEvent::RealtimeReconnecting { reason, .. } => Some(reason.clone()),
+                _ => None,
+            }))
+            .await
+            .unwrap();
+        speak(&session);
+        assert_eq!(assistant_said(&mut events).await, "Second answer.");
+        session.wait_for_settled().await.unwrap();
+        let report = model.report();
+        assert_eq!(report.violations_total(), 0, "{:#?}", report.violations);
+        assert_eq!(report.connections, 2);
+        let second: Vec<_> = report.trace.iter().filter(|(c, _)| *c == 2).collect();
+        let replayed: Vec<_> = second
+            .iter()
+            .filter(|(_, e)| e["type"] == "conversation.item.create")
+            .map(|(_, e)| e["item"]["content"][0]["text"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(replayed, ["hello", "First answer."]);
+        session.close().await.unwrap();
+    }
+
+    #[switchboard::test]
+    async fn a_handoff_to_another_model_opens_its_own_connection() {
+        tokio::time::pause();
+        let front_model = ScriptedRealtime::new(RealtimeScript::new([RealtimeReply::call(
+            "transfer",
+            json!({}),
+        )]));
+        let expert_model =
+            ScriptedRealtime::new(RealtimeScript::new([RealtimeReply::speech("Expert here.")]))
+                .named("expert-model");
+        let expert = Agent::builder("expert")
+            .realtime(expert_model.shared())
+            .on_enter(|ctx| async move {
+                let _ = ctx.generate_reply("Introduce yourself.").await;
+            })
+            .build()
+            .unwrap();
+        let transfer = Tool::new(
+            "transfer",
+            "Transfers",
+            move |_ctx: RunContext, _: NoArgs| {
+                let expert = expert.clone();
+                async move { Ok::<_, ToolFailure>(expert) }
+            },
+        );
+        let session = Session::builder()
+            .realtime(front_model.shared())
+            .agent(Agent::builder("front").tool(transfer).build().unwrap())
+            .output(RecordingOutput::new())
+            .start(&Engine::current().unwrap())
+            .await
+            .unwrap();
+        let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+        speak(&session);
+        assert_eq!(assistant_said(&mut events).await, "Expert here.");
+        session.wait_for_settled().await.unwrap();
+        assert_eq!(front_model.report().connections, 1);
+        assert_eq!(expert_model.report().connections, 1);
+        assert_eq!(front_model.report().violations_total(), 0);
+        assert_eq!(expert_model.report().violations_total(), 0);
+        // The host's audio follows the current agent: the expert's model hears it now.
+        speak(&session);
+        events
+            .next(event::user_state(UserState::Speaking))
+            .await
+            .unwrap();
+        assert!(expert_model.report().audio_in_ms > 0);
+        session.close().await.unwrap();
+    }
+
+    #[switchboard::test]
+    async fn a_model_that_cannot_be_reached_fails_the_turn_not_the_session() {
+        tokio::time::pause();
+        let model = ScriptedRealtime::new(RealtimeScript::new([]));
+        model.refuse_connections(10);
+        let session = Session::builder()
+            .realtime(model.shared())
+            .agent(Agent::builder("assistant").build().unwrap())
+            .start(&Engine::current().unwrap())
+            .await
+            .unwrap();
+        let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+        let turn = session.run("hello").await;
+        assert!(
+            matches!(turn, Err(SessionError::TurnFailed { .. })),
+            "{turn:?}"
+        );
+        let error = events.next(event::error()).await.unwrap();
+        assert!(error.contains("is gone"), "{error}");
+        // The session still answers.
+        assert_eq!(session.current_agent().await.unwrap(), "assistant");
+        session.close().await.unwrap();
+    }
+}

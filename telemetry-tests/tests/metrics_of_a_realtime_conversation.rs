@@ -34,13 +34,7 @@ async fn a_realtime_turn_records_ttft_latency_and_audio_tokens() {
     let e2e = pipeline.metric(Telemetry::TURN_E2E_LATENCY);
     assert_eq!(e2e.len(), 1, "{e2e:?}");
     assert_eq!(e2e[0].attr("kind"), Some("user"));
-    let count = |name| {
-        pipeline
-            .metric(name)
-            .iter()
-            .map(|p| p.count)
-            .sum::<f64>()
-    };
+    let count = |name| pipeline.metric(name).iter().map(|p| p.count).sum::<f64>();
     assert_eq!(count(Telemetry::LLM_PROMPT_TOKENS), 100.0);
     assert_eq!(count(Telemetry::LLM_PROMPT_AUDIO_TOKENS), 20.0);
     assert_eq!(count(Telemetry::LLM_COMPLETION_TOKENS), 11.0);

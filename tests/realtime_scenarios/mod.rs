@@ -724,7 +724,8 @@ pub async fn a_snapshot_mid_call_is_restored_on_another_engine<B: Backend>() {
             move |ctx: RunContext, args: City| {
                 let never = never.clone();
                 async move {
-                    ctx.update(format!("searching flights to {}", args.city)).await?;
+                    ctx.update(format!("searching flights to {}", args.city))
+                        .await?;
                     never.wait().await;
                     Ok::<_, ToolFailure>("3 flights found")
                 }
@@ -796,13 +797,20 @@ pub async fn a_snapshot_mid_call_is_restored_on_another_engine<B: Backend>() {
     assert_eq!(replayed[0], "user: find me a flight to Lisbon");
     assert_eq!(replayed[1], "call search_flights");
     assert!(
-        replayed[2].starts_with("function_call_output: ") && replayed[2].contains("searching flights to Lisbon"),
+        replayed[2].starts_with("function_call_output: ")
+            && replayed[2].contains("searching flights to Lisbon"),
         "{replayed:?}"
     );
-    assert_eq!(replayed[3], "assistant: I am searching for flights to Lisbon.");
+    assert_eq!(
+        replayed[3],
+        "assistant: I am searching for flights to Lisbon."
+    );
     // The abandoned call's terminal output goes in as a call of its own with its output,
     // then the deferred reply is asked, without tools.
-    assert!(replayed[4..].iter().any(|r| r.contains("nterrupted")), "{replayed:?}");
+    assert!(
+        replayed[4..].iter().any(|r| r.contains("nterrupted")),
+        "{replayed:?}"
+    );
     let creates = report.events_of("response.create");
     assert_eq!(creates.len(), 1);
     assert_eq!(creates[0]["response"]["tool_choice"], "none");
