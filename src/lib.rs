@@ -24,15 +24,23 @@
 //! - [`prompts`] — the texts the engine writes into the conversation: [`prompts::Prompts`],
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
+//! - [`realtime`] — realtime speech-to-speech models: the [`RealtimeModel`](realtime::RealtimeModel)
+//!   an agent uses in place of an [`Llm`], its settings (audio formats, voice, turn
+//!   detection), and the events a provider moves over its connection; the host's
+//!   microphone goes in through [`AudioInput`] (`Session::audio_input`).
 //! - [`memory`] — handing the memory of a drained traffic peak back to the system.
 //! - `telemetry` (cargo feature `telemetry`) — OpenTelemetry metrics, and spans under the
 //!   host's.
 //! - [`providers`] — real models: `providers::openai::OpenAiLlm` (cargo feature `openai`,
-//!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
+//!   on by default) for OpenAI and compatible servers, `providers::openai_realtime::OpenAiRealtime`
+//!   (cargo feature `realtime`, on by default) for the OpenAI Realtime API over a WebSocket,
+//!   [`providers::FallbackLlm`] (several
 //!   models as one, moving to the next when one fails before answering), and the call-id
 //!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
-//!   turn, a gate, bounded waits on events: for tests without network.
+//!   turn, a gate, bounded waits on events, a scripted realtime model and a loopback
+//!   realtime server that check their client as the service does: for tests without
+//!   network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
