@@ -41,7 +41,7 @@
 //! driving task asleep for a moment (tokio's 1 ms tick) before each timed turn: the
 //! arbiter parks, as it does between a host's calls, and the turn runs on a thread that
 //! just woke. (The peer's harness does the same with `asyncio.sleep(0.001)` before its
-//! timed `run()`: see BENCHMARKS.md.)
+//! timed `run()`: see docs/benchmark-history.md, "the turn after a wake".)
 //!
 //! Scaling scenarios:
 //!
@@ -1925,7 +1925,7 @@ fn wanted(name: &str) -> bool {
         .is_none_or(|o| o.split(',').any(|s| s.trim() == name))
 }
 
-/// The `telemetry` rows (BENCHMARKS.md, "Telemetry"): built with `--features telemetry`,
+/// The `telemetry` rows (docs/benchmark-history.md, the telemetry sitting): built with `--features telemetry`,
 /// the run installs what a production host installs — `tracing-opentelemetry` over the
 /// SDK's tracer with a batch span processor, and an SDK meter provider as the global one,
 /// which the engine picks up when it is made — unless `BENCH_OTEL=none` (the feature

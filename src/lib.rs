@@ -13,7 +13,9 @@
 //! - The root: [`Engine`] (where sessions run; its counts, [`EngineStats`], and
 //!   [`Engine::drain`]), [`Session`] (one conversation: `run`, `update_agent`, `run_task`,
 //!   `say`, `close`, events, the mailbox [`Inspector`], its [`SessionSummary`], and a
-//!   [`WeakSession`] for host parts that must not keep it alive),
+//!   [`WeakSession`] for host parts that must not keep it alive), [`HostSession`] (the
+//!   host API as one trait, which a `Session` and the cluster's remote session implement,
+//!   so a front is written once),
 //!   [`Agent`] (instructions, tools, an [`Llm`], hooks), [`Tool`] / [`Toolset`] (typed
 //!   arguments with a JSON schema, an async body with a [`RunContext`] that can `update`
 //!   the conversation while it keeps running), the chat vocabulary ([`ChatContext`],
@@ -38,13 +40,14 @@
 //!   models as one, moving to the next when one fails before answering), and the call-id
 //!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
-//!   turn, a gate, bounded waits on events, a scripted realtime model and a loopback
-//!   realtime server that check their client as the service does: for tests without
-//!   network.
+//!   turn, a gate, bounded waits on events, a front's script run over any
+//!   [`HostSession`], a scripted realtime model and a loopback realtime server that
+//!   check their client as the service does: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
-//! - The actors themselves live in the `switchboard-actors` crate; see `ARCHITECTURE.md`.
+//! - The actors themselves live in the `switchboard-actors` crate (ARCHITECTURE.md in the
+//!   repository maps them).
 //!
 //! # Runtimes
 //!
@@ -155,17 +158,17 @@ pub mod __private {
 
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
-    AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
-    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
-    EngineError, EngineStats, ErrorPolicy, ErrorRoute, FunctionCall, FunctionCallOutput, GivenChat,
-    Handoff, HookContext, HostInput, InputAnswer, InputId, InspectError, Inspector, Llm, LlmChunk,
-    LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs, NullOutput,
-    Playout, PlayoutReporter, Received, RecordedAnswer, RestorePolicy, RunContext, RunResult,
-    SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
-    SessionEvent, SessionHistory, SessionId, SessionState, SessionSummary, SpeechHandle, SpeechId,
-    SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool, StartingChat,
-    SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic,
-    ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
+    AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
+    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
+    ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall, FunctionCallOutput, GivenChat, Handoff,
+    HookContext, HostInput, HostSession, InputAnswer, InputId, InspectError, Inspector, Llm,
+    LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs,
+    NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer, RestorePolicy, RunContext,
+    RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
+    SessionEvent, SessionEvents, SessionHistory, SessionId, SessionState, SessionSummary,
+    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool,
+    StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
+    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
     UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
@@ -198,7 +201,7 @@ pub mod prompts {
     };
 }
 
-/// Sessions that outlive their process (SPEC §14): a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// Sessions that outlive their process: a [`SessionSnapshot`](snapshot::SessionSnapshot)
 /// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
 /// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
 /// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and

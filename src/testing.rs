@@ -1,6 +1,7 @@
 //! Testing support, for users' tests and for ours: a scripted model, a recording speech
-//! output, fluent assertions on a turn, a gate to hold a tool, and bounded waits on
-//! session events. No network, no key, no sleeps.
+//! output, fluent assertions on a turn, a gate to hold a tool, bounded waits on session
+//! events, and front code run over any session through the host API ([`front`]). No
+//! network, no key, no sleeps.
 //!
 //! For realtime agents: [`ScriptedRealtime`], a realtime model that answers from a
 //! [`RealtimeScript`] in memory and checks every event the engine sends as the OpenAI
@@ -12,6 +13,7 @@
 
 pub mod event;
 mod expect;
+pub mod front;
 mod gate;
 mod output;
 mod realtime_script;

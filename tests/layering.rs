@@ -10,7 +10,13 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The host's side: its handle on a session, the engine, the mailbox inspector.
-const HOST_SIDE: &[&str] = &["session_handle", "runtime", "inspector", "audio_input"];
+const HOST_SIDE: &[&str] = &[
+    "session_handle",
+    "host_session",
+    "runtime",
+    "inspector",
+    "audio_input",
+];
 /// The actor modules: the session, an activity, a toolset, a tool run.
 const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
 /// The host's handle.

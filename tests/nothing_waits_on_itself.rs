@@ -176,7 +176,7 @@ async fn a_host_handle_used_inside_its_own_tool_or_hook_fails_at_once() {
         format!(
             "{:?}",
             Err::<(), _>(SessionError::WouldDeadlock {
-                operation: "run_task"
+                operation: "run_task".into()
             })
         )
     );

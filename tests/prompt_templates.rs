@@ -134,7 +134,7 @@ fn an_unknown_field_is_an_error_when_the_template_is_built() {
     assert_eq!(
         err,
         BuildError::UnknownTemplateField {
-            template: "duplicate",
+            template: "duplicate".into(),
             field: "message".into(),
             known: "function_name, running_calls".into(),
         }

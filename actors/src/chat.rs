@@ -132,6 +132,24 @@ impl fmt::Debug for ChatContext {
     }
 }
 
+/// As the list of its items.
+impl Serialize for ChatContext {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.items().serialize(serializer)
+    }
+}
+
+/// From the list of its items (not checked against the one-output rule: a context read
+/// back is the one written).
+impl<'de> Deserialize<'de> for ChatContext {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let items = Vec::<ChatItem>::deserialize(deserializer)?;
+        let mut chat = Self::new();
+        chat.extend(items);
+        Ok(chat)
+    }
+}
+
 impl PartialEq for ChatContext {
     fn eq(&self, other: &Self) -> bool {
         self.items() == other.items()

@@ -1,7 +1,16 @@
 //! Errors a user of the engine can act on, one enum per area.
+//!
+//! Each serializes (serde; JSON: a variant's name in snake case, with its fields) so that
+//! an error of a session on another machine reaches its host as the same error. A cause
+//! that is not data (an I/O error, a JSON error) travels as its message.
+
+use std::borrow::Cow;
+
+use serde::{Deserialize, Serialize};
 
 /// Errors of session operations (`run`, `update_agent`, `close`, …).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SessionError {
     /// The session is gone: closed (by `close()`, or because every host handle was
@@ -14,7 +23,7 @@ pub enum SessionError {
     #[error("{operation} was called on the host's Session from inside a tool or hook of the same session; awaiting it would wait on itself. Use ctx.session(), which queues the work, or ctx.run_task")]
     WouldDeadlock {
         /// The host call (`run`, `generate_reply`, `update_agent`, …).
-        operation: &'static str,
+        operation: Cow<'static, str>,
     },
     /// The current speech does not allow interruptions (its `say` options, the agent's or
     /// the session's setting, or a tool holding them off); `Session::force_interrupt` and
@@ -72,7 +81,11 @@ pub enum SessionError {
     TaskNotStarted,
     /// A sub-task's result did not have the type `run_task` asked for.
     #[error("the sub-task's result has an unexpected shape: {0}")]
-    TaskResult(#[source] serde_json::Error),
+    TaskResult(
+        #[source]
+        #[serde(with = "as_text::json")]
+        serde_json::Error,
+    ),
     /// Another session with this id is live on the same engine (`SessionBuilder::id`).
     /// Nothing was started. An id names one live session: pick another, or start this
     /// one once the other is gone (its `close()` returned, or every handle of it was
@@ -85,7 +98,8 @@ pub enum SessionError {
 }
 
 /// Why the engine cannot run sessions.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum EngineError {
     /// `Engine::current()` outside an actix system.
@@ -96,7 +110,11 @@ pub enum EngineError {
     ShutDown,
     /// The operating system refused the engine's thread.
     #[error("cannot start the engine's thread: {0}")]
-    Spawn(#[source] std::io::Error),
+    Spawn(
+        #[source]
+        #[serde(with = "as_text::io")]
+        std::io::Error,
+    ),
     /// The engine's thread stopped before its actix system started.
     #[error("the engine's thread stopped before its actix system started")]
     NotStarted,
@@ -136,7 +154,8 @@ impl SessionError {
 }
 
 /// Why a turn failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TurnFailure {
     /// The model failed: an error from the provider, a timeout, a broken stream, a panic
@@ -166,7 +185,8 @@ pub enum TurnFailure {
 }
 
 /// Errors found when an agent, toolset or session is built or an activity starts.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum BuildError {
     /// Two tools an activity would see have the same name.
@@ -219,13 +239,13 @@ pub enum BuildError {
         /// The id asked for: its first 64 characters, with `…` when it was longer.
         id: String,
         /// What is wrong with it.
-        reason: &'static str,
+        reason: Cow<'static, str>,
     },
     /// A prompt template names a field its kind does not have.
     #[error("prompt template {template} names unknown field {{{field}}}; known fields: {known}")]
     UnknownTemplateField {
         /// Which template (`update`, `reply`, …).
-        template: &'static str,
+        template: Cow<'static, str>,
         /// The unknown field.
         field: String,
         /// The fields it may use.
@@ -234,7 +254,8 @@ pub enum BuildError {
 }
 
 /// Why `ctx.run_blocking(..)` gave no result.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum BlockingError {
     /// The call was cancelled while its blocking work ran. The tool's await returned at
@@ -256,7 +277,8 @@ pub enum BlockingError {
 }
 
 /// Why `ctx.update(..)` failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum UpdateError {
     /// The run already returned, was cancelled, or was stopped with its scope.
@@ -274,4 +296,44 @@ pub enum UpdateError {
     /// The session is closed.
     #[error("the session is closed")]
     Closed,
+}
+
+/// Causes that are not data, carried as their message.
+mod as_text {
+    /// An I/O error as its message; read back as an error of kind `Other` with it.
+    pub(super) mod io {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(
+            err: &std::io::Error,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(err)
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<std::io::Error, D::Error> {
+            Ok(std::io::Error::other(String::deserialize(deserializer)?))
+        }
+    }
+
+    /// A JSON error as its message; read back as a JSON error with it.
+    pub(super) mod json {
+        use serde::{Deserialize, Deserializer, Serializer};
+
+        pub(crate) fn serialize<S: Serializer>(
+            err: &serde_json::Error,
+            serializer: S,
+        ) -> Result<S::Ok, S::Error> {
+            serializer.collect_str(err)
+        }
+
+        pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+            deserializer: D,
+        ) -> Result<serde_json::Error, D::Error> {
+            let message = String::deserialize(deserializer)?;
+            Ok(<serde_json::Error as serde::de::Error>::custom(message))
+        }
+    }
 }

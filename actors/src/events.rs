@@ -3,13 +3,16 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
 use crate::chat::{ChatContext, ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
 use crate::llm::LlmUsage;
 use crate::output::SpeechId;
 use crate::speech::SpeechHandle;
 
 /// What the user is doing, as the host's input says.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum UserState {
     /// Speaking (between `user_started_speaking` and `user_stopped_speaking`).
@@ -22,7 +25,8 @@ pub enum UserState {
 }
 
 /// What became of a deferred reply (see [`SessionEvent::DeferredReply`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum DeferredReplyDecision {
     /// The model is asked to reply; the request's `deferred_call_ids` name the items.
@@ -34,7 +38,8 @@ pub enum DeferredReplyDecision {
 
 /// Work an agent starts on its own, without user input: what
 /// `SessionBuilder::max_agent_work` bounds.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "work", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AgentWork {
     /// A reply a hook or tool queued (`SessionControl::generate_reply`).
@@ -56,7 +61,8 @@ impl std::fmt::Display for AgentWork {
 }
 
 /// What the agent is doing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum AgentState {
     /// The activity is starting (`on_enter` runs).
@@ -71,7 +77,7 @@ pub enum AgentState {
 }
 
 /// What one LLM request cost, reported when its stream ends (or is dropped).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LlmMetrics {
     /// The agent that asked.
     pub agent: String,
@@ -98,7 +104,13 @@ pub struct LlmMetrics {
 ///
 /// The channel is a bounded broadcast: a subscriber that falls behind is told how many
 /// events it missed (`RecvError::Lagged`) instead of growing the queue.
-#[derive(Clone, Debug)]
+///
+/// An event serializes (JSON: an object tagged by `type`, in snake case) to travel to
+/// another machine. A speech's handle travels as what names it there, its id and whether
+/// it allows interruptions (`{"id": 3, "allow_interruptions": true}`): the handle itself
+/// is a link into this engine, so the side that reads the event makes its own.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SessionEvent {
     /// The user said something: an interim transcript (`is_final == false`, for display
@@ -256,7 +268,7 @@ pub enum SessionEvent {
 }
 
 /// The outcome of one turn (`session.run`, `session.generate_reply`).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     /// What the turn added, in order: messages, function calls and outputs, handoffs.
     pub events: Vec<ChatItem>,

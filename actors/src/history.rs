@@ -4,7 +4,7 @@ use crate::chat::{ChatContext, ChatItem};
 use crate::ids::ActorId;
 
 /// The chat context one activation of an agent ended with (or has now).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct AgentChat {
     /// The agent's name.
@@ -21,13 +21,14 @@ pub struct AgentChat {
     pub live: bool,
     /// Set when the activation ran inside a sub-task: whose, and where in the caller's
     /// conversation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sub_task_of: Option<SubTaskOf>,
 }
 
 /// Where a sub-task's activation sits in its caller's conversation: the caller paused
 /// with `after` items in its chat context, so in the call's transcript the sub-task's
 /// items come after the caller's first `after` items and before the rest.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct SubTaskOf {
     /// The caller's activity.
@@ -48,7 +49,7 @@ impl AgentChat {
 /// the order they started. `Session::close` returns it once every agent has closed (a
 /// host stores what was said on a call); `Session::history` returns it while the session
 /// runs, with the running activations' contexts as they are now.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SessionHistory {
     /// One entry per activation, oldest first.
     pub agents: Vec<AgentChat>,

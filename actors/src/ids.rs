@@ -69,6 +69,20 @@ impl ActorId {
     }
 }
 
+/// As its text: `"activity/s1/booker#2"`.
+impl serde::Serialize for ActorId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// From its text (an id another engine made: it names that engine's actor).
+impl<'de> serde::Deserialize<'de> for ActorId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(Self::new(String::deserialize(deserializer)?))
+    }
+}
+
 impl fmt::Display for ActorId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -138,6 +152,24 @@ impl SessionId {
             return Err("it contains whitespace or a control character");
         }
         Ok(())
+    }
+}
+
+/// As its text: `"s1"`, `"call-42"`.
+impl serde::Serialize for SessionId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+/// From its text, checked as a host's id is ([`SessionBuilder::id`](crate::SessionBuilder::id)).
+impl<'de> serde::Deserialize<'de> for SessionId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::check(&text).map_err(|reason| {
+            serde::de::Error::custom(format!("session id {text:?} is invalid: {reason}"))
+        })?;
+        Ok(Self::new(text))
     }
 }
 

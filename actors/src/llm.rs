@@ -103,7 +103,8 @@ pub struct LlmUsage {
 }
 
 /// Which wait of an LLM request ran out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TimeoutStage {
     /// Opening the connection and getting the response headers.
@@ -146,7 +147,8 @@ impl Default for LlmTimeouts {
 }
 
 /// A failure of the model provider, by what a caller can do about it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum LlmError {
     /// The provider refused the credentials (HTTP 401/403): check the API key.

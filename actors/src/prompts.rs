@@ -215,7 +215,7 @@ fn parse<A: PromptArgs>(text: &str) -> Result<Vec<Piece>, BuildError> {
 
 fn unknown<A: PromptArgs>(field: String) -> BuildError {
     BuildError::UnknownTemplateField {
-        template: A::TEMPLATE,
+        template: A::TEMPLATE.into(),
         field,
         known: A::FIELDS.join(", "),
     }

@@ -202,7 +202,9 @@ impl Session {
     /// awaiting would wait on the turn the caller runs in.
     fn check_reentry(&self, operation: &'static str) -> Result<(), SessionError> {
         if reentry::is_inside(self.id()) {
-            return Err(SessionError::WouldDeadlock { operation });
+            return Err(SessionError::WouldDeadlock {
+                operation: operation.into(),
+            });
         }
         Ok(())
     }
@@ -507,7 +509,7 @@ impl Session {
         self.shared().settings.userdata.clone()?.downcast().ok()
     }
 
-    /// The whole session written down at its last consistent point (SPEC §14): restore it
+    /// The whole session written down at its last consistent point: restore it
     /// with [`SessionBuilder::restore`]. During a handoff or a sub-task's start or end it
     /// answers once the switch has ended; new work waits while it is collected (a few
     /// messages, not a turn). Starts a new chain: the next
@@ -701,7 +703,7 @@ impl SessionAddress {
     pub async fn send(&self, handoff: Handoff) -> Result<(), SessionError> {
         if reentry::is_inside(self.host.shared.id()) {
             return Err(SessionError::WouldDeadlock {
-                operation: "update_agent",
+                operation: "update_agent".into(),
             });
         }
         self.host
@@ -863,7 +865,7 @@ impl SessionBuilder {
         self
     }
 
-    /// Saves the session to `store` after every turn that settles (SPEC §14): a delta of
+    /// Saves the session to `store` after every turn that settles: a delta of
     /// what changed, and a full snapshot when the store has nothing to apply it to or
     /// once the deltas since the last full one carry as many items as it held (so loading
     /// reads at most about twice the conversation and a save costs the same per turn at
@@ -1163,7 +1165,8 @@ impl SessionBuilder {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(&session),
                         reason:
-                            "restore_from claims the session itself: give no save_claimed with it",
+                            "restore_from claims the session itself: give no save_claimed with it"
+                                .into(),
                     }
                     .into());
                 };
@@ -1181,7 +1184,7 @@ impl SessionBuilder {
                 Some(id) if id != snapshot.session_id() => {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(id),
-                        reason: "a restored session keeps the id of its snapshot",
+                        reason: "a restored session keeps the id of its snapshot".into(),
                     }
                     .into())
                 }
@@ -1191,7 +1194,7 @@ impl SessionBuilder {
         if let Some(id) = &self.id {
             SessionId::check(id).map_err(|reason| BuildError::InvalidSessionId {
                 id: quote_prefix(id),
-                reason,
+                reason: reason.into(),
             })?;
         }
         let agent = match (&restore, self.agent.take()) {
@@ -1275,7 +1278,7 @@ impl SessionBuilder {
                 if claim.session() != id.as_str() {
                     return Err(BuildError::InvalidSessionId {
                         id: quote_prefix(claim.session()),
-                        reason: "the claim given to save_claimed is of another session",
+                        reason: "the claim given to save_claimed is of another session".into(),
                     }
                     .into());
                 }

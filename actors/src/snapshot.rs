@@ -1,4 +1,4 @@
-//! Sessions that outlive their process (SPEC §14): what a snapshot of a session holds, the
+//! Sessions that outlive their process: what a snapshot of a session holds, the
 //! deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built
@@ -33,7 +33,8 @@ use crate::llm::ToolChoice;
 pub const SNAPSHOT_VERSION: u32 = 1;
 
 /// Why a snapshot could not be read, applied or restored.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SnapshotError {
     /// Written by a newer build: upgrade this one to restore it.
@@ -83,7 +84,8 @@ pub enum SnapshotError {
 }
 
 /// Why a store could not claim, save or load a session's snapshots.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum StoreError {
     /// The file system refused (a missing folder, no room, no permission).
@@ -202,7 +204,7 @@ pub(crate) struct SnapshotHead {
     /// Tool items asked for a deferred reply that has not started.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) reply_wanted: bool,
-    /// The user's words waiting for the end of their turn (endpointing, SPEC §8): input
+    /// The user's words waiting for the end of their turn (endpointing): input
     /// the session accepted and has not made a turn of yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) user_words: Option<String>,

@@ -1,6 +1,6 @@
-//! Where snapshots go (SPEC §14): the [`SnapshotStore`] contract, an in-memory store
+//! Where snapshots go: the [`SnapshotStore`] contract, an in-memory store
 //! ([`MemoryStore`]) and a file store for a single machine ([`FileStore`]). The cluster
-//! (SPEC §15) brings its own, on the same contract.
+//! crate (`switchboard-cluster`) brings its own, on NATS JetStream, on the same contract.
 //!
 //! A store keeps, per session, a **record**: the last full snapshot and the deltas taken
 //! after it ([`SnapshotStore::load`] gives the snapshot with every delta applied, read with

@@ -181,6 +181,17 @@ impl fmt::Debug for SpeechHandle {
     }
 }
 
+/// As what names the speech off this engine: `{"id": 3, "allow_interruptions": true}`.
+impl serde::Serialize for SpeechHandle {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut speech = serializer.serialize_struct("Speech", 2)?;
+        speech.serialize_field("id", &self.id())?;
+        speech.serialize_field("allow_interruptions", &self.allow_interruptions())?;
+        speech.end()
+    }
+}
+
 impl PartialEq for SpeechHandle {
     fn eq(&self, other: &Self) -> bool {
         self.inner.id == other.inner.id

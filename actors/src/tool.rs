@@ -47,7 +47,7 @@ pub enum DuplicatePolicy {
 }
 
 /// What happens to a call of a tool still running in the background when its session is
-/// restored from a snapshot (SPEC §14). Each call gets exactly one terminal output across
+/// restored from a snapshot. Each call gets exactly one terminal output across
 /// any number of restores.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]

@@ -249,7 +249,15 @@ impl NatsConnect {
                 let seen = seen.clone();
                 async move { on_event(event, &connections, &seen) }
             });
-        let client = options.connect(self.url.as_str()).await.map_err(|err| {
+        // Several servers (a cluster): the client tries them in turn, and learns the rest
+        // of the cluster from the one it reaches.
+        let urls: Vec<&str> = self
+            .url
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .collect();
+        let client = options.connect(urls.as_slice()).await.map_err(|err| {
             let reason = err.to_string();
             let url = self.url.clone();
             match err.kind() {

@@ -28,6 +28,7 @@ use bytes::Bytes;
 
 use crate::namespace::{Namespace, SessionKey};
 use crate::protocol::SessionJob;
+use crate::provisioning::Provisioning;
 
 /// How long a delivered job may stay unacknowledged before JetStream gives it to another
 /// worker. A worker claims and acknowledges within milliseconds; this bounds what a job
@@ -43,14 +44,15 @@ const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 /// How long a job may wait for a free worker before the stream drops it.
 const JOB_MAX_AGE: Duration = Duration::from_secs(3600);
 
-/// The jobs stream's consumer, creating the stream and the consumer when `create` is set
-/// and they do not exist.
+/// The jobs stream's consumer, creating the stream and the consumer when `provisioning`
+/// says so and they do not exist.
 pub(crate) async fn jobs_consumer(
     js: &jetstream::Context,
     namespace: &Namespace,
-    create: bool,
+    provisioning: Provisioning,
 ) -> Result<PullConsumer, String> {
     let name = namespace.jobs_stream();
+    let create = provisioning != Provisioning::Existing;
     let stream = if create {
         js.get_or_create_stream(stream::Config {
             name: name.clone(),
@@ -60,6 +62,7 @@ pub(crate) async fn jobs_consumer(
             storage: StorageType::File,
             duplicate_window: DUPLICATE_WINDOW,
             max_age: JOB_MAX_AGE,
+            num_replicas: provisioning.replicas(),
             ..Default::default()
         })
         .await

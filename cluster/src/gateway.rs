@@ -75,7 +75,7 @@ pub enum GatewayError {
         waited: Duration,
     },
     /// The NATS server refused the operation: this client's permissions do not cover
-    /// the subject (see ARCHITECTURE.md, "Who may connect").
+    /// the subject (see [`Permissions`](crate::Permissions)).
     #[error("the NATS server refused: {server_said}")]
     Refused {
         /// The subject.

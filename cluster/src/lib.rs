@@ -1,6 +1,6 @@
 //! Sessions on many machines: switchboard sessions run on a pool of worker processes
 //! behind [NATS](https://nats.io) with JetStream, and the host's front drives each one
-//! through a gateway without knowing which worker holds it (SPEC §15).
+//! through a gateway without knowing which worker holds it.
 //!
 //! NATS does the delivery; JetStream's work-queue stream, KV bucket and snapshots stream
 //! do the queue, the ownership and the sessions' storage. This crate adds no consensus or
@@ -42,6 +42,9 @@
 //! # }
 //! ```
 //!
+//! The worker you deploy is [`runtime::run`] around your factory: settings from flags and
+//! variables, health and metrics over HTTP, drain on SIGTERM (`examples/worker.rs`).
+//!
 //! `examples/local_cluster.rs` runs all of it on one machine: a local server, three worker
 //! processes and a front; it kills the worker holding a conversation mid-call and drains
 //! another under load, and the conversation goes on.
@@ -76,8 +79,13 @@
 //!   applied exactly once and a turn under way runs again and answers its caller
 //!   (`tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`).
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
-//!   ([`NatsConnect`]); tenants are NATS accounts; [`Permissions`] gives each role only
-//!   its subjects (`tests/cluster/who_may_connect.rs`).
+//!   ([`NatsConnect`]); tenants are NATS accounts, or share one with a namespace and an
+//!   inbox prefix each; [`Permissions`] gives each role only its tenant's subjects
+//!   (`tests/cluster/who_may_connect.rs`).
+//! * **A NATS cluster.** With three servers and everything provisioned with three replicas
+//!   ([`WorkerOptions::replicas`], [`provision_with_replicas`]), killing the server that
+//!   leads the snapshots stream loses no session, snapshot or input
+//!   (`tests/cluster/losing_one_of_three_servers_loses_nothing.rs`).
 //! * **Drain.** [`Worker::drain`] stops pulling, lets sessions settle until a deadline,
 //!   interrupts the rest, stores each one's last snapshot and hands it over; the other
 //!   workers resume them and their fronts go on (`tests/cluster/drain_moves_sessions.rs`:
@@ -94,9 +102,11 @@
 //! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, [`WorkerInfo`] |
 //! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
-//! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release ([`OwnerRecord`]) |
-//! | `snapshots.rs` | the snapshots stream ([`SnapshotStream`]) and one owner's fenced [`SnapshotWriter`], a `SnapshotStore` |
-//! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain, [`provision`] |
+//! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
+//! | `snapshots.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`) |
+//! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain |
+//! | `provisioning.rs` | [`provision`], [`provision_with_replicas`]: the streams and bucket, created once, R1 or R3 |
+//! | `runtime.rs` | [`runtime`]: the worker you deploy — settings from flags and variables (`runtime/config.rs`), health, readiness and metrics over HTTP (`runtime/status.rs`, `runtime/http.rs`), drain on SIGTERM |
 //! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
@@ -105,11 +115,13 @@
 //! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
 //! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
-//! | `permissions.rs` | [`Permissions`] of a gateway and a worker |
-//! | `local.rs` | [`local::NatsServer`]: a real `nats-server` for tests, examples and a laptop |
+//! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
+//! | `wire_protocol.rs` | [`wire_protocol`]: every name on NATS and every message, as JSON (a page, checked against the code by its test) |
+//! | `local.rs`, `local/cluster.rs` | [`local::NatsServer`], [`local::NatsCluster`]: a real `nats-server`, or three clustered, for tests, examples and a laptop |
 //!
-//! The subjects, streams and buckets, who writes what, and what happens on each fault are
-//! in ARCHITECTURE.md, "The cluster".
+//! The subjects, streams and buckets and every message on them are in [`wire_protocol`];
+//! who writes what and what happens on each fault, in the repository's ARCHITECTURE.md,
+//! "The cluster".
 
 #![warn(missing_docs, unreachable_pub, rust_2018_idioms)]
 #![deny(unused_must_use)]
@@ -123,26 +135,28 @@ mod namespace;
 mod ownership;
 mod permissions;
 mod protocol;
+mod provisioning;
 mod remote_event;
 mod remote_session;
+pub mod runtime;
 mod snapshots;
 mod spec;
+pub mod wire_protocol;
 mod worker;
 
 pub use connect::{ClusterClient, ConnectError, NatsConnect};
 pub use gateway::{Gateway, GatewayError, GatewayOptions, GatewayStats};
 pub use namespace::{NameError, Namespace, SessionKey};
-pub use ownership::{OwnerRecord, OwnerState};
-pub use permissions::Permissions;
+pub use permissions::{Permissions, DEFAULT_INBOX_PREFIX};
 pub use protocol::WorkerInfo;
+pub use provisioning::{provision, provision_with_replicas};
 pub use remote_event::{
     EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
     RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
 };
 pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
-pub use snapshots::{SnapshotKind, SnapshotRecord, SnapshotStream, SnapshotWriter, StoredSession};
 pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
-pub use worker::{provision, DrainReport, Worker, WorkerError, WorkerOptions};
+pub use worker::{DrainReport, Worker, WorkerError, WorkerOptions};
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {

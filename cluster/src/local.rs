@@ -9,6 +9,10 @@
 //! authentication on (a user `switchboard` with a fresh random password unless told
 //! otherwise). It stops the server (SIGKILL) and removes the store when dropped.
 //!
+//! [`NatsCluster::start`] starts three of them routed to each other, with JetStream
+//! clustered across them, as production runs NATS: streams created with three replicas
+//! survive the loss of any one server.
+//!
 //! When it cannot get a server it fails with everything it tried: never a silent skip.
 //!
 //! The calls block (they start a process and wait for its ports file): call them before
@@ -24,6 +28,7 @@
 //! # }
 //! ```
 
+mod cluster;
 mod install;
 
 use std::fs::{self, File, OpenOptions};
@@ -32,6 +37,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use cluster::NatsCluster;
 pub use install::BINARY_ENV;
 
 use crate::connect::NatsConnect;
@@ -95,6 +101,7 @@ pub enum ServerAuth {
 pub struct NatsServerBuilder {
     auth: Option<ServerAuth>,
     config: Option<String>,
+    member: Option<cluster::Member>,
 }
 
 impl NatsServerBuilder {
@@ -123,6 +130,12 @@ impl NatsServerBuilder {
         self
     }
 
+    /// Makes the server a member of a cluster (see [`NatsCluster`]).
+    pub(crate) fn member(mut self, member: cluster::Member) -> Self {
+        self.member = Some(member);
+        self
+    }
+
     /// Finds (or installs) the binary and starts the server.
     pub fn start(self) -> Result<NatsServer, LocalServerError> {
         let binary = install::find_or_install()?;
@@ -147,6 +160,7 @@ impl NatsServerBuilder {
             dir,
             auth,
             config,
+            member: self.member,
             port: None,
             child: None,
         };
@@ -163,6 +177,8 @@ pub struct NatsServer {
     dir: PathBuf,
     auth: ServerAuth,
     config: Option<PathBuf>,
+    /// Its place in a cluster of servers ([`NatsCluster`]); `None` for a server alone.
+    member: Option<cluster::Member>,
     /// Chosen by the server at the first start, reused by [`NatsServer::start_again`] so
     /// clients reconnect to the same address.
     port: Option<u16>,
@@ -206,6 +222,15 @@ impl NatsServer {
     /// The server process's id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
+    }
+
+    /// Its monitoring port (servers of a [`NatsCluster`] have one), while it runs.
+    pub(crate) fn monitoring_port(&self) -> Option<u16> {
+        let pid = self.pid()?;
+        read_port(
+            &self.dir.join(format!("nats-server_{pid}.ports")),
+            &["monitoring"],
+        )
     }
 
     /// The JetStream store directory, kept across [`NatsServer::kill`] and
@@ -274,6 +299,9 @@ impl NatsServer {
             }
             ServerAuth::ConfigFile => {}
         }
+        if let Some(member) = &self.member {
+            member.add_args(&mut command);
+        }
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
@@ -338,9 +366,14 @@ impl Drop for NatsServer {
 /// The client port from a ports file: `{"nats": ["nats://127.0.0.1:4222"], …}` (2.15;
 /// some versions say `"client"`).
 fn read_ports_file(path: &Path) -> Option<u16> {
+    read_port(path, &["nats", "client"])
+}
+
+/// The port of the first URL under one of `keys` in a ports file.
+fn read_port(path: &Path, keys: &[&str]) -> Option<u16> {
     let text = fs::read_to_string(path).ok()?;
     let ports: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let urls = ports.get("nats").or_else(|| ports.get("client"))?;
+    let urls = keys.iter().find_map(|key| ports.get(*key))?;
     let url = urls.as_array()?.first()?.as_str()?;
     url.rsplit(':').next()?.parse().ok()
 }

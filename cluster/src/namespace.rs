@@ -28,6 +28,12 @@ pub enum NameError {
         /// The prefix.
         prefix: String,
     },
+    /// An inbox prefix must be dot-separated tokens of `A-Z a-z 0-9 _ -` (no wildcard).
+    #[error("inbox prefix {prefix:?} is not dot-separated tokens of A-Z, a-z, 0-9, '_' and '-'")]
+    InboxPrefix {
+        /// The prefix.
+        prefix: String,
+    },
     /// A session id or worker name must be one subject token: 1–128 of `A-Z a-z 0-9 _ -`.
     #[error("{what} {name:?} must be 1-128 characters of A-Z, a-z, 0-9, '_' and '-'")]
     Token {
@@ -62,7 +68,7 @@ impl Namespace {
     /// A namespace with this prefix (`sb`, `acme.voice`).
     pub fn new(prefix: impl Into<String>) -> Result<Self, NameError> {
         let prefix = prefix.into();
-        if prefix.split('.').all(is_token) {
+        if is_subject_prefix(&prefix) {
             Ok(Self { prefix })
         } else {
             Err(NameError::Namespace { prefix })
@@ -189,6 +195,22 @@ pub(crate) fn check_worker_name(name: &str) -> Result<(), NameError> {
     }
 }
 
+/// Checks the prefix of a client's reply subjects (`_INBOX`, `_INBOX_acme`).
+pub(crate) fn check_inbox_prefix(prefix: &str) -> Result<(), NameError> {
+    if is_subject_prefix(prefix) {
+        Ok(())
+    } else {
+        Err(NameError::InboxPrefix {
+            prefix: prefix.to_owned(),
+        })
+    }
+}
+
+/// Dot-separated tokens: a subject with no wildcard, which names can be built under.
+fn is_subject_prefix(s: &str) -> bool {
+    s.split('.').all(is_token)
+}
+
 /// One subject token that is also a valid KV key and stream-name part.
 fn is_token(s: &str) -> bool {
     !s.is_empty()
@@ -223,6 +245,10 @@ mod tests {
         for bad in ["", "a..b", ".a", "a.", "a.*", "a b"] {
             assert!(Namespace::new(bad).is_err(), "{bad:?} accepted");
         }
+        for bad in ["", "_INBOX.>", "_INBOX.*", "_INBOX acme", "_INBOX."] {
+            assert!(check_inbox_prefix(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(check_inbox_prefix("_INBOX_acme").is_ok());
         assert!(check_worker_name("worker-1").is_ok());
         assert!(check_worker_name("worker.1").is_err());
         assert!(serde_json::from_str::<SessionKey>("\"a.b\"").is_err());

@@ -48,23 +48,23 @@ use serde::{Deserialize, Serialize};
 
 use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
+use crate::provisioning::Provisioning;
 
 /// What the owners bucket says about one session.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OwnerRecord {
+pub(crate) struct OwnerRecord {
     /// The worker that owns (or owned) it.
-    pub worker: String,
+    pub(crate) worker: String,
     /// The owner's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Whether it runs.
-    pub state: OwnerState,
+    pub(crate) state: OwnerState,
 }
 
 /// Whether an owned session runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum OwnerState {
+pub(crate) enum OwnerState {
     /// It runs on `worker`.
     Running,
     /// It ended there; the record stays for the ended-retention so it is not started
@@ -119,12 +119,12 @@ impl Owners {
         namespace: &Namespace,
         lease: Duration,
         ended_retention: Duration,
-        create: bool,
+        provisioning: Provisioning,
     ) -> Result<Self, String> {
         let bucket = namespace.owners_bucket();
         let store = match js.get_key_value(&bucket).await {
             Ok(store) => store,
-            Err(_) if create => {
+            Err(_) if provisioning != Provisioning::Existing => {
                 let config = kv::Config {
                     bucket: bucket.clone(),
                     description:
@@ -133,6 +133,7 @@ impl Owners {
                     history: 1,
                     // Per-message TTLs on; the marker an expired lease leaves stays a minute.
                     limit_markers: Some(Duration::from_secs(60)),
+                    num_replicas: provisioning.replicas(),
                     ..Default::default()
                 };
                 match js.create_key_value(config).await {
@@ -459,7 +460,7 @@ mod tests {
             &Namespace::default(),
             Duration::from_secs(60),
             Duration::from_secs(60),
-            true,
+            Provisioning::Create { replicas: 1 },
         )
         .await
         .unwrap();

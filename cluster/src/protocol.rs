@@ -179,8 +179,10 @@ impl Answer {
     }
 }
 
-/// A worker's counts, answered on `<ns>.worker.<name>.info`.
+/// A worker's counts, answered on `<ns>.worker.<name>.info`. (A count an older worker
+/// does not send reads as 0.)
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct WorkerInfo {
     /// The worker's name.
@@ -191,6 +193,9 @@ pub struct WorkerInfo {
     pub live: usize,
     /// The most it ever held at once.
     pub max_live: usize,
+    /// Jobs it pulled from the jobs stream (each took a free slot: a start or a resume,
+    /// run or refused).
+    pub jobs_pulled: u64,
     /// Sessions it started.
     pub started: u64,
     /// Sessions that ended on it.
@@ -212,6 +217,12 @@ pub struct WorkerInfo {
     /// Snapshot writes its sessions did not make: refused by the store (a newer owner
     /// wrote the session) or held back while a lease could not be trusted.
     pub snapshot_writes_refused: u64,
+    /// Snapshot messages its sessions wrote to the store (claims, full snapshots, deltas,
+    /// ends).
+    pub snapshot_writes: u64,
+    /// Snapshot writes that did not land, counted as they fail: refused (fenced, or the
+    /// lease not trusted) or the store unreachable.
+    pub snapshot_write_failures: u64,
     /// Whether it is draining (takes no new sessions).
     pub draining: bool,
 }

@@ -56,6 +56,7 @@ use tokio::sync::{watch, Mutex};
 use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::LeaseClock;
+use crate::provisioning::Provisioning;
 use crate::spec::SessionSpec;
 
 const KIND: &str = "Sb-Kind";
@@ -63,10 +64,30 @@ const EPOCH: &str = "Sb-Epoch";
 const WORKER: &str = "Sb-Worker";
 const FULL: &str = "Sb-Full";
 
+/// Every header a snapshot message may carry (the wire protocol's page lists them).
+#[cfg(test)]
+pub(crate) const HEADERS: [&str; 4] = [KIND, EPOCH, WORKER, FULL];
+
+/// Why the snapshots stream could not be opened or read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StreamError {
+    /// Provisioning could not create the stream.
+    #[error("cannot create the snapshots stream {stream}: {reason}")]
+    Create { stream: String, reason: String },
+    /// The stream is not there (or this client may not see it).
+    #[error("no snapshots stream {stream}: {reason}")]
+    Missing { stream: String, reason: String },
+    /// A read of a session's subject failed.
+    #[error("cannot read {subject}: {reason}")]
+    Read { subject: String, reason: String },
+    /// A message of a session's subject does not say what it is (not written by a worker).
+    #[error("message {seq} has no {KIND} header")]
+    Unmarked { seq: u64 },
+}
+
 /// What one message of a session's subject is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum SnapshotKind {
+pub(crate) enum SnapshotKind {
     /// A new owner took the session (the fence).
     Claim,
     /// A whole snapshot.
@@ -78,7 +99,7 @@ pub enum SnapshotKind {
 }
 
 impl SnapshotKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Claim => "claim",
             Self::Full => "full",
@@ -100,26 +121,28 @@ impl SnapshotKind {
 
 /// One message of a session's subject, as its headers describe it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct SnapshotRecord {
+pub(crate) struct SnapshotRecord {
     /// Its sequence in the stream.
-    pub seq: u64,
+    pub(crate) seq: u64,
     /// What it is.
-    pub kind: SnapshotKind,
+    pub(crate) kind: SnapshotKind,
     /// Its writer's epoch.
-    pub epoch: u64,
+    pub(crate) epoch: u64,
     /// Its writer.
-    pub worker: String,
+    pub(crate) worker: String,
     /// The sequence of the full snapshot it follows (its own for a full one; 0: none).
-    pub full: u64,
+    pub(crate) full: u64,
 }
 
 impl SnapshotRecord {
-    fn read(message: &StreamMessage) -> Result<Self, String> {
+    fn read(message: &StreamMessage) -> Result<Self, StreamError> {
         let header = |name: &str| message.headers.get(name).map(|v| v.as_str().to_owned());
-        let kind = header(KIND)
-            .and_then(|k| SnapshotKind::parse(&k))
-            .ok_or_else(|| format!("message {} has no {KIND} header", message.sequence))?;
+        let kind =
+            header(KIND)
+                .and_then(|k| SnapshotKind::parse(&k))
+                .ok_or(StreamError::Unmarked {
+                    seq: message.sequence,
+                })?;
         let number = |name: &str| {
             header(name)
                 .and_then(|v| v.parse::<u64>().ok())
@@ -141,16 +164,23 @@ impl SnapshotRecord {
 
 /// A session as the store holds it.
 #[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct StoredSession {
-    /// What it was started from.
-    pub spec: SessionSpec,
+pub(crate) struct StoredSession {
     /// Its last snapshot with every delta after it applied (`None`: it never saved one).
-    pub snapshot: Option<SessionSnapshot>,
+    pub(crate) snapshot: Option<SessionSnapshot>,
     /// The last writer's epoch.
-    pub epoch: u64,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) epoch: u64,
     /// The last writer.
-    pub worker: String,
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) worker: String,
+}
+
+/// How many writes to the stream landed and how many did not, over every writer of one
+/// worker's stream.
+#[derive(Debug, Default)]
+pub(crate) struct WriteCounts {
+    pub(crate) written: AtomicU64,
+    pub(crate) failed: AtomicU64,
 }
 
 /// What a claim of a session's snapshots found.
@@ -169,8 +199,9 @@ pub(crate) enum Claimed {
 
 /// The snapshots stream of a cluster. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct SnapshotStream {
+pub(crate) struct SnapshotStream {
     js: jetstream::Context,
+    counts: Arc<WriteCounts>,
     stream: stream::Stream,
     namespace: Namespace,
     /// How long an ended session's tombstone stays.
@@ -178,15 +209,15 @@ pub struct SnapshotStream {
 }
 
 impl SnapshotStream {
-    /// Opens the stream, creating it when `create` is set and it does not exist.
+    /// Opens the stream, creating it when `provisioning` says so and it does not exist.
     pub(crate) async fn open(
         js: jetstream::Context,
         namespace: &Namespace,
         ended_retention: Duration,
-        create: bool,
-    ) -> Result<Self, String> {
+        provisioning: Provisioning,
+    ) -> Result<Self, StreamError> {
         let name = namespace.snapshots_stream();
-        let stream = if create {
+        let stream = if provisioning != Provisioning::Existing {
             js.get_or_create_stream(stream::Config {
                 name: name.clone(),
                 description: Some(
@@ -198,30 +229,34 @@ impl SnapshotStream {
                 allow_direct: true,
                 // The tombstone of an ended session expires.
                 allow_message_ttl: true,
+                num_replicas: provisioning.replicas(),
                 ..Default::default()
             })
             .await
-            .map_err(|err| format!("cannot create the snapshots stream {name}: {err}"))?
+            .map_err(|err| StreamError::Create {
+                stream: name.clone(),
+                reason: err.to_string(),
+            })?
         } else {
             js.get_stream(&name)
                 .await
-                .map_err(|err| format!("no snapshots stream {name}: {err}"))?
+                .map_err(|err| StreamError::Missing {
+                    stream: name.clone(),
+                    reason: err.to_string(),
+                })?
         };
         Ok(Self {
             js,
+            counts: Arc::default(),
             stream,
             namespace: namespace.clone(),
             ended_retention: ended_retention.max(Duration::from_secs(1)),
         })
     }
 
-    /// Opens a cluster's snapshots stream to read it (an operator, a test).
-    pub async fn connect(
-        client: &crate::ClusterClient,
-        namespace: &Namespace,
-    ) -> Result<Self, String> {
-        let js = jetstream::new(client.nats().clone());
-        Self::open(js, namespace, Duration::from_secs(600), false).await
+    /// Its writes so far.
+    pub(crate) fn counts(&self) -> &WriteCounts {
+        &self.counts
     }
 
     fn subject(&self, session: &SessionKey) -> String {
@@ -229,17 +264,20 @@ impl SnapshotStream {
     }
 
     /// The last message of `subject`, if any.
-    async fn last(&self, subject: &str) -> Result<Option<StreamMessage>, String> {
+    async fn last(&self, subject: &str) -> Result<Option<StreamMessage>, StreamError> {
         match self.stream.direct_get_last_for_subject(subject).await {
             Ok(message) => Ok(Some(message)),
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
-            Err(err) => Err(format!("cannot read {subject}: {err}")),
+            Err(err) => Err(StreamError::Read {
+                subject: subject.to_owned(),
+                reason: err.to_string(),
+            }),
         }
     }
 
-    /// The messages of a session's subject, oldest first (what an operator or a test
-    /// inspects).
-    pub async fn records(&self, session: &SessionKey) -> Result<Vec<SnapshotRecord>, String> {
+    /// The messages of a session's subject, oldest first.
+    #[cfg(test)]
+    async fn records(&self, session: &SessionKey) -> Result<Vec<SnapshotRecord>, StreamError> {
         let subject = self.subject(session);
         let mut records = Vec::new();
         let mut at = 1;
@@ -254,13 +292,18 @@ impl SnapshotStream {
                     records.push(SnapshotRecord::read(&message)?);
                 }
                 Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(records),
-                Err(err) => return Err(format!("cannot read {subject}: {err}")),
+                Err(err) => {
+                    return Err(StreamError::Read {
+                        subject,
+                        reason: err.to_string(),
+                    })
+                }
             }
         }
     }
 
     /// Whether the store holds a session to resume (something, and not its end).
-    pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, String> {
+    pub(crate) async fn resumable(&self, session: &SessionKey) -> Result<bool, StreamError> {
         let last = self.last(&self.subject(session)).await?;
         Ok(match last {
             Some(message) => SnapshotRecord::read(&message)?.kind != SnapshotKind::Ended,
@@ -270,24 +313,26 @@ impl SnapshotStream {
 
     /// The session as the store holds it (`None`: nothing, or it ended). Reads only; a
     /// worker resuming a session claims it instead, which fences the writer before.
-    pub async fn load(&self, session: &SessionKey) -> Result<Option<StoredSession>, StoreError> {
+    pub(crate) async fn load(
+        &self,
+        session: &SessionKey,
+    ) -> Result<Option<StoredSession>, StoreError> {
         let subject = self.subject(session);
-        let unavailable = |reason| StoreError::Unavailable {
-            session: session.to_string(),
-            reason,
-        };
-        let Some(last) = self.last(&subject).await.map_err(unavailable)? else {
+        let Some(last) = self
+            .last(&subject)
+            .await
+            .map_err(|err| unavailable(session, err))?
+        else {
             return Ok(None);
         };
-        let record = SnapshotRecord::read(&last).map_err(|reason| corrupt(session, reason))?;
+        let record = SnapshotRecord::read(&last).map_err(|err| unmarked(session, err))?;
         if record.kind == SnapshotKind::Ended {
             return Ok(None);
         }
-        let (spec, snapshot) = self
+        let snapshot = self
             .read_chain(session, &last, &record, record.seq + 1)
             .await?;
         Ok(Some(StoredSession {
-            spec,
             snapshot,
             epoch: record.epoch,
             worker: record.worker,
@@ -336,7 +381,13 @@ impl SnapshotStream {
     /// `save_snapshots` / `restore_from`), as with any store. `spec` is what a new
     /// session's claim records (a resumed one keeps the spec it has). It checks no lease:
     /// its claim is its fence.
-    pub fn writer(&self, session: &SessionKey, worker: &str, spec: &SessionSpec) -> SnapshotWriter {
+    #[cfg(test)]
+    pub(crate) fn writer(
+        &self,
+        session: &SessionKey,
+        worker: &str,
+        spec: &SessionSpec,
+    ) -> SnapshotWriter {
         let spec = serde_json::to_vec(spec).unwrap_or_default();
         SnapshotWriter::new(self.clone(), session.clone(), worker, spec.into(), None)
     }
@@ -411,8 +462,7 @@ impl SnapshotStream {
                 break;
             }
             at = message.sequence + 1;
-            let record =
-                SnapshotRecord::read(&message).map_err(|reason| corrupt(session, reason))?;
+            let record = SnapshotRecord::read(&message).map_err(|err| unmarked(session, err))?;
             if record.kind != SnapshotKind::Delta {
                 continue;
             }
@@ -432,20 +482,19 @@ impl SnapshotStream {
             .ok_or_else(|| corrupt(session, "no full snapshot".into()))
     }
 
-    /// The spec and snapshot `last` ends the chain of, read without claiming.
+    /// The snapshot `last` ends the chain of, read without claiming.
     async fn read_chain(
         &self,
         session: &SessionKey,
         last: &StreamMessage,
         record: &SnapshotRecord,
         until: u64,
-    ) -> Result<(SessionSpec, Option<SessionSnapshot>), StoreError> {
-        let (spec, full) = self.spec_and_full(session, last, record).await?;
-        let snapshot = match full {
+    ) -> Result<Option<SessionSnapshot>, StoreError> {
+        let (_spec, full) = self.spec_and_full(session, last, record).await?;
+        Ok(match full {
             Some(full) => Some(self.apply_deltas(session, full, record.full, until).await?),
             None => None,
-        };
-        Ok((spec, snapshot))
+        })
     }
 
     fn message(
@@ -473,7 +522,13 @@ impl SnapshotStream {
         message: PublishMessage,
         expected: u64,
     ) -> Result<u64, WriteError> {
-        publish_if_last(&self.js, subject.to_owned(), message, expected).await
+        let written = publish_if_last(&self.js, subject.to_owned(), message, expected).await;
+        let counter = match written {
+            Ok(_) => &self.counts.written,
+            Err(_) => &self.counts.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        written
     }
 
     /// Removes the messages of `subject` before `seq`.
@@ -482,6 +537,17 @@ impl SnapshotStream {
             tracing::debug!(subject, error = %err, "old snapshots not purged (the next full one will)");
         }
     }
+}
+
+fn unavailable(session: &SessionKey, err: StreamError) -> StoreError {
+    StoreError::Unavailable {
+        session: session.to_string(),
+        reason: err.to_string(),
+    }
+}
+
+fn unmarked(session: &SessionKey, err: StreamError) -> StoreError {
+    corrupt(session, err.to_string())
 }
 
 fn corrupt(session: &SessionKey, reason: String) -> StoreError {
@@ -532,7 +598,7 @@ enum Found {
 /// to (see the module docs). A refused write fences the writer until it claims again.
 /// Cheap to clone.
 #[derive(Clone)]
-pub struct SnapshotWriter {
+pub(crate) struct SnapshotWriter {
     inner: Arc<WriterInner>,
 }
 
@@ -614,7 +680,7 @@ impl SnapshotWriter {
 
     /// The claim this writer holds: its epoch, and the sequence of its claim message (what
     /// its session's first write follows). Give it to `SessionBuilder::save_claimed`.
-    pub fn held(&self) -> Claim {
+    pub(crate) fn held(&self) -> Claim {
         self.inner
             .claim
             .lock()
@@ -623,17 +689,17 @@ impl SnapshotWriter {
     }
 
     /// The owner's epoch.
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         self.held().epoch()
     }
 
     /// The last host input id of the newest snapshot written (0: none).
-    pub fn saved_input(&self) -> u64 {
+    pub(crate) fn saved_input(&self) -> u64 {
         self.inner.saved_input.load(Ordering::SeqCst)
     }
 
     /// Writes refused so far (fenced, or the lease not trusted).
-    pub fn refused(&self) -> u64 {
+    pub(crate) fn refused(&self) -> u64 {
         self.inner.refused.load(Ordering::Relaxed)
     }
 
@@ -681,10 +747,13 @@ impl SnapshotWriter {
         }
         // Something is there: claim over the last message, then read what it follows.
         for _ in 0..5 {
-            let last = stream.last(&inner.subject).await.map_err(unavailable)?;
+            let last = stream
+                .last(&inner.subject)
+                .await
+                .map_err(|err| unavailable(err.to_string()))?;
             let record = match &last {
                 Some(message) => {
-                    Some(SnapshotRecord::read(message).map_err(|reason| corrupt(session, reason))?)
+                    Some(SnapshotRecord::read(message).map_err(|err| unmarked(session, err))?)
                 }
                 None => None,
             };
@@ -864,6 +933,7 @@ impl SnapshotWriter {
         let session = inner.session.to_string();
         if *inner.fenced.borrow() {
             inner.refused.fetch_add(1, Ordering::Relaxed);
+            inner.stream.counts.failed.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Fenced {
                 session,
                 reason: "a newer owner wrote the session".into(),
@@ -871,6 +941,7 @@ impl SnapshotWriter {
         }
         if inner.lease.as_ref().is_some_and(|lease| !lease.is_valid()) {
             inner.refused.fetch_add(1, Ordering::Relaxed);
+            inner.stream.counts.failed.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Unavailable {
                 session,
                 reason: "this worker's lease on the session cannot be trusted now".into(),
@@ -890,10 +961,10 @@ impl SnapshotWriter {
                     return Ok(seq);
                 }
                 Err(WriteError::Moved) => {
-                    let last = inner.stream.last(&inner.subject).await.map_err(|reason| {
+                    let last = inner.stream.last(&inner.subject).await.map_err(|err| {
                         StoreError::Unavailable {
                             session: session.clone(),
-                            reason,
+                            reason: err.to_string(),
                         }
                     })?;
                     let record = last.as_ref().and_then(|m| SnapshotRecord::read(m).ok());
@@ -1036,6 +1107,10 @@ impl SnapshotStore for SnapshotWriter {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod two_restorers;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
     use crate::local::NatsServer;
@@ -1079,9 +1154,14 @@ mod tests {
         let client = server.connect().connect().await.unwrap();
         let js = jetstream::new(client.nats().clone());
         let ns = Namespace::default();
-        let stream = SnapshotStream::open(js, &ns, Duration::from_secs(60), true)
-            .await
-            .unwrap();
+        let stream = SnapshotStream::open(
+            js,
+            &ns,
+            Duration::from_secs(60),
+            Provisioning::Create { replicas: 1 },
+        )
+        .await
+        .unwrap();
         let key = SessionKey::new("call-1").unwrap();
         let spec = SessionSpec::new("greeter");
         // Leases both trust: only the store decides.
@@ -1154,9 +1234,14 @@ mod tests {
         let server = NatsServer::start().unwrap();
         let client = server.connect().connect().await.unwrap();
         let js = jetstream::new(client.nats().clone());
-        let stream = SnapshotStream::open(js, &Namespace::default(), Duration::from_secs(60), true)
-            .await
-            .unwrap();
+        let stream = SnapshotStream::open(
+            js,
+            &Namespace::default(),
+            Duration::from_secs(60),
+            Provisioning::Create { replicas: 1 },
+        )
+        .await
+        .unwrap();
         let key = SessionKey::new("call-2").unwrap();
         let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
         let Ok(Claimed::Fresh(writer)) = stream

@@ -147,3 +147,22 @@ pub trait SessionFactory: Send + Sync + 'static {
         Ok((self.builder(spec)?, agents))
     }
 }
+
+/// A shared factory: the same one for several workers, or for a worker started again.
+impl<F: SessionFactory + ?Sized> SessionFactory for std::sync::Arc<F> {
+    fn builder(&self, spec: &SessionSpec) -> Result<SessionBuilder, FactoryError> {
+        (**self).builder(spec)
+    }
+
+    fn agent(&self, name: &str, data: &Value) -> Result<Agent, FactoryError> {
+        (**self).agent(name, data)
+    }
+
+    fn restoring(
+        &self,
+        spec: &SessionSpec,
+        agents: AgentRegistry,
+    ) -> Result<(SessionBuilder, AgentRegistry), FactoryError> {
+        (**self).restoring(spec, agents)
+    }
+}

@@ -49,6 +49,7 @@ use crate::dispatch;
 use crate::namespace::{check_worker_name, NameError, Namespace};
 use crate::ownership::{ClaimError, Owners};
 use crate::protocol::{SessionJob, WorkerInfo};
+use crate::provisioning::Provisioning;
 use crate::snapshots::{Claimed, SnapshotStream};
 use crate::spec::SessionFactory;
 use counts::Counts;
@@ -67,7 +68,7 @@ pub enum WorkerError {
     /// The worker cannot use a piece of the cluster on NATS: the jobs stream, its
     /// consumer, the owners bucket and its watch, the snapshots stream, its info subject. Missing (start a worker with
     /// `provision(true)`, the default, or create them), or refused by the server's
-    /// permissions (see ARCHITECTURE.md, "Who may connect").
+    /// permissions (see [`Permissions`](crate::Permissions)).
     #[error("worker {worker} cannot use the {what}: {reason}")]
     Setup {
         /// The worker.
@@ -92,13 +93,14 @@ pub enum WorkerError {
 /// How a worker runs.
 #[derive(Clone, Debug)]
 pub struct WorkerOptions {
-    name: String,
-    capacity: usize,
-    namespace: Namespace,
-    lease: Duration,
-    ended_retention: Duration,
-    idle_timeout: Option<Duration>,
-    provision: bool,
+    pub(crate) name: String,
+    pub(crate) capacity: usize,
+    pub(crate) namespace: Namespace,
+    pub(crate) lease: Duration,
+    pub(crate) ended_retention: Duration,
+    pub(crate) idle_timeout: Option<Duration>,
+    pub(crate) provision: bool,
+    pub(crate) replicas: usize,
     fetch_wait: Duration,
     replay_bytes: usize,
     close_grace: Duration,
@@ -116,6 +118,7 @@ impl WorkerOptions {
             ended_retention: Duration::from_secs(600),
             idle_timeout: Some(Duration::from_secs(600)),
             provision: true,
+            replicas: 1,
             fetch_wait: Duration::from_secs(1),
             replay_bytes: 64 * 1024,
             close_grace: Duration::from_secs(5),
@@ -164,6 +167,25 @@ impl WorkerOptions {
         self
     }
 
+    /// How many replicas the streams and the bucket it creates have (default 1; 3 on a
+    /// three-server NATS cluster, so that losing a server loses no job, owner record or
+    /// snapshot). What exists already is left as it is.
+    pub fn replicas(mut self, replicas: usize) -> Self {
+        self.replicas = replicas.max(1);
+        self
+    }
+
+    /// What its start creates.
+    pub(crate) fn provisioning(&self) -> Provisioning {
+        if self.provision {
+            Provisioning::Create {
+                replicas: self.replicas,
+            }
+        } else {
+            Provisioning::Existing
+        }
+    }
+
     /// How long one pull waits for jobs before asking again (default 1 s; also the
     /// longest a drain waits for the pull under way).
     pub fn fetch_wait(mut self, wait: Duration) -> Self {
@@ -197,6 +219,17 @@ pub struct DrainReport {
     pub moved: u64,
     /// How long it took.
     pub took: Duration,
+}
+
+/// Reads a worker's counts; outlives the [`Worker`], whose drain takes it.
+#[derive(Clone)]
+pub(crate) struct CountsReader(Arc<Shared>);
+
+impl CountsReader {
+    /// The counts now.
+    pub(crate) fn info(&self) -> WorkerInfo {
+        self.0.info()
+    }
 }
 
 /// Runs sessions from the cluster's jobs stream on an engine. See the module docs.
@@ -250,7 +283,8 @@ impl Worker {
         let js = jetstream::ContextBuilder::new()
             .timeout(Duration::from_secs(5))
             .build(client.nats().clone());
-        let consumer = dispatch::jobs_consumer(&js, &options.namespace, options.provision)
+        let provisioning = options.provisioning();
+        let consumer = dispatch::jobs_consumer(&js, &options.namespace, provisioning)
             .await
             .map_err(setup("jobs stream"))?;
         let owners = Owners::open(
@@ -258,7 +292,7 @@ impl Worker {
             &options.namespace,
             options.lease,
             options.ended_retention,
-            options.provision,
+            provisioning,
         )
         .await
         .map_err(setup("owners bucket"))?;
@@ -266,10 +300,10 @@ impl Worker {
             js.clone(),
             &options.namespace,
             options.ended_retention,
-            options.provision,
+            provisioning,
         )
         .await
-        .map_err(setup("snapshots stream"))?;
+        .map_err(|err| setup("snapshots stream")(err.to_string()))?;
         let expiries = owners
             .watch_expiries()
             .await
@@ -321,6 +355,11 @@ impl Worker {
         self.shared.info()
     }
 
+    /// A reader of its counts that goes on answering during and after its drain.
+    pub(crate) fn counts_reader(&self) -> CountsReader {
+        CountsReader(self.shared.clone())
+    }
+
     /// Stops taking sessions, lets the live ones settle until `deadline` from now,
     /// interrupts those that have not, stores each one's last snapshot, hands it over
     /// (its `Moving` record and a resume job: another worker resumes it) and tells its
@@ -356,41 +395,6 @@ impl Worker {
     }
 }
 
-/// Creates what a cluster needs on NATS — the jobs stream, its consumer, the owners
-/// bucket and the snapshots stream — if they do not exist yet: what an operator runs once with an admin user when
-/// workers may not create them (`WorkerOptions::provision(false)`; the subjects each role
-/// needs are in ARCHITECTURE.md, "Who may connect"). A worker with `provision(true)` does
-/// the same at its start.
-pub async fn provision(client: &ClusterClient, namespace: &Namespace) -> Result<(), WorkerError> {
-    let setup = |what: &'static str| {
-        move |reason: String| WorkerError::Setup {
-            worker: "(provisioning)".to_owned(),
-            what,
-            reason,
-        }
-    };
-    let js = jetstream::ContextBuilder::new()
-        .timeout(Duration::from_secs(5))
-        .build(client.nats().clone());
-    dispatch::jobs_consumer(&js, namespace, true)
-        .await
-        .map_err(setup("jobs stream"))?;
-    let defaults = WorkerOptions::new("provisioning");
-    Owners::open(
-        js.clone(),
-        namespace,
-        defaults.lease,
-        defaults.ended_retention,
-        true,
-    )
-    .await
-    .map_err(setup("owners bucket"))?;
-    SnapshotStream::open(js, namespace, defaults.ended_retention, true)
-        .await
-        .map_err(setup("snapshots stream"))?;
-    Ok(())
-}
-
 impl Drop for Worker {
     /// Stops every task of the worker, its sessions' too. The session tasks hold the
     /// worker's shared state (which holds their set): without this, they would keep each
@@ -407,7 +411,11 @@ impl Drop for Worker {
 
 impl Shared {
     fn info(&self) -> WorkerInfo {
-        self.hosting.counts.info(&self.name, self.options.capacity)
+        let mut info = self.hosting.counts.info(&self.name, self.options.capacity);
+        let writes = self.snapshots.counts();
+        info.snapshot_writes = writes.written.load(std::sync::atomic::Ordering::Relaxed);
+        info.snapshot_write_failures = writes.failed.load(std::sync::atomic::Ordering::Relaxed);
+        info
     }
 
     fn draining(&self) -> bool {
@@ -416,6 +424,7 @@ impl Shared {
 
     /// Runs a delivered job on its own task, holding one slot.
     fn spawn_session(self: &Arc<Self>, job: jetstream::Message, slot: OwnedSemaphorePermit) {
+        Counts::bump(&self.hosting.counts.jobs_pulled);
         let shared = self.clone();
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         // Reap the finished ones so the set holds only live sessions.

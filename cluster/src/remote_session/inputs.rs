@@ -14,12 +14,15 @@
 //! task then sends it the later ones again, in order, before anything new — whether a
 //! caller waits or not (a turn that was under way on the old owner runs again, and its
 //! `InputDone` reaches the call still waiting for it). Each input is applied once in the
-//! conversation: the old owner's application died with it unless its snapshot holds it —
-//! and an input whose answer the front already has (an answer other than "pending", or a
-//! delivered `InputDone`) is never sent again: in its place goes `Input::Answered`, which
-//! the new owner counts and applies nothing for (a read, a transcript or a turn the front
-//! heard the end of is not done a second time; what the old owner's state had of it and
-//! its snapshot did not is gone with it). An input a new owner's snapshot holds whose
+//! conversation: the old owner's application died with it unless its snapshot holds it.
+//! An input that changes nothing a snapshot keeps (a history read, an interim transcript,
+//! the user starting or stopping to speak) and whose answer the front already has is never
+//! sent again: in its place goes `Input::Answered`, which the new owner counts and applies
+//! nothing for, so the front never gets two results for one read. An input that changes
+//! the conversation (a turn, a `say`, a final transcript, a handoff, a playout report, an
+//! interrupt) is sent again even when its answer was heard: the answer does not prove that
+//! a stored snapshot kept its effect, and a conversation that lost a turn the user heard
+//! the answer of would go on without it (the new owner runs it again). An input a new owner's snapshot holds whose
 //! answer was not heard is asked for again: the owner answers from its session's ledger
 //! when that keeps it. While the old owner drains it answers `Moving`, and the task waits
 //! for the new one.
@@ -58,8 +61,11 @@ struct Sent {
     /// Whether its only answer is "done" (so one lost in a move is known).
     answers_done: bool,
     /// Whether the front has its answer (one other than "pending"; a pending one's
-    /// `InputDone` is in `RemoteShared`): it is never sent again.
+    /// `InputDone` is in `RemoteShared`).
     answered: bool,
+    /// Whether it changes what a snapshot keeps: then it is sent again after a move until a
+    /// stored snapshot holds it, answered or not; else, once answered, never again.
+    kept_by_snapshots: bool,
     payload: Bytes,
 }
 
@@ -213,6 +219,16 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
             | Input::UserStoppedSpeaking
             | Input::PlayoutFinished { .. }
     );
+    let kept_by_snapshots = !matches!(
+        input,
+        Input::Transcript {
+            is_final: false,
+            ..
+        } | Input::UserStartedSpeaking
+            | Input::UserStoppedSpeaking
+            | Input::History
+            | Input::Answered
+    );
     let payload = serde_json::to_vec(&Request::Input { id, input }).map_err(|err| {
         GatewayError::Protocol {
             session: shared.key.clone(),
@@ -224,6 +240,7 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
         name,
         answers_done,
         answered: false,
+        kept_by_snapshots,
         payload: payload.into(),
     })
 }
@@ -270,7 +287,8 @@ async fn deliver(
                 expected: at,
             });
         };
-        let answered = !asking && (sent.answered || shared.outcome_delivered(at));
+        let answered =
+            !asking && !sent.kept_by_snapshots && (sent.answered || shared.outcome_delivered(at));
         let name = sent.name;
         let payload = if answered {
             answered_payload(shared, at)?
@@ -441,6 +459,7 @@ mod tests {
             name: "run",
             answers_done: false,
             answered: false,
+            kept_by_snapshots: true,
             payload: Bytes::new(),
         }
     }

@@ -9,6 +9,7 @@ use crate::protocol::WorkerInfo;
 pub(crate) struct Counts {
     pub(crate) live: AtomicUsize,
     pub(crate) max_live: AtomicUsize,
+    pub(crate) jobs_pulled: AtomicU64,
     pub(crate) started: AtomicU64,
     pub(crate) ended: AtomicU64,
     pub(crate) refused: AtomicU64,
@@ -47,6 +48,7 @@ impl Counts {
             capacity,
             live: self.live.load(Ordering::SeqCst),
             max_live: self.max_live.load(Ordering::SeqCst),
+            jobs_pulled: self.jobs_pulled.load(Ordering::Relaxed),
             started: self.started.load(Ordering::Relaxed),
             ended: self.ended.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
@@ -56,6 +58,9 @@ impl Counts {
             resumed: self.resumed.load(Ordering::Relaxed),
             moved: self.moved.load(Ordering::Relaxed),
             snapshot_writes_refused: self.snapshot_writes_refused.load(Ordering::Relaxed),
+            // The snapshots stream counts its writes; the worker adds them.
+            snapshot_writes: 0,
+            snapshot_write_failures: 0,
             draining: self.draining.load(Ordering::SeqCst),
         }
     }

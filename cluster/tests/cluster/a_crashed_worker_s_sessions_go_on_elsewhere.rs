@@ -9,10 +9,10 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{event_where, owner_of, within, WorkerProcess};
+use common::{event_where, owner_of, within, OwnerState, WorkerProcess};
 use serde_json::json;
 use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{GatewayOptions, OwnerState, RemoteEventKind, SessionSpec};
+use switchboard_cluster::{GatewayOptions, RemoteEventKind, SessionSpec};
 use tokio::task::JoinSet;
 
 const SESSIONS: usize = 10;

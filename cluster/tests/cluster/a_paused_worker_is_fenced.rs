@@ -9,13 +9,12 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{event_where, owner_of, within, WorkerProcess};
+use common::{event_where, owner_of, snapshot_records, within, OwnerState, WorkerProcess};
 use futures_util::{FutureExt, StreamExt};
 use serde_json::json;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    GatewayOptions, Namespace, OwnerState, RemoteEvent, RemoteEventKind, SessionSpec,
-    SnapshotStream, WorkerInfo,
+    GatewayOptions, Namespace, RemoteEvent, RemoteEventKind, SessionSpec, WorkerInfo,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,12 +114,11 @@ async fn a_worker_paused_past_its_lease_is_fenced_and_its_session_goes_on_elsewh
     );
     let owner = owner_of(&observer, session.id()).await.unwrap();
     assert_eq!((owner.worker.as_str(), owner.epoch), ("w2", 2));
-    let snapshots = SnapshotStream::connect(&observer, &ns).await.unwrap();
-    let records = snapshots.records(session.id()).await.unwrap();
+    let records = snapshot_records(&observer, &ns, session.id()).await;
     let claim = records
         .iter()
         .position(|r| r.worker == "w2")
-        .unwrap_or_else(|| panic!("no claim by w2: {records:?}"));
+        .unwrap_or_else(|| panic!("nothing by w2: {records:?}"));
     assert!(
         records[claim..]
             .iter()

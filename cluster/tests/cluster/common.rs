@@ -38,20 +38,27 @@ pub async fn one_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
 /// A worker process.
 pub struct WorkerProcess {
     pub name: String,
+    /// Where its health server answers (`http://127.0.0.1:<port>`), once it said so.
+    pub health: Option<String>,
     child: Child,
     lines: mpsc::Receiver<String>,
 }
 
 /// The credentials flags for a server's default auth.
 pub fn credentials(server: &NatsServer) -> Vec<String> {
-    match server.auth() {
+    credentials_for(server.auth())
+}
+
+/// The credentials flags for `auth`.
+pub fn credentials_for(auth: &ServerAuth) -> Vec<String> {
+    match auth {
         ServerAuth::UserPassword { user, password } => vec![
-            "--user".into(),
+            "--nats-user".into(),
             user.clone(),
-            "--password".into(),
+            "--nats-password".into(),
             password.clone(),
         ],
-        ServerAuth::Token(token) => vec!["--token".into(), token.clone()],
+        ServerAuth::Token(token) => vec!["--nats-token".into(), token.clone()],
         _ => Vec::new(),
     }
 }
@@ -67,11 +74,16 @@ impl WorkerProcess {
     /// Starts `sb-test-worker` with these connection arguments; waits for `ready`.
     pub fn start_with(url: &str, name: &str, capacity: usize, args: &[String]) -> Self {
         let mut process = Self::spawn(url, name, capacity, args);
-        match process.next_line(PATIENCE) {
-            Some(line) if line == format!("ready {name}") => process,
-            other => {
-                let status = process.wait_exit(Duration::from_secs(5));
-                panic!("worker {name} did not get ready: said {other:?}, exit {status:?}")
+        loop {
+            match process.next_line(PATIENCE) {
+                Some(line) if line == format!("ready {name}") => return process,
+                Some(line) if line.starts_with("health ") => {
+                    process.health = Some(line["health ".len()..].to_owned());
+                }
+                other => {
+                    let status = process.wait_exit(Duration::from_secs(5));
+                    panic!("worker {name} did not get ready: said {other:?}, exit {status:?}")
+                }
             }
         }
     }
@@ -80,12 +92,20 @@ impl WorkerProcess {
     pub fn spawn(url: &str, name: &str, capacity: usize, args: &[String]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sb-test-worker"))
             .args([
-                "--url",
+                "--nats-url",
                 url,
                 "--name",
                 name,
                 "--capacity",
                 &capacity.to_string(),
+                // One engine thread, a 5 s drain and a health server on a free port,
+                // unless a test says otherwise (a later flag wins).
+                "--arbiters",
+                "1",
+                "--drain-secs",
+                "5",
+                "--listen",
+                "127.0.0.1:0",
             ])
             .args(args)
             .stdin(Stdio::null())
@@ -104,6 +124,7 @@ impl WorkerProcess {
         });
         Self {
             name: name.to_owned(),
+            health: None,
             child,
             lines,
         }
@@ -244,11 +265,29 @@ pub async fn event_where(
     }
 }
 
+/// An owner record as the owners bucket stores it: JSON, one key per session (the
+/// workers' own type is private; this is the stored form docs/wire-protocol.md gives).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+pub struct OwnerRecord {
+    pub worker: String,
+    pub epoch: u64,
+    pub state: OwnerState,
+}
+
+/// An owner record's `state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OwnerState {
+    Running,
+    Ended,
+    Moving,
+}
+
 /// The owner record of `session` now.
 pub async fn owner_of(
     client: &ClusterClient,
     session: &switchboard_cluster::SessionKey,
-) -> Option<switchboard_cluster::OwnerRecord> {
+) -> Option<OwnerRecord> {
     let owners = async_nats::jetstream::new(client.nats().clone())
         .get_key_value(switchboard_cluster::Namespace::default().owners_bucket())
         .await
@@ -258,6 +297,59 @@ pub async fn owner_of(
         .await
         .expect("the bucket answers")?;
     Some(serde_json::from_slice(&value).expect("an owner record"))
+}
+
+/// One message of a session's subject in the snapshots stream, as its headers
+/// (`Sb-Kind`, `Sb-Epoch`, `Sb-Worker`) describe it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRecord {
+    pub kind: String,
+    pub epoch: u64,
+    pub worker: String,
+}
+
+/// The messages of `session`'s subject in the snapshots stream of `namespace`, oldest
+/// first.
+pub async fn snapshot_records(
+    client: &ClusterClient,
+    namespace: &switchboard_cluster::Namespace,
+    session: &switchboard_cluster::SessionKey,
+) -> Vec<SnapshotRecord> {
+    let stream = async_nats::jetstream::new(client.nats().clone())
+        .get_stream(namespace.snapshots_stream())
+        .await
+        .expect("the snapshots stream exists");
+    let subject = namespace.snapshot_subject(session);
+    let mut records = Vec::new();
+    let mut at = 1;
+    loop {
+        match stream
+            .direct_get_next_for_subject(subject.clone(), Some(at))
+            .await
+        {
+            Ok(message) => {
+                at = message.sequence + 1;
+                let header = |name: &str| {
+                    message
+                        .headers
+                        .get(name)
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_else(|| panic!("message {} has no {name}", message.sequence))
+                };
+                records.push(SnapshotRecord {
+                    kind: header("Sb-Kind"),
+                    epoch: header("Sb-Epoch").parse().expect("an epoch"),
+                    worker: header("Sb-Worker"),
+                });
+            }
+            Err(err)
+                if err.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound =>
+            {
+                return records
+            }
+            Err(err) => panic!("cannot read {subject}: {err}"),
+        }
+    }
 }
 
 /// Awaits `future` within `PATIENCE`, failing with what was awaited.
@@ -276,4 +368,45 @@ pub async fn retried(stats: &mut watch::Receiver<GatewayStats>, retries: u64) {
     )
     .await
     .unwrap();
+}
+
+/// `GET path` from a worker's health server (`http://host:port`): the status code and the
+/// body. A plain HTTP/1.1 request on a fresh connection, as a probe or a scraper sends it.
+pub async fn http_get(base: &str, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.strip_prefix("http://").expect("an http:// address");
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
+            .await?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = within(&format!("GET {path}"), exchange)
+        .await
+        .unwrap_or_else(|err| panic!("GET {base}{path}: {err}"));
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let code = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status code in {head:?}"));
+    (code, body.to_owned())
+}
+
+/// The value of the series `name` (labelled with the worker) in a Prometheus text body.
+pub fn metric(body: &str, name: &str) -> f64 {
+    body.lines()
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            (series.split('{').next() == Some(name)).then(|| value.parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no {name} in\n{body}"))
 }

@@ -13,10 +13,10 @@ use crate::common;
 use std::collections::{HashMap, HashSet};
 
 use async_nats::jetstream::kv::Operation;
-use common::{within, WorkerProcess};
+use common::{within, OwnerRecord, OwnerState, WorkerProcess};
 use futures_util::StreamExt;
 use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{GatewayOptions, Namespace, OwnerRecord, OwnerState, SessionSpec};
+use switchboard_cluster::{GatewayOptions, Namespace, SessionSpec};
 use tokio::task::JoinSet;
 
 const SESSIONS: usize = 1000;

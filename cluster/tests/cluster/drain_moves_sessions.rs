@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use common::{event_where, owner_of, within, WorkerProcess, PATIENCE};
+use common::{event_where, owner_of, within, OwnerState, WorkerProcess, PATIENCE};
 use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{GatewayOptions, OwnerState, RemoteEventKind, SessionSpec};
+use switchboard_cluster::{GatewayOptions, RemoteEventKind, SessionSpec};
 use tokio::task::JoinSet;
 
 const SESSIONS: usize = 200;

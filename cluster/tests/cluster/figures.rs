@@ -2,7 +2,7 @@
 //! and worker processes (ignored by default: it takes about a minute and measures time).
 //!
 //! ```text
-//! cargo test --release -p switchboard-cluster --test cluster -- --ignored --nocapture figures
+//! cargo test --release -p switchboard-cluster-tests --test cluster -- --ignored --nocapture figures
 //! ```
 //!
 //! It prints: the NATS request-reply floor (and a request-reply to a worker process); a

@@ -6,6 +6,7 @@
 mod common;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
@@ -14,6 +15,6 @@ mod dispatch_never_over_admits;
 mod drain_moves_sessions;
 mod figures;
 mod inputs_apply_exactly_once;
+mod losing_one_of_three_servers_loses_nothing;
 mod sessions_survive_a_server_restart;
-mod two_restorers_never_merge;
 mod who_may_connect;

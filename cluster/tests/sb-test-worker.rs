@@ -1,17 +1,18 @@
 //! `sb-test-worker`: a cluster worker process with scripted agents, for the cluster's tests
 //! (which run workers as real processes, to kill, freeze and drain them) and for trying the
-//! cluster by hand. No model key, no network beyond NATS.
+//! cluster by hand. No model key, no network beyond NATS. It is the deployable worker of
+//! `switchboard_cluster::runtime` with a scripted factory: the runtime's settings (flags
+//! and `SB_*` variables, `--help`), health server and drain, plus one flag of its own.
 //!
 //! ```text
-//! sb-test-worker --url nats://127.0.0.1:4222 --user switchboard --password secret \
-//!     --name worker-1 --capacity 10 [--namespace sb] [--lease-secs 10] [--drain-secs 5] \
-//!     [--idle-secs 600] [--no-provision] [--max-tool-ms N]
+//! sb-test-worker --nats-url nats://127.0.0.1:4222 --nats-user switchboard --name worker-1 \
+//!     --capacity 10 --listen 127.0.0.1:0 [--max-tool-ms N] [any runtime setting]
 //! ```
 //!
-//! (`--token T`, `--nkey SEED` or `--creds FILE` instead of a user; `SB_NATS_PASSWORD`
-//! instead of `--password`.) It prints `ready <name>` once it pulls sessions. On SIGTERM
-//! (or SIGINT) it drains — sessions settle, at the deadline are interrupted, their last
-//! snapshots are stored and other workers resume them — prints `drained <n>` and exits 0.
+//! It prints `health http://<addr>` (when it listens) and `ready <name>` once it pulls
+//! sessions. On SIGTERM (or SIGINT) it drains — sessions settle, at the deadline are
+//! interrupted, their last snapshots are stored and other workers resume them — prints
+//! `drained <n>` and exits 0.
 //!
 //! Its agents, `greeter` and `concierge`, run on a scripted model that answers
 //! `look up X` by calling the async tool `lookup` (which sends an update, waits `tool_ms`
@@ -31,10 +32,8 @@ use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{LlmRequest, RestorePolicy, SessionBuilder};
-use switchboard_cluster::{
-    ClusterClient, FactoryError, Namespace, NatsConnect, SessionFactory, SessionSpec, Worker,
-    WorkerOptions,
-};
+use switchboard_cluster::runtime::{Command, RuntimeError, WorkerConfig, WorkerRuntime};
+use switchboard_cluster::{FactoryError, SessionFactory, SessionSpec};
 
 /// The arguments of the `lookup` tool.
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -152,123 +151,45 @@ fn answer(request: &LlmRequest) -> Option<Reply> {
     }
 }
 
-/// The command line.
-struct Args {
-    connect: NatsConnect,
-    name: String,
-    capacity: usize,
-    namespace: Namespace,
-    lease: Duration,
-    drain: Duration,
-    idle: Duration,
-    provision: bool,
-    max_tool_ms: u64,
-}
-
-fn parse_args() -> Result<Args, String> {
-    let mut url = None;
-    let mut user = None;
-    let mut password = std::env::var("SB_NATS_PASSWORD").ok();
-    let mut token = None;
-    let mut nkey = None;
-    let mut creds = None;
-    let mut name = None;
-    let mut capacity = 10;
-    let mut namespace = Namespace::default();
-    let mut lease = Duration::from_secs(10);
-    let mut drain = Duration::from_secs(5);
-    let mut idle = Duration::from_secs(600);
-    let mut provision = true;
+/// Takes this program's own flag (`--max-tool-ms N`) out of the arguments; the rest are
+/// the worker runtime's.
+fn own_flags(args: Vec<String>) -> Result<(u64, Vec<String>), String> {
     let mut max_tool_ms = u64::MAX;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--url" => url = Some(value()?),
-            "--user" => user = Some(value()?),
-            "--password" => password = Some(value()?),
-            "--token" => token = Some(value()?),
-            "--nkey" => nkey = Some(value()?),
-            "--creds" => creds = Some(value()?),
-            "--name" => name = Some(value()?),
-            "--capacity" => capacity = value()?.parse().map_err(|e| format!("--capacity: {e}"))?,
-            "--namespace" => namespace = Namespace::new(value()?).map_err(|e| e.to_string())?,
-            "--lease-secs" => {
-                lease =
-                    Duration::from_secs(value()?.parse().map_err(|e| format!("--lease-secs: {e}"))?)
-            }
-            "--drain-secs" => {
-                drain = Duration::from_secs_f64(
-                    value()?.parse().map_err(|e| format!("--drain-secs: {e}"))?,
-                )
-            }
-            "--idle-secs" => {
-                idle = Duration::from_secs_f64(
-                    value()?.parse().map_err(|e| format!("--idle-secs: {e}"))?,
-                )
-            }
-            "--no-provision" => provision = false,
-            "--max-tool-ms" => {
-                max_tool_ms = value()?
-                    .parse()
-                    .map_err(|e| format!("--max-tool-ms: {e}"))?
-            }
-            other => return Err(format!("unknown argument {other}")),
+    let mut rest = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--max-tool-ms" {
+            let value = args.next().ok_or("--max-tool-ms needs a value")?;
+            max_tool_ms = value.parse().map_err(|e| format!("--max-tool-ms: {e}"))?;
+        } else {
+            rest.push(arg);
         }
     }
-    let url = url.ok_or("--url is required")?;
-    let name = name.ok_or("--name is required")?;
-    let mut connect = NatsConnect::new(url).name(name.clone());
-    connect = match (user, password, token, nkey, creds) {
-        (Some(user), Some(password), ..) => connect.user_and_password(user, password),
-        (_, _, Some(token), ..) => connect.token(token),
-        (_, _, _, Some(seed), _) => connect.nkey(seed),
-        (_, _, _, _, Some(file)) => connect.credentials_file(file),
-        _ => connect,
-    };
-    Ok(Args {
-        connect,
-        name,
-        capacity,
-        namespace,
-        lease,
-        drain,
-        idle,
-        provision,
-        max_tool_ms,
-    })
+    Ok((max_tool_ms, rest))
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let client: ClusterClient = args.connect.connect().await.map_err(|e| e.to_string())?;
-    let engine = Engine::with_arbiters(1).map_err(|e| e.to_string())?;
-    let options = WorkerOptions::new(args.name.clone())
-        .capacity(args.capacity)
-        .namespace(args.namespace)
-        .lease(args.lease)
-        .idle_timeout(Some(args.idle))
-        .provision(args.provision);
-    let agents = TestAgents {
-        max_tool_ms: args.max_tool_ms,
-    };
-    let worker = Worker::start(client, engine, agents, options)
-        .await
-        .map_err(|e| e.to_string())?;
-    println!("ready {}", args.name);
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| e.to_string())?;
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+async fn run(config: WorkerConfig, agents: TestAgents) -> Result<(), RuntimeError> {
+    let mut running = WorkerRuntime::new(config).start(agents).await?;
+    if let Some(addr) = running.health_address() {
+        println!("health http://{addr}");
     }
-    let report = worker.drain(args.drain).await.map_err(|e| e.to_string())?;
+    println!("ready {}", running.name());
+    running.wait_for_signal().await;
+    let report = running.drain().await?;
     println!("drained {}", report.sessions);
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(args) => args,
+    let parsed = own_flags(std::env::args().skip(1).collect()).and_then(|(max_tool_ms, rest)| {
+        match WorkerConfig::parse(rest, |name| std::env::var(name).ok()) {
+            Ok(Command::Run(config)) => Ok((max_tool_ms, *config)),
+            Ok(Command::Help) => Err(WorkerConfig::usage("sb-test-worker")),
+            Err(err) => Err(err.to_string()),
+        }
+    });
+    let (max_tool_ms, config) = match parsed {
+        Ok(parsed) => parsed,
         Err(err) => {
             eprintln!("sb-test-worker: {err}");
             return ExitCode::from(2);
@@ -285,7 +206,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(config, TestAgents { max_tool_ms })) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("sb-test-worker: {err}");

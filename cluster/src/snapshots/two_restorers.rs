@@ -4,7 +4,6 @@
 //! earlier writer, whose next save is refused: its session says so
 //! (`SessionEvent::Fenced`) and writes nothing more. The store holds the later claimant's
 //! conversation, never a mix; every message after its claim is its own.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +11,14 @@ use std::time::Duration;
 use switchboard::prelude::*;
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{provision, Namespace, SessionKey, SessionSpec, SnapshotStream};
 
-use crate::common;
+use super::SnapshotStream;
+use crate::local::NatsServer;
+use crate::provisioning::Provisioning;
+use crate::{Namespace, SessionKey, SessionSpec};
+
+/// How long a wait on the server may take before the test fails saying what it waited for.
+const PATIENCE: Duration = Duration::from_secs(30);
 
 fn agent() -> Agent {
     Agent::builder("a").instructions("Note.").build().unwrap()
@@ -46,7 +49,7 @@ fn user_words(snapshot: &SessionSnapshot) -> Vec<String> {
 
 /// Waits until the store holds `words` for the session.
 async fn stored(stream: &SnapshotStream, key: &SessionKey, words: &[&str]) {
-    let waited = tokio::time::timeout(common::PATIENCE, async {
+    let waited = tokio::time::timeout(PATIENCE, async {
         loop {
             if let Some(stored) = stream.load(key).await.unwrap() {
                 if stored.snapshot.as_ref().map(user_words).unwrap_or_default() == words {
@@ -62,12 +65,18 @@ async fn stored(stream: &SnapshotStream, key: &SessionKey, words: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_jetstream_store_the_later_restore_fences_the_earlier() {
-    let _one = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
     let client = server.connect().connect().await.unwrap();
     let ns = Namespace::default();
-    provision(&client, &ns).await.unwrap();
-    let stream = SnapshotStream::connect(&client, &ns).await.unwrap();
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let stream = SnapshotStream::open(
+        js,
+        &ns,
+        Duration::from_secs(60),
+        Provisioning::Create { replicas: 1 },
+    )
+    .await
+    .unwrap();
     let key = SessionKey::new("call-1").unwrap();
     let spec = SessionSpec::new("a");
     // Two engines, as two processes would have.
@@ -131,7 +140,7 @@ async fn on_the_jetstream_store_the_later_restore_fences_the_earlier() {
             SessionEvent::Fenced { reason } => Some(reason.clone()),
             _ => None,
         }),
-        common::PATIENCE,
+        PATIENCE,
     )
     .await
     .unwrap();
