@@ -360,28 +360,42 @@ impl Wire {
         if self.truncated.contains(&item) || self.mirror.is_deleted(&item) {
             return;
         }
-        let running = self
-            .active
-            .as_ref()
-            .is_some_and(|a| a.items.iter().any(|(id, _)| *id == item));
-        if running {
-            if !self.deferred.iter().any(|(id, _)| *id == item) {
-                self.deferred.push((item, heard_ms));
+        let running = self.active.as_ref().and_then(|a| {
+            a.items
+                .iter()
+                .find(|(id, _)| *id == item)
+                .map(|(_, bytes)| (*bytes, a.server_cancelled || a.cancel_sent))
+        });
+        match running {
+            // Cancelled (by the server at the user's speech, or by our cancel, which the
+            // socket carries first): the server has stopped its audio by the time it
+            // reads the cut, so it goes now, before the audio that follows it — the
+            // user's next words must not be answered before the model knows what was
+            // heard. Clamped to what came so far, which is all the user could hear.
+            Some((bytes, true)) => self.cut_at(item, heard_ms, bytes, out),
+            Some((_, false)) => {
+                if !self.deferred.iter().any(|(id, _)| *id == item) {
+                    self.deferred.push((item, heard_ms));
+                }
             }
-            return;
+            None => self.cut(item, heard_ms, out),
         }
-        self.cut(item, heard_ms, out);
     }
 
     /// Cuts `item` at `heard_ms`, clamped to the audio received; deletes it if nothing of
     /// it was heard.
     fn cut(&mut self, item: String, heard_ms: u32, out: &mut Vec<Out>) {
-        let Some(bytes) = self.audio.get(&item) else {
+        let Some(&bytes) = self.audio.get(&item) else {
             // Not an item of this connection (a replay made it text).
             return;
         };
+        self.cut_at(item, heard_ms, bytes, out);
+    }
+
+    /// Cuts `item`, of which `bytes` of audio came, at `heard_ms`.
+    fn cut_at(&mut self, item: String, heard_ms: u32, bytes: usize, out: &mut Vec<Out>) {
         let received_ms =
-            u32::try_from(*bytes / self.settings.output_format.bytes_per_ms() as usize)
+            u32::try_from(bytes / self.settings.output_format.bytes_per_ms() as usize)
                 .unwrap_or(u32::MAX);
         let at = heard_ms.min(received_ms);
         self.truncated.insert(item.clone());

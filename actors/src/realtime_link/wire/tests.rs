@@ -343,6 +343,45 @@ fn a_truncation_is_clamped_to_the_audio_received_and_waits_for_its_response() {
 }
 
 #[test]
+fn a_truncation_of_a_cancelled_response_goes_at_once() {
+    for server_cancelled in [true, false] {
+        let mut wire = wire();
+        let now = Instant::now();
+        let mut out = Vec::new();
+        wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
+        wire.on_event(created(Some(1), "r1"), now, &mut out);
+        wire.on_event(message("a1"), now, &mut out);
+        wire.on_event(audio("a1", 300), now, &mut out);
+        wire.spoke(SpeechId(1), "a1".to_owned());
+        if server_cancelled {
+            wire.on_event(
+                ServerEvent::SpeechStarted {
+                    item_id: "u1".to_owned(),
+                },
+                now,
+                &mut out,
+            );
+        } else {
+            wire.cancel(1, &mut out);
+        }
+        out.clear();
+        wire.truncate(SpeechId(1), 200, &mut out);
+        assert_eq!(
+            sends(&out),
+            vec![&ClientEvent::TruncateItem {
+                id: "a1".to_owned(),
+                audio_end_ms: 200
+            }],
+            "before the response's end (server cancelled: {server_cancelled})"
+        );
+        out.clear();
+        wire.on_event(audio("a1", 100), now, &mut out);
+        wire.on_event(done("r1"), now, &mut out);
+        assert!(sends(&out).is_empty(), "once per item");
+    }
+}
+
+#[test]
 fn nothing_heard_deletes_the_item_instead_of_truncating_to_zero() {
     let mut wire = wire();
     let now = Instant::now();
