@@ -303,7 +303,7 @@ async fn run_floor(scenario: &str, url: &str, n: usize, per_call: usize) {
         ));
         poll_fn(|cx| conn.poll_flush(cx)).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
-        for _ in 0..per_call {
+        for turn in 0..per_call {
             let c0 = cpu();
             for piece in utterance.chunks(4800) {
                 conn.send(ClientEvent::AppendAudio(piece.to_vec()));
@@ -320,7 +320,7 @@ async fn run_floor(scenario: &str, url: &str, n: usize, per_call: usize) {
                         responses += 1;
                         for (i, call_id) in answered.drain(..).enumerate() {
                             conn.send(ClientEvent::CreateItem {
-                                id: format!("out_{call}_{responses}_{i}"),
+                                id: format!("out_{call}_{turn}_{responses}_{i}"),
                                 previous: Place::End,
                                 item: RemoteItem::FunctionCallOutput {
                                     call_id,
@@ -433,11 +433,23 @@ fn main() {
             let _ = child.wait();
         }
         if mock.is_some() {
-            if let Some(summary) = mock_summary(&base_url, &tag) {
+            let floor = std::env::var("BENCH_FLOOR").is_ok();
+            let tags = [Some(tag.clone()), floor.then(|| format!("{tag}-floor"))];
+            for (tag, summary) in tags
+                .into_iter()
+                .flatten()
+                .filter_map(|tag| mock_summary(&base_url, &tag).map(|s| (tag, s)))
+            {
+                let of = if tag.ends_with("-floor") {
+                    "transport floor"
+                } else {
+                    "switchboard"
+                };
                 println!(
                     "{}",
                     json!({
                         "scenario": scenario,
+                        "of": of,
                         "mock": {
                             "connections": summary["connections"],
                             "violations_total": summary["violations_total"],
