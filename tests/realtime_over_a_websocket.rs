@@ -2,6 +2,7 @@
 //! (`OpenAiRealtime`: tungstenite, the GA codec) against the loopback WebSocket server
 //! that speaks the protocol and refuses what the service refuses (`RealtimeServer`), in
 //! real time with bounded waits.
+#![cfg(feature = "realtime")]
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
