@@ -10,7 +10,8 @@
 //!
 //! With `OPENAI_API_KEY` or `OPENAI_BASE_URL` set it talks to a real model through
 //! `OpenAiLlm::from_env()`; otherwise to a small scripted model (try "weather in Paris",
-//! "a coffee please"). End with Ctrl-D; with stdin closed it exits at once.
+//! "a coffee please"). End with Ctrl-D: it waits for tools still running (and the
+//! agent's word on them), then exits; with stdin not a terminal a failed turn fails it.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::Arc;
@@ -135,10 +136,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if line.is_empty() {
             continue;
         }
-        if let Err(e) = session.run(line).await {
-            eprintln!("error: {e}");
+        match session.run(line).await {
+            Ok(_) => {}
+            Err(e) if interactive => eprintln!("error: {e}"),
+            // Piped input (a script, CI's `.ci/examples`): a failed turn fails the run.
+            Err(e) => return Err(e.into()),
         }
     }
+    // Tools still running (a coffee brewing) finish, and the agent says so, before the
+    // session closes.
+    session.wait_for_settled().await?;
     session.close().await?;
     Ok(())
 }

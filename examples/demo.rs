@@ -140,9 +140,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     session.wait_for_settled().await?;
 
-    println!("\nchat context of {}:", session.current_agent().await?);
+    let agent = session.current_agent().await?;
+    let chat = session.chat_context().await?;
+    println!("\nchat context of {agent}:");
     legend("what its model sees next; `call_1/update_1` and `call_1/finished` are the later results of the booking's call_1, each written as a call and its output under a derived id, because a provider accepts a tool output only right after its call");
-    for item in session.chat_context().await?.items() {
+    for item in chat.items() {
         println!("  {}", describe(item));
     }
 
@@ -164,7 +166,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {state:<8} {id}");
     }
     session.close().await?;
-    println!("\nafter close, live actors: {:?}", inspector.live_actors());
+    let live = inspector.live_actors();
+    println!("\nafter close, live actors: {live:?}");
     let requests = llm.requests();
     let deferred = requests
         .iter()
@@ -176,6 +179,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         requests.len() - deferred
     ));
     engine.shutdown();
+
+    // What the demo shows, checked (CI runs it: `.ci/examples`).
+    let claims = [
+        (
+            "the tool's handoff to the concierge",
+            turn.handoff() == Some("concierge") && agent == "concierge",
+        ),
+        (
+            "the booking finishing under the concierge, with its deferred reply",
+            chat.outputs().any(|o| o.call_id == "call_1/finished")
+                && chat.items().iter().any(|item| {
+                    matches!(item, ChatItem::Message(m) if m.content.starts_with("Booking news: confirmed"))
+                }),
+        ),
+        ("no actor alive after the close", live.is_empty()),
+    ];
+    for (claim, held) in claims {
+        if !held {
+            return Err(format!("the demo did not show {claim}").into());
+        }
+    }
     Ok(())
 }
 

@@ -27,7 +27,9 @@ use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::providers::openai_realtime::OpenAiRealtime;
 use switchboard::realtime::RealtimeModel;
-use switchboard::testing::{silence, tone, RealtimeReply, RealtimeScript, RealtimeServer};
+use switchboard::testing::{
+    silence, tone, RealtimeReply, RealtimeScript, RealtimeServer, SimReport,
+};
 use switchboard::{Playout, SpeechId};
 use tokio::time::{sleep, Instant};
 
@@ -247,7 +249,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("\ncaller (typed): Please transfer me to billing.");
     session.run("Please transfer me to billing.").await?;
     session.wait_for_settled().await?;
+    let mut seen = Vec::new();
     while let Ok(event) = events.try_recv() {
+        seen.push(event.clone());
         match event {
             SessionEvent::AgentHandoff { from, to } => {
                 println!("\n  [handoff: {} -> {to}]", from.unwrap_or_default())
@@ -289,6 +293,75 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map(|s| (s.server_cancelled, s.truncate, s.cancels))
                 .collect::<Vec<_>>()
         );
+        check(&history, &seen, &report, first.interrupted)?;
+        println!("\n(checked: the tool call, the barge-in's cut, the handoff on one socket, no violation)");
+    } else {
+        println!("\n(a real model's words and timings differ: the loopback run's checks are skipped)");
     }
     Ok(())
+}
+
+/// What the example claims to show, against the loopback server: an error names what did
+/// not happen.
+fn check(
+    history: &SessionHistory,
+    events: &[SessionEvent],
+    report: &SimReport,
+    interrupted: bool,
+) -> Result<(), String> {
+    let happened = |what: &str, found: bool| {
+        if found {
+            Ok(())
+        } else {
+            Err(format!("the example did not show {what}"))
+        }
+    };
+    let front = history
+        .chat_of("front_desk")
+        .ok_or("the history has no front desk")?;
+    happened(
+        "the weather tool's output going back",
+        front
+            .outputs()
+            .any(|out| out.name == "get_weather" && out.output.starts_with("sunny")),
+    )?;
+    happened(
+        "one `response.create` after the tool's output",
+        report
+            .trace
+            .iter()
+            .any(|(_, e)| e["type"] == "response.create"),
+    )?;
+    happened("the barge-in interrupting the first turn", interrupted)?;
+    happened(
+        "the model's answer cut where the caller stopped hearing it",
+        report.speech_starts.iter().any(|s| {
+            s.server_cancelled && (s.deleted || s.truncate.is_some_and(|(_, _, accepted)| accepted))
+        }),
+    )?;
+    happened(
+        "the cut answer in the chat, marked interrupted",
+        front.items().iter().any(|item| {
+            matches!(item, ChatItem::Message(m) if m.role == ChatRole::Assistant && m.interrupted)
+        }),
+    )?;
+    happened(
+        "the handoff to billing",
+        events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::AgentHandoff { to, .. } if to == "billing")),
+    )?;
+    happened(
+        "billing speaking after the handoff",
+        history.chat_of("billing").is_some_and(|chat| {
+            chat.items().iter().any(|item| {
+                matches!(item, ChatItem::Message(m) if m.role == ChatRole::Assistant && !m.content.is_empty())
+            })
+        }),
+    )?;
+    happened("one connection for the whole call", report.connections == 1)?;
+    happened(
+        "no protocol violation",
+        report.violations_total() == 0,
+    )
 }

@@ -1,4 +1,4 @@
-//! A conversation that outlives its process (SPEC §14).
+//! A conversation that outlives its process: saved to a store, restored by another.
 //!
 //! ```text
 //! cargo run --example resume
@@ -23,6 +23,8 @@
 //! The model is the bundled scripted one: no key, no network.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU32;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +33,7 @@ use switchboard::prelude::*;
 use switchboard::snapshot::{AgentRegistry, FileStore, SnapshotStore};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::RestorePolicy;
+use tokio::sync::Notify;
 
 /// What the handoff carries: the booking agent is built from it, in both processes.
 #[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
@@ -45,6 +48,15 @@ struct Search {
 
 /// The last page of the search; the first process stops after page 2 of it.
 const PAGES: u32 = 4;
+
+/// In this process: the last page the search read, the page after which it stops (the
+/// first process goes down there; 0: never), and the first page it read (the second
+/// process checks it resumed rather than started again).
+static LAST_READ: AtomicU32 = AtomicU32::new(0);
+static GOES_DOWN_AFTER: AtomicU32 = AtomicU32::new(0);
+static FIRST_READ: AtomicU32 = AtomicU32::new(0);
+/// Rung after each page.
+static PAGE_READ: Notify = Notify::const_new();
 
 fn greeter() -> Result<Agent, BuildError> {
     let start_booking = Tool::new(
@@ -80,8 +92,15 @@ fn booker(trip: &Trip) -> Result<Agent, BuildError> {
                 }
                 for page in first..=PAGES {
                     println!("    [tool] search_flights reads page {page} of {PAGES}");
+                    let _ = FIRST_READ.compare_exchange(0, page, SeqCst, SeqCst);
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     ctx.checkpoint(&page)?;
+                    LAST_READ.store(page, SeqCst);
+                    PAGE_READ.notify_waiters();
+                    if page == GOES_DOWN_AFTER.load(SeqCst) {
+                        // The process goes down here (see `first_half`).
+                        std::future::pending::<()>().await;
+                    }
                 }
                 Ok::<_, ToolFailure>(format!("the 9:40 to {destination}, 180 EUR"))
             }
@@ -142,9 +161,16 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         .save_snapshots(Arc::new(store.clone()))
         .start(&engine)
         .await?;
+    GOES_DOWN_AFTER.store(2, SeqCst);
     session.run("I need a flight to Lisbon on Friday").await?;
     // The search runs in the background; half-way through it, the process goes down.
-    tokio::time::sleep(Duration::from_millis(75)).await;
+    loop {
+        let read = PAGE_READ.notified();
+        if LAST_READ.load(SeqCst) >= 2 {
+            break;
+        }
+        read.await;
+    }
     // As a host does on SIGTERM: the session writes itself to its store once more (it
     // saved when its turn settled; this adds the search's checkpoints since), under its
     // claim on the session.
@@ -183,9 +209,23 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     );
     session.wait_for_settled().await?;
     session.run("Yes, book it").await?;
-    print_chat(&session.chat_context().await?);
+    let chat = session.chat_context().await?;
+    print_chat(&chat);
     session.close().await?;
     store.remove("s1").await?;
+    // What this example shows, checked (CI runs it: `.ci/examples`).
+    if FIRST_READ.load(SeqCst) != 3 {
+        return Err("the search did not resume after the page the first process saved".into());
+    }
+    let found = chat.outputs().any(|out| out.call_id == "call_2/finished");
+    let replied = chat
+        .items()
+        .iter()
+        .any(|item| matches!(item, ChatItem::Message(m) if m.content.starts_with("Found one")));
+    if !(found && replied) {
+        return Err("the resumed search's result did not reach the user".into());
+    }
+    println!("  checked: the search resumed at page 3 and its result reached the user");
     Ok(())
 }
 

@@ -126,6 +126,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     engine.shutdown();
+
+    // What the example shows, checked (CI runs it: `.ci/examples`): the engine's spans
+    // under the host's `call`, and each metric recorded.
+    let named = |name: &str| finished.iter().any(|span| span.name == name);
+    for span in [
+        "call",
+        "session",
+        "turn",
+        "llm_request",
+        "tool_run",
+        "handoff",
+    ] {
+        if !named(span) {
+            return Err(format!("no `{span}` span was exported").into());
+        }
+    }
+    let recorded: Vec<String> = metrics
+        .get_finished_metrics()?
+        .last()
+        .map(|last| {
+            last.scope_metrics()
+                .flat_map(|scope| scope.metrics().map(|m| m.name().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    for metric in ["turn.e2e_latency", "llm.ttft", "tool.duration"] {
+        if !recorded.iter().any(|name| name.contains(metric)) {
+            return Err(format!("no `{metric}` metric was exported: {recorded:?}").into());
+        }
+    }
     Ok(())
 }
 

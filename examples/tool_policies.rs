@@ -97,6 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start(&Engine::current()?)
         .await?;
 
+    let mut outputs = Vec::new();
     for input in [
         "Export the orders.",
         "Export the orders again.",
@@ -107,6 +108,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ] {
         println!("user> {input}");
         let result = session.run(input).await?;
+        outputs.extend(result.function_outputs().map(|out| out.output.clone()));
         for out in result.function_outputs() {
             let kind = if out.is_error {
                 "error output"
@@ -129,5 +131,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tools.join(", ")
     );
     session.close().await?;
+
+    // What the example shows, checked, each an output in turn (CI runs it:
+    // `.ci/examples`).
+    let claims = [
+        ("the `update` template", "[export] exporting orders"),
+        (
+            "the duplicate asking for confirmation",
+            "export is already running",
+        ),
+        (
+            "get_running_tasks listing the export",
+            "\"call_id\":\"call_1\"",
+        ),
+        ("cancel_task cancelling it", "Cancelled call_1."),
+        (
+            "the error routed `show`",
+            "Error: card declined by the bank",
+        ),
+        ("the argument error", "Error parsing arguments for charge"),
+    ];
+    for ((claim, expected), output) in claims.iter().zip(&outputs) {
+        if !output.contains(expected) {
+            return Err(format!("the example did not show {claim}: {output:?}").into());
+        }
+    }
     Ok(())
 }

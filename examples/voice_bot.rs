@@ -19,6 +19,12 @@
 //!   user heard;
 //! - a supervisor taking over with an interrupting handoff;
 //! - the transcript of the call, per agent, from `close()`.
+//!
+//! On the scripted model it checks each of these at the end and fails (a non-zero exit)
+//! when one did not happen; CI runs it so (`.ci/examples`). The fake TTS keeps speaking
+//! speed on a busy machine too: a tick it could not serve in time is played late, not
+//! skipped (`MissedTickBehavior::Delay`), so no speech "plays" in an instant and escapes
+//! the barge-in.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -30,7 +36,7 @@ use switchboard::providers::openai::OpenAiLlm;
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{Playout, PlayoutReporter, SpeechId, ToolChoice, UserState};
 use tokio::sync::mpsc;
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, Instant, MissedTickBehavior};
 
 /// How fast the fake TTS speaks (a fast talker, so the demo takes a few seconds).
 const CHARS_PER_SECOND: u64 = 40;
@@ -71,14 +77,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .tool(book_table)
         .build()?;
 
+    let (llm, scripted) = model()?;
     let session = Session::builder()
-        .llm(model()?)
+        .llm(llm)
         .agent(concierge)
         .output(FakeTts::start(CHARS_PER_SECOND, started))
         .false_interruption_timeout(Some(Duration::from_millis(800)))
         .start(&Engine::start()?)
         .await?;
     spawn_event_printer(&session, started);
+    // What happened, for the checks at the end.
+    let mut seen = session.subscribe();
 
     // The user's side of the call, as the host's VAD and STT report it.
     let user = User {
@@ -106,11 +115,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .address()
         .send(Handoff::to(supervisor).interrupting())
         .await?;
-    println!("    (the specials: {:?})", long.wait_for_playout().await);
+    let specials = long.wait_for_playout().await;
+    println!("    (the specials: {specials:?})");
     session.wait_for_inactive().await;
     sleep(Duration::from_millis(300)).await;
 
     let history = session.close().await?;
+    let mut events = Vec::new();
+    while let Ok(event) = seen.try_recv() {
+        events.push(event);
+    }
     println!("\ntranscript (what each agent's chat context kept):");
     for agent in &history.agents {
         println!("  [{}]", agent.activity);
@@ -129,20 +143,85 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
+    if scripted {
+        check(&history, &events, &specials)?;
+        println!("\nchecked: a false interruption resumed, the barge-in cut the speech to what was heard, the booking's result arrived, the supervisor's handoff cut the specials");
+    } else {
+        println!(
+            "\n(a real model's words and timings differ: the scripted run's checks are skipped)"
+        );
+    }
     Ok(())
 }
 
-/// The real model when the environment names one, else the scripted one.
-fn model() -> Result<Arc<dyn Llm>, Box<dyn std::error::Error>> {
+/// What the example claims to show, on the scripted model: an error names what did not
+/// happen.
+fn check(
+    history: &SessionHistory,
+    events: &[SessionEvent],
+    specials: &SpeechOutcome,
+) -> Result<(), String> {
+    let happened = |what: &str, found: bool| {
+        if found {
+            Ok(())
+        } else {
+            Err(format!("the example did not show {what}"))
+        }
+    };
+    happened(
+        "a false interruption that resumed the paused speech",
+        events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::AgentFalseInterruption { resumed: true })),
+    )?;
+    // The barge-in cut the reply that was playing to the words the user heard: a proper,
+    // non-empty start of what the agent said, marked interrupted.
+    let said = "I am checking with the restaurant now; it usually takes a moment, so bear with me.";
+    let concierge = history
+        .chat_of("concierge")
+        .ok_or("the history has no concierge")?;
+    let cut = concierge.items().iter().any(|item| {
+        matches!(item, ChatItem::Message(m)
+            if m.role == ChatRole::Assistant
+                && m.interrupted
+                && !m.content.is_empty()
+                && m.content.len() < said.len()
+                && said.starts_with(&m.content))
+    });
+    happened(
+        "the barge-in cutting the agent's speech to what was heard",
+        cut,
+    )?;
+    happened(
+        "the booking's result arriving after the barge-in",
+        concierge
+            .outputs()
+            .any(|out| out.call_id.ends_with("/finished") && out.output.starts_with("Booked")),
+    )?;
+    happened(
+        "the supervisor's handoff",
+        events
+            .iter()
+            .any(|e| matches!(e, SessionEvent::AgentHandoff { to, .. } if to == "supervisor")),
+    )?;
+    happened(
+        "the handoff cutting the specials short",
+        matches!(specials, SpeechOutcome::Interrupted { .. }),
+    )
+}
+
+/// The real model when the environment names one, else the scripted one (and whether it
+/// is the scripted one).
+fn model() -> Result<(Arc<dyn Llm>, bool), Box<dyn std::error::Error>> {
     let configured = ["OPENAI_API_KEY", "OPENAI_BASE_URL"]
         .iter()
         .any(|v| std::env::var(v).is_ok_and(|v| !v.is_empty()));
     if configured {
         let llm = OpenAiLlm::from_env()?;
         println!("(model {} at {})", llm.model(), llm.endpoint());
-        return Ok(Arc::new(llm));
+        return Ok((Arc::new(llm), false));
     }
-    Ok(scripted())
+    Ok((scripted(), true))
 }
 
 /// The scripted model: answers by what the conversation holds, like a real one would.
@@ -320,6 +399,9 @@ async fn play(mut commands: mpsc::UnboundedReceiver<Command>, cps: u64, started:
     let mut queue: VecDeque<Playing> = VecDeque::new();
     let mut paused = false;
     let mut tick = tokio::time::interval(Duration::from_millis(1_000 / cps));
+    // A late tick plays one character late; the default (`Burst`) would play every
+    // missed one at once, and on a busy machine a whole speech in an instant.
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             command = commands.recv() => {

@@ -157,19 +157,20 @@ pub mod __private {
 }
 
 pub use switchboard_actors::{
-    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentState, AgentWork, ArbiterStall,
-    AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole, DeferredReplyDecision,
-    DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine, EngineError, EngineStats,
-    ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall, FunctionCallOutput, GivenChat, Handoff,
-    HookContext, HostInput, HostSession, InputAnswer, InputId, InspectError, Inspector, Llm,
-    LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, NoArgs,
-    NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer, RestorePolicy, RunContext,
-    RunResult, SayOptions, Session, SessionAddress, SessionBuilder, SessionControl, SessionError,
-    SessionEvent, SessionEvents, SessionHistory, SessionId, SessionState, SessionSummary,
-    SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput, SpeechPriority, StallReports, StalledTool,
-    StartingChat, SubTaskOf, TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure,
-    ToolPanic, ToolResult, ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, UpdateError,
-    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
+    ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentHook, AgentState, AgentWork,
+    ArbiterStall, AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
+    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
+    EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
+    FunctionCallOutput, GivenChat, Handoff, HookContext, HostInput, HostSession, InputAnswer,
+    InputId, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
+    LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer,
+    RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
+    SessionControl, SessionError, SessionEvent, SessionEvents, SessionHistory, SessionId,
+    SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
+    SpeechPriority, StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool,
+    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
+    ToolSchema, Toolset, TurnDecision, TurnFailure, Unfinished, UpdateError, UpdateMessage,
+    UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
@@ -201,7 +202,8 @@ pub mod prompts {
     };
 }
 
-/// Sessions that outlive their process: a [`SessionSnapshot`](snapshot::SessionSnapshot)
+/// Sessions that outlive their process (a deploy, a crash, a move to another machine): a
+/// [`SessionSnapshot`](snapshot::SessionSnapshot)
 /// taken with [`Session::snapshot`] (or the [`SnapshotDelta`](snapshot::SnapshotDelta)s of
 /// [`Session::snapshot_update`]), saved by the session itself after every settled turn to a
 /// [`SnapshotStore`](snapshot::SnapshotStore) ([`SessionBuilder::save_snapshots`]), and

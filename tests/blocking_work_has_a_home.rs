@@ -288,3 +288,148 @@ async fn a_panic_in_blocking_work_is_the_tools_panic() {
     assert_eq!(answered.assistant_messages().collect::<Vec<_>>(), ["Done."]);
     session.close().await.unwrap();
 }
+
+/// A tool that hands `jobs` blocking jobs to the pool at once, each waiting on `latch`;
+/// it counts the jobs that started and ended, and the most that ran at once.
+#[derive(Clone)]
+struct Flood {
+    started: Arc<tokio::sync::watch::Sender<usize>>,
+    ended: Arc<tokio::sync::watch::Sender<usize>>,
+    most: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Flood {
+    fn new() -> Self {
+        Self {
+            started: Arc::new(tokio::sync::watch::channel(0).0),
+            ended: Arc::new(tokio::sync::watch::channel(0).0),
+            most: Arc::default(),
+        }
+    }
+
+    fn tool(&self, jobs: usize, latch: &Latch) -> Tool {
+        let (flood, latch) = (self.clone(), latch.clone());
+        Tool::new(
+            "work",
+            "Floods the pool",
+            move |ctx: RunContext, _: NoArgs| {
+                let (flood, latch) = (flood.clone(), latch.clone());
+                async move {
+                    ctx.update("flooding").await?;
+                    let all = (0..jobs).map(|_| {
+                        let (flood, latch) = (flood.clone(), latch.clone());
+                        ctx.run_blocking(move || {
+                            flood.started.send_modify(|n| *n += 1);
+                            let running = *flood.started.borrow() - *flood.ended.borrow();
+                            flood
+                                .most
+                                .fetch_max(running, std::sync::atomic::Ordering::SeqCst);
+                            latch.wait();
+                            flood.ended.send_modify(|n| *n += 1);
+                        })
+                    });
+                    futures_util::future::join_all(all).await;
+                    Ok::<_, ToolFailure>("flooded")
+                }
+            },
+        )
+    }
+
+    /// Waits until `n` jobs started (bounded).
+    async fn started(&self, n: usize) {
+        let mut started = self.started.subscribe();
+        timeout(BOUND, started.wait_for(|started| *started >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} jobs did not start"))
+            .unwrap();
+    }
+
+    /// Waits until `n` jobs ended (bounded).
+    async fn ended(&self, n: usize) {
+        let mut ended = self.ended.subscribe();
+        timeout(BOUND, ended.wait_for(|ended| *ended >= n))
+            .await
+            .unwrap_or_else(|_| panic!("{n} jobs did not end"))
+            .unwrap();
+    }
+
+    fn ran(&self) -> usize {
+        *self.started.borrow()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sessions_flood_of_blocking_work_does_not_delay_a_neighbours_job() {
+    // One arbiter: both sessions share its blocking pool.
+    let engine = Engine::with_arbiters(1).unwrap();
+    let latch = Latch::default();
+    let flood = Flood::new();
+    // A thousand jobs that block until the test opens the latch: more than the pool's
+    // 512 threads, which alone would hold every other job behind them.
+    let flooding = start(&engine, model(), vec![flood.tool(1_000, &latch)]).await;
+    timeout(BOUND, flooding.run("do the work"))
+        .await
+        .unwrap()
+        .unwrap();
+    // Its jobs hold their slots: all four run, blocked.
+    flood
+        .started(SessionBuilder::DEFAULT_MAX_BLOCKING_JOBS)
+        .await;
+
+    // The neighbour's job runs while the flood's are all blocked.
+    let quick = Tool::new(
+        "work",
+        "A quick job",
+        |ctx: RunContext, _: NoArgs| async move {
+            let sum = ctx.run_blocking(|| (1..=100u64).sum::<u64>()).await?;
+            Ok::<_, ToolFailure>(format!("{sum}"))
+        },
+    );
+    let neighbour = start(&engine, model(), vec![quick]).await;
+    let result = timeout(BOUND, neighbour.run("do the work"))
+        .await
+        .expect("the neighbour's blocking job waited behind the flood")
+        .unwrap();
+    assert_eq!(result.function_outputs().next().unwrap().output, "5050");
+    // The flooding session never had more than its slots on the pool.
+    assert_eq!(flood.ran(), SessionBuilder::DEFAULT_MAX_BLOCKING_JOBS);
+    assert_eq!(
+        flood.most.load(std::sync::atomic::Ordering::SeqCst),
+        SessionBuilder::DEFAULT_MAX_BLOCKING_JOBS
+    );
+    latch.open();
+    neighbour.close().await.unwrap();
+    flooding.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_calls_unstarted_blocking_jobs_never_start() {
+    let engine = Engine::with_arbiters(1).unwrap();
+    let latch = Latch::default();
+    let flood = Flood::new();
+    let session = Session::builder()
+        .llm(model())
+        .agent(
+            Agent::builder("agent")
+                .tool(flood.tool(200, &latch))
+                .build()
+                .unwrap(),
+        )
+        .max_blocking_jobs(2)
+        .grace_period(Duration::ZERO)
+        .start(&engine)
+        .await
+        .unwrap();
+    timeout(BOUND, session.run("do the work"))
+        .await
+        .unwrap()
+        .unwrap();
+    flood.started(2).await;
+    // The call ends with its session: its body, and the jobs it had not handed to the
+    // pool yet, are dropped.
+    timeout(BOUND, session.close()).await.unwrap().unwrap();
+    latch.open();
+    // The two that ran end and give their slots back; nothing is left to take them.
+    flood.ended(2).await;
+    assert_eq!(flood.ran(), 2);
+}

@@ -92,7 +92,7 @@ async fn the_engine_releases_once_its_last_session_is_gone_after_a_high_enough_p
     let result = last.run("hi").await.unwrap();
     assert_eq!(result.assistant_messages().collect::<Vec<_>>(), ["hello"]);
     // The last one goes: none live after a peak of three.
-    last.close().await.unwrap();
+    close_all(vec![last]).await;
 
     let released = next_release(&mut releases, "the release after the peak of three").await;
     assert_eq!((released.nth, released.peak_live), (1, 3), "{released:?}");
@@ -167,5 +167,31 @@ async fn abandoned_sessions_count_as_gone_once_their_actors_are() {
     drop(start_n(&engine, &start, 3).await);
     let released = next_release(&mut releases, "the release after three dropped sessions").await;
     assert_eq!((released.nth, released.peak_live), (1, 3), "{released:?}");
+    engine.shutdown();
+}
+
+/// A closed session whose handle the host still holds keeps its memory (its history):
+/// the release waits until the host drops it, rather than trimming while nothing of the
+/// session can be given back and never again after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_waits_for_the_hosts_handles_of_closed_sessions() {
+    let (engine, start) = engine_and_sessions();
+    engine.set_idle_release(after(3));
+    let mut releases = engine.idle_releases();
+    // Three sessions close; the host keeps their handles (to read their histories later).
+    let kept = start_n(&engine, &start, 3).await;
+    for session in &kept {
+        session.close().await.unwrap();
+    }
+    assert_eq!(engine.stats().actors, 0);
+    // A fourth call comes and goes while the three are held: four at once.
+    close_all(start_n(&engine, &start, 1).await).await;
+    // The host lets the three go: now nothing of any session is left.
+    drop(kept);
+    let released = next_release(&mut releases, "the release once the handles went").await;
+    // A release as the three closed would have been the first, after a peak of three,
+    // and the fourth's end (a peak of one) none.
+    assert_eq!((released.nth, released.peak_live), (1, 4), "{released:?}");
+    assert_allocator_answered(released.release);
     engine.shutdown();
 }

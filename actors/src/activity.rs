@@ -65,14 +65,14 @@ use crate::chat::{ChatContext, ChatItem, FunctionCall};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{SessionError, TurnFailure};
-use crate::events::SessionEvent;
+use crate::events::{AgentHook, SessionEvent, Unfinished};
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
 use crate::llm::LlmTimeouts;
 use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
-use crate::outcome::{panic_message, CallOutput};
+use crate::outcome::{panic_message, CallOutput, StoppedCall};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
 use crate::realtime::Model;
@@ -167,7 +167,22 @@ pub(crate) struct ActivityActor {
     pausing: Vec<oneshot::Sender<Handover>>,
     /// Who waits for the close to end (`CloseActivity`).
     closing: Vec<oneshot::Sender<Handover>>,
+    /// Where its `on_exit` is.
+    exit_hook: ExitHook,
     _alive: AliveToken,
+}
+
+/// Where an activity's `on_exit` is: a close waits for it, for the grace period once the
+/// session is closing.
+enum ExitHook {
+    /// Not started.
+    NotStarted,
+    /// Running, with no bound yet (a handoff's).
+    Running(SpawnHandle),
+    /// Running, and dropped when the grace period set at the session's close ends.
+    Bounded,
+    /// Returned, or dropped.
+    Done,
 }
 
 impl ActivityActor {
@@ -221,6 +236,7 @@ impl ActivityActor {
             entering: None,
             pausing: Vec::new(),
             closing: Vec::new(),
+            exit_hook: ExitHook::NotStarted,
             _alive: alive,
         };
         let waiting = actor.machine.waiting_call();
@@ -316,10 +332,12 @@ impl ActivityActor {
             }
             Command::RunExitHook => {
                 let hook = self.run_hook(self.agent.def.on_exit.clone(), "on_exit");
-                ctx.spawn(
-                    hook.into_actor(self)
-                        .map(|(), act, ctx| act.feed(Input::ExitHookDone, ctx)),
-                );
+                let running = ctx.spawn(hook.into_actor(self).map(|(), act, ctx| {
+                    act.exit_hook = ExitHook::Done;
+                    act.feed(Input::ExitHookDone, ctx)
+                }));
+                self.exit_hook = ExitHook::Running(running);
+                self.bound_exit_hook(ctx);
             }
             Command::OpenStream {
                 step,
@@ -475,7 +493,7 @@ impl ActivityActor {
                     .collect();
                 ctx.spawn(futures_util::future::join_all(stops).into_actor(self).map(
                     move |results, act, ctx| {
-                        let calls: Vec<FunctionCall> =
+                        let calls: Vec<StoppedCall> =
                             results.into_iter().flatten().flatten().collect();
                         act.feed(Input::RunsStopped { calls, reason }, ctx);
                         let handover = act.handover();
@@ -656,6 +674,40 @@ impl ActivityActor {
         }
     }
 
+    /// Gives a running `on_exit` the grace period once the session is closing (a hook
+    /// that awaits a backend that never answers must not hold the close): still running
+    /// then, it is dropped and reported, and the close goes on as if it had returned. An
+    /// `on_exit` of a handoff runs unbounded until the session closes.
+    fn bound_exit_hook(&mut self, ctx: &mut Context<Self>) {
+        if !matches!(self.exit_hook, ExitHook::Running(_)) || !self.shared.host_view.is_closing() {
+            return;
+        }
+        let ExitHook::Running(running) = std::mem::replace(&mut self.exit_hook, ExitHook::Bounded)
+        else {
+            return;
+        };
+        ctx.run_later(self.shared.settings.config.grace_period, move |act, ctx| {
+            if !matches!(act.exit_hook, ExitHook::Bounded) {
+                return;
+            }
+            act.exit_hook = ExitHook::Done;
+            ctx.cancel_future(running);
+            act.report_hook(AgentHook::OnExit);
+            act.feed(Input::ExitHookDone, ctx);
+        });
+    }
+
+    /// Reports a hook the session stopped waiting for.
+    fn report_hook(&self, hook: AgentHook) {
+        self.shared.unfinished.report(
+            &self.shared,
+            Unfinished::Hook {
+                agent: self.agent.name().to_owned(),
+                hook,
+            },
+        );
+    }
+
     /// Runs a lifecycle hook: marked as engine code of this session (so a host call made
     /// from it fails instead of waiting on itself) and with its panics caught.
     fn run_hook(
@@ -784,6 +836,14 @@ impl Actor for ActivityActor {
     type Context = Context<Self>;
 
     fn stopped(&mut self, ctx: &mut Self::Context) {
+        // A hook still running is dropped with the actor (its `on_enter` when the session
+        // closed while it ran; its `on_exit` when a close came during a handoff's).
+        if self.entering.is_some() && self.agent.def.on_enter.is_some() {
+            self.report_hook(AgentHook::OnEnter);
+        }
+        if matches!(self.exit_hook, ExitHook::Running(_) | ExitHook::Bounded) {
+            self.report_hook(AgentHook::OnExit);
+        }
         self.feed(Input::Stopped, ctx);
         // Recorded here, whoever stopped it (a handoff, the end of a task, the session's
         // close, or several of them racing): the session reads the book once every
@@ -1132,6 +1192,8 @@ impl Handler<CloseActivity> for ActivityActor {
         self.closing.push(tx);
         self.feed(Input::Close { reason: msg.reason }, ctx);
         self.detach_realtime(ctx);
+        // The session's close reaching a handoff's `on_exit` still running bounds it.
+        self.bound_exit_hook(ctx);
         Box::pin(async move { rx.await.unwrap_or_default() })
     }
 }

@@ -60,6 +60,79 @@ impl std::fmt::Display for AgentWork {
     }
 }
 
+/// An agent's lifecycle hook, as [`Unfinished::Hook`] names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AgentHook {
+    /// `AgentBuilder::on_enter`.
+    OnEnter,
+    /// `AgentBuilder::on_exit`.
+    OnExit,
+}
+
+impl std::fmt::Display for AgentHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::OnEnter => "on_enter",
+            Self::OnExit => "on_exit",
+        })
+    }
+}
+
+/// Code the engine does not own that a session stopped waiting for: it had not finished
+/// within its grace period (`SessionBuilder::grace_period`), so the engine dropped it and
+/// went on. Reported as a [`SessionEvent::Unfinished`] event when it is dropped, and, for a
+/// session an [`Engine::drain`](crate::Engine::drain) closed, in its
+/// [`DrainedSession::unfinished`](crate::DrainedSession::unfinished).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Unfinished {
+    /// A tool body still running a grace period after its call was stopped (cancelled, its
+    /// agent handed off, the session closed): its future was dropped.
+    ToolBody {
+        /// The call's id.
+        call_id: String,
+        /// The tool.
+        tool: String,
+    },
+    /// An agent's hook still running when the session closed: an `on_exit` is given the
+    /// grace period, an `on_enter` is dropped with its agent.
+    Hook {
+        /// The agent.
+        agent: String,
+        /// Which hook.
+        hook: AgentHook,
+    },
+    /// The snapshot store had not written what the session saved a grace period after the
+    /// close began: that many snapshots or deltas were not stored (the store holds an
+    /// earlier state of the session).
+    SnapshotStore {
+        /// Snapshots and deltas the session queued that were not written.
+        unwritten: usize,
+    },
+}
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ToolBody { call_id, tool } => write!(
+                f,
+                "the body of {tool} (call {call_id}) did not end within the grace period after it was stopped: dropped"
+            ),
+            Self::Hook { agent, hook } => write!(
+                f,
+                "the {hook} hook of {agent} had not returned when the session closed: dropped"
+            ),
+            Self::SnapshotStore { unwritten } => write!(
+                f,
+                "the snapshot store did not write the session's last {unwritten} update(s) within the grace period of its close: not stored"
+            ),
+        }
+    }
+}
+
 /// What the agent is doing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -258,6 +331,9 @@ pub enum SessionEvent {
         /// What the store said.
         reason: String,
     },
+    /// The session stopped waiting for code it does not own (a tool body, a hook, the
+    /// snapshot store) that had not finished within its grace period, and dropped it.
+    Unfinished(Unfinished),
     /// Something failed; the session is still up.
     Error {
         /// What failed, with its causes.

@@ -6,7 +6,9 @@
 //! stall, and a burst that has just drained is exactly when the pages are worth handing
 //! back. So the engine counts its live sessions and the most that were live at once since
 //! the last release, and when the count falls to zero after a high enough peak
-//! ([`IdleRelease`]) it trims on a thread of its own. The peak, not the number of sessions
+//! ([`IdleRelease`]) it trims on a thread of its own. A session counts as live until its
+//! memory can be given back: its actors gone and the host's last handle of it dropped. The
+//! peak, not the number of sessions
 //! gone, is the measure: sessions one after another reuse the same memory and leave
 //! nothing to give back, and a release returns pages the next sessions fault in again.
 //! Checking twice (at the drop and again on the release thread) keeps a session started
@@ -41,7 +43,7 @@ pub enum IdleRelease {
     /// once since the last release (by the engine or by the host). Sessions that follow
     /// each other reuse one another's memory, so a trickle of calls that passes through
     /// zero never trims; a peak of this many leaves about this many idle sessions' memory
-    /// (4.8 KiB each) to give back.
+    /// (about 6.3 KiB each) to give back.
     AfterPeak(NonZeroU64),
 }
 
@@ -49,7 +51,7 @@ impl IdleRelease {
     /// The engines' default: `Never` (no process-wide work unasked).
     pub const DEFAULT: Self = Self::Never;
 
-    /// A release after a peak of 1,000 live sessions (about 5 MB of idle sessions): the
+    /// A release after a peak of 1,000 live sessions (about 6 MB of idle sessions): the
     /// setting for a host that wants the memory of its traffic peaks back.
     pub const AFTER_BURST: Self = match NonZeroU64::new(1000) {
         Some(n) => Self::AfterPeak(n),
@@ -149,11 +151,17 @@ impl IdleMemory {
         }
     }
 
-    /// A session about to start; it counts as live until its `SessionLease` is dropped,
-    /// which calls [`Self::session_gone`].
-    pub(crate) fn session_started(&self) {
+    /// A session about to start: it counts as live until the returned hold is dropped.
+    /// The session's shared state keeps it, so a session counts until its memory can be
+    /// given back: its last actor gone *and* the host's last handle dropped (a closed
+    /// session whose `Session` the host keeps still holds its history, and a release then
+    /// would find nothing of it to hand back).
+    pub(crate) fn hold(self: &Arc<Self>) -> IdleHold {
         let live = self.live.fetch_add(1, Ordering::AcqRel) + 1;
         self.peak.fetch_max(live, Ordering::AcqRel);
+        IdleHold {
+            memory: self.clone(),
+        }
     }
 
     /// The host released: the peak before it no longer counts toward the next release;
@@ -163,9 +171,9 @@ impl IdleMemory {
             .store(self.live.load(Ordering::Acquire), Ordering::Release);
     }
 
-    /// A session counted in by [`Self::session_started`] is gone.
-    pub(crate) fn session_gone(self: &Arc<Self>) {
-        // Never below zero: every lease was counted in by `session_started()`.
+    /// A session counted in by [`Self::hold`] is gone.
+    fn session_gone(self: &Arc<Self>) {
+        // Never below zero: every hold was counted in by `hold()`.
         let live = self.live.fetch_sub(1, Ordering::AcqRel) - 1;
         let peak = self.peak.load(Ordering::Acquire);
         if !self.policy().releases_at(live, peak) || self.releasing.swap(true, Ordering::AcqRel) {
@@ -201,6 +209,19 @@ impl IdleMemory {
             });
         }
         self.releasing.store(false, Ordering::Release);
+    }
+}
+
+/// One session's memory as the engine counts it for idle release (see
+/// [`IdleMemory::hold`]); dropping it counts the session gone.
+#[derive(Debug)]
+pub(crate) struct IdleHold {
+    memory: Arc<IdleMemory>,
+}
+
+impl Drop for IdleHold {
+    fn drop(&mut self) {
+        self.memory.session_gone();
     }
 }
 

@@ -99,7 +99,8 @@ pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent, UserState,
+    AgentHook, AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent,
+    Unfinished, UserState,
 };
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;

@@ -1,7 +1,7 @@
 //! Giving the memory of closed sessions back to the system.
 //!
 //! A session's actors allocate on their arbiter's thread, so glibc serves them from that
-//! thread's arena, in many small chunks (4.8 KiB per idle session in all). When a burst of
+//! thread's arena, in many small chunks (about 6.3 KiB per idle session in all). When a burst of
 //! sessions closes, every chunk is freed, but glibc keeps the pages: small frees wait in
 //! its fast bins unmerged, and the merged free space lies between chunks still in use (its
 //! per-thread caches, the arbiter's own state), so an arena's top is never free enough to

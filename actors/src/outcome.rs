@@ -216,10 +216,29 @@ pub(crate) fn finish_in_background(tool: &str, out: CallOutput) -> BackgroundFin
     }
 }
 
-/// The `/finished` pair of a background call that ended without a result: says why, and
-/// asks for no reply.
-pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
+/// A call that ran in the background when a stop of its scope (a pause, a handoff, a
+/// close) ended it, as its toolset answers the stop: its `/finished` says why, unless its
+/// tool is call-long and returned a result within the grace period, which is kept.
+#[derive(Clone, Debug)]
+pub(crate) struct StoppedCall {
+    pub(crate) call: FunctionCall,
+    /// A call-long tool's own result (its output and whether it is an error).
+    pub(crate) kept: Option<(String, bool)>,
+}
+
+impl StoppedCall {
+    /// A call that ended without a result of its own.
+    pub(crate) fn stopped(call: FunctionCall) -> Self {
+        Self { call, kept: None }
+    }
+}
+
+/// The `/finished` pair of a background call a stop ended: its kept result, or why it
+/// ended without one; either asks for no reply.
+pub(crate) fn terminal_pair(stopped: StoppedCall, reason: &str) -> [ChatItem; 2] {
+    let StoppedCall { call, kept } = stopped;
     let call_id = format!("{}/finished", call.call_id);
+    let (output, is_error) = kept.unwrap_or_else(|| (CallOutput::ended(reason).output, false));
     [
         ChatItem::FunctionCall(FunctionCall {
             call_id: call_id.clone(),
@@ -229,8 +248,8 @@ pub(crate) fn terminal_pair(call: FunctionCall, reason: &str) -> [ChatItem; 2] {
         ChatItem::FunctionCallOutput(FunctionCallOutput {
             call_id,
             name: call.name,
-            output: CallOutput::ended(reason).output,
-            is_error: false,
+            output,
+            is_error,
         }),
     ]
 }

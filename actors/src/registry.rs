@@ -5,7 +5,8 @@
 //! its id (the host's, or the next free `s<n>`) and records it in one step, so two
 //! sessions never share an id and a refused one leaves nothing behind. The place is a
 //! [`SessionLease`], which the session's actor holds and drops with itself; dropping it
-//! frees the id and counts the session gone for idle release (`idle_release.rs`). So an id
+//! frees the id (its count for idle release, `idle_release.rs`, goes with the session's
+//! shared state, which the host's handles keep). So an id
 //! is taken from the start of `SessionBuilder::start` until the session's last actor is
 //! gone — also when the host keeps a closed `Session` — and free again after.
 //!
@@ -31,7 +32,7 @@ use futures_util::future::BoxFuture;
 use tokio::sync::Notify;
 
 use crate::error::{EngineError, SessionError};
-use crate::idle_release::IdleMemory;
+use crate::idle_release::{IdleHold, IdleMemory};
 use crate::ids::SessionId;
 use crate::shared::SessionShared;
 
@@ -116,10 +117,10 @@ impl Registry {
                 }
             },
         };
-        self.idle.session_started();
         let lease = SessionLease {
             registry: self.clone(),
             id,
+            memory: Some(self.idle.hold()),
         };
         // A drain that began between the first check and the insert may have listed the
         // sessions without this one: refuse it (the lease's drop frees the id). Both
@@ -294,6 +295,9 @@ impl Shards {
 pub(crate) struct SessionLease {
     registry: Arc<Registry>,
     id: SessionId,
+    /// The session's count for idle release, until the session's shared state takes it
+    /// (a start that fails before drops it here).
+    memory: Option<IdleHold>,
 }
 
 impl SessionLease {
@@ -301,12 +305,17 @@ impl SessionLease {
     pub(crate) fn id(&self) -> &SessionId {
         &self.id
     }
+
+    /// The session's count for idle release, for its shared state to keep: the session's
+    /// memory lives as long as that state, which the host's handles keep after the close.
+    pub(crate) fn take_memory(&mut self) -> Option<IdleHold> {
+        self.memory.take()
+    }
 }
 
 impl Drop for SessionLease {
     fn drop(&mut self) {
         self.registry.free(&self.id);
-        self.registry.idle.session_gone();
     }
 }
 

@@ -59,6 +59,9 @@ pub(crate) trait RunPort: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<(), UpdateError>>;
     /// Holds the calling turn's interruptions off until the run ends.
     fn disallow_interruptions(&self);
+    /// The session's slots on the blocking pool (`run_blocking`); none once the session
+    /// is gone.
+    fn blocking_slots(&self) -> Option<Arc<tokio::sync::Semaphore>>;
     /// The speech of the step that made the call, if it said something.
     fn speech(&self) -> Option<&SpeechHandle>;
     /// Runs a sub-task agent, pausing the caller (this run exempt).
@@ -148,9 +151,11 @@ impl RunContext {
     }
 
     /// Resolves when the call is cancelled (by the model, a `replace` duplicate, the stop
-    /// of its scope, or the user interrupting a tool that cancels on interruption). After
-    /// it resolves the tool has the grace period to undo half-done work before its future
-    /// is dropped.
+    /// of its scope — a handoff, a pause, the session's close — or the user interrupting a
+    /// tool that cancels on interruption). After it resolves the tool has the grace period
+    /// to undo half-done work before its future is dropped. For a call-long tool
+    /// (`Tool::call_long`) the stop of its scope is the end of the call it ran for: what it
+    /// returns within the grace period is kept as its result.
     pub async fn cancelled(&self) {
         let mut rx = self.cancelled.clone();
         // An error means the run actor is gone, which is a cancellation too.
@@ -187,9 +192,17 @@ impl RunContext {
     /// period. The closure itself cannot be stopped from outside: it runs on until it
     /// returns and its result is dropped. Work that takes long should look at a clone of
     /// the context between pieces ([`is_cancelled`](Self::is_cancelled)) and give up
-    /// early. A panic in the closure is the tool's panic (an error output, never the
-    /// session's). The blocking pool has its own bound (512 threads per arbiter by
-    /// default): it is for work that ends, not for loops that wait for ever.
+    /// early. A job whose call is cancelled before it started — waiting for a slot of its
+    /// session, or queued on a busy pool — never starts. A panic in the closure is the
+    /// tool's panic (an error output, never the session's).
+    ///
+    /// Fairness: the pool is shared by the sessions of an arbiter (512 threads, first come
+    /// first served), so each session has a few slots of it
+    /// (`SessionBuilder::max_blocking_jobs`, 4 by default): at most that many of its jobs
+    /// are on the pool at once, running or queued, and its further jobs wait for one of its
+    /// own slots. One session's flood of jobs (or its jobs stuck for ever) then delays
+    /// another session's job by at most one job's time, never by the flood. It is for work
+    /// that ends, not for loops that wait for ever: a job that never returns keeps its slot.
     ///
     /// ```
     /// use switchboard::prelude::*;
@@ -233,12 +246,38 @@ impl RunContext {
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static,
     {
-        let work = tokio::task::spawn_blocking(work);
+        let Some(slots) = self.port.blocking_slots() else {
+            // The session is gone: so is the call.
+            return Err(BlockingError::Cancelled {
+                call_id: self.call.call_id.clone(),
+            });
+        };
+        let cancelled = self.cancelled.clone();
+        let job = async move {
+            // A slot of the session, not a thread: further jobs of a session that has its
+            // slots taken wait here, where a cancellation drops them unstarted.
+            let slot = slots.acquire_owned().await.ok();
+            tokio::task::spawn_blocking(move || {
+                // Held until the work ends, not until the tool stops awaiting it: a
+                // cancelled call's work still runs, and still counts.
+                let _slot = slot;
+                // Queued behind other sessions' work on a busy pool, the call may have
+                // been cancelled (or its run gone) meanwhile: then it does not start.
+                if *cancelled.borrow() || cancelled.has_changed().is_err() {
+                    return None;
+                }
+                Some(work())
+            })
+            .await
+        };
         tokio::select! {
             // A result that is there wins over a cancellation that came with it.
             biased;
-            joined = work => match joined {
-                Ok(value) => Ok(value),
+            joined = job => match joined {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(BlockingError::Cancelled {
+                    call_id: self.call.call_id.clone(),
+                }),
                 // The tool's own panic: the run turns it into an error output, as a panic
                 // in the body would be.
                 Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),

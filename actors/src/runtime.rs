@@ -218,8 +218,11 @@ impl Engine {
     }
 
     /// Sets when the engine gives the memory of closed sessions back by itself (default
-    /// [`IdleRelease::DEFAULT`]: once no session is live, after a peak of 1,000). Applies
-    /// from the next session that goes.
+    /// [`IdleRelease::DEFAULT`], which is [`IdleRelease::Never`]: the engine does no
+    /// process-wide work unasked; [`IdleRelease::AFTER_BURST`] releases once no session is
+    /// left after a peak of 1,000). A session counts until its memory can be given back:
+    /// its actors gone and the host's last handle of it dropped. Applies from the next
+    /// session that goes.
     ///
     /// ```
     /// # fn demo(engine: &switchboard::Engine) {
@@ -363,16 +366,20 @@ impl Engine {
 
     /// Drains the engine before it goes (a deploy, a scale-down, SIGTERM): from this call
     /// on it starts no new session ([`EngineError::Draining`]); every live session is let
-    /// settle — no turn, no queued work, no deferred reply, no tool run — and then closed;
-    /// one still unsettled `deadline` after the call has its turn force-interrupted and is
-    /// closed (its running tools are cancelled and get their terminal outputs, as on any
-    /// close). Returns once every session is gone, with the history of each (what its
-    /// `close()` would return).
+    /// settle — no turn, no queued work, no deferred reply, no tool run (calls of call-long
+    /// tools aside: see `Tool::call_long`) — and then closed; one still unsettled
+    /// `deadline` after the call has its turn force-interrupted and is closed (its running
+    /// tools are cancelled and get their terminal outputs, as on any close). Returns once
+    /// every session is gone, with the history of each (what its `close()` would return)
+    /// and what its close stopped waiting for ([`DrainedSession::unfinished`]).
     ///
-    /// It takes at most `deadline` plus what closing an interrupted session takes: the
-    /// tools' grace period (`SessionBuilder::grace_period`) for a tool that does not stop
-    /// when cancelled. The engine keeps refusing sessions afterwards; its threads stop
-    /// with [`Engine::shutdown`] or the last clone. Works the same for sessions of
+    /// It takes at most `deadline`, plus the interruption's wait for the output to say
+    /// what the user heard of a cut speech (2 s at most), plus a close: at most four grace
+    /// periods (`SessionBuilder::grace_period`: the session's tools, each agent's
+    /// `on_exit` and its tools, the snapshot store), whatever the host's code does — see
+    /// [`Session::close`](crate::Session::close). With the default grace of 2 s, 10 s past
+    /// the deadline. The engine keeps refusing sessions afterwards; its threads stop with
+    /// [`Engine::shutdown`] or the last clone. Works the same for sessions of
     /// [`Engine::start`] and [`Engine::current`]; a second call drains the same sessions.
     ///
     /// ```no_run

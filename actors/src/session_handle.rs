@@ -166,6 +166,12 @@ impl Session {
     /// For a host part that must not keep a call alive: a TTS or playout task, a
     /// watchdog, a metrics loop. A tool or hook needs none (it has its `SessionControl`).
     ///
+    /// A strong handle kept inside the session itself makes a cycle: a `Session` (or
+    /// [`SessionAddress`]) in the session's own user data, in a tool's or hook's closure,
+    /// or in the output given to its builder keeps the session alive after the host drops
+    /// every handle of its own, so it never closes by itself, and its actors and memory
+    /// stay until someone calls `close()`. Keep a `WeakSession` there instead.
+    ///
     /// ```no_run
     /// # fn demo(session: switchboard::Session) {
     /// use std::time::Duration;
@@ -385,6 +391,16 @@ impl Session {
     /// period), writes their terminal outputs, and stops every actor of the session.
     /// Resolves once all are gone — also when called several times at once — with the
     /// final chat context of every agent the session ran (its transcript).
+    ///
+    /// Bounded whatever the host's code does: the session's tool bodies, then each agent's
+    /// `on_exit` hook and its own tool bodies, then the snapshot store
+    /// ([`SessionBuilder::save_snapshots`]) get the grace period each
+    /// ([`SessionBuilder::grace_period`], 2 s by default), so a close returns within four
+    /// grace periods plus the engine's own work. What had not finished by then (a tool body
+    /// deaf to cancellation, a hook awaiting a backend that never answers, a store that
+    /// stopped answering) is dropped and reported as a
+    /// [`SessionEvent::Unfinished`](crate::SessionEvent::Unfinished) event. A speech the
+    /// output still plays and a model still streaming are cut at once.
     pub async fn close(&self) -> Result<SessionHistory, SessionError> {
         // Answered at once; an error means the session is gone already.
         let _ = self.host.mailbox.ask(&ActorId::host(), CloseSession).await;
@@ -425,8 +441,9 @@ impl Session {
         let _ = self.host.mailbox.ask(&ActorId::host(), InputsHandled).await;
     }
 
-    /// Resolves when the session has settled: no tool call is running anywhere in it and
-    /// the session is inactive (every deferred reply has run). What a test awaits after
+    /// Resolves when the session has settled: no tool call is running anywhere in it
+    /// (calls of call-long tools aside: see `Tool::call_long`) and the session is
+    /// inactive (every deferred reply has run). What a test awaits after
     /// letting background tools finish. A host call: from inside a tool or hook of this
     /// same session it would wait on its own run, so it fails at once with
     /// [`SessionError::WouldDeadlock`].
@@ -653,6 +670,11 @@ impl Session {
 
 /// A weak host handle on a session, from [`Session::downgrade`]: upgrades to a [`Session`]
 /// while the session lives and never keeps it alive. `Send + Sync`, cheap to clone.
+///
+/// The way to hold a session from anything the session itself holds: its user data, a
+/// tool's or hook's closure, its speech output. A strong `Session` there is a cycle that
+/// keeps the session alive after the host dropped its own handles (it then never closes
+/// by itself); a `WeakSession` upgrades while the call lives and lets it end.
 #[derive(Clone)]
 pub struct WeakSession {
     host: Weak<Host>,
@@ -746,6 +768,7 @@ pub struct SessionBuilder {
     false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
     endpointing_delay: Duration,
+    max_blocking_jobs: usize,
     inspect: bool,
     journal_capacity: usize,
     event_capacity: usize,
@@ -783,6 +806,7 @@ impl Default for SessionBuilder {
             false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
             endpointing_delay: Duration::from_millis(500),
+            max_blocking_jobs: Self::DEFAULT_MAX_BLOCKING_JOBS,
             inspect: false,
             journal_capacity: 1024,
             event_capacity: 1024,
@@ -808,6 +832,12 @@ impl fmt::Debug for SessionBuilder {
 }
 
 impl SessionBuilder {
+    /// How many blocking jobs of a session may be on the blocking pool at once unless
+    /// [`max_blocking_jobs`](Self::max_blocking_jobs) says otherwise: a tool that parses
+    /// a few documents in parallel runs them side by side, and a session that floods the
+    /// pool takes no more than four of its threads.
+    pub const DEFAULT_MAX_BLOCKING_JOBS: usize = 4;
+
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.llm = Some(llm);
@@ -847,6 +877,11 @@ impl SessionBuilder {
     /// it (it may be a connection, a handle): a restored session gets it again from its
     /// builder. For data that should travel with the snapshot, use
     /// [`userdata_serde`](Self::userdata_serde).
+    ///
+    /// The session keeps its user data as long as it lives: a [`Session`] (or
+    /// [`SessionAddress`]) of this very session in it is a cycle that keeps the session
+    /// alive after the host drops its own handles. Put a [`WeakSession`] there instead
+    /// ([`Session::downgrade`]).
     pub fn userdata<T: Any + Send + Sync>(mut self, data: T) -> Self {
         self.userdata = Some(Arc::new(data));
         self.userdata_json = None;
@@ -1045,6 +1080,24 @@ impl SessionBuilder {
     /// is a turn at once. `wait_for_settled` covers a pending endpoint.
     pub fn endpointing_delay(mut self, delay: Duration) -> Self {
         self.endpointing_delay = delay;
+        self
+    }
+
+    /// How many of this session's blocking jobs (`RunContext::run_blocking`) may be on the
+    /// blocking pool at once, running or queued there (default
+    /// [`DEFAULT_MAX_BLOCKING_JOBS`](Self::DEFAULT_MAX_BLOCKING_JOBS), 4; at least 1).
+    /// Its further jobs wait in the session for one of these slots.
+    ///
+    /// The pool belongs to the session's arbiter, is shared by every session there and
+    /// takes jobs first come, first served (up to 512 threads). Without a bound per
+    /// session, one session that queued thousands of jobs held every neighbour's job behind
+    /// them, and its jobs stuck for ever took every thread. With it, a session has at most
+    /// this many threads: a neighbour's job waits at most one job's time for a thread as
+    /// long as the arbiter's sessions together hold fewer slots than the pool has threads
+    /// (128 sessions all at their bound, by default). A job whose call is cancelled while
+    /// it waits, for a slot or on the pool, never starts.
+    pub fn max_blocking_jobs(mut self, jobs: usize) -> Self {
+        self.max_blocking_jobs = jobs.max(1);
         self
     }
 
@@ -1264,7 +1317,8 @@ impl SessionBuilder {
         };
         // The session's place on the engine: refused here, before anything starts, when a
         // live session has the id or the engine drains; freed if the start fails.
-        let lease = engine.reserve_session(self.id.take())?;
+        let mut lease = engine.reserve_session(self.id.take())?;
+        let memory = lease.take_memory();
         let id = lease.id().clone();
         // Its record in the store, claimed before anything starts: the epoch is the
         // store's, and every writer of the session before is fenced.
@@ -1311,6 +1365,7 @@ impl SessionBuilder {
                     false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
                     endpointing_delay: self.endpointing_delay,
+                    max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,
                 realtime: self.realtime,
@@ -1329,6 +1384,7 @@ impl SessionBuilder {
             gone,
             span,
             telemetry,
+            memory,
         }));
         // Checked here, before any actor exists: a session whose first agent cannot start
         // (or whose snapshot names one that cannot) fails with the reason and leaves

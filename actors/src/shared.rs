@@ -13,6 +13,7 @@
 //! | [`output`](SessionShared::output) | the host's speech output | the activity that speaks; the session once, to attach its reporter |
 //! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going | each activity, for its own speeches only; read by the session to route playout reports |
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
+//! | [`unfinished`](SessionShared::unfinished) | the host's code its close stopped waiting for | whichever actor drops it (a run, an activity, the session) |
 //! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
 //! | [`audio`](SessionShared::audio) | where the host's microphone audio goes: the current agent's realtime connection, if it has one | the session, when the current agent changes and at close |
 
@@ -26,7 +27,9 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::events::{SessionEvent, Unfinished};
 use crate::history::{AgentChat, HistoryBook, SessionHistory};
+use crate::idle_release::IdleHold;
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
 use crate::output::SpeechOutput;
@@ -50,6 +53,9 @@ pub(crate) struct SessionShared {
     pub(crate) output: HostOutput,
     pub(crate) speeches: SpeechBook,
     pub(crate) history: History,
+    pub(crate) unfinished: UnfinishedBook,
+    /// Its jobs' slots on the blocking pool (`RunContext::run_blocking`).
+    pub(crate) blocking: BlockingSlots,
     /// The mailbox journal every probe of the session reports to: its live actors and
     /// queued messages, and each actor's record when inspection is on.
     pub(crate) journal: Arc<Journal>,
@@ -65,6 +71,9 @@ pub(crate) struct SessionShared {
     /// When the session was built, for its age in `Session::summary` (tokio's clock, so
     /// paused test time moves it too).
     pub(crate) started_at: tokio::time::Instant,
+    /// The session's count for the engine's idle release: its memory can be given back
+    /// once this state is dropped (none in unit tests, which have no engine).
+    _memory: Option<IdleHold>,
 }
 
 /// What a new [`SessionShared`] is made of.
@@ -78,6 +87,7 @@ pub(crate) struct SharedParts {
     pub(crate) gone: AliveWaiter,
     pub(crate) span: tracing::Span,
     pub(crate) telemetry: SessionTelemetry,
+    pub(crate) memory: Option<IdleHold>,
 }
 
 impl SessionShared {
@@ -92,10 +102,13 @@ impl SessionShared {
             output: HostOutput(Mutex::new(parts.output)),
             speeches: SpeechBook::default(),
             history: History::default(),
+            unfinished: UnfinishedBook::default(),
+            blocking: BlockingSlots::default(),
             journal: parts.journal,
             audio: AudioSlot::default(),
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
+            _memory: parts.memory,
         }
     }
 
@@ -195,6 +208,53 @@ impl History {
     }
 }
 
+/// How many of the session's blocking jobs (`RunContext::run_blocking`) may be on its
+/// arbiter's blocking pool at once, running or queued there. The pool is shared by every
+/// session of the arbiter and takes jobs first come, first served: a session that queued
+/// ten thousand jobs there would hold every neighbour's job behind them (and its stuck jobs
+/// every thread). With its own few slots, a session's further jobs wait in the session, a
+/// neighbour's job finds a thread, and a job whose call was cancelled while it waited for
+/// a slot never reaches the pool. The semaphore is made at the session's first blocking
+/// job: most sessions never run one.
+#[derive(Default)]
+pub(crate) struct BlockingSlots(std::sync::OnceLock<Arc<tokio::sync::Semaphore>>);
+
+impl BlockingSlots {
+    /// The session's slots, `limit` of them (the session's `max_blocking_jobs`) when this
+    /// is the first call.
+    pub(crate) fn slots(&self, limit: usize) -> Arc<tokio::sync::Semaphore> {
+        self.0
+            .get_or_init(|| Arc::new(tokio::sync::Semaphore::new(limit.max(1))))
+            .clone()
+    }
+}
+
+/// What the session stopped waiting for (see [`Unfinished`]): each is an event when it is
+/// dropped; those dropped once the session began to close are kept for the drain report.
+/// Nothing is kept before the close, so a long session that cancels many slow tools does
+/// not grow it.
+#[derive(Default)]
+pub(crate) struct UnfinishedBook(Mutex<Vec<Unfinished>>);
+
+impl UnfinishedBook {
+    /// Reports `what`: a warning, an event, and kept when the session is closing.
+    pub(crate) fn report(&self, shared: &SessionShared, what: Unfinished) {
+        tracing::warn!(session = %shared.id(), "{what}");
+        if shared.host_view.is_closing() {
+            self.0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(what.clone());
+        }
+        shared.events.emit(SessionEvent::Unfinished(what));
+    }
+
+    /// What was kept.
+    pub(crate) fn read(&self) -> Vec<Unfinished> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 #[cfg(test)]
 impl SessionShared {
     /// A session's shared state with the builder's defaults, for unit tests of the plain
@@ -221,6 +281,7 @@ impl SessionShared {
                     false_interruption_timeout: Some(Duration::from_secs(2)),
                     user_away_timeout: None,
                     endpointing_delay: Duration::ZERO,
+                    max_blocking_jobs: 4,
                 },
                 llm: None,
                 realtime: None,
@@ -239,6 +300,7 @@ impl SessionShared {
             gone,
             span: tracing::Span::none(),
             telemetry: SessionTelemetry::default(),
+            memory: None,
         }))
     }
 }

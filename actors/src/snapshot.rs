@@ -1,4 +1,4 @@
-//! Sessions that outlive their process: what a snapshot of a session holds, the
+//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a session holds, the
 //! deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built

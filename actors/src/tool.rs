@@ -286,6 +286,7 @@ pub(crate) struct ToolDef {
     pub(crate) cancel_on_interruption: bool,
     pub(crate) error_policy: ErrorPolicy,
     pub(crate) on_restore: RestorePolicy,
+    pub(crate) call_long: bool,
 }
 
 impl Clone for ToolDef {
@@ -300,6 +301,7 @@ impl Clone for ToolDef {
             cancel_on_interruption: self.cancel_on_interruption,
             error_policy: self.error_policy.clone(),
             on_restore: self.on_restore,
+            call_long: self.call_long,
         }
     }
 }
@@ -310,6 +312,7 @@ impl fmt::Debug for Tool {
             .field("name", &self.def.name)
             .field("on_duplicate", &self.def.on_duplicate)
             .field("allow_cancellation", &self.def.allow_cancellation)
+            .field("call_long", &self.def.call_long)
             .finish()
     }
 }
@@ -347,6 +350,7 @@ impl Tool {
                 cancel_on_interruption: false,
                 error_policy: ErrorPolicy::new(),
                 on_restore: RestorePolicy::Abandon,
+                call_long: false,
             }),
         }
     }
@@ -381,6 +385,53 @@ impl Tool {
     /// session is restored from a snapshot (default [`RestorePolicy::Abandon`]).
     pub fn on_restore(self, policy: RestorePolicy) -> Self {
         self.edit(|d| d.on_restore = policy)
+    }
+
+    /// Declares the tool call-long: a call of it may run for the whole call (a recorder, a
+    /// transcriber, a silence watchdog) and that is its job, not unfinished work. Such a
+    /// call:
+    ///
+    /// - does not hold the session's settling: [`Session::wait_for_settled`] and an
+    ///   [`Engine::drain`] do not wait for it (a session whose only running call is
+    ///   call-long counts as settled);
+    /// - is told when the call ends: at the close of its session (or the stop of its
+    ///   agent, for an agent's tool) [`RunContext::cancelled`] resolves, and the body has
+    ///   the grace period to finish (`SessionBuilder::grace_period`);
+    /// - keeps its own result: what the body returns within the grace period is its
+    ///   `/finished` output in the history, instead of "Cancelled: the session closed.". A
+    ///   body that returns `()` adds nothing; one still running after the grace period is
+    ///   dropped and reported, as any tool's.
+    ///
+    /// The call still needs an immediate output like any other (its first
+    /// [`RunContext::update`], say "recording"), or its turn waits for it. Cancelled by the
+    /// model or replaced by a duplicate, it ends as any call does.
+    ///
+    /// ```
+    /// use switchboard::prelude::*;
+    ///
+    /// let recorder = Tool::new("record_call", "Records the call", |ctx: RunContext, _: NoArgs| async move {
+    ///     ctx.update("recording").await?; // the model goes on
+    ///     let mut seconds = 0u64;
+    ///     // ... record until the call ends ...
+    ///     ctx.cancelled().await;
+    ///     seconds += 1;
+    ///     Ok::<_, ToolFailure>(format!("recording saved, {seconds} s"))
+    /// })
+    /// .call_long(true);
+    /// assert!(recorder.is_call_long());
+    /// ```
+    ///
+    /// [`Session::wait_for_settled`]: crate::Session::wait_for_settled
+    /// [`Engine::drain`]: crate::Engine::drain
+    /// [`RunContext::cancelled`]: crate::RunContext::cancelled
+    /// [`RunContext::update`]: crate::RunContext::update
+    pub fn call_long(self, call_long: bool) -> Self {
+        self.edit(|d| d.call_long = call_long)
+    }
+
+    /// Whether a call of it may run for the whole call (see [`Tool::call_long`]).
+    pub fn is_call_long(&self) -> bool {
+        self.def.call_long
     }
 
     /// Its restore policy (see [`Tool::on_restore`]).

@@ -36,6 +36,7 @@ use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
+use crate::events::Unfinished;
 use crate::heartbeat;
 use crate::ids::ActorId;
 use crate::lifecycle::AliveToken;
@@ -90,6 +91,9 @@ pub(crate) struct Progress {
     checkpoint: Mutex<Option<Value>>,
     /// For a run restored from a snapshot: the checkpoint it starts from (maybe none).
     restored: Option<Option<Value>>,
+    /// A call-long run stopped in the background whose body then returned: what it
+    /// returned, for whoever stopped it to write down (`None` inside: nothing to write).
+    kept: Mutex<Option<Option<(String, bool)>>>,
 }
 
 impl Progress {
@@ -101,7 +105,15 @@ impl Progress {
             updates: AtomicU32::new(updates),
             checkpoint: Mutex::new(checkpoint.clone()),
             restored: Some(checkpoint),
+            kept: Mutex::new(None),
         }
+    }
+
+    /// What a call-long run returned after its stop, once the run is gone: `None` when it
+    /// did not return (or is not call-long), `Some(None)` when it returned nothing to
+    /// write down.
+    pub(crate) fn take_kept(&self) -> Option<Option<(String, bool)>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Whether the call runs in the background now.
@@ -161,6 +173,9 @@ pub(crate) struct ToolRunActor {
     immediate: Option<oneshot::Sender<CallOutput>>,
     progress: Arc<Progress>,
     phase: RunPhase,
+    /// A call-long run stopped in the background by its scope: its body's result is kept
+    /// (see `Tool::call_long`).
+    keep_result: bool,
     cancel: watch::Sender<bool>,
     alive: AliveToken,
 }
@@ -175,7 +190,9 @@ impl ToolRunActor {
             spec.agent.name(),
         );
         let (cancel, _) = watch::channel(false);
-        spec.shared.host_view.tool_run_started();
+        spec.shared
+            .host_view
+            .tool_run_started(spec.tool.is_call_long());
         let actor = ToolRunActor {
             probe: probe.clone(),
             key: spec.key,
@@ -199,6 +216,7 @@ impl ToolRunActor {
             immediate: spec.immediate,
             progress: spec.progress,
             phase: RunPhase::Running,
+            keep_result: false,
             cancel,
             alive: spec.alive,
         };
@@ -285,7 +303,13 @@ impl ToolRunActor {
         } else {
             ctx.run_later(self.shared.settings.config.grace_period, |act, ctx| {
                 if act.phase != RunPhase::Returned {
-                    tracing::debug!(call_id = %act.call.call_id, "grace period over: dropping the tool body");
+                    act.shared.unfinished.report(
+                        &act.shared,
+                        Unfinished::ToolBody {
+                            call_id: act.call.call_id.clone(),
+                            tool: act.call.name.clone(),
+                        },
+                    );
                 }
                 ctx.stop();
             });
@@ -301,7 +325,24 @@ impl ToolRunActor {
         let was = std::mem::replace(&mut self.phase, RunPhase::Returned);
         self.progress.background.store(false, Ordering::Release);
         if was == RunPhase::Stopped {
-            // Stopped while running: whoever stopped it writes the terminal output.
+            // Stopped while running: whoever stopped it writes the terminal output — a
+            // call-long tool's own result, if it returned one in time.
+            if self.keep_result {
+                let out = classify(
+                    &self.call.name,
+                    &self.call.call_id,
+                    result,
+                    &ErrorPolicies {
+                        levels: [
+                            &self.tool.def.error_policy,
+                            &self.agent.def.error_policy,
+                            &self.shared.settings.error_policy,
+                        ],
+                    },
+                );
+                let kept = (!out.is_unit()).then_some((out.output, out.is_error));
+                *self.progress.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+            }
             ctx.stop();
             return;
         }
@@ -409,6 +450,10 @@ struct RunLinks {
     hold: Arc<InterruptionHold>,
     speech: Option<SpeechHandle>,
     progress: Arc<Progress>,
+    /// The session's state, for its slots on the blocking pool, made at its first
+    /// blocking job (most sessions never run one). Weak: a context kept past its run keeps
+    /// nothing of the session.
+    session_state: std::sync::Weak<SessionShared>,
 }
 
 impl RunPort for RunLinks {
@@ -444,6 +489,15 @@ impl RunPort for RunLinks {
 
     fn disallow_interruptions(&self) {
         self.hold.take();
+    }
+
+    fn blocking_slots(&self) -> Option<Arc<tokio::sync::Semaphore>> {
+        let shared = self.session_state.upgrade()?;
+        Some(
+            shared
+                .blocking
+                .slots(shared.settings.config.max_blocking_jobs),
+        )
     }
 
     fn speech(&self) -> Option<&SpeechHandle> {
@@ -488,6 +542,7 @@ impl Actor for ToolRunActor {
             hold: self.hold.clone(),
             speech: self.speech.clone(),
             progress: self.progress.clone(),
+            session_state: Arc::downgrade(&self.shared),
         });
         let control = SessionControl::new(
             self.shared.id().clone(),
@@ -534,7 +589,9 @@ impl Actor for ToolRunActor {
             let _ = immediate.send(CallOutput::ended("the tool stopped"));
         }
         self.probe.stopped();
-        self.shared.host_view.tool_run_ended();
+        self.shared
+            .host_view
+            .tool_run_ended(self.tool.is_call_long());
         self.toolset
             .tell(self.probe.id(), RunEnded { key: self.key });
     }
@@ -621,6 +678,9 @@ impl Handler<StopRun> for ToolRunActor {
     fn handle(&mut self, msg: StopRun, ctx: &mut Self::Context) -> bool {
         let already_stopped = self.phase == RunPhase::Stopped;
         let background = self.stop(&msg.reason, ctx);
+        // Its scope stops (a pause, a handoff, the close): the end of the call a call-long
+        // tool runs for, whose result is its own.
+        self.keep_result = self.tool.is_call_long() && background && !msg.report;
         if msg.report && background && !already_stopped {
             let out = CallOutput::ended(&msg.reason);
             let finished = format!("{}/finished", self.call.call_id);

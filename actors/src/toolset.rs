@@ -35,7 +35,7 @@ use crate::error::SessionError;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
 use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
-use crate::outcome::{error_text, excerpt, CallOutput, Effect, QUOTE_LIMIT};
+use crate::outcome::{error_text, excerpt, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
@@ -137,8 +137,12 @@ impl ToolsetActor {
         keys: Vec<u64>,
         reason: Arc<str>,
         report: bool,
-    ) -> impl std::future::Future<Output = Vec<FunctionCall>> + 'static {
-        let mut stops: Vec<(Option<FunctionCall>, BoxFuture<'static, Option<bool>>)> = Vec::new();
+    ) -> impl std::future::Future<Output = Vec<StoppedCall>> + 'static {
+        type Stopping = (
+            Option<(FunctionCall, Arc<Progress>)>,
+            BoxFuture<'static, Option<bool>>,
+        );
+        let mut stops: Vec<Stopping> = Vec::new();
         for key in keys {
             let Some(run) = self.runs.get_mut(&key) else {
                 continue;
@@ -158,7 +162,7 @@ impl ToolsetActor {
                     report,
                 },
             );
-            stops.push((Some(run.call.clone()), stop.boxed()));
+            stops.push((Some((run.call.clone(), run.progress.clone())), stop.boxed()));
         }
         async move {
             let (calls, stops): (Vec<_>, Vec<_>) = stops.into_iter().unzip();
@@ -167,6 +171,16 @@ impl ToolsetActor {
                 .into_iter()
                 .zip(background)
                 .filter_map(|(call, background)| call.filter(|_| background.unwrap_or(false)))
+                // Read once the run is gone: a call-long body that returned has said what.
+                .filter_map(|(call, progress)| match progress.take_kept() {
+                    None => Some(StoppedCall::stopped(call)),
+                    Some(Some(kept)) => Some(StoppedCall {
+                        call,
+                        kept: Some(kept),
+                    }),
+                    // It returned nothing: no `/finished` to write.
+                    Some(None) => None,
+                })
                 .collect()
         }
     }
@@ -486,11 +500,11 @@ pub(crate) struct StopRuns {
 }
 
 impl Message for StopRuns {
-    type Result = Vec<FunctionCall>;
+    type Result = Vec<StoppedCall>;
 }
 
 impl Handler<StopRuns> for ToolsetActor {
-    type Result = ResponseActFuture<Self, Vec<FunctionCall>>;
+    type Result = ResponseActFuture<Self, Vec<StoppedCall>>;
 
     fn handle(&mut self, msg: StopRuns, _ctx: &mut Self::Context) -> Self::Result {
         let keys: Vec<u64> = self
@@ -510,11 +524,11 @@ pub(crate) struct StopToolset {
 }
 
 impl Message for StopToolset {
-    type Result = Vec<FunctionCall>;
+    type Result = Vec<StoppedCall>;
 }
 
 impl Handler<StopToolset> for ToolsetActor {
-    type Result = ResponseActFuture<Self, Vec<FunctionCall>>;
+    type Result = ResponseActFuture<Self, Vec<StoppedCall>>;
 
     fn handle(&mut self, msg: StopToolset, _ctx: &mut Self::Context) -> Self::Result {
         self.closing = Some(msg.reason.clone());

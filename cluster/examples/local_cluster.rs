@@ -260,7 +260,11 @@ async fn front() -> Result<(), AnyError> {
     );
     workers.remove(&holder);
     let reply = turn(&session, "and a scone").await?;
+    let killed_one = holder;
     let holder = served_by(&reply).ok_or("a reply names its worker")?;
+    if holder == killed_one {
+        return Err(format!("{killed_one} was killed but still served the conversation").into());
+    }
 
     println!("\n-- forty more sessions talk; {holder} drains under load --");
     let stop = Arc::new(AtomicBool::new(false));
@@ -292,11 +296,11 @@ async fn front() -> Result<(), AnyError> {
         None => return Err(format!("{holder} did not drain").into()),
     }
     let reply = turn(&session, "the bill please").await?;
-    println!(
-        "(served by {} {:?} after the SIGTERM)",
-        served_by(&reply).unwrap_or_default(),
-        began.elapsed()
-    );
+    let now = served_by(&reply).unwrap_or_default();
+    println!("(served by {now} {:?} after the SIGTERM)", began.elapsed());
+    if now == holder {
+        return Err(format!("{holder} drained but still served the conversation").into());
+    }
     stop.store(true, Ordering::SeqCst);
     let mut each = 0;
     while let Some(done) = talking.join_next().await {

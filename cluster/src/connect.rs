@@ -24,7 +24,7 @@ pub enum ConnectError {
     /// The server refused the credentials (none, wrong ones, or a user not allowed in).
     #[error("the NATS server at {url} refused the connection: {reason}")]
     Refused {
-        /// The server.
+        /// The server (credentials written into its URL hidden).
         url: String,
         /// What the client library said.
         reason: String,
@@ -79,7 +79,25 @@ impl fmt::Debug for Auth {
     }
 }
 
-/// Options for connecting a worker or a gateway to NATS.
+/// The server URLs as logs and errors show them: a user, password or token written into a
+/// URL (`nats://user:secret@host`) becomes `…@`.
+fn shown_urls(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+            let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            let hidden = if host.len() < rest.len() { "…@" } else { "" };
+            match scheme {
+                "" => format!("{hidden}{host}"),
+                scheme => format!("{scheme}://{hidden}{host}"),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Options for connecting a worker or a gateway to NATS. Its `Debug` names the
+/// authentication method, never the secret, and hides credentials written into the URL.
 ///
 /// ```no_run
 /// use switchboard_cluster::NatsConnect;
@@ -94,7 +112,7 @@ impl fmt::Debug for Auth {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct NatsConnect {
     url: String,
     auth: Auth,
@@ -104,6 +122,21 @@ pub struct NatsConnect {
     name: Option<String>,
     inbox_prefix: Option<String>,
     connection_timeout: Duration,
+}
+
+impl fmt::Debug for NatsConnect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConnect")
+            .field("url", &shown_urls(&self.url))
+            .field("auth", &self.auth)
+            .field("require_tls", &self.require_tls)
+            .field("root_certificates", &self.root_certificates)
+            .field("client_certificate", &self.client_certificate)
+            .field("name", &self.name)
+            .field("inbox_prefix", &self.inbox_prefix)
+            .field("connection_timeout", &self.connection_timeout)
+            .finish()
+    }
 }
 
 impl NatsConnect {
@@ -259,7 +292,7 @@ impl NatsConnect {
             .collect();
         let client = options.connect(urls.as_slice()).await.map_err(|err| {
             let reason = err.to_string();
-            let url = self.url.clone();
+            let url = shown_urls(&self.url);
             match err.kind() {
                 ConnectErrorKind::Authentication | ConnectErrorKind::AuthorizationViolation => {
                     ConnectError::Refused { url, reason }

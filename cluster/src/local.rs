@@ -78,8 +78,9 @@ pub enum LocalServerError {
     },
 }
 
-/// Who the local server lets in.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Who the local server lets in. Its `Debug` names the method and the user, never the
+/// password or token.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ServerAuth {
     /// One user with a password (the default: `switchboard` and a random password).
@@ -94,6 +95,16 @@ pub enum ServerAuth {
     /// What the config file given to [`NatsServerBuilder::config`] says (accounts, users
     /// with permissions): [`NatsServer::connect`] then carries no credentials.
     ConfigFile,
+}
+
+impl std::fmt::Debug for ServerAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?} with a password)"),
+            Self::Token(_) => f.write_str("Token(…)"),
+            Self::ConfigFile => f.write_str("ConfigFile"),
+        }
+    }
 }
 
 /// Configures a [`NatsServer`] before it starts.

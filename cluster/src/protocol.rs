@@ -56,7 +56,7 @@ pub(crate) enum Request {
     },
 }
 
-/// A host input: the host API of a session (SPEC §8), as data.
+/// A host input: the host API of a session (what `Session` offers the host), as data.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "input", rename_all = "snake_case")]
 pub(crate) enum Input {

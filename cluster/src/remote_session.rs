@@ -1,5 +1,5 @@
 //! `RemoteSession`: a session running on some worker, with the host API of a local
-//! `Session` (SPEC §8): run, generate_reply, say, transcript, user speaking, interrupt,
+//! `Session`: run, generate_reply, say, transcript, user speaking, interrupt,
 //! update_agent, playout reports, events with sequence numbers, history, close.
 //!
 //! Two tasks serve it:

@@ -1,4 +1,4 @@
-//! Snapshots on JetStream: where a cluster's sessions are written down (SPEC §14, §15), so
+//! Snapshots on JetStream: where a cluster's sessions are written down, so
 //! a drained or crashed worker's sessions go on elsewhere.
 //!
 //! One stream, `sb_snapshots`, with one subject per session (`sb.snapshots.<id>`). A

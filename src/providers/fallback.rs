@@ -5,43 +5,54 @@
 //! the caller's task. Dropping it (a barge-in, a close) drops the model's stream, which
 //! closes its HTTP request.
 
+use std::any::Any;
+use std::collections::VecDeque;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::stream::{self, StreamExt};
+use futures_util::FutureExt;
 use tokio::time::Instant;
 
 use crate::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream};
 
 /// Several [`Llm`]s in order of preference, as one: each request goes to the first healthy
-/// model, and on to the next when one fails before anything of its answer was forwarded.
-/// A model that failed is skipped for a cool-down. Cheap to clone; clones share the
-/// models' health, and one instance may serve many sessions at once.
+/// model, and on to the next when one fails before the user could hear or see anything of
+/// its answer. A model that failed is skipped for a cool-down. Cheap to clone; clones share
+/// the models' health, and one instance may serve many sessions at once.
 ///
 /// The rule, for each request:
 ///
 /// 1. Ask the first model, in the order given, that is not cooling down.
-/// 2. If it fails **before anything was forwarded** with a failure another model may not
-///    have ([`LlmError::Server`], [`LlmError::RateLimited`], [`LlmError::Connect`],
-///    [`LlmError::Timeout`], [`LlmError::MalformedStream`], [`LlmError::Panicked`]), it
-///    cools down and the next model is asked the same request. Models cooling down are
-///    asked last, as a last resort, rather than failing the turn without trying them.
+/// 2. If it fails **before anything for the user was forwarded** — text or a tool call;
+///    [`LlmChunk::Usage`] and [`LlmChunk::ServedBy`] say nothing to the user and do not
+///    count (an adapter that reports usage first, then fails, still falls back) — with a
+///    failure another model may not have ([`LlmError::Server`], [`LlmError::RateLimited`],
+///    [`LlmError::Connect`], [`LlmError::Timeout`], [`LlmError::MalformedStream`],
+///    [`LlmError::Panicked`]: a panic in the model's `chat` or while its stream is polled
+///    is caught and counts as its failure), it cools down and the next model is asked the
+///    same request. What it sent before failing is dropped. Models cooling down are asked
+///    last, as a last resort, rather than failing the turn without trying them.
 /// 3. A failure that is about the request or the configuration ([`LlmError::Auth`],
 ///    [`LlmError::BadRequest`], [`LlmError::ContextTooLong`], [`LlmError::Other`]) is
 ///    passed through as is: another model would refuse the same request, or the mistake
 ///    (a wrong key, a wrong URL) must be seen and fixed rather than hidden behind a backup.
-/// 4. Once a chunk was forwarded, every failure is passed through as is: the user heard
-///    the first words, and another model would start the answer again. The model still
-///    cools down when the failure is its own (a stall, a broken stream).
+/// 4. Once text or a tool call was forwarded, every failure is passed through as is: the
+///    user heard the first words, and another model would start the answer again. The
+///    model still cools down when the failure is its own (a stall, a broken stream).
 ///
 /// A model that answers is healthy again at once; one that failed is skipped until its
-/// cool-down ends, then asked first again.
+/// cool-down ends, then asked first again. Fallbacks nest: a `FallbackLlm` among the
+/// models of another moves on inside itself first, and fails to the outer one only when
+/// all of its own models failed before answering.
 ///
 /// Which model answered is in each [`SessionEvent::LlmMetrics`](crate::SessionEvent)
 /// event ([`LlmMetrics::llm`](crate::LlmMetrics)): the stream yields
 /// [`LlmChunk::ServedBy`] with the model's [`Llm::name`] just before that model's first
-/// chunk (or its error, or its end). The fallback's own name reads
+/// chunk (or its error, or its end); a nested fallback's own `ServedBy` follows it, so the
+/// last one names the model that answered. The fallback's own name reads
 /// `fallback(first, second, …)`.
 ///
 /// The session's LLM timeouts bound the whole request, every model included, and the
@@ -58,7 +69,7 @@ use crate::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream};
 /// use switchboard::testing::{Reply, ScriptedLlm};
 /// use switchboard::LlmError;
 ///
-/// # #[actix::main]
+/// # #[tokio::main]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // The primary is overloaded; the backup answers.
 /// let overloaded = LlmError::Server { status: 503, message: "overloaded".into() };
@@ -74,7 +85,7 @@ use crate::{Llm, LlmChunk, LlmError, LlmRequest, LlmStream};
 /// let session = Session::builder()
 ///     .llm(Arc::new(llm))
 ///     .agent(Agent::builder("assistant").build()?)
-///     .start(&Engine::current()?)
+///     .start(&Engine::start()?)
 ///     .await?;
 /// let mut events = session.subscribe();
 /// let result = session.run("hi").await?;
@@ -236,7 +247,8 @@ impl Llm for FallbackLlm {
             request,
             current: None,
             forwarded: false,
-            held: None,
+            early: Vec::new(),
+            ready: VecDeque::new(),
             done: false,
         };
         Box::pin(stream::unfold(attempt, |mut attempt| async move {
@@ -271,6 +283,36 @@ fn another_model_may_answer(error: &LlmError) -> bool {
     }
 }
 
+/// Whether the user could hear or see a chunk: text, or a tool call (which runs a tool).
+/// Usage and which model serves say nothing to the user: a model may fail after them and
+/// the next one still answer as if it were the first.
+fn reaches_the_user(chunk: &LlmChunk) -> bool {
+    match chunk {
+        LlmChunk::Text(_) | LlmChunk::ToolCall(_) => true,
+        LlmChunk::Usage(_) | LlmChunk::ServedBy(_) => false,
+        // A kind added later is taken as an answer: moving on after it could repeat it.
+        _ => true,
+    }
+}
+
+/// Asks `llm`, a panic in its `chat` becoming the stream's one error.
+fn ask(llm: &dyn Llm, request: LlmRequest) -> LlmStream {
+    match std::panic::catch_unwind(AssertUnwindSafe(|| llm.chat(request))) {
+        Ok(stream) => stream,
+        Err(panic) => stream::iter([Err(panicked(&*panic))]).boxed(),
+    }
+}
+
+/// A model's panic as the failure it is: the model's, so the next one is asked.
+fn panicked(panic: &(dyn Any + Send)) -> LlmError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned());
+    LlmError::Panicked { message }
+}
+
 /// One request through the chain, advanced by each poll of its stream.
 struct Attempt {
     models: Arc<[Model]>,
@@ -280,16 +322,22 @@ struct Attempt {
     request: LlmRequest,
     /// The model asked now, by index, and its answer.
     current: Option<(usize, LlmStream)>,
-    /// Whether a chunk of the answer went to the engine: from then on, no other model.
+    /// Whether a chunk the user could hear or see went to the engine: from then on, no
+    /// other model.
     forwarded: bool,
-    /// The model's first item, yielded right after its `ServedBy`.
-    held: Option<Result<LlmChunk, LlmError>>,
+    /// The current model's metadata (usage, an inner fallback's `ServedBy`) that came
+    /// before anything for the user: yielded once the model answers, dropped if it fails
+    /// and the next one is asked.
+    early: Vec<LlmChunk>,
+    /// Items to yield before asking the model for more: its `ServedBy`, its early
+    /// metadata, then its first answer (or its end, or its error).
+    ready: VecDeque<Result<LlmChunk, LlmError>>,
     done: bool,
 }
 
 impl Attempt {
     async fn next(&mut self) -> Option<Result<LlmChunk, LlmError>> {
-        if let Some(item) = self.held.take() {
+        if let Some(item) = self.ready.pop_front() {
             return Some(item);
         }
         if self.done {
@@ -303,11 +351,16 @@ impl Attempt {
                     self.tried[index] = true;
                     // A cheap clone: the chat context and the tools are shared (`Arc`),
                     // so each model asked costs no copy of the conversation.
-                    let answer = self.models[index].llm.chat(self.request.clone());
+                    let answer = ask(&*self.models[index].llm, self.request.clone());
                     (index, answer)
                 }
             };
-            let item = answer.next().await;
+            // A panic while the model's stream is polled fails that model like any error
+            // of its own; its stream is not polled again.
+            let item = match AssertUnwindSafe(answer.next()).catch_unwind().await {
+                Ok(item) => item,
+                Err(panic) => Some(Err(panicked(&*panic))),
+            };
             let model = &self.models[index];
             if self.forwarded {
                 match &item {
@@ -323,8 +376,15 @@ impl Attempt {
                 return item;
             }
             match item {
+                Some(Ok(chunk)) if !reaches_the_user(&chunk) => {
+                    // Nothing the user hears yet: keep it until the model answers.
+                    self.early.push(chunk);
+                    self.current = Some((index, answer));
+                    continue;
+                }
                 Some(Err(error)) if another_model_may_answer(&error) => {
                     model.failed(self.cool_down);
+                    self.early.clear();
                     drop(answer); // closes its request before the next model is asked
                     if let Some(next) = self.pick() {
                         tracing::warn!(
@@ -337,28 +397,39 @@ impl Attempt {
                         continue;
                     }
                     tracing::debug!(model = model.llm.name(), %error, "last model failed");
-                    self.held = Some(Err(error));
+                    self.announce(index, Err(error));
                     self.done = true;
                 }
                 Some(Err(error)) => {
-                    self.held = Some(Err(error));
+                    self.announce(index, Err(error));
                     self.done = true;
                 }
                 Some(Ok(chunk)) => {
                     model.answered();
-                    self.held = Some(Ok(chunk));
+                    self.announce(index, Ok(chunk));
                     self.forwarded = true;
                     self.current = Some((index, answer));
                 }
                 None => {
                     model.answered();
+                    self.ready
+                        .push_back(Ok(LlmChunk::ServedBy(model.llm.name().to_owned())));
+                    self.ready.extend(self.early.drain(..).map(Ok));
                     self.done = true;
                 }
             }
-            // Just before the model's first item, so the session's first-chunk wait is
-            // not ended by a chunk that carries no answer.
-            return Some(Ok(LlmChunk::ServedBy(model.llm.name().to_owned())));
+            return self.ready.pop_front();
         }
+    }
+
+    /// Queues what the model `index` said first: its name (so the session's first-chunk
+    /// wait is not ended by a chunk that carries no answer, and the metrics name the model
+    /// that answered), the metadata it sent before, then `first`.
+    fn announce(&mut self, index: usize, first: Result<LlmChunk, LlmError>) {
+        let name = self.models[index].llm.name().to_owned();
+        self.ready.push_back(Ok(LlmChunk::ServedBy(name)));
+        self.ready.extend(self.early.drain(..).map(Ok));
+        self.ready.push_back(first);
     }
 
     /// The model to ask next: the first, in order, that this request has not asked and

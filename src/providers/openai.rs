@@ -103,6 +103,9 @@ pub struct OpenAiLlm {
 /// The settings of an [`OpenAiLlm`], fixed when it is built.
 struct Config {
     endpoint: reqwest::Url,
+    /// The endpoint as logs and errors show it: without a user or password, query values
+    /// elided (some servers take a key in the query).
+    shown: String,
     /// The base URL's host, for the request span.
     host: String,
     api_key: Option<String>,
@@ -147,11 +150,45 @@ impl fmt::Debug for OpenAiLlm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The key stays out of logs.
         f.debug_struct("OpenAiLlm")
-            .field("endpoint", &self.config.endpoint.as_str())
+            .field("endpoint", &self.config.shown)
             .field("model", &self.config.model)
             .field("api_key", &self.config.api_key.as_ref().map(|_| "…"))
             .finish_non_exhaustive()
     }
+}
+
+/// `url` as a log line or an error may show it: a user and password (`https://u:p@host`)
+/// become `…@`, and each query value (`?key=…`, which some servers take a key in) `…`.
+pub(crate) fn shown_url(url: &str) -> String {
+    let (before_query, query) = match url.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (url, None),
+    };
+    let mut shown = match before_query.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = match rest.find('/') {
+                Some(at) => rest.split_at(at),
+                None => (rest, ""),
+            };
+            match authority.rsplit_once('@') {
+                Some((_, host)) => format!("{scheme}://…@{host}{path}"),
+                None => before_query.to_owned(),
+            }
+        }
+        None => before_query.to_owned(),
+    };
+    if let Some(query) = query {
+        let names: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) => format!("{name}=…"),
+                None => pair.to_owned(),
+            })
+            .collect();
+        shown.push('?');
+        shown.push_str(&names.join("&"));
+    }
+    shown
 }
 
 impl Llm for OpenAiLlm {

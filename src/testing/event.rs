@@ -23,7 +23,8 @@
 //! [`next_event`]: super::next_event
 
 use switchboard_actors::{
-    AgentState, AgentWork, ChatItem, FunctionCallOutput, SessionEvent, SpeechHandle, UserState,
+    AgentState, AgentWork, ChatItem, FunctionCallOutput, SessionEvent, SpeechHandle, Unfinished,
+    UserState,
 };
 
 use super::expect::summary;
@@ -165,6 +166,18 @@ pub fn error() -> Matching<impl FnMut(&SessionEvent) -> Option<String>> {
     })
 }
 
+/// Code the session stopped waiting for (`SessionEvent::Unfinished`): a tool body, a
+/// hook or a snapshot write that outlived its grace period.
+pub fn unfinished() -> Matching<impl FnMut(&SessionEvent) -> Option<Unfinished>> {
+    matching(
+        "something dropped unfinished (Unfinished)",
+        |event| match event {
+            SessionEvent::Unfinished(what) => Some(what.clone()),
+            _ => None,
+        },
+    )
+}
+
 /// How many characters of a text an event description shows before cutting it.
 const TEXT_LIMIT: usize = 60;
 
@@ -228,6 +241,7 @@ pub(crate) fn describe(event: &SessionEvent) -> String {
             format!("AgentWorkRefused {agent}: {work}, limit {limit}")
         }
         SessionEvent::Error { message } => format!("Error {}", cut(message)),
+        SessionEvent::Unfinished(what) => format!("Unfinished: {what}"),
         SessionEvent::Closed => "Closed".to_owned(),
         other => {
             let debug = format!("{other:?}");

@@ -81,7 +81,7 @@ use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent}
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::{LlmChunk, LlmRequest, ToolChoice, ToolSchema};
-use crate::outcome::{excerpt, panic_message, CallOutput, Effect, QUOTE_LIMIT};
+use crate::outcome::{excerpt, panic_message, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
 use crate::realtime::Model;
@@ -221,7 +221,7 @@ pub(crate) enum Input {
     Pause { spare: Vec<u64> },
     /// The runs a pause stopped are gone; `calls` ran in the background.
     RunsStopped {
-        calls: Vec<FunctionCall>,
+        calls: Vec<StoppedCall>,
         reason: Arc<str>,
     },
     /// The sub-task ended; `carried` are the session-scoped items pending in it.
@@ -231,7 +231,7 @@ pub(crate) enum Input {
     /// `on_exit` returned.
     ExitHookDone,
     /// Every own toolset is gone; `calls` ran in the background.
-    ToolsetsStopped { calls: Vec<FunctionCall> },
+    ToolsetsStopped { calls: Vec<StoppedCall> },
     /// The armed timer fired.
     Timer { now: Instant },
     /// The actor stopped, whoever stopped it.
@@ -2192,7 +2192,7 @@ impl Activation {
 
     /// The own toolsets are gone: every call still without an output gets its terminal
     /// one, background calls their `/finished`, and the turn ends.
-    fn closed(&mut self, state: State, calls: Vec<FunctionCall>) -> State {
+    fn closed(&mut self, state: State, calls: Vec<StoppedCall>) -> State {
         match state {
             State::Closing {
                 entered,

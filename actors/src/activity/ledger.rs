@@ -16,7 +16,7 @@ use super::heard;
 use crate::chat::{ChatContext, ChatItem, FunctionCall, FunctionCallOutput};
 use crate::delivery::DeliveryAnswer;
 use crate::error::UpdateError;
-use crate::outcome::{terminal_pair, CallOutput, Effect};
+use crate::outcome::{terminal_pair, CallOutput, Effect, StoppedCall};
 use crate::output::SpeechId;
 
 /// What cutting a message to what was heard did.
@@ -271,14 +271,9 @@ impl Ledger {
 
     /// Writes the `/finished` pair of background calls that were stopped, saying why;
     /// held like any later item while the call's own step is open.
-    pub(crate) fn write_terminal(
-        &mut self,
-        calls: Vec<FunctionCall>,
-        reason: &str,
-        sink: Sink<'_>,
-    ) {
+    pub(crate) fn write_terminal(&mut self, calls: Vec<StoppedCall>, reason: &str, sink: Sink<'_>) {
         for call in calls {
-            let base = call.call_id.clone();
+            let base = call.call.call_id.clone();
             let items = terminal_pair(call, reason).to_vec();
             self.insert(&base, items, DeliveryAnswer::unheard(), sink);
         }
@@ -471,7 +466,11 @@ mod tests {
         ledger.answer(1, 0, CallOutput::reply("started".into()));
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         ledger.insert("a", pair("a/update_1"), DeliveryAnswer::to(tx), &mut sink);
-        ledger.write_terminal(vec![call("a")], "the agent was paused", &mut sink);
+        ledger.write_terminal(
+            vec![StoppedCall::stopped(call("a"))],
+            "the agent was paused",
+            &mut sink,
+        );
         assert_eq!(ledger.refuse_held(), ["a/update_1"]);
         assert!(matches!(
             rx.try_recv().unwrap(),

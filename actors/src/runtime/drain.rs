@@ -2,8 +2,11 @@
 //!
 //! From the call on the registry refuses new sessions (`EngineError::Draining`); every
 //! session live then — also one whose start is under way — is let settle (no turn, no
-//! queued work, no deferred reply, no tool run) until the deadline, then closed; one not
-//! settled at the deadline has its turn force-interrupted first. Each session is drained
+//! queued work, no deferred reply, no tool run but call-long ones) until the deadline,
+//! then closed; one not settled at the deadline has its turn force-interrupted first. The
+//! close is bounded as every close is (the grace period per wait on user code), so a drain
+//! returns within its deadline, the interruption's wait for what the user heard of a cut
+//! speech (2 s at most) and a close. Each session is drained
 //! by one future, all of them polled by the caller's task: a session waits on its own
 //! settle signal (`HostView::settled`) and its `gone` signal, so a thousand sessions cost
 //! a thousand idle futures, not a thousand timers or threads. The drain holds a session's
@@ -18,6 +21,7 @@ use std::time::Duration;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
+use crate::events::Unfinished;
 use crate::history::SessionHistory;
 use crate::ids::SessionId;
 use crate::registry::{LiveSession, Registry};
@@ -45,6 +49,11 @@ pub struct DrainedSession {
     /// What `close()` returns: the final chat context of every agent it ran. A tool that
     /// was still running has its terminal output in it.
     pub history: SessionHistory,
+    /// What its close stopped waiting for: tool bodies, hooks or snapshot writes that had
+    /// not finished within the grace period (each was also a
+    /// [`SessionEvent::Unfinished`](crate::SessionEvent::Unfinished) event). Empty when
+    /// everything finished.
+    pub unfinished: Vec<Unfinished>,
 }
 
 /// How a drained session ended.
@@ -117,6 +126,7 @@ async fn drain_one(id: SessionId, live: LiveSession, until: Instant) -> DrainedS
             id,
             ended: DrainEnd::ClosedByHost,
             history: SessionHistory::default(),
+            unfinished: Vec::new(),
         };
     };
     // A session that closes meanwhile (its host closed it) ends the wait too.
@@ -148,6 +158,7 @@ async fn drain_one(id: SessionId, live: LiveSession, until: Instant) -> DrainedS
         ended,
         // Every activity recorded its final chat context as it stopped.
         history: shared.history.read(Vec::new()),
+        unfinished: shared.unfinished.read(),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The engine's stall monitor: reports an arbiter that ran nothing else for longer than a
 //! threshold — a tool body computing without awaiting, a blocking call in a hook — which
-//! holds every session of that arbiter.
+//! holds every session of that arbiter: their turns, timers and tools wait until it lets go.
 //!
 //! Off by default, since it is work a host did not ask for (a timer on every arbiter, a
 //! thread of its own); [`Engine::monitor_stalls`](crate::Engine::monitor_stalls) turns it

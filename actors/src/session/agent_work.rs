@@ -1,4 +1,5 @@
-//! How much work the agents may start on their own between two user inputs (SPEC §2a).
+//! How much work the agents may start on their own between two user inputs: a model or
+//! hook that keeps handing off or replying without a user must not run for ever.
 //!
 //! A reply a hook or tool queues (`SessionControl::generate_reply`) and a handoff a tool,
 //! hook or turn asks for are work no user asked for. Each is bounded on its own (one turn,

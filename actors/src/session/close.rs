@@ -9,6 +9,12 @@
 //! the history as it stops; the snapshots taken for the session's store are written; the
 //! session actor stops. `Session::close` waits for the session actor to be dropped, so
 //! when it returns no actor of the session is alive.
+//!
+//! Each wait on code the engine does not own is bounded by the grace period
+//! (`SessionBuilder::grace_period`): the session's tool bodies, then each agent's
+//! `on_exit` and its own tool bodies, then the snapshot store. What did not finish in time
+//! is dropped and reported (`SessionEvent::Unfinished`, kept for the drain report), so a
+//! close returns within four grace periods plus the engine's own work, whatever they do.
 
 use std::sync::Arc;
 
@@ -16,11 +22,11 @@ use actix::prelude::*;
 
 use super::SessionActor;
 use crate::activity::{AppendItems, CloseActivity, TurnKind};
-use crate::chat::{ChatItem, FunctionCall};
+use crate::chat::ChatItem;
 use crate::error::{SessionError, UpdateError};
-use crate::events::SessionEvent;
+use crate::events::{SessionEvent, Unfinished};
 use crate::lifecycle::stop_all;
-use crate::outcome::terminal_pair;
+use crate::outcome::{terminal_pair, StoppedCall};
 use crate::speech::{SpeechOutcome, SpeechStatus};
 use crate::toolset::StopToolset;
 
@@ -92,7 +98,7 @@ impl SessionActor {
                 .then(move |background, act, _| {
                     // Session runs that were in the background get their terminal output
                     // in the current agent's chat context.
-                    let calls: Vec<FunctionCall> =
+                    let calls: Vec<StoppedCall> =
                         background.into_iter().flatten().flatten().collect();
                     if let (Some(current), false) = (activities.first(), calls.is_empty()) {
                         current.child.mailbox.tell(
@@ -112,9 +118,20 @@ impl SessionActor {
                     })
                     .into_actor(act)
                 })
-                // The last settled state reaches the store before the session is gone.
-                .then(|_, act, _| act.chain.flushed().into_actor(act))
-                .map(|(), act, ctx| {
+                // The last settled state reaches the store before the session is gone,
+                // unless the store does not answer within the grace period: a database
+                // outage must not hold every hang-up (and a drain) for ever.
+                .then(|_, act, _| {
+                    let grace = act.shared.settings.config.grace_period;
+                    tokio::time::timeout(grace, act.chain.flushed()).into_actor(act)
+                })
+                .map(|flushed, act, ctx| {
+                    if flushed.is_err() {
+                        let unwritten = act.chain.unwritten();
+                        act.shared
+                            .unfinished
+                            .report(&act.shared, Unfinished::SnapshotStore { unwritten });
+                    }
                     // Every activity is gone: the realtime connections close now.
                     act.drop_realtime();
                     act.shared.events.emit(SessionEvent::Closed);
@@ -125,7 +142,7 @@ impl SessionActor {
     }
 }
 
-fn terminal_items(calls: Vec<FunctionCall>, reason: &str) -> Vec<ChatItem> {
+fn terminal_items(calls: Vec<StoppedCall>, reason: &str) -> Vec<ChatItem> {
     calls
         .into_iter()
         .flat_map(|call| terminal_pair(call, reason))

@@ -1,4 +1,4 @@
-//! Endpointing (SPEC §8): when the user's words make a turn.
+//! Endpointing: when the user's words make a turn.
 //!
 //! A final transcript does not start a turn at once: the session waits `endpointing_delay`
 //! for more of the user's words, and finals within it join one user message, so an STT

@@ -13,11 +13,19 @@
 //! behind it (they would not follow what the store has) and the next save full. Closing
 //! waits for the writer to finish what was queued: a session that closed has its last
 //! settled state in the store.
+//!
+//! The queue is bounded: a store that falls [`MAX_QUEUED`] updates behind (slow, or not
+//! answering) gets the next save in full, and a full snapshot replaces every update queued
+//! before it that the writer has not started (whoever waited for one of those waits for
+//! the full one). The close waits for the writer for the grace period only (the bound is
+//! the close's, at its call site); a writer still stuck in the store then is dropped with
+//! the session.
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch, Notify};
 
 use super::SnapshotUpdate;
 use crate::events::SessionEvent;
@@ -34,16 +42,26 @@ const MIN_ITEMS_BEFORE_FULL: usize = 64;
 /// Or once this many deltas were saved since: each carries a head.
 const MAX_DELTAS: u32 = 1024;
 
-/// One update for the writer, and who waits for it to be written (`Session::save`).
+/// The most updates waiting for a store that is behind: the next save is full, and
+/// replaces them. So a store that stops answering holds at most this many deltas and one
+/// full snapshot of a session, however long the call goes on.
+const MAX_QUEUED: usize = 16;
+
+/// Who waits to hear how a write went (`Session::save`).
+type Waiter = oneshot::Sender<Result<(), StoreError>>;
+
+/// One update for the writer, and who waits for it to be written.
 struct Queued {
     update: SnapshotUpdate,
-    written: Option<oneshot::Sender<Result<(), StoreError>>>,
+    waiters: Vec<Waiter>,
 }
 
 /// The session's end of its saving.
 pub(crate) struct Saver {
-    queue: mpsc::UnboundedSender<Queued>,
     writer: Arc<WriterState>,
+    /// The writer's task, aborted when the session is dropped: a write stuck in the store
+    /// past the close's grace must not outlive the session.
+    task: tokio::task::JoinHandle<()>,
     /// The chain's `seq` of the last update queued; when the chain moved past it (a host
     /// took a snapshot update in between), the next save is full.
     queued: Option<u64>,
@@ -64,8 +82,25 @@ struct WriterState {
     failed: AtomicBool,
     /// The store refused a write as fenced: nothing more is saved.
     fenced: AtomicBool,
-    /// Updates queued and not yet written.
+    /// Updates queued and not yet written, plus the one being written.
     pending: watch::Sender<usize>,
+    /// The updates the writer has not started, oldest first.
+    queue: Mutex<VecDeque<Queued>>,
+    /// Rung when an update is queued.
+    queued: Notify,
+}
+
+impl WriterState {
+    fn queue(&self) -> MutexGuard<'_, VecDeque<Queued>> {
+        // Pushed and popped whole: a panic elsewhere cannot leave it half-written.
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for Saver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// What the session does at a settled turn.
@@ -86,22 +121,17 @@ impl Saver {
         claim: Claim,
         session: Arc<SessionShared>,
     ) -> Self {
-        let (queue, updates) = mpsc::unbounded_channel::<Queued>();
         let writer = Arc::new(WriterState {
             failed: AtomicBool::new(false),
             fenced: AtomicBool::new(false),
             pending: watch::channel(0).0,
+            queue: Mutex::new(VecDeque::new()),
+            queued: Notify::new(),
         });
-        actix::spawn(write_in_order(
-            store,
-            claim,
-            updates,
-            writer.clone(),
-            session,
-        ));
+        let task = actix::spawn(write_in_order(store, claim, writer.clone(), session));
         Self {
-            queue,
             writer,
+            task,
             queued: None,
             deltas: 0,
             full_items: 0,
@@ -124,7 +154,8 @@ impl Saver {
         self.taking = true;
         let failed = self.writer.failed.swap(false, Ordering::AcqRel);
         let grown = self.delta_items >= self.full_items.max(MIN_ITEMS_BEFORE_FULL)
-            || self.deltas >= MAX_DELTAS;
+            || self.deltas >= MAX_DELTAS
+            || self.writer.queue().len() >= MAX_QUEUED;
         SaveNow::Take {
             full: !started || failed || self.queued != Some(seq) || grown,
         }
@@ -151,33 +182,44 @@ impl Saver {
         heard
     }
 
-    fn queue(
-        &mut self,
-        update: SnapshotUpdate,
-        written: Option<oneshot::Sender<Result<(), StoreError>>>,
-    ) {
-        {
-            self.queued = Some(match &update {
-                SnapshotUpdate::Full(snapshot) => {
-                    self.full_items = snapshot.items();
-                    self.delta_items = 0;
-                    self.deltas = 0;
-                    snapshot.seq()
-                }
-                SnapshotUpdate::Delta(delta) => {
-                    self.delta_items += delta.items();
-                    self.deltas += 1;
-                    delta.base() + 1
-                }
-            });
-            self.writer.pending.send_modify(|n| *n += 1);
-            if self.queue.send(Queued { update, written }).is_err() {
-                // The writer is gone (its arbiter stopped): nothing will write it.
-                self.writer
-                    .pending
-                    .send_modify(|n| *n = n.saturating_sub(1));
+    fn queue(&mut self, update: SnapshotUpdate, waiter: Option<Waiter>) {
+        self.queued = Some(match &update {
+            SnapshotUpdate::Full(snapshot) => {
+                self.full_items = snapshot.items();
+                self.delta_items = 0;
+                self.deltas = 0;
+                snapshot.seq()
             }
-        }
+            SnapshotUpdate::Delta(delta) => {
+                self.delta_items += delta.items();
+                self.deltas += 1;
+                delta.base() + 1
+            }
+        });
+        let mut waiters: Vec<Waiter> = waiter.into_iter().collect();
+        let mut queue = self.writer.queue();
+        // A full snapshot holds everything the updates before it would have written: it
+        // replaces them, and whoever waited for one of them waits for it.
+        let replaced = match update {
+            SnapshotUpdate::Full(_) => {
+                let before = std::mem::take(&mut *queue);
+                let count = before.len();
+                waiters.extend(before.into_iter().flat_map(|queued| queued.waiters));
+                count
+            }
+            SnapshotUpdate::Delta(_) => 0,
+        };
+        queue.push_back(Queued { update, waiters });
+        drop(queue);
+        self.writer
+            .pending
+            .send_modify(|n| *n = (*n + 1).saturating_sub(replaced));
+        self.writer.queued.notify_one();
+    }
+
+    /// Updates queued and not yet written (the one being written included).
+    pub(crate) fn unwritten(&self) -> usize {
+        *self.writer.pending.borrow()
     }
 
     /// Resolves once everything queued is written (or failed).
@@ -195,25 +237,26 @@ impl Saver {
 async fn write_in_order(
     store: Arc<dyn SnapshotStore>,
     claim: Claim,
-    mut updates: mpsc::UnboundedReceiver<Queued>,
     state: Arc<WriterState>,
     session: Arc<SessionShared>,
 ) {
     let mut after = claim.version();
     let mut broken = false;
     let mut fence = None;
-    while let Some(Queued {
-        update,
-        written: heard,
-    }) = updates.recv().await
-    {
+    loop {
+        let next = state.queue().pop_front();
+        let Some(Queued { update, waiters }) = next else {
+            // Ends when the session drops its `Saver`, which aborts this task.
+            state.queued.notified().await;
+            continue;
+        };
         let written = match update {
             _ if state.fenced.load(Ordering::Acquire) => None,
             SnapshotUpdate::Full(snapshot) => Some(store.save(snapshot, after).await),
             SnapshotUpdate::Delta(_) if broken => None,
             SnapshotUpdate::Delta(delta) => Some(store.append(delta, after).await),
         };
-        if let Some(heard) = heard {
+        for waiter in waiters {
             let result = match &written {
                 Some(Ok(_)) => Ok(()),
                 Some(Err(err)) => Err(err.clone()),
@@ -222,7 +265,7 @@ async fn write_in_order(
                     reason: "not written".to_owned(),
                 })),
             };
-            let _ = heard.send(result);
+            let _ = waiter.send(result);
         }
         match written {
             Some(Ok(version)) => {

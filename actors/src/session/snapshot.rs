@@ -1,4 +1,4 @@
-//! Snapshots of a session (SPEC §14): taking one, in full or as a delta, saving after
+//! Snapshots of a session: taking one, in full or as a delta, saving after
 //! every settled turn, and starting a session again from one.
 //!
 //! **Taking one.** The session waits for a switch under way to end (a handoff or a
@@ -279,6 +279,11 @@ impl Chain {
                 flushed.await;
             }
         }
+    }
+
+    /// Snapshots taken for the store and not written yet.
+    pub(super) fn unwritten(&self) -> usize {
+        self.saver.as_ref().map_or(0, Saver::unwritten)
     }
 
     /// An activation started, its agent built with `data`.
@@ -1306,7 +1311,7 @@ struct Restoring {
 impl Restoring {
     fn new(shared: &Arc<SessionShared>, calls: usize) -> Self {
         for _ in 0..calls {
-            shared.host_view.tool_run_started();
+            shared.host_view.tool_run_started(false);
         }
         Self {
             shared: shared.clone(),
@@ -1318,7 +1323,7 @@ impl Restoring {
 impl Drop for Restoring {
     fn drop(&mut self) {
         for _ in 0..self.calls {
-            self.shared.host_view.tool_run_ended();
+            self.shared.host_view.tool_run_ended(false);
         }
     }
 }

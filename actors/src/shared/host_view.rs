@@ -8,7 +8,7 @@
 //! and a message per change would cost the hot path), and the count of live tool runs by
 //! each run as it starts and stops (a counter, so that the settle signal needs no message).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::{watch, Notify};
@@ -21,8 +21,12 @@ use crate::shared::Events;
 pub(crate) struct HostView {
     /// Whether the session is inactive; written only through [`Self::publish_inactive`].
     pub(crate) inactive: watch::Sender<bool>,
-    /// How many tool runs are alive in the session.
-    running_tools: AtomicUsize,
+    /// How many tool runs are alive in the session, call-long ones aside. (`u32`s: with the
+    /// small state below they fill the space one `usize` and the state took, and an idle
+    /// session pays for every byte here.)
+    running_tools: AtomicU32,
+    /// How many runs of call-long tools are alive: they do not hold settling.
+    call_long_tools: AtomicU32,
     /// Notified each time the session becomes settled (inactive, no tool run alive), for
     /// `wait_for_settled`: one signal for the pair, so a waiting host is woken once per
     /// settle, not once per half of it.
@@ -72,7 +76,8 @@ impl HostView {
         let (inactive, _) = watch::channel(false);
         Self {
             inactive,
-            running_tools: AtomicUsize::new(0),
+            running_tools: AtomicU32::new(0),
+            call_long_tools: AtomicU32::new(0),
             settled: Notify::new(),
             switched: Notify::new(),
             agent_state: AtomicU8::new(agent_state_code(AgentState::Initializing)),
@@ -96,9 +101,10 @@ impl HostView {
         self.inputs().last_input()
     }
 
-    /// How many tool runs are alive in the session now.
+    /// How many tool runs are alive in the session now, call-long ones included.
     pub(crate) fn running_tools(&self) -> usize {
-        self.running_tools.load(Ordering::Acquire)
+        let runs = self.running_tools.load(Ordering::Acquire) as usize;
+        runs + self.call_long_tools.load(Ordering::Acquire) as usize
     }
 
     /// The session began to close (by `close()` or the drop of its last host handle).
@@ -135,13 +141,25 @@ impl HostView {
             .map(str::to_owned)
     }
 
-    /// A tool run of the session started.
-    pub(crate) fn tool_run_started(&self) {
-        self.running_tools.fetch_add(1, Ordering::AcqRel);
+    /// A tool run of the session started (`call_long`: of a call-long tool, which does
+    /// not hold settling).
+    pub(crate) fn tool_run_started(&self, call_long: bool) {
+        if call_long {
+            self.call_long_tools.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.running_tools.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
-    /// A tool run of the session stopped; the last one settles an inactive session.
-    pub(crate) fn tool_run_ended(&self) {
+    /// A tool run of the session stopped; the last one that holds settling settles an
+    /// inactive session.
+    pub(crate) fn tool_run_ended(&self, call_long: bool) {
+        if call_long {
+            let _ = self
+                .call_long_tools
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+            return;
+        }
         let before = self
             .running_tools
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
@@ -168,7 +186,7 @@ impl HostView {
         }
     }
 
-    /// Whether the session is settled: inactive, and no tool run alive.
+    /// Whether the session is settled: inactive, and no tool run alive but call-long ones.
     pub(crate) fn is_settled(&self) -> bool {
         self.running_tools.load(Ordering::Acquire) == 0 && *self.inactive.borrow()
     }

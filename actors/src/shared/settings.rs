@@ -30,6 +30,7 @@ pub(crate) struct SessionConfig {
     pub(crate) false_interruption_timeout: Option<Duration>,
     pub(crate) user_away_timeout: Option<Duration>,
     pub(crate) endpointing_delay: Duration,
+    pub(crate) max_blocking_jobs: usize,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that

@@ -10,7 +10,8 @@
 //!
 //! It shows a greeting from `on_enter`, an async tool whose result is spoken after its
 //! turn, a handoff, and a barge-in after which the supervisor's message holds only what
-//! the caller heard. `docs/livekit.md` has the steps to put the same bridge in front of a
+//! the caller heard; it checks each of these at the end and exits non-zero when one did not
+//! happen (CI runs it). `docs/livekit.md` has the steps to put the same bridge in front of a
 //! real LiveKit Cloud or server project.
 
 use std::time::Duration;
@@ -64,7 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
     let session = call_started.recv().await.ok_or("no call came")?;
     println!("\nswitchboard's transcript (worker exited with {status}):");
-    for (agent, item) in session.history().await.transcript() {
+    let history = session.history().await;
+    let transcript = history.transcript();
+    for &(agent, item) in &transcript {
         match item {
             ChatItem::Message(m) => println!(
                 "  {agent:>10} {:?}: {}{}",
@@ -76,6 +79,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ChatItem::FunctionCallOutput(o) => println!("  {agent:>10} {} -> {}", o.name, o.output),
             ChatItem::AgentHandoff { from, to } => println!("  handoff {from:?} -> {to}"),
             _ => {}
+        }
+    }
+    // What the example claims to show, checked (CI runs it): a failure exits non-zero.
+    let said = |agent: &str, text: &str| {
+        transcript.iter().any(|(a, item)| {
+            *a == agent
+                && matches!(item, ChatItem::Message(m) if m.role == ChatRole::Assistant && m.content.contains(text))
+        })
+    };
+    let claims = [
+        ("the worker ending well", status.success()),
+        ("the greeting from on_enter", said("concierge", "this is the concierge")),
+        ("the async tool's result spoken after its turn", said("concierge", "your table for two is booked")),
+        (
+            "the handoff to the supervisor",
+            transcript.iter().any(|(_, item)| {
+                matches!(item, ChatItem::AgentHandoff { to, .. } if to == "supervisor")
+            }),
+        ),
+        (
+            "a barge-in that kept what the caller heard",
+            transcript.iter().any(|(_, item)| {
+                matches!(item, ChatItem::Message(m) if m.interrupted && m.content.starts_with("Once upon a time"))
+            }),
+        ),
+    ];
+    for (claim, held) in claims {
+        if !held {
+            return Err(format!("the example did not show {claim}").into());
         }
     }
     Ok(())

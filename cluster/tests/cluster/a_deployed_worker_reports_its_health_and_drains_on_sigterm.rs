@@ -134,6 +134,14 @@ async fn a_deployed_worker_reports_its_health_and_drains_on_sigterm() {
         after.assistant_messages().collect::<Vec<_>>(),
         ["You said: still there?"]
     );
+    // The stalled session answered its caller on w1 (interrupted at the deadline) and
+    // may still be on its way to w2: its resume is counted once it lands.
+    within("both sessions resumed on w2", async {
+        while gateway.worker_info("w2").await.unwrap().resumed < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
     assert_eq!(gateway.worker_info("w2").await.unwrap().resumed, 2);
     taker.assert_one_output_held();
 }

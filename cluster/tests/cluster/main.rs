@@ -16,5 +16,6 @@ mod drain_moves_sessions;
 mod figures;
 mod inputs_apply_exactly_once;
 mod losing_one_of_three_servers_loses_nothing;
+mod secrets_stay_out_of_debug;
 mod sessions_survive_a_server_restart;
 mod who_may_connect;

@@ -98,7 +98,9 @@ pub enum OpenAiConfigError {
 }
 
 /// Builds an [`OpenAiLlm`]: `OpenAiLlm::builder().model("gpt-4.1-mini").api_key(key).build()`.
-#[derive(Clone, Debug)]
+/// Its `Debug` says whether a key is set, never the key, and shows the base URL without a
+/// password or query values.
+#[derive(Clone)]
 #[must_use = "a builder does nothing until `.build()`"]
 pub struct OpenAiBuilder {
     base_url: String,
@@ -110,6 +112,22 @@ pub struct OpenAiBuilder {
     connect_timeout: Duration,
     timeouts: LlmTimeouts,
     retry: RetryPolicy,
+}
+
+impl std::fmt::Debug for OpenAiBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiBuilder")
+            .field("base_url", &super::shown_url(&self.base_url))
+            .field("api_key", &self.api_key.as_ref().map(|_| "…"))
+            .field("model", &self.model)
+            .field("temperature", &self.temperature)
+            .field("parallel_tool_calls", &self.parallel_tool_calls)
+            .field("extra", &self.extra.keys().collect::<Vec<_>>())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("timeouts", &self.timeouts)
+            .field("retry", &self.retry)
+            .finish()
+    }
 }
 
 impl Default for OpenAiBuilder {
@@ -223,6 +241,7 @@ impl OpenAiBuilder {
         }
         let endpoint = endpoint(&self.base_url)?;
         let host = endpoint.host_str().unwrap_or_default().to_owned();
+        let shown = super::shown_url(endpoint.as_str());
         let client = reqwest::Client::builder()
             // Our own timeouts bound each wait (`LlmTimeouts`); reqwest's would cut a long
             // answer that is still streaming.
@@ -234,6 +253,7 @@ impl OpenAiBuilder {
         Ok(OpenAiLlm {
             config: Arc::new(Config {
                 endpoint,
+                shown,
                 host,
                 api_key: self.api_key.filter(|k| !k.is_empty()),
                 name: format!("openai/{model}"),
@@ -290,7 +310,7 @@ impl OpenAiBuilder {
 /// Where requests go for `base_url`: `{base_url}/chat/completions`, the suffix added once.
 fn endpoint(base_url: &str) -> Result<reqwest::Url, OpenAiConfigError> {
     let invalid = |reason: String| OpenAiConfigError::InvalidBaseUrl {
-        url: base_url.to_owned(),
+        url: super::shown_url(base_url),
         reason,
     };
     let trimmed = base_url.trim();

@@ -182,7 +182,7 @@ impl Exchange {
                 status.as_u16(),
                 &headers,
                 &text,
-                self.config.endpoint.as_str(),
+                &self.config.shown,
             ));
         }
         tracing::debug!(status = status.as_u16(), "LLM answer streaming");

@@ -300,11 +300,11 @@ fn pending_item(scope: Scope, call_id: &str) -> PendingItem {
         call_id: call_id.to_owned(),
         items: Arc::from(
             crate::outcome::terminal_pair(
-                FunctionCall {
+                crate::outcome::StoppedCall::stopped(FunctionCall {
                     call_id: base,
                     name: "search".to_owned(),
                     arguments: "{}".to_owned(),
-                },
+                }),
                 "later",
             )
             .map(|item| match item {
@@ -949,11 +949,11 @@ fn a_pause_hands_session_items_to_the_next_agent_and_drops_its_own() {
         .collect();
     assert_eq!(carried, ["s/update_1"]);
     f.feed(Input::RunsStopped {
-        calls: vec![FunctionCall {
+        calls: vec![crate::outcome::StoppedCall::stopped(FunctionCall {
             call_id: "bg".into(),
             name: "search".into(),
             arguments: "{}".into(),
-        }],
+        })],
         reason: Arc::from("the agent was paused for a sub-task"),
     });
     assert!(f.machine.chat().output_of("bg/finished").is_some());
