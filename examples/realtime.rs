@@ -296,7 +296,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         check(&history, &seen, &report, first.interrupted)?;
         println!("\n(checked: the tool call, the barge-in's cut, the handoff on one socket, no violation)");
     } else {
-        println!("\n(a real model's words and timings differ: the loopback run's checks are skipped)");
+        println!(
+            "\n(a real model's words and timings differ: the loopback run's checks are skipped)"
+        );
     }
     Ok(())
 }
@@ -360,8 +362,5 @@ fn check(
         }),
     )?;
     happened("one connection for the whole call", report.connections == 1)?;
-    happened(
-        "no protocol violation",
-        report.violations_total() == 0,
-    )
+    happened("no protocol violation", report.violations_total() == 0)
 }

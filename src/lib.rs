@@ -158,9 +158,9 @@ pub mod __private {
 
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentHook, AgentState, AgentWork,
-    ArbiterStall, AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
-    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
-    EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
+    ArbiterStall, AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage,
+    ChatRole, DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy,
+    Engine, EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
     FunctionCallOutput, GivenChat, Handoff, HookContext, HostInput, HostSession, InputAnswer,
     InputId, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
     LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer,
