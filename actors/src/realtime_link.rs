@@ -390,15 +390,15 @@ impl Task {
                 self.listener = Some(listener);
                 self.wire.attach(config, &chat, now, &mut self.out);
             }
-            LinkOp::Detach { listener } => {
+            LinkOp::Detach { listener }
                 if self
                     .listener
                     .as_ref()
-                    .is_some_and(|l| l.same_channel(&listener))
-                {
-                    self.listener = None;
-                }
+                    .is_some_and(|l| l.same_channel(&listener)) =>
+            {
+                self.listener = None;
             }
+            LinkOp::Detach { .. } => {}
             LinkOp::Sync { chat } => self.wire.sync(&chat, now, &mut self.out),
             LinkOp::Open { ask, adopt, chat } => {
                 self.wire.open(ask, adopt, &chat, now, &mut self.out)
@@ -462,14 +462,13 @@ impl Task {
                 Poll::Ready(Some(op)) => {
                     match &op {
                         LinkOp::Attach { listener, .. } => self.listener = Some(listener.clone()),
-                        LinkOp::Detach { listener } => {
+                        LinkOp::Detach { listener }
                             if self
                                 .listener
                                 .as_ref()
-                                .is_some_and(|l| l.same_channel(listener))
-                            {
-                                self.listener = None;
-                            }
+                                .is_some_and(|l| l.same_channel(listener)) =>
+                        {
+                            self.listener = None;
                         }
                         _ => {}
                     }
@@ -529,14 +528,13 @@ impl Task {
     fn fail_op(&mut self, op: LinkOp, fail: &impl Fn(u64) -> LinkEvent) {
         match op {
             LinkOp::Attach { listener, .. } => self.listener = Some(listener),
-            LinkOp::Detach { listener } => {
+            LinkOp::Detach { listener }
                 if self
                     .listener
                     .as_ref()
-                    .is_some_and(|l| l.same_channel(&listener))
-                {
-                    self.listener = None;
-                }
+                    .is_some_and(|l| l.same_channel(&listener)) =>
+            {
+                self.listener = None;
             }
             LinkOp::Open { ask, .. } => self.tell(fail(ask.step)),
             _ => {}
