@@ -12,6 +12,14 @@
 //! pipeline (`install_telemetry`; `BENCH_OTEL=none`: the feature built in, no pipeline;
 //! `BENCH_OTEL=metrics`: metrics only).
 //!
+//! `BENCH_TURNS=on` gives every session of the latency and voice rows the turn handling
+//! with every feature on (`turns_on`: a dynamic endpointing delay, backchannel words, a
+//! zero minimum duration, preemptive generation, a user-turn limit): the "on" column of
+//! BENCHMARKS.md's turn-handling table. V1_barge_in then times the words that interrupt
+//! (an interim transcript), since with a word rule the voice alone does not;
+//! `V3_backchannel` (only with it on) times a backchannel final from `transcript()` to its
+//! `UserWordsIgnored` event.
+//!
 //! Knobs: `BENCH_N` (timed iterations per latency scenario, default 2000), `BENCH_WARMUP`
 //! (200), `BENCH_S3_SESSIONS` (1000), `BENCH_SCALE_SESSIONS` (100000), `BENCH_SCALE_TASKS`
 //! (16), `BENCH_S4_SESSIONS` (100), `BENCH_S4_CALLS` (10), `BENCH_S4_UPDATES` (3),
@@ -26,7 +34,8 @@
 //! `BENCH_SCENARIOS` (comma list, default all of: S1, S1_agent, S1b, S1c, S2, round_trip,
 //! S1_idle, S1b_idle, S1c_idle, S1_history, S1b_inspect, S1_stalls, snapshot_full, snapshot_delta,
 //! snapshot_delta_chain, snapshot_restore, snapshot_restore_reply, snapshot_save_turn,
-//! snapshot_file_append, V1_barge_in, V2_streaming, S3, S3_abandoned, S4, S4_1000,
+//! snapshot_file_append, V1_barge_in, V2_streaming, V3_backchannel (with `BENCH_TURNS=on`),
+//! S3, S3_abandoned, S4, S4_1000,
 //! S4_parallel, S4_burst, round_trip_host, S1_host, S1b_host, S1c_host, S2_host, S4_host,
 //! S4_parallel_host, S3_scale, S4_arbiters_mt, S4_arbiters).
 //!
@@ -99,7 +108,36 @@ use switchboard::{
     AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
     SessionBuilder, ToolCallChunk, ToolChoice,
 };
+use switchboard::{
+    Backchannel, Endpointing, Interruption, PreemptiveGeneration, TurnHandling, UserTurnLimit,
+};
 use tokio::sync::{mpsc, watch};
+
+/// Whether the turn handling's features are on (`BENCH_TURNS=on`).
+fn turns_on() -> bool {
+    std::env::var("BENCH_TURNS").as_deref() == Ok("on")
+}
+
+/// The turn handling of a session: every feature on with `BENCH_TURNS=on`, the defaults
+/// otherwise.
+fn turn_handling() -> TurnHandling {
+    if !turns_on() {
+        return TurnHandling::new();
+    }
+    TurnHandling::new()
+        .endpointing(Endpointing::dynamic(
+            std::time::Duration::from_millis(500),
+            std::time::Duration::from_secs(3),
+        ))
+        .interruption(
+            Interruption::new()
+                .min_duration(std::time::Duration::ZERO)
+                .backchannel(Backchannel::english())
+                .backchannel_boundary(None),
+        )
+        .preemptive_generation(PreemptiveGeneration::on())
+        .user_turn_limit(UserTurnLimit::new().max_words(200))
+}
 
 fn env(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -377,6 +415,7 @@ async fn session_for(
     let mut builder = Session::builder()
         .llm(llm.clone())
         .agent(agent)
+        .turn_handling(turn_handling())
         .inspect(inspect);
     for ts in toolsets {
         builder = builder.toolset(ts);
@@ -1453,6 +1492,40 @@ impl Llm for HelloThenStall {
     }
 }
 
+/// A session whose turn streams a speech, then its model stalls (marking `dropped` when
+/// its stream is dropped): once the speech is announced, the session, its events and the
+/// turn.
+async fn stalled_speech(
+    engine: &Engine,
+    output: StopWatchOutput,
+    dropped: Arc<Mutex<Option<Instant>>>,
+) -> (
+    Session,
+    tokio::sync::broadcast::Receiver<SessionEvent>,
+    tokio::task::JoinHandle<Result<switchboard::RunResult, switchboard::SessionError>>,
+) {
+    let session = Session::builder()
+        .llm(Arc::new(HelloThenStall { dropped }))
+        .agent(Agent::builder("a").build().unwrap())
+        .output(output)
+        .min_interruption_duration(std::time::Duration::ZERO)
+        .turn_handling(turn_handling())
+        .start(engine)
+        .await
+        .unwrap();
+    let mut events = session.subscribe();
+    let turn = {
+        let session = session.clone();
+        actix::spawn(async move { session.run("go").await })
+    };
+    while let Ok(event) = events.recv().await {
+        if matches!(event, SessionEvent::SpeechCreated { .. }) {
+            break;
+        }
+    }
+    (session, events, turn)
+}
+
 /// V1 barge-in: a turn streams a speech (then its model stalls); the host reports that
 /// the user started speaking (`min_interruption_duration` zero: a real interruption at
 /// once). Timed: from `user_started_speaking()` until both the output was told to stop and
@@ -1463,28 +1536,19 @@ async fn barge_in(engine: &Engine) {
     for i in 0..warmup + n {
         let dropped = Arc::new(Mutex::new(None));
         let output = StopWatchOutput::default();
-        let session = Session::builder()
-            .llm(Arc::new(HelloThenStall {
-                dropped: dropped.clone(),
-            }))
-            .agent(Agent::builder("a").build().unwrap())
-            .output(output.clone())
-            .min_interruption_duration(std::time::Duration::ZERO)
-            .start(engine)
-            .await
-            .unwrap();
-        let mut events = session.subscribe();
-        let turn = {
-            let session = session.clone();
-            actix::spawn(async move { session.run("go").await })
+        let (session, _events, turn) =
+            stalled_speech(engine, output.clone(), dropped.clone()).await;
+        // With a word rule the voice alone does not interrupt: the words do.
+        let start = if turns_on() {
+            session.user_started_speaking();
+            let start = Instant::now();
+            session.transcript("wait, stop", false);
+            start
+        } else {
+            let start = Instant::now();
+            session.user_started_speaking();
+            start
         };
-        while let Ok(event) = events.recv().await {
-            if matches!(event, SessionEvent::SpeechCreated { .. }) {
-                break;
-            }
-        }
-        let start = Instant::now();
-        session.user_started_speaking();
         let result = turn.await.unwrap().unwrap();
         assert!(result.interrupted);
         let stopped = output.interrupted.lock().unwrap().unwrap();
@@ -1497,6 +1561,37 @@ async fn barge_in(engine: &Engine) {
     let s = stats(&samples);
     println!(
         r#"{{"scenario":"V1_barge_in","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{}}}"#,
+        s.mean, s.p50, s.p99, s.max, s.over_1ms
+    );
+}
+
+/// V3 backchannel (with `BENCH_TURNS=on`): a speech plays (its model stalls after the
+/// first text); the user says "uh-huh" over it. Timed: from the final `transcript()` to
+/// the `UserWordsIgnored` event (the boundary is off, so the words are judged at once).
+async fn backchannel(engine: &Engine) {
+    let (n, warmup) = (env("BENCH_N", 2000), env("BENCH_WARMUP", 200));
+    let mut samples = Vec::with_capacity(n);
+    let (session, mut events, turn) =
+        stalled_speech(engine, StopWatchOutput::default(), Arc::default()).await;
+    for i in 0..warmup + n {
+        session.user_started_speaking();
+        session.user_stopped_speaking();
+        let start = Instant::now();
+        session.transcript("uh-huh", true);
+        while let Ok(event) = events.recv().await {
+            if matches!(event, SessionEvent::UserWordsIgnored { .. }) {
+                break;
+            }
+        }
+        if i >= warmup {
+            samples.push(start.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    session.close().await.unwrap();
+    let _ = turn.await;
+    let s = stats(&samples);
+    println!(
+        r#"{{"scenario":"V3_backchannel","n":{n},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_1ms":{}}}"#,
         s.mean, s.p50, s.p99, s.max, s.over_1ms
     );
 }
@@ -1515,6 +1610,7 @@ async fn streaming(engine: &Engine) {
             .llm(llm)
             .agent(Agent::builder("a").build().unwrap())
             .output(StopWatchOutput::default())
+            .turn_handling(turn_handling())
             .start(engine)
             .await
             .unwrap();
@@ -1979,6 +2075,10 @@ fn install_telemetry() -> &'static str {
 fn main() {
     let telemetry = install_telemetry();
     println!(r#"{{"telemetry":"{telemetry}"}}"#);
+    println!(
+        r#"{{"turns":"{}"}}"#,
+        if turns_on() { "on" } else { "default" }
+    );
     meta();
     let total = Instant::now();
     // Same arbiter: the session runs on the arbiter of the task that drives it. The driver
@@ -2032,6 +2132,9 @@ fn main() {
         }
         if wanted("V2_streaming") {
             streaming(&engine).await;
+        }
+        if turns_on() && wanted("V3_backchannel") {
+            backchannel(&engine).await;
         }
         if wanted("S3_abandoned") {
             abandoned_sessions(&engine).await;

@@ -71,8 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         prompt_tokens: prompt,
         completion_tokens: completion,
         cached_prompt_tokens: None,
-        audio_prompt_tokens: None,
-        audio_completion_tokens: None,
+        ..Default::default()
     };
     let llm = ScriptedLlm::new([
         Reply::tool_call("lookup", json!({})).and_usage(usage(120, 9)),

@@ -18,6 +18,8 @@
 //! - a real barge-in mid-sentence: the TTS stops, and the chat keeps only the words the
 //!   user heard;
 //! - a supervisor taking over with an interrupting handoff;
+//! - what the call used and how fast each agent answered (`usage()`, `latency()`: from the
+//!   end of the user's speech to the first text out, across the handoff);
 //! - the transcript of the call, per agent, from `close()`.
 //!
 //! On the scripted model it checks each of these at the end and fails (a non-zero exit)
@@ -120,6 +122,31 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     session.wait_for_inactive().await;
     sleep(Duration::from_millis(300)).await;
 
+    let usage = session.usage();
+    println!("\nwhat the call used (tokens the model reported; the scripted one reports none):");
+    for line in usage.lines() {
+        let u = &line.usage;
+        println!(
+            "  {} on {}: {} requests, {} prompt ({} cached), {} completion",
+            line.agent,
+            line.model,
+            u.requests,
+            u.prompt_tokens,
+            u.cached_prompt_tokens,
+            u.completion_tokens
+        );
+    }
+    println!("how fast each agent answered (end of the user's speech to the first text out):");
+    let latency = session.latency();
+    for (agent, latency) in &latency {
+        if let Some(mean) = latency.end_to_first_audio.mean() {
+            println!(
+                "  {agent}: {} turns, mean {mean:?}, longest {:?}",
+                latency.turns, latency.end_to_first_audio.max
+            );
+        }
+    }
+
     let history = session.close().await?;
     let mut events = Vec::new();
     while let Ok(event) = seen.try_recv() {
@@ -145,7 +172,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if scripted {
         check(&history, &events, &specials)?;
-        println!("\nchecked: a false interruption resumed, the barge-in cut the speech to what was heard, the booking's result arrived, the supervisor's handoff cut the specials");
+        check_usage(&usage, &latency)?;
+        println!("\nchecked: a false interruption resumed, the barge-in cut the speech to what was heard, the booking's result arrived, the supervisor's handoff cut the specials, each agent's requests and latency were counted");
     } else {
         println!(
             "\n(a real model's words and timings differ: the scripted run's checks are skipped)"
@@ -208,6 +236,32 @@ fn check(
         "the handoff cutting the specials short",
         matches!(specials, SpeechOutcome::Interrupted { .. }),
     )
+}
+
+/// What the example claims of the call's usage and latency: each agent's requests
+/// counted (summing to the call's), each agent's first text measured, the supervisor's
+/// after the handoff too.
+fn check_usage(
+    usage: &switchboard::SessionUsage,
+    latency: &switchboard::SessionLatency,
+) -> Result<(), String> {
+    let by_agent = usage.by_agent();
+    let mut sum = switchboard::Usage::default();
+    for agent in by_agent.values() {
+        sum += agent;
+    }
+    if sum != usage.total() || !by_agent.values().all(|u| u.requests > 0) {
+        return Err(format!("the usage by agent does not add up: {by_agent:?}"));
+    }
+    for agent in ["concierge", "supervisor"] {
+        let measured = latency
+            .get(agent)
+            .is_some_and(|l| l.end_to_first_audio.count > 0);
+        if !measured {
+            return Err(format!("no latency was measured for {agent}: {latency:?}"));
+        }
+    }
+    Ok(())
 }
 
 /// The real model when the environment names one, else the scripted one (and whether it

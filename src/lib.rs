@@ -174,6 +174,14 @@ pub use switchboard_actors::{
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};
+// Turn handling, usage and latency (voice teams' asks: backchannels, cost per call,
+// latency across handoffs).
+pub use switchboard_actors::{
+    AgentLatency, Backchannel, Cost, EndOfTurn, Endpointing, EndpointingMode, IgnoredWords,
+    Interruption, LatencyStats, ModelPrice, Overlap, OverlapVerdict, PreemptiveGeneration,
+    PriceTable, SessionLatency, SessionUsage, TurnClassifier, TurnHandling, TurnLatency,
+    TurnMetrics, Usage, UsageLine, UserTurnLimit, DEFAULT_CUT_IN, ENGLISH_BACKCHANNELS,
+};
 
 /// Realtime speech-to-speech models: the [`RealtimeModel`](realtime::RealtimeModel) an agent
 /// uses in place of an [`Llm`] (`AgentBuilder::realtime`, `SessionBuilder::realtime`), how

@@ -10,20 +10,10 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{assert_invariant, spawn_turn, wait_on};
+use common::{assert_invariant, spawn_turn, user_messages, wait_on};
 use switchboard::prelude::*;
 use switchboard::testing::{event, RecordingOutput, Reply, ScriptedLlm};
 use tokio::time::advance;
-
-fn user_messages(chat: &ChatContext) -> Vec<String> {
-    chat.items()
-        .iter()
-        .filter_map(|item| match item {
-            ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
-            _ => None,
-        })
-        .collect()
-}
 
 async fn voice_session(llm: Arc<ScriptedLlm>, delay: Option<Duration>) -> Session {
     let mut builder = Session::builder()

@@ -300,6 +300,7 @@ async fn usage_before_a_failure_is_not_an_answer_and_the_backup_answers() {
             .and_usage(switchboard::LlmUsage {
                 prompt_tokens: 12,
                 completion_tokens: 0,
+                cached_prompt_tokens: None,
                 ..Default::default()
             })
             .and_error(overloaded())],

@@ -32,6 +32,7 @@ const USER_DEFINED: &[&str] = &[
     "restore",
     "snapshot_store",
     "host_input",
+    "turn_handling",
 ];
 /// The engine's plumbing.
 const PLUMBING: &[&str] = &[
@@ -65,6 +66,8 @@ const VOCABULARY: &[&str] = &[
     "snapshot",
     "snapshot_chain",
     "input_ledger",
+    "usage",
+    "latency",
     "realtime",
 ];
 

@@ -230,8 +230,7 @@ async fn each_request_reports_its_metrics() {
         prompt_tokens: 120,
         completion_tokens: 8,
         cached_prompt_tokens: Some(100),
-        audio_prompt_tokens: None,
-        audio_completion_tokens: None,
+        ..Default::default()
     };
     let llm = ScriptedLlm::new([Reply::text("Hi").and_text(" there.").and_usage(usage)]);
     let session = Session::builder()

@@ -132,8 +132,10 @@ async fn plain_text_is_forwarded_event_by_event_before_the_answer_ends() {
             prompt_tokens: 18,
             completion_tokens: 9,
             cached_prompt_tokens: Some(0),
-            audio_prompt_tokens: None,
-            audio_completion_tokens: None,
+            // The recorded answer's `prompt_tokens_details` and
+            // `completion_tokens_details` say no audio.
+            audio_prompt_tokens: Some(0),
+            audio_completion_tokens: Some(0),
         }))
     );
     server.assert_none_refused();
@@ -159,8 +161,8 @@ async fn a_tool_call_split_across_many_chunks_is_one_whole_call() {
                 prompt_tokens: 81,
                 completion_tokens: 23,
                 cached_prompt_tokens: Some(64),
-                audio_prompt_tokens: None,
-                audio_completion_tokens: None,
+                audio_prompt_tokens: Some(0),
+                audio_completion_tokens: Some(0),
             }),
         ]
     );
@@ -248,7 +250,8 @@ async fn the_usage_chunk_is_a_usage_chunk() {
             prompt_tokens: 20,
             completion_tokens: 3,
             cached_prompt_tokens: Some(0),
-            audio_prompt_tokens: None,
+            // This answer's details name audio prompt tokens only.
+            audio_prompt_tokens: Some(0),
             audio_completion_tokens: None,
         })]
     );

@@ -126,6 +126,7 @@ fn states_and_every_kind_of_error_read_back_the_same() {
             result: Box::new(RunResult {
                 events: vec![ChatItem::message(ChatRole::User, "hi")],
                 interrupted: true,
+                ..RunResult::default()
             }),
         },
         SessionError::Engine(EngineError::Spawn(std::io::Error::other("no threads left"))),

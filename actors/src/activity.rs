@@ -13,7 +13,8 @@
 //!   `on_enter`. **Pauses** on `PauseActivity` (a sub-task agent runs) and **resumes** on
 //!   `ResumeActivity`; **stops** on `CloseActivity` (runs `on_exit`, stops its toolsets).
 //! - **Handles:** `StartActivity`, `StartTurn`, `InterruptTurn`, `InterruptSpeech`,
-//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `DeliverToolItems`,
+//!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `Preflight`,
+//!   `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
 //!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
 //!   has on the session.
@@ -40,13 +41,18 @@
 //!   leaves no message. The first report of a speech is final.
 //! - A close tells the output to stop every speech still playing, paused or not.
 //! - A barge-in over an interruptible turn pauses a pausable output at once, interrupts
-//!   after the minimum duration or a transcript, and resumes after a false interruption.
+//!   after the minimum duration or a transcript, and resumes after a false interruption;
+//!   with a word rule, only words the session judged interrupting do (backchannels never).
+//! - A preemptive request says nothing and leaves nothing in the chat until a user turn
+//!   with its words takes it over; any other turn, a pause or a close drops it.
 
 mod activation;
 mod barge_in;
 mod companions;
 mod heard;
+mod latency;
 mod ledger;
+mod preflight;
 mod realtime;
 mod turn;
 
@@ -1006,14 +1012,42 @@ impl Handler<UserStoppedSpeaking> for ActivityActor {
     }
 }
 
+/// Sent by the session when a final transcript's words wait for the end of the user's
+/// turn, the agent is idle and the turn handling allows preemptive generation: start the
+/// model now with these words (the user's words of the turn so far; none: only drop the
+/// request under way, the user went on and no new try is allowed). The activity holds
+/// what the model sends until a user turn with the same words takes it over; anything
+/// else drops it. Told: one per final, and the session bounds the tries per user turn.
+pub(crate) struct Preflight {
+    pub(crate) text: Option<String>,
+}
+
+impl Message for Preflight {
+    type Result = ();
+}
+
+impl Handler<Preflight> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Preflight, ctx: &mut Self::Context) {
+        self.feed(Input::Preflight { text: msg.text }, ctx);
+    }
+}
+
 /// Host input (`Session::transcript`): what the user said, interim or final. The session
-/// turns a final one into a user turn and relays the transcript to the current agent:
-/// words make a barge-in under way real, and a final one interrupts an interruptible turn.
+/// judges its words (the turn rules: a word minimum, backchannel words, the host's
+/// classifier), turns a final one into a user turn unless its words were ignored, and
+/// relays a transcript with words to the current agent with the judgement: words that
+/// interrupt make a barge-in under way real, and a final one interrupts an interruptible
+/// turn; words that do not leave the agent speaking.
 pub(crate) struct UserTranscript {
     pub(crate) text: String,
     pub(crate) is_final: bool,
     /// The host's span at the call (telemetry): the session keeps it for the user turn.
     pub(crate) cause: Cause,
+    /// Set by the session: whether the words interrupt the agent (the host sends false;
+    /// the session decides).
+    pub(crate) interrupts: bool,
 }
 
 impl Message for UserTranscript {
@@ -1027,7 +1061,8 @@ impl Handler<UserTranscript> for ActivityActor {
         self.feed(
             Input::UserTranscript {
                 is_final: msg.is_final,
-                has_words: !msg.text.trim().is_empty(),
+                interrupts: msg.interrupts,
+                at: Instant::now(),
             },
             ctx,
         );
@@ -1440,6 +1475,7 @@ counted_handlers!(
     UserStoppedSpeaking,
     UserTranscript,
     UserTranscribed,
+    Preflight,
     DeliverToolItems,
     AppendItems,
     PauseActivity,

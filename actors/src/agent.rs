@@ -18,6 +18,7 @@ use crate::prompts::Prompts;
 use crate::realtime::RealtimeModel;
 use crate::starting_chat::StartingChat;
 use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
+use crate::turn_handling::TurnHandling;
 
 pub(crate) use crate::tool::COMPANION_TOOLS;
 
@@ -104,6 +105,8 @@ pub(crate) struct AgentDef {
     pub(crate) allow_interruptions: Option<bool>,
     pub(crate) max_reply_bytes: Option<usize>,
     pub(crate) starting_chat: Option<StartingChat>,
+    /// How it takes turns, over the session's (group by group).
+    pub(crate) turn_handling: Option<TurnHandling>,
     /// What the agent was built with, for a snapshot (`AgentBuilder::restore_data`).
     pub(crate) restore_data: serde_json::Value,
 }
@@ -139,6 +142,7 @@ impl Agent {
                 allow_interruptions: None,
                 max_reply_bytes: None,
                 starting_chat: None,
+                turn_handling: None,
                 restore_data: serde_json::Value::Null,
             },
         }
@@ -263,6 +267,14 @@ impl AgentBuilder {
     /// setting; a `say` may set its own).
     pub fn allow_interruptions(mut self, allow: bool) -> Self {
         self.def.allow_interruptions = Some(allow);
+        self
+    }
+
+    /// How this agent takes turns: each group it sets (endpointing, interruption,
+    /// preemptive generation, user-turn limit, classifier) replaces the session's, the
+    /// others are the session's (see `SessionBuilder::turn_handling`).
+    pub fn turn_handling(mut self, turn_handling: TurnHandling) -> Self {
+        self.def.turn_handling = Some(turn_handling);
         self
     }
 

@@ -6,9 +6,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::chat::{ChatContext, ChatItem, ChatRole, FunctionCall, FunctionCallOutput};
+use crate::latency::TurnLatency;
 use crate::llm::LlmUsage;
 use crate::output::SpeechId;
 use crate::speech::SpeechHandle;
+use crate::usage::Usage;
 
 /// What the user is doing, as the host's input says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -171,6 +173,36 @@ pub struct LlmMetrics {
     pub cancelled: bool,
 }
 
+/// Why words the user said over the agent made no turn (see
+/// [`SessionEvent::UserWordsIgnored`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum IgnoredWords {
+    /// Only backchannel words ("uh-huh", "right").
+    Backchannel,
+    /// Fewer words than the interruption's minimum.
+    TooFewWords,
+    /// The host's classifier said to ignore them.
+    Classifier,
+    /// The agent's speech could not be interrupted, and the session discards what the
+    /// user says then.
+    Uninterruptible,
+}
+
+/// What one turn cost and how fast it answered (see [`SessionEvent::TurnMetrics`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TurnMetrics {
+    /// The agent that ran the turn.
+    pub agent: String,
+    /// What its LLM requests used.
+    pub usage: Usage,
+    /// How fast it answered.
+    pub latency: TurnLatency,
+    /// Whether it was interrupted.
+    pub interrupted: bool,
+}
+
 /// An event of the session, delivered to every subscriber.
 ///
 /// New kinds of events may be added: match with a wildcard arm.
@@ -290,6 +322,29 @@ pub enum SessionEvent {
     },
     /// One LLM request ended; what it cost.
     LlmMetrics(LlmMetrics),
+    /// A turn ended: what its requests used and how fast it answered, for the agent that
+    /// ran it (after a handoff, the new agent's turns report under its name).
+    TurnMetrics(TurnMetrics),
+    /// Words the user said while the agent spoke made no turn and did not interrupt it
+    /// (a backchannel, too few words, the classifier's call, an uninterruptible speech).
+    /// Whether they went into the chat anyway is the host's choice
+    /// (`Backchannel::keep_in_transcript`).
+    UserWordsIgnored {
+        /// What the user said.
+        text: String,
+        /// Why it made no turn.
+        reason: IgnoredWords,
+    },
+    /// The user spoke longer than the turn handling's user-turn limit without the agent
+    /// answering (see `UserTurnLimit`).
+    UserTurnExceeded {
+        /// The user's words since the agent last spoke.
+        transcript: String,
+        /// How many words that is.
+        words: u32,
+        /// How long since the user began.
+        duration: Duration,
+    },
     /// A turn was interrupted (`Session::interrupt`, a preempting handoff, a dropped
     /// `run` future): its LLM stream was dropped and its calls got their outputs.
     TurnInterrupted {
@@ -351,6 +406,12 @@ pub struct RunResult {
     /// Whether the turn was interrupted before it ended on its own: its LLM stream was
     /// dropped, no further step ran, and every call it made got an output.
     pub interrupted: bool,
+    /// What the turn's LLM requests used (its share of `Session::usage`).
+    #[serde(default)]
+    pub usage: Usage,
+    /// How fast the turn answered.
+    #[serde(default)]
+    pub latency: TurnLatency,
 }
 
 impl RunResult {

@@ -64,6 +64,7 @@ mod idle_release;
 mod ids;
 mod input_ledger;
 mod inspector;
+mod latency;
 mod lifecycle;
 mod llm;
 mod llm_guard;
@@ -91,6 +92,8 @@ mod telemetry;
 mod tool;
 mod tool_run;
 mod toolset;
+mod turn_handling;
+mod usage;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
 pub use audio_input::AudioInput;
@@ -99,8 +102,8 @@ pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
 pub use error_policy::{ErrorPolicy, ErrorRoute};
 pub use events::{
-    AgentHook, AgentState, AgentWork, DeferredReplyDecision, LlmMetrics, RunResult, SessionEvent,
-    Unfinished, UserState,
+    AgentHook, AgentState, AgentWork, DeferredReplyDecision, IgnoredWords, LlmMetrics, RunResult,
+    SessionEvent, TurnMetrics, Unfinished, UserState,
 };
 pub use handoff::Handoff;
 pub use heartbeat::StalledTool;
@@ -111,6 +114,7 @@ pub use idle_release::{IdleRelease, IdleReleased, IdleReleases};
 pub use ids::{ActorId, SessionId};
 pub use input_ledger::{InputId, RecordedAnswer};
 pub use inspector::{InspectError, Inspector};
+pub use latency::{AgentLatency, LatencyStats, SessionLatency, TurnLatency};
 pub use llm::{
     Llm, LlmChunk, LlmError, LlmRequest, LlmStream, LlmTimeouts, LlmUsage, TimeoutStage,
     ToolCallChunk, ToolChoice, ToolSchema,
@@ -154,6 +158,12 @@ pub use tool::{
     DuplicatePolicy, NoArgs, RestorePolicy, Tool, ToolError, ToolFailure, ToolPanic, ToolResult,
     ToolReturn, Toolset, CONFIRM_DUPLICATE_PARAM,
 };
+pub use turn_handling::{
+    Backchannel, EndOfTurn, Endpointing, EndpointingMode, Interruption, Overlap, OverlapVerdict,
+    PreemptiveGeneration, TurnClassifier, TurnHandling, UserTurnLimit, DEFAULT_CUT_IN,
+    ENGLISH_BACKCHANNELS,
+};
+pub use usage::{Cost, ModelPrice, PriceTable, SessionUsage, Usage, UsageLine};
 
 #[allow(dead_code)]
 fn _assert_handles_are_send_sync() {

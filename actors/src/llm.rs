@@ -90,14 +90,15 @@ pub struct LlmUsage {
     pub prompt_tokens: u32,
     /// Tokens the model generated.
     pub completion_tokens: u32,
-    /// Prompt tokens served from the provider's prompt cache, when it says.
+    /// Prompt tokens served from the provider's prompt cache, when it says (counted in
+    /// `prompt_tokens` too, as providers report them).
     pub cached_prompt_tokens: Option<u32>,
-    /// Of the prompt tokens, those of audio (a realtime model hearing the user), when the
-    /// provider says.
+    /// Prompt tokens that were audio, when the provider says (counted in `prompt_tokens`
+    /// too): a speech-to-speech or audio-input model bills them apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio_prompt_tokens: Option<u32>,
-    /// Of the completion tokens, those of audio (a realtime model speaking), when the
-    /// provider says.
+    /// Completion tokens that were audio, when the provider says (counted in
+    /// `completion_tokens` too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub audio_completion_tokens: Option<u32>,
 }

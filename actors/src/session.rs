@@ -32,17 +32,24 @@
 //! - Work the agents start on their own (replies a hook or tool queues, handoffs) is
 //!   bounded per user input (`max_agent_work`): past it, refused with an error and one
 //!   event per input, and the next user input is answered.
+//! - Words the user says over a playing speech are judged once, here (`overlap.rs`):
+//!   backchannels and words that do not pass the turn rules neither interrupt nor make a
+//!   turn, and the activity hears the same judgement the endpointing acts on.
 
 mod agent_work;
 mod alarm;
 mod apply;
 mod close;
 mod endpoint;
+mod overlap;
+mod pauses;
+mod preemption;
 mod realtime;
 mod saver;
 mod schedule;
 mod snapshot;
 mod switch;
+mod turn_limit;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,9 +62,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::activity::{
-    ActivityActor, DeliverToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished, ReadChat,
-    ReadHistoryEntry, StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking, UserStoppedSpeaking,
-    UserTranscript,
+    ActivityActor, DeliverToolItems, InterruptSpeech, InterruptTurn, PlayoutFinished, Preflight,
+    ReadChat, ReadHistoryEntry, StartTurn, TurnKind, TurnOutcome, UserStartedSpeaking,
+    UserStoppedSpeaking, UserTranscript,
 };
 use crate::agent::Agent;
 use crate::chat::{ChatContext, ChatItem};
@@ -65,7 +72,7 @@ use crate::control::ControlPort;
 use crate::delivery::{Scope, TaskAsker};
 use crate::error::{SessionError, UpdateError};
 use crate::events::UserState;
-use crate::events::{AgentWork, RunResult, SessionEvent};
+use crate::events::{AgentWork, IgnoredWords, RunResult, SessionEvent};
 use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
@@ -85,11 +92,13 @@ use crate::starting_chat::StartingChat;
 use crate::telemetry::Cause;
 use crate::tool::{Tool, Toolset};
 use crate::toolset::ToolsetActor;
+use crate::turn_handling::{EndOfTurn, TurnRules};
 
 use agent_work::{Admission, AgentWorkBound};
 pub(crate) use apply::ApplyInput;
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
+use overlap::{Ignored, Judged, OverlapJudge};
 use realtime::{HeardTurn, Transcribed};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
@@ -148,10 +157,11 @@ enum HandoffDone {
     Nobody,
     /// The host (`update_agent`, `SessionAddress::send`): once the new `on_enter` ran.
     Host(Reply<()>),
-    /// The turn whose tool handed off: its result, with the handoff in it.
+    /// The turn whose tool handed off: its result, with the handoff in it (boxed: a
+    /// result with its usage and latency is the largest thing a planned handoff holds).
     Turn {
         reply: Option<Reply<RunResult>>,
-        result: RunResult,
+        result: Box<RunResult>,
         failure: Option<SessionError>,
     },
 }
@@ -179,8 +189,8 @@ impl HandoffDone {
                     });
                 }
                 let answer = match (failure, handed) {
-                    (Some(failure), _) => turn_answer(result, Some(failure)),
-                    (None, handed) => handed.map(|()| result),
+                    (Some(failure), _) => turn_answer(*result, Some(failure)),
+                    (None, handed) => handed.map(|()| *result),
                 };
                 if let Some(reply) = reply {
                     let _ = reply.send(answer);
@@ -379,6 +389,17 @@ pub(crate) struct SessionActor {
     alarm: alarm::Alarm,
     /// The user's words waiting for the end of their turn.
     endpoint: endpoint::Endpointing,
+    /// How the current agent takes turns (its own groups over the session's).
+    turn_rules: TurnRules,
+    /// The user's words over the agent's speech: whether they interrupt, and make turns.
+    judge: OverlapJudge,
+    /// How long the user has spoken without an answer.
+    turn_limit: turn_limit::UserTurnTracker,
+    /// The preemptive requests of the user's turn under way.
+    preemption: preemption::Preemption,
+    /// When the user last stopped speaking, until a turn of their words takes it: where a
+    /// user turn's latency counts from.
+    user_stopped_at: Option<Instant>,
     /// The work agents started on their own since the last user input, against its limit.
     agent_work: AgentWorkBound,
     /// When the user of an idle voice session counts as away.
@@ -425,7 +446,7 @@ impl SessionActor {
         }
         let (alarm, rings) = alarm::Alarm::new();
         ctx.add_stream(rings);
-        let shared_endpointing = shared.settings.config.endpointing_delay;
+        let turn_rules = shared.settings.config.turn_handling.rules();
         let max_agent_work = shared.settings.config.max_agent_work;
         Self {
             probe,
@@ -441,7 +462,12 @@ impl SessionActor {
             voice: false,
             deliveries_seen: 0,
             alarm,
-            endpoint: endpoint::Endpointing::new(shared_endpointing),
+            endpoint: endpoint::Endpointing::new(&turn_rules.endpointing),
+            turn_rules,
+            judge: OverlapJudge::default(),
+            turn_limit: turn_limit::UserTurnTracker::default(),
+            preemption: preemption::Preemption::default(),
+            user_stopped_at: None,
             agent_work: AgentWorkBound::new(max_agent_work),
             away_at: None,
             chain,
@@ -464,6 +490,12 @@ impl SessionActor {
     fn pump(&mut self, ctx: &mut Context<Self>) {
         if self.chain.holds_work() {
             return;
+        }
+        // Words held over the agent's speech are the user's once the speech is over.
+        if self.judge.holds_words() && self.shared.speeches.floor().is_none() {
+            if let Some(text) = self.judge.floor_ended() {
+                self.final_words(text, Cause::default(), Instant::now());
+            }
         }
         while let Some(next) = self.schedule.next() {
             match next {
@@ -512,6 +544,8 @@ impl SessionActor {
             .is_some_and(|shown| Arc::ptr_eq(&shown.def, &current.agent.def));
         if !same {
             self.shared.host_view.publish_agent(&current.agent);
+            self.turn_rules = self.shared.settings.turn_rules(&current.agent);
+            self.endpoint.set_rules(&self.turn_rules.endpointing);
             self.published_agent = Some(current.agent.clone());
         }
     }
@@ -558,10 +592,14 @@ impl SessionActor {
 
     /// Sets the alarm to the earliest deadline.
     fn arm(&self) {
-        let at = match (self.endpoint.deadline(), self.away_at) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let at = [
+            self.endpoint.deadline(),
+            self.away_at,
+            self.judge.deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         self.alarm.set(at);
     }
 
@@ -570,10 +608,15 @@ impl SessionActor {
     /// cannot be kept are reported, never dropped silently.
     fn user_words(&mut self, text: String) {
         self.agent_work.user_input();
+        self.preemption.turn_confirmed();
         let mut refused = None;
-        // The latest final transcript asked for the turn (an end-to-end latency counts from
-        // the user's last words).
+        // The latest final transcript asked for the turn; its latency counts from the end
+        // of the user's speech when the host reported it, else from that transcript.
         let cause = std::mem::take(&mut self.transcript_cause);
+        let cause = match self.user_stopped_at.take() {
+            Some(at) if self.schedule.user() != UserState::Speaking => cause.asked_at(at),
+            _ => cause,
+        };
         let joined = self.schedule.queued_turn_mut(|turn: &QueuedTurn| {
             turn.reply.is_none() && matches!(turn.kind, TurnKind::User(_))
         });
@@ -611,6 +654,135 @@ impl SessionActor {
         if let Some(message) = refused {
             tracing::warn!(session = %self.shared.id(), "{message}");
             self.shared.events.emit(SessionEvent::Error { message });
+        }
+    }
+
+    /// Relays a judged transcript to the current agent (its barge-in).
+    fn relay_transcript(&self, msg: UserTranscript) {
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(self.probe.id(), msg);
+        }
+    }
+
+    /// A final transcript's words that make (or join) a user turn, caused by `cause`: the
+    /// user-turn limit, then the endpointing (which may hold them, and then a preemptive
+    /// request may start).
+    fn final_words(&mut self, text: String, cause: Cause, now: Instant) {
+        self.transcript_cause = cause;
+        let limit = &self.turn_rules.user_turn_limit;
+        if limit.is_set() {
+            let spoke = self.shared.speeches.agent_speech().started;
+            if let Some(exceeded) = self.turn_limit.final_words(&text, now, spoke, limit) {
+                let cut_in = limit.cut_in.then(|| limit.instructions.clone());
+                self.shared.events.emit(SessionEvent::UserTurnExceeded {
+                    transcript: exceeded.transcript,
+                    words: exceeded.words,
+                    duration: exceeded.duration,
+                });
+                if let Some(instructions) = cut_in {
+                    let words = match self.endpoint.take() {
+                        Some(held) => format!("{held} {text}"),
+                        None => text,
+                    };
+                    self.cut_in(words, instructions);
+                    return;
+                }
+            }
+        }
+        let end = match &self.turn_rules.classifier {
+            Some(classifier) => match self.endpoint.held() {
+                Some(held) => classifier.0.end_of_turn(&format!("{held} {text}")),
+                None => classifier.0.end_of_turn(&text),
+            },
+            None => EndOfTurn::Likely,
+        };
+        let speaking = self.schedule.user() == UserState::Speaking;
+        match self.endpoint.final_words(&text, now, speaking, end) {
+            Heard::Now(text) => self.user_words(text),
+            Heard::Held => self.preflight(now),
+            Heard::Refused { bytes } => {
+                let message = format!(
+                    "the user's words were not kept: their turn would hold {bytes} bytes, over {}",
+                    endpoint::MAX_USER_TEXT
+                );
+                tracing::warn!(session = %self.shared.id(), "{message}");
+                self.shared.events.emit(SessionEvent::Error { message });
+            }
+        }
+    }
+
+    /// Words wait for the end of the user's turn: with preemptive generation, and the
+    /// current agent idle, it starts the model on them now (within the tries and speech
+    /// length the turn handling allows); past those, a request under way on older words
+    /// is dropped.
+    fn preflight(&mut self, now: Instant) {
+        if !self.turn_rules.preemptive.enabled {
+            return;
+        }
+        let idle = self.schedule.interrupt_target().is_none()
+            && self.schedule.queued().next().is_none()
+            && !self.schedule.reply_wanted();
+        let Some(current) = self.schedule.current() else {
+            return;
+        };
+        let Some(text) = self.endpoint.held() else {
+            return;
+        };
+        let text = match self.preemption.ask(now, idle, &self.turn_rules.preemptive) {
+            preemption::Ask::Start => Some(text.to_owned()),
+            preemption::Ask::Drop => None,
+            preemption::Ask::Nothing => return,
+        };
+        current
+            .child
+            .mailbox
+            .tell(self.probe.id(), Preflight { text });
+    }
+
+    /// The user spoke past their limit: their words so far become their turn, answered at
+    /// once by a reply under `instructions` they cannot interrupt.
+    fn cut_in(&mut self, text: String, instructions: Arc<str>) {
+        self.agent_work.user_input();
+        self.preemption.turn_confirmed();
+        self.user_stopped_at = None;
+        let turn = QueuedTurn {
+            kind: TurnKind::CutIn { text, instructions },
+            reply: None,
+            cause: std::mem::take(&mut self.transcript_cause),
+            tie: snapshot::Tie::None,
+        };
+        if let Err((_, why)) = self
+            .schedule
+            .queue_turn(TurnId::Engine, turn, SpeechPriority::High)
+        {
+            let message = format!("the user's words were not kept: {}", refusal(why));
+            tracing::warn!(session = %self.shared.id(), "{message}");
+            self.shared.events.emit(SessionEvent::Error { message });
+        }
+    }
+
+    /// Words the user said over the agent made no turn: reported, and kept in the chat
+    /// (after the agent's turn, as a message that asks for no reply) when the host chose so.
+    fn words_ignored(&mut self, ignored: Ignored) {
+        let keep = self.turn_rules.keeps_ignored_words();
+        let kept = keep.then(|| ignored.text.clone());
+        self.shared.events.emit(SessionEvent::UserWordsIgnored {
+            text: ignored.text,
+            reason: ignored.reason,
+        });
+        if let Some(text) = kept {
+            let turn = QueuedTurn {
+                kind: TurnKind::Backchannel(text),
+                reply: None,
+                cause: Cause::default(),
+                tie: snapshot::Tie::None,
+            };
+            if let Err((_, why)) =
+                self.schedule
+                    .queue_turn(TurnId::Engine, turn, SpeechPriority::Normal)
+            {
+                tracing::debug!(session = %self.shared.id(), why = %refusal(why), "a kept backchannel was dropped");
+            }
         }
     }
 
@@ -665,7 +837,7 @@ impl SessionActor {
         cause: Cause,
         ctx: &mut Context<Self>,
     ) {
-        if !matches!(kind, TurnKind::Say { .. }) {
+        if !matches!(kind, TurnKind::Say { .. } | TurnKind::Backchannel(_)) {
             self.shared.host_view.turn_started();
         }
         let (done, outcome) = oneshot::channel();
@@ -691,9 +863,12 @@ impl SessionActor {
         reply: Option<Reply<RunResult>>,
         ctx: &mut Context<Self>,
     ) {
+        let report = outcome.report.map(|report| *report).unwrap_or_default();
         let result = RunResult {
             events: outcome.events,
             interrupted: outcome.interrupted,
+            usage: report.usage,
+            latency: report.latency,
         };
         let failure = outcome.failure;
         let answer = |reply: Option<Reply<RunResult>>, answer| {
@@ -711,7 +886,7 @@ impl SessionActor {
         let after = if let Some(handoff) = outcome.handoff {
             let done = HandoffDone::Turn {
                 reply,
-                result,
+                result: Box::new(result),
                 failure,
             };
             let work = AgentWork::Handoff {
@@ -861,6 +1036,9 @@ impl Actor for SessionActor {
 impl StreamHandler<alarm::Rang> for SessionActor {
     fn handle(&mut self, _rang: alarm::Rang, ctx: &mut Self::Context) {
         let now = Instant::now();
+        if let Some(ignored) = self.judge.due(now) {
+            self.words_ignored(ignored);
+        }
         if let Some(text) = self.endpoint.due(now) {
             self.user_words(text);
         }
@@ -1261,9 +1439,19 @@ impl Handler<UserStartedSpeaking> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
+        let now = Instant::now();
         self.voice = true;
         self.set_user(UserState::Speaking);
-        self.endpoint.user_started();
+        self.user_stopped_at = None;
+        self.endpoint.user_started(now);
+        self.preemption.user_started(now);
+        if self.turn_rules.judges_words() {
+            self.judge.user_started(now, self.shared.speeches.floor());
+        }
+        if self.turn_rules.user_turn_limit.is_set() {
+            let spoke = self.shared.speeches.agent_speech().started;
+            self.turn_limit.user_started(now, spoke);
+        }
         if let Some(current) = self.schedule.current() {
             current.child.mailbox.tell(self.probe.id(), msg);
         }
@@ -1276,29 +1464,48 @@ impl Handler<UserStoppedSpeaking> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: UserStoppedSpeaking, ctx: &mut Self::Context) {
+        let now = Instant::now();
         self.voice = true;
         self.set_user(UserState::Listening);
-        self.endpoint.user_stopped(Instant::now());
+        self.user_stopped_at = Some(now);
+        self.endpoint
+            .user_stopped(now, self.shared.speeches.agent_speech());
+        self.judge.user_stopped();
         if let Some(current) = self.schedule.current() {
             current.child.mailbox.tell(self.probe.id(), msg);
         }
+        self.arm();
         self.pump(ctx);
     }
 }
 
 /// From the host: an interim transcript is an event; a final one with words is a user
-/// turn, which goes first. The transcript is relayed to the current agent, whose running
-/// turn stops for it if it allows it (words also make a barge-in real).
+/// turn, which goes first — unless its words, said over the agent, do not pass the turn
+/// rules (a backchannel, too few words, the classifier's call), or were said over an
+/// uninterruptible speech that discards them. A transcript with words is relayed to the
+/// current agent with whether its words interrupt: its running turn stops for a final
+/// that does, if it allows it (words also make a barge-in real).
 impl Handler<UserTranscript> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, mut msg: UserTranscript, ctx: &mut Self::Context) {
         self.voice = true;
         let has_words = !msg.text.trim().is_empty();
-        if msg.is_final && has_words {
-            self.transcript_cause = std::mem::take(&mut msg.cause);
-        }
-        if !msg.is_final {
+        let now = Instant::now();
+        let judged = if !has_words {
+            None
+        } else if self.turn_rules.judges_words() || self.judge.holds_words() {
+            let floor = self.shared.speeches.floor();
+            Some(
+                self.judge
+                    .transcript(&msg.text, msg.is_final, now, floor, &self.turn_rules),
+            )
+        } else {
+            Some(Judged::Interrupts {
+                text: msg.is_final.then(|| msg.text.clone()),
+            })
+        };
+        if !msg.is_final && !matches!(judged, Some(Judged::Discarded)) {
             self.shared
                 .events
                 .emit_with(|| SessionEvent::UserInputTranscribed {
@@ -1306,27 +1513,33 @@ impl Handler<UserTranscript> for SessionActor {
                     is_final: false,
                 });
         }
-        let heard = (msg.is_final && has_words).then(|| {
-            let speaking = self.schedule.user() == UserState::Speaking;
-            self.endpoint
-                .final_words(&msg.text, Instant::now(), speaking)
-        });
-        if has_words {
-            if let Some(current) = self.schedule.current() {
-                current.child.mailbox.tell(self.probe.id(), msg);
+        let cause = std::mem::take(&mut msg.cause);
+        let mut words = None;
+        match judged {
+            None => {}
+            Some(Judged::Discarded) if msg.is_final => {
+                self.shared.events.emit(SessionEvent::UserWordsIgnored {
+                    text: msg.text,
+                    reason: IgnoredWords::Uninterruptible,
+                });
+            }
+            Some(Judged::Discarded) => {}
+            Some(Judged::Holds) => {
+                msg.interrupts = false;
+                self.relay_transcript(msg);
+            }
+            Some(Judged::Interrupts { text }) => {
+                msg.interrupts = true;
+                self.relay_transcript(msg);
+                words = text;
             }
         }
-        match heard {
-            Some(Heard::Now(text)) => self.user_words(text),
-            Some(Heard::Refused { bytes }) => {
-                let message = format!(
-                    "the user's words were not kept: their turn would hold {bytes} bytes, over {}",
-                    endpoint::MAX_USER_TEXT
-                );
-                tracing::warn!(session = %self.shared.id(), "{message}");
-                self.shared.events.emit(SessionEvent::Error { message });
-            }
-            Some(Heard::Held) | None => {}
+        if let Some(text) = words {
+            self.final_words(text, cause, now);
+        }
+        // Words held for no boundary are ignored now, not at the next timer tick.
+        if let Some(ignored) = self.judge.due(now) {
+            self.words_ignored(ignored);
         }
         self.arm();
         self.pump(ctx);

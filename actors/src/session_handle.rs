@@ -35,6 +35,7 @@ use crate::host_input::{HostInput, InputAnswer};
 use crate::ids::{ActorId, SessionId};
 use crate::input_ledger::{InputId, RecordedAnswer};
 use crate::inspector::Inspector;
+use crate::latency::SessionLatency;
 use crate::lifecycle::alive_pair;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
@@ -60,6 +61,8 @@ use crate::snapshot_store::{Claim, SnapshotStore};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
+use crate::turn_handling::{Endpointing, TurnHandling};
+use crate::usage::SessionUsage;
 
 /// A running session: the host's handle on one conversation. Cheap to clone; every clone
 /// talks to the same session actor.
@@ -364,6 +367,7 @@ impl Session {
                 text: text.into(),
                 is_final,
                 cause: Cause::here(),
+                interrupts: false,
             },
         );
     }
@@ -385,6 +389,21 @@ impl Session {
     /// What the user is doing now, as the host's input says.
     pub fn user_state(&self) -> UserState {
         self.shared().host_view.user_state()
+    }
+
+    /// The session's usage ledger: every LLM request's tokens so far, by agent and model,
+    /// across handoffs and sub-tasks (and restores: a snapshot carries it). Price it with
+    /// [`SessionUsage::cost`]. Read without a message: a request's usage is in once its
+    /// stream ended.
+    pub fn usage(&self) -> SessionUsage {
+        self.shared().metrics.usage()
+    }
+
+    /// Each agent's latency so far (end of the user's speech to the first text out, time
+    /// to first token, tool time), by agent name, across handoffs and sub-tasks. A turn's
+    /// own is in its `RunResult` and its `TurnMetrics` event.
+    pub fn latency(&self) -> SessionLatency {
+        self.shared().metrics.latency()
     }
 
     /// Closes the session: waits for no queued work, cancels tool runs (with their grace
@@ -764,10 +783,9 @@ pub struct SessionBuilder {
     max_reply_bytes: usize,
     max_agent_work: u32,
     allow_interruptions: bool,
-    min_interruption_duration: Duration,
-    false_interruption_timeout: Option<Duration>,
     user_away_timeout: Option<Duration>,
-    endpointing_delay: Duration,
+    turn_handling: TurnHandling,
+    trace_content: bool,
     max_blocking_jobs: usize,
     inspect: bool,
     journal_capacity: usize,
@@ -802,10 +820,9 @@ impl Default for SessionBuilder {
             max_reply_bytes: 64 * 1024,
             max_agent_work: 8,
             allow_interruptions: true,
-            min_interruption_duration: Duration::from_millis(500),
-            false_interruption_timeout: Some(Duration::from_secs(2)),
             user_away_timeout: Some(Duration::from_secs(15)),
-            endpointing_delay: Duration::from_millis(500),
+            turn_handling: TurnHandling::new(),
+            trace_content: false,
             max_blocking_jobs: Self::DEFAULT_MAX_BLOCKING_JOBS,
             inspect: false,
             journal_capacity: 1024,
@@ -1055,7 +1072,8 @@ impl SessionBuilder {
     /// How long the user must talk over the agent before it is a real interruption
     /// (default 0.5 s); a transcript with words makes it one at once.
     pub fn min_interruption_duration(mut self, duration: Duration) -> Self {
-        self.min_interruption_duration = duration;
+        let interruption = self.turn_handling.interruption.take().unwrap_or_default();
+        self.turn_handling.interruption = Some(interruption.min_duration(duration));
         self
     }
 
@@ -1063,7 +1081,8 @@ impl SessionBuilder {
     /// long to wait for a transcript before the paused speech resumes (default 2 s);
     /// `None`: a paused speech never resumes (the pause becomes an interruption).
     pub fn false_interruption_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.false_interruption_timeout = timeout;
+        let interruption = self.turn_handling.interruption.take().unwrap_or_default();
+        self.turn_handling.interruption = Some(interruption.false_interruption_timeout(timeout));
         self
     }
 
@@ -1079,7 +1098,29 @@ impl SessionBuilder {
     /// and the user speaking again inside it holds it until they stop. Zero: every final
     /// is a turn at once. `wait_for_settled` covers a pending endpoint.
     pub fn endpointing_delay(mut self, delay: Duration) -> Self {
-        self.endpointing_delay = delay;
+        let endpointing = self.turn_handling.endpointing.take().unwrap_or_default();
+        self.turn_handling.endpointing =
+            Some(Endpointing::fixed(delay).max_delay(endpointing.max()));
+        self
+    }
+
+    /// How the session's agents take turns (see [`TurnHandling`]): endpointing,
+    /// interruptions and backchannels, preemptive generation, user-turn limits, the
+    /// host's classifier. An agent's own ([`AgentBuilder::turn_handling`](crate::AgentBuilder::turn_handling))
+    /// overrides it group by group. Replaces what `endpointing_delay`,
+    /// `min_interruption_duration` and `false_interruption_timeout` set before it, group
+    /// by group too; those three set their field of this afterwards.
+    pub fn turn_handling(mut self, turn_handling: TurnHandling) -> Self {
+        self.turn_handling = turn_handling.over(&self.turn_handling);
+        self
+    }
+
+    /// Whether the spans of LLM requests carry the messages' content
+    /// (`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.system_instructions`;
+    /// default false: a trace backend is often kept longer and seen by more people than
+    /// the conversation should be). Spans always carry the other GenAI attributes.
+    pub fn trace_content(mut self, on: bool) -> Self {
+        self.trace_content = on;
         self
     }
 
@@ -1361,10 +1402,9 @@ impl SessionBuilder {
                     max_reply_bytes: self.max_reply_bytes,
                     max_agent_work: self.max_agent_work,
                     allow_interruptions: self.allow_interruptions,
-                    min_interruption_duration: self.min_interruption_duration,
-                    false_interruption_timeout: self.false_interruption_timeout,
                     user_away_timeout: self.user_away_timeout,
-                    endpointing_delay: self.endpointing_delay,
+                    turn_handling: self.turn_handling,
+                    trace_content: self.trace_content,
                     max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,

@@ -11,7 +11,8 @@
 //! | [`host_view`](SessionShared::host_view) | what the host reads without a message: inactivity, settling, switches, user and agent state | the session actor, except the agent state (the current activity) and the count of live tool runs (each run, in and out) |
 //! | [`ids`](SessionShared::ids) | counters for runs, speeches, steps and turns; the call-id table | any actor that makes one (atomics; the call-id table behind a lock) |
 //! | [`output`](SessionShared::output) | the host's speech output | the activity that speaks; the session once, to attach its reporter |
-//! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going | each activity, for its own speeches only; read by the session to route playout reports |
+//! | [`speeches`](SessionShared::speeches) | which activity owns each speech still going, and so whether the agent holds the floor | each activity, for its own speeches only; read by the session to route playout reports and to judge the user's words over the agent |
+//! | [`metrics`](SessionShared::metrics) | the usage ledger (tokens by agent and model) and each agent's latency | each activity, as its requests and turns end; read by the host and by snapshots |
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
 //! | [`unfinished`](SessionShared::unfinished) | the host's code its close stopped waiting for | whichever actor drops it (a run, an activity, the session) |
 //! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
@@ -20,6 +21,7 @@
 mod events;
 mod host_view;
 mod ids;
+mod metrics;
 mod settings;
 mod speeches;
 
@@ -39,10 +41,11 @@ use crate::telemetry::SessionTelemetry;
 pub(crate) use events::Events;
 pub(crate) use host_view::HostView;
 pub(crate) use ids::Ids;
+pub(crate) use metrics::MetricsBook;
 pub(crate) use settings::{
     userdata_json, SessionConfig, SessionSettings, SessionTools, UserdataJson,
 };
-pub(crate) use speeches::SpeechBook;
+pub(crate) use speeches::{AgentSpeech, Floor, SpeechBook};
 
 pub(crate) struct SessionShared {
     /// Fixed when the session starts.
@@ -52,6 +55,7 @@ pub(crate) struct SessionShared {
     pub(crate) ids: Ids,
     pub(crate) output: HostOutput,
     pub(crate) speeches: SpeechBook,
+    pub(crate) metrics: MetricsBook,
     pub(crate) history: History,
     pub(crate) unfinished: UnfinishedBook,
     /// Its jobs' slots on the blocking pool (`RunContext::run_blocking`).
@@ -101,6 +105,7 @@ impl SessionShared {
             ids: Ids::default(),
             output: HostOutput(Mutex::new(parts.output)),
             speeches: SpeechBook::default(),
+            metrics: MetricsBook::default(),
             history: History::default(),
             unfinished: UnfinishedBook::default(),
             blocking: BlockingSlots::default(),
@@ -277,10 +282,10 @@ impl SessionShared {
                     max_reply_bytes: 64 * 1024,
                     max_agent_work: 8,
                     allow_interruptions: true,
-                    min_interruption_duration: Duration::from_millis(500),
-                    false_interruption_timeout: Some(Duration::from_secs(2)),
                     user_away_timeout: None,
-                    endpointing_delay: Duration::ZERO,
+                    turn_handling: crate::turn_handling::TurnHandling::new()
+                        .endpointing(crate::turn_handling::Endpointing::fixed(Duration::ZERO)),
+                    trace_content: false,
                     max_blocking_jobs: 4,
                 },
                 llm: None,

@@ -26,7 +26,9 @@ use serde_json::Value;
 
 use crate::chat::{ChatItem, FunctionCall};
 use crate::input_ledger::LedgerRecord;
+use crate::latency::SessionLatency;
 use crate::llm::ToolChoice;
+use crate::usage::SessionUsage;
 
 /// The schema this build writes. It reads this one; a snapshot of a newer schema is
 /// refused with [`SnapshotError::NewerSchema`].
@@ -217,6 +219,13 @@ pub(crate) struct SnapshotHead {
     /// Per agent name, the last activation's generation (actor ids carry it).
     pub(crate) generations: Vec<(String, u32)>,
     pub(crate) counters: Counters,
+    /// The usage ledger: every LLM request's tokens by agent and model, for the whole call
+    /// (a restored session goes on counting from it).
+    #[serde(default, skip_serializing_if = "SessionUsage::is_empty")]
+    pub(crate) usage: SessionUsage,
+    /// Each agent's latency over the call.
+    #[serde(default, skip_serializing_if = "SessionLatency::is_empty")]
+    pub(crate) latency: SessionLatency,
 }
 
 /// The session's counters, so ids issued after a restore never repeat one in the chat.
@@ -449,6 +458,17 @@ impl SessionSnapshot {
     /// The schema version it was written with.
     pub fn version(&self) -> u32 {
         self.version
+    }
+
+    /// The session's usage ledger when it was taken: what the call had cost so far, by
+    /// agent and model (a stored call's cost reads without restoring it).
+    pub fn usage(&self) -> &SessionUsage {
+        &self.head.usage
+    }
+
+    /// Each agent's latency over the call when it was taken.
+    pub fn latency(&self) -> &SessionLatency {
+        &self.head.latency
     }
 
     /// How many activations it holds (closed and live).

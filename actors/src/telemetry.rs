@@ -31,13 +31,13 @@ use std::time::Duration;
 use crate::events::DeferredReplyDecision;
 use crate::llm::LlmUsage;
 
-/// What caused a piece of work: the span current where it was asked for, and when
-/// (tokio's clock, so paused test time moves it). Empty without the feature.
+/// What caused a piece of work: the span current where it was asked for (with the
+/// feature; empty without) and when (tokio's clock, so paused test time moves it). The
+/// time is kept with or without the feature: a turn's latency counts from it.
 #[derive(Clone, Debug)]
 pub(crate) struct Cause {
     #[cfg(feature = "telemetry")]
     span: tracing::Span,
-    #[cfg(feature = "telemetry")]
     at: Option<tokio::time::Instant>,
 }
 
@@ -48,7 +48,6 @@ impl Default for Cause {
         Self {
             #[cfg(feature = "telemetry")]
             span: tracing::Span::none(),
-            #[cfg(feature = "telemetry")]
             at: None,
         }
     }
@@ -62,7 +61,6 @@ impl Cause {
         Self {
             #[cfg(feature = "telemetry")]
             span: tracing::Span::current(),
-            #[cfg(feature = "telemetry")]
             at: Some(tokio::time::Instant::now()),
         }
     }
@@ -73,9 +71,22 @@ impl Cause {
         Self {
             #[cfg(feature = "telemetry")]
             span: _span.clone(),
-            #[cfg(feature = "telemetry")]
             at: None,
         }
+    }
+
+    /// When the work was asked for, if someone asked (none: the engine began it).
+    #[inline]
+    pub(crate) fn at(&self) -> Option<tokio::time::Instant> {
+        self.at
+    }
+
+    /// The same cause, asked for at `at` instead (a user turn counts from the end of the
+    /// user's speech, not from the transcript that came after it).
+    #[inline]
+    pub(crate) fn asked_at(mut self, at: tokio::time::Instant) -> Self {
+        self.at = Some(at);
+        self
     }
 
     /// The parent of the work's span: the cause's span, or `session` (the session's span)
@@ -120,30 +131,6 @@ impl Cause {
         }
         false
     }
-
-    /// The clock of a turn of `kind` this cause asked for: from the cause's call, or from
-    /// now for work the engine began itself.
-    #[inline]
-    pub(crate) fn clock(&self, _kind: &'static str) -> TurnClock {
-        TurnClock {
-            #[cfg(feature = "telemetry")]
-            since: Some(self.at.unwrap_or_else(tokio::time::Instant::now)),
-            #[cfg(feature = "telemetry")]
-            kind: _kind,
-        }
-    }
-}
-
-/// When a turn was asked for, for its end-to-end latency: from the host's call (or the
-/// turn's start, for a turn the engine began itself) to its first reply text. Empty
-/// without the feature.
-#[derive(Debug)]
-pub(crate) struct TurnClock {
-    /// Taken when the turn's first text is recorded: one latency per turn.
-    #[cfg(feature = "telemetry")]
-    since: Option<tokio::time::Instant>,
-    #[cfg(feature = "telemetry")]
-    kind: &'static str,
 }
 
 /// When a tool run started, for its duration. Empty without the feature.
@@ -205,12 +192,32 @@ impl SessionTelemetry {
         }
     }
 
-    /// A turn's step started to say its text: the turn's end-to-end latency, at its first.
+    /// A turn of `kind` handed its first text to the output, `latency` after it was asked
+    /// for (the end of the user's speech, or the host's call).
     #[inline]
-    pub(crate) fn text_started(&self, _clock: &mut TurnClock, _agent: &Arc<str>) {
+    pub(crate) fn turn_e2e(&self, _latency: Duration, _agent: &Arc<str>, _kind: &'static str) {
         #[cfg(feature = "telemetry")]
-        if let (Some(t), Some(since)) = (&self.telemetry, _clock.since.take()) {
-            t.turn_e2e(since.elapsed(), _agent, _clock.kind);
+        if let Some(t) = &self.telemetry {
+            t.turn_e2e(_latency, _agent, _kind);
+        }
+    }
+
+    /// A preemptive request was used by the turn it was made for (`adopted`) or thrown
+    /// away because the user went on.
+    #[inline]
+    pub(crate) fn preemptive(&self, _agent: &Arc<str>, _adopted: bool) {
+        #[cfg(feature = "telemetry")]
+        if let Some(t) = &self.telemetry {
+            t.preemptive(_agent, _adopted);
+        }
+    }
+
+    /// A turn waited `_tools` for its tool calls.
+    #[inline]
+    pub(crate) fn turn_tools(&self, _tools: Duration, _agent: &Arc<str>) {
+        #[cfg(feature = "telemetry")]
+        if let Some(t) = &self.telemetry {
+            t.turn_tools(_tools, _agent);
         }
     }
 

@@ -561,6 +561,11 @@ impl Actor for ToolRunActor {
             tool = %self.call.name,
             call_id = %self.call.call_id,
             run = %self.probe.id(),
+            "gen_ai.operation.name" = "execute_tool",
+            "gen_ai.tool.name" = %self.call.name,
+            "gen_ai.tool.call.id" = %self.call.call_id,
+            "gen_ai.agent.name" = %self.agent.name(),
+            "gen_ai.conversation.id" = %self.shared.id(),
         );
         let body = reentry::inside(session, AssertUnwindSafe(body(run_ctx)).catch_unwind())
             .instrument(span);

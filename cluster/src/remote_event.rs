@@ -9,8 +9,9 @@
 
 use serde::{Deserialize, Serialize};
 use switchboard::{
-    AgentState, ChatItem, DeferredReplyDecision, FunctionCall, FunctionCallOutput, LlmUsage,
-    RunResult, SessionError, SessionEvent, SessionHistory, SpeechId, UserState,
+    AgentState, ChatItem, DeferredReplyDecision, FunctionCall, FunctionCallOutput, IgnoredWords,
+    LlmUsage, RunResult, SessionError, SessionEvent, SessionHistory, SpeechId, TurnLatency, Usage,
+    UserState,
 };
 
 /// One event of a remote session, in the order the owner published it.
@@ -198,6 +199,34 @@ pub enum RemoteEventKind {
         /// The agent.
         agent: String,
     },
+    /// A turn ended: what its requests used and how fast it answered
+    /// (`SessionEvent::TurnMetrics`).
+    TurnMetrics {
+        /// The agent that ran it.
+        agent: String,
+        /// What its requests used.
+        usage: Usage,
+        /// How fast it answered.
+        latency: TurnLatency,
+        /// Whether it was interrupted.
+        interrupted: bool,
+    },
+    /// Words the user said over the agent made no turn (`SessionEvent::UserWordsIgnored`).
+    UserWordsIgnored {
+        /// What the user said.
+        text: String,
+        /// Why.
+        reason: IgnoredWords,
+    },
+    /// The user spoke past the user-turn limit (`SessionEvent::UserTurnExceeded`).
+    UserTurnExceeded {
+        /// Their words since the agent last spoke.
+        transcript: String,
+        /// How many.
+        words: u32,
+        /// Since they began, in milliseconds.
+        duration_ms: f64,
+    },
     /// Something failed; the session is still up.
     Error {
         /// What failed.
@@ -329,6 +358,25 @@ impl RemoteEventKind {
             SessionEvent::TurnInterrupted { agent } => Self::TurnInterrupted {
                 agent: agent.clone(),
             },
+            SessionEvent::TurnMetrics(metrics) => Self::TurnMetrics {
+                agent: metrics.agent.clone(),
+                usage: metrics.usage,
+                latency: metrics.latency,
+                interrupted: metrics.interrupted,
+            },
+            SessionEvent::UserWordsIgnored { text, reason } => Self::UserWordsIgnored {
+                text: text.clone(),
+                reason: *reason,
+            },
+            SessionEvent::UserTurnExceeded {
+                transcript,
+                words,
+                duration,
+            } => Self::UserTurnExceeded {
+                transcript: transcript.clone(),
+                words: *words,
+                duration_ms: duration.as_secs_f64() * 1000.0,
+            },
             SessionEvent::Error { message } => Self::Error {
                 message: message.clone(),
             },
@@ -439,6 +487,12 @@ pub struct RemoteRunResult {
     pub items: Vec<ChatItem>,
     /// Whether it was interrupted.
     pub interrupted: bool,
+    /// What its LLM requests used (left out when nothing was counted).
+    #[serde(default, skip_serializing_if = "Usage::is_empty")]
+    pub usage: Usage,
+    /// How fast it answered (left out when nothing was measured).
+    #[serde(default, skip_serializing_if = "TurnLatency::is_empty")]
+    pub latency: TurnLatency,
 }
 
 impl RemoteRunResult {
@@ -466,6 +520,8 @@ impl From<&RunResult> for RemoteRunResult {
         Self {
             items: result.events.clone(),
             interrupted: result.interrupted,
+            usage: result.usage,
+            latency: result.latency,
         }
     }
 }
@@ -576,8 +632,9 @@ pub enum RemoteFailure {
     TurnFailed {
         /// Why.
         message: String,
-        /// What the turn did before it failed.
-        result: RemoteRunResult,
+        /// What the turn did before it failed (boxed, as the engine's is: a failure
+        /// travels inside every gateway error).
+        result: Box<RemoteRunResult>,
     },
     /// The worker's factory could not build what was asked (an unknown agent).
     #[error("{message}")]
@@ -604,7 +661,7 @@ impl From<&SessionError> for RemoteFailure {
             },
             SessionError::TurnFailed { failure, result } => Self::TurnFailed {
                 message: failure.to_string(),
-                result: result.as_ref().into(),
+                result: Box::new(result.as_ref().into()),
             },
             other => Self::Engine {
                 message: other.to_string(),

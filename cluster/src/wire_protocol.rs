@@ -72,6 +72,7 @@ mod tests {
                 assistant("I have a table at 8 pm."),
             ],
             interrupted: false,
+            ..RemoteRunResult::default()
         }
     }
 
@@ -164,13 +165,38 @@ mod tests {
                     prompt_tokens: 812,
                     completion_tokens: 14,
                     cached_prompt_tokens: Some(768),
-                    audio_prompt_tokens: None,
-                    audio_completion_tokens: None,
+                    ..LlmUsage::default()
                 }),
                 cancelled: false,
             },
             K::TurnInterrupted {
                 agent: "receptionist".into(),
+            },
+            K::TurnMetrics {
+                agent: "receptionist".into(),
+                usage: switchboard::Usage {
+                    requests: 2,
+                    prompt_tokens: 1624,
+                    cached_prompt_tokens: 1536,
+                    completion_tokens: 28,
+                    ..switchboard::Usage::default()
+                },
+                latency: switchboard::TurnLatency {
+                    end_to_first_audio: Some(std::time::Duration::from_millis(742)),
+                    time_to_first_token: Some(std::time::Duration::from_millis(212)),
+                    tools: std::time::Duration::from_millis(35),
+                    preemptive: false,
+                },
+                interrupted: false,
+            },
+            K::UserWordsIgnored {
+                text: "uh-huh".into(),
+                reason: switchboard::IgnoredWords::Backchannel,
+            },
+            K::UserTurnExceeded {
+                transcript: "so first I ordered the blue one and then".into(),
+                words: 9,
+                duration_ms: 12500.0,
             },
             K::Error {
                 message: "the model did not answer in 30s".into(),
@@ -215,6 +241,9 @@ mod tests {
                 | K::AgentHandoff { .. }
                 | K::LlmMetrics { .. }
                 | K::TurnInterrupted { .. }
+                | K::TurnMetrics { .. }
+                | K::UserWordsIgnored { .. }
+                | K::UserTurnExceeded { .. }
                 | K::Error { .. }
                 | K::Closed
                 | K::SpeechStarted { .. }
@@ -292,10 +321,11 @@ mod tests {
             },
             RemoteFailure::TurnFailed {
                 message: "the model did not answer in 30s".into(),
-                result: RemoteRunResult {
+                result: Box::new(RemoteRunResult {
                     items: vec![user("a table for two")],
                     interrupted: false,
-                },
+                    ..RemoteRunResult::default()
+                }),
             },
             RemoteFailure::Factory {
                 message: "no agent named \"booker\" (known: receptionist)".into(),

@@ -36,8 +36,8 @@ async fn a_realtime_turn_records_ttft_latency_and_audio_tokens() {
     assert_eq!(e2e[0].attr("kind"), Some("user"));
     let count = |name| pipeline.metric(name).iter().map(|p| p.count).sum::<f64>();
     assert_eq!(count(Telemetry::LLM_PROMPT_TOKENS), 100.0);
-    assert_eq!(count(Telemetry::LLM_PROMPT_AUDIO_TOKENS), 20.0);
+    assert_eq!(count(Telemetry::LLM_AUDIO_PROMPT_TOKENS), 20.0);
     assert_eq!(count(Telemetry::LLM_COMPLETION_TOKENS), 11.0);
-    assert_eq!(count(Telemetry::LLM_COMPLETION_AUDIO_TOKENS), 6.0);
+    assert_eq!(count(Telemetry::LLM_AUDIO_COMPLETION_TOKENS), 6.0);
     session.close().await.unwrap();
 }

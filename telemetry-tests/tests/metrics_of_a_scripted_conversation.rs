@@ -32,8 +32,7 @@ fn usage(prompt: u32, completion: u32, cached: Option<u32>) -> LlmChunk {
         prompt_tokens: prompt,
         completion_tokens: completion,
         cached_prompt_tokens: cached,
-        audio_prompt_tokens: None,
-        audio_completion_tokens: None,
+        ..Default::default()
     })
 }
 

@@ -73,6 +73,39 @@ pub fn output(chat: &ChatContext, call_id: &str) -> String {
         .clone()
 }
 
+/// A tool `transfer` that hands off to `agent`.
+pub fn transfer_to(agent: Agent) -> Tool {
+    let to = agent.name().to_owned();
+    Tool::new(
+        "transfer",
+        format!("Transfers to {to}"),
+        move |_ctx: RunContext, _: switchboard::NoArgs| {
+            let agent = agent.clone();
+            async move { Ok::<_, ToolFailure>(Handoff::to(agent)) }
+        },
+    )
+}
+
+/// The user's messages of a chat, in order.
+pub fn user_messages(chat: &ChatContext) -> Vec<String> {
+    said(chat)
+        .into_iter()
+        .filter(|(role, _)| *role == ChatRole::User)
+        .map(|(_, text)| text)
+        .collect()
+}
+
+/// Every message of a chat, with its role, in order.
+pub fn said(chat: &ChatContext) -> Vec<(ChatRole, String)> {
+    chat.items()
+        .iter()
+        .filter_map(|item| match item {
+            ChatItem::Message(m) => Some((m.role, m.content.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Waits (up to 5 s) for the first event `pick` returns `Some` for, returning it; the
 /// failure says what it saw.
 pub async fn wait_event<T>(

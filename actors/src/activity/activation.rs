@@ -68,19 +68,21 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::barge_in::{BargeAction, BargeIn, BargeInRules};
+use super::latency::TurnTimer;
 use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
+use super::preflight::Preflight;
 use super::turn::{
     bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
-    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome,
+    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
 };
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{SessionError, TurnFailure, UpdateError};
-use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent};
+use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent, TurnMetrics};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{LlmChunk, LlmRequest, ToolChoice, ToolSchema};
+use crate::llm::{LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
 use crate::outcome::{excerpt, panic_message, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
@@ -92,6 +94,7 @@ use crate::snapshot::{
 };
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 use crate::telemetry::Cause;
+use crate::usage::Usage;
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.
@@ -192,12 +195,20 @@ pub(crate) enum Input {
     },
     /// A handle asked to interrupt `speech`.
     InterruptSpeech { speech: SpeechId, force: bool },
+    /// The session asks for a preemptive request with the user's words so far (they
+    /// wait for the end of the user's turn); none: drop the one under way.
+    Preflight { text: Option<String> },
     /// The user started speaking.
     UserStartedSpeaking { at: Instant },
     /// The user stopped speaking.
     UserStoppedSpeaking { at: Instant },
-    /// A transcript arrived.
-    UserTranscript { is_final: bool, has_words: bool },
+    /// A transcript with words arrived; the session judged whether its words interrupt
+    /// the agent (without a word rule, any words do).
+    UserTranscript {
+        is_final: bool,
+        interrupts: bool,
+        at: Instant,
+    },
     /// A realtime model transcribed a user turn that started before its words came: the
     /// oldest user message still without words gets them.
     UserTranscribed { text: String },
@@ -392,6 +403,8 @@ struct Rules {
     /// setting, else the session's).
     allow_interruptions: bool,
     barge: BargeInRules,
+    /// Whether it takes preemptive requests (the session decides when to ask).
+    preemptive: bool,
 }
 
 /// The activation machine (see the module docs).
@@ -414,6 +427,8 @@ pub(crate) struct Activation {
     /// Session-scoped pending items a pause or close handed back, for the next agent.
     carried: Vec<PendingItem>,
     barge_in: BargeIn,
+    /// A preemptive request under way, while it listens.
+    preflight: Option<Preflight>,
     /// Whether it is current now (set from the state after each input): only the current
     /// activation publishes the agent's state.
     current: bool,
@@ -426,6 +441,7 @@ pub(crate) struct Activation {
 impl Activation {
     pub(crate) fn new(setup: Setup) -> Self {
         let config = &setup.shared.settings.config;
+        let turn_rules = setup.shared.settings.turn_rules(&setup.agent);
         let rules = Rules {
             max_tool_steps: config.max_tool_steps,
             limits: InputLimits {
@@ -444,13 +460,17 @@ impl Activation {
                 .unwrap_or(config.allow_interruptions),
             barge: BargeInRules {
                 // A realtime model's server heard the user already, and has cancelled its
-                // answer if one ran: the interruption is real at once.
+                // answer if one ran: the interruption is real at once, words or not.
                 min_duration: match setup.llm {
                     Model::Realtime(_) => Duration::ZERO,
-                    Model::Text(_) => config.min_interruption_duration,
+                    Model::Text(_) => turn_rules.interruption.min_duration,
                 },
-                false_timeout: config.false_interruption_timeout,
+                false_timeout: turn_rules.interruption.false_interruption_timeout,
+                pause: turn_rules.interruption.resume_false_interruption,
+                needs_words: matches!(setup.llm, Model::Text(_)) && turn_rules.needs_words(),
             },
+            // A realtime model answers the user's turn itself: nothing to ask ahead.
+            preemptive: turn_rules.preemptive.enabled && matches!(setup.llm, Model::Text(_)),
         };
         let restored = setup.restored;
         let mut activation = Self {
@@ -473,6 +493,7 @@ impl Activation {
             pending: setup.carried,
             carried: Vec::new(),
             barge_in: BargeIn::Quiet,
+            preflight: None,
             current: false,
             turn_ended: false,
             armed: None,
@@ -556,7 +577,8 @@ impl Activation {
                     done,
                     waiters: Vec::new(),
                     span,
-                    clock: Cause::default().clock("restored"),
+                    timer: TurnTimer::new(Instant::now(), "restored"),
+                    usage: Usage::default(),
                     phase: Phase::Calling { step, toolsets },
                 })))
             }
@@ -786,6 +808,10 @@ impl Activation {
         let input = match input {
             Input::Chunk { step, chunk } => {
                 let State::Running(turn) = &mut self.state else {
+                    // A preemptive request's chunks wait for its turn, unsaid.
+                    if let Some(preflight) = self.preflight.as_mut().filter(|p| p.step == step) {
+                        preflight.chunk(chunk);
+                    }
                     return;
                 };
                 let speaker = Speaker {
@@ -853,7 +879,12 @@ impl Activation {
             Input::Chunk { .. } => state,
             Input::StreamEnded { step, failure } => match state {
                 State::Running(turn) => running(self.on_stream_end(turn, step, failure, out)),
-                other => other,
+                other => {
+                    if let Some(preflight) = self.preflight.as_mut().filter(|p| p.step == step) {
+                        preflight.end(failure);
+                    }
+                    other
+                }
             },
             Input::CallOutput {
                 step,
@@ -921,6 +952,15 @@ impl Activation {
                 }
                 other => other,
             },
+            Input::Preflight { text } => {
+                match text {
+                    Some(text) if matches!(state, State::Listening) && self.rules.preemptive => {
+                        self.start_preflight(text, out)
+                    }
+                    _ => self.drop_preflight(out),
+                }
+                state
+            }
             Input::UserStartedSpeaking { at } => {
                 let interruptible = matches!(&state, State::Running(turn) if turn.interruptible());
                 let can_pause = interruptible && self.shared.output.call(|o| o.can_pause());
@@ -935,16 +975,18 @@ impl Activation {
             }
             Input::UserTranscript {
                 is_final,
-                has_words,
+                interrupts,
+                at,
             } => {
-                if !has_words {
-                    return state;
-                }
-                let action = self.barge_in.transcript();
+                let action = if interrupts {
+                    self.barge_in.words_interrupt(at, &self.rules.barge)
+                } else {
+                    self.barge_in.words_hold(is_final)
+                };
                 let state = self.barge(state, action, out);
                 match state {
                     // A user turn goes first: the running turn stops if it allows it.
-                    State::Running(turn) if is_final && !turn.interrupted => {
+                    State::Running(turn) if is_final && interrupts && !turn.interrupted => {
                         match self.try_interrupt(turn, false, out) {
                             Ok(turn) => running(turn),
                             Err(turn) => State::Running(turn),
@@ -1030,7 +1072,10 @@ impl Activation {
                 });
                 state
             }
-            Input::Pause { spare } => self.pause(state, spare, out),
+            Input::Pause { spare } => {
+                self.drop_preflight(out);
+                self.pause(state, spare, out)
+            }
             Input::RunsStopped { calls, reason } => {
                 self.with_ledger(None, |ledger, sink| {
                     ledger.write_terminal(calls, &reason, sink)
@@ -1054,7 +1099,10 @@ impl Activation {
                     other
                 }
             },
-            Input::Close { reason } => self.close(state, reason, out),
+            Input::Close { reason } => {
+                self.drop_preflight(out);
+                self.close(state, reason, out)
+            }
             Input::ExitHookDone => {
                 if let State::Closing { reason, .. } = &state {
                     out.push(Command::StopToolsets {
@@ -1075,6 +1123,7 @@ impl Activation {
                 }
             }
             Input::Stopped => {
+                self.drop_preflight(out);
                 let entered = match &state {
                     State::Created => false,
                     State::Closing { entered, .. } | State::Closed { entered } => *entered,
@@ -1226,7 +1275,9 @@ impl Activation {
 
     // ---- Turns ----------------------------------------------------------------------
 
-    /// Starts a turn: returns it while it runs, `None` when it ended at once.
+    /// Starts a turn: returns it while it runs, `None` when it ended at once. A user turn
+    /// whose words and chat a preemptive request answers takes it over; any other turn
+    /// drops it.
     fn begin_turn(
         &mut self,
         kind: TurnKind,
@@ -1241,14 +1292,23 @@ impl Activation {
             session = %self.shared.id(),
             agent = %self.agent.name(),
             kind = kind.name(),
+            "gen_ai.operation.name" = "invoke_agent",
+            "gen_ai.agent.name" = %self.agent.name(),
+            "gen_ai.conversation.id" = %self.shared.id(),
         );
         cause.link(&span, session, telemetry);
-        let clock = cause.clock(kind.name());
+        let timer = TurnTimer::new(cause.at().unwrap_or_else(Instant::now), kind.name());
         let interruptibility = match &kind {
             TurnKind::Say { speech, .. } => speech.interruptibility().clone(),
+            // The user spoke past their limit: the reply that cuts in is not theirs to cut.
+            TurnKind::CutIn { .. } => Interruptibility::new(false),
             _ => Interruptibility::new(self.rules.allow_interruptions),
         };
-        self.publish(AgentState::Thinking);
+        if !matches!(kind, TurnKind::Backchannel(_)) {
+            self.publish(AgentState::Thinking);
+        }
+        let mut preflight = self.preflight.take();
+        let mut adopted = None;
         let mut events = Vec::new();
         let mut speeches = Vec::new();
         let mut adopt = false;
@@ -1258,29 +1318,48 @@ impl Activation {
                     text: text.clone(),
                     is_final: true,
                 });
-                let mut message = ChatMessage {
-                    role: ChatRole::User,
-                    content: text,
-                    interrupted: false,
-                    speech: None,
-                };
+                let mut message = user_message(text);
                 let decision = self.user_turn_hook(&mut message);
-                self.record(&mut events, ChatItem::Message(message));
+                let fits = decision == TurnDecision::Reply
+                    && preflight
+                        .as_ref()
+                        .is_some_and(|p| p.fits(self.ledger.chat(), &message));
+                match preflight.take_if(|_| fits) {
+                    // The request's chat is the ledger's plus this message: taken as it is.
+                    Some(taken) => {
+                        let chat = taken.chat.clone();
+                        self.with_ledger(Some(&mut events), |ledger, sink| {
+                            ledger.adopt(chat, sink)
+                        });
+                        adopted = Some(taken);
+                    }
+                    None => self.record(&mut events, ChatItem::Message(message)),
+                }
                 (decision == TurnDecision::Reply).then(Ask::default)
             }
             // The realtime model's server heard the user's turn and answers it already:
             // no `on_user_turn_completed` (it could not stop that answer); the words come
             // with the transcript, now or later (`UserTranscribed`).
             TurnKind::Heard { text, .. } => {
-                let message = ChatMessage {
-                    role: ChatRole::User,
-                    content: text,
-                    interrupted: false,
-                    speech: None,
-                };
-                self.record(&mut events, ChatItem::Message(message));
+                self.record(&mut events, ChatItem::Message(user_message(text)));
                 adopt = true;
                 Some(Ask::default())
+            }
+            TurnKind::Backchannel(text) => {
+                self.record(&mut events, ChatItem::Message(user_message(text)));
+                None
+            }
+            TurnKind::CutIn { text, instructions } => {
+                self.shared.events.emit(SessionEvent::UserInputTranscribed {
+                    text: text.clone(),
+                    is_final: true,
+                });
+                self.record(&mut events, ChatItem::Message(user_message(text)));
+                Some(Ask {
+                    tool_choice: ToolChoice::None,
+                    extra_instructions: Some(instructions.to_string()),
+                    deferred_call_ids: Vec::new(),
+                })
             }
             TurnKind::Reply(instructions) => Some(Ask {
                 extra_instructions: instructions,
@@ -1300,9 +1379,34 @@ impl Activation {
                 None
             }
         };
-        let phase = match &ask {
-            Some(ask) => Phase::Generating(self.open_generation(ask, adopt, &span, out)),
-            None => Phase::Playing {
+        // Dropped before any stream opens: the actor holds one stream at a time.
+        if let Some(unused) = preflight {
+            self.discard_preflight(unused, out);
+        }
+        let mut replay = None;
+        let phase = match (&ask, adopted) {
+            (Some(_), Some(taken)) => {
+                let Preflight {
+                    step,
+                    chat,
+                    span: request_span,
+                    started,
+                    first_chunk,
+                    chunks,
+                    ended,
+                    ..
+                } = taken;
+                replay = Some((step, chunks, ended));
+                Phase::Generating(Generation::new(
+                    step,
+                    request_span,
+                    chat.len(),
+                    started,
+                    first_chunk,
+                ))
+            }
+            (Some(ask), _) => Phase::Generating(self.open_generation(ask, adopt, &span, out)),
+            (None, _) => Phase::Playing {
                 outcome: TurnOutcome::default(),
                 give_up_at: None,
             },
@@ -1317,13 +1421,125 @@ impl Activation {
             done,
             waiters: Vec::new(),
             span,
-            clock,
+            timer,
+            usage: Usage::default(),
             phase,
         });
+        if let Some((step, chunks, ended)) = replay {
+            return self.replay_preflight(turn, step, chunks, ended, out);
+        }
         match turn.phase {
             Phase::Playing { .. } => self.finish_if_played(turn),
             _ => Some(turn),
         }
+    }
+
+    /// A turn took over a preemptive request: what the model sent meanwhile goes out now,
+    /// as if it had just come (its speech starts here), and a stream that ended is ended.
+    fn replay_preflight(
+        &mut self,
+        mut turn: Box<Turn>,
+        step: u64,
+        chunks: Vec<LlmChunk>,
+        ended: Option<Option<TurnFailure>>,
+        out: &mut Vec<Command>,
+    ) -> Option<Box<Turn>> {
+        turn.timer.adopted_preemptive();
+        self.shared.telemetry.preemptive(&self.agent.def.name, true);
+        for chunk in chunks {
+            if on_chunk(&self.speaker(), &mut turn, step, chunk, &self.rules.limits) {
+                let failure = TurnFailure::ReplyTooLong {
+                    limit: self.rules.limits.max_reply_bytes,
+                };
+                return self.on_stream_end(turn, step, Some(failure), out);
+            }
+        }
+        match ended {
+            Some(failure) => self.on_stream_end(turn, step, failure, out),
+            None => Some(turn),
+        }
+    }
+
+    /// Starts a preemptive request with the user's words so far (one already under way
+    /// is dropped): the agent's chat and this message, asked as a user turn would ask.
+    fn start_preflight(&mut self, text: String, out: &mut Vec<Command>) {
+        self.drop_preflight(out);
+        let mut chat = self.ledger.chat().clone();
+        chat.push(ChatItem::Message(user_message(text.clone())));
+        let request = self.request(&Ask::default(), chat.clone());
+        let step = self.shared.ids.next_step();
+        let span = self.request_span(&self.shared.span, step, &request, true);
+        out.push(Command::OpenStream {
+            step,
+            request,
+            span: span.clone(),
+            adopt: false,
+        });
+        self.preflight = Some(Preflight {
+            text,
+            step,
+            chat,
+            span,
+            started: Instant::now(),
+            first_chunk: None,
+            chunks: Vec::new(),
+            ended: None,
+        });
+    }
+
+    /// Drops the preemptive request under way, if any.
+    fn drop_preflight(&mut self, out: &mut Vec<Command>) {
+        if let Some(preflight) = self.preflight.take() {
+            self.discard_preflight(preflight, out);
+        }
+    }
+
+    /// A preemptive request no turn takes: its stream is dropped and nothing of it reaches
+    /// the chat or the output; what it cost is counted.
+    fn discard_preflight(&mut self, preflight: Preflight, out: &mut Vec<Command>) {
+        if preflight.ended.is_none() {
+            out.push(Command::CancelStream {
+                step: preflight.step,
+            });
+        }
+        let model = preflight
+            .served_by()
+            .unwrap_or_else(|| self.llm.name())
+            .to_owned();
+        let reported = preflight.usage();
+        let mut usage = Usage {
+            requests: 1,
+            discarded_preemptive: 1,
+            ..Usage::default()
+        };
+        if let Some(reported) = &reported {
+            usage.add_reported(reported);
+        }
+        record_usage(&preflight.span, reported.as_ref());
+        self.shared
+            .metrics
+            .request(&self.agent.def.name, &model, &usage);
+        let telemetry = &self.shared.telemetry;
+        telemetry.llm_request(
+            &self.agent.def.name,
+            &model,
+            preflight.first_chunk,
+            reported.as_ref(),
+        );
+        telemetry.preemptive(&self.agent.def.name, false);
+        tracing::debug!(parent: &preflight.span, "preemptive request dropped: the user went on");
+        self.shared.events.emit_with(|| {
+            SessionEvent::LlmMetrics(LlmMetrics {
+                agent: self.agent_name(),
+                llm: model.clone(),
+                time_to_first_chunk: preflight.first_chunk,
+                duration: preflight.started.elapsed(),
+                text_chunks: count(&preflight.chunks, |c| matches!(c, LlmChunk::Text(_))),
+                tool_calls: count(&preflight.chunks, |c| matches!(c, LlmChunk::ToolCall(_))),
+                usage: reported,
+                cancelled: true,
+            })
+        });
     }
 
     /// Runs `on_user_turn_completed`, catching its panics (the reply goes ahead).
@@ -1438,45 +1654,72 @@ impl Activation {
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
-        let request = LlmRequest {
-            agent: self.agent.def.name.clone(),
-            instructions: self.agent.def.instructions.clone(),
-            extra_instructions: ask.extra_instructions.clone(),
-            chat: self.ledger.chat().clone(),
-            tools: self.tools.schemas.clone(),
-            tool_choice: ask.tool_choice,
-            deferred_call_ids: ask.deferred_call_ids.clone(),
-        };
+        let request = self.request(ask, self.ledger.chat().clone());
         let step = self.shared.ids.next_step();
-        let span = tracing::info_span!(
-            parent: turn_span,
-            "llm_request",
-            session = %self.shared.id(),
-            agent = %self.agent.name(),
-            llm = %self.llm.name(),
-            step,
-            speech = tracing::field::Empty,
-        );
+        let span = self.request_span(turn_span, step, &request, false);
         out.push(Command::OpenStream {
             step,
             request,
             span: span.clone(),
             adopt,
         });
-        Generation {
-            step,
-            span,
-            view: self.ledger.chat().len(),
-            started: Instant::now(),
-            first_chunk: None,
-            text: String::new(),
-            text_chunks: 0,
-            calls: Vec::new(),
-            speech: None,
-            usage: None,
-            llm: None,
-            early_report: None,
+        Generation::new(step, span, self.ledger.chat().len(), Instant::now(), None)
+    }
+
+    /// The request an `ask` makes of the model, from `chat`.
+    fn request(&self, ask: &Ask, chat: ChatContext) -> LlmRequest {
+        LlmRequest {
+            agent: self.agent.def.name.clone(),
+            instructions: self.agent.def.instructions.clone(),
+            extra_instructions: ask.extra_instructions.clone(),
+            chat,
+            tools: self.tools.schemas.clone(),
+            tool_choice: ask.tool_choice,
+            deferred_call_ids: ask.deferred_call_ids.clone(),
         }
+    }
+
+    /// An `llm_request` span under `parent`, with OpenTelemetry's GenAI attributes; the
+    /// request's content only when the host asked (`SessionBuilder::trace_content`). The
+    /// usage and the answer are recorded on it when the request ends.
+    fn request_span(
+        &self,
+        parent: &tracing::Span,
+        step: u64,
+        request: &LlmRequest,
+        preemptive: bool,
+    ) -> tracing::Span {
+        let span = tracing::info_span!(
+            parent: parent,
+            "llm_request",
+            session = %self.shared.id(),
+            agent = %self.agent.name(),
+            llm = %self.llm.name(),
+            step,
+            preemptive,
+            speech = tracing::field::Empty,
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.agent.name" = %self.agent.name(),
+            "gen_ai.conversation.id" = %self.shared.id(),
+            "gen_ai.request.model" = %self.llm.name(),
+            "gen_ai.response.model" = tracing::field::Empty,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "gen_ai.usage.cache_read.input_tokens" = tracing::field::Empty,
+            "gen_ai.system_instructions" = tracing::field::Empty,
+            "gen_ai.input.messages" = tracing::field::Empty,
+            "gen_ai.output.messages" = tracing::field::Empty,
+        );
+        if self.shared.settings.config.trace_content && !span.is_disabled() {
+            span.record("gen_ai.system_instructions", &*system_instructions(request));
+            span.record(
+                "gen_ai.input.messages",
+                serde_json::to_string(request.chat.items())
+                    .unwrap_or_default()
+                    .as_str(),
+            );
+        }
+        span
     }
 
     /// The stream of `step` ended (or failed): record what was said, then run the calls
@@ -1495,8 +1738,6 @@ impl Activation {
                 return Some(turn);
             }
         };
-        let mut generation = generation;
-        let calls = std::mem::take(&mut generation.calls);
         let ending = if failure.is_none() {
             Ending::Complete
         } else {
@@ -1507,7 +1748,7 @@ impl Activation {
             outcome: TurnOutcome::default(),
             give_up_at: None,
         };
-        self.close_generation(&mut turn, generation, ending, out);
+        let calls = self.close_generation(&mut turn, generation, ending, out);
         match failure {
             Some(failure) => {
                 tracing::warn!(session = %self.shared.id(), agent = %self.agent.name(), error = %failure, "LLM request failed");
@@ -1527,26 +1768,52 @@ impl Activation {
 
     /// Ends a generation: its stream is dropped, its speech finished on the output (and
     /// cut, on an interruption), what was said recorded (marked interrupted when the
-    /// stream did not end on its own), its metrics emitted.
+    /// stream did not end on its own), its metrics emitted. Returns the calls the model
+    /// made (a complete step runs them).
     fn close_generation(
         &mut self,
         turn: &mut Turn,
-        generation: Generation,
+        mut generation: Generation,
         ending: Ending,
         out: &mut Vec<Command>,
-    ) {
+    ) -> Vec<ModelCall> {
         if ending != Ending::Complete {
             out.push(Command::CancelStream {
                 step: generation.step,
             });
         }
         let complete = ending == Ending::Complete;
+        let model = generation.llm.as_deref().unwrap_or_else(|| self.llm.name());
         self.shared.telemetry.llm_request(
             &self.agent.def.name,
-            generation.llm.as_deref().unwrap_or_else(|| self.llm.name()),
+            model,
             generation.first_chunk,
             generation.usage.as_ref(),
         );
+        let mut usage = Usage {
+            requests: 1,
+            ..Usage::default()
+        };
+        if let Some(reported) = &generation.usage {
+            usage.add_reported(reported);
+        }
+        turn.usage += &usage;
+        turn.timer.request_ended(generation.first_chunk);
+        self.shared
+            .metrics
+            .request(&self.agent.def.name, model, &usage);
+        record_usage(&generation.span, generation.usage.as_ref());
+        if let Some(served) = &generation.llm {
+            generation
+                .span
+                .record("gen_ai.response.model", served.as_str());
+        }
+        if self.shared.settings.config.trace_content && !generation.span.is_disabled() {
+            generation.span.record(
+                "gen_ai.output.messages",
+                output_messages(&generation).as_str(),
+            );
+        }
         tracing::debug!(
             parent: &generation.span,
             text_chunks = generation.text_chunks,
@@ -1569,8 +1836,9 @@ impl Activation {
                 cancelled: !complete,
             })
         });
+        let calls = std::mem::take(&mut generation.calls);
         let Some(speech) = generation.speech else {
-            return;
+            return calls;
         };
         if !generation.text.is_empty() {
             self.last_reply_view = generation.view;
@@ -1590,7 +1858,7 @@ impl Activation {
             .call(|output| output.speech_finished(speech.id()));
         if let Some((interrupted, heard)) = generation.early_report {
             self.apply_report(Some(turn), speech.id(), interrupted, heard);
-            return;
+            return calls;
         }
         match (ending, playout) {
             (Ending::Cut, Playout::Pending) => {
@@ -1608,6 +1876,7 @@ impl Activation {
             (_, Playout::Done) => self.speech_ended(&speech, SpeechOutcome::Played),
             (_, Playout::Pending) => {}
         }
+        calls
     }
 
     /// Opens the step in the ledger and sends each call to its toolset, or answers it at
@@ -1681,6 +1950,7 @@ impl Activation {
             });
         }
         turn.phase = Phase::Calling { step, toolsets };
+        turn.timer.calling(Instant::now());
         self.maybe_commit(turn, Where::Current, out)
     }
 
@@ -1715,6 +1985,7 @@ impl Activation {
         else {
             return Some(turn);
         };
+        turn.timer.called(Instant::now());
         let end = StepEnd::of(&committed.calls, committed.effects);
         for (tool, message) in &end.propagated {
             self.shared.events.emit(SessionEvent::Error {
@@ -1803,11 +2074,34 @@ impl Activation {
     }
 
     /// Ends the turn now: answers the session (once) and whoever waits on an interruption.
-    fn finish_now(&mut self, turn: Box<Turn>, mut outcome: TurnOutcome) {
+    fn finish_now(&mut self, mut turn: Box<Turn>, mut outcome: TurnOutcome) {
         // A turn that ends with speeches still playing (a close) cuts them short.
         for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
             self.speech_ended(speech, SpeechOutcome::Interrupted { heard: None });
         }
+        let latency = turn.timer.latency(Instant::now);
+        // Turns that asked the model count in the agent's latency (a `say` does not).
+        if turn.timer.asked_the_model() {
+            self.shared.metrics.turn(&self.agent.def.name, &latency);
+            if !latency.tools.is_zero() {
+                self.shared
+                    .telemetry
+                    .turn_tools(latency.tools, &self.agent.def.name);
+            }
+            let interrupted = outcome.interrupted || turn.interrupted;
+            self.shared.events.emit_with(|| {
+                SessionEvent::TurnMetrics(TurnMetrics {
+                    agent: self.agent_name(),
+                    usage: turn.usage,
+                    latency,
+                    interrupted,
+                })
+            });
+        }
+        outcome.report = Some(Box::new(TurnReport {
+            usage: turn.usage,
+            latency,
+        }));
         self.barge_in.turn_ended();
         if outcome.handoff.is_some() {
             // The handoff's span goes under this turn's.
@@ -1866,7 +2160,8 @@ impl Activation {
         );
         Ok(match phase {
             Phase::Generating(generation) => {
-                self.close_generation(&mut turn, generation, Ending::Cut, out);
+                // Cut: the calls it made do not run.
+                let _ = self.close_generation(&mut turn, generation, Ending::Cut, out);
                 self.finish(turn, TurnOutcome::default(), false)
             }
             Phase::Calling { step, toolsets } => {
@@ -2174,7 +2469,8 @@ impl Activation {
             );
             match phase {
                 Phase::Generating(generation) => {
-                    self.close_generation(&mut turn, generation, Ending::Cut, out)
+                    // Closing: the calls it made do not run.
+                    let _ = self.close_generation(&mut turn, generation, Ending::Cut, out);
                 }
                 other => turn.phase = other,
             }
@@ -2262,7 +2558,9 @@ impl Speaker<'_> {
     }
 
     fn announce(&self, speech: &SpeechHandle) {
-        self.shared.speeches.started(speech.id(), self.id);
+        self.shared
+            .speeches
+            .started(speech.id(), self.id, speech.interruptibility());
         let agent = self.agent.name();
         self.shared
             .output
@@ -2329,10 +2627,12 @@ fn open_speech(speaker: &Speaker<'_>, turn: &mut Turn) -> SpeechId {
     if let Some(speech) = &generation.speech {
         return speech.id();
     }
-    speaker
-        .shared
-        .telemetry
-        .text_started(&mut turn.clock, &speaker.agent.def.name);
+    if let Some(e2e) = turn.timer.text_out(Instant::now()) {
+        speaker
+            .shared
+            .telemetry
+            .turn_e2e(e2e, &speaker.agent.def.name, turn.timer.kind);
+    }
     let speech = speaker.start(turn.interruptibility.clone());
     generation
         .span
@@ -2355,6 +2655,59 @@ fn running(turn: Option<Box<Turn>>) -> State {
 /// context that already held the newest pending item (`newest`, its position).
 fn reply_due(last_reply_view: usize, newest: Option<usize>) -> bool {
     newest.is_some_and(|newest| last_reply_view <= newest)
+}
+
+/// The user's words as a chat message.
+fn user_message(text: String) -> ChatMessage {
+    ChatMessage {
+        role: ChatRole::User,
+        content: text,
+        interrupted: false,
+        speech: None,
+    }
+}
+
+/// Records a request's usage on its span (OpenTelemetry's GenAI attributes).
+fn record_usage(span: &tracing::Span, usage: Option<&LlmUsage>) {
+    if let Some(usage) = usage {
+        span.record("gen_ai.usage.input_tokens", usage.prompt_tokens);
+        span.record("gen_ai.usage.output_tokens", usage.completion_tokens);
+        if let Some(cached) = usage.cached_prompt_tokens {
+            span.record("gen_ai.usage.cache_read.input_tokens", cached);
+        }
+    }
+}
+
+/// The request's instructions as `gen_ai.system_instructions` (JSON parts).
+fn system_instructions(request: &LlmRequest) -> String {
+    let mut parts = vec![serde_json::json!({"type": "text", "content": &*request.instructions})];
+    if let Some(extra) = &request.extra_instructions {
+        parts.push(serde_json::json!({"type": "text", "content": extra}));
+    }
+    serde_json::Value::Array(parts).to_string()
+}
+
+/// What a generation answered, as `gen_ai.output.messages` (one assistant message with
+/// its text and tool calls, JSON).
+fn output_messages(generation: &Generation) -> String {
+    let mut parts = Vec::new();
+    if !generation.text.is_empty() {
+        parts.push(serde_json::json!({"type": "text", "content": generation.text}));
+    }
+    for call in &generation.calls {
+        parts.push(serde_json::json!({
+            "type": "tool_call",
+            "id": call.chunk.call_id,
+            "name": call.chunk.name,
+            "arguments": call.chunk.arguments,
+        }));
+    }
+    serde_json::json!([{"role": "assistant", "parts": parts}]).to_string()
+}
+
+/// How many of `chunks` are of a kind.
+fn count(chunks: &[LlmChunk], kind: impl Fn(&LlmChunk) -> bool) -> u32 {
+    u32::try_from(chunks.iter().filter(|c| kind(c)).count()).unwrap_or(u32::MAX)
 }
 
 /// Answers a turn that cannot run here: a queued `say` counts as interrupted, unheard.

@@ -1,7 +1,7 @@
 //! Barge-in: what the user talking over the agent does to its speech, as a
 //! plain state machine the activity feeds with the user's input and its timers.
 //!
-//! The rules, each a unit test below:
+//! The rules, each a unit test below. Without a word rule (the voice decides):
 //! - The user starts speaking over an interruptible turn: a pausable output pauses at
 //!   once; nothing else happens yet (with a zero `min_duration`: interrupted at once).
 //! - The interruption becomes real once the user has spoken for `min_duration`, or a
@@ -12,6 +12,13 @@
 //!   stopped (`resumed: false`). Without a `false_timeout` the pause becomes an
 //!   interruption when the user stops.
 //! - Over an uninterruptible turn, or with no turn, the user's speech does nothing here.
+//!
+//! With a word rule (a word minimum, backchannel words or the host's classifier: the
+//! session judges each transcript and says whether its words interrupt):
+//! - The user's voice alone neither pauses nor interrupts the speech.
+//! - Words that interrupt make it real once the user has also spoken `min_duration`
+//!   (at once if they have); words that do not (a backchannel) change nothing.
+//! - A final transcript whose words do not interrupt ends the barge-in.
 //!
 //! Time comes in as arguments, and the one deadline that matters now goes out
 //! ([`BargeIn::deadline`]): the activation machine keeps at most one timer for it and
@@ -30,6 +37,11 @@ pub(crate) struct BargeInRules {
     /// How long after the user stops, with no transcript, a paused speech waits before it
     /// resumes; `None`: it never resumes (the pause becomes an interruption).
     pub(crate) false_timeout: Option<Duration>,
+    /// Whether the output may be paused on the user's voice (resuming false
+    /// interruptions); false: as if it could not pause.
+    pub(crate) pause: bool,
+    /// Whether an interruption needs words that pass the session's rules.
+    pub(crate) needs_words: bool,
 }
 
 /// Where a barge-in is.
@@ -38,11 +50,20 @@ pub(crate) enum BargeIn {
     /// Nobody talks over the agent.
     #[default]
     Quiet,
-    /// The user talks over the agent since `since`; the output is paused if `paused`.
-    Overlapping { since: Instant, paused: bool },
+    /// The user talks over the agent since `since`; the output is paused if `paused`;
+    /// `words`: their words passed the rules (with a word rule).
+    Overlapping {
+        since: Instant,
+        paused: bool,
+        words: bool,
+    },
     /// The user stopped (at `at`) before it counted; waiting for a transcript until the
     /// false-interruption timeout.
-    Stopped { at: Instant, paused: bool },
+    Stopped {
+        at: Instant,
+        paused: bool,
+        words: bool,
+    },
 }
 
 /// What the activity does next.
@@ -61,7 +82,8 @@ pub(crate) enum BargeAction {
 
 impl BargeIn {
     /// The user started speaking. `interruptible`: a turn runs and allows interruptions.
-    /// With a zero `min_duration`, any speech of the user is a real interruption at once.
+    /// Without a word rule and with a zero `min_duration`, any speech of the user is a
+    /// real interruption at once.
     pub(crate) fn user_started(
         &mut self,
         now: Instant,
@@ -72,25 +94,31 @@ impl BargeIn {
         if !interruptible {
             return BargeAction::Nothing;
         }
-        if rules.min_duration.is_zero() {
+        if rules.min_duration.is_zero() && !rules.needs_words {
             *self = Self::Quiet;
             return BargeAction::Interrupt;
         }
         match *self {
             Self::Quiet => {
+                let paused = can_pause && rules.pause && !rules.needs_words;
                 *self = Self::Overlapping {
                     since: now,
-                    paused: can_pause,
+                    paused,
+                    words: false,
                 };
-                if can_pause {
+                if paused {
                     BargeAction::Pause
                 } else {
                     BargeAction::Nothing
                 }
             }
             // Speaking again before the false-interruption timeout: the same barge-in.
-            Self::Stopped { paused, .. } => {
-                *self = Self::Overlapping { since: now, paused };
+            Self::Stopped { paused, words, .. } => {
+                *self = Self::Overlapping {
+                    since: now,
+                    paused,
+                    words,
+                };
                 BargeAction::Nothing
             }
             Self::Overlapping { .. } => BargeAction::Nothing,
@@ -99,16 +127,26 @@ impl BargeIn {
 
     /// The user stopped speaking.
     pub(crate) fn user_stopped(&mut self, now: Instant, rules: &BargeInRules) -> BargeAction {
-        let Self::Overlapping { since, paused } = *self else {
+        let Self::Overlapping {
+            since,
+            paused,
+            words,
+        } = *self
+        else {
             return BargeAction::Nothing;
         };
-        if now.duration_since(since) >= rules.min_duration {
+        let long_enough = now.duration_since(since) >= rules.min_duration;
+        if long_enough && (words || !rules.needs_words) {
             *self = Self::Quiet;
             return BargeAction::Interrupt;
         }
         match rules.false_timeout {
             Some(_) => {
-                *self = Self::Stopped { at: now, paused };
+                *self = Self::Stopped {
+                    at: now,
+                    paused,
+                    words,
+                };
                 BargeAction::Nothing
             }
             None if paused => {
@@ -122,23 +160,72 @@ impl BargeIn {
         }
     }
 
-    /// A transcript with words arrived.
-    pub(crate) fn transcript(&mut self) -> BargeAction {
+    /// A transcript arrived whose words interrupt (without a word rule: any words).
+    pub(crate) fn words_interrupt(&mut self, now: Instant, rules: &BargeInRules) -> BargeAction {
         match *self {
             Self::Quiet => BargeAction::Nothing,
-            Self::Overlapping { .. } | Self::Stopped { .. } => {
+            _ if !rules.needs_words => {
                 *self = Self::Quiet;
                 BargeAction::Interrupt
+            }
+            Self::Overlapping { since, paused, .. } => {
+                if now.duration_since(since) >= rules.min_duration {
+                    *self = Self::Quiet;
+                    return BargeAction::Interrupt;
+                }
+                *self = Self::Overlapping {
+                    since,
+                    paused,
+                    words: true,
+                };
+                BargeAction::Nothing
+            }
+            // The user stopped before the minimum: the final transcript decides.
+            Self::Stopped { at, paused, .. } => {
+                *self = Self::Stopped {
+                    at,
+                    paused,
+                    words: true,
+                };
+                BargeAction::Nothing
             }
         }
     }
 
+    /// A transcript arrived whose words do not interrupt (a backchannel, too few words).
+    /// A final one ends a barge-in whose user stopped; one the user is still speaking
+    /// after leaves it waiting for their next words.
+    pub(crate) fn words_hold(&mut self, is_final: bool) -> BargeAction {
+        match *self {
+            Self::Stopped { paused, .. } if is_final => {
+                *self = Self::Quiet;
+                if paused {
+                    BargeAction::FalseInterruption { resume: true }
+                } else {
+                    BargeAction::Nothing
+                }
+            }
+            Self::Overlapping { since, paused, .. } if is_final => {
+                *self = Self::Overlapping {
+                    since,
+                    paused,
+                    words: false,
+                };
+                BargeAction::Nothing
+            }
+            _ => BargeAction::Nothing,
+        }
+    }
+
     /// When the barge-in next decides something by itself: the end of the minimum
-    /// duration, or of the false-interruption timeout.
+    /// duration (once words passed, with a word rule), or of the false-interruption
+    /// timeout.
     pub(crate) fn deadline(&self, rules: &BargeInRules) -> Option<Instant> {
         match *self {
             Self::Quiet => None,
-            Self::Overlapping { since, .. } => Some(since + rules.min_duration),
+            Self::Overlapping { since, words, .. } => {
+                (words || !rules.needs_words).then(|| since + rules.min_duration)
+            }
             Self::Stopped { at, .. } => rules.false_timeout.map(|timeout| at + timeout),
         }
     }
@@ -179,6 +266,13 @@ mod tests {
     const RULES: BargeInRules = BargeInRules {
         min_duration: Duration::from_millis(500),
         false_timeout: Some(Duration::from_secs(2)),
+        pause: true,
+        needs_words: false,
+    };
+
+    const WORDS: BargeInRules = BargeInRules {
+        needs_words: true,
+        ..RULES
     };
 
     fn at(ms: u64, base: Instant) -> Instant {
@@ -215,12 +309,12 @@ mod tests {
         let t0 = Instant::now();
         let mut b = BargeIn::default();
         b.user_started(t0, true, true, &RULES);
-        assert_eq!(b.transcript(), BargeAction::Interrupt);
+        assert_eq!(b.words_interrupt(t0, &RULES), BargeAction::Interrupt);
         let mut b = BargeIn::default();
         b.user_started(t0, true, true, &RULES);
         b.user_stopped(at(100, t0), &RULES);
         assert_eq!(
-            b.transcript(),
+            b.words_interrupt(t0, &RULES),
             BargeAction::Interrupt,
             "also after the user stopped"
         );
@@ -311,7 +405,7 @@ mod tests {
             b.user_started(t0, false, true, &RULES),
             BargeAction::Nothing
         );
-        assert_eq!(b.transcript(), BargeAction::Nothing);
+        assert_eq!(b.words_interrupt(t0, &RULES), BargeAction::Nothing);
         assert_eq!(b.user_stopped(at(900, t0), &RULES), BargeAction::Nothing);
         assert_eq!(b, BargeIn::Quiet);
     }
@@ -337,5 +431,88 @@ mod tests {
         b.user_started(t0, true, true, &RULES);
         b.turn_ended();
         assert_eq!(b.tick(at(900, t0), &RULES), BargeAction::Nothing);
+    }
+
+    #[test]
+    fn with_a_word_rule_the_voice_alone_neither_pauses_nor_interrupts() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, true, true, &WORDS), BargeAction::Nothing);
+        assert!(!b.paused());
+        assert_eq!(
+            b.deadline(&WORDS),
+            None,
+            "no duration deadline without words"
+        );
+        assert_eq!(b.tick(at(5000, t0), &WORDS), BargeAction::Nothing);
+        // A zero minimum does not make the voice enough either.
+        let zero = BargeInRules {
+            min_duration: Duration::ZERO,
+            ..WORDS
+        };
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, true, true, &zero), BargeAction::Nothing);
+    }
+
+    #[test]
+    fn words_that_interrupt_wait_for_the_minimum_duration_then_interrupt() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, false, &WORDS);
+        assert_eq!(
+            b.words_interrupt(at(200, t0), &WORDS),
+            BargeAction::Nothing,
+            "words, but only 200 ms of voice"
+        );
+        assert_eq!(b.deadline(&WORDS), Some(at(500, t0)));
+        assert_eq!(b.tick(at(500, t0), &WORDS), BargeAction::Interrupt);
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, false, &WORDS);
+        assert_eq!(
+            b.words_interrupt(at(700, t0), &WORDS),
+            BargeAction::Interrupt,
+            "words after the minimum interrupt at once"
+        );
+    }
+
+    #[test]
+    fn words_that_do_not_interrupt_change_nothing_and_a_final_one_ends_the_barge_in() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, false, &WORDS);
+        assert_eq!(b.words_hold(false), BargeAction::Nothing);
+        assert!(matches!(b, BargeIn::Overlapping { .. }));
+        assert_eq!(b.user_stopped(at(300, t0), &WORDS), BargeAction::Nothing);
+        assert_eq!(b.words_hold(true), BargeAction::Nothing);
+        assert_eq!(b, BargeIn::Quiet, "the backchannel's final ended it");
+        assert_eq!(b.tick(at(3000, t0), &WORDS), BargeAction::Nothing);
+    }
+
+    #[test]
+    fn with_a_word_rule_a_user_who_stopped_early_leaves_it_to_the_final() {
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        b.user_started(t0, true, false, &WORDS);
+        b.words_interrupt(at(100, t0), &WORDS);
+        assert_eq!(b.user_stopped(at(300, t0), &WORDS), BargeAction::Nothing);
+        assert!(matches!(b, BargeIn::Stopped { words: true, .. }));
+        // No final within the timeout: a false interruption (nothing was paused).
+        assert_eq!(
+            b.tick(at(2300, t0), &WORDS),
+            BargeAction::FalseInterruption { resume: false }
+        );
+    }
+
+    #[test]
+    fn without_resuming_false_interruptions_the_output_is_never_paused() {
+        let rules = BargeInRules {
+            pause: false,
+            ..RULES
+        };
+        let t0 = Instant::now();
+        let mut b = BargeIn::default();
+        assert_eq!(b.user_started(t0, true, true, &rules), BargeAction::Nothing);
+        assert!(!b.paused());
+        assert_eq!(b.tick(at(500, t0), &rules), BargeAction::Interrupt);
     }
 }

@@ -138,6 +138,26 @@ impl Ledger {
         self.chat.push(item);
     }
 
+    /// Takes `chat` as the chat context: it is this one with items appended (a
+    /// preemptive request's, whose last item is the user's message), so the items are not
+    /// copied; each appended item goes to the sink. No step may be open (a turn's start).
+    /// A `chat` that is not this one grown (never, as the caller checks) is appended to
+    /// item by item instead.
+    pub(crate) fn adopt(&mut self, chat: ChatContext, sink: Sink<'_>) {
+        let from = self.chat.len();
+        if chat.extends(&self.chat) && self.step.is_none() {
+            for item in &chat.items()[from..] {
+                sink(item);
+            }
+            self.chat = chat;
+        } else {
+            for item in chat.items().iter().skip(from) {
+                sink(item);
+                self.chat.push(item.clone());
+            }
+        }
+    }
+
     /// Opens a step with these calls. A step still open is aborted first ("superseded"),
     /// so the invariant holds even if a caller got the order wrong.
     pub(crate) fn open_step(&mut self, key: u64, calls: Vec<FunctionCall>, sink: Sink<'_>) {

@@ -32,10 +32,14 @@ use tokio::time::Instant;
 use crate::chat::{ChatItem, FunctionCall};
 use crate::error::{SessionError, TurnFailure};
 use crate::handoff::Handoff;
+use crate::latency::TurnLatency;
 use crate::llm::{LlmUsage, ToolCallChunk, ToolChoice};
 use crate::outcome::{excerpt, CallOutput, Effect, QUOTE_LIMIT};
 use crate::speech::{Interruptibility, SpeechHandle};
-use crate::telemetry::{Cause, TurnClock};
+use crate::telemetry::Cause;
+use crate::usage::Usage;
+
+use super::latency::TurnTimer;
 
 /// Which toolset runs a tool: an index into the activity's list of toolsets it sees (its
 /// own first, then the session's), so the machine names a toolset without holding one.
@@ -65,6 +69,15 @@ pub(crate) enum TurnKind {
         speech: SpeechHandle,
         add_to_chat: bool,
     },
+    /// Words the user said over the agent that made no turn, kept in the chat as the host
+    /// asked (`Backchannel::keep_in_transcript`): a user message, no reply.
+    Backchannel(String),
+    /// The user spoke past the user-turn limit: their words so far, answered at once by a
+    /// reply under `instructions` that the user cannot interrupt.
+    CutIn {
+        text: String,
+        instructions: Arc<str>,
+    },
 }
 
 impl TurnKind {
@@ -77,6 +90,8 @@ impl TurnKind {
             Self::Deferred => "deferred",
             Self::Redo(_) => "redo",
             Self::Say { .. } => "say",
+            Self::Backchannel(_) => "backchannel",
+            Self::CutIn { .. } => "cut_in",
         }
     }
 }
@@ -91,6 +106,16 @@ pub(crate) struct TurnOutcome {
     pub(crate) interrupted: bool,
     /// With a handoff: the turn's span, the handoff's parent (telemetry).
     pub(crate) cause: Cause,
+    /// What its LLM requests used and how fast it answered, set as it ends. Boxed: a
+    /// turn's phase holds an outcome, moved at every step, and most are placeholders.
+    pub(crate) report: Option<Box<TurnReport>>,
+}
+
+/// What a turn used and how fast it answered.
+#[derive(Debug, Default)]
+pub(crate) struct TurnReport {
+    pub(crate) usage: Usage,
+    pub(crate) latency: TurnLatency,
 }
 
 impl TurnOutcome {
@@ -127,8 +152,10 @@ pub(crate) struct Turn {
     pub(crate) waiters: Vec<InterruptWaiter>,
     /// `turn` span (session, agent, kind): the parent of its LLM requests' spans.
     pub(crate) span: tracing::Span,
-    /// For its end-to-end latency (telemetry; empty without the feature).
-    pub(crate) clock: TurnClock,
+    /// Its latency: when it was asked for, its first text, its tool waits.
+    pub(crate) timer: TurnTimer,
+    /// What its LLM requests used so far.
+    pub(crate) usage: Usage,
     pub(crate) phase: Phase,
 }
 
@@ -194,6 +221,33 @@ pub(crate) struct Generation {
     pub(crate) llm: Option<String>,
     /// A playout report that came while the text still streamed: applied at the end.
     pub(crate) early_report: Option<(bool, Option<String>)>,
+}
+
+impl Generation {
+    /// A request of step `step`, made from a chat of `view` items at `started`; nothing
+    /// received yet but, for a request taken over, its first chunk's time.
+    pub(crate) fn new(
+        step: u64,
+        span: tracing::Span,
+        view: usize,
+        started: Instant,
+        first_chunk: Option<Duration>,
+    ) -> Self {
+        Self {
+            step,
+            span,
+            view,
+            started,
+            first_chunk,
+            text: String::new(),
+            text_chunks: 0,
+            calls: Vec::new(),
+            speech: None,
+            usage: None,
+            llm: None,
+            early_report: None,
+        }
+    }
 }
 
 /// How a generation ended.

@@ -103,6 +103,7 @@ impl SessionActor {
                     text,
                     is_final,
                     cause,
+                    interrupts: false,
                 };
                 Handler::handle(self, transcript, ctx);
                 done()

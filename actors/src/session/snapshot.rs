@@ -48,6 +48,7 @@ use crate::handoff::Handoff;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::input_ledger::{InputLedger, LedgerRecord};
+use crate::latency::SessionLatency;
 use crate::realtime::Model;
 use crate::shared::SessionShared;
 use crate::snapshot::{
@@ -59,6 +60,7 @@ use crate::speech::Interruptibility;
 use crate::starting_chat::StartingChat;
 use crate::telemetry::Cause;
 use crate::toolset::{AwaitedTask, BackgroundCall, ListBackground, ResumeRun};
+use crate::usage::SessionUsage;
 
 /// A snapshot as the host asked for it: in full, or what changed since the last one.
 #[derive(Clone, Debug, PartialEq)]
@@ -352,11 +354,14 @@ impl SessionActor {
                 async move { (name, ask.await.unwrap_or_default()) }
             })
             .collect();
-        // Read now: the inputs it holds are in what the parts were asked for.
+        // Read now: the inputs it holds are in what the parts were asked for; so are the
+        // requests the usage ledger counts (a step still in flight is asked again after a
+        // restore, and counted then).
         let inputs = {
             let ledger = self.shared.host_view.inputs();
             (ledger.last_input(), ledger.records())
         };
+        let metrics = (self.shared.metrics.usage(), self.shared.metrics.latency());
         self.chain.collecting += 1;
         let parts = futures_util::future::join_all(parts);
         let background = futures_util::future::join_all(session_background);
@@ -366,7 +371,9 @@ impl SessionActor {
                 .map(move |(parts, background), act, ctx| {
                     act.chain.collecting -= 1;
                     let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
-                        Ok(parts) => Ok(act.write(full, &stack, parts, background, inputs)),
+                        Ok(parts) => {
+                            Ok(act.write(full, &stack, parts, background, inputs, metrics))
+                        }
                         // An activation stopped meanwhile: the session is closing.
                         Err(_) => Err(SessionError::Closed),
                     };
@@ -396,6 +403,7 @@ impl SessionActor {
         parts: Vec<ActivationSnapshot>,
         session_background: Vec<(String, Vec<BackgroundCall>)>,
         (last_input, inputs): (Option<u64>, Vec<LedgerRecord>),
+        (usage, latency): (SessionUsage, SessionLatency),
     ) -> SnapshotUpdate {
         let live_after = self.schedule.live().unwrap_or_default();
         // The runs that await a paused caller's sub-task, by key: the caller's order.
@@ -515,6 +523,8 @@ impl SessionActor {
                 step,
                 run,
             },
+            usage,
+            latency,
         };
         let from = if full || !self.chain.started {
             0
@@ -908,6 +918,7 @@ impl SessionActor {
         self.shared.ids.restore_counters(speech, step, run);
         self.shared.ids.reserve_issued(&snapshot.call_ids);
         *self.shared.host_view.inputs() = InputLedger::restored(head.last_input, &head.inputs);
+        self.shared.metrics.restore(&head.usage, &head.latency);
         if let Some(words) = head.user_words.clone() {
             self.endpoint.restore(words, Instant::now());
             self.arm();

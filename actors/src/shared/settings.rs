@@ -13,6 +13,7 @@ use crate::llm::{Llm, LlmTimeouts};
 use crate::prompts::Prompts;
 use crate::realtime::{Model, RealtimeModel};
 use crate::tool::MockBody;
+use crate::turn_handling::{TurnHandling, TurnRules};
 
 /// The limits and timings of a session.
 #[derive(Clone, Debug)]
@@ -26,10 +27,11 @@ pub(crate) struct SessionConfig {
     pub(crate) max_reply_bytes: usize,
     pub(crate) max_agent_work: u32,
     pub(crate) allow_interruptions: bool,
-    pub(crate) min_interruption_duration: Duration,
-    pub(crate) false_interruption_timeout: Option<Duration>,
     pub(crate) user_away_timeout: Option<Duration>,
-    pub(crate) endpointing_delay: Duration,
+    /// The session's turn handling (agents may override it group by group).
+    pub(crate) turn_handling: TurnHandling,
+    /// Whether spans carry the messages' content (`gen_ai.input.messages`, …).
+    pub(crate) trace_content: bool,
     pub(crate) max_blocking_jobs: usize,
 }
 
@@ -118,6 +120,14 @@ impl SessionSettings {
                 ),
         )?;
         Ok(llm)
+    }
+
+    /// How `agent` takes turns here: its own groups over the session's.
+    pub(crate) fn turn_rules(&self, agent: &Agent) -> TurnRules {
+        match &agent.def.turn_handling {
+            Some(own) => own.over(&self.config.turn_handling).rules(),
+            None => self.config.turn_handling.rules(),
+        }
     }
 
     /// Whether an activity of `agent` exposes `get_running_tasks` and `cancel_task`: some

@@ -41,6 +41,8 @@ struct Instruments {
     cached_prompt_tokens: Counter<u64>,
     audio_prompt_tokens: Counter<u64>,
     audio_completion_tokens: Counter<u64>,
+    preemptive: Counter<u64>,
+    turn_tools: Histogram<f64>,
     sessions_live: UpDownCounter<i64>,
 }
 
@@ -54,8 +56,11 @@ impl Telemetry {
     /// The instrumentation scope's name: the meter the instruments come from.
     pub const SCOPE: &'static str = "switchboard";
     /// Histogram, seconds, attributes `agent` and `kind` (`user`, `reply`, `deferred`,
-    /// …): from the call that asked for a turn (`run`, a final `transcript`) to the first
-    /// text of its reply handed to the output. LiveKit: `lk.agents.turn.e2e_latency`.
+    /// …): from the end of the user's speech (their `user_stopped_speaking` before the
+    /// words that made the turn, else the final transcript), or the host's call that
+    /// asked for the turn (`run`), to the first text of its reply handed to the output.
+    /// Recorded for the agent that ran the turn, also the first turn after a handoff.
+    /// LiveKit: `lk.agents.turn.e2e_latency`.
     pub const TURN_E2E_LATENCY: &'static str = "switchboard.turn.e2e_latency";
     /// Histogram, seconds, attributes `agent` and `llm`: from an LLM request to its first
     /// chunk. LiveKit: `llm_ttft`.
@@ -79,14 +84,17 @@ impl Telemetry {
     /// Counter, tokens, attributes `agent` and `llm`: prompt tokens served from the
     /// provider's cache, when it says. LiveKit: `prompt_cached_tokens`.
     pub const LLM_PROMPT_CACHED_TOKENS: &'static str = "switchboard.llm.prompt_cached_tokens";
-    /// Counter, tokens, attributes `agent` and `llm`: of the prompt tokens, those of audio
-    /// (a realtime model hearing the user), when the provider says. LiveKit's realtime
-    /// metrics: `input_token_details.audio_tokens`.
-    pub const LLM_PROMPT_AUDIO_TOKENS: &'static str = "switchboard.llm.prompt_audio_tokens";
-    /// Counter, tokens, attributes `agent` and `llm`: of the completion tokens, those of
-    /// audio (a realtime model speaking), when the provider says. LiveKit:
-    /// `output_token_details.audio_tokens`.
-    pub const LLM_COMPLETION_AUDIO_TOKENS: &'static str = "switchboard.llm.completion_audio_tokens";
+    /// Counter, tokens, attributes `agent` and `llm`: prompt tokens that were audio.
+    pub const LLM_AUDIO_PROMPT_TOKENS: &'static str = "switchboard.llm.audio_prompt_tokens";
+    /// Counter, tokens, attributes `agent` and `llm`: completion tokens that were audio.
+    pub const LLM_AUDIO_COMPLETION_TOKENS: &'static str = "switchboard.llm.audio_completion_tokens";
+    /// Counter, attributes `agent` and `outcome` (`adopted`, `discarded`): preemptive
+    /// requests, used by the turn they were made for or thrown away because the user
+    /// went on (each discarded one is a paid request that answered nobody).
+    pub const LLM_PREEMPTIVE: &'static str = "switchboard.llm.preemptive";
+    /// Histogram, seconds, attribute `agent`: how long a turn waited for its tool calls'
+    /// outputs (turns that called tools).
+    pub const TURN_TOOL_TIME: &'static str = "switchboard.turn.tool_time";
     /// Up-down counter: sessions whose actor runs, summed over every engine that records
     /// here.
     pub const SESSIONS_LIVE: &'static str = "switchboard.sessions.live";
@@ -136,12 +144,21 @@ impl Telemetry {
                     "Prompt tokens served from the provider's cache",
                 ),
                 audio_prompt_tokens: tokens(
-                    Self::LLM_PROMPT_AUDIO_TOKENS,
-                    "Prompt tokens of audio (realtime models)",
+                    Self::LLM_AUDIO_PROMPT_TOKENS,
+                    "Prompt tokens that were audio",
                 ),
                 audio_completion_tokens: tokens(
-                    Self::LLM_COMPLETION_AUDIO_TOKENS,
-                    "Completion tokens of audio (realtime models)",
+                    Self::LLM_AUDIO_COMPLETION_TOKENS,
+                    "Completion tokens that were audio",
+                ),
+                preemptive: meter
+                    .u64_counter(Self::LLM_PREEMPTIVE)
+                    .with_unit("{request}")
+                    .with_description("Preemptive LLM requests, adopted or discarded")
+                    .build(),
+                turn_tools: latency(
+                    Self::TURN_TOOL_TIME,
+                    "How long a turn waited for its tool calls",
                 ),
                 sessions_live: meter
                     .i64_up_down_counter(Self::SESSIONS_LIVE)
@@ -213,6 +230,23 @@ impl Telemetry {
                 i.audio_completion_tokens.add(u64::from(audio), &attributes);
             }
         }
+    }
+
+    pub(crate) fn preemptive(&self, agent: &Arc<str>, adopted: bool) {
+        self.inner.preemptive.add(
+            1,
+            &[
+                KeyValue::new("agent", agent.clone()),
+                KeyValue::new("outcome", if adopted { "adopted" } else { "discarded" }),
+            ],
+        );
+    }
+
+    pub(crate) fn turn_tools(&self, tools: Duration, agent: &Arc<str>) {
+        self.inner.turn_tools.record(
+            tools.as_secs_f64(),
+            &[KeyValue::new("agent", agent.clone())],
+        );
     }
 
     pub(crate) fn tool_duration(&self, duration: Duration, tool: &str) {

@@ -76,12 +76,24 @@ struct UsageJson {
     completion_tokens: u32,
     #[serde(default)]
     prompt_tokens_details: Option<PromptTokensDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+/// `usage.completion_tokens_details`: of the completion, the audio tokens (an audio
+/// model's spoken answer).
+#[derive(Deserialize)]
+struct CompletionTokensDetails {
+    #[serde(default)]
+    audio_tokens: Option<u32>,
 }
 
 #[derive(Deserialize)]
 struct PromptTokensDetails {
     #[serde(default)]
     cached_tokens: Option<u32>,
+    #[serde(default)]
+    audio_tokens: Option<u32>,
 }
 
 /// A tool call being assembled from its fragments.
@@ -148,12 +160,15 @@ impl StreamDecoder {
             }
         }
         if let Some(usage) = chunk.usage {
+            let prompt = usage.prompt_tokens_details;
             decoded.chunks.push(LlmChunk::Usage(LlmUsage {
                 prompt_tokens: usage.prompt_tokens,
                 completion_tokens: usage.completion_tokens,
-                cached_prompt_tokens: usage.prompt_tokens_details.and_then(|d| d.cached_tokens),
-                audio_prompt_tokens: None,
-                audio_completion_tokens: None,
+                cached_prompt_tokens: prompt.as_ref().and_then(|d| d.cached_tokens),
+                audio_prompt_tokens: prompt.as_ref().and_then(|d| d.audio_tokens),
+                audio_completion_tokens: usage
+                    .completion_tokens_details
+                    .and_then(|d| d.audio_tokens),
             }));
         }
         Ok(decoded)
@@ -261,7 +276,7 @@ mod tests {
             r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"ty\":\"Rome\"}"}}]}}]}"#,
             r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]}"#,
             r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
-            r#"{"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":10}}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":50,"completion_tokens":20,"prompt_tokens_details":{"cached_tokens":10,"audio_tokens":7},"completion_tokens_details":{"audio_tokens":3}}}"#,
             "[DONE]",
         ]);
         assert_eq!(
@@ -273,7 +288,8 @@ mod tests {
                     prompt_tokens: 50,
                     completion_tokens: 20,
                     cached_prompt_tokens: Some(10),
-                    ..LlmUsage::default()
+                    audio_prompt_tokens: Some(7),
+                    audio_completion_tokens: Some(3),
                 }),
             ]
         );

@@ -762,9 +762,134 @@ fn a_final_transcript_interrupts_an_interruptible_turn() {
     f.text(step, "Long answer");
     f.feed(Input::UserTranscript {
         is_final: true,
-        has_words: true,
+        interrupts: true,
+        at: Instant::now(),
     });
     assert!(answered(&mut done).interrupted);
+}
+
+// ---- Preemptive requests ---------------------------------------------------------
+
+fn preempting(output: Output) -> Fixture {
+    let agent = Agent::builder("a")
+        .turn_handling(
+            crate::turn_handling::TurnHandling::new()
+                .preemptive_generation(crate::turn_handling::PreemptiveGeneration::on()),
+        )
+        .build()
+        .unwrap();
+    let mut f = setup(output, agent, ChatContext::new(), Vec::new());
+    f.feed(Input::Enter);
+    f.feed(Input::Entered);
+    f
+}
+
+fn cancelled(out: &[Command]) -> Vec<u64> {
+    out.iter()
+        .filter_map(|c| match c {
+            Command::CancelStream { step } => Some(*step),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_preemptive_answer_is_held_unsaid_then_its_turn_says_it_without_asking_again() {
+    let output = Output::default();
+    let mut f = preempting(output.clone());
+    let out = f.feed(Input::Preflight {
+        text: Some("a table".into()),
+    });
+    let step = opened(&out).expect("the model is asked at once");
+    assert_eq!(
+        request(&out).chat.items().last().and_then(|i| i.text()),
+        Some("a table")
+    );
+    f.text(step, "For how many?");
+    f.end(step);
+    assert!(output.calls().is_empty(), "nothing said before the turn");
+    assert!(f.chat().is_empty(), "nothing in the chat before the turn");
+    let (done, mut answer) = oneshot::channel();
+    let out = f.feed(Input::RunTurn {
+        kind: TurnKind::User("a table".into()),
+        done,
+        cause: Cause::default(),
+    });
+    assert_eq!(opened(&out), None, "the turn took the request over");
+    assert!(cancelled(&out).is_empty());
+    assert_eq!(f.chat(), ["User: a table", "Assistant: For how many?"]);
+    assert!(
+        output
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("chunk") && c.ends_with(" For how many?")),
+        "{:?}",
+        output.calls()
+    );
+    let outcome = answered(&mut answer);
+    let report = outcome.report.as_deref().expect("a turn that ends reports");
+    assert!(report.latency.preemptive);
+    assert_eq!(report.usage.requests, 1);
+    assert_eq!(outcome.events.len(), 2);
+}
+
+#[test]
+fn a_preemptive_request_for_other_words_is_dropped_and_the_turn_asks_again() {
+    let output = Output::default();
+    let mut f = preempting(output.clone());
+    let first = opened(&f.feed(Input::Preflight {
+        text: Some("a table".into()),
+    }))
+    .unwrap();
+    f.text(first, "For how many?");
+    let (done, _answer) = oneshot::channel();
+    let out = f.feed(Input::RunTurn {
+        kind: TurnKind::User("a table for two".into()),
+        done,
+        cause: Cause::default(),
+    });
+    assert_eq!(cancelled(&out), [first]);
+    let again = opened(&out).expect("asked again");
+    assert_ne!(again, first);
+    // The dropped request's chunk never reached the output or the chat.
+    assert!(output.calls().is_empty());
+    assert_eq!(f.chat(), ["User: a table for two"]);
+}
+
+#[test]
+fn a_newer_preemptive_request_a_drop_or_a_close_each_drop_the_one_under_way() {
+    let mut f = preempting(Output::default());
+    let first = opened(&f.feed(Input::Preflight {
+        text: Some("a".into()),
+    }))
+    .unwrap();
+    let out = f.feed(Input::Preflight {
+        text: Some("a b".into()),
+    });
+    assert_eq!(cancelled(&out), [first]);
+    let second = opened(&out).unwrap();
+    assert_eq!(
+        cancelled(&f.feed(Input::Preflight { text: None })),
+        [second]
+    );
+    let third = opened(&f.feed(Input::Preflight {
+        text: Some("a b c".into()),
+    }))
+    .unwrap();
+    let out = f.feed(Input::Close {
+        reason: Arc::from("the session closed"),
+    });
+    assert_eq!(cancelled(&out), [third]);
+}
+
+#[test]
+fn an_agent_without_preemptive_generation_ignores_the_ask() {
+    let mut f = listening(Output::default());
+    assert!(f
+        .feed(Input::Preflight {
+            text: Some("a".into())
+        })
+        .is_empty());
 }
 
 // ---- Deferred replies ------------------------------------------------------------
@@ -1424,6 +1549,14 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             vec![],
         ),
         (
+            "preflight",
+            Input::Preflight {
+                text: Some("again".into()),
+            },
+            vec![],
+        ),
+        ("preflight dropped", Input::Preflight { text: None }, vec![]),
+        (
             "user started",
             Input::UserStartedSpeaking { at: Instant::now() },
             vec![],
@@ -1437,7 +1570,8 @@ fn every_input() -> Vec<(&'static str, Input, Vec<Answer>)> {
             "transcript",
             Input::UserTranscript {
                 is_final: true,
-                has_words: true,
+                interrupts: true,
+                at: Instant::now(),
             },
             vec![],
         ),
