@@ -101,7 +101,8 @@ use serde_json::json;
 use switchboard::memory::IdleRelease;
 use switchboard::prelude::*;
 use switchboard::snapshot::{
-    AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotStore, SnapshotUpdate,
+    AgentRegistry, ClaimRule, FileStore, MemoryStore, SessionSnapshot, SnapshotStore,
+    SnapshotUpdate,
 };
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{
@@ -856,7 +857,11 @@ async fn snapshot_delta(engine: &Engine, pasts: &[Arc<[ChatItem]>], file: Option
                 // A writer claims the session, then saves the full snapshot after its claim.
                 let mut after = None;
                 if let Some(store) = file {
-                    let claim = store.claim(session.id().as_str(), 0).await.unwrap().claim;
+                    let claim = store
+                        .claim(session.id().as_str(), ClaimRule::Takeover { at_least: 0 })
+                        .await
+                        .unwrap()
+                        .claim;
                     after = Some(store.save(full.clone(), claim.version()).await.unwrap());
                 }
                 // Kept only for the check below: a host that saved it would have let it go.

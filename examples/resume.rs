@@ -15,7 +15,8 @@
 //!    on SIGTERM) and exits.
 //! 2. **The second process** claims the session in the store and restores it from there
 //!    (`SessionBuilder::restore_from`: a new epoch from the store, and any process still
-//!    running the session would have its next save refused) with an `AgentRegistry` (the
+//!    running the session would have its next save refused, while a third process
+//!    restoring it too would be refused) with an `AgentRegistry` (the
 //!    booking agent is built again from its data), and the search
 //!    resumes from its checkpoint (`RestorePolicy::Resume`); its result reaches the user in
 //!    a deferred reply, and the conversation goes on.
@@ -193,8 +194,9 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
         Reply::text("Booked. Have a good trip!"),
     ]);
     let engine = Engine::start()?;
-    // Claims the session in the store (a process still running it would be fenced: its
-    // next save refused), reads it as the claim left it, and goes on saving there.
+    // Reads the session, claims it on what it read (a process still running it would be
+    // fenced: its next save refused; another restorer of the same state, refused), reads
+    // it as the claim left it, and goes on saving there.
     let session = Session::builder()
         .llm(llm)
         .inherit_chat_context(true)

@@ -220,9 +220,9 @@ pub mod prompts {
 /// [`RestorePolicy`] says what happens to a call of it that was running.
 pub mod snapshot {
     pub use switchboard_actors::{
-        AgentRegistry, ChainEnd, Claim, Claimed, FileStore, LinkRead, MemoryStore, SessionSnapshot,
-        SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore, SnapshotUpdate, StoreError,
-        StoreVersion, SNAPSHOT_VERSION,
+        AgentRegistry, ChainEnd, Claim, ClaimRule, Claimed, FileStore, LinkRead, MemoryStore,
+        SessionSnapshot, SnapshotChain, SnapshotDelta, SnapshotError, SnapshotStore,
+        SnapshotUpdate, StoreError, StoreVersion, SNAPSHOT_VERSION,
     };
 }
 

@@ -15,8 +15,8 @@ use common::{assert_invariant, Query};
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::snapshot::{
-    AgentRegistry, FileStore, MemoryStore, SessionSnapshot, SnapshotError, SnapshotStore,
-    SnapshotUpdate, StoreError,
+    AgentRegistry, ClaimRule, FileStore, MemoryStore, SessionSnapshot, SnapshotError,
+    SnapshotStore, SnapshotUpdate, StoreError,
 };
 use switchboard::testing::{Reply, ScriptedLlm};
 
@@ -202,7 +202,11 @@ async fn the_file_store_writes_owner_only_files_and_follows_no_link() {
     std::fs::write(&outside, b"not yours").unwrap();
     std::fs::remove_file(&snap).unwrap();
     std::os::unix::fs::symlink(&outside, folder.join("s1.snap.tmp")).unwrap();
-    let claim = store.claim("s1", 0).await.unwrap().claim;
+    let claim = store
+        .claim("s1", ClaimRule::Takeover { at_least: 0 })
+        .await
+        .unwrap()
+        .claim;
     let err = store
         .save(whole.clone(), claim.version())
         .await

@@ -21,7 +21,8 @@ use futures_util::FutureExt;
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::snapshot::{
-    Claim, Claimed, SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError, StoreVersion,
+    Claim, ClaimRule, Claimed, SessionSnapshot, SnapshotDelta, SnapshotStore, StoreError,
+    StoreVersion,
 };
 use switchboard::testing::{event, Gate, RecordingOutput, Reply, ScriptedLlm};
 use switchboard::{AgentHook, DrainEnd, DrainReport, LlmTimeouts, Unfinished};
@@ -60,7 +61,7 @@ impl SnapshotStore for DeafStore {
     fn claim(
         &self,
         session: &str,
-        _at_least: u64,
+        _rule: ClaimRule,
     ) -> BoxFuture<'static, Result<Claimed, StoreError>> {
         let claim = Claim::new(session, 1, StoreVersion::new(1));
         async move { Ok(Claimed::new(claim, None)) }.boxed()
@@ -163,9 +164,9 @@ async fn a_store_that_falls_behind_holds_a_bounded_queue_and_gets_the_last_state
         fn claim(
             &self,
             session: &str,
-            at_least: u64,
+            rule: ClaimRule,
         ) -> BoxFuture<'static, Result<Claimed, StoreError>> {
-            self.inner.claim(session, at_least)
+            self.inner.claim(session, rule)
         }
         fn save(
             &self,

@@ -373,15 +373,15 @@ pub enum SessionEvent {
         /// Why.
         reason: String,
     },
-    /// Another writer claimed this session in its snapshot store (a newer restore of it,
-    /// in this process or another: `SessionBuilder::restore_from`, a cluster's new owner),
-    /// and the store refused this session's save
+    /// Another writer claimed this session in its snapshot store (a restore of what this
+    /// session saved, in this process or another: `SessionBuilder::restore_from`; a
+    /// takeover, such as a cluster's new owner), and the store refused this session's save
     /// ([`StoreError::Fenced`](crate::StoreError::Fenced)). The session saves nothing more
-    /// from now on: the
-    /// conversation goes on where the newer claimant runs it, and what this one does from
-    /// here is not kept. Sent once. A host should close this session and send the user to
-    /// the one that claimed it; to take the conversation back here instead, restore it
-    /// again from the store (a new claim, which fences the other).
+    /// from now on: the conversation goes on where the newer claimant runs it, and what
+    /// this one does from here is not kept. Sent once. A host should close this session
+    /// and send the user to the one that claimed it; to take the conversation back here
+    /// instead, take it over in the store
+    /// ([`ClaimRule::Takeover`](crate::ClaimRule::Takeover), which fences the other).
     Fenced {
         /// What the store said.
         reason: String,

@@ -147,7 +147,9 @@ pub use session::SnapshotUpdate;
 pub use session_handle::{Session, SessionAddress, SessionBuilder, WeakSession};
 pub use snapshot::{SessionSnapshot, SnapshotDelta, SnapshotError, StoreError, SNAPSHOT_VERSION};
 pub use snapshot_chain::{ChainEnd, LinkRead, SnapshotChain};
-pub use snapshot_store::{Claim, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion};
+pub use snapshot_store::{
+    Claim, ClaimRule, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion,
+};
 pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
 pub use starting_chat::{GivenChat, StartingChat};
 #[cfg(feature = "telemetry")]

@@ -57,7 +57,7 @@ use crate::shared::{
     UserdataJson,
 };
 use crate::snapshot::{SessionSnapshot, SnapshotError, StoreError};
-use crate::snapshot_store::{Claim, SnapshotStore};
+use crate::snapshot_store::{Claim, ClaimRule, SnapshotStore};
 use crate::speech::{SayOptions, SpeechHandle};
 use crate::telemetry::Cause;
 use crate::tool::{mock_body, MockBody, ToolFailure, ToolReturn, Toolset};
@@ -925,12 +925,18 @@ impl SessionBuilder {
     ///
     /// The session claims its record in the store as it starts
     /// ([`SnapshotStore::claim`]; its epoch is the one the store issues, and a claim the
-    /// store refuses fails `start` with [`SessionError::Store`]). The claim fences every
-    /// writer of the session before it; when a later claim fences this one, the store
-    /// refuses its next save, and the session stops saving with a
-    /// [`SessionEvent::Fenced`]. With [`restore`](Self::restore), what the store held is
-    /// replaced by the snapshot given, at the first save; to go on from what the store
-    /// holds, use [`restore_from`](Self::restore_from).
+    /// store refuses fails `start` with [`SessionError::Store`], nothing started). A new
+    /// session takes the record over ([`ClaimRule::Takeover`]). With
+    /// [`restore`](Self::restore), the claim is a restore of the snapshot given
+    /// ([`ClaimRule::Restore`]): it lands only if nobody claimed the session after that
+    /// snapshot's writer did, so of two processes restoring one snapshot to one store, the
+    /// second fails `start` with [`StoreError::Fenced`]; what the store held is replaced
+    /// by the snapshot given at the first save. To go on from what the store holds, use
+    /// [`restore_from`](Self::restore_from).
+    ///
+    /// A claim fences every writer of the session before it: when a later one fences this
+    /// session, the store refuses its next save, and the session stops saving with a
+    /// [`SessionEvent::Fenced`].
     pub fn save_snapshots(mut self, store: Arc<dyn SnapshotStore>) -> Self {
         self.saving = Saving::Claim(store);
         self
@@ -938,9 +944,11 @@ impl SessionBuilder {
 
     /// Saves the session to `store` as [`save_snapshots`](Self::save_snapshots) does,
     /// under a claim the host already made ([`SnapshotStore::claim`]): for a host that
-    /// claims sessions itself (a cluster's worker). The session takes the claim's epoch;
-    /// `start` fails with [`BuildError::InvalidSessionId`] when the claim is of another
-    /// session.
+    /// claims sessions itself (a cluster's worker), and for a takeover of a session whose
+    /// last claimant is known to be gone (a claim with [`ClaimRule::Takeover`], and
+    /// [`restore`](Self::restore) of the snapshot it returns: [`ClaimRule`] shows it). The
+    /// session takes the claim's epoch; `start` fails with
+    /// [`BuildError::InvalidSessionId`] when the claim is of another session.
     pub fn save_claimed(mut self, store: Arc<dyn SnapshotStore>, claim: Claim) -> Self {
         self.saving = Saving::Claimed(store, claim);
         self
@@ -963,16 +971,24 @@ impl SessionBuilder {
     }
 
     /// Starts session `session` again from what `store` holds of it, and saves to
-    /// `store` from then on: at `start`, claims the session in the store (fencing every
-    /// writer before: a process that ran it until now has its next save refused), reads
-    /// its snapshot as the claim left it (nothing can be added behind it), and restores it
-    /// as [`restore`](Self::restore) does. The session's epoch is the claim's. Nothing in
-    /// the store: `start` fails with [`StoreError::NotFound`] (the claim was made).
+    /// `store` from then on: at `start`, reads the session's snapshot, claims the session
+    /// on it ([`ClaimRule::Restore`]: the claim lands only if nobody claimed the session
+    /// since that snapshot's writer did), and restores the snapshot as the claim left it
+    /// (nothing can be added behind it) as [`restore`](Self::restore) does. The session's
+    /// epoch is the claim's. Nothing in the store: `start` fails with
+    /// [`StoreError::NotFound`], nothing claimed.
     ///
-    /// This is how a process takes a session over from one that crashed or froze: of two
-    /// processes restoring one session this way, the later claim wins, and the earlier
-    /// one's session stops saving ([`SessionEvent::Fenced`]); the store never holds a
-    /// mix of the two.
+    /// This is how a process goes on from one that crashed or froze: its claim fences the
+    /// writer of what it restores, whose next save is refused
+    /// ([`SessionEvent::Fenced`]). Of two processes restoring one stored state, the second
+    /// fails `start` with [`SessionError::Store`]`(`[`StoreError::Fenced`]`)` and starts
+    /// nothing; the store never holds a mix of the two. A restored session saves as soon
+    /// as it has started: a restore that reads after that reads the first one's own state,
+    /// and goes on from it as from a crashed process (the store cannot tell a live writer
+    /// from a dead one), fencing it. When the process whose claim holds the session died
+    /// before it saved, every restore is refused (for the same reason): a host that knows
+    /// it is gone takes the session over with a [`ClaimRule::Takeover`] claim and
+    /// [`save_claimed`](Self::save_claimed).
     pub fn restore_from(
         mut self,
         store: Arc<dyn SnapshotStore>,
@@ -1264,10 +1280,17 @@ impl SessionBuilder {
                     }
                     .into());
                 };
-                let claimed = store.claim(&session, 0).await?;
-                let snapshot = claimed.snapshot.ok_or(StoreError::NotFound {
+                let not_found = || StoreError::NotFound {
                     session: session.clone(),
-                })?;
+                };
+                // Read, then claimed on what was read: the claim lands only if nobody
+                // claimed the session since that snapshot's writer did, so of two
+                // restorers of one stored state the second is refused here, before
+                // anything starts. What is restored is read after the claim (nothing can
+                // be added behind it): the same state, or what that writer added since.
+                let read = store.load(&session).await?.ok_or_else(not_found)?;
+                let claimed = store.claim(&session, ClaimRule::restore(&read)).await?;
+                let snapshot = claimed.snapshot.ok_or_else(not_found)?;
                 self.saving = Saving::Claimed(store, claimed.claim);
                 Some((snapshot, agents))
             }
@@ -1362,11 +1385,18 @@ impl SessionBuilder {
         let memory = lease.take_memory();
         let id = lease.id().clone();
         // Its record in the store, claimed before anything starts: the epoch is the
-        // store's, and every writer of the session before is fenced.
+        // store's, and every writer of the session before is fenced (or the claim is
+        // refused, and nothing starts).
         let saving = match std::mem::take(&mut self.saving) {
             Saving::Nothing => None,
             Saving::Claim(store) => {
-                let claimed = store.claim(id.as_str(), epoch).await?;
+                // A restore claims on its snapshot (refused when a later claim holds the
+                // session); a new session takes the record over.
+                let rule = match &restore {
+                    Some((snapshot, _)) => ClaimRule::restore(snapshot),
+                    None => ClaimRule::Takeover { at_least: epoch },
+                };
+                let claimed = store.claim(id.as_str(), rule).await?;
                 Some((store, claimed.claim))
             }
             Saving::Claimed(store, claim) => {

@@ -117,11 +117,14 @@ pub enum StoreError {
         /// The id.
         id: String,
     },
-    /// The write was refused: the session's record is not at the version this writer
-    /// last saw. Someone claimed the session after this writer did (a newer restore of
-    /// it, here or in another process), or removed it. This writer is stale and may not
-    /// write the session any more (fencing); a session's saving stops for good
-    /// ([`SessionEvent::Fenced`](crate::SessionEvent::Fenced)).
+    /// The write or the claim was refused. A write: the session's record is not at the
+    /// version this writer last saw — someone claimed the session after this writer did
+    /// (a restore of it, here or in another process, or a takeover), or removed it; this
+    /// writer is stale and may not write the session any more (fencing), and a session's
+    /// saving stops for good ([`SessionEvent::Fenced`](crate::SessionEvent::Fenced)). A
+    /// restore's claim ([`ClaimRule::Restore`](crate::ClaimRule::Restore)): someone
+    /// claimed the session after the snapshot restored was written — another restore of
+    /// it came first — and nothing was written; a session being started does not start.
     #[error("snapshot store: session {session:?} is written by a newer owner: {reason}")]
     Fenced {
         /// The session.
@@ -140,7 +143,7 @@ pub enum StoreError {
     },
     /// The store holds no snapshot of the session
     /// ([`SessionBuilder::restore_from`](crate::SessionBuilder::restore_from) had nothing
-    /// to restore). The claim was made: a writer before it is fenced all the same.
+    /// to restore): nothing was claimed.
     #[error("snapshot store: no snapshot of session {session:?} to restore")]
     NotFound {
         /// The session.

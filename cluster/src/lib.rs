@@ -69,8 +69,9 @@
 //! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing,
 //!   publishes nothing and writes no snapshot; a newer owner's claim makes the store refuse
 //!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError)),
-//!   on the engine's store contract: two engines restoring one session from the
-//!   JetStream store cannot both save it (`tests/cluster/two_restorers_never_merge.rs`);
+//!   on the engine's store contract: of two engines restoring one stored state from the
+//!   JetStream store the second is refused, and a claimant that died is taken over
+//!   explicitly (`src/snapshots/two_restorers.rs`);
 //!   one that finds another owner's record stops the session without writing anything
 //!   more (`tests/cluster/a_paused_worker_is_fenced.rs`).
 //! * **A crash loses at most the turn in flight.** When a worker dies its leases expire;

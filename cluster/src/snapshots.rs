@@ -33,6 +33,12 @@
 //! lease cannot be trusted (the owners bucket, `ownership.rs`), so a worker frozen past its
 //! lease does not even try.
 //!
+//! Only the latest claimant writes, so the last message's epoch is the last claim's: a
+//! claim's rule (`ClaimRule`) is checked against it before the claim is written over that
+//! very message. A worker's claim is a takeover (it holds the session's owner record); a
+//! restore's (an engine-side `restore_from` through a writer) is refused when a claim
+//! after its snapshot's writer holds the session, naming that claim's writer.
+//!
 //! A message must fit the server's `max_payload` (1 MiB by default): a longer conversation
 //! needs a larger limit, or its full snapshots fail (an `Error` event; the store keeps the
 //! chain before).
@@ -49,7 +55,8 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use switchboard::snapshot::{
-    Claim, SessionSnapshot, SnapshotChain, SnapshotDelta, SnapshotStore, StoreError, StoreVersion,
+    Claim, ClaimRule, SessionSnapshot, SnapshotChain, SnapshotDelta, SnapshotStore, StoreError,
+    StoreVersion,
 };
 use tokio::sync::{watch, Mutex};
 
@@ -364,7 +371,10 @@ impl SnapshotStream {
             spec.into(),
             Some(lease),
         );
-        Ok(match writer.claim_over(epoch, start.is_some()).await? {
+        // A takeover: the worker holds the session's owner record (its lease), so the
+        // writer before it is gone or fenced by that record already.
+        let rule = ClaimRule::Takeover { at_least: epoch };
+        Ok(match writer.claim_over(rule, start.is_some()).await? {
             None => Claimed::Nothing,
             Some(Found::Fresh) => Claimed::Fresh(writer),
             Some(Found::Resumed { spec, snapshot }) => Claimed::Resumed {
@@ -546,6 +556,21 @@ fn unavailable(session: &SessionKey, err: StreamError) -> StoreError {
     }
 }
 
+/// A refused claim's error, saying who holds the session: the writer of the subject's last
+/// message.
+fn held_by(err: StoreError, last: Option<&SnapshotRecord>) -> StoreError {
+    match (err, last) {
+        (StoreError::Fenced { session, reason }, Some(record)) => StoreError::Fenced {
+            session,
+            reason: format!(
+                "{reason} (its last message, {:?} at seq {}, is by {} at epoch {})",
+                record.kind, record.seq, record.worker, record.epoch
+            ),
+        },
+        (err, _) => err,
+    }
+}
+
 fn unmarked(session: &SessionKey, err: StreamError) -> StoreError {
     corrupt(session, err.to_string())
 }
@@ -713,11 +738,13 @@ impl SnapshotWriter {
         self.inner.state.lock().await.sealed = true;
     }
 
-    /// Claims the session for this writer, at epoch `at_least` or more (one more than the
-    /// last message's): a write over the subject's last message, then a read of the chain
-    /// it closes. `create`: an empty or ended subject gets a fresh claim with this
-    /// writer's spec; without it, nothing is written there (`None`).
-    async fn claim_over(&self, at_least: u64, create: bool) -> Result<Option<Found>, StoreError> {
+    /// Claims the session for this writer, if `rule` allows it over the subject's last
+    /// message (whose epoch is the last claim's: only the latest claimant writes), at the
+    /// epoch the rule gives: a write over that message, then a read of the chain it
+    /// closes. `create`: an empty or ended subject gets a fresh claim with this writer's
+    /// spec; without it, nothing is written there (`None`). A refused claim is
+    /// [`StoreError::Fenced`] naming who holds the session, and writes nothing.
+    async fn claim_over(&self, rule: ClaimRule, create: bool) -> Result<Option<Found>, StoreError> {
         let inner = &self.inner;
         let stream = &inner.stream;
         let session = &inner.session;
@@ -728,7 +755,7 @@ impl SnapshotWriter {
         let mut state = inner.state.lock().await;
         // A new session: its claim is the subject's first message, one round trip.
         if create {
-            let epoch = at_least.max(1);
+            let epoch = rule.epoch_after(session.as_str(), 0)?;
             let claim = stream.message(
                 SnapshotKind::Claim,
                 epoch,
@@ -758,7 +785,9 @@ impl SnapshotWriter {
                 None => None,
             };
             let (expected, last_epoch) = record.as_ref().map_or((0, 0), |r| (r.seq, r.epoch));
-            let epoch = at_least.max(last_epoch + 1);
+            let epoch = rule
+                .epoch_after(session.as_str(), last_epoch)
+                .map_err(|err| held_by(err, record.as_ref()))?;
             match (last, record) {
                 (Some(message), Some(record)) if record.kind != SnapshotKind::Ended => {
                     let (spec, full) = stream.spec_and_full(session, &message, &record).await?;
@@ -1026,13 +1055,13 @@ impl SnapshotStore for SnapshotWriter {
     fn claim(
         &self,
         session: &str,
-        at_least: u64,
+        rule: ClaimRule,
     ) -> BoxFuture<'static, Result<switchboard::snapshot::Claimed, StoreError>> {
         let this = self.clone();
         let own = self.own(session);
         async move {
             own?;
-            let snapshot = match this.claim_over(at_least, true).await? {
+            let snapshot = match this.claim_over(rule, true).await? {
                 Some(Found::Resumed { snapshot, .. }) => snapshot.map(|s| *s),
                 Some(Found::Fresh) | None => None,
             };

@@ -12,7 +12,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::{fenced, Claim, Claimed, SnapshotStore, StoreVersion};
+use super::{fenced, Claim, ClaimRule, Claimed, SnapshotStore, StoreVersion};
 use crate::snapshot::{crc32, SessionSnapshot, SnapshotDelta, StoreError};
 use crate::snapshot_chain::SnapshotChain;
 
@@ -21,11 +21,12 @@ use crate::snapshot_chain::SnapshotChain;
 /// one after another) and the session's claim record (`<id>.claim`: the epoch of the last
 /// claim, the record's version, where the chain is).
 ///
-/// Every write follows the [`SnapshotStore`] contract across processes: two processes
-/// that claim one session from one folder cannot both write it, the earlier one's next
-/// write is refused ([`StoreError::Fenced`]). Each claim or write holds an exclusive lock
-/// on the session's claim record (`flock`) while it compares the record's version and
-/// writes; a load holds a shared one.
+/// Every claim and write follows the [`SnapshotStore`] contract across processes: of two
+/// processes that restore one session from one folder, the second's claim is refused
+/// ([`StoreError::Fenced`]); a takeover's claim fences the writer before it, whose next
+/// write is refused. Each claim or write holds an exclusive lock on the session's claim
+/// record (`flock`) while it checks the record (the claim's rule, the writer's version)
+/// and writes; a load holds a shared one.
 ///
 /// A snapshot is the user's conversation, so: the folder is made readable by its owner
 /// only (0700) and every file is created 0600; no file is opened through a symbolic link
@@ -435,7 +436,7 @@ impl SnapshotStore for FileStore {
     fn claim(
         &self,
         session: &str,
-        at_least: u64,
+        rule: ClaimRule,
     ) -> BoxFuture<'static, Result<Claimed, StoreError>> {
         let paths = self.paths(session);
         let session = session.to_owned();
@@ -445,6 +446,15 @@ impl SnapshotStore for FileStore {
             let locked = locked.ok_or_else(|| fenced(&session, "the claim record vanished"))?;
             let before = locked.read()?;
             let (chain, read) = read_chain(&session, &paths)?;
+            let snapshot = chain.into_snapshot();
+            // The last claim: the record's, and at least the stored snapshot's (a record
+            // torn by a crash of the machine reads as none).
+            let last = before
+                .map_or(0, |r| r.epoch)
+                .max(snapshot.as_ref().map_or(0, SessionSnapshot::epoch));
+            // Decided under the lock, before anything is written: a refused claim leaves
+            // the files as they were.
+            let epoch = rule.epoch_after(&session, last)?;
             // What the log holds past the chain (a torn last append) is cut off, so the
             // next append follows the chain.
             if fs::symlink_metadata(&paths.log).is_ok_and(|meta| meta.len() > read as u64) {
@@ -452,13 +462,6 @@ impl SnapshotStore for FileStore {
                 log.set_len(read as u64)
                     .map_err(|err| io_error(&paths.log, err))?;
             }
-            let snapshot = chain.into_snapshot();
-            let stored_epoch = snapshot.as_ref().map_or(0, SessionSnapshot::epoch);
-            let epoch = before
-                .map_or(0, |r| r.epoch)
-                .max(stored_epoch)
-                .saturating_add(1)
-                .max(at_least);
             let record = ClaimRecord {
                 epoch,
                 version: before.map_or_else(first_version, |r| r.version.saturating_add(1)),

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 
-use super::{fenced, Claim, Claimed, SnapshotStore, StoreVersion};
+use super::{fenced, Claim, ClaimRule, Claimed, SnapshotStore, StoreVersion};
 use crate::snapshot::{SessionSnapshot, SnapshotDelta, StoreError};
 
 /// Snapshots in memory: for tests, and for moving a session between engines of one
@@ -73,22 +73,23 @@ impl SnapshotStore for MemoryStore {
     fn claim(
         &self,
         session: &str,
-        at_least: u64,
+        rule: ClaimRule,
     ) -> BoxFuture<'static, Result<Claimed, StoreError>> {
         let mut inner = self.lock();
-        let version = inner.next_version();
-        let record = inner.records.entry(session.to_owned()).or_insert(Record {
-            epoch: 0,
-            version,
-            snapshot: None,
+        let last = inner.records.get(session).map_or(0, |record| record.epoch);
+        // Decided before anything changes: a refused claim writes nothing.
+        let claimed = rule.epoch_after(session, last).map(|epoch| {
+            let version = inner.next_version();
+            let record = inner.records.entry(session.to_owned()).or_insert(Record {
+                epoch,
+                version,
+                snapshot: None,
+            });
+            record.epoch = epoch;
+            record.version = version;
+            Claimed::new(Claim::new(session, epoch, version), record.snapshot.clone())
         });
-        record.epoch = (record.epoch + 1).max(at_least);
-        record.version = version;
-        let claimed = Claimed::new(
-            Claim::new(session, record.epoch, version),
-            record.snapshot.clone(),
-        );
-        async move { Ok(claimed) }.boxed()
+        async move { claimed }.boxed()
     }
 
     fn save(
