@@ -7,13 +7,15 @@
 //! [`RealtimeScript`] in memory and checks every event the engine sends as the OpenAI
 //! Realtime service does ([`SimReport`]); [`RealtimeServer`] (cargo feature `realtime`),
 //! the same on a loopback WebSocket for the real provider; [`tone`] and [`silence`] to
-//! play a caller through `Session::audio_input`.
+//! play a caller through `Session::audio_input` ([`tone_in`] and [`silence_in`] in
+//! G.711).
 //!
 //! `docs/testing.md` ("Testing an agent") walks through all of it.
 
 pub mod event;
 mod expect;
 pub mod front;
+mod g711;
 mod gate;
 mod output;
 mod realtime_script;
@@ -30,7 +32,7 @@ pub use expect::{
 };
 pub use gate::Gate;
 pub use output::{ConsoleOutput, OutputCall, RecordedSpeech, RecordingOutput};
-pub use realtime_script::{silence, tone, RealtimeReply, RealtimeScript};
+pub use realtime_script::{silence, silence_in, tone, tone_in, RealtimeReply, RealtimeScript};
 #[cfg(feature = "realtime")]
 pub use realtime_server::RealtimeServer;
 pub use realtime_sim::{SimReport, SpeechStart};

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use switchboard::realtime::RealtimeModel;
+use switchboard::realtime::{RealtimeModel, RealtimeSettings};
 use switchboard::testing::{RealtimeScript, ScriptedRealtime, SimReport};
 
 mod common;
@@ -16,8 +16,8 @@ use realtime_scenarios as scenarios;
 struct Scripted(ScriptedRealtime);
 
 impl scenarios::Backend for Scripted {
-    fn start(script: RealtimeScript) -> Self {
-        Self(ScriptedRealtime::new(script))
+    fn start_with_settings(script: RealtimeScript, settings: RealtimeSettings) -> Self {
+        Self(ScriptedRealtime::new(script).with_settings(settings))
     }
 
     fn model(&self) -> Arc<dyn RealtimeModel> {
@@ -45,6 +45,7 @@ scenario!(
     an_async_tool_with_updates_during_speech,
     barge_in_mid_audio_truncates_at_the_heard_position,
     barge_in_at_zero_ms_deletes_the_item,
+    a_g711_call_cuts_at_the_heard_position,
     a_handoff_on_the_same_socket,
     a_sub_task,
     a_dropped_socket_mid_response_is_replayed,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use switchboard::providers::openai_realtime::OpenAiRealtime;
-use switchboard::realtime::RealtimeModel;
+use switchboard::realtime::{RealtimeModel, RealtimeSettings};
 use switchboard::testing::{RealtimeScript, RealtimeServer, SimReport};
 
 mod common;
@@ -21,11 +21,12 @@ struct Loopback {
 }
 
 impl scenarios::Backend for Loopback {
-    fn start(script: RealtimeScript) -> Self {
+    fn start_with_settings(script: RealtimeScript, settings: RealtimeSettings) -> Self {
         let server = RealtimeServer::start(script).unwrap();
         let model = OpenAiRealtime::builder()
             .base_url(server.base_url())
             .api_key("test-key")
+            .settings(settings)
             .build()
             .unwrap();
         Self {
@@ -58,6 +59,7 @@ scenario!(
     an_async_tool_with_updates_during_speech,
     barge_in_mid_audio_truncates_at_the_heard_position,
     barge_in_at_zero_ms_deletes_the_item,
+    a_g711_call_cuts_at_the_heard_position,
     a_handoff_on_the_same_socket,
     a_sub_task,
     a_dropped_socket_mid_response_is_replayed,

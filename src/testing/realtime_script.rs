@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::g711;
+use crate::realtime::AudioFormat;
+
 /// One response of a simulated realtime model: an audio answer with its transcript, calls
 /// after it, or both (the usual shape of `gpt-realtime`: a spoken preamble, then a call).
 #[derive(Clone, Debug, PartialEq)]
@@ -121,20 +124,43 @@ impl RealtimeScript {
     }
 }
 
-/// 20 ms of a tone loud enough to be speech (PCM16, 24 kHz), for a test that plays the
+/// `ms` of a tone loud enough to be speech (PCM16, 24 kHz), for a test that plays the
 /// caller: push it into an `AudioInput` while the user speaks, [`silence`] after.
 pub fn tone(ms: u32) -> Vec<u8> {
-    let samples = 24 * ms as usize;
-    let mut pcm = Vec::with_capacity(samples * 2);
-    for i in 0..samples {
-        let phase = 2.0 * std::f64::consts::PI * 440.0 * i as f64 / 24_000.0;
-        let sample = (6000.0 * phase.sin()) as i16;
-        pcm.extend_from_slice(&sample.to_le_bytes());
-    }
-    pcm
+    tone_in(AudioFormat::PCM16_24K, ms)
 }
 
 /// `ms` of silence (PCM16, 24 kHz).
 pub fn silence(ms: u32) -> Vec<u8> {
-    vec![0; 48 * ms as usize]
+    silence_in(AudioFormat::PCM16_24K, ms)
+}
+
+/// `ms` of a tone loud enough to be speech in `format` (a telephony caller's G.711, or
+/// PCM16 at its rate).
+pub fn tone_in(format: AudioFormat, ms: u32) -> Vec<u8> {
+    samples_in(format, ms, |rate, i| {
+        let phase = 2.0 * std::f64::consts::PI * 440.0 * i as f64 / f64::from(rate);
+        (6000.0 * phase.sin()) as i16
+    })
+}
+
+/// `ms` of silence in `format`.
+pub fn silence_in(format: AudioFormat, ms: u32) -> Vec<u8> {
+    samples_in(format, ms, |_, _| 0)
+}
+
+fn samples_in(format: AudioFormat, ms: u32, sample: impl Fn(u32, usize) -> i16) -> Vec<u8> {
+    let rate = match format {
+        AudioFormat::Pcm16 { rate } => rate,
+        _ => 8_000,
+    };
+    let samples = (rate / 1000) as usize * ms as usize;
+    let mut audio = Vec::with_capacity(samples * 2);
+    for i in 0..samples {
+        match format {
+            AudioFormat::Pcm16 { .. } => audio.extend_from_slice(&sample(rate, i).to_le_bytes()),
+            _ => audio.push(g711::encode(format, sample(rate, i))),
+        }
+    }
+    audio
 }

@@ -37,10 +37,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::realtime_script::{RealtimeReply, RealtimeScript};
+use super::g711;
+use super::realtime_script::{tone_in, RealtimeReply, RealtimeScript};
+use crate::realtime::AudioFormat;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
-const PCM_BYTES_PER_MS: usize = 48;
 const MAX_ID: usize = 32;
 
 /// What a connection sends its client.
@@ -217,7 +218,7 @@ fn refuse(kind: &'static str, code: &'static str, message: impl Into<String>) ->
 struct Item {
     data: Value,
     /// Assistant audio sent for it, in bytes.
-    audio_bytes: usize,
+    audio_ms: usize,
     audio: bool,
 }
 
@@ -252,8 +253,7 @@ struct Connection {
     voice_locked: bool,
     items: HashMap<String, Item>,
     order: Vec<String>,
-    buffered_bytes: usize,
-    total_in_bytes: usize,
+    buffered_ms: f64,
     speaking: bool,
     speech_item: Option<String>,
     silence_ms: f64,
@@ -300,8 +300,7 @@ impl Connection {
             voice_locked: false,
             items: HashMap::new(),
             order: Vec::new(),
-            buffered_bytes: 0,
-            total_in_bytes: 0,
+            buffered_ms: 0.0,
             speaking: false,
             speech_item: None,
             silence_ms: 0.0,
@@ -353,6 +352,16 @@ impl Connection {
                 "event_id": event_id,
             },
         }));
+    }
+
+    /// The session's audio format on one `side` ("input" or "output"); the checks of
+    /// `session.update` let only these through.
+    fn format(&self, side: &str) -> AudioFormat {
+        match self.session["audio"][side]["format"]["type"].as_str() {
+            Some("audio/pcmu") => AudioFormat::G711Ulaw,
+            Some("audio/pcma") => AudioFormat::G711Alaw,
+            _ => AudioFormat::PCM16_24K,
+        }
     }
 
     fn turn_detection(&self) -> Option<&Value> {
@@ -450,7 +459,7 @@ impl Connection {
                 event["item_id"]
                     .as_str()
                     .and_then(|id| self.items.get(id))
-                    .map(|item| (item.audio_bytes / PCM_BYTES_PER_MS) as u32)
+                    .map(|item| item.audio_ms as u32)
             })
             .flatten();
         let result = self.dispatch(&kind, &event);
@@ -495,7 +504,7 @@ impl Connection {
                 self.commit(item)
             }
             "input_audio_buffer.clear" => {
-                self.buffered_bytes = 0;
+                self.buffered_ms = 0.0;
                 self.speaking = false;
                 self.speech_item = None;
                 self.send(json!({"type": "input_audio_buffer.cleared"}));
@@ -664,38 +673,28 @@ impl Connection {
                 "Invalid 'audio'. Expected base64-encoded audio.",
             ));
         };
-        let pcm = self.session["audio"]["input"]["format"]["type"]
-            .as_str()
-            .is_none_or(|t| t == "audio/pcm");
-        if pcm && raw.len() % 2 == 1 {
+        let format = self.format("input");
+        if matches!(format, AudioFormat::Pcm16 { .. }) && raw.len() % 2 == 1 {
             return Err(refuse(
                 "invalid_audio_append",
                 "invalid_value",
                 "PCM16 audio must have an even number of bytes.",
             ));
         }
-        let bytes_per_ms = if pcm { PCM_BYTES_PER_MS } else { 8 };
-        let ms = raw.len() as f64 / bytes_per_ms as f64;
-        let start_ms = self.total_in_bytes as f64 / bytes_per_ms as f64;
-        self.buffered_bytes += raw.len();
-        self.total_in_bytes += raw.len();
+        let ms = raw.len() as f64 / f64::from(format.bytes_per_ms());
+        self.buffered_ms += ms;
         self.sim.lock().report.audio_in_ms += ms as u64;
-        if self.turn_detection().is_none() || !pcm {
+        if self.turn_detection().is_none() {
             return Ok(());
         }
         let (threshold, silence) = {
             let state = self.sim.lock();
             (state.script.vad_threshold, state.script.vad_silence)
         };
-        let peak = raw
-            .chunks_exact(2)
-            .map(|b| i16::from_le_bytes([b[0], b[1]]).unsigned_abs())
-            .max()
-            .unwrap_or(0);
+        let peak = g711::peak(format, &raw);
         let speech = peak >= threshold.unsigned_abs();
         if !self.speaking {
             if speech {
-                let _ = start_ms;
                 self.speech_started();
             }
             return Ok(());
@@ -721,7 +720,7 @@ impl Connection {
             Control::SpeechStopped => {
                 if self.speaking {
                     // Enough audio for a turn, as if the user had spoken it.
-                    self.buffered_bytes = self.buffered_bytes.max(300 * PCM_BYTES_PER_MS);
+                    self.buffered_ms = self.buffered_ms.max(300.0);
                     self.speech_stopped();
                 }
             }
@@ -742,7 +741,7 @@ impl Connection {
             .last_audio_item
             .as_ref()
             .and_then(|id| self.items.get(id))
-            .map(|item| (item.audio_bytes / PCM_BYTES_PER_MS) as u32);
+            .map(|item| item.audio_ms as u32);
         let start = SpeechStart {
             response_active: active,
             server_cancelled: active && interrupts,
@@ -772,7 +771,7 @@ impl Connection {
             .take()
             .unwrap_or_else(|| self.new_id("item"));
         self.send(json!({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 0, "item_id": item}));
-        if self.buffered_bytes < 100 * PCM_BYTES_PER_MS {
+        if self.buffered_ms < 100.0 {
             return;
         }
         if self.commit(item).is_err() {
@@ -788,7 +787,7 @@ impl Connection {
     }
 
     fn commit(&mut self, item_id: String) -> Result<(), Refusal> {
-        let ms = self.buffered_bytes / PCM_BYTES_PER_MS;
+        let ms = self.buffered_ms as usize;
         if ms < 100 {
             return Err(refuse(
                 "commit_empty_buffer",
@@ -796,7 +795,7 @@ impl Connection {
                 format!("Error committing input audio buffer: buffer too small. Expected at least 100ms of audio, but buffer only has {ms}ms of audio."),
             ));
         }
-        self.buffered_bytes = 0;
+        self.buffered_ms = 0.0;
         let data = json!({
             "id": item_id, "object": "realtime.item", "type": "message", "status": "completed",
             "role": "user", "content": [{"type": "input_audio", "transcript": null}],
@@ -805,7 +804,7 @@ impl Connection {
             item_id.clone(),
             Item {
                 data: data.clone(),
-                audio_bytes: 0,
+                audio_ms: 0,
                 audio: false,
             },
             None,
@@ -947,7 +946,7 @@ impl Connection {
             id.clone(),
             Item {
                 data: data.clone(),
-                audio_bytes: 0,
+                audio_ms: 0,
                 audio: false,
             },
             previous.as_deref(),
@@ -1008,7 +1007,7 @@ impl Connection {
                 "Invalid content_index: the item has audio at content_index 0.",
             ));
         }
-        let have = (item.audio_bytes / PCM_BYTES_PER_MS) as u64;
+        let have = item.audio_ms as u64;
         if end > have {
             return Err(refuse(
                 "truncate_beyond_sent_audio",
@@ -1016,7 +1015,7 @@ impl Connection {
                 format!("Audio content of {have}ms is already shorter than {end}ms"),
             ));
         }
-        item.audio_bytes = end as usize * PCM_BYTES_PER_MS;
+        item.audio_ms = end as usize;
         item.data["content"] = json!([{"type": "output_audio", "transcript": ""}]);
         self.send(json!({"type": "conversation.item.truncated", "item_id": id, "content_index": 0, "audio_end_ms": end}));
         Ok(())
@@ -1096,7 +1095,7 @@ impl Connection {
                         item.clone(),
                         Item {
                             data: data.clone(),
-                            audio_bytes: 0,
+                            audio_ms: 0,
                             audio: true,
                         },
                         None,
@@ -1129,9 +1128,9 @@ impl Connection {
                         self.send(json!({"type": "response.output_audio_transcript.delta", "response_id": rid, "item_id": item, "output_index": 0, "content_index": 0, "delta": word}));
                     }
                     let ms = streaming.reply.chunk.as_millis() as usize;
-                    self.send(json!({"type": "response.output_audio.delta", "response_id": rid, "item_id": item, "output_index": 0, "content_index": 0, "delta": audio_chunk(ms)}));
+                    self.send(json!({"type": "response.output_audio.delta", "response_id": rid, "item_id": item, "output_index": 0, "content_index": 0, "delta": audio_chunk(ms, self.format("output"))}));
                     if let Some(item) = self.items.get_mut(&item) {
-                        item.audio_bytes += ms * PCM_BYTES_PER_MS;
+                        item.audio_ms += ms;
                     }
                     self.sim.lock().report.audio_out_ms += ms as u64;
                     streaming.stage = Stage::Audio(i + 1);
@@ -1187,7 +1186,7 @@ impl Connection {
                         item.clone(),
                         Item {
                             data: data.clone(),
-                            audio_bytes: 0,
+                            audio_ms: 0,
                             audio: false,
                         },
                         None,
@@ -1289,22 +1288,16 @@ fn check_call_id(call: &str) -> Result<(), Refusal> {
     }
 }
 
-/// Base64 of `ms` of a 440 Hz tone (PCM16, 24 kHz), made once per length.
-fn audio_chunk(ms: usize) -> String {
-    static CACHE: Mutex<Option<(usize, String)>> = Mutex::new(None);
+/// Base64 of `ms` of a 440 Hz tone in `format`, made once per length and format.
+fn audio_chunk(ms: usize, format: AudioFormat) -> String {
+    static CACHE: Mutex<Option<(usize, AudioFormat, String)>> = Mutex::new(None);
     let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((cached, text)) = &*cache {
-        if *cached == ms {
+    if let Some((cached, cached_format, text)) = &*cache {
+        if *cached == ms && *cached_format == format {
             return text.clone();
         }
     }
-    let samples = 24 * ms;
-    let mut pcm = Vec::with_capacity(samples * 2);
-    for i in 0..samples {
-        let phase = 2.0 * std::f64::consts::PI * 440.0 * i as f64 / 24_000.0;
-        pcm.extend_from_slice(&((3000.0 * phase.sin()) as i16).to_le_bytes());
-    }
-    let text = B64.encode(pcm);
-    *cache = Some((ms, text.clone()));
+    let text = B64.encode(tone_in(format, ms as u32));
+    *cache = Some((ms, format, text.clone()));
     text
 }

@@ -17,15 +17,18 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use switchboard::prelude::*;
-use switchboard::realtime::RealtimeModel;
+use switchboard::realtime::{AudioFormat, RealtimeModel, RealtimeSettings};
 use switchboard::testing::{
-    event, silence, tone, EventWaiter, Gate, RealtimeReply, RealtimeScript, RecordingOutput,
+    event, silence, silence_in, tone, tone_in, EventWaiter, Gate, RealtimeReply, RealtimeScript, RecordingOutput,
     SimReport,
 };
 
 /// A server that speaks the protocol: a model to give the session, and what it saw.
-pub trait Backend {
-    fn start(script: RealtimeScript) -> Self;
+pub trait Backend: Sized {
+    fn start(script: RealtimeScript) -> Self {
+        Self::start_with_settings(script, RealtimeSettings::new())
+    }
+    fn start_with_settings(script: RealtimeScript, settings: RealtimeSettings) -> Self;
     fn model(&self) -> Arc<dyn RealtimeModel>;
     fn report(&self) -> SimReport;
 }
@@ -358,6 +361,77 @@ pub async fn barge_in_mid_audio_truncates_at_the_heard_position<B: Backend>() {
         .expect("the story, cut");
     assert!(cut.starts_with("Once"), "{cut:?}");
     assert!(cut.len() < 80, "{cut:?}");
+    session.close().await.unwrap();
+}
+
+/// A telephony call in G.711 µ-law both ways: the server hears the caller's µ-law, the
+/// host's output gets µ-law, and a barge-in cuts the answer at the heard position in
+/// milliseconds of µ-law (8 bytes a millisecond, not PCM's 48), which the server accepts.
+pub async fn a_g711_call_cuts_at_the_heard_position<B: Backend>() {
+    let mut settings = RealtimeSettings::new();
+    settings.input_format = AudioFormat::G711Ulaw;
+    settings.output_format = AudioFormat::G711Ulaw;
+    let backend = B::start_with_settings(
+        RealtimeScript::new([
+            RealtimeReply::speech("Your parcel left the depot this morning and arrives today.")
+                .chunks(40)
+                .paced(Duration::from_millis(20)),
+            RealtimeReply::speech("Of course."),
+        ]),
+        settings,
+    );
+    let output = RecordingOutput::manual_playout();
+    let agent = Agent::builder("courier").build().unwrap();
+    let session = start(backend.model(), agent, output.clone()).await;
+    let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+    let caller = |session: &Session, tone_ms: u32, silence_ms: u32| {
+        let mut mic = session.audio_input();
+        for _ in 0..tone_ms / 20 {
+            mic.push(&tone_in(AudioFormat::G711Ulaw, 20));
+        }
+        for _ in 0..silence_ms / 20 {
+            mic.push(&silence_in(AudioFormat::G711Ulaw, 20));
+        }
+        mic.flush();
+    };
+    caller(&session, 300, 300);
+    let answer = events.next(event::speech_created()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    caller(&session, 100, 0);
+    events.next(event::turn_interrupted()).await.unwrap();
+    output.audio_heard(answer.id(), Duration::from_millis(100));
+    events
+        .next(event::matching("the answer cut to what was heard", |e| match e {
+            SessionEvent::ConversationItemChanged { .. } => Some(()),
+            _ => None,
+        }))
+        .await
+        .unwrap();
+    caller(&session, 0, 300);
+    assistant_says(&mut events, "Of course.").await;
+    output.played_out(output.last_speech().unwrap().id);
+    session.wait_for_settled().await.unwrap();
+    let report = backend.report();
+    no_violations(&report);
+    assert!(report.audio_in_ms >= 700, "the caller's µ-law was heard as audio: {report:?}");
+    // What reached the host's output is µ-law: its length in ms is its bytes over 8.
+    let received = output
+        .speeches()
+        .into_iter()
+        .find(|speech| speech.id == answer.id())
+        .unwrap()
+        .audio_bytes;
+    let start = &report.speech_starts[1];
+    let sent = start.audio_sent_ms.expect("audio was sent before the barge-in");
+    assert!(sent > 100, "the barge-in came mid-answer: {start:?}");
+    assert_eq!(
+        received / 8,
+        sent as usize,
+        "the output got µ-law: 8 bytes a millisecond of what the server sent"
+    );
+    let (end, _, accepted) = start.truncate.expect("a truncate");
+    assert!(accepted, "{start:?}");
+    assert_eq!(end, 100.min(sent), "cut at the heard position, in ms of µ-law");
     session.close().await.unwrap();
 }
 
