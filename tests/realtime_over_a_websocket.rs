@@ -55,6 +55,7 @@ macro_rules! scenario {
 
 scenario!(
     a_tool_call,
+    an_unknown_tool_gets_one_output,
     two_parallel_calls_get_one_response,
     an_async_tool_with_updates_during_speech,
     barge_in_mid_audio_truncates_at_the_heard_position,

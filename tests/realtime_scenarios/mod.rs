@@ -190,6 +190,41 @@ pub async fn a_tool_call<B: Backend>() {
     session.close().await.unwrap();
 }
 
+/// The model calls a tool the agent does not have: the call still gets exactly one
+/// output (the error, naming the tools there are), then one `response.create`, and the
+/// model answers.
+pub async fn an_unknown_tool_gets_one_output<B: Backend>() {
+    let backend = B::start(RealtimeScript::new([
+        RealtimeReply::call("book_flight", json!({"city": "Paris"})),
+        RealtimeReply::speech("I cannot book flights, but I know the weather."),
+    ]));
+    let agent = Agent::builder("assistant").tool(weather()).build().unwrap();
+    let session = start(backend.model(), agent, RecordingOutput::new()).await;
+    let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+    speak(&session);
+    assert_eq!(
+        assistant_said(&mut events).await,
+        "I cannot book flights, but I know the weather."
+    );
+    session.wait_for_settled().await.unwrap();
+    let report = backend.report();
+    no_violations(&report);
+    assert!(report.benign.is_empty(), "no second output: {:?}", report.benign);
+    let outputs: Vec<_> = created_items(&report)
+        .into_iter()
+        .filter(|i| i["type"] == "function_call_output")
+        .map(|i| i["output"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(outputs.len(), 1, "{outputs:?}");
+    assert!(
+        outputs[0].contains("unknown tool book_flight") && outputs[0].contains("get_weather"),
+        "{outputs:?}"
+    );
+    assert_eq!(report.events_of("response.create").len(), 1);
+    crate::common::assert_invariant(&session.chat_context().await.unwrap());
+    session.close().await.unwrap();
+}
+
 /// Two calls in one response: both outputs, then one `response.create`.
 pub async fn two_parallel_calls_get_one_response<B: Backend>() {
     let backend = B::start(RealtimeScript::new([
