@@ -22,7 +22,9 @@
 //! and counted as benign (the real API calls it harmless), as is a second output for one
 //! call.
 //!
-//! The server's voice detector hears the client's audio by loudness: a loud append starts
+//! Audio is PCM16 at 24 kHz or G.711 (8 bytes a millisecond) as the session says, both
+//! ways: the milliseconds of a truncate count the output format's bytes. The server's
+//! voice detector hears the client's audio by loudness: a loud append starts
 //! the user's speech (and cancels the active response, unless `interrupt_response` is
 //! off), the script's silence after it ends the turn: the audio is committed, transcribed
 //! if transcription is on, and answered unless `create_response` is off. Replies stream
