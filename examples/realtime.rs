@@ -327,12 +327,22 @@ fn check(
             .outputs()
             .any(|out| out.name == "get_weather" && out.output.starts_with("sunny")),
     )?;
+    let kinds: Vec<&str> = report
+        .trace
+        .iter()
+        .map(|(_, e)| {
+            if e["item"]["type"] == "function_call_output" {
+                "function_call_output"
+            } else {
+                e["type"].as_str().unwrap_or_default()
+            }
+        })
+        .collect();
     happened(
-        "one `response.create` after the tool's output",
-        report
-            .trace
-            .iter()
-            .any(|(_, e)| e["type"] == "response.create"),
+        "one `response.create` right after the tool's output",
+        kinds
+            .windows(3)
+            .any(|w| w[..2] == ["function_call_output", "response.create"] && w[2] != "response.create"),
     )?;
     happened("the barge-in interrupting the first turn", interrupted)?;
     happened(
@@ -360,6 +370,12 @@ fn check(
                 matches!(item, ChatItem::Message(m) if m.role == ChatRole::Assistant && !m.content.is_empty())
             })
         }),
+    )?;
+    happened(
+        "the session updated for billing before the handoff's output",
+        kinds
+            .windows(2)
+            .any(|w| w == ["session.update", "function_call_output"]),
     )?;
     happened("one connection for the whole call", report.connections == 1)?;
     happened("no protocol violation", report.violations_total() == 0)
