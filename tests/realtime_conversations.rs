@@ -10,6 +10,7 @@ use switchboard::realtime::{RealtimeModel, RealtimeSettings};
 use switchboard::testing::{RealtimeScript, ScriptedRealtime, SimReport};
 
 mod common;
+#[macro_use]
 mod realtime_scenarios;
 use realtime_scenarios as scenarios;
 
@@ -29,31 +30,7 @@ impl scenarios::Backend for Scripted {
     }
 }
 
-macro_rules! scenario {
-    ($($name:ident),* $(,)?) => {$(
-        #[switchboard::test]
-        async fn $name() {
-            tokio::time::pause();
-            scenarios::$name::<Scripted>().await;
-        }
-    )*};
-}
-
-scenario!(
-    a_tool_call,
-    an_unknown_tool_gets_one_output,
-    two_parallel_calls_get_one_response,
-    an_async_tool_with_updates_during_speech,
-    barge_in_mid_audio_truncates_at_the_heard_position,
-    barge_in_at_zero_ms_deletes_the_item,
-    a_g711_call_cuts_at_the_heard_position,
-    a_handoff_on_the_same_socket,
-    a_sub_task,
-    a_dropped_socket_mid_response_is_replayed,
-    a_late_tool_result_is_always_heard,
-    a_long_answer_in_one_burst_plays_in_full,
-    a_snapshot_mid_call_is_restored_on_another_engine,
-);
+every_scenario_against!(Scripted, pause_time: true);
 
 /// A connection that hands over a whole response at once, as a socket whose buffer holds
 /// many events does: readable once, then every event without a new wake.

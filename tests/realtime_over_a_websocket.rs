@@ -12,6 +12,7 @@ use switchboard::realtime::{RealtimeModel, RealtimeSettings};
 use switchboard::testing::{RealtimeScript, RealtimeServer, SimReport};
 
 mod common;
+#[macro_use]
 mod realtime_scenarios;
 use realtime_scenarios as scenarios;
 
@@ -44,30 +45,7 @@ impl scenarios::Backend for Loopback {
     }
 }
 
-macro_rules! scenario {
-    ($($name:ident),* $(,)?) => {$(
-        #[switchboard::test]
-        async fn $name() {
-            scenarios::$name::<Loopback>().await;
-        }
-    )*};
-}
-
-scenario!(
-    a_tool_call,
-    an_unknown_tool_gets_one_output,
-    two_parallel_calls_get_one_response,
-    an_async_tool_with_updates_during_speech,
-    barge_in_mid_audio_truncates_at_the_heard_position,
-    barge_in_at_zero_ms_deletes_the_item,
-    a_g711_call_cuts_at_the_heard_position,
-    a_handoff_on_the_same_socket,
-    a_sub_task,
-    a_dropped_socket_mid_response_is_replayed,
-    a_late_tool_result_is_always_heard,
-    a_long_answer_in_one_burst_plays_in_full,
-    a_snapshot_mid_call_is_restored_on_another_engine,
-);
+every_scenario_against!(Loopback, pause_time: false);
 
 #[switchboard::test]
 async fn a_connection_without_a_key_is_refused_by_the_loopback_server() {

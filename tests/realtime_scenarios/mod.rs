@@ -23,6 +23,38 @@ use switchboard::testing::{
     SimReport,
 };
 
+/// Every scenario as a test against one backend; `pause_time` for a server that runs on
+/// tokio's clock (the scripted model), not for one in a thread of its own.
+macro_rules! every_scenario_against {
+    ($backend:ty, pause_time: $pause:expr) => {
+        every_scenario_against!(
+            @each $backend, $pause,
+            a_tool_call,
+            an_unknown_tool_gets_one_output,
+            two_parallel_calls_get_one_response,
+            an_async_tool_with_updates_during_speech,
+            barge_in_mid_audio_truncates_at_the_heard_position,
+            barge_in_at_zero_ms_deletes_the_item,
+            a_g711_call_cuts_at_the_heard_position,
+            a_handoff_on_the_same_socket,
+            a_sub_task,
+            a_dropped_socket_mid_response_is_replayed,
+            a_late_tool_result_is_always_heard,
+            a_long_answer_in_one_burst_plays_in_full,
+            a_snapshot_mid_call_is_restored_on_another_engine,
+        );
+    };
+    (@each $backend:ty, $pause:expr, $($name:ident),* $(,)?) => {$(
+        #[switchboard::test]
+        async fn $name() {
+            if $pause {
+                tokio::time::pause();
+            }
+            crate::realtime_scenarios::$name::<$backend>().await;
+        }
+    )*};
+}
+
 /// A server that speaks the protocol: a model to give the session, and what it saw.
 pub trait Backend: Sized {
     fn start(script: RealtimeScript) -> Self {

@@ -20,6 +20,36 @@ fn wire() -> Wire {
     wire
 }
 
+/// A wire whose step 1 was asked and whose response `r1` the server started; the clock
+/// and the commands so far.
+fn answering() -> (Wire, Instant, Vec<Out>) {
+    let mut wire = wire();
+    let now = Instant::now();
+    let mut out = Vec::new();
+    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
+    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    (wire, now, out)
+}
+
+/// What went to the server, in short: `output call_a`, `call call_a`, `message`,
+/// `response 2`, `delete c1`, `update`, or the event in full.
+fn described(out: &[Out]) -> Vec<String> {
+    sends(out)
+        .into_iter()
+        .map(|event| match event {
+            ClientEvent::CreateItem { item, .. } => match item {
+                RemoteItem::FunctionCallOutput { call_id, .. } => format!("output {call_id}"),
+                RemoteItem::FunctionCall { call_id, .. } => format!("call {call_id}"),
+                RemoteItem::Message { .. } => "message".to_owned(),
+            },
+            ClientEvent::CreateResponse { tag, .. } => format!("response {tag}"),
+            ClientEvent::DeleteItem { id } => format!("delete {id}"),
+            ClientEvent::UpdateSession(_) => "update".to_owned(),
+            other => format!("{other:?}"),
+        })
+        .collect()
+}
+
 fn ask(step: u64) -> Ask {
     Ask {
         step,
@@ -257,11 +287,7 @@ fn without_a_server_answer_the_user_turn_asks_for_its_own() {
 
 #[test]
 fn a_server_cancelled_response_gets_no_second_cancel() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(
         ServerEvent::SpeechStarted {
             item_id: "u2".to_owned(),
@@ -277,11 +303,7 @@ fn a_server_cancelled_response_gets_no_second_cancel() {
 
 #[test]
 fn a_cancel_goes_once_and_the_cut_responses_events_are_dropped() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     out.clear();
     wire.cancel(1, &mut out);
     wire.cancel(1, &mut out);
@@ -316,11 +338,7 @@ fn a_request_cancelled_before_its_response_cancels_it_when_it_starts() {
 
 #[test]
 fn a_truncation_is_clamped_to_the_audio_received_and_waits_for_its_response() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(audio("a1", 300), now, &mut out);
     wire.spoke(SpeechId(1), "a1".to_owned());
@@ -345,11 +363,7 @@ fn a_truncation_is_clamped_to_the_audio_received_and_waits_for_its_response() {
 #[test]
 fn a_truncation_of_a_cancelled_response_goes_at_once() {
     for server_cancelled in [true, false] {
-        let mut wire = wire();
-        let now = Instant::now();
-        let mut out = Vec::new();
-        wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-        wire.on_event(created(Some(1), "r1"), now, &mut out);
+        let (mut wire, now, mut out) = answering();
         wire.on_event(message("a1"), now, &mut out);
         wire.on_event(audio("a1", 300), now, &mut out);
         wire.spoke(SpeechId(1), "a1".to_owned());
@@ -383,11 +397,7 @@ fn a_truncation_of_a_cancelled_response_goes_at_once() {
 
 #[test]
 fn nothing_heard_deletes_the_item_instead_of_truncating_to_zero() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(audio("a1", 60), now, &mut out);
     wire.on_event(done("r1"), now, &mut out);
@@ -404,62 +414,28 @@ fn nothing_heard_deletes_the_item_instead_of_truncating_to_zero() {
 
 #[test]
 fn calls_of_a_cut_response_are_deleted_before_the_next_request() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(call("c1", "call_cut"), now, &mut out);
     wire.cancel(1, &mut out);
     wire.on_event(done("r1"), now, &mut out);
     out.clear();
     wire.open(ask(2), false, &ChatContext::new(), now, &mut out);
-    let sent = sends(&out);
-    assert_eq!(
-        sent[0],
-        &ClientEvent::DeleteItem {
-            id: "c1".to_owned()
-        }
-    );
-    assert!(matches!(
-        sent[1],
-        ClientEvent::CreateResponse { tag: 2, .. }
-    ));
+    assert_eq!(described(&out), ["delete c1", "response 2"]);
 }
 
 #[test]
 fn every_call_is_answered_before_the_response_that_follows() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(call("c1", "call_a"), now, &mut out);
     wire.on_event(done("r1"), now, &mut out);
     out.clear();
     wire.open(ask(2), false, &chat_with_call("call_a"), now, &mut out);
-    let sent = sends(&out);
-    assert_eq!(sent.len(), 2, "{sent:?}");
-    assert!(matches!(
-        sent[0],
-        ClientEvent::CreateItem {
-            item: crate::realtime::RemoteItem::FunctionCallOutput { .. },
-            ..
-        }
-    ));
-    assert!(matches!(
-        sent[1],
-        ClientEvent::CreateResponse { tag: 2, .. }
-    ));
+    assert_eq!(described(&out), ["output call_a", "response 2"]);
 }
 
 #[test]
 fn a_new_agent_updates_the_session_before_anything_of_its_chat_and_keeps_the_voice() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(audio("a1", 20), now, &mut out);
     wire.on_event(done("r1"), now, &mut out);
@@ -493,11 +469,7 @@ fn a_new_agent_updates_the_session_before_anything_of_its_chat_and_keeps_the_voi
 
 #[test]
 fn a_drop_mid_answer_asks_again_after_the_replay_with_what_was_said() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(
         ServerEvent::TextDelta {
@@ -515,7 +487,7 @@ fn a_drop_mid_answer_asks_again_after_the_replay_with_what_was_said() {
     wire.open(ask(2), false, &ChatContext::new(), now, &mut out);
     let sent = sends(&out);
     assert!(
-        matches!(sent[0], ClientEvent::CreateItem { item: crate::realtime::RemoteItem::Message { text, .. }, .. } if text == "It is sun")
+        matches!(sent[0], ClientEvent::CreateItem { item: RemoteItem::Message { text, .. }, .. } if text == "It is sun")
     );
     assert!(matches!(
         sent[1],
@@ -526,11 +498,7 @@ fn a_drop_mid_answer_asks_again_after_the_replay_with_what_was_said() {
 
 #[test]
 fn a_drop_after_the_calls_came_ends_the_step_so_they_run() {
-    let mut wire = wire();
-    let now = Instant::now();
-    let mut out = Vec::new();
-    wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
-    wire.on_event(created(Some(1), "r1"), now, &mut out);
+    let (mut wire, now, mut out) = answering();
     wire.on_event(call("c1", "call_a"), now, &mut out);
     out.clear();
     wire.dropped(&mut out);
@@ -542,25 +510,7 @@ fn a_drop_after_the_calls_came_ends_the_step_so_they_run() {
     wire.connected(&mut out);
     out.clear();
     wire.open(ask(2), false, &chat_with_call("call_a"), now, &mut out);
-    let sent = sends(&out);
-    assert!(matches!(
-        sent[0],
-        ClientEvent::CreateItem {
-            item: crate::realtime::RemoteItem::FunctionCall { .. },
-            ..
-        }
-    ));
-    assert!(matches!(
-        sent[1],
-        ClientEvent::CreateItem {
-            item: crate::realtime::RemoteItem::FunctionCallOutput { .. },
-            ..
-        }
-    ));
-    assert!(matches!(
-        sent[2],
-        ClientEvent::CreateResponse { tag: 2, .. }
-    ));
+    assert_eq!(described(&out), ["call call_a", "output call_a", "response 2"]);
 }
 
 #[test]
