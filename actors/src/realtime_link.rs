@@ -390,15 +390,7 @@ impl Task {
                 self.listener = Some(listener);
                 self.wire.attach(config, &chat, now, &mut self.out);
             }
-            LinkOp::Detach { listener }
-                if self
-                    .listener
-                    .as_ref()
-                    .is_some_and(|l| l.same_channel(&listener)) =>
-            {
-                self.listener = None;
-            }
-            LinkOp::Detach { .. } => {}
+            LinkOp::Detach { listener } => self.detach(&listener),
             LinkOp::Sync { chat } => self.wire.sync(&chat, now, &mut self.out),
             LinkOp::Open { ask, adopt, chat } => {
                 self.wire.open(ask, adopt, &chat, now, &mut self.out)
@@ -408,6 +400,18 @@ impl Task {
             LinkOp::Truncate { speech, heard_ms } => {
                 self.wire.truncate(speech, heard_ms, &mut self.out)
             }
+        }
+    }
+
+    /// Forgets `listener` if it is the one attached (an agent that left after another
+    /// attached detaches nobody).
+    fn detach(&mut self, listener: &mpsc::UnboundedSender<LinkEvent>) {
+        if self
+            .listener
+            .as_ref()
+            .is_some_and(|l| l.same_channel(listener))
+        {
+            self.listener = None;
         }
     }
 
@@ -528,14 +532,7 @@ impl Task {
     fn fail_op(&mut self, op: LinkOp, fail: &impl Fn(u64) -> LinkEvent) {
         match op {
             LinkOp::Attach { listener, .. } => self.listener = Some(listener),
-            LinkOp::Detach { listener }
-                if self
-                    .listener
-                    .as_ref()
-                    .is_some_and(|l| l.same_channel(&listener)) =>
-            {
-                self.listener = None;
-            }
+            LinkOp::Detach { listener } => self.detach(&listener),
             LinkOp::Open { ask, .. } => self.tell(fail(ask.step)),
             _ => {}
         }

@@ -487,17 +487,24 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn what_the_model_made_is_bound_and_never_created() {
+    /// A turn the server made: the user's audio (`heard`), the model's answer (`spoke`)
+    /// and its call, with the call's output added on the engine's side.
+    fn a_turn_with_a_call(heard: &str, spoke: &str) -> (Mirror, ChatContext) {
         let mut mirror = Mirror::default();
         mirror.heard("item_user".to_owned());
         mirror.spoke(SpeechId(1), "item_answer".to_owned());
         mirror.call_arrived("item_call".to_owned(), "call_a".to_owned());
         let mut chat = ChatContext::new();
-        chat.push(user(""));
-        chat.push(said("Let me check.", 1));
+        chat.push(user(heard));
+        chat.push(said(spoke, 1));
         chat.push(call("call_a"));
         chat.push(output("call_a"));
+        (mirror, chat)
+    }
+
+    #[test]
+    fn what_the_model_made_is_bound_and_never_created() {
+        let (mut mirror, chat) = a_turn_with_a_call("", "Let me check.");
         let out = sync(&mut mirror, &chat);
         let made = created(&out);
         assert_eq!(made.len(), 1, "only the output is new: {out:?}");
@@ -692,15 +699,7 @@ mod tests {
 
     #[test]
     fn after_a_reset_everything_is_created_as_text() {
-        let mut mirror = Mirror::default();
-        mirror.heard("item_user".to_owned());
-        mirror.spoke(SpeechId(1), "item_answer".to_owned());
-        mirror.call_arrived("item_call".to_owned(), "call_a".to_owned());
-        let mut chat = ChatContext::new();
-        chat.push(user("weather?"));
-        chat.push(said("Checking.", 1));
-        chat.push(call("call_a"));
-        chat.push(output("call_a"));
+        let (mut mirror, chat) = a_turn_with_a_call("weather?", "Checking.");
         sync(&mut mirror, &chat);
         mirror.reset();
         let out = sync(&mut mirror, &chat);
