@@ -340,9 +340,9 @@ fn check(
         .collect();
     happened(
         "one `response.create` right after the tool's output",
-        kinds
-            .windows(3)
-            .any(|w| w[..2] == ["function_call_output", "response.create"] && w[2] != "response.create"),
+        kinds.windows(3).any(|w| {
+            w[..2] == ["function_call_output", "response.create"] && w[2] != "response.create"
+        }),
     )?;
     happened("the barge-in interrupting the first turn", interrupted)?;
     happened(

@@ -153,13 +153,12 @@ async fn a_burst_the_connection_holds_at_once_is_read_to_its_end() {
     use switchboard::testing::RecordingOutput;
     tokio::time::pause();
     let output = RecordingOutput::new();
-    let session = Session::builder()
-        .realtime(Arc::new(burst::Burst::new(300)))
-        .agent(Agent::builder("assistant").build().unwrap())
-        .output(output.clone())
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap();
+    let session = scenarios::start(
+        Arc::new(burst::Burst::new(300)),
+        Agent::builder("assistant").build().unwrap(),
+        output.clone(),
+    )
+    .await;
     let result = session
         .run("hi")
         .await
@@ -181,7 +180,7 @@ mod more {
         event, EventWaiter, RealtimeReply, RealtimeScript, RecordingOutput, ScriptedRealtime,
     };
 
-    use crate::realtime_scenarios::{assistant_said, speak, WAIT};
+    use crate::realtime_scenarios::{assistant_said, speak, start, WAIT};
 
     #[switchboard::test]
     async fn a_connection_is_replaced_before_its_age_limit_and_the_call_goes_on() {
@@ -196,13 +195,12 @@ mod more {
             .user_transcript("hello"),
         )
         .with_settings(settings);
-        let session = Session::builder()
-            .realtime(model.shared())
-            .agent(Agent::builder("assistant").build().unwrap())
-            .output(RecordingOutput::new())
-            .start(&Engine::current().unwrap())
-            .await
-            .unwrap();
+        let session = start(
+            model.shared(),
+            Agent::builder("assistant").build().unwrap(),
+            RecordingOutput::new(),
+        )
+        .await;
         let mut events = EventWaiter::new(&session).with_timeout(WAIT);
         speak(&session);
         assert_eq!(assistant_said(&mut events).await, "First answer.");
@@ -257,13 +255,12 @@ mod more {
                 async move { Ok::<_, ToolFailure>(expert) }
             },
         );
-        let session = Session::builder()
-            .realtime(front_model.shared())
-            .agent(Agent::builder("front").tool(transfer).build().unwrap())
-            .output(RecordingOutput::new())
-            .start(&Engine::current().unwrap())
-            .await
-            .unwrap();
+        let session = start(
+            front_model.shared(),
+            Agent::builder("front").tool(transfer).build().unwrap(),
+            RecordingOutput::new(),
+        )
+        .await;
         let mut events = EventWaiter::new(&session).with_timeout(WAIT);
         speak(&session);
         assert_eq!(assistant_said(&mut events).await, "Expert here.");

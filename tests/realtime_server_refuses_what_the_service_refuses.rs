@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use switchboard::realtime::{
-    ClientEvent, Place, RealtimeConnection, RealtimeSettings, RemoteItem,
-    ServerEvent, SessionUpdate,
+    ClientEvent, Place, RealtimeConnection, RealtimeSettings, RemoteItem, ServerEvent,
+    SessionUpdate,
 };
 use switchboard::testing::{RealtimeReply, RealtimeScript, ScriptedRealtime};
 use switchboard::ToolChoice;

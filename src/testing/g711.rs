@@ -15,8 +15,14 @@ pub(crate) fn encode(format: AudioFormat, sample: i16) -> u8 {
 /// The loudest sample (as a magnitude) of `audio` in `format`.
 pub(crate) fn peak(format: AudioFormat, audio: &[u8]) -> u16 {
     match format {
-        AudioFormat::G711Ulaw => audio.iter().map(|&b| linear_from_ulaw(b).unsigned_abs()).max(),
-        AudioFormat::G711Alaw => audio.iter().map(|&b| linear_from_alaw(b).unsigned_abs()).max(),
+        AudioFormat::G711Ulaw => audio
+            .iter()
+            .map(|&b| linear_from_ulaw(b).unsigned_abs())
+            .max(),
+        AudioFormat::G711Alaw => audio
+            .iter()
+            .map(|&b| linear_from_alaw(b).unsigned_abs())
+            .max(),
         _ => audio
             .chunks_exact(2)
             .map(|b| i16::from_le_bytes([b[0], b[1]]).unsigned_abs())
@@ -41,7 +47,11 @@ fn linear_from_ulaw(code: u8) -> i16 {
     let code = i32::from(!code);
     let exponent = (code >> 4) & 0x07;
     let magnitude = ((((code & 0x0F) << 3) + 0x84) << exponent) - 0x84;
-    (if code & 0x80 != 0 { -magnitude } else { magnitude }) as i16
+    (if code & 0x80 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }) as i16
 }
 
 fn alaw_from_linear(sample: i16) -> u8 {
@@ -69,7 +79,11 @@ fn linear_from_alaw(code: u8) -> i16 {
         1 => magnitude += 0x108,
         _ => magnitude = (magnitude + 0x108) << (segment - 1),
     }
-    (if code & 0x80 != 0 { magnitude } else { -magnitude }) as i16
+    (if code & 0x80 != 0 {
+        magnitude
+    } else {
+        -magnitude
+    }) as i16
 }
 
 #[cfg(test)]

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::realtime::{AudioFormat, RealtimeModel, RealtimeSettings};
 use switchboard::testing::{
-    event, silence, silence_in, tone, tone_in, EventWaiter, Gate, RealtimeReply, RealtimeScript, RecordingOutput,
-    SimReport,
+    event, silence, silence_in, tone, tone_in, EventWaiter, Gate, RealtimeReply, RealtimeScript,
+    RecordingOutput, SimReport,
 };
 
 /// Every scenario as a test against one backend; `pause_time` for a server that runs on
@@ -241,7 +241,11 @@ pub async fn an_unknown_tool_gets_one_output<B: Backend>() {
     session.wait_for_settled().await.unwrap();
     let report = backend.report();
     no_violations(&report);
-    assert!(report.benign.is_empty(), "no second output: {:?}", report.benign);
+    assert!(
+        report.benign.is_empty(),
+        "no second output: {:?}",
+        report.benign
+    );
     let outputs: Vec<_> = created_items(&report)
         .into_iter()
         .filter(|i| i["type"] == "function_call_output")
@@ -468,10 +472,13 @@ pub async fn a_g711_call_cuts_at_the_heard_position<B: Backend>() {
     events.next(event::turn_interrupted()).await.unwrap();
     output.audio_heard(answer.id(), Duration::from_millis(100));
     events
-        .next(event::matching("the answer cut to what was heard", |e| match e {
-            SessionEvent::ConversationItemChanged { .. } => Some(()),
-            _ => None,
-        }))
+        .next(event::matching(
+            "the answer cut to what was heard",
+            |e| match e {
+                SessionEvent::ConversationItemChanged { .. } => Some(()),
+                _ => None,
+            },
+        ))
         .await
         .unwrap();
     caller(&session, 0, 300);
@@ -480,7 +487,10 @@ pub async fn a_g711_call_cuts_at_the_heard_position<B: Backend>() {
     session.wait_for_settled().await.unwrap();
     let report = backend.report();
     no_violations(&report);
-    assert!(report.audio_in_ms >= 700, "the caller's µ-law was heard as audio: {report:?}");
+    assert!(
+        report.audio_in_ms >= 700,
+        "the caller's µ-law was heard as audio: {report:?}"
+    );
     // What reached the host's output is µ-law: its length in ms is its bytes over 8.
     let received = output
         .speeches()
@@ -489,7 +499,9 @@ pub async fn a_g711_call_cuts_at_the_heard_position<B: Backend>() {
         .unwrap()
         .audio_bytes;
     let start = &report.speech_starts[1];
-    let sent = start.audio_sent_ms.expect("audio was sent before the barge-in");
+    let sent = start
+        .audio_sent_ms
+        .expect("audio was sent before the barge-in");
     assert!(sent > 100, "the barge-in came mid-answer: {start:?}");
     assert_eq!(
         received / 8,
@@ -498,7 +510,11 @@ pub async fn a_g711_call_cuts_at_the_heard_position<B: Backend>() {
     );
     let (end, _, accepted) = start.truncate.expect("a truncate");
     assert!(accepted, "{start:?}");
-    assert_eq!(end, 100.min(sent), "cut at the heard position, in ms of µ-law");
+    assert_eq!(
+        end,
+        100.min(sent),
+        "cut at the heard position, in ms of µ-law"
+    );
     session.close().await.unwrap();
 }
 

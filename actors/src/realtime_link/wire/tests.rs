@@ -104,6 +104,24 @@ fn done(id: &str) -> ServerEvent {
     }
 }
 
+fn speech_started(item: &str) -> ServerEvent {
+    ServerEvent::SpeechStarted {
+        item_id: item.to_owned(),
+    }
+}
+
+fn speech_stopped(item: &str) -> ServerEvent {
+    ServerEvent::SpeechStopped {
+        item_id: item.to_owned(),
+    }
+}
+
+fn committed(item: &str) -> ServerEvent {
+    ServerEvent::AudioCommitted {
+        item_id: item.to_owned(),
+    }
+}
+
 fn message(id: &str) -> ServerEvent {
     ServerEvent::OutputItemAdded {
         response_id: "r".to_owned(),
@@ -188,29 +206,11 @@ fn no_request_while_the_user_speaks_or_the_server_is_about_to_answer() {
     let mut wire = wire();
     let now = Instant::now();
     let mut out = Vec::new();
-    wire.on_event(
-        ServerEvent::SpeechStarted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(speech_started("u1"), now, &mut out);
     wire.open(ask(1), false, &ChatContext::new(), now, &mut out);
     assert_eq!(creates(&out), 0);
-    wire.on_event(
-        ServerEvent::SpeechStopped {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
-    wire.on_event(
-        ServerEvent::AudioCommitted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(speech_stopped("u1"), now, &mut out);
+    wire.on_event(committed("u1"), now, &mut out);
     assert_eq!(creates(&out), 0, "the server answers the turn first");
     wire.on_event(created(None, "r_server"), now, &mut out);
     wire.on_event(done("r_server"), now, &mut out);
@@ -222,13 +222,7 @@ fn the_user_turn_adopts_the_servers_response_with_every_event_in_order() {
     let mut wire = wire();
     let now = Instant::now();
     let mut out = Vec::new();
-    wire.on_event(
-        ServerEvent::AudioCommitted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(committed("u1"), now, &mut out);
     wire.on_event(created(None, "r1"), now, &mut out);
     wire.on_event(message("a1"), now, &mut out);
     wire.on_event(audio("a1", 20), now, &mut out);
@@ -251,13 +245,7 @@ fn a_step_waiting_to_adopt_takes_the_next_server_response() {
     let mut wire = wire();
     let now = Instant::now();
     let mut out = Vec::new();
-    wire.on_event(
-        ServerEvent::AudioCommitted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(committed("u1"), now, &mut out);
     wire.open(ask(3), true, &ChatContext::new(), now, &mut out);
     wire.on_event(created(None, "r1"), now, &mut out);
     wire.on_event(done("r1"), now, &mut out);
@@ -270,13 +258,7 @@ fn without_a_server_answer_the_user_turn_asks_for_its_own() {
     let mut wire = wire();
     let now = Instant::now();
     let mut out = Vec::new();
-    wire.on_event(
-        ServerEvent::AudioCommitted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(committed("u1"), now, &mut out);
     wire.open(ask(3), true, &ChatContext::new(), now, &mut out);
     assert_eq!(creates(&out), 0);
     let later = now + AUTO_RESPONSE_WAIT;
@@ -288,13 +270,7 @@ fn without_a_server_answer_the_user_turn_asks_for_its_own() {
 #[test]
 fn a_server_cancelled_response_gets_no_second_cancel() {
     let (mut wire, now, mut out) = answering();
-    wire.on_event(
-        ServerEvent::SpeechStarted {
-            item_id: "u2".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(speech_started("u2"), now, &mut out);
     out.clear();
     wire.cancel(1, &mut out);
     wire.cancel(1, &mut out);
@@ -368,13 +344,7 @@ fn a_truncation_of_a_cancelled_response_goes_at_once() {
         wire.on_event(audio("a1", 300), now, &mut out);
         wire.spoke(SpeechId(1), "a1".to_owned());
         if server_cancelled {
-            wire.on_event(
-                ServerEvent::SpeechStarted {
-                    item_id: "u1".to_owned(),
-                },
-                now,
-                &mut out,
-            );
+            wire.on_event(speech_started("u1"), now, &mut out);
         } else {
             wire.cancel(1, &mut out);
         }
@@ -510,7 +480,10 @@ fn a_drop_after_the_calls_came_ends_the_step_so_they_run() {
     wire.connected(&mut out);
     out.clear();
     wire.open(ask(2), false, &chat_with_call("call_a"), now, &mut out);
-    assert_eq!(described(&out), ["call call_a", "output call_a", "response 2"]);
+    assert_eq!(
+        described(&out),
+        ["call call_a", "output call_a", "response 2"]
+    );
 }
 
 #[test]
@@ -559,20 +532,8 @@ fn heard_turns_and_transcripts_go_to_the_session() {
     let mut wire = wire();
     let now = Instant::now();
     let mut out = Vec::new();
-    wire.on_event(
-        ServerEvent::SpeechStarted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
-    wire.on_event(
-        ServerEvent::AudioCommitted {
-            item_id: "u1".to_owned(),
-        },
-        now,
-        &mut out,
-    );
+    wire.on_event(speech_started("u1"), now, &mut out);
+    wire.on_event(committed("u1"), now, &mut out);
     wire.on_event(
         ServerEvent::InputTranscript {
             item_id: "u1".to_owned(),
