@@ -195,6 +195,15 @@ fn utterance() -> Vec<Vec<u8>> {
     frames
 }
 
+/// The OpenAI Realtime provider pointed at the server under test.
+fn provider(url: &str) -> OpenAiRealtime {
+    OpenAiRealtime::builder()
+        .base_url(url)
+        .api_key("bench")
+        .build()
+        .unwrap()
+}
+
 async fn run_scenario(scenario: &str, url: &str, n: usize, per_call: usize) {
     let spec = spec(scenario);
     let utterance = utterance();
@@ -203,11 +212,7 @@ async fn run_scenario(scenario: &str, url: &str, n: usize, per_call: usize) {
     let mut wall_turns = Vec::new();
     let calls = 1 + n.div_ceil(per_call);
     for call in 0..calls {
-        let model = OpenAiRealtime::builder()
-            .base_url(url)
-            .api_key("bench")
-            .build()
-            .unwrap();
+        let model = provider(url);
         let mut agent =
             Agent::builder("assistant").instructions("You are a helpful voice assistant.");
         if spec.tools {
@@ -287,11 +292,7 @@ async fn run_floor(scenario: &str, url: &str, n: usize, per_call: usize) {
     let mut cpu_turns = Vec::new();
     let calls = 1 + n.div_ceil(per_call);
     for call in 0..calls {
-        let model = OpenAiRealtime::builder()
-            .base_url(url)
-            .api_key("bench")
-            .build()
-            .unwrap();
+        let model = provider(url);
         let mut conn = model.connect().await.unwrap();
         conn.send(ClientEvent::UpdateSession(
             switchboard::realtime::SessionUpdate {
