@@ -45,6 +45,7 @@ mod endpoint;
 mod overlap;
 mod pauses;
 mod preemption;
+mod realtime;
 mod restore;
 mod saver;
 mod schedule;
@@ -78,9 +79,11 @@ use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
-use crate::llm::{Llm, ToolSchema};
+use crate::llm::ToolSchema;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::realtime::Model;
+use crate::realtime_link::RealtimeLink;
 use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
@@ -98,6 +101,7 @@ pub(crate) use apply::ApplyInput;
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use overlap::{Ignored, Judged, OverlapJudge};
+use realtime::{HeardTurn, Transcribed};
 pub(crate) use restore::{AwaitTask, RestorePlan};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
@@ -147,7 +151,7 @@ pub(crate) struct QueuedTurn {
 /// A handoff whose agent was checked: it can start here.
 pub(crate) struct PlannedHandoff {
     handoff: Handoff,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     done: HandoffDone,
     /// Who asked, for the handoff's span.
     cause: Cause,
@@ -223,7 +227,7 @@ type Refused = Box<(HandoffDone, SessionError)>;
 /// A sub-task whose agent was checked.
 pub(crate) struct PlannedTask {
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -305,7 +309,13 @@ impl SpeechPort for SessionLinks {
 }
 
 impl PlayoutPort for SessionLinks {
-    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+    fn report(
+        &self,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+        heard_audio: Option<std::time::Duration>,
+    ) {
         // One per report, at the host's pace; a report of a speech that has ended is
         // dropped at the session.
         self.session.tell(
@@ -314,6 +324,7 @@ impl PlayoutPort for SessionLinks {
                 speech,
                 interrupted,
                 heard,
+                heard_audio,
             },
         );
     }
@@ -412,6 +423,8 @@ pub(crate) struct SessionActor {
     /// The latest final transcript's cause, for the user turn its words make (telemetry;
     /// empty without the feature).
     transcript_cause: Cause,
+    /// The connections to the realtime models live activities use, one per model.
+    realtime_links: Vec<RealtimeLink>,
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -467,6 +480,7 @@ impl SessionActor {
             was_inactive: false,
             published_agent: None,
             transcript_cause: Cause::default(),
+            realtime_links: Vec::new(),
             _lease: lease,
             _alive: alive,
         }
@@ -1052,7 +1066,7 @@ impl StreamHandler<alarm::Rang> for SessionActor {
 /// What a session starts from.
 pub(crate) enum Start {
     /// Its first agent, with the model it uses.
-    Fresh(Agent, Arc<dyn Llm>),
+    Fresh(Agent, Model),
     /// A snapshot, with the agents it names.
     Restore(Box<RestorePlan>),
 }
@@ -1712,4 +1726,6 @@ counted_handlers!(
     AwaitTask,
     ApplyInput,
     InputsHandled,
+    HeardTurn,
+    Transcribed,
 );

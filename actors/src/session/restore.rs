@@ -36,7 +36,7 @@ use crate::error::SessionError;
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::input_ledger::InputLedger;
-use crate::llm::Llm;
+use crate::realtime::Model;
 use crate::snapshot::{ActivationRecord, SessionSnapshot, SnapshotError};
 use crate::speech::Interruptibility;
 use crate::telemetry::Cause;
@@ -50,10 +50,10 @@ pub(crate) struct RestorePlan {
     snapshot: SessionSnapshot,
     state: SessionState,
     /// The agents of the live activations, in stack order.
-    live: Vec<(Agent, Arc<dyn Llm>)>,
+    live: Vec<(Agent, Model)>,
     /// The agents of the queued handoffs, in the order the snapshot lists them: the
     /// session's jobs, then each live activation's frame.
-    handoffs: VecDeque<(Agent, Arc<dyn Llm>)>,
+    handoffs: VecDeque<(Agent, Model)>,
     /// Per live activation, the agents that outputs of its open step hand off to, in call
     /// order.
     output_handoffs: Vec<VecDeque<Agent>>,
@@ -74,7 +74,7 @@ impl RestorePlan {
     pub(crate) fn new(
         snapshot: SessionSnapshot,
         build: impl Fn(&str, &Value) -> Result<Agent, SessionError>,
-        check: impl Fn(&Agent) -> Result<Arc<dyn Llm>, SessionError>,
+        check: impl Fn(&Agent) -> Result<Model, SessionError>,
         toolsets: &[Toolset],
     ) -> Result<Self, SessionError> {
         let state: SessionState = serde_json::from_value(snapshot.head.state.clone())
@@ -533,9 +533,13 @@ impl SessionActor {
                 .flat_map(|t| t.runs.iter())
                 .filter_map(|run| Some((run.key, awaits.remove(&run.key)?)))
                 .collect();
+            // A realtime agent's connection: the one the session keeps for its model (a
+            // caller and its sub-task share it), new to this process.
+            let realtime = self.realtime_link(&llm);
             let child = ActivityActor::spawn(ActivitySpec {
                 agent: agent.clone(),
                 llm,
+                realtime,
                 generation,
                 is_task: index > 0,
                 shared: self.shared.clone(),
