@@ -16,9 +16,12 @@
 //!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `Preflight`,
 //!   `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
-//!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
-//!   has on the session.
+//!   `ReadChat`, `ReadHistoryEntry`, `SnapshotActivation` — the relayed ones under the
+//!   name the host's message has on the session.
 //! - **Records** its final chat context in the session's history when it stops.
+//! - **Writes its own state** for a snapshot (its machine's `ActivationState`, its own
+//!   toolsets' calls from their books) and, restored, starts from it: its toolsets with
+//!   the calls they were running, its open step waiting for its calls' outputs.
 //!
 //! Guarantees, each tested:
 //! - Every function call in the chat context has exactly one output after it, whatever
@@ -53,6 +56,7 @@ mod heard;
 mod latency;
 mod ledger;
 mod preflight;
+mod realtime;
 mod turn;
 
 use std::collections::HashMap;
@@ -66,7 +70,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::agent::{effective_policy, Agent, Hook, HookContext};
-use crate::chat::{ChatContext, ChatItem, FunctionCall};
+use crate::chat::{ChatContext, ChatItem};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{SessionError, TurnFailure};
@@ -74,35 +78,38 @@ use crate::events::{AgentHook, SessionEvent, Unfinished};
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
-use crate::llm::{Llm, LlmTimeouts};
+use crate::llm::LlmTimeouts;
 use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::outcome::{panic_message, CallOutput, StoppedCall};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
+use crate::realtime::Model;
+use crate::realtime_link::{LinkEvent, RealtimeLink};
 use crate::reentry;
 use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
+use crate::speech::Interruptibility;
 use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, Tool};
 use crate::toolset::{
-    AwaitedTask, BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool,
-    StopRuns, StopToolset, ToolsetActor, ABANDONED,
+    InterruptStep, RepeatAnswer, RestoredRun, RunBook, RunState, RunTool, StopRuns, StopToolset,
+    ToolsetActor, ToolsetState,
 };
 
-/// Why a restored call awaiting its sub-task ends when no run could stand for it.
-const ABANDONED_RUN: &str = "the tool that awaited the sub-task is gone";
-
-use activation::{Activation, Command, Input, Setup, Tools, WaitingCall};
-pub(crate) use activation::{Decided, Part, PendingItem, Restored};
+use activation::{Activation, Command, Input, Setup, Tools};
+pub(crate) use activation::{ActivationState, Decided, Part, PendingItem, Restored};
 use turn::ToolsetKey;
-pub(crate) use turn::{Ask, TurnKind, TurnOutcome};
+pub(crate) use turn::{TurnKind, TurnOutcome};
 
 /// Everything an activity is started with.
 pub(crate) struct ActivitySpec {
     pub(crate) agent: Agent,
     /// The model, already resolved (the agent's or the session's).
-    pub(crate) llm: Arc<dyn Llm>,
+    pub(crate) llm: Model,
+    /// For a realtime model: the session's connection to it (kept across handoffs between
+    /// agents of the model).
+    pub(crate) realtime: Option<RealtimeLink>,
     pub(crate) generation: u32,
     /// Whether it runs as a sub-task (only a sub-task may complete a task).
     pub(crate) is_task: bool,
@@ -121,16 +128,35 @@ pub(crate) struct ActivitySpec {
     pub(crate) carried: Vec<PendingItem>,
     /// How many of its first items it inherited, when not all of `chat` (restored).
     pub(crate) inherited: Option<usize>,
-    /// Set when the activation comes back from a snapshot (it starts where it was, with
-    /// no `on_enter`), with the sub-task result a restored caller's step waits for: the
-    /// key of the run that stands for the awaiting call, and where the result comes from.
-    pub(crate) restored: Option<(Restored, Option<AwaitedResult>)>,
+    /// Set when the activation comes back from a snapshot: it starts where it was, with
+    /// no `on_enter`.
+    pub(crate) restored: Option<RestoredActivity>,
 }
 
-/// The result a restored caller's awaiting call waits for, and the run key the session
-/// gave the run that stands for that call (the session spares it when it pauses the
-/// caller again).
-pub(crate) type AwaitedResult = (u64, BoxFuture<'static, TaskResult>);
+/// An activity brought back from a snapshot: its machine's state, its own toolsets'
+/// calls, and what the session restored for it.
+pub(crate) struct RestoredActivity {
+    pub(crate) machine: Restored,
+    pub(crate) calls: RestoredCalls,
+}
+
+/// What a restored activity's own toolsets start with, and what the session restored for
+/// its calls.
+pub(crate) struct RestoredCalls {
+    /// Its own toolsets' calls, as each toolset wrote them.
+    pub(crate) toolsets: Vec<ToolsetState>,
+    /// The outputs of its open step's calls of session toolsets (by call id), whose runs
+    /// the session restored with their toolsets.
+    pub(crate) step_outputs: HashMap<String, oneshot::Receiver<CallOutput>>,
+    /// The results of the sub-tasks its own runs awaited, by run key.
+    pub(crate) awaits: HashMap<u64, BoxFuture<'static, TaskResult>>,
+    /// Per step, whether its turn may be interrupted, shared by the step's calls whichever
+    /// toolset runs them.
+    pub(crate) steps: HashMap<u64, Arc<Interruptibility>>,
+    /// The answers its own calls' repeated updates wait for, by call id (filled as the
+    /// activity spawns).
+    pub(crate) repeats: HashMap<String, RepeatAnswer>,
+}
 
 /// The result of a sub-task, as the session hands it to the caller that waited for it.
 pub(crate) type TaskResult = Result<serde_json::Value, SessionError>;
@@ -147,8 +173,10 @@ pub(crate) struct Handover {
 pub(crate) struct ActivityActor {
     probe: Arc<Probe>,
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     timeouts: LlmTimeouts,
+    /// Its side of the realtime model's connection, for a realtime agent.
+    realtime: Option<realtime::Realtime>,
     is_task: bool,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
@@ -157,6 +185,8 @@ pub(crate) struct ActivityActor {
     toolsets: Vec<Mailbox<ToolsetActor>>,
     /// Its own toolsets, its children.
     own: Vec<Child<ToolsetActor>>,
+    /// Its own toolsets' books of runs, by toolset name, for snapshots.
+    books: Vec<(String, Arc<RunBook>)>,
     /// The stream of the step being generated, to drop it when the machine says.
     stream: Option<(u64, SpawnHandle)>,
     /// Who waits for `on_enter` (`StartActivity`).
@@ -185,8 +215,10 @@ enum ExitHook {
 
 impl ActivityActor {
     /// Starts an activity actor and its own toolsets on the current arbiter; it stays
-    /// idle until `StartActivity`.
-    pub(crate) fn spawn(spec: ActivitySpec) -> Child<ActivityActor> {
+    /// idle until `StartActivity`. A restored one starts where it was: its toolsets with
+    /// the calls they were running, and each call of its open step still without an output
+    /// restored by its tool's policy, its output going into the step.
+    pub(crate) fn spawn(mut spec: ActivitySpec) -> Child<ActivityActor> {
         let id = ActorId::activity(spec.shared.id(), spec.agent.name(), spec.generation);
         let probe = Probe::new(id.clone(), spec.shared.journal.clone());
         let (alive, gone) = alive_pair();
@@ -195,37 +227,63 @@ impl ActivityActor {
             .def
             .llm_timeouts
             .unwrap_or(spec.shared.settings.config.llm_timeouts);
-        let (own, toolsets, tools) = start_toolsets(&spec, &id);
-        let (restored, task_result) = match spec.restored {
-            Some((restored, task_result)) => (Some(restored), task_result),
-            None => (None, None),
-        };
-        let machine = Activation::new(Setup {
-            id,
+        let (groups, tools) = plan_toolsets(&spec);
+        let restored_current = spec.restored.as_ref().is_some_and(|r| !r.machine.paused);
+        let mut machine = Activation::new(Setup {
+            id: id.clone(),
             agent: spec.agent.clone(),
             llm: spec.llm.clone(),
             shared: spec.shared.clone(),
             speech_port: spec.links.clone(),
             tools,
-            chat: spec.chat,
+            chat: std::mem::take(&mut spec.chat),
             order: spec.order,
-            sub_task_of: spec.sub_task_of,
-            handoff_from: spec.handoff_from,
-            carried: spec.carried,
+            sub_task_of: spec.sub_task_of.clone(),
+            handoff_from: spec.handoff_from.take(),
+            carried: std::mem::take(&mut spec.carried),
             inherited: spec.inherited,
-            restored,
         });
+        let mut commands = Vec::new();
+        let mut restored_runs: Vec<Vec<RestoredRun>> = groups.iter().map(|_| Vec::new()).collect();
+        let mut step_outputs = Vec::new();
+        if let Some(mut restored) = spec.restored.take() {
+            // An update of its own calls, held until its step is in, whose answer had not
+            // reached the body: the body saying it again waits for that item to land.
+            let mut repeats = HashMap::new();
+            if let Some(step) = restored.machine.state.step.as_ref() {
+                for run in restored.calls.toolsets.iter().flat_map(|t| t.runs.iter()) {
+                    let id = run.newest_update();
+                    if run.repeat.is_some() && step.holds(&id) {
+                        let slot = Arc::new(crate::delivery::AnswerSlot::default());
+                        restored
+                            .machine
+                            .held_answers
+                            .insert(id, crate::delivery::DeliveryAnswer::to_slot(slot.clone()));
+                        repeats.insert(run.call.call_id.clone(), slot);
+                    }
+                }
+            }
+            machine.restore(restored.machine, &mut commands);
+            restored.calls.repeats = repeats;
+            step_outputs =
+                restore_runs(&spec, &machine, &groups, restored.calls, &mut restored_runs);
+        }
+        let (own, books, toolsets) = start_toolsets(&spec, &id, groups, restored_runs);
         let actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
             llm: spec.llm,
             timeouts,
+            realtime: spec
+                .realtime
+                .map(|link| realtime::Realtime::new(link, timeouts)),
             is_task: spec.is_task,
             shared: spec.shared,
             links: spec.links,
             machine,
             toolsets,
             own,
+            books,
             stream: None,
             entering: None,
             pausing: Vec::new(),
@@ -233,58 +291,39 @@ impl ActivityActor {
             exit_hook: ExitHook::NotStarted,
             _alive: alive,
         };
-        let waiting = actor.machine.waiting_call();
+        // A restored current agent takes its model's connection at once (it gets no
+        // `StartActivity`): the new connection is set up and its chat replayed as text,
+        // before anything its restored step asks of the model.
+        let restored_current = restored_current && actor.realtime.is_some();
         let addr = ActivityActor::create(move |ctx| {
-            // A restored caller's step waits for its sub-task's result. The tool body that
-            // awaited the task is gone with the old process: a run stands for it in its
-            // toolset, whose body returns the task's result, and its output is the call's.
-            if let (Some(waiting), Some((key, result))) = (waiting, task_result) {
-                actor.stand_in_for(waiting, key, result, ctx);
+            let mut actor = actor;
+            if restored_current {
+                actor.attach_realtime(ctx);
+            }
+            for (step, index, output) in step_outputs {
+                // No output: the run was dropped before it gave one.
+                actor.feed_output(step, index, output, "the tool stopped", ctx);
+            }
+            for command in commands {
+                actor.carry_out(command, ctx);
             }
             actor
         });
         Child::new(Mailbox::new(addr, probe), gone)
     }
 
-    /// Runs, in the awaiting call's toolset, a run that stands for it (see
-    /// `toolset::AwaitedTask`); its output goes into the restored step.
-    fn stand_in_for(
+    /// Feeds the output of call `index` of step `step` once `output` resolves; without
+    /// one (its run or toolset gone), the call ends for `lost`.
+    fn feed_output<E>(
         &self,
-        waiting: WaitingCall,
-        key: u64,
-        result: BoxFuture<'static, TaskResult>,
+        step: u64,
+        index: usize,
+        output: impl std::future::Future<Output = Result<CallOutput, E>> + 'static,
+        lost: &'static str,
         ctx: &mut Context<Self>,
     ) {
-        let WaitingCall {
-            step,
-            index,
-            call,
-            toolset,
-            interruptibility,
-        } = waiting;
-        let (tx, output) = oneshot::channel();
-        let resume = ResumeRun {
-            key,
-            call,
-            agent: self.agent.clone(),
-            is_task: self.is_task,
-            updates: 0,
-            checkpoint: None,
-            awaits: Some(AwaitedTask {
-                step,
-                interruptibility,
-                result,
-                immediate: Some(tx),
-            }),
-        };
-        match toolset.and_then(|key| self.toolsets.get(key.0)) {
-            // Once per restored caller; its answer is the output channel.
-            Some(toolset) => toolset.tell(self.probe.id(), resume),
-            None => drop(resume),
-        }
         ctx.spawn(output.into_actor(self).map(move |output, act, ctx| {
-            // No output: the tool is gone from the restored agent, or its run was dropped.
-            let output = output.unwrap_or_else(|_| CallOutput::ended(ABANDONED_RUN));
+            let output = output.unwrap_or_else(|_| CallOutput::ended(lost));
             act.feed(
                 Input::CallOutput {
                     step,
@@ -331,8 +370,32 @@ impl ActivityActor {
                 step,
                 request,
                 span,
+                adopt,
             } => {
-                let stream = llm_guard::open(&*self.llm, request, self.timeouts, span);
+                let llm = match (&self.llm, &mut self.realtime) {
+                    (Model::Text(llm), _) => llm.clone(),
+                    (Model::Realtime(_), Some(realtime)) => {
+                        let _entered = span.enter();
+                        realtime.open(step, request, adopt);
+                        self.arm_step_wait(ctx);
+                        return;
+                    }
+                    (Model::Realtime(model), None) => {
+                        // Not reached: a realtime agent's activity is spawned with its link.
+                        let error = crate::llm::LlmError::new(format!(
+                            "the realtime model {} has no connection",
+                            model.name()
+                        ));
+                        return self.feed(
+                            Input::StreamEnded {
+                                step,
+                                failure: Some(TurnFailure::Llm(error)),
+                            },
+                            ctx,
+                        );
+                    }
+                };
+                let stream = llm_guard::open(&*llm, request, self.timeouts, span);
                 let task = ctx.spawn(
                     stream
                         .into_actor(self)
@@ -360,6 +423,9 @@ impl ActivityActor {
                 self.stream = Some((step, task));
             }
             Command::CancelStream { step } => {
+                if let Some(realtime) = &mut self.realtime {
+                    realtime.cancel(step);
+                }
                 if let Some((open, task)) = self.stream.take() {
                     if open == step {
                         ctx.cancel_future(task);
@@ -400,17 +466,7 @@ impl ActivityActor {
                         cause,
                     },
                 );
-                ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
-                    let output = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
-                    act.feed(
-                        Input::CallOutput {
-                            step,
-                            index,
-                            output,
-                        },
-                        ctx,
-                    );
-                }));
+                self.feed_output(step, index, ask, "the toolset stopped", ctx);
             }
             Command::AnswerCompanion { step, index, call } => {
                 let answer = companions::answer(
@@ -499,6 +555,134 @@ impl ActivityActor {
         }
     }
 
+    /// A realtime agent takes its model's connection: its instructions, tools and chat go
+    /// to the model, and the connection's events come here.
+    fn attach_realtime(&mut self, ctx: &mut Context<Self>) {
+        let Some(realtime) = &mut self.realtime else {
+            return;
+        };
+        if realtime.attached() {
+            return;
+        }
+        let config = realtime::config(&self.agent, self.machine.tool_schemas());
+        let events = realtime.attach(config, self.machine.chat().clone());
+        let task = ctx.spawn(
+            events
+                .into_actor(self)
+                .map(|event, act, ctx| act.on_link(event, ctx))
+                .finish(),
+        );
+        if let Some(realtime) = &mut self.realtime {
+            realtime.listening(task);
+        }
+    }
+
+    /// A realtime agent leaves the connection (it pauses or closes).
+    fn detach_realtime(&mut self, ctx: &mut Context<Self>) {
+        if let Some(task) = self.realtime.as_mut().and_then(|r| r.detach()) {
+            ctx.cancel_future(task);
+        }
+    }
+
+    /// One event of the realtime connection: a piece of a step's answer becomes the
+    /// machine's input; the model's audio goes to the host's output through the step's
+    /// speech.
+    fn on_link(&mut self, event: LinkEvent, ctx: &mut Context<Self>) {
+        let Some(realtime) = &mut self.realtime else {
+            return;
+        };
+        match realtime.on_event(event) {
+            realtime::Then::Nothing => {}
+            realtime::Then::Audio(step, audio) => {
+                let speech = match realtime.speech_of(step) {
+                    Some(speech) => speech,
+                    None => {
+                        let Some(speech) = self.machine.start_speech(step) else {
+                            return;
+                        };
+                        if let Some(realtime) = &mut self.realtime {
+                            realtime.speaking(step, speech);
+                        }
+                        speech
+                    }
+                };
+                self.shared
+                    .output
+                    .call(|output| output.speech_audio(speech, &audio));
+                if let Some(realtime) = &mut self.realtime {
+                    realtime.played(speech, audio.len());
+                }
+            }
+            realtime::Then::Chunk(step, chunk) => {
+                let text = matches!(chunk, crate::llm::LlmChunk::Text(_));
+                self.feed(Input::Chunk { step, chunk }, ctx);
+                if text {
+                    // The step's speech starts at its first text when no audio came first.
+                    let speech = self.machine.start_speech(step);
+                    if let (Some(realtime), Some(speech)) = (&mut self.realtime, speech) {
+                        realtime.speaking(step, speech);
+                    }
+                }
+            }
+            realtime::Then::Ended(step, usage, failure) => {
+                if let Some(usage) = usage {
+                    self.feed(
+                        Input::Chunk {
+                            step,
+                            chunk: crate::llm::LlmChunk::Usage(usage),
+                        },
+                        ctx,
+                    );
+                }
+                self.feed(
+                    Input::StreamEnded {
+                        step,
+                        failure: failure.map(TurnFailure::Llm),
+                    },
+                    ctx,
+                );
+            }
+            realtime::Then::Replay => {
+                // A new connection: the whole chat goes to it, as text.
+                realtime.sync(self.machine.chat().clone());
+            }
+        }
+    }
+
+    /// Arms the one timer of the open realtime step's wait (its first event, then each
+    /// next one); when it fires and nothing came meanwhile, the step fails as a stalled
+    /// LLM stream does.
+    fn arm_step_wait(&mut self, ctx: &mut Context<Self>) {
+        let Some((step, at)) = self.realtime.as_ref().and_then(|r| r.deadline()) else {
+            return;
+        };
+        let after = at.saturating_duration_since(Instant::now());
+        ctx.run_later(after, move |act, ctx| {
+            let Some(realtime) = &mut act.realtime else {
+                return;
+            };
+            match realtime.deadline() {
+                Some((open, _)) if open == step => {}
+                // The step ended, or another one opened (with its own timer).
+                _ => return,
+            }
+            match realtime.timed_out(step) {
+                Some(error) => {
+                    tracing::warn!(session = %act.shared.id(), agent = %act.agent.name(), %error, "the realtime model did not answer in time");
+                    act.feed(
+                        Input::StreamEnded {
+                            step,
+                            failure: Some(TurnFailure::Llm(error)),
+                        },
+                        ctx,
+                    );
+                }
+                // Events came: wait from the last one.
+                None => act.arm_step_wait(ctx),
+            }
+        });
+    }
+
     /// The chat context now and the pending items the next agent takes over.
     fn handover(&mut self) -> Handover {
         Handover {
@@ -585,21 +769,21 @@ impl ActivityActor {
     }
 }
 
-/// Spawns the agent's own toolsets and lists every toolset it sees, with the tool routes
-/// and schemas the machine uses (stable order: bare tools, agent toolsets, session
-/// toolsets, companions).
-fn start_toolsets(
-    spec: &ActivitySpec,
-    id: &ActorId,
-) -> (Vec<Child<ToolsetActor>>, Vec<Mailbox<ToolsetActor>>, Tools) {
+/// One of an agent's own toolsets, about to start: its name, tools and prompts.
+struct Group {
+    name: String,
+    tools: Vec<(Tool, DuplicatePolicy)>,
+    prompts: Prompts,
+}
+
+/// The agent's own toolsets and every toolset it sees, with the tool routes and schemas
+/// the machine uses (stable order: bare tools, agent toolsets, session toolsets,
+/// companions). A route's key is the toolset's place: its own first, then the session's.
+fn plan_toolsets(spec: &ActivitySpec) -> (Vec<Group>, Tools) {
     let shared = &spec.shared;
     let agent = &spec.agent;
-    let scope = Scope::Activity(id.clone());
     let mut schemas = Vec::new();
     let mut routes = HashMap::new();
-    let mut own = Vec::new();
-    let mut toolsets = Vec::new();
-    type Group = (String, Vec<(Tool, DuplicatePolicy)>, Prompts);
     let mut groups: Vec<Group> = Vec::new();
     let agent_prompts = agent.def.prompts.or(&shared.settings.prompts);
     if !agent.def.tools.is_empty() {
@@ -614,7 +798,11 @@ fn start_toolsets(
                 )
             })
             .collect();
-        groups.push(("tools".to_owned(), tools, agent_prompts.clone()));
+        groups.push(Group {
+            name: "tools".to_owned(),
+            tools,
+            prompts: agent_prompts.clone(),
+        });
     }
     for toolset in &agent.def.toolsets {
         let tools = toolset
@@ -622,36 +810,24 @@ fn start_toolsets(
             .iter()
             .map(|t| (t.clone(), effective_policy(t, toolset)))
             .collect();
-        groups.push((
-            toolset.name.clone(),
+        groups.push(Group {
+            name: toolset.name.clone(),
             tools,
-            toolset.prompts.or(&agent_prompts),
-        ));
+            prompts: toolset.prompts.or(&agent_prompts),
+        });
     }
-    for (name, tools, prompts) in groups {
-        schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
-        let key = ToolsetKey(toolsets.len());
-        for (tool, _) in &tools {
-            routes.insert(tool.name().to_owned(), key);
+    for (at, group) in groups.iter().enumerate() {
+        schemas.extend(group.tools.iter().map(|(t, p)| t.schema(*p)));
+        for (tool, _) in &group.tools {
+            routes.insert(tool.name().to_owned(), ToolsetKey(at));
         }
-        let child = ToolsetActor::spawn(
-            ActorId::agent_toolset(shared.id(), agent.name(), spec.generation, &name),
-            scope.clone(),
-            tools,
-            prompts,
-            shared.clone(),
-            spec.links.clone(),
-        );
-        toolsets.push(child.mailbox.clone());
-        own.push(child);
     }
-    for toolset in spec.session_toolsets.iter() {
-        let key = ToolsetKey(toolsets.len());
+    for (at, toolset) in spec.session_toolsets.iter().enumerate() {
+        let key = ToolsetKey(groups.len() + at);
         schemas.extend(toolset.schemas.iter().cloned());
         for tool in &toolset.tools {
             routes.insert(tool.name().to_owned(), key);
         }
-        toolsets.push(toolset.mailbox.clone());
     }
     let companions = shared.settings.exposes_companions(agent);
     if companions {
@@ -662,7 +838,145 @@ fn start_toolsets(
         schemas: Arc::from(schemas),
         companions,
     };
-    (own, toolsets, tools)
+    (groups, tools)
+}
+
+/// Spawns the agent's own toolsets, each with the calls it restores; lists every toolset
+/// the activity sees, its own first (as the routes' keys count them).
+#[allow(clippy::type_complexity)]
+fn start_toolsets(
+    spec: &ActivitySpec,
+    id: &ActorId,
+    groups: Vec<Group>,
+    restored: Vec<Vec<RestoredRun>>,
+) -> (
+    Vec<Child<ToolsetActor>>,
+    Vec<(String, Arc<RunBook>)>,
+    Vec<Mailbox<ToolsetActor>>,
+) {
+    let scope = Scope::Activity(id.clone());
+    let mut own = Vec::new();
+    let mut books = Vec::new();
+    let mut toolsets = Vec::new();
+    for (group, restored) in groups.into_iter().zip(restored) {
+        let (child, book) = ToolsetActor::spawn(
+            ActorId::agent_toolset(
+                spec.shared.id(),
+                spec.agent.name(),
+                spec.generation,
+                &group.name,
+            ),
+            scope.clone(),
+            group.tools,
+            group.prompts,
+            spec.shared.clone(),
+            spec.links.clone(),
+            restored,
+        );
+        toolsets.push(child.mailbox.clone());
+        books.push((group.name, book));
+        own.push(child);
+    }
+    toolsets.extend(spec.session_toolsets.iter().map(|t| t.mailbox.clone()));
+    (own, books, toolsets)
+}
+
+/// Sorts a restored activity's calls for its own toolsets (see `ActivityActor::spawn`):
+/// each call of its open step still without an output goes to the toolset of its tool
+/// with its state (a fresh one when it had not started) and a channel for its output —
+/// unless the session restored it with a session toolset and handed the channel over —
+/// and the other calls its toolsets wrote run on in the background. Returns the channels
+/// the step's outputs come through, by step and call index.
+fn restore_runs(
+    spec: &ActivitySpec,
+    machine: &Activation,
+    groups: &[Group],
+    calls: RestoredCalls,
+    runs: &mut [Vec<RestoredRun>],
+) -> Vec<(u64, usize, oneshot::Receiver<CallOutput>)> {
+    let RestoredCalls {
+        toolsets,
+        step_outputs: mut from_session,
+        mut awaits,
+        steps,
+        mut repeats,
+    } = calls;
+    // Each written call by id, with its toolset's place (the restore checked the names).
+    let mut written: HashMap<String, (usize, RunState)> = HashMap::new();
+    for toolset in toolsets {
+        let Some(at) = groups.iter().position(|g| g.name == toolset.name) else {
+            continue;
+        };
+        for run in toolset.runs {
+            written.insert(run.call.call_id.clone(), (at, run));
+        }
+    }
+    let mut outputs = Vec::new();
+    for waiting in machine.waiting_calls() {
+        let (step, index) = (waiting.step, waiting.index);
+        if let Some(output) = from_session.remove(&waiting.call.call_id) {
+            outputs.push((step, index, output));
+            continue;
+        }
+        let (tx, rx) = oneshot::channel();
+        outputs.push((step, index, rx));
+        let Some(at) = waiting
+            .toolset
+            .map(|key| key.0)
+            .filter(|at| *at < groups.len())
+        else {
+            // Not a tool of this agent (nor, restored, of a session toolset): the model
+            // reads so, as it would have at the call.
+            let _ = tx.send(CallOutput::error(format!(
+                "Error: unknown tool {}",
+                crate::outcome::excerpt(&waiting.call.name, crate::outcome::QUOTE_LIMIT)
+            )));
+            continue;
+        };
+        let state = match written.remove(&waiting.call.call_id) {
+            Some((_, state)) => state,
+            // It had not started: it starts now, under its tool's policy all the same.
+            None => RunState {
+                key: spec.shared.ids.next_run(),
+                step,
+                call: waiting.call.clone(),
+                updates: 0,
+                said: Vec::new(),
+                checkpoint: None,
+                repeat: None,
+                unanswered: false,
+                last_said: None,
+            },
+        };
+        let awaits = awaits.remove(&state.key);
+        runs[at].push(RestoredRun {
+            state,
+            agent: spec.agent.clone(),
+            is_task: spec.is_task,
+            step: Some(tx),
+            interruptibility: waiting.interruptibility,
+            awaits,
+            repeat_answer: None,
+        });
+    }
+    let mut background: Vec<(usize, RunState)> = written.into_values().collect();
+    background.sort_by_key(|(_, state)| state.key);
+    for (at, state) in background {
+        let awaits = awaits.remove(&state.key);
+        let repeat_answer = repeats.remove(&state.call.call_id);
+        runs[at].push(RestoredRun::in_background(
+            state,
+            spec.agent.clone(),
+            spec.is_task,
+            &steps,
+            awaits,
+            repeat_answer,
+        ));
+    }
+    for runs in runs.iter_mut() {
+        runs.sort_by_key(|run| run.state.key);
+    }
+    outputs
 }
 
 impl Actor for ActivityActor {
@@ -706,6 +1020,9 @@ impl Handler<StartActivity> for ActivityActor {
     fn handle(&mut self, msg: StartActivity, ctx: &mut Self::Context) {
         self.entering = Some(msg.entered);
         self.feed(Input::Enter, ctx);
+        // A realtime agent's instructions, tools and chat go to its model now, before
+        // anything it asks (a handoff's: before the output of the call that handed off).
+        self.attach_realtime(ctx);
     }
 }
 
@@ -811,6 +1128,12 @@ impl Handler<UserStartedSpeaking> for ActivityActor {
 
     fn handle(&mut self, _msg: UserStartedSpeaking, ctx: &mut Self::Context) {
         self.feed(Input::UserStartedSpeaking { at: Instant::now() }, ctx);
+        if let Some(realtime) = &self.realtime {
+            // The server may answer by itself when the user stops: what the chat holds
+            // that the model lacks goes now, with the outputs the interruption just gave
+            // the calls of the step it cut.
+            realtime.sync(self.machine.chat().clone());
+        }
     }
 }
 
@@ -884,6 +1207,24 @@ impl Handler<UserTranscript> for ActivityActor {
             },
             ctx,
         );
+    }
+}
+
+/// From the session: a realtime model transcribed a user turn that started before its
+/// words came; the oldest user message still without words gets them.
+pub(crate) struct UserTranscribed {
+    pub(crate) text: String,
+}
+
+impl Message for UserTranscribed {
+    type Result = ();
+}
+
+impl Handler<UserTranscribed> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: UserTranscribed, ctx: &mut Self::Context) {
+        self.feed(Input::UserTranscribed { text: msg.text }, ctx);
     }
 }
 
@@ -966,6 +1307,7 @@ impl Handler<PauseActivity> for ActivityActor {
         let (tx, rx) = oneshot::channel();
         self.pausing.push(tx);
         self.feed(Input::Pause { spare: msg.spare }, ctx);
+        self.detach_realtime(ctx);
         if !self.machine.is_paused() {
             // Not pausable (closing): nothing to stop, answer with what it has.
             let handover = self.handover();
@@ -994,6 +1336,8 @@ impl Handler<ResumeActivity> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: ResumeActivity, ctx: &mut Self::Context) {
+        // The caller's configuration and chat go back to the model first.
+        self.attach_realtime(ctx);
         self.feed(
             Input::Resume {
                 carried: msg.carried,
@@ -1023,6 +1367,7 @@ impl Handler<CloseActivity> for ActivityActor {
         let (tx, rx) = oneshot::channel();
         self.closing.push(tx);
         self.feed(Input::Close { reason: msg.reason }, ctx);
+        self.detach_realtime(ctx);
         // The session's close reaching a handoff's `on_exit` still running bounds it.
         self.bound_exit_hook(ctx);
         Box::pin(async move { rx.await.unwrap_or_default() })
@@ -1036,6 +1381,8 @@ pub(crate) struct PlayoutFinished {
     pub(crate) speech: SpeechId,
     pub(crate) interrupted: bool,
     pub(crate) heard: Option<String>,
+    /// How much of the speech's audio played, when the output plays audio.
+    pub(crate) heard_audio: Option<std::time::Duration>,
 }
 
 impl Message for PlayoutFinished {
@@ -1046,11 +1393,20 @@ impl Handler<PlayoutFinished> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: PlayoutFinished, ctx: &mut Self::Context) {
+        let mut heard = msg.heard;
+        if let (Some(realtime), Some(played), true) =
+            (&mut self.realtime, msg.heard_audio, msg.interrupted)
+        {
+            // The model's item is cut where the user stopped hearing it; the text heard
+            // is the same share of what was said, unless the output knew it.
+            let estimate = realtime.cut(msg.speech, played, self.machine.chat());
+            heard = heard.or(estimate);
+        }
         self.feed(
             Input::Playout {
                 speech: msg.speech,
                 interrupted: msg.interrupted,
-                heard: msg.heard,
+                heard,
             },
             ctx,
         );
@@ -1094,15 +1450,16 @@ impl Handler<ReadHistoryEntry> for ActivityActor {
     }
 }
 
-/// Sent by the session taking a snapshot: this activation's part (its chat context as
-/// committed, its live state) and the calls of its own toolsets running in the
-/// background, by toolset name.
+/// Sent by the session taking a snapshot: this activation's part — its history entry,
+/// its state, what its turn decided — and its own toolsets' calls, read from their books in
+/// the same handler, so both are of one point. Answered in mailbox order, after every item
+/// relayed to it before.
 pub(crate) struct SnapshotActivation;
 
 /// An activation's contribution to a snapshot.
 pub(crate) struct ActivationSnapshot {
     pub(crate) part: Part,
-    pub(crate) background: Vec<(String, BackgroundCall)>,
+    pub(crate) toolsets: Vec<ToolsetState>,
 }
 
 impl Message for SnapshotActivation {
@@ -1112,143 +1469,22 @@ impl Message for SnapshotActivation {
 plain_response!(ActivationSnapshot);
 
 impl Handler<SnapshotActivation> for ActivityActor {
-    type Result = ResponseActFuture<Self, ActivationSnapshot>;
+    type Result = ActivationSnapshot;
 
     fn handle(&mut self, _msg: SnapshotActivation, _ctx: &mut Self::Context) -> Self::Result {
-        let mut part = self.machine.part();
-        part.live.is_task = self.is_task;
-        let asks: Vec<_> = self
-            .own
-            .iter()
-            .map(|toolset| {
-                let name = toolset_name(toolset.id());
-                let ask = toolset.mailbox.ask(self.probe.id(), ListBackground);
-                async move { (name, ask.await.unwrap_or_default()) }
-            })
-            .collect();
-        Box::pin(
-            futures_util::future::join_all(asks)
-                .into_actor(self)
-                .map(move |lists, _, _| ActivationSnapshot {
-                    part,
-                    background: lists
-                        .into_iter()
-                        .flat_map(|(name, calls)| calls.into_iter().map(move |c| (name.clone(), c)))
-                        .collect(),
-                }),
-        )
+        ActivationSnapshot {
+            part: self.machine.part(),
+            toolsets: self
+                .books
+                .iter()
+                .map(|(name, book)| ToolsetState {
+                    name: name.clone(),
+                    runs: book.states(),
+                })
+                .filter(|toolset| !toolset.runs.is_empty())
+                .collect(),
+        }
     }
-}
-
-/// The toolset's own name, the last segment of its actor id (`toolset/s1/a#1/booking`).
-fn toolset_name(id: &ActorId) -> String {
-    id.as_str()
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// Sent by the session restoring a snapshot: calls of this activation's own toolsets that
-/// were running in the background. Each tool's restore policy says whether its body runs
-/// again; the answer lists the calls that end instead, with their terminal outputs, for
-/// the session to deliver (so that it wants the reply before it counts as settled).
-pub(crate) struct RestoreCalls {
-    pub(crate) calls: Vec<CallToRestore>,
-}
-
-/// A call that was running in the background at the snapshot, and its toolset's name.
-pub(crate) struct CallToRestore {
-    /// Its run's key (see `ResumeRun::key`).
-    pub(crate) key: u64,
-    pub(crate) toolset: String,
-    pub(crate) call: FunctionCall,
-    pub(crate) updates: u32,
-    pub(crate) checkpoint: Option<serde_json::Value>,
-    /// Set when its body awaited a sub-task still running (see `toolset::AwaitedTask`).
-    pub(crate) awaits: Option<AwaitedTask>,
-}
-
-/// A restored call that ends, with its terminal output and whether it is an error.
-pub(crate) type EndedCall = (crate::chat::FunctionCall, String, bool);
-
-impl Message for RestoreCalls {
-    type Result = Vec<EndedCall>;
-}
-
-impl Handler<RestoreCalls> for ActivityActor {
-    type Result = ResponseFuture<Vec<EndedCall>>;
-
-    fn handle(&mut self, msg: RestoreCalls, _ctx: &mut Self::Context) -> Self::Result {
-        let asks: Vec<_> = msg
-            .calls
-            .into_iter()
-            .map(|restore| {
-                let target = self
-                    .own
-                    .iter()
-                    .find(|t| toolset_name(t.id()) == restore.toolset)
-                    .map(|t| t.mailbox.clone());
-                let call = restore.call.clone();
-                let resume = ResumeRun {
-                    key: restore.key,
-                    call: restore.call,
-                    agent: self.agent.clone(),
-                    is_task: self.is_task,
-                    updates: restore.updates,
-                    checkpoint: restore.checkpoint,
-                    awaits: restore.awaits,
-                };
-                let from = self.probe.id().clone();
-                async move {
-                    let resumed = match target {
-                        Some(toolset) => toolset.ask(&from, resume).await.ok(),
-                        None => None,
-                    };
-                    ended(call, resumed)
-                }
-            })
-            .collect();
-        Box::pin(async move {
-            futures_util::future::join_all(asks)
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
-        })
-    }
-}
-
-/// What becomes of a restored call given its toolset's answer: nothing (its body runs
-/// again), or its terminal output. A toolset that is gone, or a tool it no longer has,
-/// abandons the call.
-pub(crate) fn ended(
-    call: crate::chat::FunctionCall,
-    resumed: Option<Resumed>,
-) -> Option<EndedCall> {
-    match resumed {
-        Some(Resumed::Running) => None,
-        Some(Resumed::Ended { output, is_error }) => Some((call, output, is_error)),
-        None => Some((call, ABANDONED.to_owned(), false)),
-    }
-}
-
-/// The `/finished` pair of a call that ends at a restore.
-pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> Vec<ChatItem> {
-    let call_id = format!("{}/finished", call.call_id);
-    vec![
-        ChatItem::FunctionCall(FunctionCall {
-            call_id: call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments,
-        }),
-        ChatItem::FunctionCallOutput(crate::chat::FunctionCallOutput {
-            call_id,
-            name: call.name,
-            output,
-            is_error,
-        }),
-    ]
 }
 
 counted_handlers!(
@@ -1259,6 +1495,7 @@ counted_handlers!(
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscript,
+    UserTranscribed,
     Preflight,
     DeliverToolItems,
     AppendItems,
@@ -1269,5 +1506,4 @@ counted_handlers!(
     ReadChat,
     ReadHistoryEntry,
     SnapshotActivation,
-    RestoreCalls,
 );

@@ -11,7 +11,8 @@
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
 //!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `InterruptTurn`, `InterruptSpeech`,
 //!   `Say`, `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `CancelTurn`,
-//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`. Those it
+//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`,
+//!   `TakeSnapshot`, `ApplyInput`, `AwaitTask`. Those it
 //!   relays to an activity keep their name on the way: `DeliverToolItems`,
 //!   `InterruptTurn`, `InterruptSpeech`, the three user inputs, `PlayoutFinished`,
 //!   `ReadChat`.
@@ -44,6 +45,8 @@ mod endpoint;
 mod overlap;
 mod pauses;
 mod preemption;
+mod realtime;
+mod restore;
 mod saver;
 mod schedule;
 mod snapshot;
@@ -76,9 +79,11 @@ use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
-use crate::llm::{Llm, ToolSchema};
+use crate::llm::ToolSchema;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::realtime::Model;
+use crate::realtime_link::RealtimeLink;
 use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
@@ -96,9 +101,11 @@ pub(crate) use apply::ApplyInput;
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use overlap::{Ignored, Judged, OverlapJudge};
+use realtime::{HeardTurn, Transcribed};
+pub(crate) use restore::{AwaitTask, RestorePlan};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{AwaitTask, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::TakeSnapshot;
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -108,6 +115,9 @@ pub(crate) struct SessionToolset {
     pub(crate) tools: Vec<Tool>,
     pub(crate) schemas: Vec<ToolSchema>,
     pub(crate) mailbox: Mailbox<ToolsetActor>,
+    /// Its runs, for snapshots: the session reads them as it asks the activations for
+    /// their parts.
+    pub(crate) book: Arc<crate::toolset::RunBook>,
 }
 
 /// An activity as the session holds it.
@@ -141,7 +151,7 @@ pub(crate) struct QueuedTurn {
 /// A handoff whose agent was checked: it can start here.
 pub(crate) struct PlannedHandoff {
     handoff: Handoff,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     done: HandoffDone,
     /// Who asked, for the handoff's span.
     cause: Cause,
@@ -217,7 +227,7 @@ type Refused = Box<(HandoffDone, SessionError)>;
 /// A sub-task whose agent was checked.
 pub(crate) struct PlannedTask {
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -299,7 +309,13 @@ impl SpeechPort for SessionLinks {
 }
 
 impl PlayoutPort for SessionLinks {
-    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+    fn report(
+        &self,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+        heard_audio: Option<std::time::Duration>,
+    ) {
         // One per report, at the host's pace; a report of a speech that has ended is
         // dropped at the session.
         self.session.tell(
@@ -308,6 +324,7 @@ impl PlayoutPort for SessionLinks {
                 speech,
                 interrupted,
                 heard,
+                heard_audio,
             },
         );
     }
@@ -406,6 +423,8 @@ pub(crate) struct SessionActor {
     /// The latest final transcript's cause, for the user turn its words make (telemetry;
     /// empty without the feature).
     transcript_cause: Cause,
+    /// The connections to the realtime models live activities use, one per model.
+    realtime_links: Vec<RealtimeLink>,
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -461,6 +480,7 @@ impl SessionActor {
             was_inactive: false,
             published_agent: None,
             transcript_cause: Cause::default(),
+            realtime_links: Vec::new(),
             _lease: lease,
             _alive: alive,
         }
@@ -1046,7 +1066,7 @@ impl StreamHandler<alarm::Rang> for SessionActor {
 /// What a session starts from.
 pub(crate) enum Start {
     /// Its first agent, with the model it uses.
-    Fresh(Agent, Arc<dyn Llm>),
+    Fresh(Agent, Model),
     /// A snapshot, with the agents it names.
     Restore(Box<RestorePlan>),
 }
@@ -1064,17 +1084,18 @@ impl Handler<StartSession> for SessionActor {
     type Result = ResponseActFuture<Self, Result<(), SessionError>>;
 
     fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
-        self.start_toolsets();
         let reporter = PlayoutReporter::new(self.links.clone());
         self.shared.output.call(|output| output.attach(reporter));
         let (agent, llm) = match self.start.take() {
             Some(Start::Fresh(agent, llm)) => (agent, llm),
             Some(Start::Restore(plan)) => {
+                // Its toolsets start with the calls they were running.
                 self.restore(*plan, ctx);
                 return Box::pin(fut::ready(Ok(())));
             }
             None => return Box::pin(fut::ready(Err(SessionError::Closed))),
         };
+        self.start_toolsets(HashMap::new());
         let (tx, rx) = oneshot::channel();
         let start = StartingChat::resolve(None, agent.starting_chat(), StartingChat::Empty);
         let chat = self.starting_chat(&start, ChatContext::new());
@@ -1425,7 +1446,19 @@ impl Handler<UserStartedSpeaking> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
-        let now = Instant::now();
+        self.user_started(Instant::now());
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(self.probe.id(), msg);
+        }
+        self.pump(ctx);
+    }
+}
+
+impl SessionActor {
+    /// The user speaks since `now`, as the session's own machines see it (the current
+    /// agent's barge-in is the activation's): the host said so, or a restored session's
+    /// user was speaking at the snapshot.
+    fn user_started(&mut self, now: Instant) {
         self.voice = true;
         self.set_user(UserState::Speaking);
         self.user_stopped_at = None;
@@ -1438,10 +1471,6 @@ impl Handler<UserStartedSpeaking> for SessionActor {
             let spoke = self.shared.speeches.agent_speech().started;
             self.turn_limit.user_started(now, spoke);
         }
-        if let Some(current) = self.schedule.current() {
-            current.child.mailbox.tell(self.probe.id(), msg);
-        }
-        self.pump(ctx);
     }
 }
 
@@ -1697,4 +1726,6 @@ counted_handlers!(
     AwaitTask,
     ApplyInput,
     InputsHandled,
+    HeardTurn,
+    Transcribed,
 );

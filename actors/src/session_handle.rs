@@ -23,6 +23,7 @@ use crate::activity::{
     InterruptTurn, ReadChat, UserStartedSpeaking, UserStoppedSpeaking, UserTranscript,
 };
 use crate::agent::Agent;
+use crate::audio_input::AudioInput;
 use crate::chat::ChatContext;
 use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
@@ -40,6 +41,7 @@ use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
+use crate::realtime::RealtimeModel;
 use crate::reentry;
 use crate::registry::{DrainPort, LiveSession};
 use crate::restore::AgentRegistry;
@@ -368,6 +370,15 @@ impl Session {
                 interrupts: false,
             },
         );
+    }
+
+    /// Where the host pushes the user's microphone audio for an agent that talks through a
+    /// realtime model: the model hears it, detects the user's turns (its server's VAD), and
+    /// its audio comes back through the output's
+    /// [`speech_audio`](crate::SpeechOutput::speech_audio). Cheap per push: no message per
+    /// frame. See [`AudioInput`].
+    pub fn audio_input(&self) -> AudioInput {
+        AudioInput::new(self.host.shared.clone())
     }
 
     /// What the agent is doing now.
@@ -758,6 +769,7 @@ impl SessionAddress {
 /// Configures and starts a [`Session`].
 pub struct SessionBuilder {
     llm: Option<Arc<dyn Llm>>,
+    realtime: Option<Arc<dyn RealtimeModel>>,
     agent: Option<Agent>,
     toolsets: Vec<Toolset>,
     output: Box<dyn SpeechOutput>,
@@ -794,6 +806,7 @@ impl Default for SessionBuilder {
     fn default() -> Self {
         Self {
             llm: None,
+            realtime: None,
             agent: None,
             toolsets: Vec::new(),
             output: Box::new(NullOutput),
@@ -845,6 +858,15 @@ impl SessionBuilder {
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.llm = Some(llm);
+        self
+    }
+
+    /// The realtime speech-to-speech model agents use unless they set their own model;
+    /// it wins over the session's [`llm`](Self::llm). The host's microphone audio goes in
+    /// through [`Session::audio_input`], the model's audio comes out through the output's
+    /// [`SpeechOutput::speech_audio`].
+    pub fn realtime(mut self, model: Arc<dyn RealtimeModel>) -> Self {
+        self.realtime = Some(model);
         self
     }
 
@@ -934,15 +956,18 @@ impl SessionBuilder {
 
     /// Starts the session again from `snapshot`, on this engine or another process's:
     /// the same session id, conversation, agents (built again by `agents` from the data
-    /// they were built with), queued work and ids; an LLM step that was in flight is
-    /// asked again, and each tool call that was running follows its tool's
+    /// they were built with), queued work and ids. An LLM step whose model had not
+    /// answered is asked again; a step whose tool calls had started never is: each call
+    /// that was running (from the moment its body may start) follows its tool's
     /// [`RestorePolicy`](crate::RestorePolicy). No `on_enter` runs. The builder's other
     /// settings (model, toolsets, output, timings) apply as given: they are code, not
-    /// state. A paused agent whose tool awaited a sub-task gets the task's result as that
-    /// call's output, as JSON (the tool body that awaited it was in the old process).
+    /// state, so give it the same model and session toolsets as the session had. A
+    /// paused agent whose tool awaited a sub-task gets the task's result as that call's
+    /// output, as JSON (the tool body that awaited it was in the old process).
     /// Everything is checked before anything starts: an agent the registry cannot build,
-    /// a model missing, user data that does not read back, a newer schema fail `start`
-    /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
+    /// a model missing, user data that does not read back, a newer schema, a running
+    /// call whose toolset or tool the restoring side lacks (never silently ended) fail
+    /// `start` with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
         self.restore = Restoring::Snapshot(Box::new(snapshot), agents);
         self
@@ -1297,7 +1322,11 @@ impl SessionBuilder {
             (Some(_), None) => None,
             (None, agent) => {
                 let agent = agent.ok_or(BuildError::NoAgent)?;
-                if agent.def.llm.is_none() && self.llm.is_none() {
+                if agent.def.llm.is_none()
+                    && agent.def.realtime.is_none()
+                    && self.llm.is_none()
+                    && self.realtime.is_none()
+                {
                     return Err(BuildError::NoLlm {
                         agent: agent.name().to_owned(),
                     }
@@ -1412,6 +1441,7 @@ impl SessionBuilder {
                     max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,
+                realtime: self.realtime,
                 error_policy: self.error_policy,
                 prompts: self.prompts,
                 mocks: self.mocks,
@@ -1441,6 +1471,7 @@ impl SessionBuilder {
                 snapshot,
                 |name, data| Ok(agents.build(name, data)?),
                 |agent| Ok(shared.settings.check_agent(agent)?),
+                &self.toolsets,
             )?)),
             // `agent` is `None` only when restoring (checked above).
             (None, None) => return Err(BuildError::NoAgent.into()),

@@ -73,8 +73,10 @@ use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::preflight::Preflight;
 use super::turn::{
     bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
-    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
+    ModelCall, Phase, Redo, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
 };
+
+mod state;
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
@@ -82,40 +84,28 @@ use crate::error::{SessionError, TurnFailure, UpdateError};
 use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent, TurnMetrics};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{Llm, LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
-use crate::outcome::{excerpt, panic_message, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
+use crate::llm::{LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
+use crate::outcome::{excerpt, panic_message, CallOutput, StoppedCall, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
+use crate::realtime::Model;
 use crate::shared::SessionShared;
-use crate::snapshot::{
-    AskRecord, HeldRecord, JobRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord,
-    WaitingStep,
-};
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 use crate::telemetry::Cause;
 use crate::usage::Usage;
+pub(crate) use state::{ActivationState, Decided, Part, Restored};
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.
 pub(crate) const CUT_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug)]
+/// A tool output waiting for the deferred reply. Written into snapshots as it is.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PendingItem {
     pub(crate) scope: Scope,
     /// The output's call id (`{id}/update_n` or `{id}/finished`).
     pub(crate) call_id: String,
     pub(crate) items: Arc<[ChatItem]>,
-}
-
-/// A restored caller's call that awaits its sub-task (see [`Activation::waiting_call`]).
-pub(crate) struct WaitingCall {
-    pub(crate) step: u64,
-    pub(crate) index: usize,
-    pub(crate) call: FunctionCall,
-    /// The toolset that runs its tool (none: the restored agent no longer has it).
-    pub(crate) toolset: Option<ToolsetKey>,
-    pub(crate) interruptibility: Arc<Interruptibility>,
 }
 
 /// Where the activation is; each state owns what it holds.
@@ -208,6 +198,9 @@ pub(crate) enum Input {
         interrupts: bool,
         at: Instant,
     },
+    /// A realtime model transcribed a user turn that started before its words came: the
+    /// oldest user message still without words gets them.
+    UserTranscribed { text: String },
     /// The output reported the end of a speech's playout.
     Playout {
         speech: SpeechId,
@@ -252,11 +245,13 @@ pub(crate) enum Command {
     RunEnterHook,
     /// Run `on_exit`, then feed `ExitHookDone`.
     RunExitHook,
-    /// Open the LLM request of step `step` and feed its chunks and end.
+    /// Open the LLM request of step `step` and feed its chunks and end. `adopt`: the first
+    /// step of a heard turn, whose answer a realtime model's server already started.
     OpenStream {
         step: u64,
         request: LlmRequest,
         span: tracing::Span,
+        adopt: bool,
     },
     /// Drop step `step`'s stream (which closes an HTTP request).
     CancelStream { step: u64 },
@@ -317,7 +312,7 @@ pub(crate) struct Setup {
     pub(crate) id: ActorId,
     pub(crate) agent: Agent,
     /// The model (its name goes in the metrics when the stream does not name another).
-    pub(crate) llm: Arc<dyn Llm>,
+    pub(crate) llm: Model,
     pub(crate) shared: Arc<SessionShared>,
     /// How its speeches' handles reach the session.
     pub(crate) speech_port: Arc<dyn SpeechPort>,
@@ -334,49 +329,6 @@ pub(crate) struct Setup {
     /// Session-scoped items pending for a deferred reply, carried over from the agent
     /// before it.
     pub(crate) carried: Vec<PendingItem>,
-    /// Set when the activation comes back from a snapshot: it starts where it was,
-    /// without `on_enter`.
-    pub(crate) restored: Option<Restored>,
-}
-
-/// An activation brought back from a snapshot.
-pub(crate) struct Restored {
-    /// Chat length its latest assistant message was generated from.
-    pub(crate) last_reply_view: usize,
-    /// Paused under a sub-task (a caller), rather than current.
-    pub(crate) paused: bool,
-    /// A paused caller's step that waits for its sub-task, and where the turn's outcome
-    /// goes once the task's result completes the step.
-    pub(crate) waiting: Option<(WaitingStep, oneshot::Sender<TurnOutcome>)>,
-    /// The handoffs that outputs of that step ask for, by call index (built again from
-    /// the agent registry).
-    pub(crate) handoffs: Vec<(usize, crate::handoff::Handoff)>,
-}
-
-/// What an activation contributes to a session snapshot: its chat context as committed
-/// (an open step is not in it), the messages of speeches still playing (a snapshot keeps
-/// them as a barge-in would: marked interrupted, heard unknown), its live state, and what
-/// its turn asked for that the session has not run yet.
-pub(crate) struct Part {
-    /// Its history entry now (none before it started).
-    pub(crate) entry: Option<(u32, AgentChat)>,
-    pub(crate) playing: Vec<usize>,
-    pub(crate) live: LiveRecord,
-    /// A handoff or task end its turn decided, waiting for its speech to play out.
-    pub(crate) decided: Option<Decided>,
-    /// The handoffs that outputs of its paused step ask for, by call index (the session
-    /// writes them into the step's record).
-    pub(crate) waiting_handoffs: Vec<(usize, crate::handoff::Handoff)>,
-    /// How many call ids the step in flight issued (the last ones the session issued):
-    /// the step is asked again after a restore and issues them again, so the snapshot
-    /// does not hold them.
-    pub(crate) in_flight_call_ids: usize,
-}
-
-/// What a turn decided that has not run yet.
-pub(crate) enum Decided {
-    Handoff(crate::handoff::Handoff),
-    EndTask(serde_json::Value),
 }
 
 /// Where a turn's step is committed from: the current activation goes on to the next
@@ -405,7 +357,7 @@ struct Rules {
 pub(crate) struct Activation {
     id: ActorId,
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     shared: Arc<SessionShared>,
     speech_port: Arc<dyn SpeechPort>,
     rules: Rules,
@@ -453,15 +405,20 @@ impl Activation {
                 .allow_interruptions
                 .unwrap_or(config.allow_interruptions),
             barge: BargeInRules {
-                min_duration: turn_rules.interruption.min_duration,
+                // A realtime model's server heard the user already, and has cancelled its
+                // answer if one ran: the interruption is real at once, words or not.
+                min_duration: match setup.llm {
+                    Model::Realtime(_) => Duration::ZERO,
+                    Model::Text(_) => turn_rules.interruption.min_duration,
+                },
                 false_timeout: turn_rules.interruption.false_interruption_timeout,
                 pause: turn_rules.interruption.resume_false_interruption,
-                needs_words: turn_rules.needs_words(),
+                needs_words: matches!(setup.llm, Model::Text(_)) && turn_rules.needs_words(),
             },
-            preemptive: turn_rules.preemptive.enabled,
+            // A realtime model answers the user's turn itself: nothing to ask ahead.
+            preemptive: turn_rules.preemptive.enabled && matches!(setup.llm, Model::Text(_)),
         };
-        let restored = setup.restored;
-        let mut activation = Self {
+        Self {
             place: Place {
                 order: setup.order,
                 inherited: setup.inherited.unwrap_or(setup.chat.len()),
@@ -485,238 +442,38 @@ impl Activation {
             current: false,
             turn_ended: false,
             armed: None,
-        };
-        if let Some(restored) = restored {
-            activation.restore(restored);
         }
-        activation
     }
 
-    /// Puts a restored activation where it was: listening, or paused with the step that
-    /// waits for its sub-task open in the ledger.
-    fn restore(&mut self, restored: Restored) {
-        self.last_reply_view = restored.last_reply_view;
-        let mut handoffs = restored.handoffs;
-        self.state = match (restored.paused, restored.waiting) {
-            (false, _) => State::Listening,
-            (true, None) => State::Paused(None),
-            (true, Some((waiting, done))) => {
-                let step = self.shared.ids.next_step();
-                // The toolset of the call that awaits the task: a run stands for it there,
-                // which an interruption of the step after the resume reaches.
-                let toolsets: Vec<ToolsetKey> = waiting
-                    .awaiting
-                    .and_then(|at| waiting.calls.get(at))
-                    .and_then(|call| self.tools.routes.get(&call.name).copied())
-                    .into_iter()
-                    .collect();
-                let calls = waiting.calls;
-                self.ledger.open_step(step, calls, &mut |_| {});
-                for (index, output) in waiting.outputs.into_iter().enumerate() {
-                    if let Some(output) = output {
-                        let handoff = handoffs
-                            .iter()
-                            .position(|(at, _)| *at == index)
-                            .map(|at| handoffs.swap_remove(at).1);
-                        let effect = match (handoff, output.ends, output.propagate) {
-                            (Some(handoff), _, _) => Effect::Handoff(handoff),
-                            (None, Some(JobRecord::EndTask { value }), _) => {
-                                Effect::CompleteTask(value)
-                            }
-                            (None, _, Some(why)) => Effect::Propagate(why),
-                            _ if output.reply => Effect::Reply,
-                            _ => Effect::Quiet,
-                        };
-                        let out = CallOutput {
-                            output: output.output,
-                            is_error: output.is_error,
-                            effect,
-                        };
-                        self.ledger.answer(step, index, out);
-                    }
-                }
-                // Held again until the step is in the chat context, as they were.
-                for held in waiting.held {
-                    let _ = self.ledger.insert(
-                        &held.call_id,
-                        held.items,
-                        DeliveryAnswer::unheard(),
-                        &mut |_| {},
-                    );
-                }
-                let span = tracing::info_span!(
-                    parent: &self.shared.span,
-                    "turn",
-                    session = %self.shared.id(),
-                    agent = %self.agent.name(),
-                    kind = "restored",
-                );
-                State::Paused(Some(Box::new(Turn {
-                    events: Vec::new(),
-                    steps: waiting.steps,
-                    ask: Ask {
-                        tool_choice: waiting.ask.tool_choice,
-                        extra_instructions: waiting.ask.extra_instructions,
-                        deferred_call_ids: waiting.ask.deferred_call_ids,
-                    },
-                    interrupted: false,
-                    interruptibility: Interruptibility::new(self.rules.allow_interruptions),
-                    speeches: Vec::new(),
-                    done,
-                    waiters: Vec::new(),
-                    span,
-                    timer: TurnTimer::new(Instant::now(), "restored"),
-                    usage: Usage::default(),
-                    phase: Phase::Calling { step, toolsets },
-                })))
-            }
-        };
-    }
-
-    /// For a restored caller whose step waits for its sub-task: the call the task's
-    /// result answers, where it is, and the toolset that runs its tool.
-    pub(crate) fn waiting_call(&self) -> Option<WaitingCall> {
-        let State::Paused(Some(turn)) = &self.state else {
+    /// The speech of step `step` while it generates, started now if it has none yet: a
+    /// realtime model's audio, which comes before the step's text, plays through it.
+    /// `None` when the step no longer generates.
+    pub(crate) fn start_speech(&mut self, step: u64) -> Option<SpeechId> {
+        let State::Running(turn) = &mut self.state else {
             return None;
         };
-        let Phase::Calling { step, .. } = turn.phase else {
+        let Phase::Generating(generation) = &mut turn.phase else {
             return None;
         };
-        let (index, call) = self
-            .ledger
-            .open_slots()
-            .enumerate()
-            .find_map(|(index, (call, out))| out.is_none().then(|| (index, call.clone())))?;
-        Some(WaitingCall {
-            step,
-            index,
-            toolset: self.tools.routes.get(&call.name).copied(),
-            call,
-            interruptibility: turn.interruptibility.clone(),
-        })
+        if generation.step != step {
+            return None;
+        }
+        generation
+            .first_chunk
+            .get_or_insert_with(|| generation.started.elapsed());
+        let speaker = Speaker {
+            id: &self.id,
+            agent: &self.agent,
+            shared: &self.shared,
+            port: &self.speech_port,
+            current: self.current,
+        };
+        Some(open_speech(&speaker, turn))
     }
 
-    /// Its part of a session snapshot (see [`Part`]).
-    pub(crate) fn part(&self) -> Part {
-        let turn = match &self.state {
-            State::Running(turn) | State::Paused(Some(turn)) => Some(turn),
-            State::Closing { turn, .. } => turn.as_ref(),
-            _ => None,
-        };
-        let chat = self.ledger.chat();
-        let mut playing = Vec::new();
-        let mut redo = None;
-        let mut waiting = None;
-        let mut decided = None;
-        let mut in_flight_call_ids = 0;
-        let mut waiting_handoffs = Vec::new();
-        if let Some(turn) = turn {
-            for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
-                playing.extend(chat.position_of_speech(speech.id()));
-            }
-            let ask = AskRecord {
-                tool_choice: turn.ask.tool_choice,
-                extra_instructions: turn.ask.extra_instructions.clone(),
-                deferred_call_ids: turn.ask.deferred_call_ids.clone(),
-            };
-            match (&self.state, &turn.phase) {
-                (State::Paused(_), Phase::Calling { .. }) => {
-                    // Also a step whose calls all have their outputs (a sub-task the host
-                    // started paused it): it is committed on resume.
-                    let slots: Vec<_> = self.ledger.open_slots().collect();
-                    waiting = Some(WaitingStep {
-                        ask,
-                        steps: turn.steps,
-                        calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
-                        outputs: slots
-                            .iter()
-                            .enumerate()
-                            .map(|(index, (_, out))| {
-                                out.map(|out| {
-                                    let mut record = OutputRecord {
-                                        output: out.output.clone(),
-                                        is_error: out.is_error,
-                                        reply: matches!(
-                                            out.effect,
-                                            Effect::Reply | Effect::Propagate(_)
-                                        ),
-                                        ends: None,
-                                        propagate: None,
-                                    };
-                                    match &out.effect {
-                                        Effect::Handoff(handoff) => {
-                                            waiting_handoffs.push((index, handoff.clone()));
-                                        }
-                                        Effect::CompleteTask(value) => {
-                                            record.ends = Some(JobRecord::EndTask {
-                                                value: value.clone(),
-                                            });
-                                        }
-                                        Effect::Propagate(why) => {
-                                            record.propagate = Some(why.clone());
-                                        }
-                                        Effect::Reply | Effect::Quiet => {}
-                                    }
-                                    record
-                                })
-                            })
-                            .collect(),
-                        awaiting: slots.iter().position(|(_, out)| out.is_none()),
-                        // The session knows the runs' order: it fills this in.
-                        runs_before: 0,
-                        held: self
-                            .ledger
-                            .held()
-                            .map(|(call_id, items)| HeldRecord {
-                                call_id: call_id.to_owned(),
-                                items: items.to_vec(),
-                            })
-                            .collect(),
-                    });
-                }
-                // A step in flight is not taken: it is asked again after a restore.
-                (State::Running(_), Phase::Generating(_) | Phase::Calling { .. }) => {
-                    redo = Some(ask);
-                    in_flight_call_ids = self.ledger.open_calls().count();
-                }
-                (_, Phase::Playing { outcome, .. }) => {
-                    decided = match (&outcome.handoff, &outcome.task_result) {
-                        (Some(handoff), _) => Some(Decided::Handoff(handoff.clone())),
-                        (None, Some(value)) => Some(Decided::EndTask(value.clone())),
-                        (None, None) => None,
-                    };
-                }
-                _ => {}
-            }
-        }
-        let own = ScopeRecord::Activation(self.place.order);
-        Part {
-            entry: self.history_entry(true),
-            playing,
-            live: LiveRecord {
-                order: self.place.order,
-                is_task: false,
-                last_reply_view: self.last_reply_view,
-                pending: self
-                    .pending
-                    .iter()
-                    .map(|p| PendingRecord {
-                        scope: match p.scope {
-                            Scope::Session => ScopeRecord::Session,
-                            Scope::Activity(_) => own.clone(),
-                        },
-                        call_id: p.call_id.clone(),
-                        items: p.items.to_vec(),
-                    })
-                    .collect(),
-                redo,
-                waiting,
-                after: Vec::new(),
-            },
-            decided,
-            in_flight_call_ids,
-            waiting_handoffs,
-        }
+    /// Every tool schema the activation shows its model.
+    pub(crate) fn tool_schemas(&self) -> &Arc<[ToolSchema]> {
+        &self.tools.schemas
     }
 
     /// The chat context now (a snapshot: cloning it is a reference count).
@@ -952,6 +709,15 @@ impl Activation {
                     other => other,
                 }
             }
+            Input::UserTranscribed { text } => {
+                let mut state = state;
+                let events = match &mut state {
+                    State::Running(turn) | State::Paused(Some(turn)) => Some(&mut turn.events),
+                    _ => None,
+                };
+                self.fill_user_words(events, text);
+                state
+            }
             Input::Playout {
                 speech,
                 interrupted,
@@ -1161,6 +927,37 @@ impl Activation {
         self.with_ledger(Some(events), |ledger, sink| ledger.append(item, sink));
     }
 
+    /// A realtime model's transcript of a heard turn that started without it: the oldest
+    /// user message still without words gets them, in the chat context and, if the turn
+    /// still runs, in its events.
+    fn fill_user_words(&mut self, events: Option<&mut Vec<ChatItem>>, text: String) {
+        let unfilled = |item: &ChatItem| matches!(item, ChatItem::Message(m) if m.role == ChatRole::User && m.content.is_empty());
+        let Some(index) = self.ledger.chat().items().iter().position(unfilled) else {
+            return;
+        };
+        if let Some(events) = events {
+            if let Some(ChatItem::Message(m)) = events.iter_mut().find(|item| unfilled(item)) {
+                m.content = text.clone();
+            }
+        }
+        let item = self.ledger.chat_mut().edit(|items| {
+            let item = items.get_mut(index)?;
+            if let ChatItem::Message(m) = item {
+                m.content = text;
+            }
+            Some(item.clone())
+        });
+        if let Some(item) = item {
+            self.shared
+                .events
+                .emit_with(|| SessionEvent::ConversationItemChanged {
+                    agent: self.agent_name(),
+                    index,
+                    item,
+                });
+        }
+    }
+
     /// Refuses the tools' held items, and forgets them in the pending reply.
     fn refuse_held(&mut self) {
         let refused = self.ledger.refuse_held();
@@ -1228,6 +1025,8 @@ impl Activation {
         let mut adopted = None;
         let mut events = Vec::new();
         let mut speeches = Vec::new();
+        let mut redone = None;
+        let mut adopt = false;
         let ask = match kind {
             TurnKind::User(text) => {
                 self.shared.events.emit(SessionEvent::UserInputTranscribed {
@@ -1253,6 +1052,14 @@ impl Activation {
                 }
                 (decision == TurnDecision::Reply).then(Ask::default)
             }
+            // The realtime model's server heard the user's turn and answers it already:
+            // no `on_user_turn_completed` (it could not stop that answer); the words come
+            // with the transcript, now or later (`UserTranscribed`).
+            TurnKind::Heard { text, .. } => {
+                self.record(&mut events, ChatItem::Message(user_message(text)));
+                adopt = true;
+                Some(Ask::default())
+            }
             TurnKind::Backchannel(text) => {
                 self.record(&mut events, ChatItem::Message(user_message(text)));
                 None
@@ -1276,7 +1083,11 @@ impl Activation {
             TurnKind::Deferred => self.deferred_reply(&mut events),
             // The LLM step that was in flight when the session was snapshotted: asked again,
             // the user's message already in the chat.
-            TurnKind::Redo(ask) => Some(ask),
+            TurnKind::Redo(redo) => {
+                let ask = redo.ask.clone();
+                redone = Some(redo);
+                Some(ask)
+            }
             TurnKind::Say {
                 text,
                 speech,
@@ -1313,7 +1124,9 @@ impl Activation {
                     first_chunk,
                 ))
             }
-            (Some(ask), _) => Phase::Generating(self.open_generation(ask, &span, out)),
+            (Some(ask), _) => {
+                Phase::Generating(self.open_generation(ask, redone, adopt, &span, out))
+            }
             (None, _) => Phase::Playing {
                 outcome: TurnOutcome::default(),
                 give_up_at: None,
@@ -1381,6 +1194,7 @@ impl Activation {
             step,
             request,
             span: span.clone(),
+            adopt: false,
         });
         self.preflight = Some(Preflight {
             text,
@@ -1553,22 +1367,40 @@ impl Activation {
         })
     }
 
-    /// Opens one LLM step: the request, its span, the command to stream it.
+    /// Opens one LLM step: the request, its span, the command to stream it. A step asked
+    /// again after a restore keeps its id and its speech's (`redone`); `adopt`: the first
+    /// step of a heard turn, whose answer a realtime model's server already started (a
+    /// step asked again never adopts: its connection is a new one, which started nothing).
     fn open_generation(
         &mut self,
         ask: &Ask,
+        redone: Option<Redo>,
+        adopt: bool,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
         let request = self.request(ask, self.ledger.chat().clone());
-        let step = self.shared.ids.next_step();
+        let view = self.ledger.chat().len();
+        let (step, redone_speech, early_report, view) = match redone {
+            Some(redo) => (
+                redo.step,
+                redo.speech,
+                redo.heard.map(|report| (report.interrupted, report.heard)),
+                redo.view.min(view),
+            ),
+            None => (self.shared.ids.next_step(), None, None, view),
+        };
         let span = self.request_span(turn_span, step, &request, false);
         out.push(Command::OpenStream {
             step,
             request,
             span: span.clone(),
+            adopt,
         });
-        Generation::new(step, span, self.ledger.chat().len(), Instant::now(), None)
+        let mut generation = Generation::new(step, span, view, Instant::now(), None);
+        generation.early_report = early_report;
+        generation.redone_speech = redone_speech;
+        generation
     }
 
     /// The request an `ask` makes of the model, from `chat`.
@@ -1911,7 +1743,8 @@ impl Activation {
             from == Where::Current,
         ) {
             turn.steps += 1;
-            turn.phase = Phase::Generating(self.open_generation(&turn.ask, &turn.span, out));
+            turn.phase =
+                Phase::Generating(self.open_generation(&turn.ask, None, false, &turn.span, out));
             return Some(turn);
         }
         self.finish(turn, end.outcome, from == Where::Closing)
@@ -2187,6 +2020,12 @@ impl Activation {
                     if self.last_reply_view > index {
                         self.last_reply_view -= 1;
                     }
+                    // A step being generated was asked from a chat that held the message.
+                    if let Phase::Generating(generation) = &mut turn.phase {
+                        if generation.view > index {
+                            generation.view -= 1;
+                        }
+                    }
                     self.shared
                         .events
                         .emit_with(|| SessionEvent::ConversationItemRemoved {
@@ -2449,10 +2288,11 @@ impl Speaker<'_> {
         }
     }
 
-    /// Starts a new speech on the output.
-    fn start(&self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
+    /// Starts a new speech on the output (under `id`, for a step asked again after a
+    /// restore whose speech had begun).
+    fn start(&self, interruptibility: Arc<Interruptibility>, id: Option<u64>) -> SpeechHandle {
         let speech = SpeechHandle::new(
-            SpeechId(self.shared.ids.next_speech()),
+            SpeechId(id.unwrap_or_else(|| self.shared.ids.next_speech())),
             interruptibility,
             SpeechStatus::Speaking,
             self.port.clone(),
@@ -2509,26 +2349,7 @@ fn on_chunk(
             }
             generation.text_chunks += 1;
             generation.text.push_str(text);
-            let speech = match &generation.speech {
-                Some(speech) => speech.id(),
-                None => {
-                    if let Some(e2e) = turn.timer.text_out(Instant::now()) {
-                        speaker.shared.telemetry.turn_e2e(
-                            e2e,
-                            &speaker.agent.def.name,
-                            turn.timer.kind,
-                        );
-                    }
-                    let speech = speaker.start(turn.interruptibility.clone());
-                    generation
-                        .span
-                        .record("speech", tracing::field::display(speech.id()));
-                    generation.speech = Some(speech.clone());
-                    let id = speech.id();
-                    turn.speeches.push(speech);
-                    id
-                }
-            };
+            let speech = open_speech(speaker, turn);
             speaker
                 .shared
                 .output
@@ -2540,6 +2361,35 @@ fn on_chunk(
         LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
     }
     false
+}
+
+/// The speech of the generating step of `turn`, started at its first text or audio.
+fn open_speech(speaker: &Speaker<'_>, turn: &mut Turn) -> SpeechId {
+    let Phase::Generating(generation) = &mut turn.phase else {
+        // Not reached: callers hold a generating turn.
+        return SpeechId(0);
+    };
+    if let Some(speech) = &generation.speech {
+        return speech.id();
+    }
+    if let Some(e2e) = turn.timer.text_out(Instant::now()) {
+        speaker
+            .shared
+            .telemetry
+            .turn_e2e(e2e, &speaker.agent.def.name, turn.timer.kind);
+    }
+    // A step asked again after a restore speaks under the speech id it had.
+    let speech = speaker.start(
+        turn.interruptibility.clone(),
+        generation.redone_speech.take(),
+    );
+    generation
+        .span
+        .record("speech", tracing::field::display(speech.id()));
+    generation.speech = Some(speech.clone());
+    let id = speech.id();
+    turn.speeches.push(speech);
+    id
 }
 
 /// The state after a running turn went a step: still running, or listening.
