@@ -19,9 +19,12 @@
 //!   and free-form JSON).
 //! * A **gateway** ([`Gateway`]) is what the host's front (a WebSocket server, a telephony
 //!   edge, a chat backend) holds: [`Gateway::start_session`] returns a [`RemoteSession`]
-//!   with the host API of a local session — `run`, `generate_reply`, `say`,
-//!   `transcript`, user speaking, `interrupt`, `update_agent`, playout reports, events
-//!   with sequence numbers, `history`, `close`.
+//!   with the host API of a local session — it implements the engine's
+//!   [`HostSession`](switchboard::HostSession) (`run`, `generate_reply`, `say`,
+//!   `transcript`, user speaking, `interrupt`, `update_agent`, `events`, `history`,
+//!   `close`), in the engine's own types (`RunResult`, `SessionHistory`, `SessionEvent`,
+//!   `SessionError`), so front code written for a local `Session` runs over it — plus
+//!   playout reports and events with sequence numbers.
 //!
 //! ```no_run
 //! use switchboard_cluster::{Gateway, GatewayOptions, NatsConnect, SessionSpec};
@@ -66,6 +69,10 @@
 //!   them in order, once each, and asks the owner for the ones it missed (a gap, a
 //!   reconnection); those the owner no longer has arrive as one `EventsLost` event
 //!   (`tests/cluster/sessions_survive_a_server_restart.rs`).
+//! * **One host API.** Front code generic over `HostSession` gets the same record from a
+//!   local session and from a remote one on a worker process built by the same factory:
+//!   greeting, typed and spoken turns, a speech, a barge-in, a transfer, another agent,
+//!   the conversation (`tests/cluster/a_front_runs_the_same_over_a_local_and_a_remote_session.rs`).
 //! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing,
 //!   publishes nothing and writes no snapshot; a newer owner's claim makes the store refuse
 //!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError)),
@@ -99,9 +106,9 @@
 //! | file | what |
 //! |---|---|
 //! | `namespace.rs` | [`Namespace`]: every subject, stream and bucket name, from one prefix; [`SessionKey`] |
-//! | `spec.rs` | [`SessionSpec`], [`OutputMode`], [`SessionFactory`] |
-//! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, [`WorkerInfo`] |
-//! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
+//! | `spec.rs` | [`SessionSpec`], [`AgentSpec`], [`OutputMode`], [`SessionFactory`] |
+//! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, the events on the wire with the inputs' answers, [`WorkerInfo`] |
+//! | `remote_event.rs` | [`RemoteEvent`]: what a front sees of a session, with sequence number and epoch: the engine's events, the speech stream, the cluster's lifecycle; [`CloseReason`] |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
 //! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
 //! | `snapshots.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`) |
@@ -113,7 +120,7 @@
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
-//! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
+//! | `remote_session.rs` | [`RemoteSession`] (a `HostSession`), [`RemoteEvents`], [`RemoteSessionEvents`] |
 //! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
 //! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
@@ -151,12 +158,11 @@ pub use namespace::{NameError, Namespace, SessionKey};
 pub use permissions::{Permissions, DEFAULT_INBOX_PREFIX};
 pub use protocol::WorkerInfo;
 pub use provisioning::{provision, provision_with_replicas};
-pub use remote_event::{
-    EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
-    RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
+pub use remote_event::{CloseReason, RemoteEvent, RemoteEventKind};
+pub use remote_session::{
+    RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession, RemoteSessionEvents,
 };
-pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
-pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
+pub use spec::{AgentSpec, FactoryError, OutputMode, SessionFactory, SessionSpec};
 pub use worker::{DrainReport, Worker, WorkerError, WorkerOptions};
 
 #[allow(dead_code)]

@@ -17,8 +17,8 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::RemoteShared;
-use crate::protocol::{Reply, Request};
-use crate::remote_event::{RemoteEvent, RemoteEventKind};
+use crate::protocol::{Reply, Request, WireEvent, WireEventKind};
+use crate::remote_event::RemoteEventKind;
 
 /// Where an event goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,7 +48,7 @@ impl EventOrder {
     /// Where `event` goes; a delivered one moves the order on. A newer owner (a higher
     /// epoch) numbers its events from 1: the order follows it from there, and a stale
     /// owner's events are dropped.
-    pub(crate) fn place(&mut self, event: &RemoteEvent) -> Placement {
+    pub(crate) fn place(&mut self, event: &WireEvent) -> Placement {
         if event.epoch < self.epoch {
             return Placement::Seen;
         }
@@ -92,13 +92,13 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
     let mut check = tokio::time::interval_at(Instant::now() + every, every);
     // When the owner last showed it lives, while a call waits on it.
     let mut last_heard = Instant::now();
-    while shared.ended().is_none() {
+    while shared.closed().is_none() {
         tokio::select! {
             message = subscription.next() => {
                 let Some(message) = message else { break };
                 last_heard = Instant::now();
                 // Each message is a batch: a JSON array of consecutive events.
-                match serde_json::from_slice::<Vec<RemoteEvent>>(&message.payload) {
+                match serde_json::from_slice::<Vec<WireEvent>>(&message.payload) {
                     Ok(events) => {
                         for event in events {
                             take(&shared, &mut order, event).await;
@@ -138,7 +138,7 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
 }
 
 /// Places a live event, filling a gap before it first.
-async fn take(shared: &RemoteShared, order: &mut EventOrder, event: RemoteEvent) {
+async fn take(shared: &RemoteShared, order: &mut EventOrder, event: WireEvent) {
     match order.place(&event) {
         Placement::Deliver => shared.deliver(event),
         Placement::Seen => {}
@@ -201,10 +201,10 @@ fn lose(shared: &RemoteShared, order: &mut EventOrder, to: u64) {
     order.skip_past(to);
     shared.gateway.count(|s| s.events_lost += to - from + 1);
     tracing::warn!(session = %shared.key, from, to, "events lost");
-    shared.deliver(RemoteEvent {
+    shared.deliver(WireEvent {
         seq: to,
         epoch: order.epoch,
-        kind: RemoteEventKind::EventsLost { from, to },
+        kind: WireEventKind::Event(RemoteEventKind::EventsLost { from, to }),
     });
 }
 
@@ -214,7 +214,7 @@ async fn replay(
     from: u64,
     epoch: u64,
     deadline: Instant,
-) -> Option<(Vec<RemoteEvent>, bool)> {
+) -> Option<(Vec<WireEvent>, bool)> {
     let gateway = &shared.gateway;
     let payload = Bytes::from(serde_json::to_vec(&Request::Replay { from, epoch }).ok()?);
     let mut attempt = 0u32;
@@ -238,7 +238,7 @@ async fn replay(
             Err(err) => err.kind() == RequestErrorKind::NoResponders,
         };
         let now = Instant::now();
-        if now >= deadline || shared.ended().is_some() {
+        if now >= deadline || shared.closed().is_some() {
             return None;
         }
         if no_responders {
@@ -252,11 +252,11 @@ async fn replay(
 mod tests {
     use super::*;
 
-    fn event(seq: u64, epoch: u64) -> RemoteEvent {
-        RemoteEvent {
+    fn event(seq: u64, epoch: u64) -> WireEvent {
+        WireEvent {
             seq,
             epoch,
-            kind: RemoteEventKind::SessionStarted,
+            kind: WireEventKind::Event(RemoteEventKind::SessionStarted),
         }
     }
 

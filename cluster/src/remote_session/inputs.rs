@@ -42,8 +42,7 @@ use tokio::time::Instant;
 
 use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
-use crate::protocol::{Answer, Input, Reply, Request};
-use crate::remote_event::InputOutcome;
+use crate::protocol::{Answer, Input, InputOutcome, Reply, Request};
 
 /// One input to send, with where its answers go.
 pub(crate) struct Submission {
@@ -148,7 +147,7 @@ pub(crate) async fn send_inputs(
                 // was under way runs again and its `InputDone` finds its caller.
                 if in_doubt.is_none() && delivery.acked + 1 < next_id {
                     match deliver(&shared, &mut outbox, &mut delivery, next_id - 1).await {
-                        Ok(_) | Err(GatewayError::AnswerLost { .. } | GatewayError::Ended { .. }) => {}
+                        Ok(_) | Err(GatewayError::AnswerLost { .. } | GatewayError::Closed { .. }) => {}
                         Err(err) => in_doubt = Some(err),
                     }
                 }
@@ -166,8 +165,8 @@ pub(crate) async fn send_inputs(
         };
         let result = if let Some(err) = &in_doubt {
             Err(err.clone())
-        } else if let Some(reason) = shared.ended() {
-            Err(shared.ended_error(reason))
+        } else if let Some(reason) = shared.closed() {
+            Err(shared.closed_error(reason))
         } else {
             let id = next_id;
             match sent(&shared, id, input) {
@@ -327,7 +326,7 @@ async fn deliver(
                         if answered {
                             gateway.count(|s| s.inputs_answered += 1);
                         }
-                        if answer != Answer::Pending {
+                        if !matches!(answer, Answer::Pending) {
                             if let Some(sent) = outbox.get_mut(at) {
                                 sent.answered = true;
                             }
@@ -368,7 +367,7 @@ async fn deliver(
                             _ = tokio::time::sleep(options.attempt_timeout) => {}
                         }
                     }
-                    Reply::Ended { reason } => return Err(shared.ended_error(reason)),
+                    Reply::Closed { reason } => return Err(shared.closed_error(reason)),
                     Reply::Replay { .. } => {
                         return Err(GatewayError::Protocol {
                             session: shared.key.clone(),
@@ -386,8 +385,8 @@ async fn deliver(
                 server_said,
             });
         }
-        if let Some(reason) = shared.ended() {
-            return Err(shared.ended_error(reason));
+        if let Some(reason) = shared.closed() {
+            return Err(shared.closed_error(reason));
         }
         let now = Instant::now();
         if now >= deadline {
@@ -433,7 +432,7 @@ fn read_reply(shared: &RemoteShared, id: u64, payload: &[u8]) -> Result<Reply, G
         Ok(reply @ Reply::Applied { id: answered, .. }) if answered == id => Ok(reply),
         Ok(reply @ Reply::Earlier { id: answered, .. }) if answered == id => Ok(reply),
         Ok(
-            reply @ (Reply::Ended { .. }
+            reply @ (Reply::Closed { .. }
             | Reply::Moving
             | Reply::OutOfOrder { .. }
             | Reply::Replay { .. }),

@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use crate::remote_event::{RemoteEvent, RemoteEventKind};
+use crate::protocol::{WireEvent, WireEventKind};
 
 /// The most bytes of events one message carries (a replay reply, a batch): well under
 /// NATS's default 1 MiB payload limit.
@@ -55,12 +55,12 @@ impl EventLog {
     }
 
     /// Numbers `kind` as the next event and keeps it, to be sent with the next batch.
-    pub(crate) fn record(&mut self, kind: RemoteEventKind) {
+    pub(crate) fn record(&mut self, kind: impl Into<WireEventKind>) {
         self.last_seq += 1;
-        let event = RemoteEvent {
+        let event = WireEvent {
             seq: self.last_seq,
             epoch: self.epoch,
-            kind,
+            kind: kind.into(),
         };
         // A derived `Serialize` of plain data with string keys cannot fail.
         let json = serde_json::to_vec(&event).unwrap_or_default();
@@ -132,7 +132,7 @@ impl EventLog {
     /// The kept events from `from` on, at most one reply's worth; `true` when they reach
     /// the newest. Events older than the oldest kept are simply not there: the gateway
     /// sees the hole and reports them lost.
-    pub(crate) fn since(&self, from: u64) -> (Vec<RemoteEvent>, bool) {
+    pub(crate) fn since(&self, from: u64) -> (Vec<WireEvent>, bool) {
         let mut bytes = 0;
         let mut out = Vec::new();
         let oldest = self.kept.front().map_or(1, |(seq, _)| *seq);
@@ -142,7 +142,7 @@ impl EventLog {
                 return (out, false);
             }
             bytes += json.len();
-            // It was serialized from a `RemoteEvent` just above.
+            // It was serialized from a `WireEvent` just above.
             if let Ok(event) = serde_json::from_slice(json) {
                 out.push(event);
             }
@@ -154,10 +154,19 @@ impl EventLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::remote_event::RemoteEventKind;
 
     fn chunk(text: &str) -> RemoteEventKind {
-        RemoteEventKind::Error {
-            message: text.to_owned(),
+        RemoteEventKind::StartFailed {
+            reason: text.to_owned(),
+        }
+    }
+
+    /// The text of an event made by [`chunk`].
+    fn text(event: &WireEvent) -> &str {
+        match &event.kind {
+            WireEventKind::Event(RemoteEventKind::StartFailed { reason }) => reason,
+            other => panic!("not a chunk: {other:?}"),
         }
     }
 
@@ -180,7 +189,7 @@ mod tests {
             .collect()
     }
 
-    fn read(message: &[u8]) -> Vec<RemoteEvent> {
+    fn read(message: &[u8]) -> Vec<WireEvent> {
         serde_json::from_slice(message).unwrap()
     }
 
@@ -196,7 +205,7 @@ mod tests {
             events.iter().map(|e| (e.seq, e.epoch)).collect::<Vec<_>>(),
             [(1, 3), (2, 3)]
         );
-        assert_eq!(events[1].kind, chunk("b"));
+        assert_eq!(text(&events[1]), "b");
     }
 
     #[test]
@@ -244,7 +253,7 @@ mod tests {
     #[test]
     fn the_budget_never_drops_an_event_before_it_is_sent() {
         // A close's answer carries the whole history, over the replay budget; the
-        // `SessionEnded` after it must not push it out before the batch goes.
+        // `SessionClosed` after it must not push it out before the batch goes.
         let mut log = EventLog::new(1, 300);
         log.record(chunk(&"h".repeat(1_000)));
         log.record(chunk("ended"));
@@ -264,7 +273,7 @@ mod tests {
         let (events, complete) = log.since(3);
         assert!(complete);
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
-        assert_eq!(events[0].kind, chunk("2"));
+        assert_eq!(text(&events[0]), "2");
         assert!(log.since(6).0.is_empty());
     }
 

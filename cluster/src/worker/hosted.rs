@@ -29,7 +29,7 @@
 //!   another worker, or a snapshot write the store refused, ends the session at once,
 //!   and nothing more is written;
 //! * it ends on `close`, the idle timeout, or a lost lease: then it publishes what
-//!   remains, the `InputDone` of the close, `SessionEnded`, writes the snapshots'
+//!   remains, the `InputDone` of the close, `SessionClosed`, writes the snapshots'
 //!   tombstone and the `Ended` owner record;
 //! * on the worker's drain it moves: it answers inputs `Moving` (the gateway sends them
 //!   to the next owner), lets the session settle until the drain's deadline (interrupting
@@ -59,6 +59,7 @@ use async_nats::jetstream;
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot, StoreError};
 use switchboard::{
     Engine, HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionEvent,
+    SessionHistory,
 };
 use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
@@ -71,10 +72,8 @@ use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::{LeaseClock, LeaseError, Ownership};
-use crate::protocol::{Answer, Input, Reply, Request};
-use crate::remote_event::{
-    EndReason, InputOutcome, RemoteEventKind, RemoteFailure, RemoteHistory, RemoteRunResult,
-};
+use crate::protocol::{Answer, Failure, Input, InputOutcome, Reply, Request, WireEventKind};
+use crate::remote_event::{CloseReason, RemoteEventKind};
 use crate::snapshots::SnapshotWriter;
 use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
@@ -243,9 +242,9 @@ enum Finished {
     Input { id: u64, outcome: InputOutcome },
     /// The session closed (a close input, the idle timeout).
     Ended {
-        reason: EndReason,
+        reason: CloseReason,
         close_input: Option<u64>,
-        history: RemoteHistory,
+        history: SessionHistory,
     },
     /// The drain settled the session and stored its last snapshot (or tried to).
     Moved { saved: Result<(), StoreError> },
@@ -254,9 +253,9 @@ enum Finished {
 /// How the loop ended.
 enum Exit {
     Ended {
-        reason: EndReason,
+        reason: CloseReason,
         close_input: Option<u64>,
-        history: RemoteHistory,
+        history: SessionHistory,
     },
     /// Its last snapshot is stored: hand it over.
     Moved,
@@ -270,7 +269,7 @@ enum Exit {
 #[derive(Clone, Debug)]
 enum Ending {
     /// The session ends.
-    End(EndReason),
+    End(CloseReason),
     /// It moves to another worker.
     Moving,
 }
@@ -369,7 +368,7 @@ impl Hosted {
                     drain_now = changed.is_err() || self.drain.borrow().is_some();
                 }
                 _ = sleep_until(idle_at), if self.ending.is_none() && idle_at.is_some() => {
-                    self.begin_ending(EndReason::Idle, None);
+                    self.begin_ending(CloseReason::Idle, None);
                 }
             }
             // Whatever else the session has said by now goes in the same batch.
@@ -383,9 +382,7 @@ impl Hosted {
     fn on_engine_event(&mut self, event: Result<SessionEvent, broadcast::error::RecvError>) {
         match event {
             Ok(event) => {
-                if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                    self.emit_from_session(kind);
-                }
+                self.emit_from_session(RemoteEventKind::Session { event });
             }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 self.emit(RemoteEventKind::EventsDropped { missed });
@@ -398,7 +395,7 @@ impl Hosted {
     fn on_finished(&mut self, finished: Finished) -> Option<Exit> {
         match finished {
             Finished::Input { id, outcome } => {
-                self.emit(RemoteEventKind::InputDone { input: id, outcome });
+                self.emit(WireEventKind::InputDone { input: id, outcome });
                 None
             }
             Finished::Ended {
@@ -530,9 +527,9 @@ impl Hosted {
                 self.emit_outcomes_due().await;
                 if let Some(id) = close_input {
                     let outcome = InputOutcome::History { history };
-                    self.emit(RemoteEventKind::InputDone { input: id, outcome });
+                    self.emit(WireEventKind::InputDone { input: id, outcome });
                 }
-                self.emit(RemoteEventKind::SessionEnded { reason });
+                self.emit(RemoteEventKind::SessionClosed { reason });
                 self.send_events().await;
                 let _ = self.inputs.unsubscribe().await;
                 // The snapshots first: a stale owner's tombstone is refused, and then it
@@ -568,7 +565,7 @@ impl Hosted {
         while let Ok(Some(finished)) = tokio::time::timeout_at(deadline, self.running.next()).await
         {
             if let Finished::Input { id, outcome } = finished {
-                self.emit(RemoteEventKind::InputDone { input: id, outcome });
+                self.emit(WireEventKind::InputDone { input: id, outcome });
             }
         }
     }
@@ -651,7 +648,7 @@ impl Hosted {
     }
 
     /// Numbers `kind` and keeps it; it goes out with the next batch.
-    fn emit(&mut self, kind: RemoteEventKind) {
+    fn emit(&mut self, kind: impl Into<WireEventKind>) {
         self.log.record(kind);
     }
 
@@ -748,7 +745,7 @@ impl Hosted {
                 Admission::Apply => {
                     match self.ending.clone() {
                         Some(Ending::End(reason)) => {
-                            self.reply(reply_to, &Reply::Ended { reason }).await;
+                            self.reply(reply_to, &Reply::Closed { reason }).await;
                             return;
                         }
                         Some(Ending::Moving) => {
@@ -789,7 +786,7 @@ impl Hosted {
             },
             Ok(_) => Answer::Done,
             Err(err) => Answer::Failed {
-                failure: (&err).into(),
+                failure: err.into(),
             },
         };
         match input {
@@ -846,10 +843,8 @@ impl Hosted {
                     let outcome = done_outcome(session.apply(input_id, update).await.map(|_| ()));
                     Finished::Input { id, outcome }
                 }),
-                Err(err) => Answer::Failed {
-                    failure: RemoteFailure::Factory {
-                        message: err.to_string(),
-                    },
+                Err(error) => Answer::Failed {
+                    failure: Failure::Factory { error },
                 },
             },
             Input::PlayoutFinished {
@@ -866,8 +861,8 @@ impl Hosted {
             }
             Input::History => self.under_way(async move {
                 let history = match session.apply(input_id, HostInput::History).await {
-                    Ok(InputAnswer::History(history)) => RemoteHistory::from(&history),
-                    _ => RemoteHistory::default(),
+                    Ok(InputAnswer::History(history)) => history,
+                    _ => SessionHistory::default(),
                 };
                 Finished::Input {
                     id,
@@ -876,7 +871,7 @@ impl Hosted {
             }),
             Input::Answered => at_once(session.apply(input_id, HostInput::AlreadyAnswered).await),
             Input::Close => {
-                self.begin_ending(EndReason::Closed, Some(id));
+                self.begin_ending(CloseReason::Host, Some(id));
                 Answer::Pending
             }
         }
@@ -899,14 +894,11 @@ impl Hosted {
 
     /// Closes the session (after the drain's settle, for a drain); new inputs are refused
     /// from now on.
-    fn begin_ending(&mut self, reason: EndReason, close_input: Option<u64>) {
-        self.ending = Some(Ending::End(reason.clone()));
+    fn begin_ending(&mut self, reason: CloseReason, close_input: Option<u64>) {
+        self.ending = Some(Ending::End(reason));
         let session = self.session.clone();
         self.under_way(async move {
-            let history = match session.close().await {
-                Ok(history) => RemoteHistory::from(&history),
-                Err(_) => RemoteHistory::default(),
-            };
+            let history = session.close().await.unwrap_or_default();
             Finished::Ended {
                 reason,
                 close_input,
@@ -956,16 +948,13 @@ fn turn_outcome(answer: Result<InputAnswer, switchboard::SessionError>) -> Input
         _ => RunResult::default(),
     });
     InputOutcome::Turn {
-        result: result
-            .as_ref()
-            .map(RemoteRunResult::from)
-            .map_err(RemoteFailure::from),
+        result: result.map_err(Failure::from),
     }
 }
 
 fn done_outcome(result: Result<(), switchboard::SessionError>) -> InputOutcome {
     InputOutcome::Done {
-        result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
+        result: result.map_err(Failure::from),
     }
 }
 

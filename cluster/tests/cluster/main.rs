@@ -4,6 +4,10 @@
 //! workspace links it once. The tests run one at a time (`common::one_at_a_time`).
 
 mod common;
+#[path = "../test_agents.rs"]
+mod test_agents;
+
+mod a_front_runs_the_same_over_a_local_and_a_remote_session;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;

@@ -80,7 +80,7 @@ async fn workers_and_gateway_reconnect_after_a_server_restart_and_sessions_go_on
             "events were lost: {event:?}"
         );
         seqs.push(event.seq);
-        if matches!(event.kind, RemoteEventKind::SessionEnded { .. }) {
+        if matches!(event.kind, RemoteEventKind::SessionClosed { .. }) {
             break;
         }
     }
