@@ -26,16 +26,23 @@
 //! - [`prompts`] — the texts the engine writes into the conversation: [`prompts::Prompts`],
 //!   one [`prompts::Template`] per text, the argument struct of each and the default texts.
 //!   Only a program that rewords them goes there.
+//! - [`realtime`] — realtime speech-to-speech models: the [`RealtimeModel`](realtime::RealtimeModel)
+//!   an agent uses in place of an [`Llm`], its settings (audio formats, voice, turn
+//!   detection), and the events a provider moves over its connection; the host's
+//!   microphone goes in through [`AudioInput`] (`Session::audio_input`).
 //! - [`memory`] — handing the memory of a drained traffic peak back to the system.
 //! - `telemetry` (cargo feature `telemetry`) — OpenTelemetry metrics, and spans under the
 //!   host's.
 //! - [`providers`] — real models: `providers::openai::OpenAiLlm` (cargo feature `openai`,
-//!   on by default) for OpenAI and compatible servers, [`providers::FallbackLlm`] (several
+//!   on by default) for OpenAI and compatible servers, `providers::openai_realtime::OpenAiRealtime`
+//!   (cargo feature `realtime`, on by default) for the OpenAI Realtime API over a WebSocket,
+//!   [`providers::FallbackLlm`] (several
 //!   models as one, moving to the next when one fails before answering), and the call-id
 //!   mapping any provider adapter needs.
 //! - [`testing`] — a scripted model, a recording speech output, fluent assertions on a
 //!   turn, a gate, bounded waits on events, a front's script run over any
-//!   [`HostSession`]: for tests without network.
+//!   [`HostSession`], a scripted realtime model and a loopback realtime server that
+//!   check their client as the service does: for tests without network.
 //! - [`futures`] — the `futures-util` crate the [`LlmStream`] type comes from, so an
 //!   [`Llm`] of your own can name `futures::stream::BoxStream` without a dependency.
 //! - [`test`] — the attribute for tests, `#[switchboard::test]` (see [Runtimes](#runtimes)).
@@ -151,9 +158,9 @@ pub mod __private {
 
 pub use switchboard_actors::{
     ActorId, ActorSnapshot, Agent, AgentBuilder, AgentChat, AgentHook, AgentState, AgentWork,
-    ArbiterStall, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage, ChatRole,
-    DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy, Engine,
-    EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
+    ArbiterStall, AudioInput, BlockingError, BuildError, ChatContext, ChatItem, ChatMessage,
+    ChatRole, DeferredReplyDecision, DrainEnd, DrainReport, DrainedSession, DuplicatePolicy,
+    Engine, EngineError, EngineStats, ErrorPolicy, ErrorRoute, EventsMissed, FunctionCall,
     FunctionCallOutput, GivenChat, Handoff, HookContext, HostInput, HostSession, InputAnswer,
     InputId, InspectError, Inspector, Llm, LlmChunk, LlmError, LlmMetrics, LlmRequest, LlmStream,
     LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer,
@@ -175,6 +182,21 @@ pub use switchboard_actors::{
     PriceTable, SessionLatency, SessionUsage, TurnClassifier, TurnHandling, TurnLatency,
     TurnMetrics, Usage, UsageLine, UserTurnLimit, DEFAULT_CUT_IN, ENGLISH_BACKCHANNELS,
 };
+
+/// Realtime speech-to-speech models: the [`RealtimeModel`](realtime::RealtimeModel) an agent
+/// uses in place of an [`Llm`] (`AgentBuilder::realtime`, `SessionBuilder::realtime`), how
+/// its sessions are set up ([`RealtimeSettings`](realtime::RealtimeSettings)), and the
+/// events a provider moves over its [`RealtimeConnection`](realtime::RealtimeConnection).
+/// The provider for OpenAI is `providers::openai_realtime::OpenAiRealtime`; the host's
+/// microphone goes in through [`Session::audio_input`] ([`AudioInput`]) and the model's
+/// audio comes out through [`SpeechOutput::speech_audio`].
+pub mod realtime {
+    pub use switchboard_actors::{
+        response_event_id, response_tag, AudioFormat, ClientEvent, OutputKind, Place,
+        RealtimeCapabilities, RealtimeConnection, RealtimeError, RealtimeModel, RealtimeSettings,
+        Reconnect, RemoteItem, ResponseStatus, ServerEvent, SessionUpdate, TurnDetection, VadKind,
+    };
+}
 
 /// The texts the engine writes into the conversation — the `update` wrapper, the two
 /// duplicate answers, the deferred `reply` instructions — and how to reword them: a

@@ -10,7 +10,13 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The host's side: its handle on a session, the engine, the mailbox inspector.
-const HOST_SIDE: &[&str] = &["session_handle", "host_session", "runtime", "inspector"];
+const HOST_SIDE: &[&str] = &[
+    "session_handle",
+    "host_session",
+    "runtime",
+    "inspector",
+    "audio_input",
+];
 /// The actor modules: the session, an activity, a toolset, a tool run.
 const ACTORS: &[&str] = &["session", "activity", "toolset", "tool_run"];
 /// The host's handle.
@@ -43,6 +49,7 @@ const PLUMBING: &[&str] = &[
     "registry",
     "telemetry",
     "heartbeat",
+    "realtime_link",
 ];
 /// The words everything else is written in.
 const VOCABULARY: &[&str] = &[
@@ -61,6 +68,7 @@ const VOCABULARY: &[&str] = &[
     "input_ledger",
     "usage",
     "latency",
+    "realtime",
 ];
 
 /// The crate modules a source file names, other than itself.

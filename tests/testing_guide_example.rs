@@ -14,7 +14,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::testing::{
-    event, settled, EventWaiter, Gate, RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm,
+    event, settled, silence, tone, EventWaiter, Gate, RealtimeReply, RealtimeScript,
+    RecordingOutput, Reply, RunExpect, RunResultExt, ScriptedLlm, ScriptedRealtime,
 };
 use switchboard::ToolChoice;
 
@@ -503,4 +504,78 @@ async fn a_handoff_stops_the_old_agents_tool_runs() {
     assert!(diagram.starts_with("sequenceDiagram\n"));
     assert!(diagram.contains("    participant A4 as tool/s1/1:call_1\n"));
     assert!(diagram.contains("    A3->>A4: StopRun\n    A4->>A3: RunEnded\n"));
+}
+
+// ---- 9. Realtime models --------------------------------------------------------------
+
+#[switchboard::test]
+async fn a_realtime_agent_against_the_scripted_server() {
+    tokio::time::pause();
+    // The server's replies in order: a call, then the spoken answer with its transcript.
+    let model = ScriptedRealtime::new(
+        RealtimeScript::new([
+            RealtimeReply::call("get_weather", json!({"city": "Paris"})),
+            RealtimeReply::speech("It is sunny in Paris.").chunks(10),
+        ])
+        .user_transcript("What is the weather in Paris?"),
+    );
+    let output = RecordingOutput::new();
+    let session = Session::builder()
+        .realtime(model.shared())
+        .agent(
+            Agent::builder("assistant")
+                .tool(get_weather())
+                .build()
+                .unwrap(),
+        )
+        .output(output.clone())
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = EventWaiter::new(&session).with_timeout(Duration::from_secs(30));
+
+    // The caller speaks: 300 ms of a tone, then silence, which ends the turn.
+    let mut microphone = session.audio_input();
+    for _ in 0..15 {
+        microphone.push(&tone(20));
+    }
+    for _ in 0..15 {
+        microphone.push(&silence(20));
+    }
+    microphone.flush();
+
+    let said = events
+        .next(event::item_added("the spoken answer", |item| match item {
+            ChatItem::Message(m) if m.role == ChatRole::Assistant => Some(m.content.clone()),
+            _ => None,
+        }))
+        .await
+        .unwrap()
+        .1;
+    assert_eq!(said, "It is sunny in Paris.");
+    session.wait_for_settled().await.unwrap();
+
+    // The chat: the user's words (the server's transcript), the call, its output, the answer.
+    let chat = session.chat_context().await.unwrap();
+    chat.check_invariant().unwrap();
+    let user = chat.items().iter().find_map(|item| match item {
+        ChatItem::Message(m) if m.role == ChatRole::User => Some(m.content.clone()),
+        _ => None,
+    });
+    assert_eq!(user.as_deref(), Some("What is the weather in Paris?"));
+    assert!(output.last_speech().unwrap().audio_bytes > 0);
+
+    // What the server saw: nothing the service would refuse, the output sent before the
+    // one `response.create` that asked for the answer.
+    let report = model.report();
+    assert_eq!(report.violations_total(), 0, "{:?}", report.violations);
+    assert_eq!(report.events_of("response.create").len(), 1);
+    let output_item = report
+        .events_of("conversation.item.create")
+        .into_iter()
+        .find(|e| e["item"]["type"] == "function_call_output")
+        .cloned()
+        .unwrap();
+    assert_eq!(output_item["item"]["output"], "sunny in Paris");
+    session.close().await.unwrap();
 }

@@ -53,6 +53,7 @@ mod heard;
 mod latency;
 mod ledger;
 mod preflight;
+mod realtime;
 mod turn;
 
 use std::collections::HashMap;
@@ -74,12 +75,14 @@ use crate::events::{AgentHook, SessionEvent, Unfinished};
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, stop_all, AliveToken, Child};
-use crate::llm::{Llm, LlmTimeouts};
+use crate::llm::LlmTimeouts;
 use crate::llm_guard;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::outcome::{panic_message, CallOutput, StoppedCall};
 use crate::output::SpeechId;
 use crate::prompts::Prompts;
+use crate::realtime::Model;
+use crate::realtime_link::{LinkEvent, RealtimeLink};
 use crate::reentry;
 use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
@@ -102,7 +105,10 @@ pub(crate) use turn::{Ask, TurnKind, TurnOutcome};
 pub(crate) struct ActivitySpec {
     pub(crate) agent: Agent,
     /// The model, already resolved (the agent's or the session's).
-    pub(crate) llm: Arc<dyn Llm>,
+    pub(crate) llm: Model,
+    /// For a realtime model: the session's connection to it (kept across handoffs between
+    /// agents of the model).
+    pub(crate) realtime: Option<RealtimeLink>,
     pub(crate) generation: u32,
     /// Whether it runs as a sub-task (only a sub-task may complete a task).
     pub(crate) is_task: bool,
@@ -147,8 +153,10 @@ pub(crate) struct Handover {
 pub(crate) struct ActivityActor {
     probe: Arc<Probe>,
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     timeouts: LlmTimeouts,
+    /// Its side of the realtime model's connection, for a realtime agent.
+    realtime: Option<realtime::Realtime>,
     is_task: bool,
     shared: Arc<SessionShared>,
     links: Arc<SessionLinks>,
@@ -200,6 +208,7 @@ impl ActivityActor {
             Some((restored, task_result)) => (Some(restored), task_result),
             None => (None, None),
         };
+        let restored_current = restored.as_ref().is_some_and(|r| !r.paused);
         let machine = Activation::new(Setup {
             id,
             agent: spec.agent.clone(),
@@ -215,11 +224,14 @@ impl ActivityActor {
             inherited: spec.inherited,
             restored,
         });
-        let actor = ActivityActor {
+        let mut actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
             llm: spec.llm,
             timeouts,
+            realtime: spec
+                .realtime
+                .map(|link| realtime::Realtime::new(link, timeouts)),
             is_task: spec.is_task,
             shared: spec.shared,
             links: spec.links,
@@ -234,7 +246,13 @@ impl ActivityActor {
             _alive: alive,
         };
         let waiting = actor.machine.waiting_call();
+        // A restored current agent takes its model's connection at once (it gets no
+        // `StartActivity`): the new connection is set up and its chat replayed as text.
+        let restored_current = restored_current && actor.realtime.is_some();
         let addr = ActivityActor::create(move |ctx| {
+            if restored_current {
+                actor.attach_realtime(ctx);
+            }
             // A restored caller's step waits for its sub-task's result. The tool body that
             // awaited the task is gone with the old process: a run stands for it in its
             // toolset, whose body returns the task's result, and its output is the call's.
@@ -331,8 +349,32 @@ impl ActivityActor {
                 step,
                 request,
                 span,
+                adopt,
             } => {
-                let stream = llm_guard::open(&*self.llm, request, self.timeouts, span);
+                let llm = match (&self.llm, &mut self.realtime) {
+                    (Model::Text(llm), _) => llm.clone(),
+                    (Model::Realtime(_), Some(realtime)) => {
+                        let _entered = span.enter();
+                        realtime.open(step, request, adopt);
+                        self.arm_step_wait(ctx);
+                        return;
+                    }
+                    (Model::Realtime(model), None) => {
+                        // Not reached: a realtime agent's activity is spawned with its link.
+                        let error = crate::llm::LlmError::new(format!(
+                            "the realtime model {} has no connection",
+                            model.name()
+                        ));
+                        return self.feed(
+                            Input::StreamEnded {
+                                step,
+                                failure: Some(TurnFailure::Llm(error)),
+                            },
+                            ctx,
+                        );
+                    }
+                };
+                let stream = llm_guard::open(&*llm, request, self.timeouts, span);
                 let task = ctx.spawn(
                     stream
                         .into_actor(self)
@@ -360,6 +402,9 @@ impl ActivityActor {
                 self.stream = Some((step, task));
             }
             Command::CancelStream { step } => {
+                if let Some(realtime) = &mut self.realtime {
+                    realtime.cancel(step);
+                }
                 if let Some((open, task)) = self.stream.take() {
                     if open == step {
                         ctx.cancel_future(task);
@@ -497,6 +542,134 @@ impl ActivityActor {
                 });
             }
         }
+    }
+
+    /// A realtime agent takes its model's connection: its instructions, tools and chat go
+    /// to the model, and the connection's events come here.
+    fn attach_realtime(&mut self, ctx: &mut Context<Self>) {
+        let Some(realtime) = &mut self.realtime else {
+            return;
+        };
+        if realtime.attached() {
+            return;
+        }
+        let config = realtime::config(&self.agent, self.machine.tool_schemas());
+        let events = realtime.attach(config, self.machine.chat().clone());
+        let task = ctx.spawn(
+            events
+                .into_actor(self)
+                .map(|event, act, ctx| act.on_link(event, ctx))
+                .finish(),
+        );
+        if let Some(realtime) = &mut self.realtime {
+            realtime.listening(task);
+        }
+    }
+
+    /// A realtime agent leaves the connection (it pauses or closes).
+    fn detach_realtime(&mut self, ctx: &mut Context<Self>) {
+        if let Some(task) = self.realtime.as_mut().and_then(|r| r.detach()) {
+            ctx.cancel_future(task);
+        }
+    }
+
+    /// One event of the realtime connection: a piece of a step's answer becomes the
+    /// machine's input; the model's audio goes to the host's output through the step's
+    /// speech.
+    fn on_link(&mut self, event: LinkEvent, ctx: &mut Context<Self>) {
+        let Some(realtime) = &mut self.realtime else {
+            return;
+        };
+        match realtime.on_event(event) {
+            realtime::Then::Nothing => {}
+            realtime::Then::Audio(step, audio) => {
+                let speech = match realtime.speech_of(step) {
+                    Some(speech) => speech,
+                    None => {
+                        let Some(speech) = self.machine.start_speech(step) else {
+                            return;
+                        };
+                        if let Some(realtime) = &mut self.realtime {
+                            realtime.speaking(step, speech);
+                        }
+                        speech
+                    }
+                };
+                self.shared
+                    .output
+                    .call(|output| output.speech_audio(speech, &audio));
+                if let Some(realtime) = &mut self.realtime {
+                    realtime.played(speech, audio.len());
+                }
+            }
+            realtime::Then::Chunk(step, chunk) => {
+                let text = matches!(chunk, crate::llm::LlmChunk::Text(_));
+                self.feed(Input::Chunk { step, chunk }, ctx);
+                if text {
+                    // The step's speech starts at its first text when no audio came first.
+                    let speech = self.machine.start_speech(step);
+                    if let (Some(realtime), Some(speech)) = (&mut self.realtime, speech) {
+                        realtime.speaking(step, speech);
+                    }
+                }
+            }
+            realtime::Then::Ended(step, usage, failure) => {
+                if let Some(usage) = usage {
+                    self.feed(
+                        Input::Chunk {
+                            step,
+                            chunk: crate::llm::LlmChunk::Usage(usage),
+                        },
+                        ctx,
+                    );
+                }
+                self.feed(
+                    Input::StreamEnded {
+                        step,
+                        failure: failure.map(TurnFailure::Llm),
+                    },
+                    ctx,
+                );
+            }
+            realtime::Then::Replay => {
+                // A new connection: the whole chat goes to it, as text.
+                realtime.sync(self.machine.chat().clone());
+            }
+        }
+    }
+
+    /// Arms the one timer of the open realtime step's wait (its first event, then each
+    /// next one); when it fires and nothing came meanwhile, the step fails as a stalled
+    /// LLM stream does.
+    fn arm_step_wait(&mut self, ctx: &mut Context<Self>) {
+        let Some((step, at)) = self.realtime.as_ref().and_then(|r| r.deadline()) else {
+            return;
+        };
+        let after = at.saturating_duration_since(Instant::now());
+        ctx.run_later(after, move |act, ctx| {
+            let Some(realtime) = &mut act.realtime else {
+                return;
+            };
+            match realtime.deadline() {
+                Some((open, _)) if open == step => {}
+                // The step ended, or another one opened (with its own timer).
+                _ => return,
+            }
+            match realtime.timed_out(step) {
+                Some(error) => {
+                    tracing::warn!(session = %act.shared.id(), agent = %act.agent.name(), %error, "the realtime model did not answer in time");
+                    act.feed(
+                        Input::StreamEnded {
+                            step,
+                            failure: Some(TurnFailure::Llm(error)),
+                        },
+                        ctx,
+                    );
+                }
+                // Events came: wait from the last one.
+                None => act.arm_step_wait(ctx),
+            }
+        });
     }
 
     /// The chat context now and the pending items the next agent takes over.
@@ -706,6 +879,9 @@ impl Handler<StartActivity> for ActivityActor {
     fn handle(&mut self, msg: StartActivity, ctx: &mut Self::Context) {
         self.entering = Some(msg.entered);
         self.feed(Input::Enter, ctx);
+        // A realtime agent's instructions, tools and chat go to its model now, before
+        // anything it asks (a handoff's: before the output of the call that handed off).
+        self.attach_realtime(ctx);
     }
 }
 
@@ -811,6 +987,12 @@ impl Handler<UserStartedSpeaking> for ActivityActor {
 
     fn handle(&mut self, _msg: UserStartedSpeaking, ctx: &mut Self::Context) {
         self.feed(Input::UserStartedSpeaking { at: Instant::now() }, ctx);
+        if let Some(realtime) = &self.realtime {
+            // The server may answer by itself when the user stops: what the chat holds
+            // that the model lacks goes now, with the outputs the interruption just gave
+            // the calls of the step it cut.
+            realtime.sync(self.machine.chat().clone());
+        }
     }
 }
 
@@ -884,6 +1066,24 @@ impl Handler<UserTranscript> for ActivityActor {
             },
             ctx,
         );
+    }
+}
+
+/// From the session: a realtime model transcribed a user turn that started before its
+/// words came; the oldest user message still without words gets them.
+pub(crate) struct UserTranscribed {
+    pub(crate) text: String,
+}
+
+impl Message for UserTranscribed {
+    type Result = ();
+}
+
+impl Handler<UserTranscribed> for ActivityActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: UserTranscribed, ctx: &mut Self::Context) {
+        self.feed(Input::UserTranscribed { text: msg.text }, ctx);
     }
 }
 
@@ -966,6 +1166,7 @@ impl Handler<PauseActivity> for ActivityActor {
         let (tx, rx) = oneshot::channel();
         self.pausing.push(tx);
         self.feed(Input::Pause { spare: msg.spare }, ctx);
+        self.detach_realtime(ctx);
         if !self.machine.is_paused() {
             // Not pausable (closing): nothing to stop, answer with what it has.
             let handover = self.handover();
@@ -994,6 +1195,8 @@ impl Handler<ResumeActivity> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: ResumeActivity, ctx: &mut Self::Context) {
+        // The caller's configuration and chat go back to the model first.
+        self.attach_realtime(ctx);
         self.feed(
             Input::Resume {
                 carried: msg.carried,
@@ -1023,6 +1226,7 @@ impl Handler<CloseActivity> for ActivityActor {
         let (tx, rx) = oneshot::channel();
         self.closing.push(tx);
         self.feed(Input::Close { reason: msg.reason }, ctx);
+        self.detach_realtime(ctx);
         // The session's close reaching a handoff's `on_exit` still running bounds it.
         self.bound_exit_hook(ctx);
         Box::pin(async move { rx.await.unwrap_or_default() })
@@ -1036,6 +1240,8 @@ pub(crate) struct PlayoutFinished {
     pub(crate) speech: SpeechId,
     pub(crate) interrupted: bool,
     pub(crate) heard: Option<String>,
+    /// How much of the speech's audio played, when the output plays audio.
+    pub(crate) heard_audio: Option<std::time::Duration>,
 }
 
 impl Message for PlayoutFinished {
@@ -1046,11 +1252,20 @@ impl Handler<PlayoutFinished> for ActivityActor {
     type Result = ();
 
     fn handle(&mut self, msg: PlayoutFinished, ctx: &mut Self::Context) {
+        let mut heard = msg.heard;
+        if let (Some(realtime), Some(played), true) =
+            (&mut self.realtime, msg.heard_audio, msg.interrupted)
+        {
+            // The model's item is cut where the user stopped hearing it; the text heard
+            // is the same share of what was said, unless the output knew it.
+            let estimate = realtime.cut(msg.speech, played, self.machine.chat());
+            heard = heard.or(estimate);
+        }
         self.feed(
             Input::Playout {
                 speech: msg.speech,
                 interrupted: msg.interrupted,
-                heard: msg.heard,
+                heard,
             },
             ctx,
         );
@@ -1259,6 +1474,7 @@ counted_handlers!(
     UserStartedSpeaking,
     UserStoppedSpeaking,
     UserTranscript,
+    UserTranscribed,
     Preflight,
     DeliverToolItems,
     AppendItems,

@@ -15,6 +15,7 @@ use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::prompts::Prompts;
+use crate::realtime::RealtimeModel;
 use crate::starting_chat::StartingChat;
 use crate::tool::{valid_tool_name, DuplicatePolicy, Tool, Toolset};
 use crate::turn_handling::TurnHandling;
@@ -89,6 +90,10 @@ pub(crate) struct AgentDef {
     pub(crate) name: Arc<str>,
     pub(crate) instructions: Arc<str>,
     pub(crate) llm: Option<Arc<dyn Llm>>,
+    /// The realtime model this agent uses instead of an LLM, if it sets one.
+    pub(crate) realtime: Option<Arc<dyn RealtimeModel>>,
+    /// The voice of its realtime model, if not the model's.
+    pub(crate) voice: Option<String>,
     pub(crate) tools: Vec<Tool>,
     pub(crate) toolsets: Vec<Toolset>,
     pub(crate) on_enter: Option<Hook>,
@@ -124,6 +129,8 @@ impl Agent {
                 name: Arc::from(name.into()),
                 instructions: Arc::from(""),
                 llm: None,
+                realtime: None,
+                voice: None,
                 tools: Vec::new(),
                 toolsets: Vec::new(),
                 on_enter: None,
@@ -229,6 +236,23 @@ impl AgentBuilder {
     /// The model this agent uses (default: the session's).
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.def.llm = Some(llm);
+        self
+    }
+
+    /// The realtime speech-to-speech model this agent uses instead of an LLM (default: the
+    /// session's model). Its tools, handoffs, sub-tasks and async tools work as with an
+    /// LLM; the model hears the user's audio and speaks through the host's output. A
+    /// handoff to an agent of the same model keeps the model's connection.
+    pub fn realtime(mut self, model: Arc<dyn RealtimeModel>) -> Self {
+        self.def.realtime = Some(model);
+        self
+    }
+
+    /// The voice this agent speaks with on a realtime model (default: the model's). A
+    /// model that cannot change its voice once it has spoken (OpenAI) keeps the voice it
+    /// started with when a later agent asks for another.
+    pub fn voice(mut self, voice: impl Into<String>) -> Self {
+        self.def.voice = Some(voice.into());
         self
     }
 

@@ -367,6 +367,15 @@ pub enum SessionEvent {
         /// The limit that was reached.
         limit: u32,
     },
+    /// The connection to a realtime model is being replaced: it dropped (`reason` says
+    /// how), or it reached its age limit. The next connection is set up and the
+    /// conversation replayed as text before anything else is asked of the model.
+    RealtimeReconnecting {
+        /// The model.
+        model: String,
+        /// Why.
+        reason: String,
+    },
     /// Another writer claimed this session in its snapshot store (a restore of what this
     /// session saved, in this process or another: `SessionBuilder::restore_from`; a
     /// takeover, such as a cluster's new owner), and the store refused this session's save

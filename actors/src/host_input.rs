@@ -52,6 +52,16 @@ pub enum HostInput {
         /// What the user heard of it, when cut short.
         heard: Option<String>,
     },
+    /// `PlayoutReporter::audio_finished`: the playout of a realtime model's audio ended
+    /// after `played` of it.
+    AudioFinished {
+        /// The speech.
+        speech: SpeechId,
+        /// Whether it was cut short.
+        interrupted: bool,
+        /// How much of its audio played.
+        played: std::time::Duration,
+    },
     /// `Session::interrupt`, or `Session::force_interrupt` with `force`.
     Interrupt {
         /// Even when the speech does not allow interruptions.

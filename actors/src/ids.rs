@@ -59,6 +59,11 @@ impl ActorId {
         Self::new(format!("toolset/{session}/{agent}#{generation}/{toolset}"))
     }
 
+    /// The task that keeps a session's connection to a realtime model, as a sender.
+    pub(crate) fn realtime(session: &SessionId, model: &str) -> Self {
+        Self::new(format!("realtime/{session}/{model}"))
+    }
+
     pub(crate) fn tool_run(session: &SessionId, seq: u64, call_id: &str) -> Self {
         Self::new(format!("tool/{session}/{seq}:{call_id}"))
     }

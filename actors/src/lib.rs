@@ -47,6 +47,7 @@
 // (see `ARCHITECTURE.md`), not part of its surface.
 mod activity;
 mod agent;
+mod audio_input;
 mod call_ids;
 mod chat;
 mod control;
@@ -72,6 +73,8 @@ mod memory;
 mod outcome;
 mod output;
 mod prompts;
+mod realtime;
+mod realtime_link;
 mod reentry;
 mod registry;
 mod restore;
@@ -93,6 +96,7 @@ mod turn_handling;
 mod usage;
 
 pub use agent::{Agent, AgentBuilder, HookContext, TurnDecision};
+pub use audio_input::AudioInput;
 pub use chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall, FunctionCallOutput};
 pub use control::SessionControl;
 pub use error::{BlockingError, BuildError, EngineError, SessionError, TurnFailure, UpdateError};
@@ -125,6 +129,11 @@ pub use output::{NullOutput, Playout, PlayoutReporter, SpeechId, SpeechOutput};
 pub use prompts::{
     DuplicatePromptArgs, PromptArgs, Prompts, ReplyPromptArgs, Template, UpdatePromptArgs,
     DEFAULT_CONFIRM, DEFAULT_REJECT, DEFAULT_REPLY, DEFAULT_UPDATE,
+};
+pub use realtime::{
+    response_event_id, response_tag, AudioFormat, ClientEvent, OutputKind, Place,
+    RealtimeCapabilities, RealtimeConnection, RealtimeError, RealtimeModel, RealtimeSettings,
+    Reconnect, RemoteItem, ResponseStatus, ServerEvent, SessionUpdate, TurnDetection, VadKind,
 };
 pub use restore::AgentRegistry;
 #[allow(deprecated)]

@@ -10,6 +10,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Identifies one speech of a session (`speech_1`, `speech_2`, … in creation order).
 /// Only the session makes them: a speech id names a speech it created.
@@ -46,8 +47,13 @@ pub trait SpeechOutput: Send + 'static {
     fn attach(&mut self, _reporter: PlayoutReporter) {}
     /// A speech starts.
     fn speech_started(&mut self, _speech: SpeechId, _agent: &str) {}
-    /// A piece of the speech's text.
+    /// A piece of the speech's text (with a realtime model: the transcript of its audio).
     fn speech_chunk(&mut self, speech: SpeechId, text: &str);
+    /// A piece of the speech's audio, from a realtime model, in the format its settings
+    /// name for output (PCM16 at 24 kHz unless set otherwise). A voice output plays it and
+    /// reports what was heard with [`PlayoutReporter::audio_finished`]; a text output
+    /// ignores it (the default).
+    fn speech_audio(&mut self, _speech: SpeechId, _audio: &[u8]) {}
     /// The speech's text is complete; say whether playout is done.
     fn speech_finished(&mut self, _speech: SpeechId) -> Playout {
         Playout::Done
@@ -77,7 +83,13 @@ impl SpeechOutput for NullOutput {
 
 /// What a playout report says to the engine (implemented by the session's links).
 pub(crate) trait PlayoutPort: Send + Sync + 'static {
-    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>);
+    fn report(
+        &self,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+        heard_audio: Option<Duration>,
+    );
 }
 
 /// How an output reports that a speech's playout ended. Cheap to clone; handed to the
@@ -104,6 +116,15 @@ impl PlayoutReporter {
     /// leaves no message. Accepted for any speech, at any time; ignored once the session
     /// is gone.
     pub fn playout_finished(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
-        self.port.report(speech, interrupted, heard);
+        self.port.report(speech, interrupted, heard, None);
+    }
+
+    /// The playout of `speech`'s audio (a realtime model's) ended after `played` of it:
+    /// in full (`interrupted == false`), or cut short. A cut speech's audio is cut at the
+    /// model at `played` (clamped to the audio the session received; nothing played
+    /// removes it), and its message in the chat context keeps the same share of its text.
+    /// Accepted for any speech, at any time; ignored once the session is gone.
+    pub fn audio_finished(&self, speech: SpeechId, interrupted: bool, played: Duration) {
+        self.port.report(speech, interrupted, None, Some(played));
     }
 }

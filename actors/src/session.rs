@@ -44,6 +44,7 @@ mod endpoint;
 mod overlap;
 mod pauses;
 mod preemption;
+mod realtime;
 mod saver;
 mod schedule;
 mod snapshot;
@@ -76,9 +77,11 @@ use crate::handoff::Handoff;
 use crate::history::{SessionHistory, SubTaskOf};
 use crate::ids::ActorId;
 use crate::lifecycle::{AliveToken, Child};
-use crate::llm::{Llm, ToolSchema};
+use crate::llm::ToolSchema;
 use crate::mailbox::{counted_handlers, plain_response, Mailbox, Probe};
 use crate::output::{PlayoutPort, PlayoutReporter, SpeechId};
+use crate::realtime::Model;
+use crate::realtime_link::RealtimeLink;
 use crate::registry::SessionLease;
 use crate::shared::SessionShared;
 use crate::speech::{
@@ -96,6 +99,7 @@ pub(crate) use apply::ApplyInput;
 pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use overlap::{Ignored, Judged, OverlapJudge};
+use realtime::{HeardTurn, Transcribed};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
 pub(crate) use snapshot::{AwaitTask, RestorePlan, TakeSnapshot};
@@ -141,7 +145,7 @@ pub(crate) struct QueuedTurn {
 /// A handoff whose agent was checked: it can start here.
 pub(crate) struct PlannedHandoff {
     handoff: Handoff,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     done: HandoffDone,
     /// Who asked, for the handoff's span.
     cause: Cause,
@@ -217,7 +221,7 @@ type Refused = Box<(HandoffDone, SessionError)>;
 /// A sub-task whose agent was checked.
 pub(crate) struct PlannedTask {
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
 }
 
 /// The session actor's handles, as the schedule moves them.
@@ -299,7 +303,13 @@ impl SpeechPort for SessionLinks {
 }
 
 impl PlayoutPort for SessionLinks {
-    fn report(&self, speech: SpeechId, interrupted: bool, heard: Option<String>) {
+    fn report(
+        &self,
+        speech: SpeechId,
+        interrupted: bool,
+        heard: Option<String>,
+        heard_audio: Option<std::time::Duration>,
+    ) {
         // One per report, at the host's pace; a report of a speech that has ended is
         // dropped at the session.
         self.session.tell(
@@ -308,6 +318,7 @@ impl PlayoutPort for SessionLinks {
                 speech,
                 interrupted,
                 heard,
+                heard_audio,
             },
         );
     }
@@ -406,6 +417,8 @@ pub(crate) struct SessionActor {
     /// The latest final transcript's cause, for the user turn its words make (telemetry;
     /// empty without the feature).
     transcript_cause: Cause,
+    /// The connections to the realtime models live activities use, one per model.
+    realtime_links: Vec<RealtimeLink>,
     _lease: SessionLease,
     _alive: AliveToken,
 }
@@ -461,6 +474,7 @@ impl SessionActor {
             was_inactive: false,
             published_agent: None,
             transcript_cause: Cause::default(),
+            realtime_links: Vec::new(),
             _lease: lease,
             _alive: alive,
         }
@@ -1046,7 +1060,7 @@ impl StreamHandler<alarm::Rang> for SessionActor {
 /// What a session starts from.
 pub(crate) enum Start {
     /// Its first agent, with the model it uses.
-    Fresh(Agent, Arc<dyn Llm>),
+    Fresh(Agent, Model),
     /// A snapshot, with the agents it names.
     Restore(Box<RestorePlan>),
 }
@@ -1697,4 +1711,6 @@ counted_handlers!(
     AwaitTask,
     ApplyInput,
     InputsHandled,
+    HeardTurn,
+    Transcribed,
 );

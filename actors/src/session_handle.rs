@@ -23,6 +23,7 @@ use crate::activity::{
     InterruptTurn, ReadChat, UserStartedSpeaking, UserStoppedSpeaking, UserTranscript,
 };
 use crate::agent::Agent;
+use crate::audio_input::AudioInput;
 use crate::chat::ChatContext;
 use crate::error::{BuildError, SessionError};
 use crate::error_policy::ErrorPolicy;
@@ -40,6 +41,7 @@ use crate::llm::{Llm, LlmTimeouts};
 use crate::mailbox::{Journal, Mailbox, Probe};
 use crate::output::{NullOutput, SpeechOutput};
 use crate::prompts::Prompts;
+use crate::realtime::RealtimeModel;
 use crate::reentry;
 use crate::registry::{DrainPort, LiveSession};
 use crate::restore::AgentRegistry;
@@ -368,6 +370,15 @@ impl Session {
                 interrupts: false,
             },
         );
+    }
+
+    /// Where the host pushes the user's microphone audio for an agent that talks through a
+    /// realtime model: the model hears it, detects the user's turns (its server's VAD), and
+    /// its audio comes back through the output's
+    /// [`speech_audio`](crate::SpeechOutput::speech_audio). Cheap per push: no message per
+    /// frame. See [`AudioInput`].
+    pub fn audio_input(&self) -> AudioInput {
+        AudioInput::new(self.host.shared.clone())
     }
 
     /// What the agent is doing now.
@@ -758,6 +769,7 @@ impl SessionAddress {
 /// Configures and starts a [`Session`].
 pub struct SessionBuilder {
     llm: Option<Arc<dyn Llm>>,
+    realtime: Option<Arc<dyn RealtimeModel>>,
     agent: Option<Agent>,
     toolsets: Vec<Toolset>,
     output: Box<dyn SpeechOutput>,
@@ -794,6 +806,7 @@ impl Default for SessionBuilder {
     fn default() -> Self {
         Self {
             llm: None,
+            realtime: None,
             agent: None,
             toolsets: Vec::new(),
             output: Box::new(NullOutput),
@@ -845,6 +858,15 @@ impl SessionBuilder {
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
         self.llm = Some(llm);
+        self
+    }
+
+    /// The realtime speech-to-speech model agents use unless they set their own model;
+    /// it wins over the session's [`llm`](Self::llm). The host's microphone audio goes in
+    /// through [`Session::audio_input`], the model's audio comes out through the output's
+    /// [`SpeechOutput::speech_audio`].
+    pub fn realtime(mut self, model: Arc<dyn RealtimeModel>) -> Self {
+        self.realtime = Some(model);
         self
     }
 
@@ -1297,7 +1319,11 @@ impl SessionBuilder {
             (Some(_), None) => None,
             (None, agent) => {
                 let agent = agent.ok_or(BuildError::NoAgent)?;
-                if agent.def.llm.is_none() && self.llm.is_none() {
+                if agent.def.llm.is_none()
+                    && agent.def.realtime.is_none()
+                    && self.llm.is_none()
+                    && self.realtime.is_none()
+                {
                     return Err(BuildError::NoLlm {
                         agent: agent.name().to_owned(),
                     }
@@ -1412,6 +1438,7 @@ impl SessionBuilder {
                     max_blocking_jobs: self.max_blocking_jobs,
                 },
                 llm: self.llm,
+                realtime: self.realtime,
                 error_policy: self.error_policy,
                 prompts: self.prompts,
                 mocks: self.mocks,

@@ -16,6 +16,7 @@
 //! | [`history`](SessionShared::history) | the final chat context of each activation that closed | each activity, once, as it stops |
 //! | [`unfinished`](SessionShared::unfinished) | the host's code its close stopped waiting for | whichever actor drops it (a run, an activity, the session) |
 //! | [`journal`](SessionShared::journal) | the session's live actors and queued messages, and each actor's record when inspecting | each actor's probe, for its own actor and the messages sent to it |
+//! | [`audio`](SessionShared::audio) | where the host's microphone audio goes: the current agent's realtime connection, if it has one | the session, when the current agent changes and at close |
 
 mod events;
 mod host_view;
@@ -25,6 +26,7 @@ mod settings;
 mod speeches;
 
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::events::{SessionEvent, Unfinished};
@@ -33,6 +35,7 @@ use crate::idle_release::IdleHold;
 use crate::lifecycle::AliveWaiter;
 use crate::mailbox::Journal;
 use crate::output::SpeechOutput;
+use crate::realtime_link::RealtimeLink;
 use crate::telemetry::SessionTelemetry;
 
 pub(crate) use events::Events;
@@ -60,6 +63,8 @@ pub(crate) struct SessionShared {
     /// The mailbox journal every probe of the session reports to: its live actors and
     /// queued messages, and each actor's record when inspection is on.
     pub(crate) journal: Arc<Journal>,
+    /// Where the host's microphone audio goes.
+    pub(crate) audio: AudioSlot,
     /// Resolves once the session actor (and so every actor of the session) is gone.
     pub(crate) gone: AliveWaiter,
     /// The parent of every span of the session (turns, LLM requests, tool runs).
@@ -105,6 +110,7 @@ impl SessionShared {
             unfinished: UnfinishedBook::default(),
             blocking: BlockingSlots::default(),
             journal: parts.journal,
+            audio: AudioSlot::default(),
             gone: parts.gone,
             started_at: tokio::time::Instant::now(),
             _memory: parts.memory,
@@ -135,6 +141,43 @@ impl HostOutput {
                 R::default()
             }
         }
+    }
+}
+
+/// The current agent's realtime connection, where the host's microphone audio goes (none:
+/// the audio is dropped). A host's `AudioInput` keeps a copy of its sender and takes a new
+/// one only when the generation moved, so a piece of audio costs an atomic read, not a
+/// lock.
+#[derive(Default)]
+pub(crate) struct AudioSlot {
+    link: Mutex<Option<RealtimeLink>>,
+    generation: AtomicU64,
+}
+
+impl AudioSlot {
+    /// The connection the host's audio goes to from now on.
+    pub(crate) fn set(&self, link: Option<RealtimeLink>) {
+        let mut slot = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        let same = match (&*slot, &link) {
+            (Some(a), Some(b)) => a.same(b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            *slot = link;
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// The generation of the slot: it moves whenever the connection changes.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The connection now, with its generation.
+    pub(crate) fn current(&self) -> (u64, Option<RealtimeLink>) {
+        let slot = self.link.lock().unwrap_or_else(|p| p.into_inner());
+        (self.generation(), slot.clone())
     }
 }
 
@@ -246,6 +289,7 @@ impl SessionShared {
                     max_blocking_jobs: 4,
                 },
                 llm: None,
+                realtime: None,
                 error_policy: crate::error_policy::ErrorPolicy::new(),
                 prompts: crate::prompts::Prompts::new(),
                 mocks: HashMap::new(),

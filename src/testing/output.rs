@@ -1,6 +1,7 @@
 //! Speech outputs for tests and demos.
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use switchboard_actors::{Playout, PlayoutReporter, SpeechId, SpeechOutput};
 
@@ -19,6 +20,8 @@ pub struct RecordedSpeech {
     pub interrupted: bool,
     /// Whether it is paused now.
     pub paused: bool,
+    /// How much audio a realtime model played through it, in bytes.
+    pub audio_bytes: usize,
 }
 
 /// One call the engine made on a [`RecordingOutput`], in order. New kinds may come as
@@ -109,6 +112,14 @@ impl RecordingOutput {
         }
     }
 
+    /// Reports that `speech`'s audio (a realtime model's) was cut short after the user
+    /// heard `played` of it.
+    pub fn audio_heard(&self, speech: SpeechId, played: Duration) {
+        if let Some(reporter) = self.lock().reporter.clone() {
+            reporter.audio_finished(speech, true, played);
+        }
+    }
+
     /// Reports that `speech` was cut short after the user heard `heard` (empty: nothing).
     pub fn heard(&self, speech: SpeechId, heard: &str) {
         if let Some(reporter) = self.lock().reporter.clone() {
@@ -144,6 +155,7 @@ impl SpeechOutput for RecordingOutput {
             finished: false,
             interrupted: false,
             paused: false,
+            audio_bytes: 0,
         });
     }
 
@@ -152,6 +164,10 @@ impl SpeechOutput for RecordingOutput {
             .calls
             .push(OutputCall::Chunk(speech, text.to_owned()));
         self.with_speech(speech, |s| s.text.push_str(text));
+    }
+
+    fn speech_audio(&mut self, speech: SpeechId, audio: &[u8]) {
+        self.with_speech(speech, |s| s.audio_bytes += audio.len());
     }
 
     fn speech_finished(&mut self, speech: SpeechId) -> Playout {

@@ -82,10 +82,11 @@ use crate::error::{SessionError, TurnFailure, UpdateError};
 use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent, TurnMetrics};
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
-use crate::llm::{Llm, LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
+use crate::llm::{LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
 use crate::outcome::{excerpt, panic_message, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
+use crate::realtime::Model;
 use crate::shared::SessionShared;
 use crate::snapshot::{
     AskRecord, HeldRecord, JobRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord,
@@ -208,6 +209,9 @@ pub(crate) enum Input {
         interrupts: bool,
         at: Instant,
     },
+    /// A realtime model transcribed a user turn that started before its words came: the
+    /// oldest user message still without words gets them.
+    UserTranscribed { text: String },
     /// The output reported the end of a speech's playout.
     Playout {
         speech: SpeechId,
@@ -252,11 +256,13 @@ pub(crate) enum Command {
     RunEnterHook,
     /// Run `on_exit`, then feed `ExitHookDone`.
     RunExitHook,
-    /// Open the LLM request of step `step` and feed its chunks and end.
+    /// Open the LLM request of step `step` and feed its chunks and end. `adopt`: the first
+    /// step of a heard turn, whose answer a realtime model's server already started.
     OpenStream {
         step: u64,
         request: LlmRequest,
         span: tracing::Span,
+        adopt: bool,
     },
     /// Drop step `step`'s stream (which closes an HTTP request).
     CancelStream { step: u64 },
@@ -317,7 +323,7 @@ pub(crate) struct Setup {
     pub(crate) id: ActorId,
     pub(crate) agent: Agent,
     /// The model (its name goes in the metrics when the stream does not name another).
-    pub(crate) llm: Arc<dyn Llm>,
+    pub(crate) llm: Model,
     pub(crate) shared: Arc<SessionShared>,
     /// How its speeches' handles reach the session.
     pub(crate) speech_port: Arc<dyn SpeechPort>,
@@ -405,7 +411,7 @@ struct Rules {
 pub(crate) struct Activation {
     id: ActorId,
     agent: Agent,
-    llm: Arc<dyn Llm>,
+    llm: Model,
     shared: Arc<SessionShared>,
     speech_port: Arc<dyn SpeechPort>,
     rules: Rules,
@@ -453,12 +459,18 @@ impl Activation {
                 .allow_interruptions
                 .unwrap_or(config.allow_interruptions),
             barge: BargeInRules {
-                min_duration: turn_rules.interruption.min_duration,
+                // A realtime model's server heard the user already, and has cancelled its
+                // answer if one ran: the interruption is real at once, words or not.
+                min_duration: match setup.llm {
+                    Model::Realtime(_) => Duration::ZERO,
+                    Model::Text(_) => turn_rules.interruption.min_duration,
+                },
                 false_timeout: turn_rules.interruption.false_interruption_timeout,
                 pause: turn_rules.interruption.resume_false_interruption,
-                needs_words: turn_rules.needs_words(),
+                needs_words: matches!(setup.llm, Model::Text(_)) && turn_rules.needs_words(),
             },
-            preemptive: turn_rules.preemptive.enabled,
+            // A realtime model answers the user's turn itself: nothing to ask ahead.
+            preemptive: turn_rules.preemptive.enabled && matches!(setup.llm, Model::Text(_)),
         };
         let restored = setup.restored;
         let mut activation = Self {
@@ -719,6 +731,37 @@ impl Activation {
         }
     }
 
+    /// The speech of step `step` while it generates, started now if it has none yet: a
+    /// realtime model's audio, which comes before the step's text, plays through it.
+    /// `None` when the step no longer generates.
+    pub(crate) fn start_speech(&mut self, step: u64) -> Option<SpeechId> {
+        let State::Running(turn) = &mut self.state else {
+            return None;
+        };
+        let Phase::Generating(generation) = &mut turn.phase else {
+            return None;
+        };
+        if generation.step != step {
+            return None;
+        }
+        generation
+            .first_chunk
+            .get_or_insert_with(|| generation.started.elapsed());
+        let speaker = Speaker {
+            id: &self.id,
+            agent: &self.agent,
+            shared: &self.shared,
+            port: &self.speech_port,
+            current: self.current,
+        };
+        Some(open_speech(&speaker, turn))
+    }
+
+    /// Every tool schema the activation shows its model.
+    pub(crate) fn tool_schemas(&self) -> &Arc<[ToolSchema]> {
+        &self.tools.schemas
+    }
+
     /// The chat context now (a snapshot: cloning it is a reference count).
     pub(crate) fn chat(&self) -> &ChatContext {
         self.ledger.chat()
@@ -952,6 +995,15 @@ impl Activation {
                     other => other,
                 }
             }
+            Input::UserTranscribed { text } => {
+                let mut state = state;
+                let events = match &mut state {
+                    State::Running(turn) | State::Paused(Some(turn)) => Some(&mut turn.events),
+                    _ => None,
+                };
+                self.fill_user_words(events, text);
+                state
+            }
             Input::Playout {
                 speech,
                 interrupted,
@@ -1161,6 +1213,37 @@ impl Activation {
         self.with_ledger(Some(events), |ledger, sink| ledger.append(item, sink));
     }
 
+    /// A realtime model's transcript of a heard turn that started without it: the oldest
+    /// user message still without words gets them, in the chat context and, if the turn
+    /// still runs, in its events.
+    fn fill_user_words(&mut self, events: Option<&mut Vec<ChatItem>>, text: String) {
+        let unfilled = |item: &ChatItem| matches!(item, ChatItem::Message(m) if m.role == ChatRole::User && m.content.is_empty());
+        let Some(index) = self.ledger.chat().items().iter().position(unfilled) else {
+            return;
+        };
+        if let Some(events) = events {
+            if let Some(ChatItem::Message(m)) = events.iter_mut().find(|item| unfilled(item)) {
+                m.content = text.clone();
+            }
+        }
+        let item = self.ledger.chat_mut().edit(|items| {
+            let item = items.get_mut(index)?;
+            if let ChatItem::Message(m) = item {
+                m.content = text;
+            }
+            Some(item.clone())
+        });
+        if let Some(item) = item {
+            self.shared
+                .events
+                .emit_with(|| SessionEvent::ConversationItemChanged {
+                    agent: self.agent_name(),
+                    index,
+                    item,
+                });
+        }
+    }
+
     /// Refuses the tools' held items, and forgets them in the pending reply.
     fn refuse_held(&mut self) {
         let refused = self.ledger.refuse_held();
@@ -1228,6 +1311,7 @@ impl Activation {
         let mut adopted = None;
         let mut events = Vec::new();
         let mut speeches = Vec::new();
+        let mut adopt = false;
         let ask = match kind {
             TurnKind::User(text) => {
                 self.shared.events.emit(SessionEvent::UserInputTranscribed {
@@ -1252,6 +1336,14 @@ impl Activation {
                     None => self.record(&mut events, ChatItem::Message(message)),
                 }
                 (decision == TurnDecision::Reply).then(Ask::default)
+            }
+            // The realtime model's server heard the user's turn and answers it already:
+            // no `on_user_turn_completed` (it could not stop that answer); the words come
+            // with the transcript, now or later (`UserTranscribed`).
+            TurnKind::Heard { text, .. } => {
+                self.record(&mut events, ChatItem::Message(user_message(text)));
+                adopt = true;
+                Some(Ask::default())
             }
             TurnKind::Backchannel(text) => {
                 self.record(&mut events, ChatItem::Message(user_message(text)));
@@ -1313,7 +1405,7 @@ impl Activation {
                     first_chunk,
                 ))
             }
-            (Some(ask), _) => Phase::Generating(self.open_generation(ask, &span, out)),
+            (Some(ask), _) => Phase::Generating(self.open_generation(ask, adopt, &span, out)),
             (None, _) => Phase::Playing {
                 outcome: TurnOutcome::default(),
                 give_up_at: None,
@@ -1381,6 +1473,7 @@ impl Activation {
             step,
             request,
             span: span.clone(),
+            adopt: false,
         });
         self.preflight = Some(Preflight {
             text,
@@ -1557,6 +1650,7 @@ impl Activation {
     fn open_generation(
         &mut self,
         ask: &Ask,
+        adopt: bool,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
@@ -1567,6 +1661,7 @@ impl Activation {
             step,
             request,
             span: span.clone(),
+            adopt,
         });
         Generation::new(step, span, self.ledger.chat().len(), Instant::now(), None)
     }
@@ -1911,7 +2006,7 @@ impl Activation {
             from == Where::Current,
         ) {
             turn.steps += 1;
-            turn.phase = Phase::Generating(self.open_generation(&turn.ask, &turn.span, out));
+            turn.phase = Phase::Generating(self.open_generation(&turn.ask, false, &turn.span, out));
             return Some(turn);
         }
         self.finish(turn, end.outcome, from == Where::Closing)
@@ -2509,26 +2604,7 @@ fn on_chunk(
             }
             generation.text_chunks += 1;
             generation.text.push_str(text);
-            let speech = match &generation.speech {
-                Some(speech) => speech.id(),
-                None => {
-                    if let Some(e2e) = turn.timer.text_out(Instant::now()) {
-                        speaker.shared.telemetry.turn_e2e(
-                            e2e,
-                            &speaker.agent.def.name,
-                            turn.timer.kind,
-                        );
-                    }
-                    let speech = speaker.start(turn.interruptibility.clone());
-                    generation
-                        .span
-                        .record("speech", tracing::field::display(speech.id()));
-                    generation.speech = Some(speech.clone());
-                    let id = speech.id();
-                    turn.speeches.push(speech);
-                    id
-                }
-            };
+            let speech = open_speech(speaker, turn);
             speaker
                 .shared
                 .output
@@ -2540,6 +2616,31 @@ fn on_chunk(
         LlmChunk::ServedBy(llm) => generation.llm = Some(llm),
     }
     false
+}
+
+/// The speech of the generating step of `turn`, started at its first text or audio.
+fn open_speech(speaker: &Speaker<'_>, turn: &mut Turn) -> SpeechId {
+    let Phase::Generating(generation) = &mut turn.phase else {
+        // Not reached: callers hold a generating turn.
+        return SpeechId(0);
+    };
+    if let Some(speech) = &generation.speech {
+        return speech.id();
+    }
+    if let Some(e2e) = turn.timer.text_out(Instant::now()) {
+        speaker
+            .shared
+            .telemetry
+            .turn_e2e(e2e, &speaker.agent.def.name, turn.timer.kind);
+    }
+    let speech = speaker.start(turn.interruptibility.clone());
+    generation
+        .span
+        .record("speech", tracing::field::display(speech.id()));
+    generation.speech = Some(speech.clone());
+    let id = speech.id();
+    turn.speeches.push(speech);
+    id
 }
 
 /// The state after a running turn went a step: still running, or listening.

@@ -51,6 +51,11 @@ pub(crate) struct ToolsetKey(pub(crate) usize);
 pub(crate) enum TurnKind {
     /// A user message.
     User(String),
+    /// The user's turn as a realtime model heard it (its server detected the end of the
+    /// user's speech, item `item`, and is answering): the user's words as transcribed so
+    /// far (empty until the transcript comes), and the first step adopts the answer the
+    /// server started.
+    Heard { item: String, text: String },
     /// A reply with optional extra instructions (`generate_reply`).
     Reply(Option<String>),
     /// The coalesced reply to the tool items pending in the activity.
@@ -80,6 +85,7 @@ impl TurnKind {
     pub(crate) fn name(&self) -> &'static str {
         match self {
             Self::User(_) => "user",
+            Self::Heard { .. } => "heard",
             Self::Reply(_) => "reply",
             Self::Deferred => "deferred",
             Self::Redo(_) => "redo",

@@ -125,6 +125,21 @@ impl SessionActor {
                     speech,
                     interrupted,
                     heard,
+                    heard_audio: None,
+                };
+                Handler::handle(self, report, ctx);
+                done()
+            }
+            HostInput::AudioFinished {
+                speech,
+                interrupted,
+                played,
+            } => {
+                let report = PlayoutFinished {
+                    speech,
+                    interrupted,
+                    heard: None,
+                    heard_audio: Some(played),
                 };
                 Handler::handle(self, report, ctx);
                 done()

@@ -132,6 +132,8 @@ impl SessionActor {
                             .unfinished
                             .report(&act.shared, Unfinished::SnapshotStore { unwritten });
                     }
+                    // Every activity is gone: the realtime connections close now.
+                    act.drop_realtime();
                     act.shared.events.emit(SessionEvent::Closed);
                     act.shared.host_view.publish_inactive(true);
                     ctx.stop();

@@ -49,7 +49,7 @@ use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::input_ledger::{InputLedger, LedgerRecord};
 use crate::latency::SessionLatency;
-use crate::llm::Llm;
+use crate::realtime::Model;
 use crate::shared::SessionShared;
 use crate::snapshot::{
     ActivationRecord, ChatChange, Counters, JobRecord, RunningRecord, ScopeRecord, SessionSnapshot,
@@ -792,10 +792,10 @@ impl Chain {
 pub(crate) struct RestorePlan {
     pub(crate) snapshot: SessionSnapshot,
     /// The agents of the live activations, by order.
-    pub(crate) live: HashMap<u32, (Agent, Arc<dyn Llm>)>,
+    pub(crate) live: HashMap<u32, (Agent, Model)>,
     /// The agents of the queued handoffs, in the order the snapshot lists them: the
     /// session's jobs, then each live activation's `after`.
-    pub(crate) handoffs: std::collections::VecDeque<(Agent, Arc<dyn Llm>)>,
+    pub(crate) handoffs: std::collections::VecDeque<(Agent, Model)>,
     /// The agents that outputs of paused steps hand off to, in stack and call order.
     pub(crate) output_handoffs: std::collections::VecDeque<Agent>,
 }
@@ -807,7 +807,7 @@ impl RestorePlan {
     pub(crate) fn new(
         snapshot: SessionSnapshot,
         build: impl Fn(&str, &Value) -> Result<Agent, SessionError>,
-        check: impl Fn(&Agent) -> Result<Arc<dyn Llm>, SessionError>,
+        check: impl Fn(&Agent) -> Result<Model, SessionError>,
     ) -> Result<Self, SessionError> {
         let mut live = HashMap::new();
         for record in &snapshot.head.stack {
@@ -1114,9 +1114,11 @@ impl SessionActor {
                     items: Arc::from(p.items.clone()),
                 })
                 .collect();
+            let realtime = self.realtime_link(&llm);
             let child = ActivityActor::spawn(ActivitySpec {
                 agent: agent.clone(),
                 llm,
+                realtime,
                 generation,
                 is_task: record.is_task,
                 shared: self.shared.clone(),

@@ -22,7 +22,7 @@ use crate::events::SessionEvent;
 use crate::history::SubTaskOf;
 use crate::ids::ActorId;
 use crate::lifecycle::Child;
-use crate::llm::Llm;
+use crate::realtime::Model;
 use crate::starting_chat::StartingChat;
 use crate::toolset::ToolsetActor;
 
@@ -30,7 +30,7 @@ use crate::toolset::ToolsetActor;
 pub(super) struct Entry {
     pub(super) agent: Agent,
     /// The model, already resolved (the agent's or the session's).
-    pub(super) llm: Arc<dyn Llm>,
+    pub(super) llm: Model,
     /// The chat context it starts from.
     pub(super) chat: ChatContext,
     /// The agent it takes over from, recorded as a handoff item.
@@ -169,10 +169,13 @@ impl SessionActor {
         self.chain
             .activation_started(self.started, agent.restore_data());
         let reply_wanted = !carried.is_empty();
+        let generation = *generation;
+        let realtime = self.realtime_link(&llm);
         let child: Child<ActivityActor> = ActivityActor::spawn(ActivitySpec {
             agent: agent.clone(),
             llm,
-            generation: *generation,
+            realtime,
+            generation,
             is_task: self.schedule.in_task(),
             shared: self.shared.clone(),
             links: self.links.clone(),
@@ -234,6 +237,7 @@ impl SessionActor {
     /// Tells readers waiting for a current agent that there is one again; snapshots asked
     /// for during the switch are taken now.
     pub(super) fn switched(&mut self, ctx: &mut Context<Self>) {
+        self.route_realtime();
         self.shared.host_view.switched.notify_waiters();
         self.take_waiting_snapshots(ctx);
     }

@@ -11,6 +11,7 @@ use crate::error_policy::ErrorPolicy;
 use crate::ids::SessionId;
 use crate::llm::{Llm, LlmTimeouts};
 use crate::prompts::Prompts;
+use crate::realtime::{Model, RealtimeModel};
 use crate::tool::MockBody;
 use crate::turn_handling::{TurnHandling, TurnRules};
 
@@ -47,6 +48,8 @@ pub(crate) struct SessionSettings {
     pub(crate) id: SessionId,
     pub(crate) config: SessionConfig,
     pub(crate) llm: Option<Arc<dyn Llm>>,
+    /// The session's realtime model, if it sets one (it wins over `llm`).
+    pub(crate) realtime: Option<Arc<dyn RealtimeModel>>,
     pub(crate) error_policy: ErrorPolicy,
     pub(crate) prompts: Prompts,
     pub(crate) mocks: HashMap<String, MockBody>,
@@ -78,18 +81,25 @@ pub(crate) fn userdata_json<T: serde::Serialize + Any + Send + Sync>() -> Userda
 }
 
 impl SessionSettings {
-    /// Checks that an activity of `agent` can start in this session: an LLM to use, and
+    /// The model an agent uses: its own realtime model or LLM, else the session's
+    /// realtime model or LLM, in that order.
+    pub(crate) fn model_of(&self, agent: &Agent) -> Option<Model> {
+        let def = &agent.def;
+        def.realtime
+            .clone()
+            .map(Model::Realtime)
+            .or_else(|| def.llm.clone().map(Model::Text))
+            .or_else(|| self.realtime.clone().map(Model::Realtime))
+            .or_else(|| self.llm.clone().map(Model::Text))
+    }
+
+    /// Checks that an activity of `agent` can start in this session: a model to use, and
     /// tool names unique among everything it would see. Done before anything is stopped
     /// for a handoff or sub-task, so a refused agent leaves the current one in place.
-    pub(crate) fn check_agent(&self, agent: &Agent) -> Result<Arc<dyn Llm>, BuildError> {
-        let llm = agent
-            .def
-            .llm
-            .clone()
-            .or_else(|| self.llm.clone())
-            .ok_or_else(|| BuildError::NoLlm {
-                agent: agent.name().to_owned(),
-            })?;
+    pub(crate) fn check_agent(&self, agent: &Agent) -> Result<Model, BuildError> {
+        let llm = self.model_of(agent).ok_or_else(|| BuildError::NoLlm {
+            agent: agent.name().to_owned(),
+        })?;
         let companions = self.exposes_companions(agent);
         let companion_owner = "companion tools".to_owned();
         check_tools(

@@ -8,7 +8,7 @@ use tokio::sync::broadcast;
 use tokio::sync::oneshot::error::TryRecvError;
 
 use super::*;
-use crate::llm::ToolCallChunk;
+use crate::llm::{Llm, ToolCallChunk};
 use crate::outcome::Effect;
 use crate::output::SpeechOutput;
 
@@ -125,7 +125,7 @@ fn setup(output: Output, agent: Agent, chat: ChatContext, carried: Vec<PendingIt
     let machine = Activation::new(Setup {
         id: ActorId::new("activity/s1/a#1"),
         agent,
-        llm: Arc::new(Silent),
+        llm: crate::realtime::Model::Text(Arc::new(Silent)),
         shared,
         speech_port: Arc::new(NoPort),
         tools,
@@ -1747,4 +1747,93 @@ async fn every_state_takes_every_input_and_everyone_waiting_is_answered_by_the_c
             assert_eq!(f.state(), "closed");
         }
     }
+}
+
+// ---- Realtime models ------------------------------------------------------------------
+
+#[test]
+fn a_heard_turn_adopts_the_servers_answer_and_its_words_come_later() {
+    let mut f = listening(Output::default());
+    let (done, answer) = oneshot::channel();
+    let out = f.feed(Input::RunTurn {
+        kind: TurnKind::Heard {
+            item: "item_1".to_owned(),
+            text: String::new(),
+        },
+        done,
+        cause: Cause::default(),
+    });
+    let adopts: Vec<bool> = out
+        .iter()
+        .filter_map(|c| match c {
+            Command::OpenStream { adopt, .. } => Some(*adopt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(adopts, [true], "the first step adopts the server's answer");
+    let step = opened(&out).unwrap();
+    f.text(step, "Hi!");
+    f.end(step);
+    let mut answer = answer;
+    answered(&mut answer);
+    assert_eq!(f.chat(), ["User: ", "Assistant: Hi!"]);
+    f.events();
+    f.feed(Input::UserTranscribed {
+        text: "hello there".to_owned(),
+    });
+    assert_eq!(f.chat(), ["User: hello there", "Assistant: Hi!"]);
+    assert!(
+        f.events()
+            .iter()
+            .any(|e| matches!(e, SessionEvent::ConversationItemChanged { index: 0, .. })),
+        "the filled-in words are an event"
+    );
+}
+
+#[test]
+fn later_steps_of_a_heard_turn_ask_for_their_own_answer() {
+    let mut f = listening(Output::default());
+    let (done, _answer) = oneshot::channel();
+    let out = f.feed(Input::RunTurn {
+        kind: TurnKind::Heard {
+            item: "item_1".to_owned(),
+            text: "weather?".to_owned(),
+        },
+        done,
+        cause: Cause::default(),
+    });
+    let step = opened(&out).unwrap();
+    f.call(step, "call_1", "search", "{}");
+    f.end(step);
+    let out = f.output(step, 0, CallOutput::reply("sunny".to_owned()));
+    let adopts: Vec<bool> = out
+        .iter()
+        .filter_map(|c| match c {
+            Command::OpenStream { adopt, .. } => Some(*adopt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(adopts, [false]);
+}
+
+#[test]
+fn audio_before_text_starts_the_speech_and_the_text_follows_in_it() {
+    let mut f = listening(Output::default());
+    let (_done, step) = f.user_turn("hi");
+    let speech = f.machine.start_speech(step).expect("a generating step");
+    assert_eq!(
+        f.machine.start_speech(step),
+        Some(speech),
+        "one speech per step"
+    );
+    f.text(step, "Hello");
+    assert_eq!(
+        f.machine.start_speech(step + 100),
+        None,
+        "not a step that generates"
+    );
+    f.end(step);
+    let calls = f.output.calls();
+    let started = calls.iter().filter(|c| c.starts_with("start")).count();
+    assert_eq!(started, 1, "{calls:?}");
 }
