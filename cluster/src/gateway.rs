@@ -264,6 +264,10 @@ pub struct GatewayStats {
     /// for: the call gave up (it was dropped, or its owner was unreachable), or the input
     /// was applied a second time.
     pub answers_unclaimed: u64,
+    /// Times a request to a session's owner found nobody subscribed while this gateway's
+    /// connection was settled, and the gateway asked the pool to claim the session at
+    /// once (once per owner).
+    pub silent_owners: u64,
 }
 
 /// What the gateway's sessions share.
@@ -337,6 +341,7 @@ impl Gateway {
             session: key.clone(),
             spec: Some(spec),
             lapsed: None,
+            silent: None,
         };
         let subject = options.namespace.jobs_subject();
         let mut attempted = false;

@@ -81,9 +81,15 @@
 //!   explicitly (`src/snapshots/two_restorers.rs`);
 //!   one that finds another owner's record stops the session without writing anything
 //!   more (`tests/cluster/a_paused_worker_is_fenced.rs`).
-//! * **A crash loses at most the turn in flight.** When a worker dies its leases expire;
-//!   another worker claims each session one epoch higher and restores it from its last
-//!   snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
+//! * **A crash loses at most the turn in flight.** When a worker dies its connection
+//!   closes, and the gateway's next request to it finds nobody subscribed: the gateway
+//!   asks the pool to claim the session at once, and a worker that finds the owner
+//!   silent too claims it, without waiting for the lease (SIGKILL → next reply in tens of
+//!   milliseconds with the default 10 s lease:
+//!   `tests/cluster/a_killed_owner_is_replaced_without_waiting_for_its_lease.rs`); else
+//!   (a frozen or cut-off worker, a session nobody talks to) its leases expire. Either
+//!   way another worker claims each session one epoch higher and restores it from its
+//!   last snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
 //!   applied exactly once and a turn under way runs again and answers its caller
 //!   (`tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`).
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS

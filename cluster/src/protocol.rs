@@ -121,6 +121,13 @@ pub(crate) struct SessionJob {
     /// the latest (its owner did not renew after all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) lapsed: Option<u64>,
+    /// For a resume a gateway asks for because its request to the session's owner found
+    /// nobody subscribed ("no responders": the owner's process is gone, its connection
+    /// closed): the owner's epoch as the gateway last saw it. The worker that takes the job
+    /// checks the owning worker does not answer it either, then claims over the record it
+    /// read, at once, instead of waiting for the lease to lapse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) silent: Option<u64>,
 }
 
 /// A request on `<ns>.session.<id>.in`.

@@ -28,7 +28,7 @@ mod events;
 mod inputs;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use switchboard::{
@@ -39,9 +39,10 @@ use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::dispatch;
 use crate::gateway::{GatewayError, GatewayInner};
 use crate::namespace::SessionKey;
-use crate::protocol::{Answer, Failure, Input, InputOutcome, WireEvent, WireEventKind};
+use crate::protocol::{Answer, Failure, Input, InputOutcome, SessionJob, WireEvent, WireEventKind};
 use crate::remote_event::{CloseReason, RemoteEvent, RemoteEventKind};
 use crate::spec::AgentSpec;
 use inputs::Submission;
@@ -229,6 +230,13 @@ pub(crate) struct RemoteShared {
     closed: watch::Sender<Option<CloseReason>>,
     /// Changed at each `SessionResumed`: the inputs task sends the new owner what it lacks.
     pub(crate) owner: watch::Sender<OwnerSeen>,
+    /// The highest owner epoch any event came with.
+    epoch_seen: AtomicU64,
+    /// Set once a close was sent: the owner unsubscribing then is no sign of its death.
+    pub(crate) closing: AtomicBool,
+    /// One above the owner epoch this gateway last asked the pool to claim the session
+    /// from (0: none): one ask per owner.
+    silent_asked: AtomicU64,
 }
 
 impl RemoteShared {
@@ -333,6 +341,41 @@ impl RemoteShared {
         *self.started.borrow() == StartState::Started
     }
 
+    /// A request to the owner found nobody subscribed ("no responders"): its process is
+    /// gone, or it is reconnecting. Once this gateway's connection is settled (after a
+    /// server restart the owner is back by then), asks the pool, once per owner, to check
+    /// the owner and claim the session at once instead of waiting for its lease.
+    pub(crate) fn owner_silent(&self) {
+        if !self.has_started()
+            || self.closed().is_some()
+            || self.closing.load(Ordering::SeqCst)
+            || !self.gateway.client.settled()
+        {
+            return;
+        }
+        let epoch = self.epoch_seen.load(Ordering::SeqCst);
+        if self.silent_asked.swap(epoch + 1, Ordering::SeqCst) == epoch + 1 {
+            return;
+        }
+        self.gateway.count(|s| s.silent_owners += 1);
+        let gateway = self.gateway.clone();
+        let job = SessionJob {
+            session: self.key.clone(),
+            spec: None,
+            lapsed: None,
+            silent: Some(epoch),
+        };
+        tokio::spawn(async move {
+            let id = format!("{}.silent.{epoch}", job.session);
+            let namespace = &gateway.options.namespace;
+            if let Err(err) = dispatch::publish_resume_job(&gateway.js, namespace, &job, &id).await
+            {
+                // The lease still moves the session, later.
+                tracing::warn!(session = %job.session, error = %err, "cannot ask the pool to claim a session whose owner is silent");
+            }
+        });
+    }
+
     /// Whether some call waits for an `InputDone`.
     pub(crate) fn awaits_outcomes(&self) -> bool {
         !self.waiters().is_empty()
@@ -342,6 +385,7 @@ impl RemoteShared {
     /// other numbered after the one before to the book and the subscribers.
     pub(crate) fn deliver(&self, event: WireEvent) {
         use crate::remote_event::RemoteEventKind as Kind;
+        self.epoch_seen.fetch_max(event.epoch, Ordering::SeqCst);
         let mut kind = match event.kind {
             WireEventKind::InputDone { input, outcome } => {
                 let waiter = self.waiters().remove(&input);
@@ -531,6 +575,9 @@ impl RemoteSession {
             started: watch::channel(StartState::Waiting).0,
             closed: watch::channel(None).0,
             owner: watch::channel(OwnerSeen::default()).0,
+            epoch_seen: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            silent_asked: AtomicU64::new(0),
             key,
             gateway,
         });

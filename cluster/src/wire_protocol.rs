@@ -259,6 +259,10 @@ mod tests {
                 },
                 limit: 8,
             },
+            E::RealtimeReconnecting {
+                model: "gpt-realtime".into(),
+                reason: "the connection closed".into(),
+            },
             E::Fenced {
                 reason: "another writer claimed session call-42".into(),
             },
@@ -515,6 +519,7 @@ mod tests {
                         .output(OutputMode::Voice { pausable: true }),
                 ),
                 lapsed: None,
+                silent: None,
             }),
         );
         add(
@@ -523,6 +528,7 @@ mod tests {
                 session: key(),
                 spec: None,
                 lapsed: None,
+                silent: None,
             }),
         );
         add(
@@ -531,6 +537,16 @@ mod tests {
                 session: key(),
                 spec: None,
                 lapsed: Some(17),
+                silent: None,
+            }),
+        );
+        add(
+            "job.resume_silent".into(),
+            json_of(&SessionJob {
+                session: key(),
+                spec: None,
+                lapsed: None,
+                silent: Some(2),
             }),
         );
         for input in inputs() {

@@ -242,6 +242,7 @@ async fn replay(
             return None;
         }
         if no_responders {
+            shared.owner_silent();
             let pause = Duration::from_millis(10 << attempt.min(4));
             tokio::time::sleep(pause.min(deadline - now)).await;
         }

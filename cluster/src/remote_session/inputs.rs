@@ -163,6 +163,11 @@ pub(crate) async fn send_inputs(
         else {
             break;
         };
+        if matches!(input, Input::Close) {
+            shared
+                .closing
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let result = if let Some(err) = &in_doubt {
             Err(err.clone())
         } else if let Some(reason) = shared.closed() {
@@ -398,8 +403,9 @@ async fn deliver(
         }
         if no_responders {
             // Nobody subscribed: the owner is reconnecting, or gone and its session not
-            // yet resumed. A timeout, on the other hand, already waited: send again at
-            // once.
+            // yet resumed (the pool is asked to claim it at once). A timeout, on the
+            // other hand, already waited: send again at once.
+            shared.owner_silent();
             let pause = Duration::from_millis(10 << attempt.min(4));
             tokio::select! {
                 changed = delivery.owner.changed() => {

@@ -11,6 +11,7 @@ mod a_front_runs_the_same_over_a_local_and_a_remote_session;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
+mod a_killed_owner_is_replaced_without_waiting_for_its_lease;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod an_abandoned_session_is_closed;
