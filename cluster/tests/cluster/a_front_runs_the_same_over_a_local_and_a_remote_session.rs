@@ -10,27 +10,25 @@ use crate::test_agents::TestAgents;
 
 use common::{within, WorkerProcess};
 use serde_json::Value;
-use switchboard::testing::front::{run_front, FrontRecord, FrontStep};
+use switchboard::testing::front::{a_call, run_front, FrontRecord, FrontStep};
 use switchboard::{Agent, Engine, HostSession};
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{AgentSpec, GatewayOptions, SessionFactory, SessionSpec};
 
-/// The front's script; `concierge` is how the session at hand is given that agent.
+/// The front's script: a call (`a_call`) with a transfer before the other agent;
+/// `concierge` is how the session at hand is given that agent.
 fn script<A>(concierge: A) -> Vec<FrontStep<A>> {
-    vec![
-        FrontStep::GenerateReply(Some("Greet the caller.".into())),
-        FrontStep::Run("I'd like a table".into()),
-        FrontStep::Speak {
-            interim: vec!["a table".into(), "a table for".into()],
-            said: "a table for two".into(),
-        },
-        FrontStep::Say("One moment, please.".into()),
-        FrontStep::Interrupt,
-        FrontStep::Run("transfer me".into()),
-        FrontStep::Run("at eight".into()),
-        FrontStep::UpdateAgent(concierge),
-        FrontStep::Run("hello again".into()),
-    ]
+    let mut steps = a_call(concierge);
+    // Before the `update_agent`: the transfer, then a turn with the booker.
+    let at = steps.len() - 2;
+    steps.splice(
+        at..at,
+        [
+            FrontStep::Run("transfer me".into()),
+            FrontStep::Run("at eight".into()),
+        ],
+    );
+    steps
 }
 
 /// The front code, written once.
