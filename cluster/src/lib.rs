@@ -124,6 +124,7 @@
 //! | `worker/hosted.rs` | one session's loop on its worker: inputs, events, lease, saving, end or hand-over |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
+//! | `worker/silent_owner.rs` | before claiming a session whose owner a gateway found silent ("no responders"): is the owning worker gone? |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
 //! | `remote_session.rs` | [`RemoteSession`] (a `HostSession`), [`RemoteEvents`], [`RemoteSessionEvents`] |
