@@ -8,18 +8,21 @@
 //! both halves:
 //!
 //! 1. **The first process** starts a travel agent that saves itself to a `FileStore` after
-//!    every settled turn. The user asks for a flight; the agent hands off to a booking
-//!    agent built with the call's data (the destination), which starts a search that runs
-//!    in the background, saving a checkpoint per page it reads. Half-way through the search the
-//!    process writes the session to the store once more (`Session::save`, as a host does
-//!    on SIGTERM) and exits.
+//!    every settled turn, with a session toolset that records the call. The user asks for a
+//!    flight; the agent starts the recording and hands off to a booking agent built with
+//!    the call's data (the destination), which starts a search that runs in the background,
+//!    saving a checkpoint per page it reads. Half-way through the search the process writes
+//!    the session to the store once more (`Session::save`, as a host does on SIGTERM) and
+//!    exits.
 //! 2. **The second process** claims the session in the store and restores it from there
 //!    (`SessionBuilder::restore_from`: a new epoch from the store, and any process still
 //!    running the session would have its next save refused, while a third process
-//!    restoring it too would be refused) with an `AgentRegistry` (the
-//!    booking agent is built again from its data), and the search
-//!    resumes from its checkpoint (`RestorePolicy::Resume`); its result reaches the user in
-//!    a deferred reply, and the conversation goes on.
+//!    restoring it too would be refused), with the same code — the model, and the session
+//!    toolset given to the builder again (a snapshot with a running call of a toolset the
+//!    builder lacks is refused, never silently ended) — and an `AgentRegistry` (the
+//!    booking agent is built again from its data). The search and the recording resume
+//!    from their checkpoints (`RestorePolicy::Resume`); the search's result reaches the
+//!    user in a deferred reply, and the conversation goes on.
 //!
 //! The model is the bundled scripted one: no key, no network.
 
@@ -35,6 +38,35 @@ use switchboard::snapshot::{AgentRegistry, FileStore, SnapshotStore};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::RestorePolicy;
 use tokio::sync::Notify;
+
+/// How many segments the recording takes; the first process stops after about three.
+const SEGMENTS: u32 = 6;
+
+/// The session toolset both processes give their builder: a recording of the call that
+/// runs in the background, saving a checkpoint per segment.
+fn call_log() -> Toolset {
+    let record = Tool::new(
+        "record_call",
+        "Records the call",
+        |ctx: RunContext, _: NoArgs| async move {
+            let first = match ctx.restored_checkpoint::<u32>() {
+                Ok(Some(done)) => done + 1,
+                _ => {
+                    ctx.update("recording").await?;
+                    1
+                }
+            };
+            for segment in first..=SEGMENTS {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                println!("    [tool] record_call saves segment {segment} of {SEGMENTS}");
+                ctx.checkpoint(&segment)?;
+            }
+            Ok::<_, ToolFailure>(ToolReturn::no_reply("the call is recorded"))
+        },
+    )
+    .on_restore(RestorePolicy::Resume);
+    Toolset::new("call_log").tool(record)
+}
 
 /// What the handoff carries: the booking agent is built from it, in both processes.
 #[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
@@ -146,8 +178,9 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     println!("== first process (pid {})", std::process::id());
     let store = FileStore::new(dir)?;
     let llm = ScriptedLlm::new([
-        // the greeter hands off; the booker, entering, starts the search
-        Reply::tool_call(
+        // the greeter starts the recording and hands off; the booker, entering, starts
+        // the search
+        Reply::tool_call("record_call", serde_json::json!({})).and_tool_call(
             "start_booking",
             serde_json::json!({"destination": "Lisbon"}),
         ),
@@ -157,6 +190,7 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let engine = Engine::start()?;
     let session = Session::builder()
         .llm(llm)
+        .toolset(call_log())
         .agent(greeter()?)
         .inherit_chat_context(true)
         .save_snapshots(Arc::new(store.clone()))
@@ -178,7 +212,7 @@ async fn first_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let snapshot = session.save().await?;
     let (id, bytes) = (snapshot.session_id().to_owned(), snapshot.to_bytes().len());
     println!(
-        "  saved session {id} ({bytes} bytes) with agent {} and the search running",
+        "  saved session {id} ({bytes} bytes) with agent {}, the search and the recording running",
         session.current_agent().await?
     );
     print_chat(&session.chat_context().await?);
@@ -196,9 +230,12 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let engine = Engine::start()?;
     // Reads the session, claims it on what it read (a process still running it would be
     // fenced: its next save refused; another restorer of the same state, refused), reads
-    // it as the claim left it, and goes on saving there.
+    // it as the claim left it, and goes on saving there — with the same code as the first
+    // process: its model and its session toolset (the recording is running in it); the
+    // agents come from the registry.
     let session = Session::builder()
         .llm(llm)
+        .toolset(call_log())
         .inherit_chat_context(true)
         .restore_from(store.clone(), "s1", registry())
         .start(&engine)

@@ -31,7 +31,7 @@ fn search(gate: Gate, runs: Arc<AtomicU32>, policy: RestorePolicy, updated: Gate
         async move {
             runs.fetch_add(1, Ordering::SeqCst);
             if ctx.is_restored() {
-                // A restarted body starts over: the checkpoint is for `Resume`.
+                // A restarted body starts over; it sees the checkpoint it saved too.
                 let at: Option<u32> = ctx.restored_checkpoint().unwrap();
                 ctx.update(format!("going on from page {at:?}")).await?;
                 updated.open();
@@ -101,13 +101,7 @@ async fn restore(snapshot: SessionSnapshot, tool: Tool, llm: Arc<ScriptedLlm>) -
     let agents = AgentRegistry::new().agent("agent-a", move |_| {
         Ok::<_, BuildError>(agent_with(tool.clone()))
     });
-    Session::builder()
-        .llm(llm)
-        .restore(snapshot, agents)
-        .grace_period(Duration::ZERO)
-        .start(&Engine::current().unwrap())
-        .await
-        .unwrap()
+    common::restored(snapshot, agents, llm).await
 }
 
 #[actix::test]
@@ -182,7 +176,7 @@ async fn a_restarted_call_runs_again_with_its_id_and_arguments_and_its_updates_g
     // Its first update after the restart is `update_1`: the step's output was delivered.
     assert_eq!(
         output(&chat, "call_1/update_1"),
-        "Update from search: going on from page None"
+        "Update from search: going on from page Some(3)"
     );
     gate.open();
     let mut events = session.subscribe();

@@ -393,7 +393,7 @@ async fn the_users_words_waiting_for_the_end_of_their_turn_are_kept() {
     // The final is held: no turn yet, so the snapshot is taken with the words pending.
     let snapshot = session.snapshot().await.unwrap();
     let json: serde_json::Value = serde_json::from_slice(&snapshot.to_json()).unwrap();
-    assert_eq!(json["head"]["user_words"], json!("a table for"));
+    assert_eq!(json["head"]["state"]["user_words"], json!("a table for"));
     session.close().await.unwrap();
 
     let llm = ScriptedLlm::new([Reply::text("Four, noted.")]);

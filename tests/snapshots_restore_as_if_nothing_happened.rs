@@ -1,9 +1,12 @@
-//! Issue 25, SPEC §14 "the property that defines it": for any conversation, a snapshot at
-//! any point restored on a fresh engine and fed the same further inputs makes the same
-//! further LLM requests as the uninterrupted session, and snapshot → restore → snapshot
-//! gives the same snapshot. See `tests/reliability/restore.rs` for what is generated,
-//! what is compared and what a restore changes on purpose. Shrunk failures are kept below
-//! as named regression tests.
+//! Issues 25 and 34, SPEC §14 "the property that defines it", "Exactly once, without
+//! exceptions": for any conversation, a snapshot at any point — inside a step whose calls
+//! started before any update, mid-stream, with the user speaking over the agent — restored
+//! on a fresh engine and fed the same further inputs makes the same further LLM requests
+//! as the uninterrupted session, runs each call's body as many times as its tool's restore
+//! policy says, and snapshot → restore → snapshot gives the same snapshot, byte for byte
+//! but for the epoch and the chain's place. See `tests/reliability/restore.rs` for what is
+//! generated, what is compared and what a restore changes on purpose. Shrunk failures are
+//! kept below as named regression tests.
 //!
 //! `RELIABILITY_CASES=10000 cargo test --release --test snapshots_restore_as_if_nothing_happened`
 //! runs more cases than CI's default.
@@ -78,6 +81,7 @@ mod regressions {
             before: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Task)]])],
             after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Polite)]])],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -95,6 +99,7 @@ mod regressions {
             before: vec![Op::Final(vec![vec![call("job", Behaviour::Hold)]])],
             after: vec![Op::Final(text("a"))],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -109,6 +114,7 @@ mod regressions {
             before: vec![Op::HandoffApi(Role::Alpha)],
             after: vec![],
             path: Path::Deltas,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -129,6 +135,7 @@ mod regressions {
                 Op::Run(text(" ")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -149,6 +156,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -172,6 +180,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -190,6 +199,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Bytes,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -210,21 +220,20 @@ mod regressions {
             ]])],
             after: vec![Op::Run(text(" "))],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
 
     /// A sub-task the host started paused a step whose session-scoped call still runs
-    /// (a pause stops only the caller's own runs). The snapshot takes that call for the
-    /// one awaiting the sub-task (the first call of the step without an output) and does
-    /// not hold its run: after the restore a run standing for it waits for the task's
-    /// result, while in the uninterrupted session its body ends it. A fix: the snapshot
-    /// tells the awaiting call by its run's key (the schedule keeps the asker's), and holds
-    /// a paused step's other running calls like background ones, restored by their tool's
-    /// policy with their output going into the restored step.
+    /// (a pause stops only the caller's own runs). The snapshot took that call for the
+    /// one awaiting the sub-task (the first call of the step without an output) and did
+    /// not hold its run: after the restore a run standing for it waited for the task's
+    /// result, while in the uninterrupted session its body ended it. Now the snapshot holds
+    /// every run in its toolset's state, and tells the awaiting call by its run's key (the
+    /// schedule keeps the asker's): the step's other call is restored by its tool's policy,
+    /// its output going into the restored step.
     #[test]
-    #[ignore = "engine: a snapshot cannot tell a paused step's running session-scoped call \
-                from the call that awaits the sub-task, and holds no run for it"]
     fn a_session_scoped_call_of_a_paused_step_still_runs_after_a_restore() {
         check(RestoreCase {
             config: config(),
@@ -238,6 +247,7 @@ mod regressions {
                 Op::Run(text("a")),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -263,6 +273,7 @@ mod regressions {
                 ]),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -290,6 +301,7 @@ mod regressions {
                 Op::HostTask,
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -312,6 +324,7 @@ mod regressions {
             ],
             after: vec![],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: true,
         });
     }
@@ -336,6 +349,7 @@ mod regressions {
                 call("finish_task", Behaviour::Return),
             ]])],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }
@@ -360,6 +374,7 @@ mod regressions {
                 Op::Run(vec![vec![call("finish_task", Behaviour::Return)]]),
             ],
             path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }
@@ -384,6 +399,339 @@ mod regressions {
             ],
             after: vec![Op::Run(vec![vec![call("bg_job", Behaviour::Return)]])],
             path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// A step's stream stalls after its first words; the output reports what the user
+    /// heard of them (nothing) while the text still streams, and the snapshot is taken
+    /// there. The report was not in the snapshot: the step asked again spoke the words and
+    /// kept them, where the uninterrupted session removed them at the stream's end. Now
+    /// the step asked again takes the report with it.
+    #[test]
+    fn a_playout_report_that_came_mid_stream_goes_with_the_step_asked_again() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![Chunk::Text("a".into()), Chunk::Stall]]),
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+            ],
+            after: vec![Op::Run(text(" ")), Op::Run(text(" "))],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// A step's stream stalls after its first words and the snapshot is taken there; the
+    /// host then reports that speech. The step asked again speaks under the same speech
+    /// id, so the report reaches it as it reached the uninterrupted one.
+    #[test]
+    fn a_step_asked_again_mid_stream_speaks_under_its_speech_id() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![Chunk::Text("a".into()), Chunk::Stall]])],
+            after: vec![
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+                Op::Run(text(" ")),
+            ],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// The user speaks over the agent when a background call's update lands: the
+    /// deferred reply waits for them. A snapshot taken there holds that the user speaks,
+    /// and the restored session waits too.
+    #[test]
+    fn a_deferred_reply_waits_for_a_user_who_was_speaking_at_the_snapshot() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::UserStarts,
+                Op::Run(vec![vec![call("job", Behaviour::Updates(1))]]),
+                Op::OpenGate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// A step with a call whose tool abandons its calls on a restore (gated, no update)
+    /// and one that runs on in the background: the restored step gets the abandoned
+    /// call's terminal output at once and goes in; the other call's body goes on, and
+    /// neither body runs more than its policy says.
+    #[test]
+    fn an_abandoned_call_s_step_goes_in_at_once_and_its_sibling_goes_on() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![Op::Run(vec![vec![
+                call("kit_job", Behaviour::Gated),
+                call("job", Behaviour::Stubborn),
+            ]])],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a step's tool hands off while its text still
+    /// plays (a voice output), and the snapshot is taken as the session is. The handoff the
+    /// turn decided waits for the speech; the snapshot kept it with the current agent's
+    /// frame, where only a caller resuming from a sub-task looks, so the restored session
+    /// never handed off. Now the current agent's decided end is the first queued job.
+    #[test]
+    fn a_handoff_waiting_for_its_speech_happens_after_a_restore() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![Op::Run(vec![vec![
+                call("job", Behaviour::Handoff(Role::Beta)),
+                Chunk::Text(" ".into()),
+            ]])],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a `Resume` call's second update waits behind
+    /// its step (a sibling call has no output yet), its `ctx.update` unanswered, so the
+    /// body's checkpoint does not count it. The snapshot held the update in the step: the
+    /// resumed body sent it again, and the chat had it twice. Now the snapshot marks it as
+    /// the one the body may say again (`repeat`), and said again it is not delivered twice.
+    #[test]
+    fn an_update_held_behind_its_step_is_not_delivered_twice_by_the_resumed_body() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    Chunk::Call {
+                        tool: 0,
+                        behaviour: Behaviour::Polite,
+                        id: IdPick::Repeated,
+                        confirm: false,
+                    },
+                    call("job", Behaviour::Updates(2)),
+                    call("job", Behaviour::Gated),
+                ]]),
+                Op::OpenGate(228),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a background call ends while the turn's next
+    /// step streams and stalls (mid-stream), and the snapshot is taken there, with the
+    /// call's end waiting for a deferred reply.
+    #[test]
+    fn a_deferred_reply_pending_behind_a_step_asked_again_mid_stream_still_runs() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![
+                    vec![call("job", Behaviour::Polite)],
+                    vec![Chunk::Text(" ".into()), Chunk::Stall],
+                ]),
+                Op::OpenGate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a step's first words are reported unheard (the
+    /// message removed) while the next step streams and stalls. The step in flight still
+    /// counted the chat it was asked from with the removed message, so its answer's place
+    /// was off by one, and a snapshot of the restored session said so.
+    #[test]
+    fn a_message_removed_while_the_next_step_streams_moves_that_step_s_view() {
+        let mut config = config();
+        config.manual_playout = true;
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![
+                    vec![
+                        Chunk::Text("a".into()),
+                        call("job", Behaviour::UpdateThenHandoff(Role::Alpha)),
+                    ],
+                    vec![Chunk::Stall],
+                ]),
+                Op::Playout {
+                    pick: 0,
+                    heard: Some(""),
+                },
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run, a harness bug: the host took what the restored
+    /// copy starts from after it had reported the speeches playing at the snapshot, and
+    /// the turn that reporting let run had already run a call's body — counted as one
+    /// before the snapshot, which the restored session then "ran again". The copy is now
+    /// taken at the snapshot.
+    #[test]
+    fn the_body_counts_are_taken_at_the_snapshot_not_after_the_host_stands_for_it() {
+        let mut config = config();
+        config.manual_playout = true;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(text(" ")),
+                Op::Run(vec![vec![call("job", Behaviour::Handoff(Role::Beta))]]),
+                Op::UserStarts,
+                Op::Run(vec![
+                    vec![Chunk::Text("a".into())],
+                    vec![call("job", Behaviour::Return)],
+                ]),
+                Op::Interrupt { force: false },
+                Op::UserStarts,
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a session-scoped `Restart` call had passed the
+    /// gate after its first update, and its second waited behind its step (a sibling call
+    /// had no output) when the snapshot was taken; restarted, its body waited for that gate
+    /// again. The world now stands for it as a host would: what a restarted body waits for
+    /// that had happened (a gate the host opened) has happened.
+    #[test]
+    fn a_restarted_body_finds_open_a_gate_its_first_run_passed() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Gated),
+                    call("bg_job", Behaviour::Updates(2)),
+                ]]),
+                Op::OpenGate(19),
+            ],
+            after: vec![Op::Run(text("a"))],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: the user starts speaking over a turn whose step
+    /// waits for a call, and the snapshot is taken there. In the uninterrupted session the
+    /// barge-in interrupts the turn after `min_interruption_duration`; the restored session
+    /// knew the user spoke but not that a barge-in was under way. The barge-in is now the
+    /// activation's state, written with the step it is over and restored with it.
+    #[test]
+    fn a_barge_in_under_way_at_the_snapshot_goes_on_after_the_restore() {
+        let mut config = config();
+        config.min_interruption_ms = 500;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![vec![call("job", Behaviour::Polite)]]),
+                Op::Run(vec![vec![
+                    call("job_allow", Behaviour::Polite),
+                    call("job_allow", Behaviour::Gated),
+                ]]),
+                Op::UserStarts,
+            ],
+            after: vec![Op::Run(text("a")), Op::Interim, Op::HandoffApi(Role::Alpha)],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run, after a first fix told a restored agent that
+    /// the user started speaking: the user had started before the turn, so no barge-in was
+    /// under way, and the restored one interrupted the step at once. Only a barge-in that
+    /// was under way is restored.
+    #[test]
+    fn a_user_who_spoke_before_the_turn_does_not_barge_in_after_the_restore() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::UserStarts,
+                Op::Run(vec![vec![call("job", Behaviour::Gated)]]),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::AsItIs,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run, after a first fix left an update held behind its
+    /// step to the body to send again: an update the host made through a context the body
+    /// leaked was held there, and nobody sent it again after the restore. An update held
+    /// is delivered; the body run again just does not say it twice.
+    #[test]
+    fn an_update_made_through_a_leaked_context_and_held_behind_its_step_is_kept() {
+        check(RestoreCase {
+            config: config(),
+            before: vec![
+                Op::Run(vec![vec![
+                    call("job", Behaviour::Gated),
+                    call("job", Behaviour::Leak),
+                ]]),
+                Op::LateUpdate(0),
+            ],
+            after: vec![],
+            path: Path::Json,
+            point: Point::Quiet,
+            anywhere: false,
+        });
+    }
+
+    /// Found by a 10,000-case release run: a step's tool holds interruptions off and runs
+    /// on in the background after a forced interruption, beside a sibling call; the model
+    /// then cancels the sibling, which its turn's hold refuses. Restored, each background
+    /// call had an interruptibility of its own, so the hold no longer covered its sibling
+    /// and the cancel went through. A step's calls share one again after a restore.
+    #[test]
+    fn a_hold_on_interruptions_still_covers_the_step_s_other_calls_after_a_restore() {
+        let mut config = config();
+        config.max_tool_steps = 2;
+        check(RestoreCase {
+            config,
+            before: vec![
+                Op::Run(vec![vec![Chunk::Error]]),
+                Op::Run(vec![vec![
+                    call("bg_job", Behaviour::Hold),
+                    call("job_replace", Behaviour::Updates(1)),
+                ]]),
+                Op::Interrupt { force: true },
+            ],
+            after: vec![Op::Run(vec![vec![Chunk::CancelTask(0)]])],
+            path: Path::Json,
+            point: Point::Quiet,
             anywhere: false,
         });
     }

@@ -16,9 +16,12 @@
 //!   `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `Preflight`,
 //!   `DeliverToolItems`,
 //!   `AppendItems`, `PauseActivity`, `ResumeActivity`, `CloseActivity`, `PlayoutFinished`,
-//!   `ReadChat`, `ReadHistoryEntry` — the relayed ones under the name the host's message
-//!   has on the session.
+//!   `ReadChat`, `ReadHistoryEntry`, `SnapshotActivation` — the relayed ones under the
+//!   name the host's message has on the session.
 //! - **Records** its final chat context in the session's history when it stops.
+//! - **Writes its own state** for a snapshot (its machine's `ActivationState`, its own
+//!   toolsets' calls from their books) and, restored, starts from it: its toolsets with
+//!   the calls they were running, its open step waiting for its calls' outputs.
 //!
 //! Guarantees, each tested:
 //! - Every function call in the chat context has exactly one output after it, whatever
@@ -67,7 +70,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use crate::agent::{effective_policy, Agent, Hook, HookContext};
-use crate::chat::{ChatContext, ChatItem, FunctionCall};
+use crate::chat::{ChatContext, ChatItem};
 use crate::control::SessionControl;
 use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::{SessionError, TurnFailure};
@@ -86,20 +89,18 @@ use crate::realtime_link::{LinkEvent, RealtimeLink};
 use crate::reentry;
 use crate::session::{Read, SessionLinks, SessionToolset};
 use crate::shared::SessionShared;
+use crate::speech::Interruptibility;
 use crate::telemetry::Cause;
 use crate::tool::{DuplicatePolicy, Tool};
 use crate::toolset::{
-    AwaitedTask, BackgroundCall, InterruptStep, ListBackground, ResumeRun, Resumed, RunTool,
-    StopRuns, StopToolset, ToolsetActor, ABANDONED,
+    InterruptStep, RepeatAnswer, RestoredRun, RunBook, RunState, RunTool, StopRuns, StopToolset,
+    ToolsetActor, ToolsetState,
 };
 
-/// Why a restored call awaiting its sub-task ends when no run could stand for it.
-const ABANDONED_RUN: &str = "the tool that awaited the sub-task is gone";
-
-use activation::{Activation, Command, Input, Setup, Tools, WaitingCall};
-pub(crate) use activation::{Decided, Part, PendingItem, Restored};
+use activation::{Activation, Command, Input, Setup, Tools};
+pub(crate) use activation::{ActivationState, Decided, Part, PendingItem, Restored};
 use turn::ToolsetKey;
-pub(crate) use turn::{Ask, TurnKind, TurnOutcome};
+pub(crate) use turn::{TurnKind, TurnOutcome};
 
 /// Everything an activity is started with.
 pub(crate) struct ActivitySpec {
@@ -127,16 +128,35 @@ pub(crate) struct ActivitySpec {
     pub(crate) carried: Vec<PendingItem>,
     /// How many of its first items it inherited, when not all of `chat` (restored).
     pub(crate) inherited: Option<usize>,
-    /// Set when the activation comes back from a snapshot (it starts where it was, with
-    /// no `on_enter`), with the sub-task result a restored caller's step waits for: the
-    /// key of the run that stands for the awaiting call, and where the result comes from.
-    pub(crate) restored: Option<(Restored, Option<AwaitedResult>)>,
+    /// Set when the activation comes back from a snapshot: it starts where it was, with
+    /// no `on_enter`.
+    pub(crate) restored: Option<RestoredActivity>,
 }
 
-/// The result a restored caller's awaiting call waits for, and the run key the session
-/// gave the run that stands for that call (the session spares it when it pauses the
-/// caller again).
-pub(crate) type AwaitedResult = (u64, BoxFuture<'static, TaskResult>);
+/// An activity brought back from a snapshot: its machine's state, its own toolsets'
+/// calls, and what the session restored for it.
+pub(crate) struct RestoredActivity {
+    pub(crate) machine: Restored,
+    pub(crate) calls: RestoredCalls,
+}
+
+/// What a restored activity's own toolsets start with, and what the session restored for
+/// its calls.
+pub(crate) struct RestoredCalls {
+    /// Its own toolsets' calls, as each toolset wrote them.
+    pub(crate) toolsets: Vec<ToolsetState>,
+    /// The outputs of its open step's calls of session toolsets (by call id), whose runs
+    /// the session restored with their toolsets.
+    pub(crate) step_outputs: HashMap<String, oneshot::Receiver<CallOutput>>,
+    /// The results of the sub-tasks its own runs awaited, by run key.
+    pub(crate) awaits: HashMap<u64, BoxFuture<'static, TaskResult>>,
+    /// Per step, whether its turn may be interrupted, shared by the step's calls whichever
+    /// toolset runs them.
+    pub(crate) steps: HashMap<u64, Arc<Interruptibility>>,
+    /// The answers its own calls' repeated updates wait for, by call id (filled as the
+    /// activity spawns).
+    pub(crate) repeats: HashMap<String, RepeatAnswer>,
+}
 
 /// The result of a sub-task, as the session hands it to the caller that waited for it.
 pub(crate) type TaskResult = Result<serde_json::Value, SessionError>;
@@ -165,6 +185,8 @@ pub(crate) struct ActivityActor {
     toolsets: Vec<Mailbox<ToolsetActor>>,
     /// Its own toolsets, its children.
     own: Vec<Child<ToolsetActor>>,
+    /// Its own toolsets' books of runs, by toolset name, for snapshots.
+    books: Vec<(String, Arc<RunBook>)>,
     /// The stream of the step being generated, to drop it when the machine says.
     stream: Option<(u64, SpawnHandle)>,
     /// Who waits for `on_enter` (`StartActivity`).
@@ -193,8 +215,10 @@ enum ExitHook {
 
 impl ActivityActor {
     /// Starts an activity actor and its own toolsets on the current arbiter; it stays
-    /// idle until `StartActivity`.
-    pub(crate) fn spawn(spec: ActivitySpec) -> Child<ActivityActor> {
+    /// idle until `StartActivity`. A restored one starts where it was: its toolsets with
+    /// the calls they were running, and each call of its open step still without an output
+    /// restored by its tool's policy, its output going into the step.
+    pub(crate) fn spawn(mut spec: ActivitySpec) -> Child<ActivityActor> {
         let id = ActorId::activity(spec.shared.id(), spec.agent.name(), spec.generation);
         let probe = Probe::new(id.clone(), spec.shared.journal.clone());
         let (alive, gone) = alive_pair();
@@ -203,28 +227,49 @@ impl ActivityActor {
             .def
             .llm_timeouts
             .unwrap_or(spec.shared.settings.config.llm_timeouts);
-        let (own, toolsets, tools) = start_toolsets(&spec, &id);
-        let (restored, task_result) = match spec.restored {
-            Some((restored, task_result)) => (Some(restored), task_result),
-            None => (None, None),
-        };
-        let restored_current = restored.as_ref().is_some_and(|r| !r.paused);
-        let machine = Activation::new(Setup {
-            id,
+        let (groups, tools) = plan_toolsets(&spec);
+        let restored_current = spec.restored.as_ref().is_some_and(|r| !r.machine.paused);
+        let mut machine = Activation::new(Setup {
+            id: id.clone(),
             agent: spec.agent.clone(),
             llm: spec.llm.clone(),
             shared: spec.shared.clone(),
             speech_port: spec.links.clone(),
             tools,
-            chat: spec.chat,
+            chat: std::mem::take(&mut spec.chat),
             order: spec.order,
-            sub_task_of: spec.sub_task_of,
-            handoff_from: spec.handoff_from,
-            carried: spec.carried,
+            sub_task_of: spec.sub_task_of.clone(),
+            handoff_from: spec.handoff_from.take(),
+            carried: std::mem::take(&mut spec.carried),
             inherited: spec.inherited,
-            restored,
         });
-        let mut actor = ActivityActor {
+        let mut commands = Vec::new();
+        let mut restored_runs: Vec<Vec<RestoredRun>> = groups.iter().map(|_| Vec::new()).collect();
+        let mut step_outputs = Vec::new();
+        if let Some(mut restored) = spec.restored.take() {
+            // An update of its own calls, held until its step is in, whose answer had not
+            // reached the body: the body saying it again waits for that item to land.
+            let mut repeats = HashMap::new();
+            if let Some(step) = restored.machine.state.step.as_ref() {
+                for run in restored.calls.toolsets.iter().flat_map(|t| t.runs.iter()) {
+                    let id = run.newest_update();
+                    if run.repeat.is_some() && step.holds(&id) {
+                        let slot = Arc::new(crate::delivery::AnswerSlot::default());
+                        restored
+                            .machine
+                            .held_answers
+                            .insert(id, crate::delivery::DeliveryAnswer::to_slot(slot.clone()));
+                        repeats.insert(run.call.call_id.clone(), slot);
+                    }
+                }
+            }
+            machine.restore(restored.machine, &mut commands);
+            restored.calls.repeats = repeats;
+            step_outputs =
+                restore_runs(&spec, &machine, &groups, restored.calls, &mut restored_runs);
+        }
+        let (own, books, toolsets) = start_toolsets(&spec, &id, groups, restored_runs);
+        let actor = ActivityActor {
             probe: probe.clone(),
             agent: spec.agent,
             llm: spec.llm,
@@ -238,6 +283,7 @@ impl ActivityActor {
             machine,
             toolsets,
             own,
+            books,
             stream: None,
             entering: None,
             pausing: Vec::new(),
@@ -245,64 +291,39 @@ impl ActivityActor {
             exit_hook: ExitHook::NotStarted,
             _alive: alive,
         };
-        let waiting = actor.machine.waiting_call();
         // A restored current agent takes its model's connection at once (it gets no
-        // `StartActivity`): the new connection is set up and its chat replayed as text.
+        // `StartActivity`): the new connection is set up and its chat replayed as text,
+        // before anything its restored step asks of the model.
         let restored_current = restored_current && actor.realtime.is_some();
         let addr = ActivityActor::create(move |ctx| {
+            let mut actor = actor;
             if restored_current {
                 actor.attach_realtime(ctx);
             }
-            // A restored caller's step waits for its sub-task's result. The tool body that
-            // awaited the task is gone with the old process: a run stands for it in its
-            // toolset, whose body returns the task's result, and its output is the call's.
-            if let (Some(waiting), Some((key, result))) = (waiting, task_result) {
-                actor.stand_in_for(waiting, key, result, ctx);
+            for (step, index, output) in step_outputs {
+                // No output: the run was dropped before it gave one.
+                actor.feed_output(step, index, output, "the tool stopped", ctx);
+            }
+            for command in commands {
+                actor.carry_out(command, ctx);
             }
             actor
         });
         Child::new(Mailbox::new(addr, probe), gone)
     }
 
-    /// Runs, in the awaiting call's toolset, a run that stands for it (see
-    /// `toolset::AwaitedTask`); its output goes into the restored step.
-    fn stand_in_for(
+    /// Feeds the output of call `index` of step `step` once `output` resolves; without
+    /// one (its run or toolset gone), the call ends for `lost`.
+    fn feed_output<E>(
         &self,
-        waiting: WaitingCall,
-        key: u64,
-        result: BoxFuture<'static, TaskResult>,
+        step: u64,
+        index: usize,
+        output: impl std::future::Future<Output = Result<CallOutput, E>> + 'static,
+        lost: &'static str,
         ctx: &mut Context<Self>,
     ) {
-        let WaitingCall {
-            step,
-            index,
-            call,
-            toolset,
-            interruptibility,
-        } = waiting;
-        let (tx, output) = oneshot::channel();
-        let resume = ResumeRun {
-            key,
-            call,
-            agent: self.agent.clone(),
-            is_task: self.is_task,
-            updates: 0,
-            checkpoint: None,
-            awaits: Some(AwaitedTask {
-                step,
-                interruptibility,
-                result,
-                immediate: Some(tx),
-            }),
-        };
-        match toolset.and_then(|key| self.toolsets.get(key.0)) {
-            // Once per restored caller; its answer is the output channel.
-            Some(toolset) => toolset.tell(self.probe.id(), resume),
-            None => drop(resume),
-        }
         ctx.spawn(output.into_actor(self).map(move |output, act, ctx| {
-            // No output: the tool is gone from the restored agent, or its run was dropped.
-            let output = output.unwrap_or_else(|_| CallOutput::ended(ABANDONED_RUN));
+            let output = output.unwrap_or_else(|_| CallOutput::ended(lost));
             act.feed(
                 Input::CallOutput {
                     step,
@@ -445,17 +466,7 @@ impl ActivityActor {
                         cause,
                     },
                 );
-                ctx.spawn(ask.into_actor(self).map(move |res, act, ctx| {
-                    let output = res.unwrap_or_else(|_| CallOutput::ended("the toolset stopped"));
-                    act.feed(
-                        Input::CallOutput {
-                            step,
-                            index,
-                            output,
-                        },
-                        ctx,
-                    );
-                }));
+                self.feed_output(step, index, ask, "the toolset stopped", ctx);
             }
             Command::AnswerCompanion { step, index, call } => {
                 let answer = companions::answer(
@@ -758,21 +769,21 @@ impl ActivityActor {
     }
 }
 
-/// Spawns the agent's own toolsets and lists every toolset it sees, with the tool routes
-/// and schemas the machine uses (stable order: bare tools, agent toolsets, session
-/// toolsets, companions).
-fn start_toolsets(
-    spec: &ActivitySpec,
-    id: &ActorId,
-) -> (Vec<Child<ToolsetActor>>, Vec<Mailbox<ToolsetActor>>, Tools) {
+/// One of an agent's own toolsets, about to start: its name, tools and prompts.
+struct Group {
+    name: String,
+    tools: Vec<(Tool, DuplicatePolicy)>,
+    prompts: Prompts,
+}
+
+/// The agent's own toolsets and every toolset it sees, with the tool routes and schemas
+/// the machine uses (stable order: bare tools, agent toolsets, session toolsets,
+/// companions). A route's key is the toolset's place: its own first, then the session's.
+fn plan_toolsets(spec: &ActivitySpec) -> (Vec<Group>, Tools) {
     let shared = &spec.shared;
     let agent = &spec.agent;
-    let scope = Scope::Activity(id.clone());
     let mut schemas = Vec::new();
     let mut routes = HashMap::new();
-    let mut own = Vec::new();
-    let mut toolsets = Vec::new();
-    type Group = (String, Vec<(Tool, DuplicatePolicy)>, Prompts);
     let mut groups: Vec<Group> = Vec::new();
     let agent_prompts = agent.def.prompts.or(&shared.settings.prompts);
     if !agent.def.tools.is_empty() {
@@ -787,7 +798,11 @@ fn start_toolsets(
                 )
             })
             .collect();
-        groups.push(("tools".to_owned(), tools, agent_prompts.clone()));
+        groups.push(Group {
+            name: "tools".to_owned(),
+            tools,
+            prompts: agent_prompts.clone(),
+        });
     }
     for toolset in &agent.def.toolsets {
         let tools = toolset
@@ -795,36 +810,24 @@ fn start_toolsets(
             .iter()
             .map(|t| (t.clone(), effective_policy(t, toolset)))
             .collect();
-        groups.push((
-            toolset.name.clone(),
+        groups.push(Group {
+            name: toolset.name.clone(),
             tools,
-            toolset.prompts.or(&agent_prompts),
-        ));
+            prompts: toolset.prompts.or(&agent_prompts),
+        });
     }
-    for (name, tools, prompts) in groups {
-        schemas.extend(tools.iter().map(|(t, p)| t.schema(*p)));
-        let key = ToolsetKey(toolsets.len());
-        for (tool, _) in &tools {
-            routes.insert(tool.name().to_owned(), key);
+    for (at, group) in groups.iter().enumerate() {
+        schemas.extend(group.tools.iter().map(|(t, p)| t.schema(*p)));
+        for (tool, _) in &group.tools {
+            routes.insert(tool.name().to_owned(), ToolsetKey(at));
         }
-        let child = ToolsetActor::spawn(
-            ActorId::agent_toolset(shared.id(), agent.name(), spec.generation, &name),
-            scope.clone(),
-            tools,
-            prompts,
-            shared.clone(),
-            spec.links.clone(),
-        );
-        toolsets.push(child.mailbox.clone());
-        own.push(child);
     }
-    for toolset in spec.session_toolsets.iter() {
-        let key = ToolsetKey(toolsets.len());
+    for (at, toolset) in spec.session_toolsets.iter().enumerate() {
+        let key = ToolsetKey(groups.len() + at);
         schemas.extend(toolset.schemas.iter().cloned());
         for tool in &toolset.tools {
             routes.insert(tool.name().to_owned(), key);
         }
-        toolsets.push(toolset.mailbox.clone());
     }
     let companions = shared.settings.exposes_companions(agent);
     if companions {
@@ -835,7 +838,145 @@ fn start_toolsets(
         schemas: Arc::from(schemas),
         companions,
     };
-    (own, toolsets, tools)
+    (groups, tools)
+}
+
+/// Spawns the agent's own toolsets, each with the calls it restores; lists every toolset
+/// the activity sees, its own first (as the routes' keys count them).
+#[allow(clippy::type_complexity)]
+fn start_toolsets(
+    spec: &ActivitySpec,
+    id: &ActorId,
+    groups: Vec<Group>,
+    restored: Vec<Vec<RestoredRun>>,
+) -> (
+    Vec<Child<ToolsetActor>>,
+    Vec<(String, Arc<RunBook>)>,
+    Vec<Mailbox<ToolsetActor>>,
+) {
+    let scope = Scope::Activity(id.clone());
+    let mut own = Vec::new();
+    let mut books = Vec::new();
+    let mut toolsets = Vec::new();
+    for (group, restored) in groups.into_iter().zip(restored) {
+        let (child, book) = ToolsetActor::spawn(
+            ActorId::agent_toolset(
+                spec.shared.id(),
+                spec.agent.name(),
+                spec.generation,
+                &group.name,
+            ),
+            scope.clone(),
+            group.tools,
+            group.prompts,
+            spec.shared.clone(),
+            spec.links.clone(),
+            restored,
+        );
+        toolsets.push(child.mailbox.clone());
+        books.push((group.name, book));
+        own.push(child);
+    }
+    toolsets.extend(spec.session_toolsets.iter().map(|t| t.mailbox.clone()));
+    (own, books, toolsets)
+}
+
+/// Sorts a restored activity's calls for its own toolsets (see `ActivityActor::spawn`):
+/// each call of its open step still without an output goes to the toolset of its tool
+/// with its state (a fresh one when it had not started) and a channel for its output —
+/// unless the session restored it with a session toolset and handed the channel over —
+/// and the other calls its toolsets wrote run on in the background. Returns the channels
+/// the step's outputs come through, by step and call index.
+fn restore_runs(
+    spec: &ActivitySpec,
+    machine: &Activation,
+    groups: &[Group],
+    calls: RestoredCalls,
+    runs: &mut [Vec<RestoredRun>],
+) -> Vec<(u64, usize, oneshot::Receiver<CallOutput>)> {
+    let RestoredCalls {
+        toolsets,
+        step_outputs: mut from_session,
+        mut awaits,
+        steps,
+        mut repeats,
+    } = calls;
+    // Each written call by id, with its toolset's place (the restore checked the names).
+    let mut written: HashMap<String, (usize, RunState)> = HashMap::new();
+    for toolset in toolsets {
+        let Some(at) = groups.iter().position(|g| g.name == toolset.name) else {
+            continue;
+        };
+        for run in toolset.runs {
+            written.insert(run.call.call_id.clone(), (at, run));
+        }
+    }
+    let mut outputs = Vec::new();
+    for waiting in machine.waiting_calls() {
+        let (step, index) = (waiting.step, waiting.index);
+        if let Some(output) = from_session.remove(&waiting.call.call_id) {
+            outputs.push((step, index, output));
+            continue;
+        }
+        let (tx, rx) = oneshot::channel();
+        outputs.push((step, index, rx));
+        let Some(at) = waiting
+            .toolset
+            .map(|key| key.0)
+            .filter(|at| *at < groups.len())
+        else {
+            // Not a tool of this agent (nor, restored, of a session toolset): the model
+            // reads so, as it would have at the call.
+            let _ = tx.send(CallOutput::error(format!(
+                "Error: unknown tool {}",
+                crate::outcome::excerpt(&waiting.call.name, crate::outcome::QUOTE_LIMIT)
+            )));
+            continue;
+        };
+        let state = match written.remove(&waiting.call.call_id) {
+            Some((_, state)) => state,
+            // It had not started: it starts now, under its tool's policy all the same.
+            None => RunState {
+                key: spec.shared.ids.next_run(),
+                step,
+                call: waiting.call.clone(),
+                updates: 0,
+                said: Vec::new(),
+                checkpoint: None,
+                repeat: None,
+                unanswered: false,
+                last_said: None,
+            },
+        };
+        let awaits = awaits.remove(&state.key);
+        runs[at].push(RestoredRun {
+            state,
+            agent: spec.agent.clone(),
+            is_task: spec.is_task,
+            step: Some(tx),
+            interruptibility: waiting.interruptibility,
+            awaits,
+            repeat_answer: None,
+        });
+    }
+    let mut background: Vec<(usize, RunState)> = written.into_values().collect();
+    background.sort_by_key(|(_, state)| state.key);
+    for (at, state) in background {
+        let awaits = awaits.remove(&state.key);
+        let repeat_answer = repeats.remove(&state.call.call_id);
+        runs[at].push(RestoredRun::in_background(
+            state,
+            spec.agent.clone(),
+            spec.is_task,
+            &steps,
+            awaits,
+            repeat_answer,
+        ));
+    }
+    for runs in runs.iter_mut() {
+        runs.sort_by_key(|run| run.state.key);
+    }
+    outputs
 }
 
 impl Actor for ActivityActor {
@@ -1309,15 +1450,16 @@ impl Handler<ReadHistoryEntry> for ActivityActor {
     }
 }
 
-/// Sent by the session taking a snapshot: this activation's part (its chat context as
-/// committed, its live state) and the calls of its own toolsets running in the
-/// background, by toolset name.
+/// Sent by the session taking a snapshot: this activation's part — its history entry,
+/// its state, what its turn decided — and its own toolsets' calls, read from their books in
+/// the same handler, so both are of one point. Answered in mailbox order, after every item
+/// relayed to it before.
 pub(crate) struct SnapshotActivation;
 
 /// An activation's contribution to a snapshot.
 pub(crate) struct ActivationSnapshot {
     pub(crate) part: Part,
-    pub(crate) background: Vec<(String, BackgroundCall)>,
+    pub(crate) toolsets: Vec<ToolsetState>,
 }
 
 impl Message for SnapshotActivation {
@@ -1327,143 +1469,22 @@ impl Message for SnapshotActivation {
 plain_response!(ActivationSnapshot);
 
 impl Handler<SnapshotActivation> for ActivityActor {
-    type Result = ResponseActFuture<Self, ActivationSnapshot>;
+    type Result = ActivationSnapshot;
 
     fn handle(&mut self, _msg: SnapshotActivation, _ctx: &mut Self::Context) -> Self::Result {
-        let mut part = self.machine.part();
-        part.live.is_task = self.is_task;
-        let asks: Vec<_> = self
-            .own
-            .iter()
-            .map(|toolset| {
-                let name = toolset_name(toolset.id());
-                let ask = toolset.mailbox.ask(self.probe.id(), ListBackground);
-                async move { (name, ask.await.unwrap_or_default()) }
-            })
-            .collect();
-        Box::pin(
-            futures_util::future::join_all(asks)
-                .into_actor(self)
-                .map(move |lists, _, _| ActivationSnapshot {
-                    part,
-                    background: lists
-                        .into_iter()
-                        .flat_map(|(name, calls)| calls.into_iter().map(move |c| (name.clone(), c)))
-                        .collect(),
-                }),
-        )
+        ActivationSnapshot {
+            part: self.machine.part(),
+            toolsets: self
+                .books
+                .iter()
+                .map(|(name, book)| ToolsetState {
+                    name: name.clone(),
+                    runs: book.states(),
+                })
+                .filter(|toolset| !toolset.runs.is_empty())
+                .collect(),
+        }
     }
-}
-
-/// The toolset's own name, the last segment of its actor id (`toolset/s1/a#1/booking`).
-fn toolset_name(id: &ActorId) -> String {
-    id.as_str()
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-}
-
-/// Sent by the session restoring a snapshot: calls of this activation's own toolsets that
-/// were running in the background. Each tool's restore policy says whether its body runs
-/// again; the answer lists the calls that end instead, with their terminal outputs, for
-/// the session to deliver (so that it wants the reply before it counts as settled).
-pub(crate) struct RestoreCalls {
-    pub(crate) calls: Vec<CallToRestore>,
-}
-
-/// A call that was running in the background at the snapshot, and its toolset's name.
-pub(crate) struct CallToRestore {
-    /// Its run's key (see `ResumeRun::key`).
-    pub(crate) key: u64,
-    pub(crate) toolset: String,
-    pub(crate) call: FunctionCall,
-    pub(crate) updates: u32,
-    pub(crate) checkpoint: Option<serde_json::Value>,
-    /// Set when its body awaited a sub-task still running (see `toolset::AwaitedTask`).
-    pub(crate) awaits: Option<AwaitedTask>,
-}
-
-/// A restored call that ends, with its terminal output and whether it is an error.
-pub(crate) type EndedCall = (crate::chat::FunctionCall, String, bool);
-
-impl Message for RestoreCalls {
-    type Result = Vec<EndedCall>;
-}
-
-impl Handler<RestoreCalls> for ActivityActor {
-    type Result = ResponseFuture<Vec<EndedCall>>;
-
-    fn handle(&mut self, msg: RestoreCalls, _ctx: &mut Self::Context) -> Self::Result {
-        let asks: Vec<_> = msg
-            .calls
-            .into_iter()
-            .map(|restore| {
-                let target = self
-                    .own
-                    .iter()
-                    .find(|t| toolset_name(t.id()) == restore.toolset)
-                    .map(|t| t.mailbox.clone());
-                let call = restore.call.clone();
-                let resume = ResumeRun {
-                    key: restore.key,
-                    call: restore.call,
-                    agent: self.agent.clone(),
-                    is_task: self.is_task,
-                    updates: restore.updates,
-                    checkpoint: restore.checkpoint,
-                    awaits: restore.awaits,
-                };
-                let from = self.probe.id().clone();
-                async move {
-                    let resumed = match target {
-                        Some(toolset) => toolset.ask(&from, resume).await.ok(),
-                        None => None,
-                    };
-                    ended(call, resumed)
-                }
-            })
-            .collect();
-        Box::pin(async move {
-            futures_util::future::join_all(asks)
-                .await
-                .into_iter()
-                .flatten()
-                .collect()
-        })
-    }
-}
-
-/// What becomes of a restored call given its toolset's answer: nothing (its body runs
-/// again), or its terminal output. A toolset that is gone, or a tool it no longer has,
-/// abandons the call.
-pub(crate) fn ended(
-    call: crate::chat::FunctionCall,
-    resumed: Option<Resumed>,
-) -> Option<EndedCall> {
-    match resumed {
-        Some(Resumed::Running) => None,
-        Some(Resumed::Ended { output, is_error }) => Some((call, output, is_error)),
-        None => Some((call, ABANDONED.to_owned(), false)),
-    }
-}
-
-/// The `/finished` pair of a call that ends at a restore.
-pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> Vec<ChatItem> {
-    let call_id = format!("{}/finished", call.call_id);
-    vec![
-        ChatItem::FunctionCall(FunctionCall {
-            call_id: call_id.clone(),
-            name: call.name.clone(),
-            arguments: call.arguments,
-        }),
-        ChatItem::FunctionCallOutput(crate::chat::FunctionCallOutput {
-            call_id,
-            name: call.name,
-            output,
-            is_error,
-        }),
-    ]
 }
 
 counted_handlers!(
@@ -1485,5 +1506,4 @@ counted_handlers!(
     ReadChat,
     ReadHistoryEntry,
     SnapshotActivation,
-    RestoreCalls,
 );

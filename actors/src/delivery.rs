@@ -5,13 +5,17 @@
 //! knows the current agent) → activity — and the activity answers the run directly once
 //! they are in its chat context, or says why they never will be.
 
+use std::sync::{Arc, Mutex};
+
 use tokio::sync::oneshot;
 
 use crate::error::UpdateError;
 use crate::ids::ActorId;
 
-/// Which scope a tool run belongs to.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Which scope a tool run belongs to. Written into snapshots as it is: a restored
+/// activity has the id it had.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub(crate) enum Scope {
     /// A session-scoped toolset: items go to the agent current at delivery time.
     Session,
@@ -33,12 +37,23 @@ pub(crate) struct TaskAsker {
 /// the delivery still queued or held — it answers [`UpdateError::Closed`], so whoever
 /// waits always hears.
 #[derive(Debug)]
-pub(crate) struct DeliveryAnswer(Option<oneshot::Sender<Result<(), UpdateError>>>);
+pub(crate) struct DeliveryAnswer(Option<Target>);
+
+#[derive(Debug)]
+enum Target {
+    Channel(oneshot::Sender<Result<(), UpdateError>>),
+    Slot(Arc<AnswerSlot>),
+}
 
 impl DeliveryAnswer {
     /// An answer that goes to `to`.
     pub(crate) fn to(to: oneshot::Sender<Result<(), UpdateError>>) -> Self {
-        Self(Some(to))
+        Self(Some(Target::Channel(to)))
+    }
+
+    /// An answer that goes to `slot`, for whoever waits there, now or later.
+    pub(crate) fn to_slot(slot: Arc<AnswerSlot>) -> Self {
+        Self(Some(Target::Slot(slot)))
     }
 
     /// An answer for whoever awaits the returned future (`Closed` if it never comes).
@@ -64,16 +79,70 @@ impl DeliveryAnswer {
 
     /// Answers (a waiter that went away is no one's concern).
     pub(crate) fn send(mut self, result: Result<(), UpdateError>) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(result);
+        if let Some(target) = self.0.take() {
+            target.send(result);
+        }
+    }
+}
+
+impl Target {
+    fn send(self, result: Result<(), UpdateError>) {
+        match self {
+            Self::Channel(tx) => {
+                let _ = tx.send(result);
+            }
+            Self::Slot(slot) => slot.land(result),
         }
     }
 }
 
 impl Drop for DeliveryAnswer {
     fn drop(&mut self) {
-        if let Some(tx) = self.0.take() {
-            let _ = tx.send(Err(UpdateError::Closed));
+        if let Some(target) = self.0.take() {
+            target.send(Err(UpdateError::Closed));
+        }
+    }
+}
+
+/// Where the answer to an update held until its step is in meets a body that asks for it
+/// later: a restored run's body that says that update again waits for the item restored
+/// with the step, whichever comes first — the item landing or the body asking.
+#[derive(Debug, Default)]
+pub(crate) struct AnswerSlot(Mutex<Slot>);
+
+#[derive(Debug, Default)]
+enum Slot {
+    #[default]
+    Empty,
+    Landed(Result<(), UpdateError>),
+    Waiting(oneshot::Sender<Result<(), UpdateError>>),
+}
+
+impl AnswerSlot {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // Only plain data behind it: a panic elsewhere leaves it consistent.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The item's answer: to the body waiting, or kept until it asks.
+    fn land(&self, result: Result<(), UpdateError>) {
+        let mut slot = self.slot();
+        match std::mem::take(&mut *slot) {
+            Slot::Waiting(tx) => {
+                let _ = tx.send(result);
+            }
+            _ => *slot = Slot::Landed(result),
+        }
+    }
+
+    /// The body asks: answered at once if the item landed, else when it does.
+    pub(crate) fn wait(&self, answer: oneshot::Sender<Result<(), UpdateError>>) {
+        let mut slot = self.slot();
+        match std::mem::take(&mut *slot) {
+            Slot::Landed(result) => {
+                let _ = answer.send(result);
+            }
+            _ => *slot = Slot::Waiting(answer),
         }
     }
 }

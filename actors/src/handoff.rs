@@ -1,7 +1,9 @@
 //! `Handoff`: the conversation moves to another agent.
 
+use serde_json::Value;
+
 use crate::agent::Agent;
-use crate::starting_chat::StartingChat;
+use crate::starting_chat::{StartingChat, StartingChatState};
 
 /// Hands the conversation to another agent. Return it (or the agent) from a tool, call
 /// `Session::update_agent`, or send it to the session's address
@@ -52,5 +54,42 @@ impl Handoff {
     pub fn interrupting(mut self) -> Self {
         self.interrupt = true;
         self
+    }
+}
+
+/// A handoff as a snapshot writes it: its agent by name with the data it was built with
+/// (the restoring side's agent registry builds it again), its message and starting chat.
+/// Whether it interrupts is not kept: a handoff in a snapshot is queued, or asked for by an
+/// output, and runs when its turn comes.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct HandoffState {
+    pub(crate) agent: String,
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub(crate) data: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) chat: Option<StartingChatState>,
+}
+
+impl Handoff {
+    /// What a snapshot writes of it.
+    pub(crate) fn state(&self) -> HandoffState {
+        HandoffState {
+            agent: self.agent.name().to_owned(),
+            data: self.agent.restore_data().clone(),
+            message: self.message.clone(),
+            chat: self.chat.as_ref().map(StartingChat::state),
+        }
+    }
+}
+
+impl HandoffState {
+    /// The handoff again, to `agent` (built from its name and data by the registry).
+    pub(crate) fn restore(&self, agent: Agent) -> Handoff {
+        let mut handoff = Handoff::to(agent);
+        handoff.message = self.message.clone();
+        handoff.chat = self.chat.as_ref().map(StartingChatState::restore);
+        handoff
     }
 }

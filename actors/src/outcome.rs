@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use crate::chat::{ChatItem, FunctionCall, FunctionCallOutput};
 use crate::error_policy::{describe_chain, ErrorPolicy, ErrorRoute};
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, HandoffState};
 use crate::tool::{ToolPanic, ToolResult, ToolReturn};
 
 /// What a recorded output makes happen.
@@ -92,6 +92,64 @@ impl CallOutput {
     /// Whether the output is nothing at all (a unit return).
     pub(crate) fn is_unit(&self) -> bool {
         self.output.is_empty() && matches!(self.effect, Effect::Quiet) && !self.is_error
+    }
+}
+
+/// A call's immediate output as a snapshot writes it (the output of a call of a step still
+/// open): its text, and what it makes happen once its step is in — a handoff by its
+/// agent's name and data, which the restoring side's registry builds again.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct OutputState {
+    pub(crate) output: String,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) is_error: bool,
+    pub(crate) effect: EffectState,
+}
+
+/// What an output makes happen, as a snapshot writes it (see [`Effect`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum EffectState {
+    Reply,
+    Quiet,
+    Handoff(HandoffState),
+    CompleteTask(Value),
+    Propagate(String),
+}
+
+impl CallOutput {
+    /// What a snapshot writes of it.
+    pub(crate) fn state(&self) -> OutputState {
+        OutputState {
+            output: self.output.clone(),
+            is_error: self.is_error,
+            effect: match &self.effect {
+                Effect::Reply => EffectState::Reply,
+                Effect::Quiet => EffectState::Quiet,
+                Effect::Handoff(handoff) => EffectState::Handoff(handoff.state()),
+                Effect::CompleteTask(value) => EffectState::CompleteTask(value.clone()),
+                Effect::Propagate(why) => EffectState::Propagate(why.clone()),
+            },
+        }
+    }
+}
+
+impl OutputState {
+    /// The output again; a handoff's agent is `agent`, built by the restoring side's
+    /// registry (checked before the restore started, so it is there).
+    pub(crate) fn restore(self, agent: Option<crate::agent::Agent>) -> CallOutput {
+        let effect = match (self.effect, agent) {
+            (EffectState::Handoff(state), Some(agent)) => Effect::Handoff(state.restore(agent)),
+            (EffectState::Handoff(_), None) | (EffectState::Reply, _) => Effect::Reply,
+            (EffectState::Quiet, _) => Effect::Quiet,
+            (EffectState::CompleteTask(value), _) => Effect::CompleteTask(value),
+            (EffectState::Propagate(why), _) => Effect::Propagate(why),
+        };
+        CallOutput {
+            output: self.output,
+            is_error: self.is_error,
+            effect,
+        }
     }
 }
 
@@ -237,8 +295,13 @@ impl StoppedCall {
 /// ended without one; either asks for no reply.
 pub(crate) fn terminal_pair(stopped: StoppedCall, reason: &str) -> [ChatItem; 2] {
     let StoppedCall { call, kept } = stopped;
-    let call_id = format!("{}/finished", call.call_id);
     let (output, is_error) = kept.unwrap_or_else(|| (CallOutput::ended(reason).output, false));
+    finished_pair(call, output, is_error)
+}
+
+/// A call's `/finished` pair with `output`.
+pub(crate) fn finished_pair(call: FunctionCall, output: String, is_error: bool) -> [ChatItem; 2] {
+    let call_id = format!("{}/finished", call.call_id);
     [
         ChatItem::FunctionCall(FunctionCall {
             call_id: call_id.clone(),

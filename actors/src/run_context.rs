@@ -326,9 +326,10 @@ impl RunContext {
     }
 
     /// Saves how far this call got, as serde data: a session snapshot taken while it runs
-    /// records the last one saved, and after the session is restored a tool with
-    /// [`RestorePolicy::Resume`](crate::RestorePolicy::Resume) reads it back with
-    /// [`restored_checkpoint`](Self::restored_checkpoint) to go on from there.
+    /// records the last one saved, and after the session is restored the body run again
+    /// ([`RestorePolicy::Resume`](crate::RestorePolicy::Resume) or
+    /// [`Restart`](crate::RestorePolicy::Restart)) reads it back with
+    /// [`restored_checkpoint`](Self::restored_checkpoint).
     pub fn checkpoint<T: serde::Serialize>(&self, value: &T) -> Result<(), serde_json::Error> {
         self.port.checkpoint(serde_json::to_value(value)?);
         Ok(())

@@ -11,7 +11,8 @@
 //! - **Handles:** `StartSession`, `RunTurn`, `QueueReply`, `Handoff`, `QueueHandoff`,
 //!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `InterruptTurn`, `InterruptSpeech`,
 //!   `Say`, `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `CancelTurn`,
-//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`. Those it
+//!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`,
+//!   `TakeSnapshot`, `ApplyInput`, `AwaitTask`. Those it
 //!   relays to an activity keep their name on the way: `DeliverToolItems`,
 //!   `InterruptTurn`, `InterruptSpeech`, the three user inputs, `PlayoutFinished`,
 //!   `ReadChat`.
@@ -45,6 +46,7 @@ mod overlap;
 mod pauses;
 mod preemption;
 mod realtime;
+mod restore;
 mod saver;
 mod schedule;
 mod snapshot;
@@ -100,9 +102,10 @@ pub(crate) use close::CloseSession;
 use endpoint::Heard;
 use overlap::{Ignored, Judged, OverlapJudge};
 use realtime::{HeardTurn, Transcribed};
+pub(crate) use restore::{AwaitTask, RestorePlan};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::{AwaitTask, RestorePlan, TakeSnapshot};
+pub(crate) use snapshot::TakeSnapshot;
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -112,6 +115,9 @@ pub(crate) struct SessionToolset {
     pub(crate) tools: Vec<Tool>,
     pub(crate) schemas: Vec<ToolSchema>,
     pub(crate) mailbox: Mailbox<ToolsetActor>,
+    /// Its runs, for snapshots: the session reads them as it asks the activations for
+    /// their parts.
+    pub(crate) book: Arc<crate::toolset::RunBook>,
 }
 
 /// An activity as the session holds it.
@@ -1078,17 +1084,18 @@ impl Handler<StartSession> for SessionActor {
     type Result = ResponseActFuture<Self, Result<(), SessionError>>;
 
     fn handle(&mut self, _msg: StartSession, ctx: &mut Self::Context) -> Self::Result {
-        self.start_toolsets();
         let reporter = PlayoutReporter::new(self.links.clone());
         self.shared.output.call(|output| output.attach(reporter));
         let (agent, llm) = match self.start.take() {
             Some(Start::Fresh(agent, llm)) => (agent, llm),
             Some(Start::Restore(plan)) => {
+                // Its toolsets start with the calls they were running.
                 self.restore(*plan, ctx);
                 return Box::pin(fut::ready(Ok(())));
             }
             None => return Box::pin(fut::ready(Err(SessionError::Closed))),
         };
+        self.start_toolsets(HashMap::new());
         let (tx, rx) = oneshot::channel();
         let start = StartingChat::resolve(None, agent.starting_chat(), StartingChat::Empty);
         let chat = self.starting_chat(&start, ChatContext::new());
@@ -1439,7 +1446,19 @@ impl Handler<UserStartedSpeaking> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: UserStartedSpeaking, ctx: &mut Self::Context) {
-        let now = Instant::now();
+        self.user_started(Instant::now());
+        if let Some(current) = self.schedule.current() {
+            current.child.mailbox.tell(self.probe.id(), msg);
+        }
+        self.pump(ctx);
+    }
+}
+
+impl SessionActor {
+    /// The user speaks since `now`, as the session's own machines see it (the current
+    /// agent's barge-in is the activation's): the host said so, or a restored session's
+    /// user was speaking at the snapshot.
+    fn user_started(&mut self, now: Instant) {
         self.voice = true;
         self.set_user(UserState::Speaking);
         self.user_stopped_at = None;
@@ -1452,10 +1471,6 @@ impl Handler<UserStartedSpeaking> for SessionActor {
             let spoke = self.shared.speeches.agent_speech().started;
             self.turn_limit.user_started(now, spoke);
         }
-        if let Some(current) = self.schedule.current() {
-            current.child.mailbox.tell(self.probe.id(), msg);
-        }
-        self.pump(ctx);
     }
 }
 

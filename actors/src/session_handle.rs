@@ -956,15 +956,18 @@ impl SessionBuilder {
 
     /// Starts the session again from `snapshot`, on this engine or another process's:
     /// the same session id, conversation, agents (built again by `agents` from the data
-    /// they were built with), queued work and ids; an LLM step that was in flight is
-    /// asked again, and each tool call that was running follows its tool's
+    /// they were built with), queued work and ids. An LLM step whose model had not
+    /// answered is asked again; a step whose tool calls had started never is: each call
+    /// that was running (from the moment its body may start) follows its tool's
     /// [`RestorePolicy`](crate::RestorePolicy). No `on_enter` runs. The builder's other
     /// settings (model, toolsets, output, timings) apply as given: they are code, not
-    /// state. A paused agent whose tool awaited a sub-task gets the task's result as that
-    /// call's output, as JSON (the tool body that awaited it was in the old process).
+    /// state, so give it the same model and session toolsets as the session had. A
+    /// paused agent whose tool awaited a sub-task gets the task's result as that call's
+    /// output, as JSON (the tool body that awaited it was in the old process).
     /// Everything is checked before anything starts: an agent the registry cannot build,
-    /// a model missing, user data that does not read back, a newer schema fail `start`
-    /// with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
+    /// a model missing, user data that does not read back, a newer schema, a running
+    /// call whose toolset or tool the restoring side lacks (never silently ended) fail
+    /// `start` with the reason ([`SessionError::Snapshot`], [`SessionError::Build`]).
     pub fn restore(mut self, snapshot: SessionSnapshot, agents: AgentRegistry) -> Self {
         self.restore = Restoring::Snapshot(Box::new(snapshot), agents);
         self
@@ -1468,6 +1471,7 @@ impl SessionBuilder {
                 snapshot,
                 |name, data| Ok(agents.build(name, data)?),
                 |agent| Ok(shared.settings.check_agent(agent)?),
+                &self.toolsets,
             )?)),
             // `agent` is `None` only when restoring (checked above).
             (None, None) => return Err(BuildError::NoAgent.into()),

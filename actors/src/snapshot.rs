@@ -1,15 +1,21 @@
-//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a session holds, the
-//! deltas that bring one up to date, and their two encodings.
+//! Sessions that outlive their process (a deploy, a crash, a move): what a snapshot of a
+//! session holds, the deltas that bring one up to date, and their two encodings.
 //!
 //! A snapshot names code, it never holds it: agents by name and the data they were built
 //! with (restored through an [`AgentRegistry`](crate::AgentRegistry)), tools by name (their
 //! restore policy is read from the restored code), user data as JSON. It holds the
 //! conversation at its last consistent point: every activation's chat context as
-//! committed (an LLM step in flight is not in it, and is asked again after a restore), the
-//! pause stack of sub-tasks, queued work, the items pending for a deferred reply, the
-//! user's words waiting for the end of their turn, the tool
-//! calls still running in the background, the call ids issued, and the counters that keep
-//! ids unique.
+//! committed, and the state of the machines that run it — the session's (its schedule:
+//! the pause stack of sub-tasks, queued work, what the user is doing; the user's words
+//! waiting for the end of their turn; the counters that keep ids unique), each live
+//! activation's (its step under way, the items pending for a deferred reply) and each
+//! toolset's (the calls it runs) — and the call ids issued.
+//!
+//! Each machine writes and reads its own part, with serde, beside its code; this module
+//! knows the frame they travel in: the session's id, its epoch, the ledger of host inputs
+//! applied, the call's usage and latency so far, and the chain. The machines' parts are
+//! one JSON value in the head (`state`), which the session assembles and takes apart
+//! again.
 //!
 //! It is split in two so that saving after every turn costs what changed, not the length
 //! of the call: a small *head* (replaced whole by each delta) and the *body* — chat items
@@ -24,15 +30,15 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::chat::{ChatItem, FunctionCall};
+use crate::chat::ChatItem;
 use crate::input_ledger::LedgerRecord;
 use crate::latency::SessionLatency;
-use crate::llm::ToolChoice;
 use crate::usage::SessionUsage;
 
 /// The schema this build writes. It reads this one; a snapshot of a newer schema is
-/// refused with [`SnapshotError::NewerSchema`].
-pub const SNAPSHOT_VERSION: u32 = 1;
+/// refused with [`SnapshotError::NewerSchema`], one of an older schema with
+/// [`SnapshotError::OlderSchema`].
+pub const SNAPSHOT_VERSION: u32 = 2;
 
 /// Why a snapshot could not be read, applied or restored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
@@ -46,6 +52,40 @@ pub enum SnapshotError {
         found: u32,
         /// The newest this build reads.
         supported: u32,
+    },
+    /// Written by an older build whose snapshots this one does not read (version 1: the
+    /// machines' parts were laid out differently): restore it with that build.
+    #[error("the snapshot has schema version {found}; this build reads version {supported} only")]
+    OlderSchema {
+        /// The snapshot's version.
+        found: u32,
+        /// The version this build reads.
+        supported: u32,
+    },
+    /// The snapshot holds a running tool call of a toolset the restoring side did not
+    /// supply (a session toolset not given to the builder again, or an agent toolset the
+    /// agent the registry built no longer has): the call cannot follow its tool's restore
+    /// policy. Give the builder the session's toolsets (`SessionBuilder::toolset`) and the
+    /// registry agents with theirs.
+    #[error("the snapshot's running call {call_id} ({tool}) belongs to toolset {toolset:?}, which the restoring side does not have")]
+    UnknownToolset {
+        /// The running call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// The toolset it ran in (`tools` for an agent's bare tools).
+        toolset: String,
+    },
+    /// The snapshot holds a running tool call whose toolset is there but no longer has
+    /// its tool: the call cannot follow its tool's restore policy.
+    #[error("the snapshot's running call {call_id} is of tool {tool}, which toolset {toolset:?} no longer has")]
+    UnknownTool {
+        /// The running call.
+        call_id: String,
+        /// Its tool.
+        tool: String,
+        /// The toolset it ran in (`tools` for an agent's bare tools).
+        toolset: String,
     },
     /// The input ends before the snapshot does (a partial write or a cut transfer).
     #[error("the snapshot is truncated: {needed} bytes expected, {got} found")]
@@ -158,8 +198,8 @@ pub enum StoreError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SessionSnapshot {
     pub(crate) version: u32,
-    /// How many deltas this snapshot has taken since it was written in full: a delta
-    /// applies to the snapshot whose `seq` is its `base`.
+    /// Its place in the session's chain (see [`SessionSnapshot::seq`]): a delta applies
+    /// to the snapshot whose `seq` is its `base`.
     pub(crate) seq: u64,
     pub(crate) head: SnapshotHead,
     /// Every activation that started, in start order (the body: it only grows).
@@ -199,29 +239,11 @@ pub(crate) struct SnapshotHead {
     /// or marked not held when its effect is not in the snapshot (a queued job).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) inputs: Vec<LedgerRecord>,
-    /// The live activations: the callers paused under sub-tasks, outermost first, then
-    /// the current one last.
-    pub(crate) stack: Vec<LiveRecord>,
-    /// Work queued for the current agent that the engine started (handoffs, replies a
-    /// tool or hook asked for, a background task's end), in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) jobs: Vec<JobRecord>,
-    /// Tool items asked for a deferred reply that has not started.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(crate) reply_wanted: bool,
-    /// The user's words waiting for the end of their turn (endpointing): input
-    /// the session accepted and has not made a turn of yet.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) user_words: Option<String>,
-    /// Tool calls running in the background, in the order they started.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) running: Vec<RunningRecord>,
     /// The session's user data, when it was given as serde data.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) userdata: Option<Value>,
-    /// Per agent name, the last activation's generation (actor ids carry it).
-    pub(crate) generations: Vec<(String, u32)>,
-    pub(crate) counters: Counters,
+    /// The machines' own states, as the session assembled them (see the module docs).
+    pub(crate) state: Value,
     /// The usage ledger: every LLM request's tokens by agent and model, for the whole call
     /// (a restored session goes on counting from it).
     #[serde(default, skip_serializing_if = "SessionUsage::is_empty")]
@@ -229,16 +251,6 @@ pub(crate) struct SnapshotHead {
     /// Each agent's latency over the call.
     #[serde(default, skip_serializing_if = "SessionLatency::is_empty")]
     pub(crate) latency: SessionLatency,
-}
-
-/// The session's counters, so ids issued after a restore never repeat one in the chat.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Counters {
-    /// Activations started (each one's place in the history).
-    pub(crate) activations: u32,
-    pub(crate) speech: u64,
-    pub(crate) step: u64,
-    pub(crate) run: u64,
 }
 
 /// One activation as the history keeps it: who, and its chat context.
@@ -280,162 +292,6 @@ pub(crate) struct ChatChange {
     pub(crate) order: u32,
     pub(crate) keep: usize,
     pub(crate) append: Vec<ChatItem>,
-}
-
-/// A live activation's state beyond its chat context.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct LiveRecord {
-    pub(crate) order: u32,
-    /// Runs as a sub-task (it may complete the task).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub(crate) is_task: bool,
-    /// Chat length its latest assistant message was generated from.
-    pub(crate) last_reply_view: usize,
-    /// Tool items that landed here and ask for a deferred reply.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) pending: Vec<PendingRecord>,
-    /// A turn whose LLM step was in flight: the step is asked again on restore.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) redo: Option<AskRecord>,
-    /// A paused caller's step, waiting for its sub-task's result.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) waiting: Option<WaitingStep>,
-    /// What a turn of it asked for that has not run (a handoff, its task's end).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) after: Vec<JobRecord>,
-}
-
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct PendingRecord {
-    pub(crate) scope: ScopeRecord,
-    pub(crate) call_id: String,
-    pub(crate) items: Vec<ChatItem>,
-}
-
-/// A run's scope, by name and place rather than by actor.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ScopeRecord {
-    /// A session-scoped toolset.
-    Session,
-    /// The toolsets of the activation with this order.
-    Activation(u32),
-}
-
-/// What a turn's LLM requests ask for, besides the chat context.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub(crate) struct AskRecord {
-    pub(crate) tool_choice: ToolChoice,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) extra_instructions: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) deferred_call_ids: Vec<String>,
-}
-
-/// An LLM step of a paused caller, held until it resumes: the calls, the outputs already
-/// in, and which call awaits the sub-task, if one does (its result becomes its output).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct WaitingStep {
-    pub(crate) ask: AskRecord,
-    pub(crate) steps: u32,
-    pub(crate) calls: Vec<FunctionCall>,
-    pub(crate) outputs: Vec<Option<OutputRecord>>,
-    /// The call that awaits the sub-task, if one does: a sub-task the host started pauses
-    /// a step whose calls may all have their outputs (it is committed on resume).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) awaiting: Option<usize>,
-    /// How many of the head's `running` calls started before the awaiting call: a restore
-    /// gives the run standing for it its key in that place among the restored runs, so
-    /// its toolset lists its runs (a duplicate's answer, `get_running_tasks`) in the order
-    /// they started, as before the snapshot.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub(crate) runs_before: usize,
-    /// Items held until the step is in the chat context: the `/finished` pairs the
-    /// pause wrote for the step's calls that ran in the background, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(crate) held: Vec<HeldRecord>,
-}
-
-fn is_zero(n: &usize) -> bool {
-    *n == 0
-}
-
-/// Items held for a call of an open step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct HeldRecord {
-    /// The call they are for.
-    pub(crate) call_id: String,
-    pub(crate) items: Vec<ChatItem>,
-}
-
-/// A call's immediate output.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct OutputRecord {
-    pub(crate) output: String,
-    pub(crate) is_error: bool,
-    /// Whether it asks for another step.
-    pub(crate) reply: bool,
-    /// The agent's end it asks for once its step is in: a handoff, or its task's end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) ends: Option<JobRecord>,
-    /// An error routed `propagate`: the turn fails with this description.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) propagate: Option<String>,
-}
-
-/// Work the engine queued.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "job", rename_all = "snake_case")]
-pub(crate) enum JobRecord {
-    /// A handoff to an agent (built again from the registry).
-    Handoff {
-        agent: String,
-        #[serde(default, skip_serializing_if = "Value::is_null")]
-        data: Value,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        message: Option<String>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        chat: Option<StartingChatRecord>,
-    },
-    /// A reply a tool or hook asked for.
-    Reply {
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        instructions: Option<String>,
-    },
-    /// The end of the current sub-task, with its result.
-    EndTask { value: Value },
-}
-
-/// A handoff's starting chat context.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "from", rename_all = "snake_case")]
-pub(crate) enum StartingChatRecord {
-    All,
-    Empty,
-    LastItems { n: usize },
-    Given { items: Vec<ChatItem> },
-}
-
-/// A tool call running in the background when the snapshot was taken.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RunningRecord {
-    pub(crate) scope: ScopeRecord,
-    /// The toolset that runs it (`tools` for an agent's bare tools).
-    pub(crate) toolset: String,
-    pub(crate) call: FunctionCall,
-    /// Later updates it sent (`/update_1` …): a restarted body's next one goes on from
-    /// here.
-    pub(crate) updates: u32,
-    /// What it saved with `ctx.checkpoint`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) checkpoint: Option<Value>,
-    /// Its body awaits the sub-task of the paused caller with this order (an interruption
-    /// moved the call to the background while it waited): on restore the body is not run
-    /// again, which would ask for the task a second time; a run that awaits the task's
-    /// result stands for it, and the result is its `/finished` output.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) task_of: Option<u32>,
 }
 
 impl SessionSnapshot {
@@ -484,8 +340,12 @@ impl SessionSnapshot {
         self.activations.iter().map(|a| a.items.len()).sum()
     }
 
-    /// The seq of the chain it is at: 0 when written in full, one more for each delta
-    /// applied since.
+    /// Its place in the session's chain of snapshots: every snapshot or delta the
+    /// session takes moves the chain on by one, a full one too (so a delta never applies
+    /// to a full snapshot taken after its base), and applying a delta moves it to the
+    /// delta's. The first snapshot a session takes is 0; a restored session's chain goes
+    /// on from the snapshot it was restored from, so its first snapshot is one more than
+    /// that snapshot's.
     pub fn seq(&self) -> u64 {
         self.seq
     }
@@ -660,6 +520,12 @@ fn check_version(found: u32) -> Result<(), SnapshotError> {
             supported: SNAPSHOT_VERSION,
         });
     }
+    if found < SNAPSHOT_VERSION {
+        return Err(SnapshotError::OlderSchema {
+            found,
+            supported: SNAPSHOT_VERSION,
+        });
+    }
     Ok(())
 }
 
@@ -802,11 +668,9 @@ mod tests {
                 session: "call-42".into(),
                 epoch: 3,
                 last_input: Some(17),
-                stack: vec![LiveRecord {
-                    order: 1,
-                    ..LiveRecord::default()
-                }],
-                generations: vec![("a".into(), 1)],
+                inputs: Vec::new(),
+                userdata: None,
+                state: serde_json::json!({"stack": [{"order": 1}]}),
                 ..SnapshotHead::default()
             },
             activations: vec![ActivationRecord {

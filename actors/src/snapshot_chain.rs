@@ -181,7 +181,7 @@ mod tests {
     use super::*;
     use crate::chat::{ChatItem, ChatRole};
     use crate::snapshot::SNAPSHOT_VERSION;
-    use crate::snapshot::{ActivationRecord, ChatChange, LiveRecord, SnapshotHead};
+    use crate::snapshot::{ActivationRecord, ChatChange, SnapshotHead};
 
     /// A full snapshot of session `session` at `seq`, with one activation of `items`
     /// messages.
@@ -207,10 +207,7 @@ mod tests {
     fn head(session: &str) -> SnapshotHead {
         SnapshotHead {
             session: session.into(),
-            stack: vec![LiveRecord {
-                order: 1,
-                ..LiveRecord::default()
-            }],
+            state: serde_json::json!({"stack": [{"order": 1}]}),
             ..SnapshotHead::default()
         }
     }

@@ -75,6 +75,48 @@ impl StartingChat {
     }
 }
 
+/// A starting chat as a snapshot writes it (a queued handoff's): the choice, and a given
+/// chat's items.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub(crate) enum StartingChatState {
+    All,
+    Empty,
+    LastItems { n: usize },
+    Given { items: Vec<ChatItem> },
+}
+
+impl StartingChat {
+    /// What a snapshot writes of it.
+    pub(crate) fn state(&self) -> StartingChatState {
+        match self {
+            Self::All => StartingChatState::All,
+            Self::Empty => StartingChatState::Empty,
+            Self::LastItems(n) => StartingChatState::LastItems { n: *n },
+            Self::Given(given) => StartingChatState::Given {
+                items: given.0.items().to_vec(),
+            },
+        }
+    }
+}
+
+impl StartingChatState {
+    /// The choice again. A given chat was checked when it was first given; one a snapshot
+    /// changed since no longer passes the check and reads as empty.
+    pub(crate) fn restore(&self) -> StartingChat {
+        match self {
+            Self::All => StartingChat::All,
+            Self::Empty => StartingChat::Empty,
+            Self::LastItems { n } => StartingChat::LastItems(*n),
+            Self::Given { items } => {
+                let mut chat = ChatContext::new();
+                chat.extend(items.iter().cloned());
+                StartingChat::given(chat).unwrap_or(StartingChat::Empty)
+            }
+        }
+    }
+}
+
 /// The last `n` items of `chat` (all of it for `usize::MAX`), less any output whose call
 /// was cut off and any call without an output (a paused caller's open call): what is
 /// left can be sent to a provider as it is.

@@ -46,21 +46,38 @@ pub enum DuplicatePolicy {
     Confirm,
 }
 
-/// What happens to a call of a tool still running in the background when its session is
-/// restored from a snapshot. Each call gets exactly one terminal output across
-/// any number of restores.
+/// What happens to a call of a tool that was running when its session was snapshotted,
+/// once the session is restored.
+///
+/// A call is running from the moment its body may start — before it sent anything — until
+/// it returned: whether its step still waits for its output or it runs in the background
+/// after an update. A step whose calls started is never asked of the model again; each of
+/// its calls still without an output gets one as its policy says, and the step goes on.
+/// Each call gets exactly one terminal output across any number of restores, and nothing
+/// delivered before the snapshot is delivered again after it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum RestorePolicy {
-    /// The call ends with the output "interrupted before it finished", and a deferred
-    /// reply tells the user: nothing runs twice.
+    /// The call ends with the output "Interrupted before it finished." — its step's
+    /// output, or, in the background, its `/finished` with a deferred reply that tells the
+    /// user — and its body never runs again: a side effect (a card charged) happens at most
+    /// once. The default: the body may have done its work, or not, and only it knows.
     #[default]
     Abandon,
-    /// The body runs again with the same call id and arguments; its updates go on from the
-    /// last one delivered. For idempotent work.
+    /// The body runs again from the start, with the same call id and arguments, and
+    /// `ctx.restored_checkpoint()` reads what it saved with `ctx.checkpoint(..)`. For work
+    /// that is safe to do again. What it says that the call already said is not said again:
+    /// its updates that repeat, in order, the ones delivered before the snapshot (its
+    /// first one if that was the call's output, then each `/update_n`) are not delivered —
+    /// the user heard them, the model read them, and no reply is asked for them — and
+    /// `ctx.update` answers `Ok`. The first update that says something new ends that; it and
+    /// every one after go out, numbered after the last one delivered.
     Restart,
-    /// Like `Restart`, and the body reads what it saved with `ctx.checkpoint(..)` from
-    /// `ctx.restored_checkpoint()`, to go on where it was.
+    /// The body runs again and goes on where it was: it reads what it saved with
+    /// `ctx.checkpoint(..)` from `ctx.restored_checkpoint()`. Everything it sends is new:
+    /// its updates go out numbered after the last one delivered. Save the checkpoint right
+    /// after the update it accounts for, so a body resumed from it sends nothing the user
+    /// already heard.
     Resume,
 }
 
@@ -381,8 +398,8 @@ impl Tool {
         self.edit(|d| d.error_policy = policy)
     }
 
-    /// What happens to a call of this tool still running in the background when its
-    /// session is restored from a snapshot (default [`RestorePolicy::Abandon`]).
+    /// What happens to a call of this tool that was running when its session was
+    /// snapshotted, once the session is restored (default [`RestorePolicy::Abandon`]).
     pub fn on_restore(self, policy: RestorePolicy) -> Self {
         self.edit(|d| d.on_restore = policy)
     }

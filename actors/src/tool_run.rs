@@ -20,8 +20,8 @@
 //! - A panic in the body becomes an error output; it never reaches the actor.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
@@ -52,7 +52,7 @@ use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::telemetry::{Cause, Stopwatch};
 use crate::tool::{PreparedBody, Tool, ToolResult};
-use crate::toolset::RunEnded;
+use crate::toolset::{Progress, Replayed, RunEnded};
 
 /// Why a call cancelled by an interruption stopped ("Cancelled: the user interrupted.").
 const INTERRUPTED: &str = "the user interrupted";
@@ -79,64 +79,6 @@ pub(crate) struct RunSpec {
     pub(crate) prompts: Arc<Prompts>,
     pub(crate) toolset: Link<RunEnded>,
     pub(crate) alive: AliveToken,
-}
-
-/// What a snapshot reads of a run, through its toolset: whether it runs in the background
-/// (its immediate output given, its body not returned), the later updates it sent and the
-/// checkpoint it saved. Written by the run and its context, read by the toolset.
-#[derive(Debug, Default)]
-pub(crate) struct Progress {
-    background: AtomicBool,
-    updates: AtomicU32,
-    checkpoint: Mutex<Option<Value>>,
-    /// For a run restored from a snapshot: the checkpoint it starts from (maybe none).
-    restored: Option<Option<Value>>,
-    /// A call-long run stopped in the background whose body then returned: what it
-    /// returned, for whoever stopped it to write down (`None` inside: nothing to write).
-    kept: Mutex<Option<Option<(String, bool)>>>,
-}
-
-impl Progress {
-    /// A run restored from a snapshot: in the background, its updates going on after
-    /// `updates`, starting from `checkpoint`.
-    pub(crate) fn restored(updates: u32, checkpoint: Option<Value>) -> Self {
-        Self {
-            background: AtomicBool::new(true),
-            updates: AtomicU32::new(updates),
-            checkpoint: Mutex::new(checkpoint.clone()),
-            restored: Some(checkpoint),
-            kept: Mutex::new(None),
-        }
-    }
-
-    /// What a call-long run returned after its stop, once the run is gone: `None` when it
-    /// did not return (or is not call-long), `Some(None)` when it returned nothing to
-    /// write down.
-    pub(crate) fn take_kept(&self) -> Option<Option<(String, bool)>> {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner()).take()
-    }
-
-    /// Whether the call runs in the background now.
-    pub(crate) fn in_background(&self) -> bool {
-        self.background.load(Ordering::Acquire)
-    }
-
-    /// The later updates it sent.
-    pub(crate) fn updates(&self) -> u32 {
-        self.updates.load(Ordering::Acquire)
-    }
-
-    /// The checkpoint it saved last.
-    pub(crate) fn checkpoint(&self) -> Option<Value> {
-        self.checkpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn next_update(&self) -> u32 {
-        self.updates.fetch_add(1, Ordering::AcqRel) + 1
-    }
 }
 
 /// Where a run is in its life.
@@ -290,6 +232,7 @@ impl ToolRunActor {
         // second terminal output for it.
         let stopped = self.phase == RunPhase::Stopped;
         self.phase = RunPhase::Stopped;
+        self.progress.over();
         let _ = self.cancel.send(true);
         let background = match self.immediate.take() {
             Some(immediate) => {
@@ -323,7 +266,9 @@ impl ToolRunActor {
         ctx: &mut Context<Self>,
     ) {
         let was = std::mem::replace(&mut self.phase, RunPhase::Returned);
-        self.progress.background.store(false, Ordering::Release);
+        // Its last output is on its way (or its stopper's to write): a snapshot no longer
+        // holds it.
+        self.progress.over();
         if was == RunPhase::Stopped {
             // Stopped while running: whoever stopped it writes the terminal output — a
             // call-long tool's own result, if it returned one in time.
@@ -341,7 +286,7 @@ impl ToolRunActor {
                     },
                 );
                 let kept = (!out.is_unit()).then_some((out.output, out.is_error));
-                *self.progress.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+                self.progress.keep(kept);
             }
             ctx.stop();
             return;
@@ -476,13 +421,16 @@ impl RunPort for RunLinks {
             },
         );
         let call_id = self.call_id.clone();
+        let progress = self.progress.clone();
         async move {
             // No answer: the run was gone before it read the update.
-            heard.await.unwrap_or_else(|_| {
+            let answer = heard.await.unwrap_or_else(|_| {
                 Err(UpdateError::RunEnded {
                     call_id: call_id.to_string(),
                 })
-            })
+            });
+            progress.answered(answer.is_ok());
+            answer
         }
         .boxed()
     }
@@ -513,15 +461,11 @@ impl RunPort for RunLinks {
     }
 
     fn checkpoint(&self, value: Value) {
-        *self
-            .progress
-            .checkpoint
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(value);
+        self.progress.checkpoint(value);
     }
 
     fn restored(&self) -> Option<&Option<Value>> {
-        self.progress.restored.as_ref()
+        self.progress.restored_checkpoint()
     }
 }
 
@@ -638,6 +582,21 @@ impl Handler<ToolUpdate> for ToolRunActor {
             }),
             UpdateMessage::Json(value) => value.to_string(),
         };
+        let said = crate::toolset::digest(&text);
+        match self.progress.replays(said) {
+            Replayed::No => {}
+            // A body run again says what the call said before the snapshot, in its place:
+            // the chat holds it (the user heard it, or will once its step is in). Not
+            // delivered again; answered as the first one is.
+            Replayed::Landed => {
+                let _ = msg.answer.send(Ok(()));
+                return;
+            }
+            Replayed::WhenHeldLands(held) => {
+                held.wait(msg.answer);
+                return;
+            }
+        }
         if let Some(immediate) = self.immediate.take() {
             // The first update answers the LLM step; the tool goes on in the background.
             let output = if msg.reply {
@@ -645,12 +604,12 @@ impl Handler<ToolUpdate> for ToolRunActor {
             } else {
                 CallOutput::quiet(text)
             };
+            self.progress.first_update(said);
             let _ = immediate.send(output);
-            self.progress.background.store(true, Ordering::Release);
             let _ = msg.answer.send(Ok(()));
             return;
         }
-        let n = self.progress.next_update();
+        let n = self.progress.next_update(said);
         let call_id = format!("{}/update_{n}", self.call.call_id);
         self.deliver(
             call_id,
@@ -727,7 +686,6 @@ impl Handler<InterruptRun> for ToolRunActor {
             self.stop(INTERRUPTED, ctx);
         } else if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(CallOutput::moved_to_background());
-            self.progress.background.store(true, Ordering::Release);
         }
     }
 }

@@ -4,10 +4,14 @@
 //!   duplicate checks.
 //! - **Parent:** the session (session-scoped toolsets) or an activity (agent-scoped
 //!   toolsets and an agent's bare tools, the toolset `tools`).
-//! - **Starts** with its parent; **stops** on `StopToolset`, after every run it owns has
-//!   stopped and been awaited.
+//! - **Starts** with its parent — a restored one with the calls it was running, each as
+//!   its tool's restore policy says; **stops** on `StopToolset`, after every run it owns
+//!   has stopped and been awaited.
 //! - **Handles:** `RunTool`, `InterruptStep`, `ListRuns` and `CancelRun` (from an
 //!   activity), `StopRuns` and `StopToolset` (from its parent), `RunEnded` (from its runs).
+//! - **Writes its own state** (`toolset/runs.rs`): every call whose body may have started,
+//!   in its `RunBook`, which its parent reads for a snapshot; it reads the same state back
+//!   when a restored session starts it.
 //!
 //! Guarantees, each tested:
 //! - The order on each call is: strip `confirm_duplicate`, parse the arguments, check
@@ -16,8 +20,13 @@
 //! - An interrupted step's calls without an output are cancelled (tools that cancel on
 //!   interruption) or moved to the background, even a call still waiting for a
 //!   `replace` duplicate to stop.
+//! - A call is in its book from the moment its run is spawned until the run stops or its
+//!   body returns. Restored, an `Abandon` tool's call gets its terminal output and its body
+//!   never runs again; a `Restart` or `Resume` tool's body runs again with the same call
+//!   id, its output going where it went (its open step, or the background).
 
 mod duplicates;
+mod runs;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -28,23 +37,29 @@ use futures_util::FutureExt;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
+use crate::activity::DeliverToolItems;
 use crate::agent::Agent;
 use crate::chat::FunctionCall;
-use crate::delivery::Scope;
+use crate::delivery::{DeliveryAnswer, Scope};
 use crate::error::SessionError;
 use crate::ids::ActorId;
 use crate::lifecycle::{alive_pair, AliveToken, Child};
-use crate::mailbox::{counted_handlers, plain_response, Link, Mailbox, Probe};
-use crate::outcome::{error_text, excerpt, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
+use crate::mailbox::{counted_handlers, Link, Mailbox, Probe};
+use crate::outcome::{
+    error_text, excerpt, finished_pair, CallOutput, Effect, StoppedCall, QUOTE_LIMIT,
+};
 use crate::prompts::{DuplicatePromptArgs, Prompts};
 use crate::session::SessionLinks;
 use crate::shared::SessionShared;
 use crate::speech::{Interruptibility, SpeechHandle};
 use crate::telemetry::Cause;
-use crate::tool::{DuplicatePolicy, PreparedBody, Tool, ToolReturn, CONFIRM_DUPLICATE_PARAM};
-use crate::tool_run::{InterruptRun, Progress, RunSpec, StopRun, ToolRunActor};
+use crate::tool::{
+    DuplicatePolicy, PreparedBody, RestorePolicy, Tool, ToolReturn, CONFIRM_DUPLICATE_PARAM,
+};
+use crate::tool_run::{InterruptRun, RunSpec, StopRun, ToolRunActor};
 
 use duplicates::{is_duplicate, on_duplicate, OnDuplicate, Running};
+pub(crate) use runs::{digest, Progress, RepeatAnswer, Replayed, RunBook, RunState, ToolsetState};
 
 /// How many interrupted steps a toolset remembers for calls still being set up (a
 /// `replace` waiting for the old run to stop): steps of one activity are sequential, so a
@@ -74,6 +89,8 @@ pub(crate) struct ToolsetActor {
     /// What its runs send back when they stop.
     ended: Link<RunEnded>,
     interrupted_steps: VecDeque<u64>,
+    /// Its runs' progress, for snapshots (shared with its parent, which reads it).
+    book: Arc<RunBook>,
     /// Set once `StopToolset` is handled: no run starts any more (a call still being set
     /// up, such as a `replace` waiting for the runs it cancels, gets a terminal output),
     /// so the runs that stop is waiting for are all there are.
@@ -82,8 +99,10 @@ pub(crate) struct ToolsetActor {
 }
 
 impl ToolsetActor {
-    /// Starts a toolset on the current arbiter. `tools` carry their effective duplicate
-    /// policy.
+    /// Starts a toolset on the current arbiter, with the calls it was running when the
+    /// session was snapshotted (`restored`, empty for a new one). `tools` carry their
+    /// effective duplicate policy. Returns the toolset and its book of runs, for its parent
+    /// to read when the session is snapshotted.
     pub(crate) fn spawn(
         id: ActorId,
         scope: Scope,
@@ -91,27 +110,37 @@ impl ToolsetActor {
         prompts: Prompts,
         shared: Arc<SessionShared>,
         links: Arc<SessionLinks>,
-    ) -> Child<ToolsetActor> {
+        restored: Vec<RestoredRun>,
+    ) -> (Child<ToolsetActor>, Arc<RunBook>) {
         let probe = Probe::new(id, shared.journal.clone());
         let (alive, gone) = alive_pair();
         let actor_probe = probe.clone();
-        let addr = ToolsetActor::create(move |ctx| ToolsetActor {
-            ended: Mailbox::new(ctx.address(), actor_probe.clone()).link(),
-            probe: actor_probe,
-            scope,
-            tools: tools
-                .into_iter()
-                .map(|(tool, policy)| (tool.name().to_owned(), (tool, policy)))
-                .collect(),
-            runs: BTreeMap::new(),
-            shared,
-            links,
-            prompts: Arc::new(prompts),
-            interrupted_steps: VecDeque::new(),
-            closing: None,
-            _alive: alive,
+        let book = Arc::new(RunBook::default());
+        let actor_book = book.clone();
+        let addr = ToolsetActor::create(move |ctx| {
+            let mut toolset = ToolsetActor {
+                ended: Mailbox::new(ctx.address(), actor_probe.clone()).link(),
+                probe: actor_probe,
+                scope,
+                tools: tools
+                    .into_iter()
+                    .map(|(tool, policy)| (tool.name().to_owned(), (tool, policy)))
+                    .collect(),
+                runs: BTreeMap::new(),
+                shared,
+                links,
+                prompts: Arc::new(prompts),
+                interrupted_steps: VecDeque::new(),
+                book: actor_book,
+                closing: None,
+                _alive: alive,
+            };
+            for run in restored {
+                toolset.restore(run, ctx);
+            }
+            toolset
         });
-        Child::new(Mailbox::new(addr, probe), gone)
+        (Child::new(Mailbox::new(addr, probe), gone), book)
     }
 
     /// Running calls that a call of `name` in step `step` duplicates.
@@ -155,6 +184,8 @@ impl ToolsetActor {
                 continue;
             }
             run.closed = true;
+            // No longer a running call for a snapshot: whoever stops it writes its output.
+            run.progress.over();
             let stop = run.child.stop(
                 self.probe.id(),
                 StopRun {
@@ -202,6 +233,12 @@ impl ToolsetActor {
         } = msg;
         let (tx, rx) = oneshot::channel();
         let cancels_on_interruption = tool.cancels_on_interruption();
+        let progress = Progress::new(
+            self.shared.ids.next_run(),
+            step,
+            Arc::new(call.clone()),
+            tool.restore_policy() == RestorePolicy::Restart,
+        );
         let mailbox = self.spawn_entry(
             NewRun {
                 call,
@@ -214,9 +251,8 @@ impl ToolsetActor {
                 body,
                 cause,
             },
-            None,
             Some(tx),
-            Arc::new(Progress::default()),
+            Arc::new(progress),
         );
         if self.interrupted_steps.contains(&step) {
             // Its step was interrupted while the call was being set up.
@@ -230,17 +266,16 @@ impl ToolsetActor {
         rx
     }
 
-    /// Spawns a run and enters it in the registry, under `key` if the session gave it
-    /// one (a run standing for a call that awaits a sub-task), else a new one.
+    /// Spawns a run and enters it in the registry and the book, under its progress's key.
     fn spawn_entry(
         &mut self,
         run: NewRun,
-        key: Option<u64>,
         immediate: Option<oneshot::Sender<CallOutput>>,
         progress: Arc<Progress>,
     ) -> Mailbox<ToolRunActor> {
-        let key = key.unwrap_or_else(|| self.shared.ids.next_run());
+        let key = progress.key();
         let (alive, gone) = alive_pair();
+        self.book.add(progress.clone());
         let mailbox = ToolRunActor::spawn(RunSpec {
             key,
             call: run.call.clone(),
@@ -486,6 +521,7 @@ impl Handler<RunEnded> for ToolsetActor {
     fn handle(&mut self, msg: RunEnded, _ctx: &mut Self::Context) {
         // Whoever waits for this run holds its own waiter; the entry can go.
         self.runs.remove(&msg.key);
+        self.book.remove(msg.key);
     }
 }
 
@@ -641,76 +677,54 @@ impl Handler<CancelRun> for ToolsetActor {
     }
 }
 
-/// A call of this toolset running in the background, as a session snapshot records it.
-pub(crate) struct BackgroundCall {
-    /// Its run's key: the session knows which run awaits a sub-task by its key.
-    pub(crate) key: u64,
-    pub(crate) call: FunctionCall,
-    /// Later updates it sent.
-    pub(crate) updates: u32,
-    pub(crate) checkpoint: Option<Value>,
-}
-
-/// Sent by the session when it takes a snapshot: the calls of this toolset running in the
-/// background (their immediate output given, their body not returned, not stopping).
-pub(crate) struct ListBackground;
-
-impl Message for ListBackground {
-    type Result = Vec<BackgroundCall>;
-}
-
-impl Handler<ListBackground> for ToolsetActor {
-    type Result = Vec<BackgroundCall>;
-
-    fn handle(&mut self, _msg: ListBackground, _ctx: &mut Self::Context) -> Self::Result {
-        self.runs
-            .iter()
-            .filter(|(_, run)| !run.closed && run.progress.in_background())
-            .map(|(key, run)| BackgroundCall {
-                key: *key,
-                call: run.call.clone(),
-                updates: run.progress.updates(),
-                checkpoint: run.progress.checkpoint(),
-            })
-            .collect()
-    }
-}
-
-/// Sent when a session is restored from a snapshot, for each call of this toolset that
-/// was running in the background: what its tool's restore policy says. `Restart` and
-/// `Resume` run the body again in the background (its immediate output is in the chat
-/// already): its updates go on after `updates`, and `ctx.restored_checkpoint()` reads
-/// `checkpoint`. `Abandon` — or a call that cannot run again (its tool is gone, its
-/// arguments no longer parse, the toolset is closing) — answers the call's terminal output.
-pub(crate) struct ResumeRun {
-    /// The key the session gave the run: it gives the runs it restores keys in the order
-    /// they started, and this toolset lists its runs by key.
-    pub(crate) key: u64,
-    pub(crate) call: FunctionCall,
+/// A call a restored toolset was running when the session was snapshotted, and what it
+/// needs to run again: its state as the toolset wrote it (a call of a step still open that
+/// had not started yet gets a fresh one), who made it, and where its output goes.
+pub(crate) struct RestoredRun {
+    pub(crate) state: RunState,
+    /// The agent that made the call (the current one, for a session toolset's call in the
+    /// background): its error policy applies.
     pub(crate) agent: Agent,
     pub(crate) is_task: bool,
-    pub(crate) updates: u32,
-    pub(crate) checkpoint: Option<Value>,
-    /// Set when the call's body awaited a sub-task that is still running: the body is not
-    /// run again, whatever the tool's policy (it would ask for the task a second time).
-    pub(crate) awaits: Option<AwaitedTask>,
+    /// For a call of a step still open: where its immediate output goes. None for a call
+    /// in the background, whose next outputs are later items.
+    pub(crate) step: Option<oneshot::Sender<CallOutput>>,
+    /// Whether the turn of its step may be interrupted (shared with the restored turn).
+    pub(crate) interruptibility: Arc<Interruptibility>,
+    /// Set when its body awaited a sub-task that is still running: a run stands for the
+    /// call, whose body awaits the task's result and returns it — whatever the tool's
+    /// policy, since running the body again would ask for the task a second time.
+    pub(crate) awaits: Option<BoxFuture<'static, Result<Value, SessionError>>>,
+    /// For a call whose `repeat` is held until its step is in: that item's answer.
+    pub(crate) repeat_answer: Option<RepeatAnswer>,
 }
 
-/// A restored call whose body awaited a sub-task (`ctx.run_task`) still running in the
-/// snapshot. A run stands for it in this toolset, as the body's run did — duplicates,
-/// `get_running_tasks` and `cancel_task` see it, a pause spares it — whose body awaits the
-/// task's result and returns it, as the tool's `run_task` would have handed it over.
-pub(crate) struct AwaitedTask {
-    /// The step of the call (a paused step's call: an interruption of that step after the
-    /// caller resumes moves it to the background, as it would the body's run).
-    pub(crate) step: u64,
-    /// Whether that step's turn may be interrupted (`cancel_task` asks).
-    pub(crate) interruptibility: Arc<Interruptibility>,
-    /// The task's result, from the session.
-    pub(crate) result: BoxFuture<'static, Result<Value, SessionError>>,
-    /// Where its output goes when the call awaits in a paused step; none for a call in
-    /// the background, whose result arrives as its `/finished` output.
-    pub(crate) immediate: Option<oneshot::Sender<CallOutput>>,
+impl RestoredRun {
+    /// A call that ran in the background: it shares the interruptibility of the step that
+    /// made it, when that step's turn is restored (`steps`, by step id), so a tool's hold on
+    /// interruptions covers its siblings as it did before the snapshot.
+    pub(crate) fn in_background(
+        state: RunState,
+        agent: Agent,
+        is_task: bool,
+        steps: &HashMap<u64, Arc<Interruptibility>>,
+        awaits: Option<BoxFuture<'static, Result<Value, SessionError>>>,
+        repeat_answer: Option<RepeatAnswer>,
+    ) -> Self {
+        let interruptibility = steps
+            .get(&state.step)
+            .cloned()
+            .unwrap_or_else(|| Interruptibility::new(true));
+        Self {
+            state,
+            agent,
+            is_task,
+            step: None,
+            interruptibility,
+            awaits,
+            repeat_answer,
+        }
+    }
 }
 
 /// The body of a run standing for a call that awaits a sub-task: the task's result is
@@ -719,135 +733,151 @@ fn awaiting_body(result: BoxFuture<'static, Result<Value, SessionError>>) -> Pre
     Box::new(move |_ctx| async move { Ok(ToolReturn::Json(result.await?)) }.boxed())
 }
 
-/// What became of a call restored from a snapshot.
-pub(crate) enum Resumed {
-    /// Its body runs again.
-    Running,
-    /// It ends with this `/finished` output (a deferred reply tells the user).
-    Ended { output: String, is_error: bool },
-}
-
 /// The terminal output of a call abandoned at a restore.
 pub(crate) const ABANDONED: &str = "Interrupted before it finished.";
 
-impl Message for ResumeRun {
-    type Result = Resumed;
-}
-
-plain_response!(Resumed);
-
-impl Handler<ResumeRun> for ToolsetActor {
-    type Result = Resumed;
-
-    fn handle(&mut self, mut msg: ResumeRun, ctx: &mut Self::Context) -> Self::Result {
-        if let Some(awaits) = msg.awaits.take() {
-            return self.await_task(msg, awaits, ctx);
-        }
-        let Some((tool, _)) = self.tools.get(&msg.call.name).cloned() else {
-            return Resumed::Ended {
-                output: ABANDONED.to_owned(),
-                is_error: false,
-            };
+impl ToolsetActor {
+    /// Carries out a restored call's tool's restore policy (see [`RestoredRun`]): a run
+    /// standing for a call that awaits a sub-task; a body run again (`Restart`, `Resume`);
+    /// or, for `Abandon`, the terminal output "Interrupted before it finished." — into
+    /// its step, or as its `/finished` with a deferred reply — and the body never runs
+    /// again. A tool whose arguments no longer parse ends the call with that error.
+    fn restore(&mut self, run: RestoredRun, ctx: &mut Context<Self>) {
+        let RestoredRun {
+            state,
+            agent,
+            is_task,
+            step,
+            interruptibility,
+            awaits,
+            repeat_answer,
+        } = run;
+        // The restore checked that every call's tool is here (`RestorePlan`); one missing
+        // all the same is abandoned rather than lost.
+        let tool = self
+            .tools
+            .get(&state.call.name)
+            .map(|(tool, _)| tool.clone());
+        let policy = tool
+            .as_ref()
+            .map_or(RestorePolicy::Abandon, Tool::restore_policy);
+        let body = match (&tool, awaits) {
+            (Some(_), Some(result)) => Ok(awaiting_body(result)),
+            (Some(tool), None) if policy != RestorePolicy::Abandon => self
+                .prepare(tool, &state.call.arguments)
+                .map(|(body, _)| body)
+                .map_err(|out| (out.output, true)),
+            _ => Err((ABANDONED.to_owned(), false)),
         };
-        if self.closing.is_some() || tool.restore_policy() == crate::tool::RestorePolicy::Abandon {
-            return Resumed::Ended {
-                output: ABANDONED.to_owned(),
-                is_error: false,
-            };
-        }
-        let body = match self.prepare(&tool, &msg.call.arguments) {
-            Ok((body, _)) => body,
-            Err(out) => {
-                return Resumed::Ended {
-                    output: out.output,
-                    is_error: true,
-                }
+        let (tool, body) = match (tool, body) {
+            (Some(tool), Ok(body)) => (tool, body),
+            (_, Err((output, is_error))) => {
+                return self.end_restored(state.call, step, output, is_error, ctx);
+            }
+            (None, Ok(_)) => {
+                return self.end_restored(state.call, step, ABANDONED.to_owned(), false, ctx);
             }
         };
-        let checkpoint = match tool.restore_policy() {
-            crate::tool::RestorePolicy::Resume => msg.checkpoint,
-            _ => None,
-        };
+        // What the call said before, the body run again does not say twice.
+        let starts_over = policy == RestorePolicy::Restart;
+        let progress = Progress::restored(
+            &state,
+            Arc::new(state.call.clone()),
+            starts_over,
+            repeat_answer,
+        );
+        let immediate = step.map(|step| self.relay(step, ctx));
         self.spawn_entry(
             NewRun {
-                call: msg.call,
-                step: 0,
-                agent: msg.agent,
-                is_task: msg.is_task,
-                interruptibility: Interruptibility::new(true),
+                call: state.call,
+                step: state.step,
+                agent,
+                is_task,
+                interruptibility,
                 speech: None,
                 tool,
                 body,
                 cause: Cause::default(),
             },
-            Some(msg.key),
-            None,
-            Arc::new(Progress::restored(msg.updates, checkpoint)),
-        );
-        Resumed::Running
-    }
-}
-
-impl ToolsetActor {
-    /// Restores a call that awaits a sub-task: a run stands for it (see [`AwaitedTask`]).
-    /// A tool no longer here, or a toolset closing, ends it as an abandoned call.
-    fn await_task(
-        &mut self,
-        msg: ResumeRun,
-        awaits: AwaitedTask,
-        ctx: &mut Context<Self>,
-    ) -> Resumed {
-        let tool = match self.tools.get(&msg.call.name) {
-            Some((tool, _)) if self.closing.is_none() => tool.clone(),
-            _ => {
-                return Resumed::Ended {
-                    output: ABANDONED.to_owned(),
-                    is_error: false,
-                }
-            }
-        };
-        let AwaitedTask {
-            step,
-            interruptibility,
-            result,
-            immediate,
-        } = awaits;
-        // In a paused step the call has no output yet; in the background its updates go
-        // on after those it sent, as a restored body's would.
-        let progress = match immediate {
-            Some(_) => Progress::default(),
-            None => Progress::restored(msg.updates, msg.checkpoint),
-        };
-        // A paused step's output passes through this toolset on its way to the step, as
-        // a body's does (`RunTool` answers it once the run hands it over): the step lands
-        // after the same hops, so a tool's items racing the caller's resume land on the
-        // same side of it as in the session the snapshot was taken of.
-        let immediate = immediate.map(|step| {
-            let (tx, rx) = oneshot::channel();
-            ctx.spawn(rx.into_actor(self).map(move |output, _, _| {
-                // A run dropped without an output reads as `RunTool`'s answer would.
-                let _ = step.send(output.unwrap_or_else(|_| lost()));
-            }));
-            tx
-        });
-        self.spawn_entry(
-            NewRun {
-                call: msg.call,
-                step,
-                agent: msg.agent,
-                is_task: msg.is_task,
-                interruptibility,
-                speech: None,
-                tool,
-                body: awaiting_body(result),
-                cause: Cause::default(),
-            },
-            // The session spares this key when it pauses the caller again.
-            Some(msg.key),
             immediate,
             Arc::new(progress),
         );
-        Resumed::Running
+    }
+
+    /// Where a restored call's immediate output goes on its way to its step: through this
+    /// toolset, as a body's output reaches its step as the answer to `RunTool` — so the
+    /// step lands after the same hops, and a tool's items racing it land on the same side
+    /// of it as in the session the snapshot was taken of.
+    fn relay(
+        &self,
+        step: oneshot::Sender<CallOutput>,
+        ctx: &mut Context<Self>,
+    ) -> oneshot::Sender<CallOutput> {
+        let (tx, rx) = oneshot::channel();
+        ctx.spawn(rx.into_actor(self).map(move |output, _, _| {
+            // A run dropped without an output reads as `RunTool`'s answer would.
+            let _ = step.send(output.unwrap_or_else(|_| lost()));
+        }));
+        tx
+    }
+
+    /// A restored call that ends instead of running again: its output goes into its step,
+    /// or — a call in the background — it is its `/finished` item with a deferred reply,
+    /// and the call counts as a running tool until the item is in a chat context (the
+    /// session does not look settled before the reply it asks for is wanted).
+    fn end_restored(
+        &mut self,
+        call: FunctionCall,
+        step: Option<oneshot::Sender<CallOutput>>,
+        output: String,
+        is_error: bool,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Some(step) = step {
+            let step = self.relay(step, ctx);
+            let _ = step.send(CallOutput {
+                output,
+                is_error,
+                effect: Effect::Reply,
+            });
+            return;
+        }
+        let running = RunningTool::start(&self.shared);
+        let (answer, heard) = DeliveryAnswer::awaited();
+        self.links.deliver(
+            self.probe.id(),
+            DeliverToolItems {
+                scope: self.scope.clone(),
+                base_call_id: call.call_id.clone(),
+                items: finished_pair(call, output, is_error).into(),
+                reply: true,
+                answer,
+            },
+        );
+        // On the arbiter, not this actor: the count must drop even if the toolset stops
+        // first (the guard drops with the task either way).
+        actix::spawn(async move {
+            let _ = heard.await;
+            drop(running);
+        });
+    }
+}
+
+/// A restored call that ends counts as a running tool until its output has landed; the
+/// count drops with this guard.
+struct RunningTool(Arc<SessionShared>);
+
+impl RunningTool {
+    fn start(shared: &Arc<SessionShared>) -> Self {
+        // An ended call is not call-long: it holds the settling until its output lands.
+        shared.host_view.tool_run_started(false);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for RunningTool {
+    fn drop(&mut self) {
+        self.0.host_view.tool_run_ended(false);
     }
 }
 
@@ -858,7 +888,5 @@ counted_handlers!(
     StopRuns,
     StopToolset,
     ListRuns,
-    CancelRun,
-    ListBackground,
-    ResumeRun
+    CancelRun
 );

@@ -176,3 +176,19 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// Restores `snapshot` on the test's engine with `agents` and `llm`, with no grace period
+/// for tools (as the process that died gave them none).
+pub async fn restored(
+    snapshot: switchboard::snapshot::SessionSnapshot,
+    agents: switchboard::snapshot::AgentRegistry,
+    llm: Arc<dyn switchboard::Llm>,
+) -> Session {
+    Session::builder()
+        .llm(llm)
+        .restore(snapshot, agents)
+        .grace_period(std::time::Duration::ZERO)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap()
+}

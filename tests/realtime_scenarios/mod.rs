@@ -42,6 +42,7 @@ macro_rules! every_scenario_against {
             a_late_tool_result_is_always_heard,
             a_long_answer_in_one_burst_plays_in_full,
             a_snapshot_mid_call_is_restored_on_another_engine,
+            a_step_in_flight_at_a_snapshot_speaks_again_under_its_speech,
         );
     };
     (@each $backend:ty, $pause:expr, $($name:ident),* $(,)?) => {$(
@@ -971,6 +972,67 @@ pub async fn a_snapshot_mid_call_is_restored_on_another_engine<B: Backend>() {
     let creates = report.events_of("response.create");
     assert_eq!(creates.len(), 1);
     assert_eq!(creates[0]["response"]["tool_choice"], "none");
+    crate::common::assert_invariant(&restored.chat_context().await.unwrap());
+    restored.close().await.unwrap();
+}
+
+/// A snapshot while the model's answer still streams: the step had not finished, so the
+/// restored session asks it again of a new connection (a response of its own: the new
+/// server started none to adopt), and the model's audio plays through the speech the step
+/// had — the host sees the same speech go on, not a second one.
+pub async fn a_step_in_flight_at_a_snapshot_speaks_again_under_its_speech<B: Backend>() {
+    use switchboard::snapshot::AgentRegistry;
+    let first = B::start(
+        RealtimeScript::new([RealtimeReply::speech(
+            "Once upon a time there was a story that took its time to tell.",
+        )
+        .chunks(100)
+        .paced(Duration::from_millis(20))])
+        .user_transcript("tell me a story"),
+    );
+    let agent = || Agent::builder("storyteller").build().unwrap();
+    let session = start_with(
+        Session::builder().grace_period(Duration::ZERO),
+        first.model(),
+        agent(),
+        RecordingOutput::manual_playout(),
+    )
+    .await;
+    let mut events = EventWaiter::new(&session).with_timeout(WAIT);
+    speak(&session);
+    let story = events.next(event::speech_created()).await.unwrap();
+    let snapshot = session.snapshot().await.unwrap();
+    session.close().await.unwrap();
+
+    let second = B::start(RealtimeScript::new([RealtimeReply::speech(
+        "Once upon a time there was a story.",
+    )]));
+    let agents = AgentRegistry::new().agent("storyteller", move |_| Ok::<_, BuildError>(agent()));
+    let output = RecordingOutput::new();
+    let restored = Session::builder()
+        .realtime(second.model())
+        .output(output.clone())
+        .grace_period(Duration::ZERO)
+        .restore(snapshot, agents)
+        .start(&Engine::current().unwrap())
+        .await
+        .unwrap();
+    let mut events = EventWaiter::new(&restored).with_timeout(WAIT);
+    assistant_says(&mut events, "Once upon a time there was a story.").await;
+    restored.wait_for_settled().await.unwrap();
+    let speeches = output.speeches();
+    assert!(!speeches.is_empty(), "the step asked again spoke nothing");
+    assert!(
+        speeches.iter().all(|speech| speech.id == story.id()),
+        "the step asked again speaks under its speech {:?}: {:?}",
+        story.id(),
+        speeches.iter().map(|s| s.id).collect::<Vec<_>>()
+    );
+    assert!(speeches[0].audio_bytes > 0, "the model's audio played");
+    let report = second.report();
+    no_violations(&report);
+    assert_eq!(report.connections, 1);
+    assert_eq!(report.events_of("response.create").len(), 1);
     crate::common::assert_invariant(&restored.chat_context().await.unwrap());
     restored.close().await.unwrap();
 }

@@ -590,6 +590,12 @@ pub struct World {
     updates: Mutex<Vec<UpdateRecord>>,
     /// Primary call ids whose bodies ran, with their scope.
     calls: Mutex<HashMap<String, Scope>>,
+    /// How many times each call's body ran (the restore property checks it against the
+    /// tool's restore policy).
+    runs: Mutex<HashMap<String, u32>>,
+    /// The keys of the gates the host opened: a restarted body that waits again for a
+    /// gate its first run had passed finds it open (what it waited for had happened).
+    opened: Mutex<HashSet<String>>,
     leaked: Mutex<Vec<RunContext>>,
     host: Mutex<Option<Session>>,
     violations: Mutex<Vec<String>>,
@@ -607,6 +613,9 @@ pub struct World {
 #[derive(Clone, Debug)]
 pub struct WorldCarry {
     calls: HashMap<String, Scope>,
+    /// How many times each call's body ran.
+    pub runs: HashMap<String, u32>,
+    opened: HashSet<String>,
     activations: u64,
     agents: Vec<(String, Role)>,
     late: HashMap<String, u32>,
@@ -630,6 +639,8 @@ impl World {
             gates: Mutex::new(Vec::new()),
             updates: Mutex::new(Vec::new()),
             calls: Mutex::new(HashMap::new()),
+            runs: Mutex::new(HashMap::new()),
+            opened: Mutex::new(HashSet::new()),
             leaked: Mutex::new(Vec::new()),
             host: Mutex::new(None),
             violations: Mutex::new(Vec::new()),
@@ -645,6 +656,8 @@ impl World {
     fn restored(config: Config, carry: &WorldCarry) -> Arc<Self> {
         let world = Self::with(config, true);
         *lock(&world.calls) = carry.calls.clone();
+        *lock(&world.runs) = carry.runs.clone();
+        *lock(&world.opened) = carry.opened.clone();
         world
             .activations
             .store(carry.activations, Ordering::Relaxed);
@@ -656,6 +669,8 @@ impl World {
     fn carry(&self) -> WorldCarry {
         WorldCarry {
             calls: lock(&self.calls).clone(),
+            runs: lock(&self.runs).clone(),
+            opened: lock(&self.opened).clone(),
             activations: self.activations.load(Ordering::Relaxed),
             agents: lock(&self.agents).clone(),
             late: lock(&self.late).clone(),
@@ -683,8 +698,14 @@ impl World {
     /// A gate this body waits on until the host opens it.
     fn gate(&self, ctx: &RunContext, stage: &str) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
+        let key = format!("{}:{stage}", ctx.function_call().call_id);
+        if lock(&self.opened).contains(&key) {
+            // A restarted body waits again for a gate its first run passed.
+            let _ = tx.send(());
+            return rx;
+        }
         lock(&self.gates).push(Gate {
-            key: format!("{}:{stage}", ctx.function_call().call_id),
+            key,
             tx: Some(tx),
             ctx: ctx.clone(),
         });
@@ -706,7 +727,9 @@ impl World {
             return;
         }
         let index = candidates[pick as usize % candidates.len()];
-        if let Some(tx) = gates.remove(index).tx {
+        let gate = gates.remove(index);
+        lock(&self.opened).insert(gate.key);
+        if let Some(tx) = gate.tx {
             let _ = tx.send(());
         }
     }
@@ -718,6 +741,7 @@ impl World {
             gates.sort_by(|a, b| a.key.cmp(&b.key));
         }
         for gate in gates {
+            lock(&self.opened).insert(gate.key);
             if let Some(tx) = gate.tx {
                 let _ = tx.send(());
             }
@@ -855,20 +879,31 @@ impl World {
         result
     }
 
-    /// How many of its updates a body had sent when its session was snapshotted: 0 for
-    /// a body that was not restored. A restored call ran in the background, so its first
-    /// update (the immediate output) was sent; a `Resume` tool's checkpoint says how many
-    /// more (each body saves it after each update it sends).
-    fn sent_before(&self, ctx: &RunContext) -> u32 {
-        if !self.restorable || !ctx.is_restored() {
-            return 0;
+    /// Where a body that goes on where it was (`Resume`) had got when its session was
+    /// snapshotted: how many of its updates were delivered, and whether it had passed its
+    /// gate after the first. Its checkpoint says: `2 i` once its `i`-th update returned,
+    /// 3 once it passed the gate after its first. A `Restart` body, or one not restored,
+    /// starts over: (0, false) (what a restarted body repeats is not delivered again).
+    fn resumed_at(&self, ctx: &RunContext) -> (u32, bool) {
+        if !self.restorable
+            || !ctx.is_restored()
+            || restore_policy(&ctx.function_call().name) != RestorePolicy::Resume
+        {
+            return (0, false);
         }
-        ctx.restored_checkpoint::<u32>().ok().flatten().unwrap_or(1)
+        let stage = ctx.restored_checkpoint::<u32>().ok().flatten().unwrap_or(0);
+        (stage / 2, stage % 2 == 1 || stage >= 4)
     }
 
-    /// A body's `i`-th update; a `Resume` tool's body saves `i` as its checkpoint. (A
-    /// `Restart` tool's body saves none: it would not read it, and a restored run of it
-    /// starts without one, so a snapshot of the restored session would not hold it.)
+    /// Saves a `Resume` tool's body's stage as its checkpoint (see [`World::resumed_at`]).
+    /// (A `Restart` tool's body saves none: it starts over.)
+    fn reached(&self, ctx: &RunContext, stage: u32) {
+        if self.restorable && restore_policy(&ctx.function_call().name) == RestorePolicy::Resume {
+            let _ = ctx.checkpoint(&stage);
+        }
+    }
+
+    /// A body's `i`-th update, its stage saved once it returned.
     async fn nth_update(
         &self,
         ctx: &RunContext,
@@ -877,15 +912,16 @@ impl World {
         i: u32,
     ) -> Result<(), switchboard::UpdateError> {
         self.update(ctx, scope, oks, false, &i.to_string()).await?;
-        if self.restorable && restore_policy(&ctx.function_call().name) == RestorePolicy::Resume {
-            let _ = ctx.checkpoint(&i);
-        }
+        self.reached(ctx, 2 * i);
         Ok(())
     }
 
     async fn body(self: Arc<Self>, tool: &'static str, ctx: RunContext, b: String) -> ToolResult {
         let scope = scope_of(tool);
         lock(&self.calls).insert(ctx.function_call().call_id.clone(), scope);
+        *lock(&self.runs)
+            .entry(ctx.function_call().call_id.clone())
+            .or_default() += 1;
         if tool == "finish_task" {
             return Ok(ToolReturn::CompleteTask(json!({"done": true})));
         }
@@ -894,7 +930,7 @@ impl World {
         };
         let mut oks = 0;
         // A restored body goes on where it was: the updates it sent are in the chat.
-        let sent = self.sent_before(&ctx);
+        let (sent, passed_gate) = self.resumed_at(&ctx);
         match behaviour {
             Behaviour::Return => Ok(ToolReturn::Text("returned".into())),
             Behaviour::Fail => Err(ToolError::new("the tool said no").into()),
@@ -907,8 +943,9 @@ impl World {
                 if sent < 1 && self.nth_update(&ctx, scope, &mut oks, 1).await.is_err() {
                     return Ok(ToolReturn::from(()));
                 }
-                if sent <= 1 {
+                if !passed_gate {
                     let _ = self.gate(&ctx, "updates").await;
+                    self.reached(&ctx, 3);
                 }
                 for i in (sent + 1).max(2)..=u32::from(n) {
                     if self.nth_update(&ctx, scope, &mut oks, i).await.is_err() {
@@ -1008,15 +1045,17 @@ impl World {
     }
 }
 
-/// Each tool's restore policy in the restore property: the two that run a body again.
-/// `Resume` bodies read how far they got from their checkpoint; `Restart` bodies know only
-/// that they were restored (their first update was sent: they were in the background),
-/// which is exact for every behaviour here, since each waits for the host right after its
-/// first update. `Abandon` (the default) is left out: it ends the call differently from
-/// the uninterrupted session by design.
+/// Each tool's restore policy in the restore property. `Resume` bodies read how far they
+/// got from their checkpoint; `Restart` bodies start over and repeat what they said, which
+/// the engine does not deliver again, so both go on as the uninterrupted body does.
+/// `kit_job` is `Abandon` (the default): a running call of it ends with "Interrupted before
+/// it finished." after the restore, while the uninterrupted session's goes on — so where
+/// one runs at the snapshot the property compares no requests, and checks that its body
+/// never ran again.
 pub fn restore_policy(tool: &str) -> RestorePolicy {
     match tool {
         "job_allow" | "job_cio" | "bg_job" => RestorePolicy::Restart,
+        "kit_job" => RestorePolicy::Abandon,
         _ => RestorePolicy::Resume,
     }
 }
@@ -1045,8 +1084,8 @@ pub struct PlannedLlm {
     /// While true, every stream waits before its first chunk (a restored session's
     /// snapshot is taken before the step it asks again can move).
     held: tokio::sync::watch::Sender<bool>,
-    /// Per request: when it was made (virtual time), and whether its answer stalls before
-    /// its first chunk.
+    /// Per request: when it was made (virtual time), and whether its answer stalls (before
+    /// its first chunk or after some: the chunks before a stall come at once).
     asked: Mutex<Vec<(tokio::time::Instant, bool)>>,
 }
 
@@ -1067,8 +1106,8 @@ impl PlannedLlm {
         })
     }
 
-    /// The last request, if it stalls before its first chunk: when it was made.
-    fn last_stalled_at_start(&self) -> Option<tokio::time::Instant> {
+    /// The last request, if its answer stalls: when it was made (its stall began then).
+    fn last_stalled(&self) -> Option<tokio::time::Instant> {
         lock(&self.asked)
             .last()
             .and_then(|(at, stalled)| stalled.then_some(*at))
@@ -1209,10 +1248,11 @@ impl Llm for PlannedLlm {
     fn chat(&self, request: LlmRequest) -> LlmStream {
         let chunks = self.chunks(&request);
         let seq = Cell::new(0);
-        lock(&self.asked).push((
-            tokio::time::Instant::now(),
-            chunks.first() == Some(&Chunk::Stall),
-        ));
+        let stalls = chunks
+            .iter()
+            .take_while(|c| !matches!(c, Chunk::Error | Chunk::Panic))
+            .any(|c| *c == Chunk::Stall);
+        lock(&self.asked).push((tokio::time::Instant::now(), stalls));
         let mut out: Vec<Result<LlmChunk, LlmError>> = Vec::new();
         let mut tail: Option<Chunk> = None;
         for (index, chunk) in chunks.iter().enumerate() {
@@ -1326,6 +1366,10 @@ struct OutputState {
     reporter: Option<PlayoutReporter>,
     /// Every speech, and whether its playout was reported.
     speeches: Vec<(SpeechId, bool)>,
+    /// The speeches whose text ended (`speech_finished`): the host reports those when it
+    /// plays its part. One still generating (a stream stalled mid-way) waits: a restored
+    /// session streams it again under its id, and its host reports it as this one would.
+    finished: HashSet<SpeechId>,
     auto: bool,
     pausable: bool,
 }
@@ -1373,12 +1417,18 @@ impl VoiceOutput {
         lock(&self.0).speeches.len()
     }
 
-    /// Whether a speech's playout was not reported yet.
+    /// Whether a speech whose text ended was not reported yet.
     fn any_open(&self) -> bool {
-        lock(&self.0).speeches.iter().any(|s| !s.1)
+        let state = lock(&self.0);
+        state
+            .speeches
+            .iter()
+            .any(|s| !s.1 && state.finished.contains(&s.0))
     }
 
-    fn report_all(&self) {
+    /// Reports every speech not reported yet as interrupted, heard unknown: what a
+    /// snapshot writes of a speech still playing, so a host that took one stands for it.
+    fn report_all_unheard(&self) {
         let mut state = lock(&self.0);
         let open: Vec<SpeechId> = state
             .speeches
@@ -1389,6 +1439,27 @@ impl VoiceOutput {
                 s.0
             })
             .collect();
+        if let Some(reporter) = state.reporter.clone() {
+            drop(state);
+            for speech in open {
+                reporter.playout_finished(speech, true, None);
+            }
+        }
+    }
+
+    fn report_all(&self) {
+        let mut state = lock(&self.0);
+        let finished = std::mem::take(&mut state.finished);
+        let open: Vec<SpeechId> = state
+            .speeches
+            .iter_mut()
+            .filter(|s| !s.1 && finished.contains(&s.0))
+            .map(|s| {
+                s.1 = true;
+                s.0
+            })
+            .collect();
+        state.finished = finished;
         if let Some(reporter) = state.reporter.clone() {
             drop(state);
             for speech in open {
@@ -1411,6 +1482,7 @@ impl SpeechOutput for VoiceOutput {
 
     fn speech_finished(&mut self, speech: SpeechId) -> Playout {
         let mut state = lock(&self.0);
+        state.finished.insert(speech);
         if state.auto {
             if let Some(s) = state.speeches.iter_mut().find(|s| s.0 == speech) {
                 s.1 = true;
@@ -1662,7 +1734,9 @@ pub struct Harness {
 /// What a restored copy of a harness starts from (see `restore.rs`).
 #[derive(Clone)]
 pub struct HarnessCarry {
-    world: WorldCarry,
+    pub world: WorldCarry,
+    /// The user was speaking at the snapshot (the restored schedule knows it too).
+    user_speaking: bool,
     plans: HashMap<String, VecDeque<Vec<Chunk>>>,
     tracker: Tracker,
     texts: u64,
@@ -1783,6 +1857,7 @@ impl Harness {
     fn carry(&self) -> HarnessCarry {
         HarnessCarry {
             world: self.world.carry(),
+            user_speaking: self.user_speaking,
             plans: self.llm.plans(),
             tracker: self.tracker.clone(),
             texts: self.texts,
@@ -1814,15 +1889,27 @@ impl Harness {
                 Ok(w.agent_named(name.clone(), role))
             });
         }
+        let mut builder = Self::builder(config, &world, &llm, &out).restore(snapshot, agents);
+        // Subscribed before it starts: what the restore does at once (a call its policy
+        // abandons ends, its step goes in) is in the events the tracker follows.
+        let events = builder.subscribe();
         let session = bounded(
             "Session::start (restore)",
-            Self::builder(config, &world, &llm, &out)
-                .restore(snapshot, agents)
-                .start(&Engine::current().map_err(|e| e.to_string())?),
+            builder.start(&Engine::current().map_err(|e| e.to_string())?),
         )
         .await?
         .map_err(|e| format!("the restored session did not start: {e}"))?;
-        Self::around(world, llm, out, session, carry.tracker.clone(), carry.texts)
+        let mut harness =
+            Self::around(world, llm, out, session, carry.tracker.clone(), carry.texts)?;
+        harness.events = events;
+        harness.user_speaking = carry.user_speaking;
+        Ok(harness)
+    }
+
+    /// How many times each call's body ran in this harness's world (with the counts it
+    /// carried over from the one it was restored from).
+    pub fn body_runs(&self) -> HashMap<String, u32> {
+        lock(&self.world.runs).clone()
     }
 
     fn session(&self) -> &Session {
@@ -1912,6 +1999,23 @@ impl Harness {
             }
         }
         Ok(still >= 2 && !self.holds_unstarted_input())
+    }
+
+    /// Restorable: the session as it is — the user maybe speaking, a barge-in window
+    /// open, speeches playing — once its actors have run until nothing moves; whether no
+    /// host input waits unstarted.
+    async fn rest(&mut self) -> Result<bool, String> {
+        self.settle_fully().await;
+        self.observe()?;
+        Ok(!self.holds_unstarted_input())
+    }
+
+    /// Restorable: the host stands for a snapshot just taken as it is: every speech still
+    /// playing ends as the snapshot writes it, interrupted with what was heard unknown.
+    async fn stand_for_playing_speeches(&mut self) -> Result<(), String> {
+        self.out.report_all_unheard();
+        self.settle_fully().await;
+        self.observe()
     }
 
     /// Restorable: host calls made so far are no part of what the host does after the

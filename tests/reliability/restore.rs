@@ -1,17 +1,24 @@
-//! The restore property's harness (issue 25, SPEC §14 "the property that defines it"): a
-//! conversation generated from the model-based harness's ops runs on a session under
-//! paused time; where the generated ops end it is snapshotted (`snapshot()` through JSON
-//! or the binary frame, or a chain of `snapshot_update()` deltas taken after every op);
-//! then the uninterrupted session and a session restored from the snapshot on a fresh
-//! engine (its own actix system, its own paused clock) are fed the same further ops, and
-//! both drain and close. [`run_restore_case`] checks that
+//! The restore property's harness (issues 25 and 34, SPEC §14 "the property that defines
+//! it", "Exactly once, without exceptions"): a conversation generated from the
+//! model-based harness's ops runs on a session under paused time; where the generated ops
+//! end it is snapshotted (`snapshot()` through JSON or the binary frame, or a chain of
+//! `snapshot_update()` deltas taken after every op); then the uninterrupted session and a
+//! session restored from the snapshot on a fresh engine (its own actix system, its own
+//! paused clock) are fed the same further ops, and both drain and close.
+//! [`run_restore_case`] checks that
 //!
 //! - the restored session makes the same further LLM requests as the uninterrupted one
 //!   (agent, instructions, extra instructions, chat items, tool choice, deferred call ids,
-//!   tool names), the step that was in flight at the snapshot asked again first (see
-//!   [`run_restore_case`] for what it is compared with);
+//!   tool names), a step whose model had not answered asked again first (see
+//!   [`run_restore_case`] for what it is compared with) — unless a call the snapshot held
+//!   running is of a tool whose policy abandons it: from there the two differ by design;
+//! - per call id, how many times its body ran against its tool's restore policy
+//!   ([`check_body_runs`]): once at most in the uninterrupted session; after the restore
+//!   once more for a call running at the snapshot whose policy runs it again, never for
+//!   one it abandons or whose body awaited a sub-task, never for one that had finished;
 //! - a snapshot of the restored session taken at once is the snapshot it was restored
-//!   from, but for what a restore changes on purpose (see [`same_snapshot`]);
+//!   from, byte for byte but for what a restore changes on purpose (see
+//!   [`same_snapshot`]);
 //! - on the delta path, a full snapshot taken right after the last delta is the chain's;
 //! - both sessions keep every invariant of the model-based test (the harness checks them
 //!   after every op and at the end).
@@ -19,40 +26,37 @@
 //! **What makes the comparison exact.** The world is the model-based test's, in its
 //! restorable flavour: the model answers as a function of the request (a redone step gets
 //! the same answer, with the same call ids); agents a tool makes are named after its
-//! call, those the host makes after a counter the restored copy goes on from; every tool
-//! has a restore policy that runs its body again (`Resume` bodies read their checkpoint,
-//! `Restart` ones know only that they were restored) and each body goes on where it was;
-//! gates and leaked contexts are picked by call id among runs alive and not cancelled,
-//! the runs a restored copy has too; between ops each session runs until nothing moves
-//! (the two may take different paths to the same place).
+//! call, those the host makes after a counter the restored copy goes on from; tools have
+//! restore policies (see [`restore_policy`]): `Resume` bodies read their checkpoint and go
+//! on where they were, `Restart` ones start over and repeat what they said, which the
+//! engine does not deliver again (a gate their first run passed, the host had opened: it
+//! is open), `kit_job`'s calls are abandoned; gates and leaked
+//! contexts are picked by call id among runs alive and not cancelled, the runs a restored
+//! copy has too; between ops each session runs until nothing moves (the two may take
+//! different paths to the same place).
 //!
-//! **Where the snapshot is taken.** Where the host can stand for what a snapshot does not
-//! hold: the user is not speaking and any barge-in window has run out, every speech has
-//! been reported played out (a snapshot truncates speech still playing, as a barge-in
-//! would), no host turn or sub-task waits unstarted (the host would send it again), and
-//! the snapshot holds every tool run alive. If the generated point is not one, or the
-//! session moved while the snapshot was taken, the host drains and takes it again.
-//! Points left out because the engine cannot restore them exactly yet (each a regression
-//! test, `#[ignore]`d with the reason, in the test file):
+//! **Where the snapshot is taken** ([`Point`]). Where the host can stand for what a
+//! snapshot does not hold. `Quiet`: once the host quiesced — the user not speaking, barge-in
+//! windows run out, every speech whose text ended reported played out. `AsItIs`: the
+//! session as it is once its actors rest — the user maybe speaking over the agent, a
+//! barge-in window open, speeches playing; the host then says of each speech still playing
+//! what the snapshot writes of it (interrupted, heard unknown). Either way inside a step
+//! whose calls started before any update (the step stays open), or mid-stream (a stream
+//! that stalled before or after its first chunks, the snapshot taken as the stall began:
+//! the step asked again streams the same chunks under the same speech id and stalls there,
+//! with a playout report that came meanwhile). Not a point: a host turn or sub-task waiting
+//! unstarted (the host would send it again), a session that moved while the snapshot was
+//! taken, a step still generating at an `AsItIs` point with speeches playing, a stream
+//! that stalled at an earlier instant (its timer is the uninterrupted session's), a
+//! stopped run still in its grace period (the uninterrupted session waits for it). Then
+//! the host drains and takes it again. `RESTORE_ANYWHERE=1` takes the snapshot at every
+//! generated point, to explore what is left out.
 //!
-//! - a step in flight past its model's answer (its calls running): what its calls did (a
-//!   cancel, a duplicate replaced, a reply queued, a body gone to the background) is in
-//!   the snapshot while the step is asked again, so it happens twice. Only a step whose
-//!   model has not answered (a stall before the first chunk, the snapshot taken at that
-//!   instant) is asked again. `RESTORE_ANYWHERE=1` takes the snapshot at every generated
-//!   point, to explore these;
-//! - a paused step whose call still runs without awaiting the sub-task on top (a
-//!   session-scoped call when the host's sub-task paused the step);
-//! - a stopped run still in its grace period (the uninterrupted session waits for it).
-//!
-//! **Left out, because a restore changes them on purpose:** tools whose policy is
-//! `Abandon` (their call ends with "interrupted before it finished" in the restored
-//! session, while the uninterrupted one goes on); `Op::Advance` and streams that stall
-//! after their first chunk (a timer running at the snapshot restarts with the restored
-//! session's clock); host `say` and `generate_reply` (a snapshot holds no host turn that
-//! has not started, and the host cannot tell those apart); `age_seconds` in
-//! `get_running_tasks` outputs (a restored run's age starts again), which the comparison
-//! blanks.
+//! **Left out, because a restore changes them on purpose:** `Op::Advance` (a timer running
+//! at the snapshot restarts with the restored session's clock); host `say` and
+//! `generate_reply` (a snapshot holds no host turn that has not started, and the host
+//! cannot tell those apart); `age_seconds` in `get_running_tasks` outputs (a restored
+//! run's age starts again), which the comparison blanks.
 //!
 //! **Raced:** the host lets a tool body go on (a gate, a late update) or starts a
 //! sub-task while a switch is under way, as it comes. A caller resuming from its sub-task
@@ -60,6 +64,8 @@
 //! restored one has a run standing for the call, which hears the result after the same
 //! hops as the body did, and whose output reaches the step through its toolset as the
 //! body's did), so a body's items land on the same side of the step.
+
+use std::collections::{HashMap, HashSet};
 
 use proptest::prelude::*;
 use serde_json::Value;
@@ -80,6 +86,19 @@ pub enum Path {
     Deltas,
 }
 
+/// Where the snapshot is taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Point {
+    /// Where the host has quiesced: the user not speaking, every speech reported played
+    /// out, barge-in windows run out.
+    Quiet,
+    /// The session as it is once its actors rest: the user maybe speaking over the agent,
+    /// a barge-in window open, speeches playing (the host then reports each as the
+    /// snapshot writes it: interrupted, heard unknown). Falls back to `Quiet` when the
+    /// session is not at a point there.
+    AsItIs,
+}
+
 /// A case of the restore property.
 #[derive(Clone, Debug)]
 pub struct RestoreCase {
@@ -89,6 +108,8 @@ pub struct RestoreCase {
     /// What both sessions are fed after it; then both drain and close.
     pub after: Vec<Op>,
     pub path: Path,
+    /// Where the snapshot is taken.
+    pub point: Point,
     /// Take the snapshot where `before` ends (after the host quiesced), even at a point
     /// the property leaves out — a step in flight past its model's answer, a paused
     /// step's call still running, a stopped run in its grace period, a session that moved
@@ -113,12 +134,17 @@ fn chunk() -> impl Strategy<Value = Chunk> {
     ]
 }
 
-/// A step of a plan; a stall only before the first chunk (a model that has not answered
-/// yet), which a snapshot taken at once can stand for: the step asked again stalls too.
+/// A step of a plan; a stall before the first chunk (a model that has not answered yet)
+/// or after some (mid-stream), which a snapshot taken at once can stand for: the step asked
+/// again streams the same chunks and stalls there too.
 fn step() -> impl Strategy<Value = Vec<Chunk>> {
     prop_oneof![
         12 => prop::collection::vec(chunk(), 1..4),
         1 => Just(vec![Chunk::Stall]),
+        1 => prop::collection::vec(chunk(), 1..3).prop_map(|mut chunks| {
+            chunks.push(Chunk::Stall);
+            chunks
+        }),
     ]
 }
 
@@ -155,12 +181,14 @@ pub fn restore_case(max_before: usize, max_after: usize) -> impl Strategy<Value 
         prop::collection::vec(op(), 1..max_before),
         prop::collection::vec(op(), 0..max_after),
         prop_oneof![Just(Path::Json), Just(Path::Bytes), Just(Path::Deltas)],
+        prop_oneof![2 => Just(Point::Quiet), 1 => Just(Point::AsItIs)],
     )
-        .prop_map(|(config, before, after, path)| RestoreCase {
+        .prop_map(|(config, before, after, path, point)| RestoreCase {
             config,
             before,
             after,
             path,
+            point,
             // `RESTORE_ANYWHERE=1` explores what the property leaves out (see `anywhere`).
             anywhere: std::env::var_os("RESTORE_ANYWHERE").is_some(),
         })
@@ -188,6 +216,17 @@ pub struct RestoreReport {
     pub requests: usize,
     /// Why snapshot → restore → snapshot was not checked, if it was not.
     pub identity_not_checked: Option<&'static str>,
+    /// The snapshot held a running call its policy abandons: requests were not compared.
+    pub abandoned: bool,
+    /// Open steps at the snapshot: steps whose calls had started, none of which is asked
+    /// again.
+    pub open_steps: usize,
+    /// Whether the snapshot was taken as the session was (see [`Point::AsItIs`]).
+    pub as_it_is: bool,
+    /// Whether the user was speaking at the snapshot.
+    pub user_speaking: bool,
+    /// Whether a step asked again had begun to speak (a stream stalled mid-way).
+    pub mid_stream: bool,
 }
 
 /// The uninterrupted session's side of a case.
@@ -200,6 +239,10 @@ struct Original {
     requests: Vec<LlmRequest>,
     /// The current agent's chat context right after the snapshot.
     chat: ChatContext,
+    /// How many times each call's body ran, by the end.
+    runs: HashMap<String, u32>,
+    /// Whether the snapshot was taken as the session was.
+    as_it_is: bool,
 }
 
 fn trace(what: impl fmt::Display) {
@@ -234,26 +277,59 @@ pub fn run_restore_case(case: &RestoreCase) -> Result<RestoreReport, String> {
     };
     let snapshot_json: Value = serde_json::from_slice(&original.snapshot.to_json())
         .map_err(|e| format!("the snapshot's JSON does not read back: {e}"))?;
-    let stack = &snapshot_json["head"]["stack"];
+    let stack = &snapshot_json["head"]["state"]["stack"];
     let redo = has_redo(&original.snapshot);
     let report = RestoreReport {
         retakes: original.retakes,
         no_point: None,
         redo,
-        running: snapshot_json["head"]["running"]
-            .as_array()
-            .map_or(0, Vec::len),
+        running: runs_of(&snapshot_json).len(),
         live: stack.as_array().map_or(0, Vec::len),
         requests: 0,
         identity_not_checked: None,
+        abandoned: false,
+        open_steps: stack.as_array().map_or(0, |s| {
+            s.iter()
+                .filter(|l| !l["activation"]["step"].is_null())
+                .count()
+        }),
+        as_it_is: original.as_it_is,
+        user_speaking: snapshot_json["head"]["state"]["schedule"]["user_speaking"] == json!(true),
+        mid_stream: stack.as_array().is_some_and(|s| {
+            s.iter()
+                .any(|l| !l["activation"]["redo"]["speech"].is_null())
+        }),
     };
     trace(format_args!(
         "snapshot: {}",
         String::from_utf8_lossy(&original.snapshot.to_json())
     ));
-    let (restored, identity) = actix::System::new()
+    let Restored {
+        requests: restored,
+        identity,
+        runs,
+    } = actix::System::new()
         .block_on(restored(case, &original))
         .map_err(|e| format!("the restored session: {e}"))?;
+    check_body_runs(
+        &snapshot_json,
+        &original.carry.world.runs,
+        &original.runs,
+        &runs,
+    )?;
+    if holds_abandoned_call(&snapshot_json) {
+        // The restored session ended a call the uninterrupted one let run: from there the
+        // two differ by design. What is checked is that its body never ran again.
+        return Ok(RestoreReport {
+            requests: restored.len(),
+            abandoned: true,
+            identity_not_checked: match identity {
+                IdentityCheck::NotChecked(why) => Some(why),
+                _ => None,
+            },
+            ..report
+        });
+    }
     // The step in flight at the snapshot is the uninterrupted session's last request
     // before it; the restored session asks it again, first.
     let (asked, answered) = original.before;
@@ -316,8 +392,13 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
         }
     }
     let mut retakes = 0;
+    let mut as_it_is = case.point == Point::AsItIs;
     let (snapshot, asked, answered) = loop {
-        let quiet = a.quiesce().await?;
+        let quiet = if as_it_is {
+            a.rest().await?
+        } else {
+            a.quiesce().await?
+        };
         if case.anywhere {
             let asked = a.llm.request_count();
             let (snapshot, _) = take_snapshot(&a, case.path, &mut chain).await?;
@@ -329,7 +410,14 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
             let (snapshot, full) = take_snapshot(&a, case.path, &mut chain).await?;
             let answered = a.llm.request_count();
             a.observe()?;
-            match not_a_point(&a, &snapshot, (speeches, events, asked, answered)) {
+            let why =
+                not_a_point(&a, &snapshot, (speeches, events, asked, answered)).or_else(|| {
+                    // A speech of a step still generating is not in the snapshot: the
+                    // host cannot stand for it as the snapshot writes it.
+                    (as_it_is && has_redo(&snapshot))
+                        .then(|| "a step generating, with speeches playing".to_owned())
+                });
+            match why {
                 Some(why) => why,
                 None => {
                     if let Some(full) = full {
@@ -348,9 +436,13 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
         } else {
             "the host could not quiesce (an input waits unstarted)".to_owned()
         };
+        trace(format_args!("not a snapshot point: {why}"));
+        if std::mem::take(&mut as_it_is) {
+            // Not as it is: as the host quiesces it, then.
+            continue;
+        }
         // Not a point a snapshot can stand for: the host drains; then it also tells each
         // sub-task to finish; then the case has no point.
-        trace(format_args!("not a snapshot point: {why}"));
         retakes += 1;
         match retakes {
             1 => a.drain_restorable().await?,
@@ -365,12 +457,18 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
     trace(format_args!(
         "snapshot taken after {asked}..{answered} requests"
     ));
-    // What the snapshot holds happened before it answered: the tracker follows it.
+    // What the snapshot holds happened before it answered: the tracker follows it. The
+    // restored copy starts from here (its world's counts: what ran before the snapshot).
     a.observe()?;
+    let carry = a.carry();
+    if as_it_is {
+        // What the snapshot writes of the speeches still playing, the host says of them:
+        // interrupted, heard unknown (a restored session has none of them).
+        a.stand_for_playing_speeches().await?;
+    }
     let chat = bounded("chat_context()", a.session().chat_context())
         .await?
         .map_err(|e| format!("chat_context() after the snapshot failed: {e}"))?;
-    let carry = a.carry();
     a.detach_outstanding();
     run_after(&mut a, &case.after).await?;
     Ok(Ok(Original {
@@ -380,60 +478,32 @@ async fn original(case: &RestoreCase) -> Result<Result<Original, String>, String
         retakes,
         requests: a.llm.requests(),
         chat,
+        runs: a.body_runs(),
+        as_it_is,
     }))
 }
 
-/// A call of a paused step, without an output, that does not await the sub-task on top
-/// of it (a session-scoped call still running when a sub-task the host started paused
-/// the step): a snapshot takes it for the call awaiting the task and holds no run for it
-/// (see `regressions::a_session_scoped_call_of_a_paused_step_still_runs_after_a_restore`).
-/// Here a sub-task a call started is the agent named after that call (`gamma@{call}`).
-fn unheld_call_of_a_paused_step(snapshot: &SessionSnapshot) -> Option<String> {
-    let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    let records = json["activations"].as_array().cloned().unwrap_or_default();
-    let activity_of = |order: &Value| {
-        records
-            .iter()
-            .find(|r| r["order"] == *order)
-            .map(|r| r["activity"].clone())
-            .unwrap_or_default()
-    };
-    for record in json["head"]["stack"].as_array().into_iter().flatten() {
-        let waiting = &record["waiting"];
-        let calls = waiting["calls"].as_array().cloned().unwrap_or_default();
-        let outputs = waiting["outputs"].as_array().cloned().unwrap_or_default();
-        let caller = activity_of(&record["order"]);
-        for (call, output) in calls.iter().zip(&outputs) {
-            if !output.is_null() {
-                continue;
-            }
-            let id = call["call_id"].as_str().unwrap_or_default();
-            let task_agent = format!("gamma@{}", World::agent_tag(id));
-            // The sub-task it started (which may have handed off since).
-            let started = records.iter().any(|r| {
-                r["agent"].as_str() == Some(task_agent.as_str())
-                    && r["sub_task_of"]["caller"] == caller
-            });
-            if !started {
-                return Some(id.to_owned());
-            }
-        }
-    }
-    None
+/// Every call the snapshot's toolsets hold (the session's and each live activation's).
+pub fn runs_of(json: &Value) -> Vec<Value> {
+    let state = &json["head"]["state"];
+    let session = state["toolsets"].as_array().cloned().unwrap_or_default();
+    let live = state["stack"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["toolsets"].as_array().cloned().unwrap_or_default());
+    session
+        .into_iter()
+        .chain(live)
+        .flat_map(|t| t["runs"].as_array().cloned().unwrap_or_default())
+        .collect()
 }
 
 /// Whether tool runs are alive that the snapshot does not hold: runs stopped but still
-/// in their grace period. It holds the runs in the background and, for each paused step
-/// with a call awaiting a sub-task, that call's run.
+/// in their grace period. It holds every run whose body may still run.
 fn lingering_runs(a: &Harness, snapshot: &SessionSnapshot) -> bool {
     let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    let held = json["head"]["running"].as_array().map_or(0, Vec::len)
-        + json["head"]["stack"].as_array().map_or(0, |stack| {
-            stack
-                .iter()
-                .filter(|r| !r["waiting"]["awaiting"].is_null())
-                .count()
-        });
+    let held = runs_of(&json).len();
     let alive = a
         .inspector
         .live_actors()
@@ -463,14 +533,9 @@ fn not_a_point(
     // answer already run, and what they did (a cancel, a duplicate replaced, a reply
     // queued, a body in the background) is in the snapshot while the step is asked again
     // (see `RestoreCase::anywhere`).
-    let stalled_now = a.llm.last_stalled_at_start() == Some(tokio::time::Instant::now());
+    let stalled_now = a.llm.last_stalled() == Some(tokio::time::Instant::now());
     if has_redo(snapshot) && !stalled_now {
         return Some("a step was in flight past its answer".into());
-    }
-    if let Some(call) = unheld_call_of_a_paused_step(snapshot) {
-        return Some(format!(
-            "the paused step's call {call} runs, not awaiting the sub-task"
-        ));
     }
     if lingering_runs(a, snapshot) {
         // The uninterrupted session waits for it where the restored one (which holds
@@ -509,10 +574,10 @@ async fn finish_sub_tasks(a: &mut Harness) -> Result<(), String> {
 /// Whether the snapshot's current activation has a step in flight (asked again on restore).
 pub fn has_redo(snapshot: &SessionSnapshot) -> bool {
     let json: Value = serde_json::from_slice(&snapshot.to_json()).unwrap_or_default();
-    json["head"]["stack"]
+    json["head"]["state"]["stack"]
         .as_array()
         .and_then(|s| s.last())
-        .is_some_and(|current| !current["redo"].is_null())
+        .is_some_and(|current| !current["activation"]["redo"].is_null())
 }
 
 /// Takes the snapshot the way the case says, read back from its encoding; on the
@@ -592,10 +657,15 @@ async fn run_after(h: &mut Harness, after: &[Op]) -> Result<(), String> {
         .map_err(|e| format!("at the end: {e}"))
 }
 
-async fn restored(
-    case: &RestoreCase,
-    original: &Original,
-) -> Result<(Vec<LlmRequest>, IdentityCheck), String> {
+/// What the restored session did: its requests, the identity check, and how many times
+/// each call's body ran (with the counts carried from the snapshot's world).
+struct Restored {
+    requests: Vec<LlmRequest>,
+    identity: IdentityCheck,
+    runs: HashMap<String, u32>,
+}
+
+async fn restored(case: &RestoreCase, original: &Original) -> Result<Restored, String> {
     tokio::time::pause();
     let mut b = Harness::restore(&case.config, &original.carry, original.snapshot.clone()).await?;
     if b.session().epoch() != original.snapshot.epoch() + 1 {
@@ -624,7 +694,91 @@ async fn restored(
     b.settle_fully().await;
     b.observe()?;
     run_after(&mut b, &case.after).await?;
-    Ok((b.llm.requests(), identity))
+    Ok(Restored {
+        requests: b.llm.requests(),
+        identity,
+        runs: b.body_runs(),
+    })
+}
+
+/// Checks per call how many times its body ran against its tool's restore policy: in the
+/// uninterrupted session once at most; after the restore, a call running at the snapshot
+/// once more if its policy runs it again (`Restart`, `Resume`) and never if it is
+/// `Abandon` or its body awaited a sub-task (a run stands for it); a call that had
+/// finished, never again; a call made after the snapshot, once at most.
+pub fn check_body_runs(
+    snapshot: &Value,
+    carried: &HashMap<String, u32>,
+    uninterrupted: &HashMap<String, u32>,
+    restored: &HashMap<String, u32>,
+) -> Result<(), String> {
+    if let Some((call, n)) = uninterrupted.iter().find(|(_, n)| **n > 1) {
+        return Err(format!(
+            "the uninterrupted session ran the body of {call} {n} times"
+        ));
+    }
+    let askers = askers(snapshot);
+    let running: HashMap<String, u32> = runs_of(snapshot)
+        .iter()
+        .map(|run| {
+            let call = run["call"]["call_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let stands_in = run["key"].as_u64().is_some_and(|k| askers.contains(&k));
+            let policy = restore_policy(run["call"]["name"].as_str().unwrap_or_default());
+            let again = u32::from(!stands_in && policy != RestorePolicy::Abandon);
+            (call, again)
+        })
+        .collect();
+    for (call, n) in restored {
+        let before = carried.get(call).copied().unwrap_or(0);
+        let extra = n.saturating_sub(before);
+        let (allowed, why) = match (running.get(call), before) {
+            (Some(again), _) => (*again, "running at the snapshot"),
+            (None, 0) => (1, "made after the snapshot"),
+            (None, _) => (0, "finished before the snapshot"),
+        };
+        let exact = running.contains_key(call);
+        if extra > allowed || (exact && extra != allowed) {
+            return Err(format!(
+                "after the restore the body of {call} ({why}) ran {extra} more times, \
+                 where its policy says {allowed}"
+            ));
+        }
+    }
+    for (call, again) in &running {
+        if *again == 1
+            && restored.get(call).copied().unwrap_or(0) == carried.get(call).copied().unwrap_or(0)
+        {
+            return Err(format!(
+                "{call} was running at the snapshot and its policy runs it again, but its \
+                 body did not run after the restore"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The keys of the runs that await a paused caller's sub-task (a run stands for each
+/// after a restore: its body does not run again).
+fn askers(snapshot: &Value) -> HashSet<u64> {
+    snapshot["head"]["state"]["schedule"]["frames"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["asker"].as_u64())
+        .collect()
+}
+
+/// Whether the snapshot holds a running call its tool's policy abandons (not one whose
+/// body awaited a sub-task: a run stands for that one).
+fn holds_abandoned_call(snapshot: &Value) -> bool {
+    let askers = askers(snapshot);
+    runs_of(snapshot).iter().any(|run| {
+        restore_policy(run["call"]["name"].as_str().unwrap_or_default()) == RestorePolicy::Abandon
+            && !run["key"].as_u64().is_some_and(|k| askers.contains(&k))
+    })
 }
 
 // ---------------------------------------------------------------------------------------
@@ -633,20 +787,19 @@ async fn restored(
 
 /// Whether a snapshot of the restored session, taken at once (its model held before the
 /// first chunk, so no step it starts can move), is the snapshot it was restored from; the
-/// first difference if not. What a restore changes on purpose is left out or accounted
-/// for:
+/// first difference if not. Where the restore started nothing, the check is byte for
+/// byte, in both encodings, the epoch and `seq` put back. What a restore changes on
+/// purpose is left out or accounted for:
 ///
 /// - `head.epoch`: one more at every restore (fencing);
-/// - `seq`: a full snapshot moves the chain on by one;
-/// - `head.counters.step` and `head.counters.run`: the restore opens a new step for each
-///   paused caller's step that waits for its sub-task, a step for the turn it starts at
-///   once (the step in flight asked again, a queued reply, the deferred reply to pending
-///   items), and a new run for each call it runs again and for each paused step's call
-///   that awaits a sub-task; the numbers are keys and actor ids, in no chat context and
-///   no request;
+/// - `seq`: the restored session's chain goes on from the snapshot's, and a full snapshot
+///   moves it on by one;
 /// - work queued for the current agent starts at once: a queued reply (or the deferred
 ///   reply to pending items) shows as the current agent's step in flight, asking what the
-///   reply asks.
+///   reply asks, under the next step id.
+///
+/// Nothing else: a restored run keeps its key, a step asked again or still open its id,
+/// and a running call its updates, what it said and its checkpoint.
 ///
 /// A queued handoff or task end starts a switch at once, which the second snapshot waits
 /// for: those cases are not checked (`Err` with the reason in `Ok`'s place: see
@@ -654,7 +807,16 @@ async fn restored(
 pub fn same_snapshot(before: &SessionSnapshot, after: &SessionSnapshot) -> IdentityCheck {
     let read =
         |s: &SessionSnapshot| serde_json::from_slice::<Value>(&s.to_json()).unwrap_or_default();
+    let (original, restored) = (before, after);
     let (before, mut after) = (read(before), read(after));
+    if holds_abandoned_call(&before) {
+        return IdentityCheck::NotChecked("a call its policy abandons ends at once");
+    }
+    if runs_of(&before).iter().any(|run| !run["repeat"].is_null()) {
+        // Its body was waiting for the answer to an update that had landed; run again, it
+        // goes on at once (says it again, not delivered twice, and what follows).
+        return IdentityCheck::NotChecked("a body run again goes on past an update at once");
+    }
     let mut expected = match started_at_once(&before) {
         Ok(expected) => expected,
         Err(why) => return IdentityCheck::NotChecked(why),
@@ -667,10 +829,33 @@ pub fn same_snapshot(before: &SessionSnapshot, after: &SessionSnapshot) -> Ident
             map.remove("epoch");
         }
     }
-    match json_difference("", &expected, &after) {
-        None => IdentityCheck::Same,
-        Some(difference) => IdentityCheck::Differs(difference),
+    if let Some(difference) = json_difference("", &expected, &after) {
+        return IdentityCheck::Differs(difference);
     }
+    if expected == {
+        let mut unchanged = before.clone();
+        if let Some(map) = unchanged.as_object_mut() {
+            map.remove("seq");
+        }
+        if let Some(map) = unchanged["head"].as_object_mut() {
+            map.remove("epoch");
+        }
+        unchanged
+    } {
+        // Nothing started at once: the two encodings are the same bytes, the restored
+        // snapshot's epoch and seq put back to the original's.
+        let mut back = read(restored);
+        back["seq"] = json!(original.seq());
+        back["head"]["epoch"] = json!(original.epoch());
+        let Ok(back) = SessionSnapshot::from_json(&serde_json::to_vec(&back).unwrap_or_default())
+        else {
+            return IdentityCheck::Differs("the restored snapshot does not read back".into());
+        };
+        if back.to_bytes() != original.to_bytes() || back.to_json() != original.to_json() {
+            return IdentityCheck::Differs("the same values, but not the same bytes".into());
+        }
+    }
+    IdentityCheck::Same
 }
 
 /// The outcome of the snapshot → restore → snapshot check.
@@ -688,25 +873,30 @@ pub enum IdentityCheck {
 /// [`same_snapshot`]).
 fn started_at_once(before: &Value) -> Result<Value, &'static str> {
     let mut v = before.clone();
-    let head = &mut v["head"];
-    let waiting = head["stack"]
+    // The current activation's chat length: what a turn started at once is asked from.
+    let current_order = v["head"]["state"]["stack"]
         .as_array()
-        .map_or(0, |s| s.iter().filter(|r| !r["waiting"].is_null()).count());
-    // A run for each call it runs again, and one standing for each paused step's call
-    // that awaits a sub-task.
-    let awaiting = head["stack"].as_array().map_or(0, |s| {
-        s.iter()
-            .filter(|r| !r["waiting"]["awaiting"].is_null())
-            .count()
-    });
-    let running = head["running"].as_array().map_or(0, Vec::len) + awaiting;
-    let mut started = 0;
-    let jobs = head["jobs"].as_array().cloned().unwrap_or_default();
-    let Some(current) = head["stack"].as_array_mut().and_then(|s| s.last_mut()) else {
+        .and_then(|s| s.last())
+        .map(|l| l["order"].clone())
+        .ok_or("no current activation")?;
+    let current_len = chat_of(&mut v.clone(), &current_order)?.0.len();
+    let state = &mut v["head"]["state"];
+    // The next step id, should the restore start a turn at once (a step asked again keeps
+    // its own).
+    let next_step = state["counters"]["step"].as_u64().unwrap_or(0) + 1;
+    let mut started = false;
+    let jobs = state["schedule"]["jobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let user_speaking = state["schedule"]["user_speaking"] == json!(true);
+    let Some(current) = state["stack"].as_array_mut().and_then(|s| s.last_mut()) else {
         return Err("no current activation");
     };
-    if !current["redo"].is_null() {
-        started = 1;
+    let current = &mut current["activation"];
+    if !current["redo"].is_null() || !current["step"].is_null() {
+        // A step under way goes on (asked again under its id, or open): nothing else
+        // starts before it.
     } else if let Some(job) = jobs.first() {
         match job["job"].as_str() {
             Some("reply") => {
@@ -714,28 +904,36 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
                 if !job["instructions"].is_null() {
                     ask["extra_instructions"] = job["instructions"].clone();
                 }
-                current["redo"] = ask;
-                started = 1;
+                current["redo"] = json!({"step": next_step, "view": current_len, "ask": ask});
+                started = true;
                 let rest: Vec<Value> = jobs[1..].to_vec();
-                let map = head.as_object_mut().ok_or("a head that is not an object")?;
+                let schedule = state["schedule"]
+                    .as_object_mut()
+                    .ok_or("a schedule that is not an object")?;
                 if rest.is_empty() {
-                    map.remove("jobs");
+                    schedule.remove("jobs");
                 } else {
-                    map.insert("jobs".into(), Value::Array(rest));
+                    schedule.insert("jobs".into(), Value::Array(rest));
                 }
             }
             _ => return Err("a queued switch starts at once"),
         }
+    } else if user_speaking {
+        // The deferred reply waits until the user stops speaking.
     } else {
         let pending = current["pending"].as_array().cloned().unwrap_or_default();
         let last_reply_view = current["last_reply_view"].as_u64().unwrap_or(0) as usize;
-        let order = current["order"].clone();
         if let Some(map) = current.as_object_mut() {
             map.remove("pending");
         }
-        if let Some(map) = head.as_object_mut() {
+        if let Some(map) = state["schedule"].as_object_mut() {
             map.remove("reply_wanted");
         }
+        let order = state["stack"]
+            .as_array()
+            .and_then(|s| s.last())
+            .map(|l| l["order"].clone())
+            .ok_or("no current activation")?;
         if !pending.is_empty() {
             // The deferred reply: the items the agent lacks are appended first; the model
             // is asked unless the agent already spoke with the newest item in view.
@@ -763,27 +961,29 @@ fn started_at_once(before: &Value) -> Result<Value, &'static str> {
             }
             if last_reply_view <= newest {
                 let names: Vec<&str> = ids.iter().filter_map(Value::as_str).collect();
-                let current = v["head"]["stack"]
+                let current = v["head"]["state"]["stack"]
                     .as_array_mut()
                     .and_then(|s| s.last_mut())
                     .ok_or("no current activation")?;
-                current["redo"] = json!({
-                    "tool_choice": "none",
-                    "extra_instructions": format!(
-                        "New results from running tools arrived:\n{}\nTell the user what changed, briefly.",
-                        names.join("\n")
-                    ),
-                    "deferred_call_ids": ids,
+                current["activation"]["redo"] = json!({
+                    "step": next_step,
+                    "view": chat.len(),
+                    "ask": {
+                        "tool_choice": "none",
+                        "extra_instructions": format!(
+                            "New results from running tools arrived:\n{}\nTell the user what changed, briefly.",
+                            names.join("\n")
+                        ),
+                        "deferred_call_ids": ids,
+                    },
                 });
-                started = 1;
+                started = true;
             }
         }
     }
-    let head = &mut v["head"];
-    let counters = &mut head["counters"];
-    let add = |n: &Value, by: usize| json!(n.as_u64().unwrap_or(0) + by as u64);
-    counters["step"] = add(&counters["step"], waiting + started);
-    counters["run"] = add(&counters["run"], running);
+    if started {
+        v["head"]["state"]["counters"]["step"] = json!(next_step);
+    }
     Ok(v)
 }
 

@@ -73,8 +73,10 @@ use super::ledger::{cut_to_heard, output_call_id, Cut, Ledger, Sink};
 use super::preflight::Preflight;
 use super::turn::{
     bound_call, bound_text, refusal, Ask, Ending, Generation, InputLimits, InterruptWaiter,
-    ModelCall, Phase, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
+    ModelCall, Phase, Redo, StepEnd, ToolsetKey, Turn, TurnKind, TurnOutcome, TurnReport,
 };
+
+mod state;
 use crate::agent::{Agent, TurnDecision};
 use crate::chat::{ChatContext, ChatItem, ChatMessage, ChatRole, FunctionCall};
 use crate::delivery::{DeliveryAnswer, Scope};
@@ -83,40 +85,27 @@ use crate::events::{AgentState, DeferredReplyDecision, LlmMetrics, SessionEvent,
 use crate::history::{AgentChat, SubTaskOf};
 use crate::ids::ActorId;
 use crate::llm::{LlmChunk, LlmRequest, LlmUsage, ToolChoice, ToolSchema};
-use crate::outcome::{excerpt, panic_message, CallOutput, Effect, StoppedCall, QUOTE_LIMIT};
+use crate::outcome::{excerpt, panic_message, CallOutput, StoppedCall, QUOTE_LIMIT};
 use crate::output::{Playout, SpeechId};
 use crate::prompts::ReplyPromptArgs;
 use crate::realtime::Model;
 use crate::shared::SessionShared;
-use crate::snapshot::{
-    AskRecord, HeldRecord, JobRecord, LiveRecord, OutputRecord, PendingRecord, ScopeRecord,
-    WaitingStep,
-};
 use crate::speech::{Interruptibility, SpeechHandle, SpeechOutcome, SpeechPort, SpeechStatus};
 use crate::telemetry::Cause;
 use crate::usage::Usage;
+pub(crate) use state::{ActivationState, Decided, Part, Restored};
 
 /// How long an interrupted turn waits for its output to report what the user heard of
 /// its cut speeches, before it ends without knowing.
 pub(crate) const CUT_REPORT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// A tool output waiting for the deferred reply.
-#[derive(Clone, Debug)]
+/// A tool output waiting for the deferred reply. Written into snapshots as it is.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct PendingItem {
     pub(crate) scope: Scope,
     /// The output's call id (`{id}/update_n` or `{id}/finished`).
     pub(crate) call_id: String,
     pub(crate) items: Arc<[ChatItem]>,
-}
-
-/// A restored caller's call that awaits its sub-task (see [`Activation::waiting_call`]).
-pub(crate) struct WaitingCall {
-    pub(crate) step: u64,
-    pub(crate) index: usize,
-    pub(crate) call: FunctionCall,
-    /// The toolset that runs its tool (none: the restored agent no longer has it).
-    pub(crate) toolset: Option<ToolsetKey>,
-    pub(crate) interruptibility: Arc<Interruptibility>,
 }
 
 /// Where the activation is; each state owns what it holds.
@@ -340,49 +329,6 @@ pub(crate) struct Setup {
     /// Session-scoped items pending for a deferred reply, carried over from the agent
     /// before it.
     pub(crate) carried: Vec<PendingItem>,
-    /// Set when the activation comes back from a snapshot: it starts where it was,
-    /// without `on_enter`.
-    pub(crate) restored: Option<Restored>,
-}
-
-/// An activation brought back from a snapshot.
-pub(crate) struct Restored {
-    /// Chat length its latest assistant message was generated from.
-    pub(crate) last_reply_view: usize,
-    /// Paused under a sub-task (a caller), rather than current.
-    pub(crate) paused: bool,
-    /// A paused caller's step that waits for its sub-task, and where the turn's outcome
-    /// goes once the task's result completes the step.
-    pub(crate) waiting: Option<(WaitingStep, oneshot::Sender<TurnOutcome>)>,
-    /// The handoffs that outputs of that step ask for, by call index (built again from
-    /// the agent registry).
-    pub(crate) handoffs: Vec<(usize, crate::handoff::Handoff)>,
-}
-
-/// What an activation contributes to a session snapshot: its chat context as committed
-/// (an open step is not in it), the messages of speeches still playing (a snapshot keeps
-/// them as a barge-in would: marked interrupted, heard unknown), its live state, and what
-/// its turn asked for that the session has not run yet.
-pub(crate) struct Part {
-    /// Its history entry now (none before it started).
-    pub(crate) entry: Option<(u32, AgentChat)>,
-    pub(crate) playing: Vec<usize>,
-    pub(crate) live: LiveRecord,
-    /// A handoff or task end its turn decided, waiting for its speech to play out.
-    pub(crate) decided: Option<Decided>,
-    /// The handoffs that outputs of its paused step ask for, by call index (the session
-    /// writes them into the step's record).
-    pub(crate) waiting_handoffs: Vec<(usize, crate::handoff::Handoff)>,
-    /// How many call ids the step in flight issued (the last ones the session issued):
-    /// the step is asked again after a restore and issues them again, so the snapshot
-    /// does not hold them.
-    pub(crate) in_flight_call_ids: usize,
-}
-
-/// What a turn decided that has not run yet.
-pub(crate) enum Decided {
-    Handoff(crate::handoff::Handoff),
-    EndTask(serde_json::Value),
 }
 
 /// Where a turn's step is committed from: the current activation goes on to the next
@@ -472,8 +418,7 @@ impl Activation {
             // A realtime model answers the user's turn itself: nothing to ask ahead.
             preemptive: turn_rules.preemptive.enabled && matches!(setup.llm, Model::Text(_)),
         };
-        let restored = setup.restored;
-        let mut activation = Self {
+        Self {
             place: Place {
                 order: setup.order,
                 inherited: setup.inherited.unwrap_or(setup.chat.len()),
@@ -497,237 +442,6 @@ impl Activation {
             current: false,
             turn_ended: false,
             armed: None,
-        };
-        if let Some(restored) = restored {
-            activation.restore(restored);
-        }
-        activation
-    }
-
-    /// Puts a restored activation where it was: listening, or paused with the step that
-    /// waits for its sub-task open in the ledger.
-    fn restore(&mut self, restored: Restored) {
-        self.last_reply_view = restored.last_reply_view;
-        let mut handoffs = restored.handoffs;
-        self.state = match (restored.paused, restored.waiting) {
-            (false, _) => State::Listening,
-            (true, None) => State::Paused(None),
-            (true, Some((waiting, done))) => {
-                let step = self.shared.ids.next_step();
-                // The toolset of the call that awaits the task: a run stands for it there,
-                // which an interruption of the step after the resume reaches.
-                let toolsets: Vec<ToolsetKey> = waiting
-                    .awaiting
-                    .and_then(|at| waiting.calls.get(at))
-                    .and_then(|call| self.tools.routes.get(&call.name).copied())
-                    .into_iter()
-                    .collect();
-                let calls = waiting.calls;
-                self.ledger.open_step(step, calls, &mut |_| {});
-                for (index, output) in waiting.outputs.into_iter().enumerate() {
-                    if let Some(output) = output {
-                        let handoff = handoffs
-                            .iter()
-                            .position(|(at, _)| *at == index)
-                            .map(|at| handoffs.swap_remove(at).1);
-                        let effect = match (handoff, output.ends, output.propagate) {
-                            (Some(handoff), _, _) => Effect::Handoff(handoff),
-                            (None, Some(JobRecord::EndTask { value }), _) => {
-                                Effect::CompleteTask(value)
-                            }
-                            (None, _, Some(why)) => Effect::Propagate(why),
-                            _ if output.reply => Effect::Reply,
-                            _ => Effect::Quiet,
-                        };
-                        let out = CallOutput {
-                            output: output.output,
-                            is_error: output.is_error,
-                            effect,
-                        };
-                        self.ledger.answer(step, index, out);
-                    }
-                }
-                // Held again until the step is in the chat context, as they were.
-                for held in waiting.held {
-                    let _ = self.ledger.insert(
-                        &held.call_id,
-                        held.items,
-                        DeliveryAnswer::unheard(),
-                        &mut |_| {},
-                    );
-                }
-                let span = tracing::info_span!(
-                    parent: &self.shared.span,
-                    "turn",
-                    session = %self.shared.id(),
-                    agent = %self.agent.name(),
-                    kind = "restored",
-                );
-                State::Paused(Some(Box::new(Turn {
-                    events: Vec::new(),
-                    steps: waiting.steps,
-                    ask: Ask {
-                        tool_choice: waiting.ask.tool_choice,
-                        extra_instructions: waiting.ask.extra_instructions,
-                        deferred_call_ids: waiting.ask.deferred_call_ids,
-                    },
-                    interrupted: false,
-                    interruptibility: Interruptibility::new(self.rules.allow_interruptions),
-                    speeches: Vec::new(),
-                    done,
-                    waiters: Vec::new(),
-                    span,
-                    timer: TurnTimer::new(Instant::now(), "restored"),
-                    usage: Usage::default(),
-                    phase: Phase::Calling { step, toolsets },
-                })))
-            }
-        };
-    }
-
-    /// For a restored caller whose step waits for its sub-task: the call the task's
-    /// result answers, where it is, and the toolset that runs its tool.
-    pub(crate) fn waiting_call(&self) -> Option<WaitingCall> {
-        let State::Paused(Some(turn)) = &self.state else {
-            return None;
-        };
-        let Phase::Calling { step, .. } = turn.phase else {
-            return None;
-        };
-        let (index, call) = self
-            .ledger
-            .open_slots()
-            .enumerate()
-            .find_map(|(index, (call, out))| out.is_none().then(|| (index, call.clone())))?;
-        Some(WaitingCall {
-            step,
-            index,
-            toolset: self.tools.routes.get(&call.name).copied(),
-            call,
-            interruptibility: turn.interruptibility.clone(),
-        })
-    }
-
-    /// Its part of a session snapshot (see [`Part`]).
-    pub(crate) fn part(&self) -> Part {
-        let turn = match &self.state {
-            State::Running(turn) | State::Paused(Some(turn)) => Some(turn),
-            State::Closing { turn, .. } => turn.as_ref(),
-            _ => None,
-        };
-        let chat = self.ledger.chat();
-        let mut playing = Vec::new();
-        let mut redo = None;
-        let mut waiting = None;
-        let mut decided = None;
-        let mut in_flight_call_ids = 0;
-        let mut waiting_handoffs = Vec::new();
-        if let Some(turn) = turn {
-            for speech in turn.speeches.iter().filter(|s| !s.is_done()) {
-                playing.extend(chat.position_of_speech(speech.id()));
-            }
-            let ask = AskRecord {
-                tool_choice: turn.ask.tool_choice,
-                extra_instructions: turn.ask.extra_instructions.clone(),
-                deferred_call_ids: turn.ask.deferred_call_ids.clone(),
-            };
-            match (&self.state, &turn.phase) {
-                (State::Paused(_), Phase::Calling { .. }) => {
-                    // Also a step whose calls all have their outputs (a sub-task the host
-                    // started paused it): it is committed on resume.
-                    let slots: Vec<_> = self.ledger.open_slots().collect();
-                    waiting = Some(WaitingStep {
-                        ask,
-                        steps: turn.steps,
-                        calls: slots.iter().map(|(call, _)| (*call).clone()).collect(),
-                        outputs: slots
-                            .iter()
-                            .enumerate()
-                            .map(|(index, (_, out))| {
-                                out.map(|out| {
-                                    let mut record = OutputRecord {
-                                        output: out.output.clone(),
-                                        is_error: out.is_error,
-                                        reply: matches!(
-                                            out.effect,
-                                            Effect::Reply | Effect::Propagate(_)
-                                        ),
-                                        ends: None,
-                                        propagate: None,
-                                    };
-                                    match &out.effect {
-                                        Effect::Handoff(handoff) => {
-                                            waiting_handoffs.push((index, handoff.clone()));
-                                        }
-                                        Effect::CompleteTask(value) => {
-                                            record.ends = Some(JobRecord::EndTask {
-                                                value: value.clone(),
-                                            });
-                                        }
-                                        Effect::Propagate(why) => {
-                                            record.propagate = Some(why.clone());
-                                        }
-                                        Effect::Reply | Effect::Quiet => {}
-                                    }
-                                    record
-                                })
-                            })
-                            .collect(),
-                        awaiting: slots.iter().position(|(_, out)| out.is_none()),
-                        // The session knows the runs' order: it fills this in.
-                        runs_before: 0,
-                        held: self
-                            .ledger
-                            .held()
-                            .map(|(call_id, items)| HeldRecord {
-                                call_id: call_id.to_owned(),
-                                items: items.to_vec(),
-                            })
-                            .collect(),
-                    });
-                }
-                // A step in flight is not taken: it is asked again after a restore.
-                (State::Running(_), Phase::Generating(_) | Phase::Calling { .. }) => {
-                    redo = Some(ask);
-                    in_flight_call_ids = self.ledger.open_calls().count();
-                }
-                (_, Phase::Playing { outcome, .. }) => {
-                    decided = match (&outcome.handoff, &outcome.task_result) {
-                        (Some(handoff), _) => Some(Decided::Handoff(handoff.clone())),
-                        (None, Some(value)) => Some(Decided::EndTask(value.clone())),
-                        (None, None) => None,
-                    };
-                }
-                _ => {}
-            }
-        }
-        let own = ScopeRecord::Activation(self.place.order);
-        Part {
-            entry: self.history_entry(true),
-            playing,
-            live: LiveRecord {
-                order: self.place.order,
-                is_task: false,
-                last_reply_view: self.last_reply_view,
-                pending: self
-                    .pending
-                    .iter()
-                    .map(|p| PendingRecord {
-                        scope: match p.scope {
-                            Scope::Session => ScopeRecord::Session,
-                            Scope::Activity(_) => own.clone(),
-                        },
-                        call_id: p.call_id.clone(),
-                        items: p.items.to_vec(),
-                    })
-                    .collect(),
-                redo,
-                waiting,
-                after: Vec::new(),
-            },
-            decided,
-            in_flight_call_ids,
-            waiting_handoffs,
         }
     }
 
@@ -1311,6 +1025,7 @@ impl Activation {
         let mut adopted = None;
         let mut events = Vec::new();
         let mut speeches = Vec::new();
+        let mut redone = None;
         let mut adopt = false;
         let ask = match kind {
             TurnKind::User(text) => {
@@ -1368,7 +1083,11 @@ impl Activation {
             TurnKind::Deferred => self.deferred_reply(&mut events),
             // The LLM step that was in flight when the session was snapshotted: asked again,
             // the user's message already in the chat.
-            TurnKind::Redo(ask) => Some(ask),
+            TurnKind::Redo(redo) => {
+                let ask = redo.ask.clone();
+                redone = Some(redo);
+                Some(ask)
+            }
             TurnKind::Say {
                 text,
                 speech,
@@ -1405,7 +1124,9 @@ impl Activation {
                     first_chunk,
                 ))
             }
-            (Some(ask), _) => Phase::Generating(self.open_generation(ask, adopt, &span, out)),
+            (Some(ask), _) => {
+                Phase::Generating(self.open_generation(ask, redone, adopt, &span, out))
+            }
             (None, _) => Phase::Playing {
                 outcome: TurnOutcome::default(),
                 give_up_at: None,
@@ -1646,16 +1367,29 @@ impl Activation {
         })
     }
 
-    /// Opens one LLM step: the request, its span, the command to stream it.
+    /// Opens one LLM step: the request, its span, the command to stream it. A step asked
+    /// again after a restore keeps its id and its speech's (`redone`); `adopt`: the first
+    /// step of a heard turn, whose answer a realtime model's server already started (a
+    /// step asked again never adopts: its connection is a new one, which started nothing).
     fn open_generation(
         &mut self,
         ask: &Ask,
+        redone: Option<Redo>,
         adopt: bool,
         turn_span: &tracing::Span,
         out: &mut Vec<Command>,
     ) -> Generation {
         let request = self.request(ask, self.ledger.chat().clone());
-        let step = self.shared.ids.next_step();
+        let view = self.ledger.chat().len();
+        let (step, redone_speech, early_report, view) = match redone {
+            Some(redo) => (
+                redo.step,
+                redo.speech,
+                redo.heard.map(|report| (report.interrupted, report.heard)),
+                redo.view.min(view),
+            ),
+            None => (self.shared.ids.next_step(), None, None, view),
+        };
         let span = self.request_span(turn_span, step, &request, false);
         out.push(Command::OpenStream {
             step,
@@ -1663,7 +1397,10 @@ impl Activation {
             span: span.clone(),
             adopt,
         });
-        Generation::new(step, span, self.ledger.chat().len(), Instant::now(), None)
+        let mut generation = Generation::new(step, span, view, Instant::now(), None);
+        generation.early_report = early_report;
+        generation.redone_speech = redone_speech;
+        generation
     }
 
     /// The request an `ask` makes of the model, from `chat`.
@@ -2006,7 +1743,8 @@ impl Activation {
             from == Where::Current,
         ) {
             turn.steps += 1;
-            turn.phase = Phase::Generating(self.open_generation(&turn.ask, false, &turn.span, out));
+            turn.phase =
+                Phase::Generating(self.open_generation(&turn.ask, None, false, &turn.span, out));
             return Some(turn);
         }
         self.finish(turn, end.outcome, from == Where::Closing)
@@ -2282,6 +2020,12 @@ impl Activation {
                     if self.last_reply_view > index {
                         self.last_reply_view -= 1;
                     }
+                    // A step being generated was asked from a chat that held the message.
+                    if let Phase::Generating(generation) = &mut turn.phase {
+                        if generation.view > index {
+                            generation.view -= 1;
+                        }
+                    }
                     self.shared
                         .events
                         .emit_with(|| SessionEvent::ConversationItemRemoved {
@@ -2544,10 +2288,11 @@ impl Speaker<'_> {
         }
     }
 
-    /// Starts a new speech on the output.
-    fn start(&self, interruptibility: Arc<Interruptibility>) -> SpeechHandle {
+    /// Starts a new speech on the output (under `id`, for a step asked again after a
+    /// restore whose speech had begun).
+    fn start(&self, interruptibility: Arc<Interruptibility>, id: Option<u64>) -> SpeechHandle {
         let speech = SpeechHandle::new(
-            SpeechId(self.shared.ids.next_speech()),
+            SpeechId(id.unwrap_or_else(|| self.shared.ids.next_speech())),
             interruptibility,
             SpeechStatus::Speaking,
             self.port.clone(),
@@ -2633,7 +2378,11 @@ fn open_speech(speaker: &Speaker<'_>, turn: &mut Turn) -> SpeechId {
             .telemetry
             .turn_e2e(e2e, &speaker.agent.def.name, turn.timer.kind);
     }
-    let speech = speaker.start(turn.interruptibility.clone());
+    // A step asked again after a restore speaks under the speech id it had.
+    let speech = speaker.start(
+        turn.interruptibility.clone(),
+        generation.redone_speech.take(),
+    );
     generation
         .span
         .record("speech", tracing::field::display(speech.id()));

@@ -66,6 +66,75 @@ pub(crate) enum BargeIn {
     },
 }
 
+/// A barge-in under way, as a snapshot writes it (the activation's): how long ago the
+/// user started talking over the turn, or stopped before it counted, whether the output
+/// was paused and whether their words had passed the rules. Restored, its deadline is
+/// that much nearer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum BargeInState {
+    Overlapping {
+        elapsed: Duration,
+        paused: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        words: bool,
+    },
+    Stopped {
+        elapsed: Duration,
+        paused: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        words: bool,
+    },
+}
+
+impl BargeIn {
+    /// What a snapshot taken at `now` writes of it (none while quiet).
+    pub(crate) fn state(&self, now: Instant) -> Option<BargeInState> {
+        match *self {
+            Self::Quiet => None,
+            Self::Overlapping {
+                since,
+                paused,
+                words,
+            } => Some(BargeInState::Overlapping {
+                elapsed: now.saturating_duration_since(since),
+                paused,
+                words,
+            }),
+            Self::Stopped { at, paused, words } => Some(BargeInState::Stopped {
+                elapsed: now.saturating_duration_since(at),
+                paused,
+                words,
+            }),
+        }
+    }
+
+    /// The barge-in `state` said, restored at `now`.
+    pub(crate) fn restored(state: BargeInState, now: Instant) -> Self {
+        let back = |elapsed: Duration| now.checked_sub(elapsed).unwrap_or(now);
+        match state {
+            BargeInState::Overlapping {
+                elapsed,
+                paused,
+                words,
+            } => Self::Overlapping {
+                since: back(elapsed),
+                paused,
+                words,
+            },
+            BargeInState::Stopped {
+                elapsed,
+                paused,
+                words,
+            } => Self::Stopped {
+                at: back(elapsed),
+                paused,
+                words,
+            },
+        }
+    }
+}
+
 /// What the activity does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BargeAction {

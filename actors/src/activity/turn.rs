@@ -62,7 +62,7 @@ pub(crate) enum TurnKind {
     Deferred,
     /// A step that was in flight when the session was snapshotted, asked again after the
     /// restore (the user's message is in the chat already).
-    Redo(Ask),
+    Redo(Redo),
     /// A text the agent says as it is (`Session::say`).
     Say {
         text: String,
@@ -176,13 +176,45 @@ impl Turn {
     }
 }
 
-/// What a turn's LLM requests ask for, besides the chat context.
-#[derive(Debug, Default)]
+/// What a turn's LLM requests ask for, besides the chat context. Written into snapshots
+/// as it is (a step under way asks it again).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Ask {
     pub(crate) tool_choice: ToolChoice,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) extra_instructions: Option<String>,
     /// The later tool items a deferred reply answers (empty for other turns).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) deferred_call_ids: Vec<String>,
+}
+
+/// An LLM step whose model had not finished answering when the session was snapshotted
+/// (its calls, if any came, not started): asked again after the restore, under the same
+/// step id, and — when its text had begun — spoken under the same speech id (the
+/// snapshot's counters already count both).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Redo {
+    pub(crate) step: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) speech: Option<u64>,
+    /// What the output reported of that speech while its text still streamed: the first
+    /// report is final, so the step asked again applies it when its stream ends, as the
+    /// step would have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) heard: Option<EarlyReport>,
+    /// The chat length the step was first asked from. Asked again, the step sees what
+    /// landed since (a background call's end), but its answer counts as generated from
+    /// this length, as it would have: a deferred reply those items asked for is still due.
+    pub(crate) view: usize,
+    pub(crate) ask: Ask,
+}
+
+/// A playout report that came while its speech's text still streamed.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct EarlyReport {
+    pub(crate) interrupted: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) heard: Option<String>,
 }
 
 /// Where a turn is.
@@ -221,6 +253,8 @@ pub(crate) struct Generation {
     pub(crate) llm: Option<String>,
     /// A playout report that came while the text still streamed: applied at the end.
     pub(crate) early_report: Option<(bool, Option<String>)>,
+    /// For a step asked again after a restore whose text had begun: the id its speech had.
+    pub(crate) redone_speech: Option<u64>,
 }
 
 impl Generation {
@@ -246,6 +280,7 @@ impl Generation {
             usage: None,
             llm: None,
             early_report: None,
+            redone_speech: None,
         }
     }
 }

@@ -28,13 +28,20 @@
 //!   sub-task, and the caller's run that was handed its last sub-task's result (its
 //!   output may still be on its way: stopping it would lose the result).
 //! - A close hands back every activity to stop and everything to fail, once.
+//!
+//! It writes its own part of a session snapshot ([`Schedule::state`], a [`ScheduleState`])
+//! and is built again from it ([`Schedule::restored`]): the frames of the live
+//! activations, the queued work the engine started, whether a deferred reply is wanted,
+//! whether the user speaks.
 
 use std::collections::VecDeque;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::delivery::{Scope, TaskAsker};
 use crate::events::UserState;
+use crate::handoff::HandoffState;
 use crate::ids::ActorId;
 use crate::speech::SpeechPriority;
 
@@ -227,16 +234,6 @@ pub(crate) enum JobView<'a, W: Work> {
     EndTask(&'a Value),
 }
 
-/// A live activation, as a snapshot reads it: its handle and what a turn of it asked for
-/// that waits for it to be current again.
-pub(crate) struct LiveView<'a, W: Work> {
-    pub(crate) activity: &'a W::Activity,
-    pub(crate) after: Vec<JobView<'a, W>>,
-    /// For a paused caller, the key of its run that awaits its sub-task's result (none
-    /// when the host asked for the task).
-    pub(crate) asker: Option<u64>,
-}
-
 /// A live activation restored from a snapshot: its frame, whether a turn of it is in
 /// flight, and what waits for it to be current again.
 pub(crate) struct RestoredFrame<W: Work> {
@@ -261,6 +258,52 @@ impl<W: Work> From<RestoredJob<W>> for Job<W> {
             RestoredJob::EndTask(value) => Job::EndTask(value),
         }
     }
+}
+
+/// The schedule's part of a session snapshot (see the module docs). Turns a host awaits,
+/// and a `say`, are the host's to send again: they are not in it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ScheduleState {
+    /// The live activations' frames: the callers paused under sub-tasks, outermost
+    /// first, then the current one.
+    pub(crate) frames: Vec<FrameState>,
+    /// Work queued for the current agent that the engine started, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) jobs: Vec<JobState>,
+    /// Tool items asked for a deferred reply that has not started.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) reply_wanted: bool,
+    /// The user was speaking: a deferred reply waits until they stop.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) user_speaking: bool,
+}
+
+/// A live activation's frame in a snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct FrameState {
+    /// What a turn of it asked for that waits for it to be current again (a handoff, its
+    /// task's end).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) after: Vec<JobState>,
+    /// For a paused caller, the key of its run that awaits its sub-task's result (none
+    /// when the host asked for the task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) asker: Option<u64>,
+}
+
+/// A queued job in a snapshot.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "job", rename_all = "snake_case")]
+pub(crate) enum JobState {
+    /// A handoff (its agent built again by the registry).
+    Handoff(HandoffState),
+    /// A reply a tool or hook asked for.
+    Reply {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        instructions: Option<String>,
+    },
+    /// The end of the current sub-task, with its result.
+    EndTask { value: Value },
 }
 
 /// Why work was not queued.
@@ -352,13 +395,16 @@ impl<W: Work> Schedule<W> {
     /// A session restored from a snapshot: `paused` callers (outermost first, each with
     /// who waits for its sub-task's result and the key of the run that stands for the
     /// call awaiting it, if one does) under the `current` agent, the jobs queued for it,
-    /// and whether a deferred reply is wanted.
+    /// and whether a deferred reply is wanted. What waits for the current agent to be
+    /// current again runs first: it is.
     pub(crate) fn restored(
         mut paused: Vec<(RestoredFrame<W>, W::TaskReply, Option<u64>)>,
-        current: RestoredFrame<W>,
-        jobs: Vec<RestoredJob<W>>,
+        mut current: RestoredFrame<W>,
+        mut jobs: Vec<RestoredJob<W>>,
         reply_wanted: bool,
     ) -> Self {
+        let first = std::mem::take(&mut current.after);
+        jobs.splice(0..0, first);
         let frame = |restored: RestoredFrame<W>| Frame {
             id: restored.id,
             activity: restored.activity,
@@ -383,36 +429,44 @@ impl<W: Work> Schedule<W> {
         schedule
     }
 
-    /// The live activations, outermost paused caller first and the current one last;
-    /// `None` while a switch is under way or once closed (a snapshot waits for the switch).
-    pub(crate) fn live(&self) -> Option<Vec<LiveView<'_, W>>> {
+    /// Its part of a session snapshot, once a switch under way has ended (none while one
+    /// is, or once closed): `job` writes a queued job, or leaves it out.
+    pub(crate) fn state(
+        &self,
+        job: impl Fn(JobView<'_, W>) -> Option<JobState>,
+    ) -> Option<ScheduleState> {
         let Stage::Live { current, paused } = &self.stage else {
             return None;
         };
-        fn view<W: Work>(frame: &Frame<W>, asker: Option<u64>) -> LiveView<'_, W> {
-            LiveView {
-                activity: &frame.activity,
-                after: frame.after.iter().map(Job::view).collect(),
-                asker,
-            }
-        }
+        let frame = |frame: &Frame<W>, asker: Option<u64>| FrameState {
+            after: frame.after.iter().filter_map(|j| job(j.view())).collect(),
+            asker,
+        };
+        Some(ScheduleState {
+            frames: paused
+                .iter()
+                .map(|p| frame(&p.frame, p.run))
+                .chain(std::iter::once(frame(current, None)))
+                .collect(),
+            jobs: self.jobs.iter().filter_map(|j| job(j.view())).collect(),
+            reply_wanted: self.reply_wanted,
+            user_speaking: self.user_speaking(),
+        })
+    }
+
+    /// The live activations, outermost paused caller first and the current one last;
+    /// `None` while a switch is under way or once closed (a snapshot waits for the switch).
+    pub(crate) fn live(&self) -> Option<Vec<&W::Activity>> {
+        let Stage::Live { current, paused } = &self.stage else {
+            return None;
+        };
         Some(
             paused
                 .iter()
-                .map(|p| view(&p.frame, p.run))
-                .chain(std::iter::once(view(current, None)))
+                .map(|p| &p.frame.activity)
+                .chain(std::iter::once(&current.activity))
                 .collect(),
         )
-    }
-
-    /// The jobs queued for the current agent, in order.
-    pub(crate) fn queued(&self) -> impl Iterator<Item = JobView<'_, W>> {
-        self.jobs.iter().map(Job::view)
-    }
-
-    /// Whether a deferred reply is wanted.
-    pub(crate) fn reply_wanted(&self) -> bool {
-        self.reply_wanted
     }
 
     /// The current activity, when one is (not during a switch).
@@ -446,6 +500,16 @@ impl<W: Work> Schedule<W> {
             .chain(paused.iter().map(|p| &p.frame))
             .map(|frame| &frame.activity)
             .collect()
+    }
+
+    /// The jobs queued for the current agent, in order.
+    pub(crate) fn queued(&self) -> impl Iterator<Item = JobView<'_, W>> {
+        self.jobs.iter().map(Job::view)
+    }
+
+    /// Whether a deferred reply is wanted.
+    pub(crate) fn reply_wanted(&self) -> bool {
+        self.reply_wanted
     }
 
     /// Whether an agent started now would be a sub-task (callers are paused under it):

@@ -6,6 +6,7 @@
 //! was checked first (`SessionShared::check_agent`), so a switch never leaves the session
 //! without a current agent: it ends with the new one current, or with the session closed.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -24,7 +25,7 @@ use crate::ids::ActorId;
 use crate::lifecycle::Child;
 use crate::realtime::Model;
 use crate::starting_chat::StartingChat;
-use crate::toolset::ToolsetActor;
+use crate::toolset::{RestoredRun, ToolsetActor};
 
 /// An activity about to start.
 pub(super) struct Entry {
@@ -41,8 +42,9 @@ pub(super) struct Entry {
 }
 
 impl SessionActor {
-    /// Spawns the session-scoped toolsets (once, at start).
-    pub(super) fn start_toolsets(&mut self) {
+    /// Spawns the session-scoped toolsets (once, at start), each with the calls it was
+    /// running when the session was snapshotted, for a restored session.
+    pub(super) fn start_toolsets(&mut self, mut restored: HashMap<String, Vec<RestoredRun>>) {
         let mut toolsets = Vec::new();
         for def in std::mem::take(&mut self.toolset_defs) {
             let tools: Vec<_> = def
@@ -51,19 +53,21 @@ impl SessionActor {
                 .map(|t| (t.clone(), effective_policy(t, &def)))
                 .collect();
             let schemas = tools.iter().map(|(t, p)| t.schema(*p)).collect();
-            let child = ToolsetActor::spawn(
+            let (child, book) = ToolsetActor::spawn(
                 ActorId::session_toolset(self.shared.id(), &def.name),
                 super::Scope::Session,
                 tools,
                 def.prompts.or(&self.shared.settings.prompts),
                 self.shared.clone(),
                 self.links.clone(),
+                restored.remove(&def.name).unwrap_or_default(),
             );
             toolsets.push(SessionToolset {
                 name: def.name.clone(),
                 tools: def.tools.clone(),
                 schemas,
                 mailbox: child.mailbox.clone(),
+                book,
             });
             self.toolset_children.push(child);
         }

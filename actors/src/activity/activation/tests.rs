@@ -135,7 +135,6 @@ fn setup(output: Output, agent: Agent, chat: ChatContext, carried: Vec<PendingIt
         handoff_from: None,
         carried,
         inherited: None,
-        restored: None,
     });
     Fixture {
         machine,
