@@ -166,11 +166,11 @@ pub use switchboard_actors::{
     LlmTimeouts, LlmUsage, NoArgs, NullOutput, Playout, PlayoutReporter, Received, RecordedAnswer,
     RestorePolicy, RunContext, RunResult, SayOptions, Session, SessionAddress, SessionBuilder,
     SessionControl, SessionError, SessionEvent, SessionEvents, SessionHistory, SessionId,
-    SessionState, SessionSummary, SpeechHandle, SpeechId, SpeechOutcome, SpeechOutput,
-    SpeechPriority, StallReports, StalledTool, StartingChat, SubTaskOf, TimeoutStage, Tool,
-    ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult, ToolReturn,
-    ToolSchema, Toolset, TurnDecision, TurnFailure, Unfinished, UpdateError, UpdateMessage,
-    UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
+    SessionState, SessionSummary, SpeechControl, SpeechHandle, SpeechId, SpeechOutcome,
+    SpeechOutput, SpeechPriority, SpeechReport, StallReports, StalledTool, StartingChat, SubTaskOf,
+    TimeoutStage, Tool, ToolCallChunk, ToolChoice, ToolError, ToolFailure, ToolPanic, ToolResult,
+    ToolReturn, ToolSchema, Toolset, TurnDecision, TurnFailure, Unfinished, UpdateError,
+    UpdateMessage, UserState, WeakSession, CONFIRM_DUPLICATE_PARAM,
 };
 #[allow(deprecated)]
 pub use switchboard_actors::{AsyncRunContext, StopResponse};

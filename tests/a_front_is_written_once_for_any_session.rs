@@ -1,14 +1,14 @@
 //! Front code written once against the host API (`HostSession`) drives a local session:
 //! a greeting, a typed turn, a spoken one (interim and final transcripts), a speech, a
 //! barge-in, a switch to another agent, and the close. The cluster's tests run the same
-//! script over a remote session whose worker runs the same agents, and expect the same
+//! call (`a_call`) over a remote session whose worker runs the same agents, and expect the same
 //! record: a front does not depend on where the session runs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::Arc;
 
 use switchboard::prelude::*;
-use switchboard::testing::front::{run_front, FrontStep};
+use switchboard::testing::front::{a_call, run_front};
 use switchboard::testing::{Reply, ScriptedLlm};
 use switchboard::{HostSession, LlmRequest};
 
@@ -39,23 +39,6 @@ fn agent(name: &str) -> Agent {
         .expect("a plain agent builds")
 }
 
-/// The script, for any session whose agents are the ones above: `next` is how that kind
-/// of session is given the concierge.
-fn script<A>(next: A) -> Vec<FrontStep<A>> {
-    vec![
-        FrontStep::GenerateReply(Some("Greet the caller.".into())),
-        FrontStep::Run("I'd like a table".into()),
-        FrontStep::Speak {
-            interim: vec!["a table".into(), "a table for".into()],
-            said: "a table for two".into(),
-        },
-        FrontStep::Say("One moment, please.".into()),
-        FrontStep::Interrupt,
-        FrontStep::UpdateAgent(next),
-        FrontStep::Run("hello again".into()),
-    ]
-}
-
 /// What the script must record, whatever runs the session.
 const EXPECTED: [&str; 7] = [
     "reply: Hello!",
@@ -69,7 +52,7 @@ const EXPECTED: [&str; 7] = [
 
 /// The front code, generic over the session it drives.
 async fn front<S: HostSession>(session: &S, next: S::Agent) -> Vec<String> {
-    let record = run_front(session, script(next))
+    let record = run_front(session, a_call(next))
         .await
         .unwrap_or_else(|err| panic!("the front's script failed: {err}"));
     assert_eq!(

@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::{Arc, Mutex};
 use switchboard::prelude::*;
 use switchboard::snapshot::SnapshotError;
 use switchboard::testing::{Reply, ScriptedLlm};
+
 use switchboard::{
-    AgentState, AgentWork, EngineError, LlmError, LlmMetrics, TimeoutStage, UserState,
+    AgentState, AgentWork, EngineError, LlmError, LlmMetrics, SpeechControl, SpeechId,
+    TimeoutStage, UserState,
 };
 
 /// Serializes to JSON and back.
@@ -49,6 +52,9 @@ async fn results_histories_and_events_of_a_real_session_read_back_the_same() {
     while let Ok(event) = events.try_recv() {
         let json = serde_json::to_value(&event).unwrap();
         kinds.push(json["type"].as_str().unwrap().to_owned());
+        // Every event reads back as what it was.
+        let back: SessionEvent = round_trip(&event);
+        assert_eq!(serde_json::to_value(&back).unwrap(), json);
         if let SessionEvent::SpeechCreated { speech, .. } = &event {
             // A handle is a link into its engine: it travels as what names the speech.
             assert_eq!(
@@ -144,4 +150,69 @@ fn states_and_every_kind_of_error_read_back_the_same() {
     }
     let closed = serde_json::to_string(&SessionError::Closed).unwrap();
     assert_eq!(closed, "\"closed\"");
+}
+
+/// A speech's handle read back alone names the speech and is linked to nothing: nothing
+/// will say how it ends, so waiting for its playout answers at once.
+#[tokio::test]
+async fn a_speech_read_back_alone_is_linked_to_nothing() {
+    let handle: SpeechHandle =
+        serde_json::from_value(serde_json::json!({"id": 3, "allow_interruptions": false})).unwrap();
+    assert_eq!(serde_json::to_value(handle.id()).unwrap(), 3);
+    assert!(!handle.allow_interruptions());
+    assert!(matches!(
+        handle.interrupt(),
+        Err(SessionError::Uninterruptible)
+    ));
+    let outcome = tokio::time::timeout(Duration::from_secs(5), handle.wait_for_playout())
+        .await
+        .expect("nothing to wait for");
+    assert_eq!(outcome, SpeechOutcome::Interrupted { heard: None });
+}
+
+/// What a remote speech's control was asked.
+#[derive(Default)]
+struct Asked(Mutex<Vec<(SpeechId, bool)>>);
+
+impl SpeechControl for Asked {
+    fn interrupt(&self, speech: SpeechId, force: bool) {
+        self.0.lock().unwrap().push((speech, force));
+    }
+}
+
+/// A handle linked to a session elsewhere sends its interruptions to its control and
+/// learns the speech's end from its report; a dropped report ends it as interrupted.
+#[tokio::test]
+async fn a_remote_speech_s_handle_is_linked_through_its_control_and_report() {
+    let speech: SpeechId = serde_json::from_value(serde_json::json!(7)).unwrap();
+    let asked = Arc::new(Asked::default());
+    let (handle, report) = SpeechHandle::remote(speech, true, asked.clone());
+    handle.interrupt().unwrap();
+    handle.force_interrupt();
+    assert_eq!(*asked.0.lock().unwrap(), [(speech, false), (speech, true)]);
+    assert_eq!(handle.outcome(), None, "not ended until the report says");
+    let waiting = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.wait_for_playout().await }
+    });
+    report.ended(SpeechOutcome::Played);
+    let outcome = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the report ends the wait")
+        .unwrap();
+    assert_eq!(outcome, SpeechOutcome::Played);
+    handle.interrupt().unwrap();
+    assert_eq!(
+        asked.0.lock().unwrap().len(),
+        2,
+        "an ended speech asks nothing more"
+    );
+
+    let (other, report) = SpeechHandle::remote(speech, true, asked);
+    drop(report);
+    assert_eq!(
+        other.wait_for_playout().await,
+        SpeechOutcome::Interrupted { heard: None },
+        "its session is gone"
+    );
 }

@@ -213,8 +213,11 @@ pub struct TurnMetrics {
 /// An event serializes (JSON: an object tagged by `type`, in snake case) to travel to
 /// another machine. A speech's handle travels as what names it there, its id and whether
 /// it allows interruptions (`{"id": 3, "allow_interruptions": true}`): the handle itself
-/// is a link into this engine, so the side that reads the event makes its own.
-#[derive(Clone, Debug, Serialize)]
+/// is a link into this engine, so the side that reads the event makes its own: read back
+/// alone, a speech's handle names it and is linked to nothing (see
+/// [`SpeechHandle`]'s `Deserialize`); the cluster's remote session links each to its
+/// session.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum SessionEvent {

@@ -1,6 +1,6 @@
 //! `SessionHistory`: what was said in a session, agent by agent.
 
-use crate::chat::{ChatContext, ChatItem};
+use crate::chat::{ChatContext, ChatItem, ChatRole};
 use crate::ids::ActorId;
 
 /// The chat context one activation of an agent ended with (or has now).
@@ -82,6 +82,27 @@ impl SessionHistory {
             }
         }
         out
+    }
+
+    /// The texts of the user's messages, in the order of the [`transcript`](Self::transcript).
+    pub fn user_messages(&self) -> Vec<&str> {
+        self.messages(ChatRole::User)
+    }
+
+    /// The texts of the agents' messages, in the order of the
+    /// [`transcript`](Self::transcript).
+    pub fn assistant_messages(&self) -> Vec<&str> {
+        self.messages(ChatRole::Assistant)
+    }
+
+    fn messages(&self, role: ChatRole) -> Vec<&str> {
+        self.transcript()
+            .into_iter()
+            .filter_map(|(_, item)| match item {
+                ChatItem::Message(m) if m.role == role => Some(m.content.as_str()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Adds activation `index`'s own items, with its sub-tasks' where they ran.

@@ -150,7 +150,9 @@ pub use snapshot_chain::{ChainEnd, LinkRead, SnapshotChain};
 pub use snapshot_store::{
     Claim, ClaimRule, Claimed, FileStore, MemoryStore, SnapshotStore, StoreVersion,
 };
-pub use speech::{SayOptions, SpeechHandle, SpeechOutcome, SpeechPriority};
+pub use speech::{
+    SayOptions, SpeechControl, SpeechHandle, SpeechOutcome, SpeechPriority, SpeechReport,
+};
 pub use starting_chat::{GivenChat, StartingChat};
 #[cfg(feature = "telemetry")]
 pub use telemetry::Telemetry;

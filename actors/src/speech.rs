@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use crate::error::SessionError;
-use crate::lifecycle::AliveWaiter;
+use crate::lifecycle::{alive_pair, AliveToken, AliveWaiter};
 use crate::output::SpeechId;
 
 /// Where a speech goes in the queue: speeches play one at a time, by priority, then in
@@ -135,6 +135,45 @@ pub(crate) trait SpeechPort: Send + Sync + 'static {
     fn interrupt(&self, speech: SpeechId, force: bool);
 }
 
+/// How a handle of a speech played elsewhere (by a session on another machine) asks for
+/// its interruption: what the host's side of that session implements to make
+/// [`SpeechHandle::remote`] handles.
+pub trait SpeechControl: Send + Sync + 'static {
+    /// Interrupt `speech` (`force`: even if it disallows interruptions). Called from
+    /// [`SpeechHandle::interrupt`] and [`SpeechHandle::force_interrupt`], which do not
+    /// wait: it must not block (send the request, and return).
+    fn interrupt(&self, speech: SpeechId, force: bool);
+}
+
+/// Routes a remote handle's interruptions to its [`SpeechControl`].
+struct ControlPort(Arc<dyn SpeechControl>);
+
+impl SpeechPort for ControlPort {
+    fn interrupt(&self, speech: SpeechId, force: bool) {
+        self.0.interrupt(speech, force);
+    }
+}
+
+/// A speech's end as its session reports it, for a handle made off the engine
+/// ([`SpeechHandle::remote`]). Its handle counts the speech as interrupted (heard
+/// unknown) once the report is dropped before it said how the speech ended: the session
+/// is gone.
+#[derive(Debug)]
+pub struct SpeechReport {
+    handle: SpeechHandle,
+    /// Holds the handle's session alive; dropped, `wait_for_playout` stops waiting.
+    _session: AliveToken,
+}
+
+impl SpeechReport {
+    /// The speech ended (as the session's `SpeechPlayedOut` event said): its handle's
+    /// `outcome` and `wait_for_playout` answer with `outcome` from now on. Later reports
+    /// change nothing: a speech that ended stays ended.
+    pub fn ended(&self, outcome: SpeechOutcome) {
+        self.handle.set_status(SpeechStatus::Done(outcome));
+    }
+}
+
 /// Where a speech is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum SpeechStatus {
@@ -192,6 +231,36 @@ impl serde::Serialize for SpeechHandle {
     }
 }
 
+/// What names a speech off its engine, as a handle serializes.
+#[derive(serde::Deserialize)]
+struct NamedSpeech {
+    id: SpeechId,
+    allow_interruptions: bool,
+}
+
+/// Read back from `{"id": 3, "allow_interruptions": true}`: a handle that names the
+/// speech and is linked to nothing, since the session that plays it is elsewhere.
+/// `interrupt` asks nothing of anyone, and `wait_for_playout` answers at once that it was
+/// interrupted, heard unknown. The host's side of a session on another machine (the
+/// cluster's remote session) gives its events handles linked to that session instead
+/// ([`SpeechHandle::remote`]).
+impl<'de> serde::Deserialize<'de> for SpeechHandle {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let named = NamedSpeech::deserialize(deserializer)?;
+        // The report is dropped at once: nobody will say how the speech ended here.
+        let (handle, _report) =
+            SpeechHandle::remote(named.id, named.allow_interruptions, Arc::new(Unlinked));
+        Ok(handle)
+    }
+}
+
+/// The control of a handle read back from JSON alone: there is no session to ask.
+struct Unlinked;
+
+impl SpeechControl for Unlinked {
+    fn interrupt(&self, _speech: SpeechId, _force: bool) {}
+}
+
 impl PartialEq for SpeechHandle {
     fn eq(&self, other: &Self) -> bool {
         self.inner.id == other.inner.id
@@ -216,6 +285,32 @@ impl SpeechHandle {
                 session_gone,
             }),
         }
+    }
+
+    /// A handle for a speech that a session on another machine plays: the host's side of
+    /// that session makes one per speech its events name. `interrupt` and
+    /// `force_interrupt` go to `control` (a speech that disallows interruptions is refused
+    /// here first, as `allow_interruptions` said when the speech was created); how the
+    /// speech ends comes from the returned [`SpeechReport`], and once that is dropped
+    /// without a word, the speech counts as interrupted, heard unknown.
+    pub fn remote(
+        id: SpeechId,
+        allow_interruptions: bool,
+        control: Arc<dyn SpeechControl>,
+    ) -> (Self, SpeechReport) {
+        let (session, gone) = alive_pair();
+        let handle = Self::new(
+            id,
+            Interruptibility::new(allow_interruptions),
+            SpeechStatus::Speaking,
+            Arc::new(ControlPort(control)),
+            gone,
+        );
+        let report = SpeechReport {
+            handle: handle.clone(),
+            _session: session,
+        };
+        (handle, report)
     }
 
     /// The speech's id.

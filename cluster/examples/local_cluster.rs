@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use switchboard::prelude::*;
 use switchboard::testing::{Reply, ScriptedLlm};
-use switchboard::{LlmRequest, RestorePolicy, SessionBuilder};
+use switchboard::{LlmRequest, RestorePolicy, SessionBuilder, SessionEvent};
 use switchboard_cluster::local::{NatsServer, ServerAuth};
 use switchboard_cluster::{
     FactoryError, Gateway, GatewayOptions, NatsConnect, RemoteEventKind, RemoteSession,
@@ -244,9 +244,12 @@ async fn front() -> Result<(), AnyError> {
         if let RemoteEventKind::SessionResumed { .. } = event.kind {
             println!("(resumed elsewhere {:?} after the kill)", killed.elapsed());
         }
-        if let RemoteEventKind::ConversationItemAdded {
-            item: ChatItem::Message(message),
-            ..
+        if let RemoteEventKind::Session {
+            event:
+                SessionEvent::ConversationItemAdded {
+                    item: ChatItem::Message(message),
+                    ..
+                },
         } = event.kind
         {
             if message.role == ChatRole::Assistant && message.content.contains("7 am") {

@@ -8,14 +8,19 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use async_nats::{ConnectErrorKind, ConnectOptions, Event, ServerError};
 use tokio::sync::watch;
 
 /// How many refusals a client remembers (the newest).
 const REFUSALS_KEPT: usize = 64;
+
+/// How long a connection must have been up before a peer nobody answers for counts as
+/// gone: twice the longest wait between reconnection attempts (1 s, below), so after a
+/// server restart every client that reconnects at all is back by then.
+pub(crate) const SETTLED: Duration = Duration::from_secs(2);
 
 /// Why a connection could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +237,7 @@ impl NatsConnect {
     /// connection, the client reconnects by itself for as long as it lives.
     pub async fn connect(self) -> Result<ClusterClient, ConnectError> {
         let (connections, reconnections) = watch::channel(0u64);
+        let up_since = Arc::new(Mutex::new(None));
         let refusals = Arc::new(watch::channel(VecDeque::new()).0);
         let mut options = match self.auth.clone() {
             Auth::None => ConnectOptions::new(),
@@ -263,6 +269,7 @@ impl NatsConnect {
             options = options.custom_inbox_prefix(prefix);
         }
         let seen = refusals.clone();
+        let up = up_since.clone();
         options = options
             .connection_timeout(self.connection_timeout)
             // Reconnect at once, then after 10, 20, 40 … ms, at most 1 s apart: an outage
@@ -280,7 +287,8 @@ impl NatsConnect {
             .event_callback(move |event| {
                 let connections = connections.clone();
                 let seen = seen.clone();
-                async move { on_event(event, &connections, &seen) }
+                let up = up.clone();
+                async move { on_event(event, &connections, &seen, &up) }
             });
         // Several servers (a cluster): the client tries them in turn, and learns the rest
         // of the cluster from the one it reaches.
@@ -301,11 +309,17 @@ impl NatsConnect {
                 _ => ConnectError::Unreachable { url, reason },
             }
         })?;
+        // Connected now, whether or not the callback said so yet.
+        up_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_or_insert_with(Instant::now);
         Ok(ClusterClient {
             inner: Arc::new(ClientInner {
                 client,
                 reconnections,
                 refusals,
+                up_since,
             }),
         })
     }
@@ -317,13 +331,18 @@ fn on_event(
     event: Event,
     connections: &watch::Sender<u64>,
     refusals: &watch::Sender<VecDeque<String>>,
+    up_since: &Mutex<Option<Instant>>,
 ) {
     match event {
         Event::Connected => {
             connections.send_modify(|n| *n += 1);
+            *up_since.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             tracing::info!("nats: connected");
         }
-        Event::Disconnected => tracing::warn!("nats: disconnected; reconnecting"),
+        Event::Disconnected => {
+            *up_since.lock().unwrap_or_else(|p| p.into_inner()) = None;
+            tracing::warn!("nats: disconnected; reconnecting");
+        }
         Event::ServerError(ServerError::Other(message))
             if message.contains("Permissions Violation") =>
         {
@@ -350,6 +369,9 @@ struct ClientInner {
     client: async_nats::Client,
     reconnections: watch::Receiver<u64>,
     refusals: Arc<watch::Sender<VecDeque<String>>>,
+    /// Since when the connection is up (`None` while it is down). A plain value behind a
+    /// lock: written at each (re)connection, read when a peer is silent.
+    up_since: Arc<Mutex<Option<Instant>>>,
 }
 
 impl fmt::Debug for ClusterClient {
@@ -393,6 +415,17 @@ impl ClusterClient {
             Ok(Ok(_)) => self.refusal_of(subject),
             _ => None,
         }
+    }
+
+    /// Whether the connection has been up for [`SETTLED`] at least: long enough that every
+    /// client that lost the server with it (a server restart) is back, with its
+    /// subscriptions, so a subject nobody subscribes to is one whose subscriber is gone.
+    pub(crate) fn settled(&self) -> bool {
+        self.inner
+            .up_since
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|since| since.elapsed() >= SETTLED)
     }
 
     /// The newest refusal that names `subject`, if the server refused one.

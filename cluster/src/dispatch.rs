@@ -138,8 +138,19 @@ pub(crate) async fn publish_resume(
         session: session.clone(),
         spec: None,
         lapsed,
+        silent: None,
     };
-    let payload = Bytes::from(serde_json::to_vec(&job).map_err(|err| err.to_string())?);
+    publish_resume_job(js, namespace, &job, id).await
+}
+
+/// Queues the resume job `job` with the message id `id` (retried a few times).
+pub(crate) async fn publish_resume_job(
+    js: &jetstream::Context,
+    namespace: &Namespace,
+    job: &SessionJob,
+    id: &str,
+) -> Result<(), String> {
+    let payload = Bytes::from(serde_json::to_vec(job).map_err(|err| err.to_string())?);
     let mut last_error = String::new();
     for attempt in 0..5u32 {
         if attempt > 0 {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use switchboard::SessionError;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -19,9 +20,9 @@ use crate::connect::ClusterClient;
 use crate::dispatch::{self, Published};
 use crate::namespace::{NameError, Namespace, SessionKey};
 use crate::protocol::{SessionJob, WorkerInfo};
-use crate::remote_event::{EndReason, RemoteFailure};
+use crate::remote_event::CloseReason;
 use crate::remote_session::{RemoteSession, StartState};
-use crate::spec::SessionSpec;
+use crate::spec::{FactoryError, SessionSpec};
 
 /// Errors of a gateway and its remote sessions.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -54,13 +55,13 @@ pub enum GatewayError {
         /// The session.
         session: SessionKey,
     },
-    /// The session is over; start a new one.
-    #[error("session {session} is over: {reason:?}")]
-    Ended {
+    /// The session is closed; start a new one.
+    #[error("session {session} is closed: {reason:?}")]
+    Closed {
         /// The session.
         session: SessionKey,
-        /// Why it ended.
-        reason: EndReason,
+        /// Why it closed.
+        reason: CloseReason,
     },
     /// Its owner did not answer within the input deadline, through every retry: the
     /// worker is gone or cut off. Whether the input was applied is unknown, so later
@@ -97,8 +98,9 @@ pub enum GatewayError {
         /// The server's words.
         server_said: String,
     },
-    /// The session refused or failed the input (a failed turn, an uninterruptible
-    /// speech, an agent the worker does not know).
+    /// The session refused or failed the input, saying the engine's own error, as a
+    /// local session's call would (a failed turn with what it did before, an
+    /// uninterruptible speech, a full queue). Shared, so the error can be cloned.
     #[error("{input} on session {session}: {failure}")]
     Session {
         /// The session.
@@ -106,7 +108,29 @@ pub enum GatewayError {
         /// The input.
         input: &'static str,
         /// What the session said.
-        failure: RemoteFailure,
+        failure: Arc<SessionError>,
+    },
+    /// The worker's factory could not build the agent asked for (`update_agent` with an
+    /// agent it does not know, or data that does not fit).
+    #[error("{input} on session {session}: {error}")]
+    Factory {
+        /// The session.
+        session: SessionKey,
+        /// The input.
+        input: &'static str,
+        /// What the factory said.
+        error: FactoryError,
+    },
+    /// The input was applied before by an owner whose answer did not reach the gateway,
+    /// and it failed; the owner that has the session now kept only the error's message.
+    #[error("{input} on session {session} failed earlier: {message}")]
+    FailedEarlier {
+        /// The session.
+        session: SessionKey,
+        /// The input.
+        input: &'static str,
+        /// The error's message.
+        message: String,
     },
     /// The input was applied, but the worker that applied it stopped (it died, or lost
     /// its lease) before its answer reached the gateway, and the worker that took the
@@ -253,6 +277,14 @@ pub struct GatewayStats {
     /// Replies from an owner older than the newest one seen (one that should have been
     /// fenced), ignored: the input is sent again to the newest.
     pub stale_replies: u64,
+    /// Answers of inputs that take time (a turn, a read, a handoff) that no call waited
+    /// for: the call gave up (it was dropped, or its owner was unreachable), or the input
+    /// was applied a second time.
+    pub answers_unclaimed: u64,
+    /// Times a request to a session's owner found nobody subscribed while this gateway's
+    /// connection was settled, and the gateway asked the pool to claim the session at
+    /// once (once per owner).
+    pub silent_owners: u64,
 }
 
 /// What the gateway's sessions share.
@@ -326,6 +358,7 @@ impl Gateway {
             session: key.clone(),
             spec: Some(spec),
             lapsed: None,
+            silent: None,
         };
         // The job, and the claim that stores its spec beside the session's snapshots.
         let bytes = serde_json::to_vec(&job).map_or(0, |json| json.len());

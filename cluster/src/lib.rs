@@ -19,9 +19,12 @@
 //!   and free-form JSON).
 //! * A **gateway** ([`Gateway`]) is what the host's front (a WebSocket server, a telephony
 //!   edge, a chat backend) holds: [`Gateway::start_session`] returns a [`RemoteSession`]
-//!   with the host API of a local session — `run`, `generate_reply`, `say`,
-//!   `transcript`, user speaking, `interrupt`, `update_agent`, playout reports, events
-//!   with sequence numbers, `history`, `close`.
+//!   with the host API of a local session — it implements the engine's
+//!   [`HostSession`](switchboard::HostSession) (`run`, `generate_reply`, `say`,
+//!   `transcript`, user speaking, `interrupt`, `update_agent`, `events`, `history`,
+//!   `close`), in the engine's own types (`RunResult`, `SessionHistory`, `SessionEvent`,
+//!   `SessionError`), so front code written for a local `Session` runs over it — plus
+//!   playout reports and events with sequence numbers.
 //!
 //! ```no_run
 //! use switchboard_cluster::{Gateway, GatewayOptions, NatsConnect, SessionSpec};
@@ -66,6 +69,10 @@
 //!   them in order, once each, and asks the owner for the ones it missed (a gap, a
 //!   reconnection); those the owner no longer has arrive as one `EventsLost` event
 //!   (`tests/cluster/sessions_survive_a_server_restart.rs`).
+//! * **One host API.** Front code generic over `HostSession` gets the same record from a
+//!   local session and from a remote one on a worker process built by the same factory:
+//!   greeting, typed and spoken turns, a speech, a barge-in, a transfer, another agent,
+//!   the conversation (`tests/cluster/a_front_runs_the_same_over_a_local_and_a_remote_session.rs`).
 //! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing,
 //!   publishes nothing and writes no snapshot; a newer owner's claim makes the store refuse
 //!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError)),
@@ -74,9 +81,15 @@
 //!   explicitly (`src/snapshots/two_restorers.rs`);
 //!   one that finds another owner's record stops the session without writing anything
 //!   more (`tests/cluster/a_paused_worker_is_fenced.rs`).
-//! * **A crash loses at most the turn in flight.** When a worker dies its leases expire;
-//!   another worker claims each session one epoch higher and restores it from its last
-//!   snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
+//! * **A crash loses at most the turn in flight.** When a worker dies its connection
+//!   closes, and the gateway's next request to it finds nobody subscribed: the gateway
+//!   asks the pool to claim the session at once, and a worker that finds the owner
+//!   silent too claims it, without waiting for the lease (SIGKILL → next reply in tens of
+//!   milliseconds with the default 10 s lease:
+//!   `tests/cluster/a_killed_owner_is_replaced_without_waiting_for_its_lease.rs`); else
+//!   (a frozen or cut-off worker, a session nobody talks to) its leases expire. Either
+//!   way another worker claims each session one epoch higher and restores it from its
+//!   last snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
 //!   applied exactly once and a turn under way runs again and answers its caller
 //!   (`tests/cluster/a_crashed_worker_s_sessions_go_on_elsewhere.rs`).
 //! * **Who may connect.** Workers and gateways take NATS's own authentication and TLS
@@ -106,9 +119,9 @@
 //! | file | what |
 //! |---|---|
 //! | `namespace.rs` | [`Namespace`]: every subject, stream and bucket name, from one prefix; [`SessionKey`] |
-//! | `spec.rs` | [`SessionSpec`], [`OutputMode`], [`SessionFactory`] |
-//! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, [`WorkerInfo`] |
-//! | `remote_event.rs` | [`RemoteEvent`]: a session's events as data, with sequence number and epoch; results and failures as data |
+//! | `spec.rs` | [`SessionSpec`], [`AgentSpec`], [`OutputMode`], [`SessionFactory`] |
+//! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, the events on the wire with the inputs' answers (an event too big for one message in parts), [`WorkerInfo`] |
+//! | `remote_event.rs` | [`RemoteEvent`]: what a front sees of a session, with sequence number and epoch: the engine's events, the speech stream, the cluster's lifecycle; [`CloseReason`] |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
 //! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
 //! | `snapshots.rs`, `snapshots/parts.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`); messages over the server's `max_payload` as parts |
@@ -121,10 +134,11 @@
 //! | `worker/apply.rs` | a host input applied to the engine with its id: its answer now, or the work its answer waits on |
 //! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
 //! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
+//! | `worker/silent_owner.rs` | before claiming a session whose owner a gateway found silent ("no responders"): is the owning worker gone? |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
-//! | `remote_session.rs` | [`RemoteSession`], [`RemoteEvents`] |
-//! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries; receiving events in order with replays |
+//! | `remote_session.rs` | [`RemoteSession`] (a `HostSession`), [`RemoteEvents`], [`RemoteSessionEvents`] |
+//! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries (a stale owner's reply taken as none); receiving events in order with replays, an event's parts joined |
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
 //! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
 //! | `wire_protocol.rs` | [`wire_protocol`]: every name on NATS and every message, as JSON (a page, checked against the code by its test) |
@@ -161,12 +175,11 @@ pub use namespace::{NameError, Namespace, SessionKey};
 pub use permissions::{Permissions, DEFAULT_INBOX_PREFIX};
 pub use protocol::WorkerInfo;
 pub use provisioning::{provision, provision_with_replicas};
-pub use remote_event::{
-    EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
-    RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
+pub use remote_event::{CloseReason, RemoteEvent, RemoteEventKind};
+pub use remote_session::{
+    RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession, RemoteSessionEvents,
 };
-pub use remote_session::{RemoteEvents, RemoteEventsError, RemoteSay, RemoteSession};
-pub use spec::{FactoryError, OutputMode, SessionFactory, SessionSpec};
+pub use spec::{AgentSpec, FactoryError, OutputMode, SessionFactory, SessionSpec};
 pub use worker::{DrainReport, Worker, WorkerError, WorkerOptions};
 
 #[allow(dead_code)]

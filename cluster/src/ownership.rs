@@ -258,6 +258,19 @@ impl Owners {
         publish_if_last(&self.js, subject, message, expected).await
     }
 
+    /// The live record of `session` with its revision, if one is running.
+    pub(crate) async fn running(
+        &self,
+        session: &SessionKey,
+    ) -> Result<Option<(u64, OwnerRecord)>, String> {
+        Ok(match self.read(session).await? {
+            Current::Record(revision, record) if record.state == OwnerState::Running => {
+                Some((revision, record))
+            }
+            _ => None,
+        })
+    }
+
     /// What the key holds now.
     async fn read(&self, session: &SessionKey) -> Result<Current, String> {
         match self.store.entry(session.as_str()).await {

@@ -92,8 +92,9 @@ impl Permissions {
 
     /// A worker's (one that does not provision), whose client gets its replies on the
     /// default `_INBOX`: pull and acknowledge jobs and queue resume jobs, read, write and
-    /// watch owner records, read and write snapshots, publish sessions' events; read
-    /// sessions' inputs and its info requests, and answer them.
+    /// watch owner records, read and write snapshots, publish sessions' events, ask
+    /// another worker for its counts (is a silent owner gone?); read sessions' inputs and
+    /// its info requests, and answer them.
     pub fn worker(namespace: &Namespace) -> Self {
         Self::worker_for(namespace, DEFAULT_INBOX_PREFIX)
     }
@@ -134,6 +135,8 @@ impl Permissions {
                 format!("$JS.API.STREAM.PURGE.{snapshots}"),
                 format!("{p}.snapshots.*"),
                 format!("{p}.session.*.events"),
+                // Whether the owner a gateway found silent is gone (`worker/silent_owner.rs`).
+                format!("{p}.worker.*.info"),
             ],
             subscribe: vec![
                 format!("{p}.session.*.in"),

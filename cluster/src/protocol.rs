@@ -2,24 +2,116 @@
 //! the requests on a session's input subject (inputs, each with its id, and replays of
 //! missed events) and their replies, and a worker's counts.
 //!
-//! Events go the other way as [`RemoteEvent`](crate::RemoteEvent)s
-//! (`remote_event.rs`), in batches: each message on a session's events subject is a JSON
-//! array of consecutive [`WireEvent`]s (`worker/event_log.rs`); the subjects are in
-//! `namespace.rs`.
+//! Events go the other way as [`WireEvent`]s: the front's
+//! [`RemoteEvent`](crate::RemoteEvent)s, and the answers of inputs that take time
+//! (`InputDone`), in batches: each message on a session's events subject is a JSON array
+//! of consecutive [`WireElement`]s (`worker/event_log.rs`); the subjects are in
+//! `namespace.rs`. What they carry of the engine (results, histories, errors, events) is
+//! the engine's own types, as serde writes them.
 //!
 //! **No message over the server's `max_payload`.** An event too big for one message (a
 //! close's or a history read's answer carries the whole conversation) travels as parts:
-//! its JSON text cut in pieces, each a [`WireEvent`] with its own number, which the
-//! gateway joins back into the event (`remote_session/events.rs`). Being numbered, a part
-//! is ordered, replayed and reported lost like any event.
+//! its kind's JSON text cut in pieces, each a [`WireElement`] with its own number, which
+//! the gateway joins back into the event (`remote_session/events.rs`). Being numbered, a
+//! part is ordered, replayed and reported lost like any event.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use switchboard::{RecordedAnswer, SpeechId};
+use switchboard::{RecordedAnswer, RunResult, SessionError, SessionHistory, SpeechId};
 
 use crate::namespace::SessionKey;
-use crate::remote_event::{EndReason, RemoteEventKind, RemoteFailure};
-use crate::spec::SessionSpec;
+use crate::remote_event::{CloseReason, RemoteEventKind};
+use crate::spec::{FactoryError, SessionSpec};
+
+/// One event on a session's events subject, numbered by its owner: whole (one sent in
+/// parts is joined back into it, see [`WireElement`]).
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WireEvent {
+    /// 1, 2, 3, … per owner, without gaps between elements: an event sent in parts has
+    /// one number per part, and takes its last part's.
+    pub(crate) seq: u64,
+    /// The owner's epoch.
+    pub(crate) epoch: u64,
+    /// What happened.
+    pub(crate) kind: WireEventKind,
+}
+
+/// What a [`WireEvent`] says: an event the front sees, or the answer of an input whose
+/// answer takes time, which goes to the call waiting for it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum WireEventKind {
+    /// An event the front sees, as it sees it.
+    Event(RemoteEventKind),
+    /// A host input whose answer takes time (a turn, a handoff, the history, a close)
+    /// has its answer.
+    InputDone {
+        /// The input's id.
+        input: u64,
+        /// Its answer.
+        outcome: InputOutcome,
+    },
+}
+
+impl From<RemoteEventKind> for WireEventKind {
+    fn from(kind: RemoteEventKind) -> Self {
+        Self::Event(kind)
+    }
+}
+
+/// The answer to a host input that takes time, as [`WireEventKind::InputDone`] carries it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum InputOutcome {
+    /// A turn (`run`, `generate_reply`) ended.
+    Turn { result: Result<RunResult, Failure> },
+    /// An operation with no value (`interrupt`, `update_agent`) ended.
+    Done { result: Result<(), Failure> },
+    /// The conversation so far (`history`, and `close`, which returns it at the end).
+    History { history: SessionHistory },
+}
+
+/// Why an input was refused or failed, as the owner says it.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+pub(crate) enum Failure {
+    /// The session said so: the engine's own error.
+    Session { error: SessionError },
+    /// The worker's factory could not build the agent asked for.
+    Factory { error: FactoryError },
+    /// The input was applied before this owner took the session over, and failed; its
+    /// ledger kept only the error's message.
+    Earlier { message: String },
+}
+
+/// An owner keeps the last answer it gave, to give it again to a retry. The engine's
+/// errors are not `Clone` (a cause that is not data travels as its message); a copy is
+/// made through the serde form, which is what the retry sends anyway.
+impl Clone for Failure {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Session { error } => serde_json::to_value(error)
+                .and_then(serde_json::from_value)
+                .map(|error| Self::Session { error })
+                // A derived serde form reads back; should it not, the message stays.
+                .unwrap_or_else(|_| Self::Earlier {
+                    message: error.to_string(),
+                }),
+            Self::Factory { error } => Self::Factory {
+                error: error.clone(),
+            },
+            Self::Earlier { message } => Self::Earlier {
+                message: message.clone(),
+            },
+        }
+    }
+}
+
+impl From<SessionError> for Failure {
+    fn from(error: SessionError) -> Self {
+        Self::Session { error }
+    }
+}
 
 /// A session to run, on the jobs subject: to start (from a gateway, with the spec; the
 /// session id is its `Nats-Msg-Id`, so a retried publish is dropped by the stream as a
@@ -37,6 +129,13 @@ pub(crate) struct SessionJob {
     /// the latest (its owner did not renew after all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) lapsed: Option<u64>,
+    /// For a resume a gateway asks for because its request to the session's owner found
+    /// nobody subscribed ("no responders": the owner's process is gone, its connection
+    /// closed): the owner's epoch as the gateway last saw it. The worker that takes the job
+    /// checks the owning worker does not answer it either, then claims over the record it
+    /// read, at once, instead of waiting for the lease to lapse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) silent: Option<u64>,
 }
 
 /// The header an owner stamps its epoch in on every reply: a gateway ignores a reply from
@@ -128,7 +227,7 @@ impl Input {
 }
 
 /// The owner's reply to a [`Request`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub(crate) enum Reply {
     /// The input is applied (now, or earlier when this is a retry: the same answer).
@@ -143,8 +242,8 @@ pub(crate) enum Reply {
     /// The input was applied before this owner took the session over (its answer is not
     /// kept); this owner has every input up to `last`.
     Earlier { id: u64, last: u64 },
-    /// The session is ending or ended: nothing was applied.
-    Ended { reason: EndReason },
+    /// The session is closing or closed: nothing was applied.
+    Closed { reason: CloseReason },
     /// The session is moving to another worker (its worker drains): nothing was applied;
     /// send it again once the new owner has it (`SessionResumed`).
     Moving,
@@ -154,29 +253,29 @@ pub(crate) enum Reply {
     /// Events for a [`Request::Replay`], in order. `complete` is false when more follow
     /// (ask again from after the last one).
     Replay {
-        events: Vec<WireEvent>,
+        events: Vec<WireElement>,
         complete: bool,
     },
 }
 
-/// One element of an events message (a batch, a replay): a whole event, or a part of one
-/// too big for a message. Whole events read as a [`RemoteEvent`](crate::RemoteEvent).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct WireEvent {
+/// One element of an events message (a batch, a replay): a whole [`WireEvent`], or a
+/// part of one too big for a message. A whole one is written as the [`WireEvent`] is.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct WireElement {
     /// Its number (a part's own; the joined event takes its last part's).
     pub(crate) seq: u64,
     /// The owner's epoch.
     pub(crate) epoch: u64,
     /// The event, when it is whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) kind: Option<RemoteEventKind>,
+    pub(crate) kind: Option<WireEventKind>,
     /// The part, when it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) part: Option<EventPart>,
 }
 
-/// A piece of the JSON text of one event's kind; the pieces of one event have
-/// consecutive numbers, `index` 0 to `count - 1`.
+/// A piece of the JSON text of one event's kind (a [`WireEventKind`]); the pieces of one
+/// event have consecutive numbers, `index` 0 to `count - 1`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct EventPart {
     pub(crate) index: u32,
@@ -185,13 +284,13 @@ pub(crate) struct EventPart {
 }
 
 /// What an element of an events message is.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub(crate) enum WireBody {
-    Whole(RemoteEventKind),
+    Whole(WireEventKind),
     Part(EventPart),
 }
 
-impl WireEvent {
+impl WireElement {
     /// The event or the part it carries (`None`: neither, or both: not ours).
     pub(crate) fn body(self) -> Option<WireBody> {
         match (self.kind, self.part) {
@@ -202,8 +301,19 @@ impl WireEvent {
     }
 }
 
+impl From<WireEvent> for WireElement {
+    fn from(event: WireEvent) -> Self {
+        Self {
+            seq: event.seq,
+            epoch: event.epoch,
+            kind: Some(event.kind),
+            part: None,
+        }
+    }
+}
+
 /// What applying an input gave at once.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]
 pub(crate) enum Answer {
     /// Done: nothing more comes.
@@ -213,7 +323,7 @@ pub(crate) enum Answer {
     /// A `say` was queued as this speech.
     Speech { speech: SpeechId },
     /// Refused (the factory does not know the agent, the session refused it).
-    Failed { failure: RemoteFailure },
+    Failed { failure: Failure },
 }
 
 impl Answer {
@@ -225,7 +335,7 @@ impl Answer {
             RecordedAnswer::Done => Some(Self::Done),
             RecordedAnswer::Speech(speech) => Some(Self::Speech { speech }),
             RecordedAnswer::Failed(message) => Some(Self::Failed {
-                failure: RemoteFailure::Engine { message },
+                failure: Failure::Earlier { message },
             }),
             _ => None,
         }

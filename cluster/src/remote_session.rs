@@ -1,6 +1,7 @@
 //! `RemoteSession`: a session running on some worker, with the host API of a local
-//! `Session`: run, generate_reply, say, transcript, user speaking, interrupt,
-//! update_agent, playout reports, events with sequence numbers, history, close.
+//! `Session` ([`HostSession`]: run, generate_reply, say, transcript, user speaking,
+//! interrupt, update_agent, events, history, close), in the engine's own types (results,
+//! histories, events, errors), plus playout reports and events with sequence numbers.
 //!
 //! Two tasks serve it:
 //!
@@ -13,7 +14,9 @@
 //!   in order once each (numbered afresh, so the numbers go on without a gap when the
 //!   session moves to another owner), asks the owner again for any it missed (a gap, a
 //!   reconnection, or a periodic check while an answer is awaited), and hands each
-//!   `InputDone` to the call waiting for it.
+//!   `InputDone` to the call waiting for it. A speech an event names
+//!   (`SessionEvent::SpeechCreated`) gets a handle linked to this session: interrupting
+//!   it asks the worker, and the session's `SpeechPlayedOut` ends it.
 //!
 //! When the session moves (its worker drains, dies or loses its lease) the front sees a
 //! pause, then `SessionResumed` and the session going on: inputs sent meanwhile reach the
@@ -25,21 +28,23 @@ mod events;
 mod inputs;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use serde_json::Value;
-use switchboard::SpeechId;
+use switchboard::{
+    EventsMissed, HostSession, RunResult, SessionEvent, SessionEvents, SessionHistory,
+    SpeechControl, SpeechHandle, SpeechId, SpeechOutcome, SpeechReport,
+};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::dispatch;
 use crate::gateway::{GatewayError, GatewayInner};
 use crate::namespace::SessionKey;
-use crate::protocol::{Answer, Input};
-use crate::remote_event::{
-    EndReason, InputOutcome, RemoteEvent, RemoteFailure, RemoteHistory, RemoteRunResult,
-};
+use crate::protocol::{Answer, Failure, Input, InputOutcome, SessionJob, WireEvent, WireEventKind};
+use crate::remote_event::{CloseReason, RemoteEvent, RemoteEventKind};
+use crate::spec::AgentSpec;
 use inputs::Submission;
 
 /// Where a session's start is.
@@ -61,9 +66,9 @@ pub enum RemoteEventsError {
         /// How many.
         missed: u64,
     },
-    /// The session ended and every event was delivered.
-    #[error("the session ended; no more events")]
-    Ended,
+    /// The session closed and every event was delivered.
+    #[error("the session closed; no more events")]
+    Closed,
 }
 
 /// A subscription to a remote session's events, in sequence order: the kept events it
@@ -86,7 +91,93 @@ impl RemoteEvents {
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 Err(RemoteEventsError::Lagged { missed })
             }
-            Err(broadcast::error::RecvError::Closed) => Err(RemoteEventsError::Ended),
+            Err(broadcast::error::RecvError::Closed) => Err(RemoteEventsError::Closed),
+        }
+    }
+
+    /// The next event if one is here already, without waiting: `None` when none is.
+    pub fn try_recv(&mut self) -> Option<Result<RemoteEvent, RemoteEventsError>> {
+        if let Some(event) = self.backlog.pop_front() {
+            return Some(Ok(event));
+        }
+        match self.live.try_recv() {
+            Ok(event) => Some(Ok(event)),
+            Err(broadcast::error::TryRecvError::Lagged(missed)) => {
+                Some(Err(RemoteEventsError::Lagged { missed }))
+            }
+            Err(broadcast::error::TryRecvError::Closed) => Some(Err(RemoteEventsError::Closed)),
+            Err(broadcast::error::TryRecvError::Empty) => None,
+        }
+    }
+}
+
+/// A remote session's events as a local session's subscriber gets them
+/// ([`HostSession::events`]): the engine's [`SessionEvent`]s, in order, ending with
+/// `Closed`. Events the gateway could not get back, or the worker dropped, come as
+/// [`EventsMissed`]. The speech stream and the cluster's own events (moving, resumed) are
+/// left out: [`RemoteSession::subscribe`] has them all.
+#[derive(Debug)]
+pub struct RemoteSessionEvents {
+    events: RemoteEvents,
+    /// Whether the last event, `Closed`, was handed out.
+    closed: bool,
+}
+
+impl RemoteSessionEvents {
+    /// What `event` is to a reader of session events: `None` to skip it.
+    fn session_event(
+        &mut self,
+        event: Result<RemoteEvent, RemoteEventsError>,
+    ) -> Option<Option<Result<SessionEvent, EventsMissed>>> {
+        let kind = match event {
+            Ok(event) => event.kind,
+            Err(RemoteEventsError::Lagged { missed }) => {
+                return Some(Some(Err(EventsMissed { count: missed })))
+            }
+            Err(RemoteEventsError::Closed) => return Some(None),
+        };
+        match kind {
+            RemoteEventKind::Session { event } => {
+                if matches!(event, SessionEvent::Closed) {
+                    self.closed = true;
+                }
+                Some(Some(Ok(event)))
+            }
+            RemoteEventKind::EventsLost { from, to } => Some(Some(Err(EventsMissed {
+                count: to.saturating_sub(from) + 1,
+            }))),
+            RemoteEventKind::EventsDropped { missed } => {
+                Some(Some(Err(EventsMissed { count: missed })))
+            }
+            // The engine's own `Closed` did not come (the session closed while its worker
+            // drained, or never started): the end is said all the same.
+            RemoteEventKind::SessionClosed { .. } | RemoteEventKind::StartFailed { .. }
+                if !self.closed =>
+            {
+                self.closed = true;
+                Some(Some(Ok(SessionEvent::Closed)))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl SessionEvents for RemoteSessionEvents {
+    async fn next(&mut self) -> Option<Result<SessionEvent, EventsMissed>> {
+        loop {
+            let event = self.events.recv().await;
+            if let Some(next) = self.session_event(event) {
+                return next;
+            }
+        }
+    }
+
+    fn try_next(&mut self) -> Option<Result<SessionEvent, EventsMissed>> {
+        loop {
+            let event = self.events.try_recv()?;
+            if let Some(next) = self.session_event(event) {
+                return next;
+            }
         }
     }
 }
@@ -131,10 +222,21 @@ pub(crate) struct RemoteShared {
     /// sent again.
     outcomes: Mutex<Outcomes>,
     book: Mutex<EventBook>,
+    /// How each speech the events named, not ended yet, learns its end.
+    speeches: Mutex<HashMap<SpeechId, SpeechReport>>,
+    /// What the handles of those speeches interrupt them through.
+    speech_control: Arc<dyn SpeechControl>,
     started: watch::Sender<StartState>,
-    ended: watch::Sender<Option<EndReason>>,
+    closed: watch::Sender<Option<CloseReason>>,
     /// Changed at each `SessionResumed`: the inputs task sends the new owner what it lacks.
     pub(crate) owner: watch::Sender<OwnerSeen>,
+    /// The highest owner epoch any event came with.
+    epoch_seen: AtomicU64,
+    /// Set once a close was sent: the owner unsubscribing then is no sign of its death.
+    pub(crate) closing: AtomicBool,
+    /// One above the owner epoch this gateway last asked the pool to claim the session
+    /// from (0: none): one ask per owner.
+    silent_asked: AtomicU64,
 }
 
 impl RemoteShared {
@@ -164,15 +266,73 @@ impl RemoteShared {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Why the session ended, once it did.
-    pub(crate) fn ended(&self) -> Option<EndReason> {
-        self.ended.borrow().clone()
+    fn speeches(&self) -> MutexGuard<'_, HashMap<SpeechId, SpeechReport>> {
+        self.speeches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn ended_error(&self, reason: EndReason) -> GatewayError {
-        GatewayError::Ended {
+    /// Why the session closed, once it did.
+    pub(crate) fn closed(&self) -> Option<CloseReason> {
+        *self.closed.borrow()
+    }
+
+    pub(crate) fn closed_error(&self, reason: CloseReason) -> GatewayError {
+        GatewayError::Closed {
             session: self.key.clone(),
             reason,
+        }
+    }
+
+    /// The error of `input` that `failure` says.
+    pub(crate) fn failed(&self, input: &'static str, failure: Failure) -> GatewayError {
+        let session = self.key.clone();
+        match failure {
+            Failure::Session { error } => GatewayError::Session {
+                session,
+                input,
+                failure: Arc::new(error),
+            },
+            Failure::Factory { error } => GatewayError::Factory {
+                session,
+                input,
+                error,
+            },
+            Failure::Earlier { message } => GatewayError::FailedEarlier {
+                session,
+                input,
+                message,
+            },
+        }
+    }
+
+    /// Links the speech an engine event names to this session, and ends the one whose
+    /// playout it reports.
+    fn follow_speech(&self, event: &mut SessionEvent) {
+        match event {
+            SessionEvent::SpeechCreated { speech, .. } => {
+                let (linked, report) = SpeechHandle::remote(
+                    speech.id(),
+                    speech.allow_interruptions(),
+                    self.speech_control.clone(),
+                );
+                self.speeches().insert(speech.id(), report);
+                *speech = linked;
+            }
+            SessionEvent::SpeechPlayedOut {
+                speech,
+                interrupted,
+                heard,
+            } => {
+                if let Some(report) = self.speeches().remove(speech) {
+                    report.ended(if *interrupted {
+                        SpeechOutcome::Interrupted {
+                            heard: heard.clone(),
+                        }
+                    } else {
+                        SpeechOutcome::Played
+                    });
+                }
+            }
+            _ => {}
         }
     }
 
@@ -181,26 +341,71 @@ impl RemoteShared {
         *self.started.borrow() == StartState::Started
     }
 
+    /// A request to the owner found nobody subscribed ("no responders"): its process is
+    /// gone, or it is reconnecting. Once this gateway's connection is settled (after a
+    /// server restart the owner is back by then), asks the pool, once per owner, to check
+    /// the owner and claim the session at once instead of waiting for its lease.
+    pub(crate) fn owner_silent(&self) {
+        if !self.has_started()
+            || self.closed().is_some()
+            || self.closing.load(Ordering::SeqCst)
+            || !self.gateway.client.settled()
+        {
+            return;
+        }
+        let epoch = self.epoch_seen.load(Ordering::SeqCst);
+        if self.silent_asked.swap(epoch + 1, Ordering::SeqCst) == epoch + 1 {
+            return;
+        }
+        self.gateway.count(|s| s.silent_owners += 1);
+        let gateway = self.gateway.clone();
+        let job = SessionJob {
+            session: self.key.clone(),
+            spec: None,
+            lapsed: None,
+            silent: Some(epoch),
+        };
+        tokio::spawn(async move {
+            let id = format!("{}.silent.{epoch}", job.session);
+            let namespace = &gateway.options.namespace;
+            if let Err(err) = dispatch::publish_resume_job(&gateway.js, namespace, &job, &id).await
+            {
+                // The lease still moves the session, later.
+                tracing::warn!(session = %job.session, error = %err, "cannot ask the pool to claim a session whose owner is silent");
+            }
+        });
+    }
+
     /// Whether some call waits for an `InputDone`.
     pub(crate) fn awaits_outcomes(&self) -> bool {
         !self.waiters().is_empty()
     }
 
-    /// Hands out an event in order, numbered after the one before: to its waiter, the
-    /// book and the subscribers.
-    pub(crate) fn deliver(&self, mut event: RemoteEvent) {
+    /// Hands out an event in order: an input's answer to the call waiting for it, any
+    /// other numbered after the one before to the book and the subscribers.
+    pub(crate) fn deliver(&self, event: WireEvent) {
         use crate::remote_event::RemoteEventKind as Kind;
-        let mut last = false;
-        match &event.kind {
-            Kind::InputDone { input, outcome } => {
-                if let Some(waiter) = self.waiters().remove(input) {
-                    let _ = waiter.send(Ok(outcome.clone()));
+        self.epoch_seen.fetch_max(event.epoch, Ordering::SeqCst);
+        let mut kind = match event.kind {
+            WireEventKind::InputDone { input, outcome } => {
+                let waiter = self.waiters().remove(&input);
+                match waiter {
+                    Some(waiter) => {
+                        let _ = waiter.send(Ok(outcome));
+                    }
+                    None => self.gateway.count(|s| s.answers_unclaimed += 1),
                 }
                 let mut outcomes = self.outcomes();
-                if *input > outcomes.forgotten {
-                    outcomes.delivered.insert(*input);
+                if input > outcomes.forgotten {
+                    outcomes.delivered.insert(input);
                 }
+                return;
             }
+            WireEventKind::Event(kind) => kind,
+        };
+        let mut last = false;
+        match &mut kind {
+            Kind::Session { event } => self.follow_speech(event),
             Kind::SessionStarted => {
                 self.started.send_replace(StartState::Started);
             }
@@ -213,7 +418,7 @@ impl RemoteShared {
                     let ids: Vec<u64> = waiters
                         .keys()
                         .copied()
-                        .filter(|id| id <= last_input)
+                        .filter(|id| *id <= *last_input)
                         .collect();
                     ids.into_iter()
                         .filter_map(|id| waiters.remove(&id).map(|w| (id, w)))
@@ -235,18 +440,22 @@ impl RemoteShared {
             Kind::StartFailed { reason } => {
                 self.started
                     .send_replace(StartState::Failed(reason.clone()));
-                self.ended.send_replace(Some(EndReason::Closed));
+                self.closed.send_replace(Some(CloseReason::Host));
                 last = true;
             }
-            Kind::SessionEnded { reason } => {
-                self.ended.send_replace(Some(reason.clone()));
+            Kind::SessionClosed { reason } => {
+                self.closed.send_replace(Some(*reason));
                 last = true;
             }
             _ => {}
         }
         let mut book = self.book();
         book.delivered += 1;
-        event.seq = book.delivered;
+        let event = RemoteEvent {
+            seq: book.delivered,
+            epoch: event.epoch,
+            kind,
+        };
         if book.kept.len() == book.capacity {
             book.kept.pop_front();
         }
@@ -257,8 +466,10 @@ impl RemoteShared {
         if last {
             book.live = None;
             drop(book);
-            // Nobody will answer them now: their calls fail with `Ended`.
+            // Nobody will answer them now: their calls fail with `Closed`; the speeches
+            // still going count as interrupted.
             self.waiters().clear();
+            self.speeches().clear();
         }
     }
 
@@ -308,7 +519,7 @@ struct Remote {
 
 impl Drop for Remote {
     fn drop(&mut self) {
-        if self.started_here.load(Ordering::SeqCst) && self.shared.ended().is_none() {
+        if self.started_here.load(Ordering::SeqCst) && self.shared.closed().is_none() {
             // The inputs task sends it and then ends, as its channel is closed.
             let _ = self.submit.send(Submission {
                 input: Input::Close,
@@ -324,7 +535,7 @@ impl std::fmt::Debug for RemoteSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteSession")
             .field("id", &self.inner.shared.key)
-            .field("ended", &self.inner.shared.ended())
+            .field("closed", &self.inner.shared.closed())
             .finish()
     }
 }
@@ -346,6 +557,7 @@ impl RemoteSession {
             .map_err(|err| GatewayError::Nats {
                 reason: format!("cannot subscribe to {events_subject}: {err}"),
             })?;
+        let (submit, submissions) = mpsc::unbounded_channel();
         let shared = Arc::new(RemoteShared {
             inputs_subject: namespace.session_inputs(&key),
             book: Mutex::new(EventBook {
@@ -356,13 +568,19 @@ impl RemoteSession {
             }),
             waiters: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(Outcomes::default()),
+            speeches: Mutex::new(HashMap::new()),
+            speech_control: Arc::new(RemoteSpeechControl {
+                submit: submit.downgrade(),
+            }),
             started: watch::channel(StartState::Waiting).0,
-            ended: watch::channel(None).0,
+            closed: watch::channel(None).0,
             owner: watch::channel(OwnerSeen::default()).0,
+            epoch_seen: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+            silent_asked: AtomicU64::new(0),
             key,
             gateway,
         });
-        let (submit, submissions) = mpsc::unbounded_channel();
         tokio::spawn(inputs::send_inputs(shared.clone(), submissions));
         let pump = tokio::spawn(events::pump(shared.clone(), subscription)).abort_handle();
         Ok(Self {
@@ -395,17 +613,18 @@ impl RemoteSession {
         &self.inner.shared.key
     }
 
-    /// Why the session ended, once it did.
-    pub fn ended(&self) -> Option<EndReason> {
-        self.inner.shared.ended()
+    /// Why the session closed, once it did.
+    pub fn closed(&self) -> Option<CloseReason> {
+        self.inner.shared.closed()
     }
 
     /// Sends `input`; resolves with the owner's immediate answer.
     async fn send(&self, input: Input, outcome: Option<Waiter>) -> Result<Answer, GatewayError> {
         let name = input.name();
         let (answer, answered) = oneshot::channel();
-        let ended =
-            |shared: &RemoteShared| shared.ended_error(shared.ended().unwrap_or(EndReason::Closed));
+        let closed = |shared: &RemoteShared| {
+            shared.closed_error(shared.closed().unwrap_or(CloseReason::Host))
+        };
         self.inner
             .submit
             .send(Submission {
@@ -413,14 +632,10 @@ impl RemoteSession {
                 outcome,
                 answer: Some(answer),
             })
-            .map_err(|_| ended(&self.inner.shared))?;
-        let answer = answered.await.map_err(|_| ended(&self.inner.shared))??;
+            .map_err(|_| closed(&self.inner.shared))?;
+        let answer = answered.await.map_err(|_| closed(&self.inner.shared))??;
         match answer {
-            Answer::Failed { failure } => Err(GatewayError::Session {
-                session: self.id().clone(),
-                input: name,
-                failure,
-            }),
+            Answer::Failed { failure } => Err(self.inner.shared.failed(name, failure)),
             answer => Ok(answer),
         }
     }
@@ -445,8 +660,8 @@ impl RemoteSession {
                 input: name,
             }),
             Ok(Err(err)) => Err(err),
-            Err(_) => Err(match self.inner.shared.ended() {
-                Some(reason) => self.inner.shared.ended_error(reason),
+            Err(_) => Err(match self.inner.shared.closed() {
+                Some(reason) => self.inner.shared.closed_error(reason),
                 None => GatewayError::Unreachable {
                     session: self.id().clone(),
                     input: name,
@@ -456,18 +671,12 @@ impl RemoteSession {
         }
     }
 
-    fn session_error(&self, input: &'static str, failure: RemoteFailure) -> GatewayError {
-        GatewayError::Session {
-            session: self.id().clone(),
-            input,
-            failure,
-        }
-    }
-
-    async fn turn(&self, input: Input) -> Result<RemoteRunResult, GatewayError> {
+    async fn turn(&self, input: Input) -> Result<RunResult, GatewayError> {
         let name = input.name();
         match self.send_and_wait(input).await? {
-            InputOutcome::Turn { result } => result.map_err(|f| self.session_error(name, f)),
+            InputOutcome::Turn { result } => {
+                result.map_err(|failure| self.inner.shared.failed(name, failure))
+            }
             other => Err(self.unexpected(name, &other)),
         }
     }
@@ -475,7 +684,9 @@ impl RemoteSession {
     async fn operation(&self, input: Input) -> Result<(), GatewayError> {
         let name = input.name();
         match self.send_and_wait(input).await? {
-            InputOutcome::Done { result } => result.map_err(|f| self.session_error(name, f)),
+            InputOutcome::Done { result } => {
+                result.map_err(|failure| self.inner.shared.failed(name, failure))
+            }
             other => Err(self.unexpected(name, &other)),
         }
     }
@@ -487,11 +698,9 @@ impl RemoteSession {
         }
     }
 
-    /// Runs one user turn from text and returns what it did (`Session::run`).
-    pub async fn run(
-        &self,
-        user_input: impl Into<String>,
-    ) -> Result<RemoteRunResult, GatewayError> {
+    /// Runs one user turn from text and returns what it did, after any handoff it caused
+    /// (`Session::run`).
+    pub async fn run(&self, user_input: impl Into<String>) -> Result<RunResult, GatewayError> {
         self.turn(Input::Run {
             text: user_input.into(),
         })
@@ -503,7 +712,7 @@ impl RemoteSession {
     pub async fn generate_reply(
         &self,
         instructions: Option<String>,
-    ) -> Result<RemoteRunResult, GatewayError> {
+    ) -> Result<RunResult, GatewayError> {
         self.turn(Input::GenerateReply { instructions }).await
     }
 
@@ -571,16 +780,14 @@ impl RemoteSession {
         self.operation(Input::Interrupt { force: true }).await
     }
 
-    /// Hands the conversation to the agent the worker's factory builds from `agent` and
-    /// `data` (`Session::update_agent`); resolves once its `on_enter` ran.
-    pub async fn update_agent(
-        &self,
-        agent: impl Into<String>,
-        data: Value,
-    ) -> Result<(), GatewayError> {
+    /// Hands the conversation to the agent the worker's factory builds from `agent`
+    /// (`Session::update_agent`); resolves once its `on_enter` ran. An agent the factory
+    /// cannot build is refused with [`GatewayError::Factory`], and the current agent
+    /// stays.
+    pub async fn update_agent(&self, agent: AgentSpec) -> Result<(), GatewayError> {
         self.operation(Input::UpdateAgent {
-            agent: agent.into(),
-            data,
+            agent: agent.name,
+            data: agent.data,
         })
         .await
     }
@@ -606,17 +813,17 @@ impl RemoteSession {
     }
 
     /// The conversation so far (`Session::history`).
-    pub async fn history(&self) -> Result<RemoteHistory, GatewayError> {
+    pub async fn history(&self) -> Result<SessionHistory, GatewayError> {
         match self.send_and_wait(Input::History).await? {
             InputOutcome::History { history } => Ok(history),
             other => Err(self.unexpected("history", &other)),
         }
     }
 
-    /// Closes the session on its worker (`Session::close`) and returns its transcript.
-    pub async fn close(&self) -> Result<RemoteHistory, GatewayError> {
+    /// Closes the session on its worker (`Session::close`) and returns its conversation.
+    pub async fn close(&self) -> Result<SessionHistory, GatewayError> {
         let outcome = self.send_and_wait(Input::Close).await?;
-        // Closed: dropping the handle has nothing left to close (its `SessionEnded` may
+        // Closed: dropping the handle has nothing left to close (its `SessionClosed` may
         // still be on its way).
         self.inner.started_here.store(false, Ordering::SeqCst);
         match outcome {
@@ -625,7 +832,17 @@ impl RemoteSession {
         }
     }
 
-    /// Subscribes to the session's events from now on.
+    /// The session's engine events from now on, as a local session's subscriber gets
+    /// them ([`HostSession::events`]).
+    pub fn events(&self) -> RemoteSessionEvents {
+        RemoteSessionEvents {
+            events: self.subscribe(),
+            closed: false,
+        }
+    }
+
+    /// Subscribes to all the session's events from now on: the engine's, the speech
+    /// stream and the cluster's own, with their sequence numbers.
     pub fn subscribe(&self) -> RemoteEvents {
         self.subscribe_from(u64::MAX)
     }
@@ -639,10 +856,92 @@ impl RemoteSession {
             book.kept.iter().filter(|e| e.seq >= seq).cloned().collect();
         let live = match &book.live {
             Some(live) => live.subscribe(),
-            // Ended: a closed channel, so `recv` ends after the backlog.
+            // Closed: a closed channel, so `recv` ends after the backlog.
             None => broadcast::channel(1).1,
         };
         RemoteEvents { backlog, live }
+    }
+}
+
+/// A remote session is driven as a local one: front code generic over [`HostSession`]
+/// runs over either. Each call is the inherent method of the same name; an agent is
+/// given as what the worker's factory builds it from ([`AgentSpec`]), and a speech as
+/// its id (its handle comes with the `SpeechCreated` event).
+impl HostSession for RemoteSession {
+    type Error = GatewayError;
+    type Speech = SpeechId;
+    type Agent = AgentSpec;
+    type Events = RemoteSessionEvents;
+
+    async fn run(&self, text: impl Into<String> + Send) -> Result<RunResult, GatewayError> {
+        RemoteSession::run(self, text).await
+    }
+
+    async fn generate_reply(
+        &self,
+        instructions: Option<String>,
+    ) -> Result<RunResult, GatewayError> {
+        RemoteSession::generate_reply(self, instructions).await
+    }
+
+    async fn say(&self, text: impl Into<String> + Send) -> Result<SpeechId, GatewayError> {
+        RemoteSession::say(self, text).await
+    }
+
+    async fn transcript(
+        &self,
+        text: impl Into<String> + Send,
+        is_final: bool,
+    ) -> Result<(), GatewayError> {
+        RemoteSession::transcript(self, text, is_final).await
+    }
+
+    async fn user_started_speaking(&self) -> Result<(), GatewayError> {
+        RemoteSession::user_started_speaking(self).await
+    }
+
+    async fn user_stopped_speaking(&self) -> Result<(), GatewayError> {
+        RemoteSession::user_stopped_speaking(self).await
+    }
+
+    async fn interrupt(&self) -> Result<(), GatewayError> {
+        RemoteSession::interrupt(self).await
+    }
+
+    async fn update_agent(&self, agent: AgentSpec) -> Result<(), GatewayError> {
+        RemoteSession::update_agent(self, agent).await
+    }
+
+    fn events(&self) -> RemoteSessionEvents {
+        RemoteSession::events(self)
+    }
+
+    async fn history(&self) -> Result<SessionHistory, GatewayError> {
+        RemoteSession::history(self).await
+    }
+
+    async fn close(&self) -> Result<SessionHistory, GatewayError> {
+        RemoteSession::close(self).await
+    }
+}
+
+/// How a remote speech's handle interrupts it: an interrupt input to the session (the
+/// worker interrupts the speech under way and the turn behind it). It holds the inputs
+/// channel weakly: a speech's handle does not keep the session open.
+struct RemoteSpeechControl {
+    submit: mpsc::WeakUnboundedSender<Submission>,
+}
+
+impl SpeechControl for RemoteSpeechControl {
+    fn interrupt(&self, _speech: SpeechId, force: bool) {
+        if let Some(submit) = self.submit.upgrade() {
+            // Nobody waits for its answer: the speech's end comes as its event.
+            let _ = submit.send(Submission {
+                input: Input::Interrupt { force },
+                outcome: None,
+                answer: None,
+            });
+        }
     }
 }
 

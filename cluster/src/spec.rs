@@ -46,6 +46,35 @@ impl SessionSpec {
     }
 }
 
+/// An agent for a remote session to switch to (`RemoteSession::update_agent`): its name
+/// and the data the worker's [`SessionFactory::agent`] builds it from, as a local session
+/// takes the `Agent` itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct AgentSpec {
+    /// The agent's name, as your [`SessionFactory`] knows it.
+    pub name: String,
+    /// Anything your factory needs to build it (default `null`).
+    #[serde(default)]
+    pub data: Value,
+}
+
+impl AgentSpec {
+    /// The agent named `name`, no data.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            data: Value::Null,
+        }
+    }
+
+    /// Sets the data your factory reads.
+    pub fn data(mut self, data: Value) -> Self {
+        self.data = data;
+        self
+    }
+}
+
 /// How the front on the other side of the gateway plays the agent's speech.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
@@ -63,8 +92,10 @@ pub enum OutputMode {
     },
 }
 
-/// Why a factory could not build what was asked.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a factory could not build what was asked. It travels to the front (serde) as the
+/// failure of the input that asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum FactoryError {
     /// No agent of that name.

@@ -8,20 +8,24 @@ mod tests {
 
     use serde::Serialize;
     use serde_json::{json, Value};
-    use switchboard::{ChatItem, ChatRole, FunctionCall, FunctionCallOutput, LlmUsage, SpeechId};
+    use std::time::Duration;
+    use switchboard::{
+        AgentState, AgentWork, BuildError, ChatContext, ChatItem, ChatRole, DeferredReplyDecision,
+        FunctionCall, FunctionCallOutput, IgnoredWords, LlmMetrics, LlmUsage, RunResult,
+        SessionError, SessionEvent, SessionHistory, SpeechHandle, SpeechId, TurnFailure,
+        TurnMetrics, Unfinished, UserState,
+    };
 
     use crate::namespace::{Namespace, SessionKey};
     use crate::ownership::{OwnerRecord, OwnerState};
     use crate::permissions::Permissions;
     use crate::protocol::{
-        Answer, EventPart, Input, Reply, Request, SessionJob, WireEvent, WorkerInfo,
+        Answer, EventPart, Failure, Input, InputOutcome, Reply, Request, SessionJob, WireElement,
+        WireEvent, WireEventKind, WorkerInfo,
     };
-    use crate::remote_event::{
-        EndReason, InputOutcome, RemoteAgentChat, RemoteAgentState, RemoteEvent, RemoteEventKind,
-        RemoteFailure, RemoteHistory, RemoteRunResult, RemoteUserState,
-    };
+    use crate::remote_event::{CloseReason, RemoteEventKind};
     use crate::snapshots::SnapshotKind;
-    use crate::spec::{OutputMode, SessionSpec};
+    use crate::spec::{FactoryError, OutputMode, SessionSpec};
 
     /// The page, as the crate's docs include it.
     const PAGE: &str = include_str!("../docs/wire-protocol.md");
@@ -34,6 +38,10 @@ mod tests {
 
     fn speech(n: u64) -> SpeechId {
         serde_json::from_value(json!(n)).unwrap()
+    }
+
+    fn speech_handle(n: u64) -> SpeechHandle {
+        serde_json::from_value(json!({ "id": n, "allow_interruptions": true })).unwrap()
     }
 
     fn key() -> SessionKey {
@@ -65,145 +73,44 @@ mod tests {
         }
     }
 
-    fn turn() -> RemoteRunResult {
-        RemoteRunResult {
-            items: vec![
+    fn turn() -> RunResult {
+        RunResult {
+            events: vec![
                 user("a table for two"),
                 ChatItem::FunctionCall(call()),
                 ChatItem::FunctionCallOutput(output()),
                 assistant("I have a table at 8 pm."),
             ],
             interrupted: false,
-            ..RemoteRunResult::default()
+            ..RunResult::default()
         }
     }
 
-    fn event(seq: u64, kind: RemoteEventKind) -> RemoteEvent {
-        RemoteEvent {
+    fn event(seq: u64, kind: RemoteEventKind) -> WireEvent {
+        WireEvent {
             seq,
             epoch: 1,
-            kind,
+            kind: WireEventKind::Event(kind),
         }
     }
 
-    /// One value of every kind of event. Matched without a wildcard, so a new kind does not
-    /// compile until it has its example here and on the page.
-    fn event_kinds() -> Vec<RemoteEventKind> {
+    /// One value of every kind of the cluster's own events (the engine's come as
+    /// `session`, below). Matched without a wildcard, so a new kind does not compile until
+    /// it has its example here and on the page.
+    fn event_kinds() -> Vec<WireEventKind> {
         use RemoteEventKind as K;
         let kinds = vec![
             K::SessionStarted,
             K::StartFailed {
                 reason: "no agent named \"booker\"".into(),
             },
-            K::InputDone {
-                input: 3,
-                outcome: InputOutcome::Turn { result: Ok(turn()) },
-            },
             K::SessionMoving,
             K::SessionResumed { last_input: 5 },
-            K::SessionEnded {
-                reason: EndReason::Closed,
+            K::SessionClosed {
+                reason: CloseReason::Host,
             },
             K::EventsLost { from: 12, to: 15 },
             K::EventsDropped { missed: 4 },
-            K::UserInputTranscribed {
-                text: "a table for".into(),
-                is_final: false,
-            },
-            K::UserStateChanged {
-                state: RemoteUserState::Speaking,
-            },
-            K::ChatContextSet {
-                agent: "receptionist".into(),
-                items: vec![user("hello"), assistant("Hello, how can I help?")],
-            },
-            K::ConversationItemAdded {
-                agent: "receptionist".into(),
-                item: user("a table for two"),
-            },
-            K::ConversationItemChanged {
-                agent: "receptionist".into(),
-                index: 3,
-                item: assistant("I have a table"),
-            },
-            K::ConversationItemRemoved {
-                agent: "receptionist".into(),
-                index: 3,
-            },
-            K::DeferredReply {
-                agent: "receptionist".into(),
-                call_ids: vec!["call_7/finished".into()],
-                requested: true,
-            },
-            K::FunctionToolsExecuted {
-                agent: "receptionist".into(),
-                calls: vec![call()],
-                outputs: vec![output()],
-            },
-            K::AgentStateChanged {
-                agent: "receptionist".into(),
-                state: RemoteAgentState::Thinking,
-            },
-            K::SpeechCreated {
-                agent: "receptionist".into(),
-                speech: speech(3),
-            },
-            K::SpeechPlayedOut {
-                speech: speech(3),
-                interrupted: true,
-                heard: Some("I have a".into()),
-            },
-            K::AgentFalseInterruption { resumed: true },
-            K::AgentHandoff {
-                from: Some("receptionist".into()),
-                to: "booker".into(),
-            },
-            K::LlmMetrics {
-                agent: "receptionist".into(),
-                llm: "gpt-4o-mini".into(),
-                time_to_first_chunk_ms: Some(212.5),
-                duration_ms: 640.0,
-                usage: Some(LlmUsage {
-                    prompt_tokens: 812,
-                    completion_tokens: 14,
-                    cached_prompt_tokens: Some(768),
-                    ..LlmUsage::default()
-                }),
-                cancelled: false,
-            },
-            K::TurnInterrupted {
-                agent: "receptionist".into(),
-            },
-            K::TurnMetrics {
-                agent: "receptionist".into(),
-                usage: switchboard::Usage {
-                    requests: 2,
-                    prompt_tokens: 1624,
-                    cached_prompt_tokens: 1536,
-                    completion_tokens: 28,
-                    ..switchboard::Usage::default()
-                },
-                latency: switchboard::TurnLatency {
-                    end_to_first_audio: Some(std::time::Duration::from_millis(742)),
-                    time_to_first_token: Some(std::time::Duration::from_millis(212)),
-                    tools: std::time::Duration::from_millis(35),
-                    preemptive: false,
-                },
-                interrupted: false,
-            },
-            K::UserWordsIgnored {
-                text: "uh-huh".into(),
-                reason: switchboard::IgnoredWords::Backchannel,
-            },
-            K::UserTurnExceeded {
-                transcript: "so first I ordered the blue one and then".into(),
-                words: 9,
-                duration_ms: 12500.0,
-            },
-            K::Error {
-                message: "the model did not answer in 30s".into(),
-            },
-            K::Closed,
             K::SpeechStarted {
                 speech: speech(3),
                 agent: "receptionist".into(),
@@ -220,34 +127,14 @@ mod tests {
         for kind in &kinds {
             // A new kind: add an example above, a marker on the page, and bless.
             match kind {
-                K::SessionStarted
+                K::Session { .. }
+                | K::SessionStarted
                 | K::StartFailed { .. }
-                | K::InputDone { .. }
                 | K::SessionMoving
                 | K::SessionResumed { .. }
-                | K::SessionEnded { .. }
+                | K::SessionClosed { .. }
                 | K::EventsLost { .. }
                 | K::EventsDropped { .. }
-                | K::UserInputTranscribed { .. }
-                | K::UserStateChanged { .. }
-                | K::ChatContextSet { .. }
-                | K::ConversationItemAdded { .. }
-                | K::ConversationItemChanged { .. }
-                | K::ConversationItemRemoved { .. }
-                | K::DeferredReply { .. }
-                | K::FunctionToolsExecuted { .. }
-                | K::AgentStateChanged { .. }
-                | K::SpeechCreated { .. }
-                | K::SpeechPlayedOut { .. }
-                | K::AgentFalseInterruption { .. }
-                | K::AgentHandoff { .. }
-                | K::LlmMetrics { .. }
-                | K::TurnInterrupted { .. }
-                | K::TurnMetrics { .. }
-                | K::UserWordsIgnored { .. }
-                | K::UserTurnExceeded { .. }
-                | K::Error { .. }
-                | K::Closed
                 | K::SpeechStarted { .. }
                 | K::SpeechChunk { .. }
                 | K::SpeechFinished { .. }
@@ -256,7 +143,138 @@ mod tests {
                 | K::SpeechResumed { .. } => {}
             }
         }
+        let mut kinds: Vec<WireEventKind> = kinds.into_iter().map(WireEventKind::Event).collect();
+        kinds.push(WireEventKind::InputDone {
+            input: 3,
+            outcome: InputOutcome::Turn { result: Ok(turn()) },
+        });
         kinds
+    }
+
+    /// One of every engine event, as the engine serializes it (the engine's enum may grow:
+    /// a new kind travels as the engine writes it, and is added here with its example).
+    fn session_events() -> Vec<SessionEvent> {
+        use SessionEvent as E;
+        vec![
+            E::UserInputTranscribed {
+                text: "a table for".into(),
+                is_final: false,
+            },
+            E::UserStateChanged {
+                state: UserState::Speaking,
+            },
+            E::ChatContextSet {
+                agent: "receptionist".into(),
+                chat: ChatContext::from(vec![user("hello"), assistant("Hello, how can I help?")]),
+            },
+            E::ConversationItemAdded {
+                agent: "receptionist".into(),
+                item: user("a table for two"),
+            },
+            E::ConversationItemChanged {
+                agent: "receptionist".into(),
+                index: 3,
+                item: assistant("I have a table"),
+            },
+            E::ConversationItemRemoved {
+                agent: "receptionist".into(),
+                index: 3,
+            },
+            E::DeferredReply {
+                agent: "receptionist".into(),
+                call_ids: vec!["call_7/finished".into()],
+                decision: DeferredReplyDecision::Requested,
+            },
+            E::FunctionToolsExecuted {
+                agent: "receptionist".into(),
+                calls: vec![call()],
+                outputs: vec![output()],
+            },
+            E::AgentStateChanged {
+                agent: "receptionist".into(),
+                state: AgentState::Thinking,
+            },
+            E::SpeechCreated {
+                agent: "receptionist".into(),
+                speech: speech_handle(3),
+            },
+            E::SpeechPlayedOut {
+                speech: speech(3),
+                interrupted: true,
+                heard: Some("I have a".into()),
+            },
+            E::AgentFalseInterruption { resumed: true },
+            E::AgentHandoff {
+                from: Some("receptionist".into()),
+                to: "booker".into(),
+            },
+            E::LlmMetrics(LlmMetrics {
+                agent: "receptionist".into(),
+                llm: "gpt-4o-mini".into(),
+                time_to_first_chunk: Some(Duration::from_micros(212_500)),
+                duration: Duration::from_millis(640),
+                text_chunks: 9,
+                tool_calls: 0,
+                usage: Some(LlmUsage {
+                    prompt_tokens: 812,
+                    completion_tokens: 14,
+                    cached_prompt_tokens: Some(768),
+                    ..LlmUsage::default()
+                }),
+                cancelled: false,
+            }),
+            E::TurnMetrics(TurnMetrics {
+                agent: "receptionist".into(),
+                usage: switchboard::Usage {
+                    requests: 2,
+                    prompt_tokens: 1624,
+                    cached_prompt_tokens: 1536,
+                    completion_tokens: 28,
+                    ..switchboard::Usage::default()
+                },
+                latency: switchboard::TurnLatency {
+                    end_to_first_audio: Some(Duration::from_millis(742)),
+                    time_to_first_token: Some(Duration::from_millis(212)),
+                    tools: Duration::from_millis(35),
+                    preemptive: false,
+                },
+                interrupted: false,
+            }),
+            E::UserWordsIgnored {
+                text: "uh-huh".into(),
+                reason: IgnoredWords::Backchannel,
+            },
+            E::UserTurnExceeded {
+                transcript: "so first I ordered the blue one and then".into(),
+                words: 9,
+                duration: Duration::from_millis(12_500),
+            },
+            E::TurnInterrupted {
+                agent: "receptionist".into(),
+            },
+            E::AgentWorkRefused {
+                agent: "receptionist".into(),
+                work: AgentWork::Handoff {
+                    to: "booker".into(),
+                },
+                limit: 8,
+            },
+            E::RealtimeReconnecting {
+                model: "gpt-realtime".into(),
+                reason: "the connection closed".into(),
+            },
+            E::Fenced {
+                reason: "another writer claimed session call-42".into(),
+            },
+            E::Unfinished(Unfinished::ToolBody {
+                call_id: "call_7".into(),
+                tool: "find_table".into(),
+            }),
+            E::Error {
+                message: "the model did not answer in 30s".into(),
+            },
+            E::Closed,
+        ]
     }
 
     fn inputs() -> Vec<Input> {
@@ -313,53 +331,78 @@ mod tests {
         inputs
     }
 
-    fn failures() -> Vec<RemoteFailure> {
+    /// Failures by name: the engine's own errors (a few of them: every `SessionError`
+    /// travels as the engine serializes it), the factory's, and an earlier one's message.
+    fn failures() -> Vec<(&'static str, Failure)> {
         let failures = vec![
-            RemoteFailure::Closed,
-            RemoteFailure::Uninterruptible,
-            RemoteFailure::QueueFull { limit: 32 },
-            RemoteFailure::Build {
-                message: "agent booker: no model".into(),
-            },
-            RemoteFailure::TurnFailed {
-                message: "the model did not answer in 30s".into(),
-                result: Box::new(RemoteRunResult {
-                    items: vec![user("a table for two")],
-                    interrupted: false,
-                    ..RemoteRunResult::default()
-                }),
-            },
-            RemoteFailure::Factory {
-                message: "no agent named \"booker\" (known: receptionist)".into(),
-            },
-            RemoteFailure::Engine {
-                message: "the session refused the handoff".into(),
-            },
+            ("session.closed", SessionError::Closed.into()),
+            (
+                "session.uninterruptible",
+                SessionError::Uninterruptible.into(),
+            ),
+            (
+                "session.queue_full",
+                SessionError::QueueFull { limit: 32 }.into(),
+            ),
+            (
+                "session.build",
+                SessionError::Build(BuildError::NoLlm {
+                    agent: "booker".into(),
+                })
+                .into(),
+            ),
+            (
+                "session.turn_failed",
+                SessionError::TurnFailed {
+                    failure: TurnFailure::Tool {
+                        tool: "find_table".into(),
+                        call_id: "call_7".into(),
+                        message: "the booking system is down".into(),
+                    },
+                    result: Box::new(RunResult {
+                        events: vec![user("a table for two")],
+                        ..RunResult::default()
+                    }),
+                }
+                .into(),
+            ),
+            (
+                "factory",
+                Failure::Factory {
+                    error: FactoryError::UnknownAgent {
+                        name: "booker".into(),
+                        known: vec!["receptionist".into()],
+                    },
+                },
+            ),
+            (
+                "earlier",
+                Failure::Earlier {
+                    message: "the session already has 32 jobs queued".into(),
+                },
+            ),
         ];
-        for failure in &failures {
+        for (_, failure) in &failures {
             match failure {
-                RemoteFailure::Closed
-                | RemoteFailure::Uninterruptible
-                | RemoteFailure::QueueFull { .. }
-                | RemoteFailure::Build { .. }
-                | RemoteFailure::TurnFailed { .. }
-                | RemoteFailure::Factory { .. }
-                | RemoteFailure::Engine { .. } => {}
+                Failure::Session { .. } | Failure::Factory { .. } | Failure::Earlier { .. } => {}
             }
         }
         failures
     }
 
-    fn end_reasons() -> Vec<EndReason> {
+    fn close_reasons() -> Vec<CloseReason> {
         let reasons = vec![
-            EndReason::Closed,
-            EndReason::Drained,
-            EndReason::Idle,
-            EndReason::Fenced,
+            CloseReason::Host,
+            CloseReason::Drained,
+            CloseReason::Idle,
+            CloseReason::Fenced,
         ];
         for reason in &reasons {
             match reason {
-                EndReason::Closed | EndReason::Drained | EndReason::Idle | EndReason::Fenced => {}
+                CloseReason::Host
+                | CloseReason::Drained
+                | CloseReason::Idle
+                | CloseReason::Fenced => {}
             }
         }
         reasons
@@ -373,31 +416,30 @@ mod tests {
                 saved: 2,
             },
             Reply::Earlier { id: 2, last: 5 },
-            Reply::Ended {
-                reason: EndReason::Idle,
+            Reply::Closed {
+                reason: CloseReason::Idle,
             },
             Reply::Moving,
             Reply::OutOfOrder { expected: 4 },
             Reply::Replay {
                 events: vec![
-                    WireEvent {
-                        seq: 12,
-                        epoch: 1,
-                        kind: Some(RemoteEventKind::SpeechChunk {
+                    event(
+                        12,
+                        RemoteEventKind::SpeechChunk {
                             speech: speech(3),
                             text: "I have a table ".into(),
-                        }),
-                        part: None,
-                    },
+                        },
+                    )
+                    .into(),
                     // The first of the two parts of an event too big for one message.
-                    WireEvent {
+                    WireElement {
                         seq: 13,
                         epoch: 1,
                         kind: None,
                         part: Some(EventPart {
                             index: 0,
                             count: 2,
-                            text: r#"{"type":"input_done","input":3,"outcome":{"#.into(),
+                            text: r#"{"input_done":{"input":3,"outcome":{"kind":"history","#.into(),
                         }),
                     },
                 ],
@@ -408,7 +450,7 @@ mod tests {
             match reply {
                 Reply::Applied { .. }
                 | Reply::Earlier { .. }
-                | Reply::Ended { .. }
+                | Reply::Closed { .. }
                 | Reply::Moving
                 | Reply::OutOfOrder { .. }
                 | Reply::Replay { .. } => {}
@@ -423,8 +465,11 @@ mod tests {
             Answer::Pending,
             Answer::Speech { speech: speech(3) },
             Answer::Failed {
-                failure: RemoteFailure::Factory {
-                    message: "no agent named \"booker\" (known: receptionist)".into(),
+                failure: Failure::Factory {
+                    error: FactoryError::UnknownAgent {
+                        name: "booker".into(),
+                        known: vec!["receptionist".into()],
+                    },
                 },
             },
         ];
@@ -436,21 +481,24 @@ mod tests {
         answers
     }
 
+    fn history() -> SessionHistory {
+        serde_json::from_value(json!({
+            "agents": [{
+                "agent": "receptionist",
+                "activity": "activity/call-42/receptionist#1",
+                "chat": [user("hello"), assistant("Hello, how can I help?")],
+                "inherited": 0,
+                "live": true
+            }]
+        }))
+        .unwrap()
+    }
+
     fn outcomes() -> Vec<InputOutcome> {
         let outcomes = vec![
             InputOutcome::Turn { result: Ok(turn()) },
             InputOutcome::Done { result: Ok(()) },
-            InputOutcome::History {
-                history: RemoteHistory {
-                    agents: vec![RemoteAgentChat {
-                        agent: "receptionist".into(),
-                        activity: "activity/call-42/receptionist#1".into(),
-                        items: vec![user("hello"), assistant("Hello, how can I help?")],
-                        inherited: 0,
-                        live: true,
-                    }],
-                },
-            },
+            InputOutcome::History { history: history() },
         ];
         for outcome in &outcomes {
             match outcome {
@@ -485,6 +533,7 @@ mod tests {
                         .output(OutputMode::Voice { pausable: true }),
                 ),
                 lapsed: None,
+                silent: None,
             }),
         );
         add(
@@ -493,6 +542,7 @@ mod tests {
                 session: key(),
                 spec: None,
                 lapsed: None,
+                silent: None,
             }),
         );
         add(
@@ -501,6 +551,16 @@ mod tests {
                 session: key(),
                 spec: None,
                 lapsed: Some(17),
+                silent: None,
+            }),
+        );
+        add(
+            "job.resume_silent".into(),
+            json_of(&SessionJob {
+                session: key(),
+                spec: None,
+                lapsed: None,
+                silent: Some(2),
             }),
         );
         for input in inputs() {
@@ -541,26 +601,31 @@ mod tests {
             ]),
         );
         for kind in event_kinds() {
-            add(format!("event.{}", tag(&kind, "type")), json_of(&kind));
+            let name = match &kind {
+                WireEventKind::Event(event) => tag(event, "type"),
+                WireEventKind::InputDone { .. } => "input_done".to_owned(),
+            };
+            add(format!("event.{name}"), json_of(&kind));
+        }
+        for event in session_events() {
+            let name = format!("event.session.{}", tag(&event, "type"));
+            add(
+                name,
+                json_of(&WireEventKind::Event(RemoteEventKind::Session { event })),
+            );
         }
         add(
             "agent_states".into(),
             json_of(&[
-                RemoteAgentState::Initializing,
-                RemoteAgentState::Listening,
-                RemoteAgentState::Thinking,
-                RemoteAgentState::Speaking,
-                RemoteAgentState::Other,
+                AgentState::Initializing,
+                AgentState::Listening,
+                AgentState::Thinking,
+                AgentState::Speaking,
             ]),
         );
         add(
             "user_states".into(),
-            json_of(&[
-                RemoteUserState::Speaking,
-                RemoteUserState::Listening,
-                RemoteUserState::Away,
-                RemoteUserState::Other,
-            ]),
+            json_of(&[UserState::Speaking, UserState::Listening, UserState::Away]),
         );
         for outcome in outcomes() {
             add(
@@ -568,15 +633,12 @@ mod tests {
                 json_of(&outcome),
             );
         }
-        for failure in failures() {
-            add(
-                format!("failure.{}", tag(&failure, "kind")),
-                json_of(&failure),
-            );
+        for (name, failure) in failures() {
+            add(format!("failure.{name}"), json_of(&failure));
         }
-        for reason in end_reasons() {
+        for reason in close_reasons() {
             add(
-                format!("end_reason.{}", tag(&reason, "reason")),
+                format!("close_reason.{}", tag(&reason, "reason")),
                 json_of(&reason),
             );
         }

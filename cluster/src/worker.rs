@@ -34,6 +34,7 @@ mod ledger;
 mod output;
 mod residents;
 mod resume;
+mod silent_owner;
 mod tenure;
 
 use std::sync::{Arc, Mutex};
@@ -57,6 +58,7 @@ use crate::snapshots::{Claimed, SnapshotStream};
 use crate::spec::SessionFactory;
 use counts::Counts;
 use hosted::{Hosting, Start};
+use silent_owner::Verdict;
 
 /// The most jobs one pull asks for.
 const MAX_BATCH: usize = 64;
@@ -452,11 +454,26 @@ impl Shared {
             }
         };
         let back_soon = AckKind::Nak(Some(Duration::from_millis(200)));
-        let mut ownership = match self
-            .owners
-            .claim(&job.session, &self.name, 1, job.lapsed)
-            .await
-        {
+        let lapsed = match job.silent {
+            None => job.lapsed,
+            // A gateway found the owner silent: claim at once if it is gone.
+            Some(_) => match silent_owner::check(&self, &job.session).await {
+                Ok(Verdict::Claim { over }) => Some(over),
+                Ok(Verdict::Leave) => {
+                    // Not a refused start: nothing was asked that could start.
+                    tracing::info!(worker = %self.name, session = %job.session, "the owner a gateway found silent answers, its session does not run, or silence cannot be trusted here: left to its lease");
+                    let _ = message.ack_with(AckKind::Term).await;
+                    return;
+                }
+                Err(err) => {
+                    tracing::warn!(worker = %self.name, session = %job.session, error = %err, "cannot read the owner a gateway found silent: left to its lease");
+                    let _ = message.ack_with(AckKind::Term).await;
+                    Counts::bump(&self.hosting.counts.refused);
+                    return;
+                }
+            },
+        };
+        let mut ownership = match self.owners.claim(&job.session, &self.name, 1, lapsed).await {
             Ok(ownership) => ownership,
             Err(err @ ClaimError::Taken { .. }) => {
                 tracing::info!(worker = %self.name, error = %err, "job for a session owned already: dropped");

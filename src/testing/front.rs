@@ -121,6 +121,25 @@ pub enum FrontError<E: std::error::Error + 'static> {
     },
 }
 
+/// A call, as a script: a greeting (`generate_reply`), a typed turn, a spoken one (two
+/// interim transcripts, then `a table for two`), a speech, a barge-in, another agent
+/// (`next`, how the session at hand is given it) and a turn with it. Tests of fronts run it
+/// over sessions of different kinds and compare the records.
+pub fn a_call<A>(next: A) -> Vec<FrontStep<A>> {
+    vec![
+        FrontStep::GenerateReply(Some("Greet the caller.".into())),
+        FrontStep::Run("I'd like a table".into()),
+        FrontStep::Speak {
+            interim: vec!["a table".into(), "a table for".into()],
+            said: "a table for two".into(),
+        },
+        FrontStep::Say("One moment, please.".into()),
+        FrontStep::Interrupt,
+        FrontStep::UpdateAgent(next),
+        FrontStep::Run("hello again".into()),
+    ]
+}
+
 /// Runs `steps` over `session`, then closes it: the record of what the front got back.
 pub async fn run_front<S: HostSession>(
     session: &S,

@@ -51,7 +51,7 @@ impl RemoteCall {
                         tracing::warn!(missed, "a bridged remote session's speech fell behind");
                         continue;
                     }
-                    // Ended, or a kind of error added later: either way no more speech.
+                    // Closed, or a kind of error added later: either way no more speech.
                     Err(_) => return,
                 };
                 let output = match event.kind {
@@ -69,7 +69,7 @@ impl RemoteCall {
                     }
                     RemoteEventKind::SpeechPaused { speech } => CallOutput::Pause { speech },
                     RemoteEventKind::SpeechResumed { speech } => CallOutput::Resume { speech },
-                    RemoteEventKind::SessionEnded { .. } => return,
+                    RemoteEventKind::SessionClosed { .. } => return,
                     _ => continue,
                 };
                 speech.send(output);
@@ -118,7 +118,7 @@ impl BridgeHost for RemoteCall {
         async move {
             match session.run(text).await {
                 Ok(result) => TurnOutcome::Done {
-                    events: result.items,
+                    events: result.events,
                     interrupted: result.interrupted,
                 },
                 Err(error) => TurnOutcome::Failed {

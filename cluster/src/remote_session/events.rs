@@ -19,8 +19,8 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use super::RemoteShared;
-use crate::protocol::{Reply, Request, WireBody, WireEvent};
-use crate::remote_event::{RemoteEvent, RemoteEventKind};
+use crate::protocol::{Reply, Request, WireBody, WireElement, WireEvent, WireEventKind};
+use crate::remote_event::RemoteEventKind;
 
 /// Where an event goes.
 #[derive(Debug, PartialEq, Eq)]
@@ -82,12 +82,12 @@ impl EventOrder {
     /// if it completes one (a whole event does; a part, when it is the last of its event).
     /// A part out of its order (those before it were lost, and reported so) drops what was
     /// joined; so does an event that cannot be read.
-    pub(crate) fn join(&mut self, element: WireEvent) -> Result<Option<RemoteEvent>, String> {
+    pub(crate) fn join(&mut self, element: WireElement) -> Result<Option<WireEvent>, String> {
         let (seq, epoch) = (element.seq, element.epoch);
         match element.body() {
             Some(WireBody::Whole(kind)) => {
                 self.drop_parts();
-                Ok(Some(RemoteEvent { seq, epoch, kind }))
+                Ok(Some(WireEvent { seq, epoch, kind }))
             }
             Some(WireBody::Part(part)) => {
                 if part.index == 0 {
@@ -104,7 +104,7 @@ impl EventOrder {
                 let text = std::mem::take(&mut self.joined);
                 self.next_part = 0;
                 serde_json::from_str(&text)
-                    .map(|kind| Some(RemoteEvent { seq, epoch, kind }))
+                    .map(|kind| Some(WireEvent { seq, epoch, kind }))
                     .map_err(|err| format!("an event joined from {} parts: {err}", part.count))
             }
             None => Err(format!("element {seq} is neither an event nor a part")),
@@ -143,13 +143,13 @@ pub(crate) async fn pump(shared: Arc<RemoteShared>, mut subscription: Subscriber
     let mut check = tokio::time::interval_at(Instant::now() + every, every);
     // When the owner last showed it lives, while a call waits on it.
     let mut last_heard = Instant::now();
-    while shared.ended().is_none() {
+    while shared.closed().is_none() {
         tokio::select! {
             message = subscription.next() => {
                 let Some(message) = message else { break };
                 last_heard = Instant::now();
                 // Each message is a batch: a JSON array of consecutive events and parts.
-                match serde_json::from_slice::<Vec<WireEvent>>(&message.payload) {
+                match serde_json::from_slice::<Vec<WireElement>>(&message.payload) {
                     Ok(events) => {
                         for event in events {
                             take(&shared, &mut order, &mut subscription, event).await;
@@ -193,7 +193,7 @@ async fn take(
     shared: &RemoteShared,
     order: &mut EventOrder,
     subscription: &mut Subscriber,
-    event: WireEvent,
+    event: WireElement,
 ) {
     match order.place(event.seq, event.epoch) {
         Placement::Deliver => deliver(shared, order, event),
@@ -210,7 +210,7 @@ async fn take(
 }
 
 /// Delivers an element in its place: an event, or the event its last part completes.
-fn deliver(shared: &RemoteShared, order: &mut EventOrder, element: WireEvent) {
+fn deliver(shared: &RemoteShared, order: &mut EventOrder, element: WireElement) {
     match order.join(element) {
         Ok(Some(event)) => shared.deliver(event),
         Ok(None) => {}
@@ -270,10 +270,10 @@ fn take_arrived(
     shared: &RemoteShared,
     order: &mut EventOrder,
     subscription: &mut Subscriber,
-) -> Vec<WireEvent> {
+) -> Vec<WireElement> {
     let mut later = Vec::new();
     while let Some(Some(message)) = subscription.next().now_or_never() {
-        let Ok(events) = serde_json::from_slice::<Vec<WireEvent>>(&message.payload) else {
+        let Ok(events) = serde_json::from_slice::<Vec<WireElement>>(&message.payload) else {
             tracing::warn!(session = %shared.key, "unreadable events");
             continue;
         };
@@ -301,10 +301,10 @@ fn lose(shared: &RemoteShared, order: &mut EventOrder, to: u64) {
     order.skip_past(to);
     shared.gateway.count(|s| s.events_lost += to - from + 1);
     tracing::warn!(session = %shared.key, from, to, "events lost");
-    shared.deliver(RemoteEvent {
+    shared.deliver(WireEvent {
         seq: to,
         epoch: order.epoch,
-        kind: RemoteEventKind::EventsLost { from, to },
+        kind: WireEventKind::Event(RemoteEventKind::EventsLost { from, to }),
     });
 }
 
@@ -314,7 +314,7 @@ async fn replay(
     from: u64,
     epoch: u64,
     deadline: Instant,
-) -> Option<(Vec<WireEvent>, bool)> {
+) -> Option<(Vec<WireElement>, bool)> {
     let gateway = &shared.gateway;
     let payload = Bytes::from(serde_json::to_vec(&Request::Replay { from, epoch }).ok()?);
     let mut attempt = 0u32;
@@ -338,10 +338,11 @@ async fn replay(
             Err(err) => err.kind() == RequestErrorKind::NoResponders,
         };
         let now = Instant::now();
-        if now >= deadline || shared.ended().is_some() {
+        if now >= deadline || shared.closed().is_some() {
             return None;
         }
         if no_responders {
+            shared.owner_silent();
             let pause = Duration::from_millis(10 << attempt.min(4));
             tokio::time::sleep(pause.min(deadline - now)).await;
         }
@@ -354,19 +355,23 @@ mod tests {
 
     use crate::protocol::EventPart;
 
-    fn whole(seq: u64, text: &str) -> WireEvent {
-        WireEvent {
+    fn error(text: &str) -> WireEventKind {
+        WireEventKind::Event(RemoteEventKind::StartFailed {
+            reason: text.to_owned(),
+        })
+    }
+
+    fn whole(seq: u64, text: &str) -> WireElement {
+        WireElement {
             seq,
             epoch: 1,
-            kind: Some(RemoteEventKind::Error {
-                message: text.to_owned(),
-            }),
+            kind: Some(error(text)),
             part: None,
         }
     }
 
-    fn part(seq: u64, index: u32, count: u32, text: &str) -> WireEvent {
-        WireEvent {
+    fn part(seq: u64, index: u32, count: u32, text: &str) -> WireElement {
+        WireElement {
             seq,
             epoch: 1,
             kind: None,
@@ -378,12 +383,9 @@ mod tests {
         }
     }
 
-    /// The parts of an error event saying `message`, from number `first` on.
-    fn parts_of(first: u64, message: &str, count: u32) -> Vec<WireEvent> {
-        let text = serde_json::to_string(&RemoteEventKind::Error {
-            message: message.to_owned(),
-        })
-        .unwrap();
+    /// The parts of an event saying `message`, from number `first` on.
+    fn parts_of(first: u64, message: &str, count: u32) -> Vec<WireElement> {
+        let text = serde_json::to_string(&error(message)).unwrap();
         let size = text.len().div_ceil(count as usize);
         let pieces: Vec<String> = text
             .as_bytes()
@@ -398,7 +400,7 @@ mod tests {
     }
 
     /// Places and joins `elements` in turn; the events delivered.
-    fn read(order: &mut EventOrder, elements: Vec<WireEvent>) -> Vec<RemoteEvent> {
+    fn read(order: &mut EventOrder, elements: Vec<WireElement>) -> Vec<WireEvent> {
         let mut out = Vec::new();
         for element in elements {
             if order.place(element.seq, element.epoch) == Placement::Deliver {
@@ -410,9 +412,9 @@ mod tests {
         out
     }
 
-    fn message(event: &RemoteEvent) -> &str {
+    fn message(event: &WireEvent) -> &str {
         match &event.kind {
-            RemoteEventKind::Error { message } => message,
+            WireEventKind::Event(RemoteEventKind::StartFailed { reason }) => reason,
             other => panic!("{other:?}"),
         }
     }

@@ -42,8 +42,7 @@ use tokio::time::Instant;
 
 use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
-use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
-use crate::remote_event::InputOutcome;
+use crate::protocol::{Answer, Input, InputOutcome, Reply, Request, EPOCH_HEADER};
 
 /// One input to send, with where its answers go.
 pub(crate) struct Submission {
@@ -148,7 +147,7 @@ pub(crate) async fn send_inputs(
                 // was under way runs again and its `InputDone` finds its caller.
                 if in_doubt.is_none() && delivery.acked + 1 < next_id {
                     match deliver(&shared, &mut outbox, &mut delivery, next_id - 1).await {
-                        Ok(_) | Err(GatewayError::AnswerLost { .. } | GatewayError::Ended { .. }) => {}
+                        Ok(_) | Err(GatewayError::AnswerLost { .. } | GatewayError::Closed { .. }) => {}
                         Err(err) => in_doubt = Some(err),
                     }
                 }
@@ -164,10 +163,15 @@ pub(crate) async fn send_inputs(
         else {
             break;
         };
+        if matches!(input, Input::Close) {
+            shared
+                .closing
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
         let result = if let Some(err) = &in_doubt {
             Err(err.clone())
-        } else if let Some(reason) = shared.ended() {
-            Err(shared.ended_error(reason))
+        } else if let Some(reason) = shared.closed() {
+            Err(shared.closed_error(reason))
         } else {
             let id = next_id;
             match sent(&shared, id, input) {
@@ -331,13 +335,14 @@ async fn deliver(
                 .unwrap_or(0)
         };
         let newest = delivery.owner.borrow().epoch;
-        let no_responders = match sent {
+        let unanswered = match sent {
             // A fenced owner that still answered: its answer is not the session's. Taken
-            // as no answer: asked again shortly, the newest owner answers.
+            // as no answer: asked again shortly, the newest owner answers. (It lives: not
+            // a silent owner.)
             Ok(message) if epoch(&message) < newest => {
                 gateway.count(|s| s.stale_replies += 1);
                 tracing::warn!(session = %shared.key, input = at, epoch = epoch(&message), newest, "a reply from a stale owner, ignored");
-                true
+                Unanswered::Stale
             }
             Ok(message) => {
                 match read_reply(shared, at, &message.payload)? {
@@ -352,7 +357,7 @@ async fn deliver(
                         if answered {
                             gateway.count(|s| s.inputs_answered += 1);
                         }
-                        if answer != Answer::Pending {
+                        if !matches!(answer, Answer::Pending) {
                             if let Some(sent) = outbox.get_mut(at) {
                                 sent.answered = true;
                             }
@@ -393,7 +398,7 @@ async fn deliver(
                             _ = tokio::time::sleep(options.attempt_timeout) => {}
                         }
                     }
-                    Reply::Ended { reason } => return Err(shared.ended_error(reason)),
+                    Reply::Closed { reason } => return Err(shared.closed_error(reason)),
                     Reply::Replay { .. } => {
                         return Err(GatewayError::Protocol {
                             session: shared.key.clone(),
@@ -403,7 +408,8 @@ async fn deliver(
                 }
                 continue;
             }
-            Err(err) => err.kind() == RequestErrorKind::NoResponders,
+            Err(err) if err.kind() == RequestErrorKind::NoResponders => Unanswered::Nobody,
+            Err(_) => Unanswered::TimedOut,
         };
         if let Some(server_said) = gateway.client.refusal_of(&shared.inputs_subject) {
             return Err(GatewayError::Refused {
@@ -411,8 +417,8 @@ async fn deliver(
                 server_said,
             });
         }
-        if let Some(reason) = shared.ended() {
-            return Err(shared.ended_error(reason));
+        if let Some(reason) = shared.closed() {
+            return Err(shared.closed_error(reason));
         }
         let now = Instant::now();
         if now >= deadline {
@@ -422,10 +428,14 @@ async fn deliver(
                 waited: now - began,
             });
         }
-        if no_responders {
+        if unanswered != Unanswered::TimedOut {
             // Nobody subscribed: the owner is reconnecting, or gone and its session not
-            // yet resumed. A timeout, on the other hand, already waited: send again at
-            // once.
+            // yet resumed (the pool is asked to claim it at once); or a stale owner
+            // answered, and the newest is on its way. A timeout, on the other hand,
+            // already waited: send again at once.
+            if unanswered == Unanswered::Nobody {
+                shared.owner_silent();
+            }
             let pause = Duration::from_millis(10 << attempt.min(4));
             tokio::select! {
                 changed = delivery.owner.changed() => {
@@ -439,6 +449,18 @@ async fn deliver(
             }
         }
     }
+}
+
+/// Why an attempt to deliver an input brought no answer to take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Unanswered {
+    /// Nobody is subscribed to the session's inputs ("no responders").
+    Nobody,
+    /// An owner older than the newest seen answered: its answer is not the session's.
+    Stale,
+    /// The attempt's timeout passed, or the request failed otherwise (it already
+    /// waited, or waiting would not help).
+    TimedOut,
 }
 
 /// Input `target` was applied, but its answer was never heard: an input whose only
@@ -458,7 +480,7 @@ fn read_reply(shared: &RemoteShared, id: u64, payload: &[u8]) -> Result<Reply, G
         Ok(reply @ Reply::Applied { id: answered, .. }) if answered == id => Ok(reply),
         Ok(reply @ Reply::Earlier { id: answered, .. }) if answered == id => Ok(reply),
         Ok(
-            reply @ (Reply::Ended { .. }
+            reply @ (Reply::Closed { .. }
             | Reply::Moving
             | Reply::OutOfOrder { .. }
             | Reply::Replay { .. }),

@@ -6,11 +6,12 @@
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use switchboard::snapshot::SessionSnapshot;
-use switchboard::{HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionError};
+use switchboard::{
+    HostInput, InputAnswer, InputId, RunResult, SayOptions, Session, SessionError, SessionHistory,
+};
 
 use super::tenure::Event;
-use crate::protocol::{Answer, Input};
-use crate::remote_event::{InputOutcome, RemoteFailure, RemoteHistory, RemoteRunResult};
+use crate::protocol::{Answer, Failure, Input, InputOutcome};
 use crate::spec::SessionFactory;
 
 /// What applying an input gave.
@@ -47,7 +48,7 @@ pub(super) async fn apply(
             },
             Ok(_) => Answer::Done,
             Err(err) => Answer::Failed {
-                failure: (&err).into(),
+                failure: err.into(),
             },
         })
     };
@@ -105,10 +106,8 @@ pub(super) async fn apply(
                 let outcome = done_outcome(session.apply(input_id, update).await.map(|_| ()));
                 Event::Outcome { id, outcome }
             }),
-            Err(err) => Applying::Answered(Answer::Failed {
-                failure: RemoteFailure::Factory {
-                    message: err.to_string(),
-                },
+            Err(error) => Applying::Answered(Answer::Failed {
+                failure: Failure::Factory { error },
             }),
         },
         Input::PlayoutFinished {
@@ -125,8 +124,8 @@ pub(super) async fn apply(
         }
         Input::History => Applying::later(async move {
             let history = match session.apply(input_id, HostInput::History).await {
-                Ok(InputAnswer::History(history)) => RemoteHistory::from(&history),
-                _ => RemoteHistory::default(),
+                Ok(InputAnswer::History(history)) => history,
+                _ => SessionHistory::default(),
             };
             Event::Outcome {
                 id,
@@ -146,15 +145,12 @@ fn turn_outcome(answer: Result<InputAnswer, SessionError>) -> InputOutcome {
         _ => RunResult::default(),
     });
     InputOutcome::Turn {
-        result: result
-            .as_ref()
-            .map(RemoteRunResult::from)
-            .map_err(RemoteFailure::from),
+        result: result.map_err(Failure::from),
     }
 }
 
 fn done_outcome(result: Result<(), SessionError>) -> InputOutcome {
     InputOutcome::Done {
-        result: result.as_ref().map(|_| ()).map_err(RemoteFailure::from),
+        result: result.map_err(Failure::from),
     }
 }

@@ -20,8 +20,7 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
-use crate::protocol::WireEvent;
-use crate::remote_event::{RemoteEvent, RemoteEventKind};
+use crate::protocol::{WireElement, WireEvent, WireEventKind};
 
 /// The most bytes of events one message carries (a replay reply, a batch) when the
 /// server allows that much.
@@ -101,12 +100,12 @@ impl EventLog {
 
     /// Numbers `kind` as the next event (the next ones, for an event recorded in parts)
     /// and keeps it, to be sent with the next batch.
-    pub(crate) fn record(&mut self, kind: RemoteEventKind) {
+    pub(crate) fn record(&mut self, kind: impl Into<WireEventKind>) {
         self.newest = self.last_seq + 1;
-        let event = RemoteEvent {
+        let event = WireEvent {
             seq: self.newest,
             epoch: self.epoch,
-            kind,
+            kind: kind.into(),
         };
         // A derived `Serialize` of plain data with string keys cannot fail.
         let json = serde_json::to_vec(&event).unwrap_or_default();
@@ -216,7 +215,7 @@ impl EventLog {
     /// The kept events from `from` on, at most one reply's worth; `true` when they reach
     /// the newest. Events older than the oldest kept are simply not there: the gateway
     /// sees the hole and reports them lost.
-    pub(crate) fn since(&self, from: u64) -> (Vec<WireEvent>, bool) {
+    pub(crate) fn since(&self, from: u64) -> (Vec<WireElement>, bool) {
         let mut bytes = 0;
         let mut out = Vec::new();
         let oldest = self.kept.front().map_or(1, |(seq, _)| *seq);
@@ -226,7 +225,7 @@ impl EventLog {
                 return (out, false);
             }
             bytes += json.len();
-            // It was serialized from a `RemoteEvent` or a part just above.
+            // It was serialized from a `WireEvent` or a part just above.
             if let Ok(event) = serde_json::from_slice(json) {
                 out.push(event);
             }
@@ -263,11 +262,25 @@ fn cut(text: &str, budget: usize) -> Vec<&str> {
 mod tests {
     use super::*;
     use crate::protocol::WireBody;
+    use crate::remote_event::RemoteEventKind;
 
     fn chunk(text: &str) -> RemoteEventKind {
-        RemoteEventKind::Error {
-            message: text.to_owned(),
+        RemoteEventKind::StartFailed {
+            reason: text.to_owned(),
         }
+    }
+
+    /// The text of an event made by [`chunk`].
+    fn text(kind: &WireEventKind) -> &str {
+        match kind {
+            WireEventKind::Event(RemoteEventKind::StartFailed { reason }) => reason,
+            other => panic!("not a chunk: {other:?}"),
+        }
+    }
+
+    /// The texts of `events`, made by [`chunk`].
+    fn texts(events: &[WireEvent]) -> Vec<&str> {
+        events.iter().map(|e| text(&e.kind)).collect()
     }
 
     /// 600 KB of events, more than one message carries.
@@ -289,25 +302,25 @@ mod tests {
             .collect()
     }
 
-    fn read(message: &[u8]) -> Vec<RemoteEvent> {
+    fn read(message: &[u8]) -> Vec<WireEvent> {
         serde_json::from_slice(message).unwrap()
     }
 
     /// The events of `messages`, parts joined (as the gateway joins them).
-    fn joined(messages: &[Vec<u8>]) -> Vec<RemoteEvent> {
+    fn joined(messages: &[Vec<u8>]) -> Vec<WireEvent> {
         let mut events = Vec::new();
         let mut text = String::new();
         for message in messages {
-            let wire: Vec<WireEvent> = serde_json::from_slice(message).unwrap();
+            let wire: Vec<WireElement> = serde_json::from_slice(message).unwrap();
             for element in wire {
                 let (seq, epoch) = (element.seq, element.epoch);
                 match element.body().unwrap() {
-                    WireBody::Whole(kind) => events.push(RemoteEvent { seq, epoch, kind }),
+                    WireBody::Whole(kind) => events.push(WireEvent { seq, epoch, kind }),
                     WireBody::Part(part) => {
                         text.push_str(&part.text);
                         if part.index + 1 == part.count {
                             let kind = serde_json::from_str(&std::mem::take(&mut text)).unwrap();
-                            events.push(RemoteEvent { seq, epoch, kind });
+                            events.push(WireEvent { seq, epoch, kind });
                         }
                     }
                 }
@@ -328,7 +341,7 @@ mod tests {
             events.iter().map(|e| (e.seq, e.epoch)).collect::<Vec<_>>(),
             [(1, 3), (2, 3)]
         );
-        assert_eq!(events[1].kind, chunk("b"));
+        assert_eq!(text(&events[1].kind), "b");
     }
 
     #[test]
@@ -378,7 +391,7 @@ mod tests {
     #[test]
     fn the_budget_never_drops_an_event_before_it_is_sent() {
         // A close's answer carries the whole history, over the replay budget; the
-        // `SessionEnded` after it must not push it out before the batch goes.
+        // `SessionClosed` after it must not push it out before the batch goes.
         let mut log = EventLog::new(1, 300, 1 << 20);
         log.record(chunk(&"h".repeat(1_000)));
         log.record(chunk("ended"));
@@ -396,8 +409,8 @@ mod tests {
         let max_payload = 64 * 1024;
         let mut log = EventLog::new(1, 1 << 20, max_payload);
         log.record(chunk("before"));
-        let big = chunk(&"\"quoted\" \\ é 漢字 \n".repeat(12_000));
-        log.record(big.clone());
+        let big = "\"quoted\" \\ é 漢字 \n".repeat(12_000);
+        log.record(chunk(&big));
         log.record(chunk("after"));
         let messages = log.take_unsent();
         assert!(messages.len() >= 3, "{} messages", messages.len());
@@ -409,10 +422,7 @@ mod tests {
             );
         }
         let events = joined(&messages);
-        assert_eq!(
-            events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(),
-            [chunk("before"), big, chunk("after")]
-        );
+        assert_eq!(texts(&events), ["before", big.as_str(), "after"]);
         // Each part has its number: the one after the big event follows its last part.
         assert_eq!(events[0].seq, 1);
         assert!(events[2].seq > 3 && events[2].seq == events[1].seq + 1);
@@ -421,14 +431,12 @@ mod tests {
         let mut replayed = Vec::new();
         loop {
             let (events, complete) = log.since(from);
-            let reply = serde_json::to_vec(&crate::protocol::Reply::Replay {
-                events: events.clone(),
-                complete,
-            })
-            .unwrap();
-            assert!(reply.len() <= max_payload, "{} bytes", reply.len());
             from = events.last().unwrap().seq + 1;
-            replayed.push(serde_json::to_vec(&events).unwrap());
+            let elements = serde_json::to_vec(&events).unwrap();
+            let reply =
+                serde_json::to_vec(&crate::protocol::Reply::Replay { events, complete }).unwrap();
+            assert!(reply.len() <= max_payload, "{} bytes", reply.len());
+            replayed.push(elements);
             if complete {
                 break;
             }
@@ -445,21 +453,18 @@ mod tests {
             log.record(chunk(&format!("{i}").repeat(1_000)));
             log.hold();
         }
-        let big = chunk(&"h".repeat(1 << 20));
-        log.record(big.clone());
+        let big = "h".repeat(1 << 20);
+        log.record(chunk(&big));
         log.hold();
         let events = joined(&log.take_unsent());
-        assert_eq!(events.last().map(|e| &e.kind), Some(&big));
+        assert_eq!(events.last().map(|e| text(&e.kind)), Some(big.as_str()));
         assert!(events.len() < 301, "the oldest held ones were dropped");
         // Nor, within one wake, before the events recorded after it.
         let mut log = EventLog::new(1, 300, 64 * 1024);
-        log.record(big.clone());
+        log.record(chunk(&big));
         log.record(chunk("ended"));
         let events = joined(&log.take_unsent());
-        assert_eq!(
-            events.iter().map(|e| e.kind.clone()).collect::<Vec<_>>(),
-            [big, chunk("ended")]
-        );
+        assert_eq!(texts(&events), [big.as_str(), "ended"]);
     }
 
     #[test]
@@ -487,7 +492,7 @@ mod tests {
         let (events, complete) = log.since(3);
         assert!(complete);
         assert_eq!(events.iter().map(|e| e.seq).collect::<Vec<_>>(), [3, 4, 5]);
-        assert_eq!(events[0].kind, Some(chunk("2")));
+        assert_eq!(events[0].kind.as_ref().map(text), Some("2"));
         assert!(log.since(6).0.is_empty());
     }
 

@@ -68,7 +68,7 @@ use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
 use crate::ownership::{LeaseError, Ownership};
 use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
-use crate::remote_event::{RemoteEventKind, RemoteHistory};
+use crate::remote_event::RemoteEventKind;
 use crate::snapshots::SnapshotWriter;
 use crate::spec::{FactoryError, SessionFactory, SessionSpec};
 
@@ -326,11 +326,7 @@ impl Said {
                     None => self.speech_open = false,
                 },
                 event = self.events.recv(), if self.events_open => match event {
-                    Ok(event) => {
-                        if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                            return Heard::Said(kind);
-                        }
-                    }
+                    Ok(event) => return Heard::Said(RemoteEventKind::Session { event }),
                     Err(broadcast::error::RecvError::Lagged(missed)) => return Heard::Lagged(missed),
                     Err(broadcast::error::RecvError::Closed) => self.events_open = false,
                 },
@@ -348,13 +344,9 @@ impl Said {
                 Err(mpsc::error::TryRecvError::Empty) => {}
             }
         }
-        while self.events_open {
+        if self.events_open {
             match self.events.try_recv() {
-                Ok(event) => {
-                    if let Some(kind) = RemoteEventKind::from_session_event(&event) {
-                        return Some(Heard::Said(kind));
-                    }
-                }
+                Ok(event) => return Some(Heard::Said(RemoteEventKind::Session { event })),
                 Err(broadcast::error::TryRecvError::Lagged(missed)) => {
                     return Some(Heard::Lagged(missed))
                 }
@@ -600,13 +592,7 @@ impl Hosted {
             Action::Close => {
                 let session = self.session.clone();
                 self.work.push(
-                    async move {
-                        Event::Closed(match session.close().await {
-                            Ok(history) => RemoteHistory::from(&history),
-                            Err(_) => RemoteHistory::default(),
-                        })
-                    }
-                    .boxed(),
+                    async move { Event::Closed(session.close().await.unwrap_or_default()) }.boxed(),
                 );
             }
             Action::Settle { deadline } => {

@@ -30,7 +30,7 @@
 //!   an older one answered `earlier` (or with its answer, when the session's ledger keeps
 //!   it), a later one `out_of_order` — in every state. One the session's ledger holds (the
 //!   restored snapshot had it) is answered from there and never applied again.
-//! - A new input is applied only while `Live`; an ending session answers `ended` with its
+//! - A new input is applied only while `Live`; an ending session answers `closed` with its
 //!   reason, a moving one `moving` (the gateway sends it to the next owner).
 //! - A turn's outcome (its `InputDone`) reaches the front only once a stored snapshot
 //!   holds the turn (the writer's saved input id reached it; the session saves when a
@@ -52,7 +52,7 @@
 //! - A drain settles the session until its deadline and stores its last snapshot; from
 //!   the moment that snapshot is taken, what the session says is not the conversation the
 //!   next owner resumes, and is not published.
-//! - Before its last words (`SessionEnded`, `SessionMoving`) a session waits, at most
+//! - Before its last words (`SessionClosed`, `SessionMoving`) a session waits, at most
 //!   [`OUTCOMES_WAIT`], for the outcomes of inputs still under way, and an ending one for a
 //!   lease it can trust: the front hears every answer the session gave, then the end.
 //! - The snapshots' tombstone is written before the `Ended` owner record (a stale owner's
@@ -72,6 +72,7 @@ use std::time::Duration;
 
 use async_nats::Subject;
 use switchboard::snapshot::StoreError;
+use switchboard::SessionHistory;
 use tokio::time::Instant;
 
 use super::counts::Counts;
@@ -79,8 +80,8 @@ use super::event_log::EventLog;
 use super::ledger::{Admission, InputLedger};
 use crate::namespace::SessionKey;
 use crate::ownership::{LeaseClock, LeaseError};
-use crate::protocol::{Answer, Input, Reply, Request};
-use crate::remote_event::{EndReason, InputOutcome, RemoteEventKind, RemoteHistory};
+use crate::protocol::{Answer, Input, InputOutcome, Reply, Request, WireEventKind};
+use crate::remote_event::{CloseReason, RemoteEventKind};
 
 /// The longest a session that ends or moves waits for the outcomes of inputs still under
 /// way (they end quickly on a settled or closed session).
@@ -92,7 +93,7 @@ pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
 pub(crate) const SAVE_WAIT: Duration = Duration::from_secs(1);
 
 /// What the session's own ledger (`Session::applied`) says of an input id.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub(crate) enum Applied {
     /// Not applied.
     No,
@@ -134,7 +135,7 @@ pub(crate) enum Event<S> {
     /// The time [`Tenure::timer`] asked for has come.
     Timer,
     /// The session closed (its `Action::Close`), with the history it answered.
-    Closed(RemoteHistory),
+    Closed(SessionHistory),
     /// A drain's session settled and its last snapshot was taken (or could not be).
     Settled(Result<S, String>),
     /// A drain's last snapshot was stored, holding every input up to this id (or it was
@@ -209,8 +210,8 @@ pub(crate) enum Exit {
 pub(crate) enum State {
     /// Inputs are applied.
     Live,
-    /// The session ends; new inputs are answered `ended` with `reason`.
-    Ending { reason: EndReason, step: EndStep },
+    /// The session ends; new inputs are answered `closed` with `reason`.
+    Ending { reason: CloseReason, step: EndStep },
     /// The session moves to another worker; new inputs are answered `moving`.
     Moving(MoveStep),
     /// Nothing more happens.
@@ -226,7 +227,7 @@ pub(crate) enum EndStep {
     /// says its last words.
     WindingUp {
         close_input: Option<u64>,
-        history: RemoteHistory,
+        history: SessionHistory,
         until: Instant,
     },
     /// The last words are out; the tombstone is being written.
@@ -463,7 +464,7 @@ impl Tenure {
     ) {
         self.ledger.record(id, answer.clone());
         let release = self.applying.remove(&id).unwrap_or(Release::WhenSaved);
-        if answer == Answer::Pending {
+        if matches!(answer, Answer::Pending) {
             self.under_way.insert(id, release);
         }
         Counts::bump(&self.counts.inputs_applied);
@@ -485,7 +486,7 @@ impl Tenure {
         let turn_done = matches!(&outcome, InputOutcome::Turn { result: Ok(_) });
         if release == Release::AtOnce || !turn_done || id <= self.saved {
             self.log
-                .record(RemoteEventKind::InputDone { input: id, outcome });
+                .record(WireEventKind::InputDone { input: id, outcome });
         } else {
             self.held.insert(id, outcome);
             self.ask_save_at.get_or_insert(now + SAVE_WAIT);
@@ -508,8 +509,7 @@ impl Tenure {
     /// Publishes outcomes that waited, in their inputs' order.
     fn release(&mut self, outcomes: BTreeMap<u64, InputOutcome>) {
         for (input, outcome) in outcomes {
-            self.log
-                .record(RemoteEventKind::InputDone { input, outcome });
+            self.log.record(WireEventKind::InputDone { input, outcome });
         }
     }
 
@@ -557,7 +557,7 @@ impl Tenure {
                 .is_some_and(|idle| now >= self.last_input + idle);
         if idle {
             self.state = State::Ending {
-                reason: EndReason::Idle,
+                reason: CloseReason::Idle,
                 step: EndStep::Closing { close_input: None },
             };
             out.push(Action::Close);
@@ -566,7 +566,7 @@ impl Tenure {
     }
 
     /// The session closed: an end winds up; a move says its last words and hands over.
-    fn on_closed<S>(&mut self, history: RemoteHistory, now: Instant, out: &mut Vec<Action<S>>) {
+    fn on_closed<S>(&mut self, history: SessionHistory, now: Instant, out: &mut Vec<Action<S>>) {
         match &mut self.state {
             State::Ending { step, .. } => {
                 if let EndStep::Closing { close_input } = *step {
@@ -759,7 +759,7 @@ impl Tenure {
                 // Applied by the owner whose snapshot this session restored, after the
                 // snapshot's last contiguous input: answered from the session's ledger,
                 // never applied again.
-                Admission::Apply if applied != Applied::No => {
+                Admission::Apply if !matches!(applied, Applied::No) => {
                     let answer = match applied {
                         Applied::Yes(Some(answer)) => answer,
                         _ => Answer::Done,
@@ -770,9 +770,7 @@ impl Tenure {
                     Reply::Applied { id, answer, saved }
                 }
                 Admission::Apply => match &self.state {
-                    State::Ending { reason, .. } => Reply::Ended {
-                        reason: reason.clone(),
-                    },
+                    State::Ending { reason, .. } => Reply::Closed { reason: *reason },
                     State::Moving(_) => Reply::Moving,
                     State::Done(_) => return,
                     State::Live => {
@@ -789,7 +787,7 @@ impl Tenure {
                         Counts::bump(&self.counts.inputs_applied);
                         self.last_input = now;
                         self.state = State::Ending {
-                            reason: EndReason::Closed,
+                            reason: CloseReason::Host,
                             step: EndStep::Closing {
                                 close_input: Some(id),
                             },
@@ -829,21 +827,19 @@ impl Tenure {
                 if !waited(*until, &self.under_way) || !self.lease.is_valid_at(now.into_std()) {
                     return;
                 }
-                let reason = reason.clone();
+                let reason = *reason;
                 let close_input = *close_input;
                 let history = std::mem::take(history);
                 // No owner follows an end: what waited for a snapshot goes now.
                 let due = std::mem::take(&mut self.held);
                 self.release(due);
                 if let Some(id) = close_input {
-                    self.log.record(RemoteEventKind::InputDone {
+                    self.log.record(WireEventKind::InputDone {
                         input: id,
                         outcome: InputOutcome::History { history },
                     });
                 }
-                self.log.record(RemoteEventKind::SessionEnded {
-                    reason: reason.clone(),
-                });
+                self.log.record(RemoteEventKind::SessionClosed { reason });
                 self.publish_now(now, actions);
                 self.state = State::Ending {
                     reason,
@@ -909,7 +905,7 @@ impl Tenure {
         ) || self.last_words_said()
     }
 
-    /// Whether `SessionEnded` or `SessionMoving` is out: nothing follows it.
+    /// Whether `SessionClosed` or `SessionMoving` is out: nothing follows it.
     fn last_words_said(&self) -> bool {
         matches!(
             self.state,

@@ -6,6 +6,7 @@
 //! made keeps the one-output rule.
 
 use crate::common;
+use switchboard::SessionEvent;
 
 use std::time::{Duration, Instant};
 
@@ -54,7 +55,12 @@ async fn sessions_of_a_killed_worker_go_on_elsewhere_with_each_input_applied_onc
     for events in &mut events {
         // The model's step that called the tool ended: the tool runs (for a minute).
         event_where(events, "the model step of the turn under way", |kind| {
-            matches!(kind, RemoteEventKind::LlmMetrics { .. })
+            matches!(
+                kind,
+                RemoteEventKind::Session {
+                    event: SessionEvent::LlmMetrics(_)
+                }
+            )
         })
         .await;
     }

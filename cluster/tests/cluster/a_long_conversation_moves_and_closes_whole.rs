@@ -7,6 +7,7 @@
 use crate::common;
 
 use common::{event_where, within, WorkerProcess, PATIENCE};
+use switchboard::SessionEvent;
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{GatewayOptions, Namespace, RemoteEventKind, SessionSpec};
 
@@ -48,9 +49,9 @@ async fn a_five_mebibyte_conversation_survives_a_move_and_a_close() {
     // Each note came back as an event, joined from its parts.
     for (i, text) in said.iter().enumerate() {
         event_where(&mut events, &format!("note {i} as an event"), |kind| {
-            matches!(kind, RemoteEventKind::UserInputTranscribed { text: t, .. } if t == text)
-                || matches!(kind, RemoteEventKind::ConversationItemAdded { item, .. }
-                    if item.text().is_some_and(|t| t == text))
+            matches!(kind, RemoteEventKind::Session {
+                event: SessionEvent::ConversationItemAdded { item, .. },
+            } if item.text().is_some_and(|t| t == text))
         })
         .await;
     }

@@ -6,6 +6,7 @@
 //! anyone reads, no answer, no owner record, no snapshot — and stops the session.
 
 use crate::common;
+use switchboard::SessionEvent;
 
 use std::time::Duration;
 
@@ -56,7 +57,12 @@ async fn a_worker_paused_past_its_lease_is_fenced_and_its_session_goes_on_elsewh
         async move { session.run("wait for the thaw").await }
     });
     event_where(&mut events, "the tool to run on w1", |kind| {
-        matches!(kind, RemoteEventKind::LlmMetrics { .. })
+        matches!(
+            kind,
+            RemoteEventKind::Session {
+                event: SessionEvent::LlmMetrics(_)
+            }
+        )
     })
     .await;
     frozen.freeze();

@@ -7,11 +7,11 @@ use crate::common;
 use std::time::Duration;
 
 use common::{event_where, within, WorkerProcess};
-use serde_json::json;
+use switchboard::{SessionEvent, SpeechOutcome};
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    EndReason, GatewayError, GatewayOptions, OutputMode, RemoteEventKind, RemoteFailure,
-    RemoteSession, SessionSpec,
+    AgentSpec, CloseReason, FactoryError, GatewayError, GatewayOptions, OutputMode,
+    RemoteEventKind, RemoteSession, SessionSpec,
 };
 
 /// The voice front: plays each speech as it streams and reports it played out when its
@@ -59,9 +59,12 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
     let front = voice_front(&session);
     let mut events = session.subscribe_from(1);
     let (first, _) = event_where(&mut events, "the start", |_| true).await;
-    assert_eq!(
-        (first.seq, first.kind),
-        (1, RemoteEventKind::SessionStarted)
+    assert!(
+        matches!(
+            (first.seq, &first.kind),
+            (1, RemoteEventKind::SessionStarted)
+        ),
+        "{first:?}"
     );
 
     // A turn with an async tool: it answers with its update, then a deferred reply.
@@ -79,10 +82,25 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
     })
     .await;
 
-    // say: queued as a speech, played by the front.
+    // say: queued as a speech, played by the front. Its handle, from the engine's
+    // event, is linked to the remote session: it learns the speech's end.
     let speech = session.say("One moment.").await.unwrap();
+    let (created, _) = event_where(&mut events, "the say's speech", |kind| {
+        matches!(kind, RemoteEventKind::Session { event: SessionEvent::SpeechCreated { speech: s, .. } } if s.id() == speech)
+    })
+    .await;
+    let RemoteEventKind::Session {
+        event: SessionEvent::SpeechCreated { speech: handle, .. },
+    } = created.kind
+    else {
+        unreachable!("matched above")
+    };
+    assert_eq!(
+        within("the say's playout", handle.wait_for_playout()).await,
+        SpeechOutcome::Played
+    );
     event_where(&mut events, "the say played out", |kind| {
-        matches!(kind, RemoteEventKind::SpeechPlayedOut { speech: s, interrupted: false, .. } if *s == speech)
+        matches!(kind, RemoteEventKind::Session { event: SessionEvent::SpeechPlayedOut { speech: s, interrupted: false, .. } } if *s == speech)
     })
     .await;
 
@@ -96,7 +114,10 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
     .await;
 
     // A handoff to an agent the worker's factory builds; an unknown one is refused.
-    session.update_agent("concierge", json!({})).await.unwrap();
+    session
+        .update_agent(AgentSpec::new("concierge"))
+        .await
+        .unwrap();
     let turn = within("the concierge's turn", session.run("hi"))
         .await
         .unwrap();
@@ -104,13 +125,11 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
         turn.assistant_messages().collect::<Vec<_>>(),
         ["Concierge: hi"]
     );
-    match session.update_agent("nobody", json!(null)).await {
-        Err(GatewayError::Session {
-            failure: RemoteFailure::Factory { message },
+    match session.update_agent(AgentSpec::new("nobody")).await {
+        Err(GatewayError::Factory {
+            error: FactoryError::UnknownAgent { name, .. },
             ..
-        }) => {
-            assert!(message.contains("nobody"), "{message}")
-        }
+        }) => assert_eq!(name, "nobody"),
         other => panic!("an unknown agent must be refused, got {other:?}"),
     }
 
@@ -148,16 +167,16 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
     event_where(&mut events, "the end", |kind| {
         matches!(
             kind,
-            RemoteEventKind::SessionEnded {
-                reason: EndReason::Closed
+            RemoteEventKind::SessionClosed {
+                reason: CloseReason::Host
             }
         )
     })
     .await;
     assert!(matches!(
         session.run("anyone?").await,
-        Err(GatewayError::Ended {
-            reason: EndReason::Closed,
+        Err(GatewayError::Closed {
+            reason: CloseReason::Host,
             ..
         })
     ));

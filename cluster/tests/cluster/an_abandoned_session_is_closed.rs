@@ -6,7 +6,7 @@ use crate::common;
 
 use common::{event_where, WorkerProcess};
 use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{EndReason, GatewayOptions, RemoteEventKind, SessionSpec};
+use switchboard_cluster::{CloseReason, GatewayOptions, RemoteEventKind, SessionSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_without_input_for_the_idle_timeout_closes_and_frees_its_slot() {
@@ -24,8 +24,8 @@ async fn a_session_without_input_for_the_idle_timeout_closes_and_frees_its_slot(
     event_where(&mut events, "the idle session's end", |kind| {
         matches!(
             kind,
-            RemoteEventKind::SessionEnded {
-                reason: EndReason::Idle
+            RemoteEventKind::SessionClosed {
+                reason: CloseReason::Idle
             }
         )
     })

@@ -32,10 +32,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
+use switchboard::{ChatItem, ChatRole, SessionEvent};
 use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{
-    ClusterClient, GatewayError, GatewayOptions, InputOutcome, Namespace, RemoteEventKind,
-    RemoteEvents, RemoteEventsError, RemoteSession, SessionSpec,
+    ClusterClient, GatewayError, GatewayOptions, Namespace, RemoteEventKind, RemoteEvents,
+    RemoteEventsError, RemoteSession, SessionSpec,
 };
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -560,7 +561,7 @@ fn failed(err: &GatewayError) -> Got {
     let kind = match err {
         GatewayError::Unreachable { .. } => "unreachable",
         GatewayError::AnswerLost { .. } => "answer lost",
-        GatewayError::Ended { .. } => "ended",
+        GatewayError::Closed { .. } => "closed",
         GatewayError::InputsLost { .. } => "inputs lost",
         GatewayError::Session { .. } => "session",
         GatewayError::Nats { .. } => "nats",
@@ -718,9 +719,10 @@ async fn snapshot_records(observer: &ClusterClient, session: &RemoteSession) -> 
 struct Witness {
     /// Each owner's epoch and the last input its snapshot held, as it took over.
     resumes: Vec<(u64, u64)>,
-    /// Each turn's outcome: its first assistant message, its input id and the epoch of
-    /// the owner that sent it.
-    answers: HashMap<String, (u64, u64)>,
+    /// Each assistant message and the epoch of the owner that said it (its first: a turn
+    /// that ran again on a next owner says it again). A turn's own answer (its
+    /// `InputDone`) goes to the call that waits for it, not to the events a front sees.
+    answers: HashMap<String, u64>,
     /// Events the recorder missed (it fell behind).
     missed: u64,
 }
@@ -739,8 +741,8 @@ impl Witness {
                 .map(|(_, answer)| answer),
         };
         match answer {
-            Some(&(input, epoch)) => format!(
-                "input {input}, answered by the owner at epoch {epoch}; the owners around it resumed from (epoch, last input) {} (recorder missed {} events)",
+            Some(&epoch) => format!(
+                "its answer said by the owner at epoch {epoch}; the owners around it resumed from (epoch, last input) {} (recorder missed {} events)",
                 self.resumes_around(epoch),
                 self.missed
             ),
@@ -769,18 +771,17 @@ async fn witness_events(mut events: RemoteEvents, witness: Arc<Mutex<Witness>>) 
                     RemoteEventKind::SessionResumed { last_input } => {
                         witness.resumes.push((event.epoch, last_input));
                     }
-                    RemoteEventKind::InputDone {
-                        input,
-                        outcome:
-                            InputOutcome::Turn {
-                                result: Ok(turn), ..
+                    RemoteEventKind::Session {
+                        event:
+                            SessionEvent::ConversationItemAdded {
+                                item: ChatItem::Message(message),
+                                ..
                             },
-                    } => {
-                        if let Some(first) = turn.assistant_messages().next() {
-                            witness
-                                .answers
-                                .insert(first.to_owned(), (input, event.epoch));
-                        }
+                    } if message.role == ChatRole::Assistant => {
+                        witness
+                            .answers
+                            .entry(message.content.to_string())
+                            .or_insert(event.epoch);
                     }
                     _ => {}
                 }

@@ -16,8 +16,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::{owner_of, within, WorkerProcess};
+use switchboard::SessionEvent;
 use switchboard_cluster::local::NatsServer;
-use switchboard_cluster::{GatewayError, GatewayOptions, RemoteEventKind, SessionSpec};
+use switchboard_cluster::{AgentSpec, GatewayError, GatewayOptions, RemoteEventKind, SessionSpec};
 use tokio::sync::watch;
 
 const ROUNDS: u64 = 12;
@@ -154,7 +155,7 @@ async fn every_kind_of_input_is_applied_once_across_kills_at_random_points() {
         };
         answered(&ok(within(
             "an agent update",
-            session.update_agent(agent, serde_json::json!({})),
+            session.update_agent(AgentSpec::new(agent).data(serde_json::json!({}))),
         )
         .await));
         match within("a read", session.history()).await {
@@ -203,11 +204,14 @@ async fn every_kind_of_input_is_applied_once_across_kills_at_random_points() {
     loop {
         let event = within("the session's events", events.recv()).await.unwrap();
         match event.kind {
-            RemoteEventKind::UserInputTranscribed {
-                text,
-                is_final: false,
+            RemoteEventKind::Session {
+                event:
+                    SessionEvent::UserInputTranscribed {
+                        text,
+                        is_final: false,
+                    },
             } => *seen.entry(text).or_default() += 1,
-            RemoteEventKind::SessionEnded { .. } => break,
+            RemoteEventKind::SessionClosed { .. } => break,
             _ => {}
         }
     }

@@ -113,7 +113,8 @@ async fn every_accepted_input_is_applied_once_even_when_the_gateway_retries() {
 /// shows once: its event, its message, its handoff; the owner counts each input once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_kind_of_input_is_applied_once_when_the_gateway_retries_it() {
-    use switchboard_cluster::{RemoteEventKind, RemoteUserState};
+    use switchboard::{SessionEvent, UserState};
+    use switchboard_cluster::{AgentSpec, RemoteEventKind};
 
     let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
@@ -157,7 +158,7 @@ async fn every_kind_of_input_is_applied_once_when_the_gateway_retries_it() {
     frozen!("a reply", |s| s.generate_reply(Some("Ask.".into())));
     frozen!("an interruption", |s| s.interrupt());
     frozen!("an agent update", |s| s
-        .update_agent("concierge", serde_json::json!({})));
+        .update_agent(AgentSpec::new("concierge")));
     let read = frozen!("a history read", |s| s.history());
     assert!(read.user_messages().contains(&"final words"));
 
@@ -184,16 +185,19 @@ async fn every_kind_of_input_is_applied_once_when_the_gateway_retries_it() {
     loop {
         let event = within("the session's events", events.recv()).await.unwrap();
         match event.kind {
-            RemoteEventKind::UserInputTranscribed {
-                is_final: false, ..
-            } => interims += 1,
-            RemoteEventKind::UserStateChanged {
-                state: RemoteUserState::Speaking,
-            } => speaking += 1,
-            RemoteEventKind::UserStateChanged {
-                state: RemoteUserState::Listening,
-            } => listening += 1,
-            RemoteEventKind::SessionEnded { .. } => break,
+            RemoteEventKind::Session { event } => match event {
+                SessionEvent::UserInputTranscribed {
+                    is_final: false, ..
+                } => interims += 1,
+                SessionEvent::UserStateChanged {
+                    state: UserState::Speaking,
+                } => speaking += 1,
+                SessionEvent::UserStateChanged {
+                    state: UserState::Listening,
+                } => listening += 1,
+                _ => {}
+            },
+            RemoteEventKind::SessionClosed { .. } => break,
             _ => {}
         }
     }

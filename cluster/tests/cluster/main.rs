@@ -15,10 +15,15 @@
 mod campaign;
 mod common;
 mod proxy;
+#[path = "../test_agents.rs"]
+mod test_agents;
+
+mod a_front_runs_the_same_over_a_local_and_a_remote_session;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_fault_campaign_loses_nothing;
+mod a_killed_owner_is_replaced_without_waiting_for_its_lease;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;

@@ -6,8 +6,12 @@
 
 use std::sync::atomic::Ordering;
 
+use serde::Serialize;
+use serde_json::Value;
+use switchboard::{RunResult, SessionError};
+
 use super::*;
-use crate::remote_event::RemoteEvent;
+use crate::protocol::{Failure, WireEvent};
 
 /// A drain's last snapshot, as the tests see it.
 type Snap = &'static str;
@@ -23,7 +27,7 @@ struct Fixture {
     t0: Instant,
     now: Instant,
     /// Every event published so far, in order.
-    published: Vec<RemoteEvent>,
+    published: Vec<WireEvent>,
     /// The next input id (one past the last one applied).
     next: u64,
 }
@@ -92,13 +96,13 @@ impl Fixture {
 
     fn read(&mut self, messages: &[Vec<u8>]) {
         for message in messages {
-            let events: Vec<RemoteEvent> = serde_json::from_slice(message).unwrap();
+            let events: Vec<WireEvent> = serde_json::from_slice(message).unwrap();
             self.published.extend(events);
         }
     }
 
     fn said(&mut self, text: &str) {
-        self.tenure.said(error(text));
+        self.tenure.said(chunk(text));
         self.flush();
     }
 
@@ -127,8 +131,21 @@ impl Fixture {
         self.apply(id, run("hi"), Answer::Pending);
     }
 
-    fn kinds(&self) -> Vec<RemoteEventKind> {
-        self.published.iter().map(|e| e.kind.clone()).collect()
+    /// What was published, each event's kind as JSON (what the front reads).
+    fn kinds(&self) -> Vec<Value> {
+        self.published.iter().map(|e| json(&e.kind)).collect()
+    }
+
+    /// Where the `InputDone` of input `id` was published, if it was.
+    fn done_at(&self, id: u64) -> Option<usize> {
+        self.published
+            .iter()
+            .position(|e| matches!(e.kind, WireEventKind::InputDone { input, .. } if input == id))
+    }
+
+    /// Whether the `InputDone` of input `id` was published.
+    fn done(&self, id: u64) -> bool {
+        self.done_at(id).is_some()
     }
 
     /// When the tenure last took an input (its idle timeout counts from there).
@@ -144,14 +161,36 @@ impl Fixture {
 /// A turn's outcome: it ended.
 fn turn_done() -> InputOutcome {
     InputOutcome::Turn {
-        result: Ok(crate::remote_event::RemoteRunResult::default()),
+        result: Ok(RunResult::default()),
     }
 }
 
-fn error(text: &str) -> RemoteEventKind {
-    RemoteEventKind::Error {
-        message: text.to_owned(),
+/// A turn's outcome: it failed, the session closed.
+fn turn_failed() -> InputOutcome {
+    InputOutcome::Turn {
+        result: Err(Failure::Session {
+            error: SessionError::Closed,
+        }),
     }
+}
+
+/// Something the session said: a piece of a speech.
+fn chunk(text: &str) -> RemoteEventKind {
+    RemoteEventKind::SpeechChunk {
+        speech: serde_json::from_str("1").unwrap(),
+        text: text.to_owned(),
+    }
+}
+
+/// A value as JSON: what the tests compare (the wire's types hold the engine's errors,
+/// which have no equality).
+fn json(value: &impl Serialize) -> Value {
+    serde_json::to_value(value).unwrap()
+}
+
+/// An event's kind as JSON, as [`Fixture::kinds`] gives it.
+fn kind(kind: impl Into<WireEventKind>) -> Value {
+    json(&kind.into())
 }
 
 fn run(text: &str) -> Input {
@@ -218,6 +257,11 @@ fn reply(actions: &[Action<Snap>]) -> Option<&Reply> {
     })
 }
 
+/// The reply among `actions`, as JSON.
+fn reply_json(actions: &[Action<Snap>]) -> Option<Value> {
+    reply(actions).map(json)
+}
+
 fn names(actions: &[Action<Snap>]) -> Vec<&'static str> {
     actions
         .iter()
@@ -276,7 +320,7 @@ fn every_state() -> Vec<(&'static str, Fixture)> {
         }
     }
     fn closed() -> Event<Snap> {
-        Event::Closed(RemoteHistory::default())
+        Event::Closed(SessionHistory::default())
     }
     let closing = || {
         let mut f = Fixture::new();
@@ -360,7 +404,7 @@ fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
         ("fenced", Event::Fenced("w2 wrote it".into())),
         ("drain", Event::Drain(f.now + Duration::from_secs(5))),
         ("timer", Event::Timer),
-        ("closed", Event::Closed(RemoteHistory::default())),
+        ("closed", Event::Closed(SessionHistory::default())),
         ("settled", Event::Settled(Ok("snapshot"))),
         ("no snapshot", Event::Settled(Err("closed".into()))),
         ("last saved", Event::LastSaved(Ok(1))),
@@ -487,7 +531,7 @@ fn every_path_out_drops_the_live_count_once() {
 fn the_first_event_goes_out_with_the_first_batch() {
     let mut f = Fixture::new();
     f.flush();
-    assert_eq!(f.kinds(), [RemoteEventKind::SessionStarted]);
+    assert_eq!(f.kinds(), [kind(RemoteEventKind::SessionStarted)]);
     assert_eq!(f.published[0].epoch, 2);
 }
 
@@ -505,7 +549,7 @@ fn while_the_lease_cannot_be_trusted_nothing_is_answered_or_published() {
     f.on(Event::RenewDue);
     f.renew_lease();
     f.on(Event::Renewed(Ok(())));
-    assert_eq!(f.kinds().last(), Some(&error("held back")));
+    assert_eq!(f.kinds().last(), Some(&kind(chunk("held back"))));
     assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
 }
 
@@ -524,12 +568,12 @@ fn an_input_id_is_applied_once_in_every_state() {
         let last = f.next - 1;
         let actions = f.input(last, run("hi"));
         assert_eq!(
-            reply(&actions),
-            Some(&Reply::Applied {
+            reply_json(&actions),
+            Some(json(&Reply::Applied {
                 id: last,
                 answer: Answer::Pending,
                 saved: 0
-            }),
+            })),
             "{state}"
         );
         assert!(!names(&actions).contains(&"apply"), "{state}");
@@ -552,7 +596,10 @@ fn an_input_id_is_applied_once_in_every_state() {
     f.turn(1);
     f.apply(2, run("again"), Answer::Done);
     let actions = f.input(1, run("hi"));
-    assert_eq!(reply(&actions), Some(&Reply::Earlier { id: 1, last: 2 }));
+    assert_eq!(
+        reply_json(&actions),
+        Some(json(&Reply::Earlier { id: 1, last: 2 }))
+    );
     assert_eq!(f.counts.inputs_applied.load(Ordering::Relaxed), 2);
     assert_eq!(f.counts.inputs_repeated.load(Ordering::Relaxed), 1);
 }
@@ -563,9 +610,9 @@ fn a_new_input_is_applied_while_live_refused_while_ending_or_moving() {
         let actions = f.input(f.next, run("next"));
         let got = match (names(&actions).as_slice(), reply(&actions)) {
             (["apply"], None) => "applied",
-            (_, Some(Reply::Ended { reason })) => {
-                assert_eq!(*reason, EndReason::Closed, "{state}");
-                "ended"
+            (_, Some(Reply::Closed { reason })) => {
+                assert_eq!(*reason, CloseReason::Host, "{state}");
+                "closed"
             }
             (_, Some(Reply::Moving)) => "moving",
             ([], None) => "nothing",
@@ -573,7 +620,7 @@ fn a_new_input_is_applied_while_live_refused_while_ending_or_moving() {
         };
         let want = match state {
             "live" => "applied",
-            "closing" | "winding up to end" | "burying" | "releasing" => "ended",
+            "closing" | "winding up to end" | "burying" | "releasing" => "closed",
             "settling" | "saving last" | "winding up to move" | "leaving" | "handing over" => {
                 "moving"
             }
@@ -589,28 +636,28 @@ fn a_close_answers_with_the_history_after_what_the_session_said_and_ends_it() {
     let actions = f.input(1, Input::Close);
     assert_eq!(names(&actions), ["close", "reply"]);
     assert_eq!(
-        reply(&actions),
-        Some(&Reply::Applied {
+        reply_json(&actions),
+        Some(json(&Reply::Applied {
             id: 1,
             answer: Answer::Pending,
             saved: 0
-        })
+        }))
     );
     f.said("said while closing");
-    let history = RemoteHistory { agents: Vec::new() };
+    let history = SessionHistory::default();
     let actions = f.on(Event::Closed(history.clone()));
     assert_eq!(names(&actions), ["publish", "end snapshots"]);
     assert_eq!(
         f.kinds()[1..],
         [
-            error("said while closing"),
-            RemoteEventKind::InputDone {
+            kind(chunk("said while closing")),
+            kind(WireEventKind::InputDone {
                 input: 1,
                 outcome: InputOutcome::History { history }
-            },
-            RemoteEventKind::SessionEnded {
-                reason: EndReason::Closed
-            },
+            }),
+            kind(RemoteEventKind::SessionClosed {
+                reason: CloseReason::Host
+            }),
         ]
     );
     // Nothing is said after the last words.
@@ -643,19 +690,19 @@ fn an_idle_session_is_closed_at_its_timeout_and_not_before() {
     f.wait(IDLE / 2);
     f.renew_lease();
     assert_eq!(names(&f.on(Event::Timer)), ["close"]);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(
         f.kinds().last(),
-        Some(&RemoteEventKind::SessionEnded {
-            reason: EndReason::Idle
-        })
+        Some(&kind(RemoteEventKind::SessionClosed {
+            reason: CloseReason::Idle
+        }))
     );
     let actions = f.input(2, run("late"));
     assert_eq!(
-        reply(&actions),
-        Some(&Reply::Ended {
-            reason: EndReason::Idle
-        })
+        reply_json(&actions),
+        Some(json(&Reply::Closed {
+            reason: CloseReason::Idle
+        }))
     );
 }
 
@@ -665,31 +712,30 @@ fn the_last_words_wait_for_the_outcomes_due_at_most_their_wait() {
     let mut f = Fixture::new();
     f.turn(1);
     f.input(2, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(f.tenure.timer(), Some(f.now + OUTCOMES_WAIT));
-    let outcome = InputOutcome::Turn {
-        result: Err(crate::remote_event::RemoteFailure::Closed),
-    };
     f.on(Event::Outcome {
         id: 1,
-        outcome: outcome.clone(),
+        outcome: turn_failed(),
     });
-    let kinds = f.kinds();
-    let done = kinds
+    let done = f.done_at(1).unwrap();
+    let closed = f
+        .published
         .iter()
-        .position(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. }))
+        .position(|e| {
+            matches!(
+                e.kind,
+                WireEventKind::Event(RemoteEventKind::SessionClosed { .. })
+            )
+        })
         .unwrap();
-    let ended = kinds
-        .iter()
-        .position(|k| matches!(k, RemoteEventKind::SessionEnded { .. }))
-        .unwrap();
-    assert!(done < ended);
+    assert!(done < closed);
 
     // One that does not: the end goes on at the wait's end.
     let mut f = Fixture::new();
     f.turn(1);
     f.input(2, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     f.wait(OUTCOMES_WAIT / 2);
     assert!(f.on(Event::Timer).is_empty());
     f.wait(OUTCOMES_WAIT);
@@ -701,7 +747,7 @@ fn an_end_waits_for_a_lease_it_can_trust() {
     let mut f = Fixture::new();
     f.input(1, Input::Close);
     f.wait(LEASE);
-    assert!(f.on(Event::Closed(RemoteHistory::default())).is_empty());
+    assert!(f.on(Event::Closed(SessionHistory::default())).is_empty());
     assert_eq!(describe(&f), "winding up to end");
     f.on(Event::RenewDue);
     f.renew_lease();
@@ -714,9 +760,9 @@ fn an_end_waits_for_a_lease_it_can_trust() {
     f.flush();
     f.input(1, Input::Close);
     f.wait(LEASE);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(names(&f.on(Event::Renewed(Err(lost())))), ["stop"]);
-    assert_eq!(f.kinds(), [RemoteEventKind::SessionStarted]);
+    assert_eq!(f.kinds(), [kind(RemoteEventKind::SessionStarted)]);
 }
 
 #[test]
@@ -736,7 +782,7 @@ fn a_drain_settles_stores_the_last_snapshot_and_hands_over_quietly_after_it() {
     assert!(matches!(actions.as_slice(), [Action::SaveLast("snapshot")]));
     f.said("said after the snapshot");
     assert_eq!(names(&f.on(Event::LastSaved(Ok(1)))), ["close"]);
-    let actions = f.on(Event::Closed(RemoteHistory::default()));
+    let actions = f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(names(&actions), ["publish", "hand over"]);
     assert_eq!(f.live(), 0, "counted out before the moving record");
     let actions = f.on(Event::HandedOver(Ok(7)));
@@ -749,12 +795,12 @@ fn a_drain_settles_stores_the_last_snapshot_and_hands_over_quietly_after_it() {
     assert_eq!(
         f.kinds()[1..],
         [
-            error("said before the snapshot"),
-            RemoteEventKind::InputDone {
+            kind(chunk("said before the snapshot")),
+            kind(WireEventKind::InputDone {
                 input: 1,
                 outcome: InputOutcome::Done { result: Ok(()) }
-            },
-            RemoteEventKind::SessionMoving,
+            }),
+            kind(RemoteEventKind::SessionMoving),
         ]
     );
 }
@@ -782,15 +828,15 @@ fn a_drain_releases_only_what_its_last_snapshot_holds_and_says_nothing_after_it(
         outcome: turn_done(),
     });
     assert_eq!(names(&actions), ["close"]);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(
         f.kinds()[1..],
         [
-            RemoteEventKind::InputDone {
+            kind(WireEventKind::InputDone {
                 input: 1,
                 outcome: turn_done()
-            },
-            RemoteEventKind::SessionMoving,
+            }),
+            kind(RemoteEventKind::SessionMoving),
         ]
     );
 }
@@ -828,7 +874,7 @@ fn a_moving_session_is_closed_before_its_moving_record() {
     assert_eq!(names(&actions), ["close"], "the close comes first");
     assert_eq!(describe(&f), "leaving");
     assert_eq!(
-        names(&f.on(Event::Closed(RemoteHistory::default()))),
+        names(&f.on(Event::Closed(SessionHistory::default()))),
         ["publish", "hand over"]
     );
 }
@@ -840,7 +886,7 @@ fn a_newer_owner_stops_the_session_without_a_word() {
             continue;
         }
         let before = f.published.len();
-        f.tenure.said(error("after the fence"));
+        f.tenure.said(chunk("after the fence"));
         let actions = f.on(Event::Fenced("w2 wrote it".into()));
         assert_eq!(names(&actions), ["stop"], "{state}");
         assert_eq!(
@@ -857,14 +903,14 @@ fn a_newer_owner_stops_the_session_without_a_word() {
 fn a_tombstone_the_store_refused_stops_before_the_ended_record() {
     let mut f = Fixture::new();
     f.input(1, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     let actions = f.on(Event::SnapshotsEnded(Err(store_fenced())));
     assert_eq!(names(&actions), ["stop"]);
     assert_eq!(describe(&f), "fenced");
     // One the store could not take (away) goes on to the record.
     let mut f = Fixture::new();
     f.input(1, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(
         names(&f.on(Event::SnapshotsEnded(Err(store_away())))),
         ["release"]
@@ -909,7 +955,7 @@ fn a_replay_sends_what_is_kept_and_a_newer_epoch_s_gateway_gets_all() {
 fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
     let mut f = Fixture::new();
     f.input(1, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert_eq!(describe(&f), "burying");
     let actions = f.on(replay(1));
     let Some(Reply::Replay { events, .. }) = reply(&actions) else {
@@ -917,7 +963,7 @@ fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
     };
     assert!(matches!(
         events.last().and_then(|e| e.kind.as_ref()),
-        Some(RemoteEventKind::SessionEnded { .. })
+        Some(WireEventKind::Event(RemoteEventKind::SessionClosed { .. }))
     ));
 }
 
@@ -947,12 +993,12 @@ fn an_input_the_session_s_ledger_holds_is_answered_from_it_and_never_applied_aga
         names(&actions)
     );
     assert_eq!(
-        reply(&actions),
-        Some(&Reply::Applied {
+        reply_json(&actions),
+        Some(json(&Reply::Applied {
             id: 5,
             answer: Answer::Done,
             saved: 0
-        })
+        }))
     );
     // An earlier one: with its answer when the ledger keeps it, `earlier` when not.
     // (serde is how a worker gets a speech id it did not make.)
@@ -961,15 +1007,18 @@ fn an_input_the_session_s_ledger_holds_is_answered_from_it_and_never_applied_aga
     };
     let actions = f.on(ledger_holds(3, Some(speech.clone())));
     assert_eq!(
-        reply(&actions),
-        Some(&Reply::Applied {
+        reply_json(&actions),
+        Some(json(&Reply::Applied {
             id: 3,
             answer: speech,
             saved: 0
-        })
+        }))
     );
     let actions = f.on(ledger_holds(2, None));
-    assert_eq!(reply(&actions), Some(&Reply::Earlier { id: 2, last: 5 }));
+    assert_eq!(
+        reply_json(&actions),
+        Some(json(&Reply::Earlier { id: 2, last: 5 }))
+    );
     // The next one the ledger does not hold is applied.
     assert_eq!(names(&f.input(6, run("next"))), ["apply"]);
 }
@@ -980,11 +1029,7 @@ fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
     f.turn(1);
     f.apply(2, Input::History, Answer::Pending);
     f.flush();
-    let done = |f: &Fixture, id| {
-        f.kinds()
-            .iter()
-            .any(|k| matches!(k, RemoteEventKind::InputDone { input, .. } if *input == id))
-    };
+    let done = |f: &Fixture, id| f.done(id);
     f.on(Event::Outcome {
         id: 1,
         outcome: turn_done(),
@@ -994,7 +1039,7 @@ fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
     f.on(Event::Outcome {
         id: 2,
         outcome: InputOutcome::History {
-            history: RemoteHistory::default(),
+            history: SessionHistory::default(),
         },
     });
     assert!(done(&f, 2));
@@ -1012,9 +1057,7 @@ fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
     f.turn(4);
     f.on(Event::Outcome {
         id: 4,
-        outcome: InputOutcome::Turn {
-            result: Err(crate::remote_event::RemoteFailure::Closed),
-        },
+        outcome: turn_failed(),
     });
     assert!(done(&f, 4));
     f.apply(5, Input::Interrupt { force: false }, Answer::Pending);
@@ -1027,11 +1070,7 @@ fn an_outcome_reaches_the_front_once_a_stored_snapshot_holds_its_input() {
 
 #[test]
 fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_fenced_owner() {
-    let published = |f: &Fixture| {
-        f.kinds()
-            .iter()
-            .any(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. }))
-    };
+    let published = |f: &Fixture| f.done(1);
     // Turn 1 ended, and waits for a snapshot that holds it.
     let waiting = || {
         let mut f = Fixture::new();
@@ -1051,7 +1090,7 @@ fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_f
     // An end: no owner follows.
     let mut f = waiting();
     f.input(2, Input::Close);
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert!(published(&f));
     // A move whose last snapshot is stored.
     let mut f = drained();
@@ -1061,7 +1100,7 @@ fn what_waits_for_a_snapshot_goes_at_an_end_and_a_stored_move_and_never_from_a_f
     // A move whose last snapshot is not: the next owner applies the input again.
     let mut f = drained();
     f.on(Event::LastSaved(Err(store_away())));
-    f.on(Event::Closed(RemoteHistory::default()));
+    f.on(Event::Closed(SessionHistory::default()));
     assert!(!published(&f));
     // A fenced owner.
     let mut f = waiting();
@@ -1088,10 +1127,7 @@ fn an_outcome_that_waits_too_long_for_the_session_s_save_asks_for_one_until_it_c
     f.renew_lease();
     assert_eq!(names(&f.on(Event::Timer)), ["save"]);
     f.on(Event::Saved(1));
-    assert!(f
-        .kinds()
-        .iter()
-        .any(|k| matches!(k, RemoteEventKind::InputDone { input: 1, .. })));
+    assert!(f.done(1));
     assert_eq!(
         f.tenure.timer(),
         Some(f.last_input_at() + IDLE),
