@@ -201,6 +201,7 @@ impl Owners {
                         record,
                         revision,
                         clock: LeaseClock::until(self.valid_until(sent)),
+                        sent,
                     })
                 }
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
@@ -334,6 +335,8 @@ pub(crate) struct Ownership {
     record: OwnerRecord,
     revision: u64,
     clock: LeaseClock,
+    /// When the write the lease counts from was sent.
+    sent: Instant,
 }
 
 impl Ownership {
@@ -345,6 +348,12 @@ impl Ownership {
     /// The lease's clock, to read while the ownership is away being renewed.
     pub(crate) fn clock(&self) -> LeaseClock {
         self.clock.clone()
+    }
+
+    /// When the write the lease counts from (the claim, or the last renewal that
+    /// succeeded) was sent.
+    pub(crate) fn sent(&self) -> Instant {
+        self.sent
     }
 
     /// How often to renew: a third of the lease.
@@ -407,6 +416,7 @@ impl Ownership {
                     }
                     self.revision = revision;
                     self.clock.set(self.owners.valid_until(sent));
+                    self.sent = sent;
                     return Ok(());
                 }
                 Err(WriteError::Moved) => {

@@ -23,9 +23,13 @@
 //!   speech goes first (a voice front's TTS waits on it). A turn's `InputDone` follows
 //!   the events and speech it produced (the loop prefers both: `biased`, and so does its
 //!   gathering of what is ready);
-//! * the lease is renewed every third of its length; while it cannot be trusted the loop
-//!   answers no request (the gateway retries), holds its events back (published once
-//!   the lease is renewed) and its snapshot writer writes nothing; a lease lost to
+//! * the lease is renewed every third of its length, and at once after a reconnection;
+//!   it is trusted only on a connection that has been up since the renewal was sent (a
+//!   dropped connection may have let another worker claim the session,
+//!   `tests/cluster/a_cut_off_owner_is_not_doubled.rs`); while it cannot be trusted the
+//!   loop answers no request (the gateway retries) and holds its events back (published
+//!   once the lease is renewed); once its clock runs out the snapshot writer writes
+//!   nothing either (a newer owner's claim fences it in the store before); a lease lost to
 //!   another worker, or a snapshot write the store refused, ends the session at once,
 //!   and nothing more is written;
 //! * it ends on `close`, the idle timeout, or a lost lease: then it publishes what
@@ -175,6 +179,8 @@ pub(crate) async fn host(
     } else {
         RemoteEventKind::SessionStarted
     };
+    let mut connections = hosting.client.connections();
+    connections.borrow_and_update();
     let hosted = Hosted {
         engine_events: session.subscribe(),
         session,
@@ -184,6 +190,9 @@ pub(crate) async fn host(
         inputs,
         drain: hosting.drain.clone(),
         lease: ownership.clock(),
+        lease_sent: ownership.sent(),
+        connections,
+        connections_open: true,
         renew_every: ownership.renew_every(),
         epoch: ownership.epoch(),
         ownership: Some(ownership),
@@ -289,6 +298,12 @@ struct Hosted {
     ownership: Option<Ownership>,
     /// The lease's validity, readable while the ownership is away.
     lease: LeaseClock,
+    /// When the write the lease counts from was sent: the lease is trusted only on a
+    /// connection that was up then (see `lease_trusted`).
+    lease_sent: std::time::Instant,
+    /// Counts the connection's (re)connections: a renewal goes out at once after one.
+    connections: watch::Receiver<u64>,
+    connections_open: bool,
     renew_every: Duration,
     /// A renewal under way, beside the loop: a request lost in an outage must not stall
     /// the session's inputs and events once the server is back.
@@ -317,6 +332,7 @@ impl Hosted {
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A drain that began before this session started applies to it too.
         let mut drain_now = self.drain.borrow().is_some();
+        self.renew_if_reconnected();
         let exit = loop {
             self.send_events().await;
             if drain_now && self.ending.is_none() {
@@ -351,12 +367,21 @@ impl Hosted {
                     None => break Exit::Disconnected,
                 },
                 _ = renew.tick(), if self.renewal.is_none() => self.begin_renewal(),
+                changed = self.connections.changed(), if self.connections_open => match changed {
+                    Ok(()) => self.renew_if_reconnected(),
+                    // The client is gone: its subscription to the inputs ends the session.
+                    Err(_) => self.connections_open = false,
+                },
                 (ownership, renewed) = finish_renewal(&mut self.renewal), if self.renewal.is_some() => {
+                    if renewed.is_ok() {
+                        self.lease_sent = ownership.sent();
+                    }
                     self.ownership = Some(ownership);
                     match renewed {
                         // Events held while the lease could not be trusted go with the
-                        // next batch.
-                        Ok(()) => {}
+                        // next batch (a renewal sent before a reconnection is followed
+                        // by one sent after it).
+                        Ok(()) => self.renew_if_reconnected(),
                         Err(LeaseError::Lost { now, .. }) => break Exit::Fenced(now),
                         Err(err @ LeaseError::Unreachable { .. }) => {
                             tracing::warn!(session = %self.key, error = %err, valid = self.lease.is_valid(), "lease not renewed");
@@ -474,6 +499,37 @@ impl Hosted {
             }
         }
         false
+    }
+
+    /// Whether the session may act as its owner: its lease is valid on its own clock, and
+    /// the connection has stayed up since the write the lease counts from was sent. A
+    /// connection that dropped took the session's subscriptions with it, so a gateway
+    /// found the owner silent and another worker may have claimed the session at once
+    /// (`worker/silent_owner.rs`), its lease notwithstanding; the client subscribes
+    /// again by itself when it reconnects, so until a renewal sent after that succeeds
+    /// (it fails if another worker claimed), this owner answers nothing and publishes
+    /// nothing: two owners never both apply an input.
+    fn lease_trusted(&self) -> bool {
+        self.lease.is_valid()
+            && self
+                .hosting
+                .client
+                .up_since()
+                .is_some_and(|up| up <= self.lease_sent)
+    }
+
+    /// Begins a renewal at once if the connection came back after the write the lease
+    /// counts from was sent (and none is under way): the session answers again as soon as
+    /// it knows it still owns the session.
+    fn renew_if_reconnected(&mut self) {
+        let reconnected = self
+            .hosting
+            .client
+            .up_since()
+            .is_some_and(|up| up > self.lease_sent);
+        if reconnected && self.renewal.is_none() {
+            self.begin_renewal();
+        }
     }
 
     /// Renews the lease beside the loop, bounded by the renewal period.
@@ -657,7 +713,7 @@ impl Hosted {
     /// lease's renewal.
     async fn send_events(&mut self) {
         // Every wake of the loop comes here: nothing new is the common case.
-        if !self.log.has_unsent() || !self.lease.is_valid() {
+        if !self.log.has_unsent() || !self.lease_trusted() {
             return;
         }
         for message in self.log.take_unsent() {
@@ -699,7 +755,7 @@ impl Hosted {
         let Some(reply_to) = message.reply.clone() else {
             return;
         };
-        if !self.lease.is_valid() {
+        if !self.lease_trusted() {
             // Not sure it still owns the session: stay silent, the gateway retries and
             // reaches whoever owns it once this is settled.
             return;
