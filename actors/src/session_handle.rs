@@ -614,7 +614,7 @@ impl Session {
             .unwrap_or(Err(SessionError::Closed))
     }
 
-    /// Applies a host input with its id, exactly once across restores (SPEC §15): what the
+    /// Applies a host input with its id, exactly once across restores: what the
     /// `Session` method of the input's name does, with the id tied to it in one call.
     ///
     /// The session keeps a ledger of the ids it applied with what each answered, and its

@@ -421,11 +421,24 @@ impl ClusterClient {
     /// client that lost the server with it (a server restart) is back, with its
     /// subscriptions, so a subject nobody subscribes to is one whose subscriber is gone.
     pub(crate) fn settled(&self) -> bool {
-        self.inner
+        self.up_since()
+            .is_some_and(|since| since.elapsed() >= SETTLED)
+    }
+
+    /// Since when the connection is up (`None` while it is down). Cleared as soon as the
+    /// client sees the connection drop, long before it can be back.
+    pub(crate) fn up_since(&self) -> Option<Instant> {
+        *self
+            .inner
             .up_since
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|since| since.elapsed() >= SETTLED)
+    }
+
+    /// The cell that says since when the connection is up, for a lease clock to watch
+    /// (`LeaseClock::watching`).
+    pub(crate) fn up_since_cell(&self) -> Arc<Mutex<Option<Instant>>> {
+        self.inner.up_since.clone()
     }
 
     /// The newest refusal that names `subject`, if the server refused one.

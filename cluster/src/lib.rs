@@ -73,8 +73,9 @@
 //!   local session and from a remote one on a worker process built by the same factory:
 //!   greeting, typed and spoken turns, a speech, a barge-in, a transfer, another agent,
 //!   the conversation (`tests/cluster/a_front_runs_the_same_over_a_local_and_a_remote_session.rs`).
-//! * **Fencing.** A worker that lost its lease (paused, cut off) answers nothing,
-//!   publishes nothing and writes no snapshot; a newer owner's claim makes the store refuse
+//! * **Fencing.** A worker that lost its lease (paused, cut off), or whose connection
+//!   dropped since its last renewal (its session may have been claimed meanwhile), answers
+//!   nothing, publishes nothing and writes no snapshot until it renews; a newer owner's claim makes the store refuse
 //!   a stale owner's snapshot writes ([`StoreError::Fenced`](switchboard::snapshot::StoreError)),
 //!   on the engine's store contract: of two engines restoring one stored state from the
 //!   JetStream store the second is refused, and a claimant that died is taken over
@@ -87,7 +88,8 @@
 //!   silent too claims it, without waiting for the lease (SIGKILL → next reply in tens of
 //!   milliseconds with the default 10 s lease:
 //!   `tests/cluster/a_killed_owner_is_replaced_without_waiting_for_its_lease.rs`); else
-//!   (a frozen or cut-off worker, a session nobody talks to) its leases expire. Either
+//!   (a frozen worker, one cut off with its connection left open, a session nobody
+//!   talks to) its leases expire. Either
 //!   way another worker claims each session one epoch higher and restores it from its
 //!   last snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
 //!   applied exactly once and a turn under way runs again and answers its caller

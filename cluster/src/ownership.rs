@@ -39,7 +39,7 @@
 //! (`snapshots.rs`), so events and snapshot writes of a stale owner lose to the new one.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv::{self, Operation};
@@ -202,7 +202,7 @@ impl Owners {
                         session: session.clone(),
                         record,
                         revision,
-                        clock: LeaseClock::until(self.valid_until(sent)),
+                        clock: LeaseClock::sent_at(sent, self.valid_until(sent)),
                     })
                 }
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
@@ -305,39 +305,88 @@ enum Current {
 
 /// Until when an owner may act on its lease, readable while a renewal is under way.
 /// Cheap to clone; the clones share one deadline.
+///
+/// A lease counts from when the write it rests on was *sent*; it is *trusted* only while
+/// the worker's connection has stayed up since then (when the clock watches the
+/// connection, [`LeaseClock::watching`]). A connection that closed took the session's
+/// subscriptions with it: a gateway then finds the owner silent and another worker may
+/// claim the session at once (`worker/silent_owner.rs`), whatever the clock says, and the
+/// client subscribes again by itself when it reconnects. So from the drop until a renewal
+/// sent after the reconnection succeeds (it fails if another worker claimed), the owner
+/// answers nothing and publishes nothing: two owners never both apply an input.
 #[derive(Clone, Debug)]
 pub(crate) struct LeaseClock {
     base: Instant,
     /// Nanoseconds after `base`.
     valid_until: Arc<AtomicU64>,
+    /// When the write the lease counts from was sent, in nanoseconds after `base`.
+    sent: Arc<AtomicU64>,
+    /// Since when the worker's connection is up (`None` while it is down), when watched.
+    connection: Option<Arc<Mutex<Option<Instant>>>>,
 }
 
 impl LeaseClock {
+    /// A lease valid until `at`, counted from a write sent now.
+    #[cfg(test)]
     pub(crate) fn until(at: Instant) -> Self {
+        Self::sent_at(Instant::now(), at)
+    }
+
+    /// A lease valid until `at`, counted from a write sent at `sent`.
+    pub(crate) fn sent_at(sent: Instant, at: Instant) -> Self {
         let clock = Self {
-            base: Instant::now(),
+            base: sent,
             valid_until: Arc::new(AtomicU64::new(0)),
+            sent: Arc::new(AtomicU64::new(0)),
+            connection: None,
         };
-        clock.set(at);
+        clock.renewed(sent, at);
         clock
     }
 
-    /// Moves the end of the lease to `at` (a renewal that succeeded).
-    pub(crate) fn set(&self, at: Instant) {
-        let nanos = at.saturating_duration_since(self.base).as_nanos();
-        self.valid_until
-            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::SeqCst);
+    /// The same clock, trusted only while the connection whose `up_since` this is has
+    /// stayed up since the lease's write was sent.
+    pub(crate) fn watching(mut self, up_since: Arc<Mutex<Option<Instant>>>) -> Self {
+        self.connection = Some(up_since);
+        self
     }
 
-    /// Whether the lease can be trusted now (see the module docs).
+    /// Moves the end of the lease to `at`, after a renewal sent at `sent` succeeded.
+    pub(crate) fn renewed(&self, sent: Instant, at: Instant) {
+        let nanos = |t: Instant| {
+            u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
+        };
+        self.sent.store(nanos(sent), Ordering::SeqCst);
+        self.valid_until.store(nanos(at), Ordering::SeqCst);
+    }
+
+    /// Whether the lease's time has not run out (the snapshot writer's rule: a newer
+    /// owner's claim fences it in the store before).
     pub(crate) fn is_valid(&self) -> bool {
         self.is_valid_at(Instant::now())
     }
 
-    /// Whether the lease can be trusted at `now`.
+    /// Whether the lease's time has not run out at `now`.
     pub(crate) fn is_valid_at(&self, now: Instant) -> bool {
         let now = now.saturating_duration_since(self.base).as_nanos();
         u128::from(self.valid_until.load(Ordering::SeqCst)) > now
+    }
+
+    /// Whether the owner may act at `now`: the lease's time has not run out, and the
+    /// connection (when watched) has stayed up since the lease's write was sent.
+    pub(crate) fn is_trusted_at(&self, now: Instant) -> bool {
+        self.is_valid_at(now) && !self.reconnected_since_sent()
+    }
+
+    /// Whether the watched connection dropped since the lease's write was sent (it is down,
+    /// or came back after): only a renewal sent now can make the lease trusted again.
+    pub(crate) fn reconnected_since_sent(&self) -> bool {
+        let Some(connection) = &self.connection else {
+            return false;
+        };
+        let sent = self.base + Duration::from_nanos(self.sent.load(Ordering::SeqCst));
+        let up_since = *connection.lock().unwrap_or_else(|p| p.into_inner());
+        up_since.is_none_or(|up| up > sent)
     }
 }
 
@@ -431,7 +480,7 @@ impl Ownership {
                         tracing::warn!(session = %self.session, "the lease had expired; took it back");
                     }
                     self.revision = revision;
-                    self.clock.set(self.owners.valid_until(sent));
+                    self.clock.renewed(sent, self.owners.valid_until(sent));
                     return Ok(());
                 }
                 Err(WriteError::Moved) => {

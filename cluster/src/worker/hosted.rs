@@ -30,7 +30,11 @@
 //! * what takes time runs beside the loop, as work whose end is an event of the tenure:
 //!   the engine calls whose answers take a turn, a save an answer waits for, the close,
 //!   the drain's settling and last snapshot, the lease's renewal, and the writes of an end
-//!   or a hand-over.
+//!   or a hand-over;
+//! * the lease is renewed every third of its length, and at once after a reconnection:
+//!   it is trusted only on a connection that has been up since the renewal was sent (a
+//!   dropped connection may have let another worker claim the session at once,
+//!   `tests/cluster/a_cut_off_owner_is_not_doubled.rs`).
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
 //! (`tests/cluster/inputs_apply_exactly_once.rs`, and across a move:
@@ -206,7 +210,9 @@ pub(crate) async fn host(
     let tenure = Tenure::new(Setup {
         key: key.clone(),
         epoch: ownership.epoch(),
-        lease: ownership.clock(),
+        // Trusted only on a connection up since the lease's write was sent: see
+        // `LeaseClock`.
+        lease: ownership.clock().watching(hosting.client.up_since_cell()),
         log,
         ledger: InputLedger::resumed(last_input),
         idle_timeout: hosting.idle_timeout,
@@ -397,6 +403,14 @@ impl Hosted {
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut drain = self.hosting.drain.clone();
         let mut drain_open = true;
+        // A reconnection asks for a renewal at once: the lease is not trusted again until
+        // one sent after it succeeds.
+        let mut connections = self.hosting.client.connections();
+        connections.borrow_and_update();
+        let mut connections_open = true;
+        if self.tenure.reconnected_since_lease() {
+            self.feed(Event::RenewDue).await;
+        }
         // A drain that began before this session started applies to it too.
         let draining = *drain.borrow_and_update();
         if let Some(deadline) = draining {
@@ -425,6 +439,14 @@ impl Hosted {
                     None => Wake::Event(Box::new(Event::Disconnected)),
                 },
                 _ = renew.tick() => Wake::Event(Box::new(Event::RenewDue)),
+                changed = connections.changed(), if connections_open => match changed {
+                    Ok(()) => Wake::Event(Box::new(Event::RenewDue)),
+                    // The client is gone: its subscription to the inputs ends the session.
+                    Err(_) => {
+                        connections_open = false;
+                        Wake::Nothing
+                    }
+                },
                 changed = drain.changed(), if drain_open => {
                     let deadline = match changed {
                         Ok(()) => *drain.borrow(),

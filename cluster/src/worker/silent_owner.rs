@@ -12,7 +12,11 @@
 //! request times out (frozen: its connection, and so its subscriptions, still stand), is
 //! left to its lease, and so is a session whose record does not run (it ended, moves, or
 //! expired: those have their own jobs). The claim is the usual one: one epoch higher, and the old owner, if
-//! it ever comes back, is fenced by it.
+//! it ever comes back, is fenced by it. An owner that lives but whose connection closed
+//! (the server dropped it, a reset) cannot be told from a dead one and is claimed too;
+//! it trusts its lease only on a connection that has been up since its last renewal
+//! (`hosted.rs`), so it acts on nothing until a renewal after it reconnects, which finds
+//! this claim.
 
 use std::time::Duration;
 

@@ -25,7 +25,10 @@
 //!
 //! - While the lease cannot be trusted no request is answered (the gateway retries and
 //!   reaches whoever owns the session once that is settled), and what the session says is
-//!   held back, to go out with the first batch after the lease is trusted again.
+//!   held back, to go out with the first batch after the lease is trusted again. A lease
+//!   is trusted while its time runs and the connection has stayed up since its write was
+//!   sent (`LeaseClock`): after a drop, only a renewal sent since the reconnection makes
+//!   it trusted again, and one that succeeded but was sent before asks for another.
 //! - An input id is applied once: the next id is applied, the last one answered again,
 //!   an older one answered `earlier` (or with its answer, when the session's ledger keeps
 //!   it), a later one `out_of_order` — in every state. One the session's ledger holds (the
@@ -405,7 +408,7 @@ impl Tenure {
         if self.is_done() {
             return Vec::new();
         }
-        if !self.lease_trusted(now) {
+        if !self.lease.is_trusted_at(now.into_std()) {
             self.log.hold();
             return Vec::new();
         }
@@ -528,6 +531,10 @@ impl Tenure {
     ) {
         self.renewal = Renewal::Idle;
         match renewed {
+            // A renewal sent before the connection dropped does not make the lease trusted
+            // again: one sent after the reconnection must (it fails if another worker
+            // claimed the session meanwhile).
+            Ok(()) if self.lease.reconnected_since_sent() => self.on_renew_due(out),
             Ok(()) => {}
             Err(LeaseError::Lost { now: owner, .. }) => self.stop_fenced(&owner, out),
             Err(err @ LeaseError::Unreachable { .. }) => {
@@ -730,7 +737,7 @@ impl Tenure {
         now: Instant,
         actions: &mut Vec<Action<S>>,
     ) {
-        if !self.lease_trusted(now) {
+        if !self.lease.is_trusted_at(now.into_std()) {
             // Not sure it still owns the session: stay silent, the gateway retries and
             // reaches whoever owns it once this is settled.
             return;
@@ -824,7 +831,7 @@ impl Tenure {
                         until,
                     },
             } => {
-                if !waited(*until, &self.under_way) || !self.lease.is_valid_at(now.into_std()) {
+                if !waited(*until, &self.under_way) || !self.lease.is_trusted_at(now.into_std()) {
                     return;
                 }
                 let reason = *reason;
@@ -917,8 +924,13 @@ impl Tenure {
         )
     }
 
+    /// Whether the connection dropped since the lease's write was sent: a renewal is due.
+    pub(crate) fn reconnected_since_lease(&self) -> bool {
+        self.lease.reconnected_since_sent()
+    }
+
     fn lease_trusted(&self, now: Instant) -> bool {
-        self.lease.is_valid_at(now.into_std())
+        self.lease.is_trusted_at(now.into_std())
     }
 }
 

@@ -21,6 +21,7 @@ mod test_agents;
 mod a_front_runs_the_same_over_a_local_and_a_remote_session;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
+mod a_cut_off_owner_is_not_doubled;
 mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_fault_campaign_loses_nothing;
 mod a_killed_owner_is_replaced_without_waiting_for_its_lease;

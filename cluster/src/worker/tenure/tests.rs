@@ -34,8 +34,13 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
+        Self::with_lease(|lease| lease)
+    }
+
+    /// A tenure whose lease clock is `watch`ed (the connection, as the worker's is).
+    fn with_lease(watch: impl FnOnce(LeaseClock) -> LeaseClock) -> Self {
         let t0 = Instant::now();
-        let lease = LeaseClock::until((t0 + LEASE).into_std());
+        let lease = watch(LeaseClock::until((t0 + LEASE).into_std()));
         let counts = Arc::new(Counts::default());
         counts.session_live();
         let tenure = Tenure::new(Setup {
@@ -67,7 +72,8 @@ impl Fixture {
 
     /// The lease, renewed now.
     fn renew_lease(&mut self) {
-        self.lease.set((self.now + LEASE).into_std());
+        self.lease
+            .renewed(self.now.into_std(), (self.now + LEASE).into_std());
     }
 
     /// Feeds `event`; publishes what the actions publish, then the batch (as the loop
@@ -549,6 +555,52 @@ fn while_the_lease_cannot_be_trusted_nothing_is_answered_or_published() {
     f.on(Event::RenewDue);
     f.renew_lease();
     f.on(Event::Renewed(Ok(())));
+    assert_eq!(f.kinds().last(), Some(&kind(chunk("held back"))));
+    assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
+}
+
+#[test]
+fn a_dropped_connection_is_trusted_again_only_after_a_renewal_sent_since() {
+    let up_since = Arc::new(std::sync::Mutex::new(Some(std::time::Instant::now())));
+    let mut f = Fixture::with_lease(|lease| lease.watching(up_since.clone()));
+    f.flush();
+    f.said("before");
+    assert_eq!(
+        f.kinds().last(),
+        Some(&kind(chunk("before"))),
+        "trusted while up"
+    );
+
+    // The connection drops: another worker may claim the session at once (it looks dead).
+    *up_since.lock().unwrap() = None;
+    f.said("held back");
+    assert!(
+        f.input(1, run("hi")).is_empty(),
+        "nothing answered while down"
+    );
+    assert!(f.tenure.reconnected_since_lease());
+
+    // Back, but the lease rests on a write sent before the drop: still nothing.
+    *up_since.lock().unwrap() = Some(std::time::Instant::now());
+    assert!(
+        f.input(1, run("hi")).is_empty(),
+        "nothing answered after the reconnection"
+    );
+    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
+    // That renewal was sent before the reconnection: another one is asked for.
+    assert_eq!(names(&f.on(Event::Renewed(Ok(())))), ["renew"]);
+    assert!(f.input(1, run("hi")).is_empty(), "still nothing answered");
+    assert_eq!(
+        f.kinds().last(),
+        Some(&kind(chunk("before"))),
+        "nothing published"
+    );
+
+    // A renewal sent after the reconnection succeeded: the held events go out, inputs
+    // are applied. (Had another worker claimed the session, it would have failed: fenced.)
+    f.wait(Duration::from_secs(1));
+    f.renew_lease();
+    assert!(f.on(Event::Renewed(Ok(()))).is_empty());
     assert_eq!(f.kinds().last(), Some(&kind(chunk("held back"))));
     assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
 }
