@@ -13,7 +13,7 @@
 //!   provider, Mozilla's roots compiled in (no system OpenSSL or CA bundle), no
 //!   permessage-deflate;
 //! - `gather` — while a response's audio is well ahead of its playback, the socket lets
-//!   the next pieces gather in the kernel (on Linux, up to 64 KiB or 5 ms, keeping 100 ms
+//!   the next pieces gather in the kernel (on Linux, up to 32 KiB or 5 ms, keeping 100 ms
 //!   of audio unplayed) and reads them in one wake-up instead of one each.
 //!
 //! ```no_run

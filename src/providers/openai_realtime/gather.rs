@@ -19,10 +19,12 @@ use tokio::time::Instant;
 
 use crate::realtime::ServerEvent;
 
-/// How much the socket lets gather before the kernel wakes it: ~46 pieces of 20 ms PCM16
-/// at 24 kHz in their JSON and base64 (half the kernel's default receive buffer, so the
-/// mark does not grow it).
-pub(super) const GATHER_BYTES: usize = 64 * 1024;
+/// How much the socket lets gather before the kernel wakes it: ~23 pieces of 20 ms PCM16
+/// at 24 kHz in their JSON and base64. A quarter of the kernel's default receive buffer
+/// (128 KiB): the kernel counts each small segment at about twice its payload, and a mark
+/// the buffer cannot hold is never reached (the sender stalls on a closed window and every
+/// gathering waits out its deadline).
+pub(super) const GATHER_BYTES: usize = 32 * 1024;
 
 /// The longest the socket lets events wait in the kernel.
 pub(super) const MAX_WAIT: Duration = Duration::from_millis(5);
