@@ -11,7 +11,10 @@
 //!   `testing::ScriptedRealtime` speaks it too);
 //! - `socket` — the WebSocket: tungstenite over tokio, TLS with rustls and the `ring`
 //!   provider, Mozilla's roots compiled in (no system OpenSSL or CA bundle), no
-//!   permessage-deflate.
+//!   permessage-deflate;
+//! - `gather` — while a response's audio is well ahead of its playback, the socket lets
+//!   the next pieces gather in the kernel (on Linux, up to 32 KiB or 5 ms, keeping 100 ms
+//!   of audio unplayed) and reads them in one wake-up instead of one each.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -33,6 +36,8 @@
 //! ```
 
 pub mod codec;
+#[cfg(feature = "realtime")]
+mod gather;
 #[cfg(feature = "realtime")]
 mod socket;
 
@@ -141,8 +146,9 @@ mod builder {
             let url = self.url.clone();
             let key = self.api_key.clone();
             let timeout = self.connect_timeout;
+            let bytes_per_ms = self.settings.output_format.bytes_per_ms();
             async move {
-                let socket = socket::Socket::open(&url, &key, timeout).await?;
+                let socket = socket::Socket::open(&url, &key, timeout, bytes_per_ms).await?;
                 Ok(Box::new(socket) as Box<dyn RealtimeConnection>)
             }
             .boxed()

@@ -20,6 +20,15 @@ use serde_json::{json, Map, Value};
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
+/// The model's audio from its base64: most of the bytes a response carries, decoded with
+/// the CPU's vector instructions (several times faster than the scalar decoder, and one
+/// decode per ~20 ms piece of audio).
+fn decode_audio(base64: &str) -> Result<Vec<u8>, String> {
+    base64_simd::STANDARD
+        .decode_to_vec(base64)
+        .map_err(|err| format!("an audio delta is not base64: {err}"))
+}
+
 /// How much of an event a decoding error quotes.
 const QUOTE: usize = 120;
 
@@ -336,14 +345,10 @@ fn audio_delta(text: &str) -> Option<Result<ServerEvent, String>> {
     }
     let delta = plain_field(text, r#""delta""#)?;
     let item = plain_field(text, r#""item_id""#)?;
-    Some(
-        B64.decode(delta)
-            .map(|audio| ServerEvent::AudioDelta {
-                item_id: item.to_owned(),
-                audio,
-            })
-            .map_err(|err| format!("an audio delta is not base64: {err}")),
-    )
+    Some(decode_audio(delta).map(|audio| ServerEvent::AudioDelta {
+        item_id: item.to_owned(),
+        audio,
+    }))
 }
 
 /// Decodes one server event. Text that is not an event the engine can read is reported
@@ -364,9 +369,7 @@ pub fn decode(text: &str) -> Result<ServerEvent, String> {
     Ok(match event.kind.as_ref() {
         "response.output_audio.delta" => {
             let delta = event.delta.as_deref().unwrap_or_default();
-            let audio = B64
-                .decode(delta)
-                .map_err(|err| format!("an audio delta is not base64: {err}"))?;
+            let audio = decode_audio(delta)?;
             ServerEvent::AudioDelta {
                 item_id: owned(event.item_id),
                 audio,

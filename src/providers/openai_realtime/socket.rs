@@ -1,8 +1,11 @@
 //! One WebSocket to the OpenAI Realtime API: TCP (no Nagle delay), TLS for `wss://`
 //! (rustls, `ring`, Mozilla's roots), tungstenite's client handshake with the bearer
-//! token, then JSON text messages through [`codec`](super::codec).
+//! token, then JSON text messages through [`codec`](super::codec). While a response's
+//! audio is well ahead of its playback, the kernel is asked to wake the reader only once
+//! several events have arrived or at a deadline ([`gather`](super::gather)).
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -12,6 +15,7 @@ use std::time::Duration;
 use futures_util::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -19,12 +23,22 @@ use tokio_tungstenite::tungstenite::{Error as WsError, Message};
 use tokio_tungstenite::WebSocketStream;
 
 use super::codec;
+use super::gather::{Gathering, GATHER_BYTES};
 use crate::realtime::{ClientEvent, RealtimeConnection, RealtimeError, ServerEvent};
 
 /// TCP, or TLS over TCP.
 enum Transport {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
+impl Transport {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Transport::Plain(s) => s,
+            Transport::Tls(s) => s.get_ref().0,
+        }
+    }
 }
 
 impl AsyncRead for Transport {
@@ -85,11 +99,41 @@ fn tls() -> Result<Arc<rustls::ClientConfig>, RealtimeError> {
         .map_err(|message| RealtimeError::Connect { message })
 }
 
+/// The bytes that must have arrived before the kernel wakes the socket's reader
+/// (`SO_RCVLOWAT`); whether it took. Only on Linux, where epoll honours it.
+#[cfg(target_os = "linux")]
+fn wake_after(tcp: &TcpStream, bytes: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: the descriptor is the open socket `tcp` owns, and `value` is a valid c_int
+    // of the length passed, read during the call only.
+    let status = unsafe {
+        libc::setsockopt(
+            tcp.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            std::ptr::addr_of!(value).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    status == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn wake_after(_tcp: &TcpStream, bytes: usize) -> bool {
+    bytes == 1
+}
+
 /// An open connection.
 pub(super) struct Socket {
     ws: WebSocketStream<Transport>,
     /// Messages encoded and not yet handed to the WebSocket.
     queue: VecDeque<Message>,
+    /// Whether the server's events may gather, and until when.
+    gathering: Gathering,
+    /// While the kernel wakes the reader only for [`GATHER_BYTES`]: the deadline at which
+    /// the socket reads what has gathered anyway. `None`: it wakes at every event.
+    gathered_by: Option<Pin<Box<Sleep>>>,
 }
 
 impl Socket {
@@ -98,16 +142,25 @@ impl Socket {
         url: &str,
         api_key: &str,
         timeout: Duration,
+        bytes_per_ms: u32,
     ) -> Result<Self, RealtimeError> {
         match tokio::time::timeout(timeout, Self::connect(url, api_key)).await {
-            Ok(result) => result,
+            Ok(result) => result.map(|ws| Self {
+                ws,
+                queue: VecDeque::new(),
+                gathering: Gathering::new(bytes_per_ms),
+                gathered_by: None,
+            }),
             Err(_) => Err(RealtimeError::Connect {
                 message: format!("no connection to {url} within {timeout:?}"),
             }),
         }
     }
 
-    async fn connect(url: &str, api_key: &str) -> Result<Self, RealtimeError> {
+    async fn connect(
+        url: &str,
+        api_key: &str,
+    ) -> Result<WebSocketStream<Transport>, RealtimeError> {
         let connect = |message: String| RealtimeError::Connect { message };
         let mut request = url
             .into_client_request()
@@ -166,10 +219,36 @@ impl Socket {
                     )),
                     other => connect(format!("{url}: {other}")),
                 })?;
-        Ok(Self {
-            ws,
-            queue: VecDeque::new(),
-        })
+        Ok(ws)
+    }
+
+    /// Nothing is left to read: lets the next events gather while the response's audio is
+    /// ahead, or reads them as they come once the deadline has passed or the audio is not
+    /// ahead any more. Raising the mark is safe against an event that came meanwhile (its
+    /// wake-up is already due); lowering it has the kernel wake the reader at once for
+    /// what has gathered.
+    fn settle(&mut self, cx: &mut Context<'_>) {
+        let now = Instant::now();
+        match &mut self.gathered_by {
+            Some(deadline) => {
+                let due =
+                    self.gathering.until(now).is_none() || deadline.as_mut().poll(cx).is_ready();
+                if due {
+                    self.gathered_by = None;
+                    wake_after(self.ws.get_ref().tcp(), 1);
+                }
+            }
+            None => {
+                if let Some(until) = self.gathering.until(now) {
+                    if wake_after(self.ws.get_ref().tcp(), GATHER_BYTES) {
+                        let mut deadline = Box::pin(tokio::time::sleep_until(until));
+                        // Registers the waker; the deadline is at least a millisecond away.
+                        let _ = deadline.as_mut().poll(cx);
+                        self.gathered_by = Some(deadline);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -201,9 +280,16 @@ impl RealtimeConnection for Socket {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<ServerEvent, RealtimeError>>> {
         loop {
-            match ready!(Pin::new(&mut self.ws).poll_next(cx)) {
+            let next = Pin::new(&mut self.ws).poll_next(cx);
+            if next.is_pending() {
+                self.settle(cx);
+            }
+            match ready!(next) {
                 Some(Ok(Message::Text(text))) => match codec::decode(text.as_str()) {
-                    Ok(event) => return Poll::Ready(Some(Ok(event))),
+                    Ok(event) => {
+                        self.gathering.on_event(&event, Instant::now);
+                        return Poll::Ready(Some(Ok(event)));
+                    }
                     Err(why) => {
                         // One unreadable event is not worth the connection.
                         tracing::warn!(%why, "the realtime model sent an event that cannot be read");
