@@ -91,6 +91,11 @@
 //!   after every settled turn costs a turn.
 //! - `snapshot_file_append`: `FileStore::append` of one turn's delta (encoding, the
 //!   blocking pool, the write and its `fsync`).
+//! - `abandon_call_record`: a turn with one call of a tool whose body returns at once, then
+//!   the model's text, until settled; the tool's restore policy `Restart` or `Abandon`, the
+//!   session saving to no store, a `MemoryStore` or a `FileStore` (alternating rounds):
+//!   what waiting for a stored snapshot holding the call before an `Abandon` body starts
+//!   adds to a turn (`BENCH_RECORD_TURNS`, 128 per round and setting).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -105,6 +110,7 @@ use switchboard::snapshot::{
     SnapshotUpdate,
 };
 use switchboard::testing::{Reply, ScriptedLlm};
+use switchboard::RestorePolicy;
 use switchboard::{
     AgentBuilder, ChatItem, ChatRole, LlmChunk, LlmError, LlmRequest, LlmStream, NoArgs,
     SessionBuilder, ToolCallChunk, ToolChoice,
@@ -1116,9 +1122,71 @@ async fn snapshot_save_turn(engine: &Engine, pasts: &[Arc<[ChatItem]>]) {
     }
 }
 
+/// `abandon_call_record`: see the module docs.
+async fn abandon_call_record(engine: &Engine) {
+    let (rounds, _, _) = snapshot_knobs();
+    let turns = env("BENCH_RECORD_TURNS", 128).max(1);
+    let dir = std::env::var("BENCH_SNAPSHOT_DIR").map_or_else(
+        |_| std::env::temp_dir().join(format!("switchboard-record-{}", std::process::id())),
+        std::path::PathBuf::from,
+    );
+    const STORES: [&str; 3] = ["none", "memory", "file"];
+    const POLICIES: [RestorePolicy; 2] = [RestorePolicy::Restart, RestorePolicy::Abandon];
+    let mut taken: Vec<Vec<f64>> = vec![Vec::new(); STORES.len() * POLICIES.len()];
+    let mut n = 0;
+    for _ in 0..rounds {
+        for (s, store) in STORES.iter().enumerate() {
+            for (p, policy) in POLICIES.iter().enumerate() {
+                n += 1;
+                let tool = Tool::new("charge", "Charges", |_ctx: RunContext, _: NoArgs| async {
+                    Ok::<_, ToolFailure>("charged")
+                })
+                .on_restore(*policy);
+                let mut builder = Session::builder()
+                    .llm(llm_calling(Some("charge"), 1))
+                    .agent(Agent::builder("a").tool(tool).build().unwrap())
+                    .id(format!("record-{n}"));
+                builder = match *store {
+                    "memory" => builder.save_snapshots(Arc::new(MemoryStore::new())),
+                    "file" => builder.save_snapshots(Arc::new(FileStore::new(&dir).unwrap())),
+                    _ => builder,
+                };
+                let session = builder.start(engine).await.unwrap();
+                // Untimed: the first turn (the store's first full snapshot).
+                session.run("go").await.unwrap();
+                session.wait_for_settled().await.unwrap();
+                for _ in 0..turns {
+                    let start = Instant::now();
+                    session.run("go").await.unwrap();
+                    session.wait_for_settled().await.unwrap();
+                    taken[s * POLICIES.len() + p].push(micros(start, Instant::now()));
+                }
+                session.close().await.unwrap();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    for (s, store) in STORES.iter().enumerate() {
+        let restart = stats(&taken[s * POLICIES.len()]);
+        for (p, policy) in POLICIES.iter().enumerate() {
+            let samples = &taken[s * POLICIES.len() + p];
+            let st = stats(samples);
+            println!(
+                r#"{{"scenario":"abandon_call_record","store":"{store}","policy":"{policy:?}","n":{},"mean_us":{:.1},"p50_us":{:.1},"p99_us":{:.1},"max_us":{:.1},"over_restart_p50_us":{:.1}}}"#,
+                samples.len(),
+                st.mean,
+                st.p50,
+                st.p99,
+                st.max,
+                st.p50 - restart.p50
+            );
+        }
+    }
+}
+
 /// The snapshot rows `BENCH_SCENARIOS` asks for.
 async fn snapshot_rows(engine: &Engine) {
-    const LABELS: [&str; 7] = [
+    const LABELS: [&str; 8] = [
         "snapshot_full",
         "snapshot_delta",
         "snapshot_delta_chain",
@@ -1126,6 +1194,7 @@ async fn snapshot_rows(engine: &Engine) {
         "snapshot_restore_reply",
         "snapshot_save_turn",
         "snapshot_file_append",
+        "abandon_call_record",
     ];
     if !LABELS.iter().any(|label| wanted(label)) {
         return;
@@ -1148,6 +1217,9 @@ async fn snapshot_rows(engine: &Engine) {
     }
     if wanted("snapshot_save_turn") {
         snapshot_save_turn(engine, &pasts).await;
+    }
+    if wanted("abandon_call_record") {
+        abandon_call_record(engine).await;
     }
     if wanted("snapshot_file_append") {
         let dir = std::env::var("BENCH_SNAPSHOT_DIR").map_or_else(

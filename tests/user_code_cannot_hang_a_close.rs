@@ -453,12 +453,16 @@ async fn a_model_that_never_answers_holds_neither_a_close_nor_a_drain() {
 async fn a_close_returns_within_four_grace_periods_whatever_user_code_does() {
     tokio::time::pause();
     let engine = Engine::current().unwrap();
+    // `Restart` tools: an `Abandon` body in a session whose store never answers would
+    // never start (it waits for the store to hold its call), and the close would have no
+    // body to wait for.
     let deaf = |name: &'static str| {
         Tool::new(name, "Never ends", |ctx: RunContext, _: Query| async move {
             ctx.update("started").await?;
             futures_util::future::pending::<()>().await;
             Ok::<_, ToolFailure>("done")
         })
+        .on_restore(switchboard::RestorePolicy::Restart)
     };
     let agent = Agent::builder("greeter")
         .tool(deaf("agent_job"))

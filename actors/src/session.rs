@@ -12,7 +12,7 @@
 //!   `RunTask`, `CompleteTask`, `DeliverToolItems`, `InterruptTurn`, `InterruptSpeech`,
 //!   `Say`, `UserStartedSpeaking`, `UserStoppedSpeaking`, `UserTranscript`, `CancelTurn`,
 //!   `PlayoutFinished`, `ReadChat`, `ReadHistory`, `ReadAgent`, `CloseSession`,
-//!   `TakeSnapshot`, `ApplyInput`, `AwaitTask`. Those it
+//!   `TakeSnapshot`, `RecordCall`, `ApplyInput`, `AwaitTask`. Those it
 //!   relays to an activity keep their name on the way: `DeliverToolItems`,
 //!   `InterruptTurn`, `InterruptSpeech`, the three user inputs, `PlayoutFinished`,
 //!   `ReadChat`.
@@ -105,7 +105,7 @@ use realtime::{HeardTurn, Transcribed};
 pub(crate) use restore::{AwaitTask, RestorePlan};
 use schedule::{After, Cancelled, Next, Refusal, Route, Schedule, TurnId, Work};
 pub use snapshot::SnapshotUpdate;
-pub(crate) use snapshot::TakeSnapshot;
+pub(crate) use snapshot::{RecordCall, TakeSnapshot};
 use switch::Entry;
 
 /// A session-scoped toolset as activities see it.
@@ -280,6 +280,33 @@ impl SessionLinks {
     /// A background run completed the current sub-task (one per run).
     pub(crate) fn complete_task(&self, from: &ActorId, value: Value) {
         self.session.tell(from, CompleteTask { value });
+    }
+
+    /// An `Abandon` tool's call whose body waits to start: resolves once a snapshot
+    /// holding the call is in the session's store (or why it is not). The call is in its
+    /// toolset's book before this is sent, so any snapshot collected after it arrives holds
+    /// the call.
+    pub(crate) fn record_call(
+        &self,
+        from: &ActorId,
+        call_id: &str,
+    ) -> impl std::future::Future<Output = Result<(), String>> + Send + 'static {
+        let (answer, heard) = oneshot::channel();
+        // One per call of an `Abandon` tool, before its body starts.
+        self.session.tell(
+            from,
+            RecordCall {
+                call_id: call_id.to_owned(),
+                answer,
+            },
+        );
+        async move {
+            match heard.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(err)) => Err(err.to_string()),
+                Err(_) => Err("the session stopped before the call was recorded".to_owned()),
+            }
+        }
     }
 
     /// A tool runs a sub-task, exempt from its caller's pause.
@@ -1723,6 +1750,7 @@ counted_handlers!(
     ReadAgent,
     CloseSession,
     TakeSnapshot,
+    RecordCall,
     AwaitTask,
     ApplyInput,
     InputsHandled,

@@ -776,6 +776,7 @@ pub struct SessionBuilder {
     userdata: Option<Arc<dyn Any + Send + Sync>>,
     max_tool_steps: u32,
     grace_period: Duration,
+    record_timeout: Duration,
     inherit_chat_context: bool,
     llm_timeouts: LlmTimeouts,
     max_calls_per_step: usize,
@@ -813,6 +814,7 @@ impl Default for SessionBuilder {
             userdata: None,
             max_tool_steps: 3,
             grace_period: Duration::from_secs(2),
+            record_timeout: Self::DEFAULT_RECORD_TIMEOUT,
             inherit_chat_context: false,
             llm_timeouts: LlmTimeouts::default(),
             max_calls_per_step: 32,
@@ -854,6 +856,12 @@ impl SessionBuilder {
     /// a few documents in parallel runs them side by side, and a session that floods the
     /// pool takes no more than four of its threads.
     pub const DEFAULT_MAX_BLOCKING_JOBS: usize = 4;
+
+    /// How long the body of an `Abandon` tool's call waits for the session's store to
+    /// hold the call unless [`record_timeout`](Self::record_timeout) says otherwise: a
+    /// store that answers at all answers within it (a local file or an in-memory store in
+    /// microseconds, a JetStream write in milliseconds).
+    pub const DEFAULT_RECORD_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// The model agents use unless they set their own.
     pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
@@ -1013,6 +1021,25 @@ impl SessionBuilder {
     /// (default 2 s).
     pub fn grace_period(mut self, grace: Duration) -> Self {
         self.grace_period = grace;
+        self
+    }
+
+    /// How long, in a session that saves to a store
+    /// ([`save_snapshots`](Self::save_snapshots), [`save_claimed`](Self::save_claimed),
+    /// [`restore_from`](Self::restore_from)), the body of a call whose tool's restore
+    /// policy is [`RestorePolicy::Abandon`](crate::RestorePolicy::Abandon) waits for the
+    /// store to hold the call before it starts (default 5 s).
+    ///
+    /// Such a body starts only once a stored snapshot holds its call as running, so a
+    /// process that dies while it runs leaves a store from which a restore abandons the
+    /// call rather than asking the model again — the body never runs twice. Calls of one
+    /// step share one write. A write that fails, is refused (fenced), or is not answered
+    /// within this bound ends the call without its body ever starting: its output, which
+    /// the model reads, says the call was not made because it could not be recorded, and a
+    /// [`SessionEvent::Error`] names it. Tools whose policy is `Restart` or `Resume`, and
+    /// sessions without a store, never wait.
+    pub fn record_timeout(mut self, bound: Duration) -> Self {
+        self.record_timeout = bound;
         self
     }
 
@@ -1439,6 +1466,7 @@ impl SessionBuilder {
                     turn_handling: self.turn_handling,
                     trace_content: self.trace_content,
                     max_blocking_jobs: self.max_blocking_jobs,
+                    record_calls: saving.is_some().then_some(self.record_timeout),
                 },
                 llm: self.llm,
                 realtime: self.realtime,

@@ -287,6 +287,7 @@ impl SessionShared {
                         .endpointing(crate::turn_handling::Endpointing::fixed(Duration::ZERO)),
                     trace_content: false,
                     max_blocking_jobs: 4,
+                    record_calls: None,
                 },
                 llm: None,
                 realtime: None,

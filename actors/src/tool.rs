@@ -62,6 +62,17 @@ pub enum RestorePolicy {
     /// output, or, in the background, its `/finished` with a deferred reply that tells the
     /// user — and its body never runs again: a side effect (a card charged) happens at most
     /// once. The default: the body may have done its work, or not, and only it knows.
+    ///
+    /// Across a crash too: in a session that saves to a store
+    /// (`SessionBuilder::save_snapshots`), the body starts only once the store holds a
+    /// snapshot with the call running (calls of one step share one write), so the store
+    /// never holds a state from before the call while its body runs: whoever restores from
+    /// it abandons the call rather than asking the model again. When the store cannot hold
+    /// the call — the write fails, is fenced, or takes longer than
+    /// `SessionBuilder::record_timeout` — the body never starts and the call's output, which
+    /// the model reads, says it was not made because it could not be recorded. A call
+    /// stopped while it waits (an interruption that cancels it, a handoff, the close) ends
+    /// without its body ever starting. Without a store, nothing waits.
     #[default]
     Abandon,
     /// The body runs again from the start, with the same call id and arguments, and

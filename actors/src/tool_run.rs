@@ -18,10 +18,15 @@
 //! - Once `StopRun` is handled, every later `ctx.update` returns `Err` and no item of this
 //!   run reaches any chat context.
 //! - A panic in the body becomes an error output; it never reaches the actor.
+//! - In a session that saves to a store, the body of an `Abandon` tool's call starts only
+//!   once a stored snapshot holds the call (`SessionLinks::record_call`); when the store
+//!   cannot hold it within the bound, or the run is stopped first, the body never starts
+//!   (the call's output says it was not made).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use futures_util::future::BoxFuture;
@@ -70,6 +75,9 @@ pub(crate) struct RunSpec {
     pub(crate) cause: Cause,
     pub(crate) scope: Scope,
     pub(crate) body: PreparedBody,
+    /// For a call whose body starts only once a stored snapshot holds it: how long it
+    /// waits for that.
+    pub(crate) record: Option<Duration>,
     /// Where its immediate output goes; none for a call restored from a snapshot, which
     /// runs in the background from the start.
     pub(crate) immediate: Option<oneshot::Sender<CallOutput>>,
@@ -84,6 +92,9 @@ pub(crate) struct RunSpec {
 /// Where a run is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum RunPhase {
+    /// The body has not started: it waits for a stored snapshot holding the call (an
+    /// `Abandon` tool's, in a session that saves to a store).
+    Recording,
     /// The body runs; its updates are taken.
     Running,
     /// Stopped (cancelled, replaced, its scope closed): nothing of it lands any more; the
@@ -112,6 +123,7 @@ pub(crate) struct ToolRunActor {
     prompts: Arc<Prompts>,
     toolset: Link<RunEnded>,
     body: Option<PreparedBody>,
+    record: Option<Duration>,
     immediate: Option<oneshot::Sender<CallOutput>>,
     progress: Arc<Progress>,
     phase: RunPhase,
@@ -155,6 +167,7 @@ impl ToolRunActor {
             prompts: spec.prompts,
             toolset: spec.toolset,
             body: Some(spec.body),
+            record: spec.record,
             immediate: spec.immediate,
             progress: spec.progress,
             phase: RunPhase::Running,
@@ -167,6 +180,59 @@ impl ToolRunActor {
 
     fn id(&self) -> &ActorId {
         self.probe.id()
+    }
+
+    /// Waits, bounded, for a stored snapshot holding the call, then starts the body — or
+    /// ends the call without it (see [`recorded`](Self::recorded)).
+    fn record(&mut self, bound: Duration, ctx: &mut Context<Self>) {
+        self.phase = RunPhase::Recording;
+        let recorded = self.links.record_call(self.id(), &self.call.call_id);
+        let wait = async move {
+            match tokio::time::timeout(bound, recorded).await {
+                Ok(recorded) => recorded,
+                Err(_) => Err(format!("the store did not answer within {bound:?}")),
+            }
+        };
+        // The run's own future: dropped when the run stops, so a stopped call's body can
+        // never start.
+        ctx.spawn(
+            wait.into_actor(self)
+                .map(|recorded, act, ctx| act.recorded(recorded, ctx)),
+        );
+    }
+
+    /// The store holds the call (its body starts), or cannot (`Err`, why): the body never
+    /// starts, and the call's output says it was not made.
+    fn recorded(&mut self, recorded: Result<(), String>, ctx: &mut Context<Self>) {
+        if self.phase != RunPhase::Recording {
+            // Stopped meanwhile: its stop gave the call its output.
+            return;
+        }
+        let reason = match recorded {
+            Ok(()) => {
+                self.phase = RunPhase::Running;
+                self.start_body(ctx);
+                return;
+            }
+            Err(reason) => reason,
+        };
+        let message = format!(
+            "the call {} of {} was not made: it could not be recorded in the session's store ({reason})",
+            self.call.call_id, self.call.name
+        );
+        tracing::warn!(session = %self.shared.id(), "{message}");
+        self.shared
+            .events
+            .emit(crate::events::SessionEvent::Error { message });
+        self.phase = RunPhase::Returned;
+        self.progress.over();
+        self.give(
+            CallOutput::error(format!(
+                "Error: {} was not called: the call could not be recorded, so it was not made ({reason}).",
+                self.call.name
+            )),
+            ctx,
+        );
     }
 
     fn item_pair(&self, call_id: String, output: String, is_error: bool) -> Vec<ChatItem> {
@@ -227,6 +293,9 @@ impl ToolRunActor {
     /// running in the background (its immediate output given, its body not returned).
     fn stop(&mut self, reason: &str, ctx: &mut Context<Self>) -> bool {
         let returned = self.phase == RunPhase::Returned;
+        // A body that never started has nothing to wait for: the run stops at once, and the
+        // wait for its record is dropped with it.
+        let unstarted = self.phase == RunPhase::Recording;
         // Stopped before (an interruption, the model's cancel): that stop ended the call,
         // so a second one (a handoff or close within the grace period) must not write a
         // second terminal output for it.
@@ -241,7 +310,7 @@ impl ToolRunActor {
             }
             None => !returned && !stopped,
         };
-        if returned {
+        if returned || unstarted {
             ctx.stop();
         } else {
             ctx.run_later(self.shared.settings.config.grace_period, |act, ctx| {
@@ -307,6 +376,12 @@ impl ToolRunActor {
                 .map(drop)
                 .map_err(|err| err.to_string())
         });
+        self.give(out, ctx);
+    }
+
+    /// The call's last output: its step's, or — after an update or an interruption — its
+    /// `/finished` in the background; the run stops once it is given.
+    fn give(&mut self, out: CallOutput, ctx: &mut Context<Self>) {
         if let Some(immediate) = self.immediate.take() {
             let _ = immediate.send(out);
             ctx.stop();
@@ -473,6 +548,33 @@ impl Actor for ToolRunActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
+        match self.record {
+            Some(bound) => self.record(bound, ctx),
+            None => self.start_body(ctx),
+        }
+    }
+
+    fn stopped(&mut self, _ctx: &mut Self::Context) {
+        self.shared
+            .telemetry
+            .tool_ended(&self.started, &self.call.name);
+        self.phase = RunPhase::Stopped;
+        self.hold.release();
+        if let Some(immediate) = self.immediate.take() {
+            let _ = immediate.send(CallOutput::ended("the tool stopped"));
+        }
+        self.probe.stopped();
+        self.shared
+            .host_view
+            .tool_run_ended(self.tool.is_call_long());
+        self.toolset
+            .tell(self.probe.id(), RunEnded { key: self.key });
+    }
+}
+
+impl ToolRunActor {
+    /// Starts the body, in the run's context.
+    fn start_body(&mut self, ctx: &mut Context<Self>) {
         let Some(body) = self.body.take() else {
             return;
         };
@@ -526,23 +628,6 @@ impl Actor for ToolRunActor {
             fut.into_actor(self)
                 .map(|result, act, ctx| act.on_body_done(result, ctx)),
         );
-    }
-
-    fn stopped(&mut self, _ctx: &mut Self::Context) {
-        self.shared
-            .telemetry
-            .tool_ended(&self.started, &self.call.name);
-        self.phase = RunPhase::Stopped;
-        self.hold.release();
-        if let Some(immediate) = self.immediate.take() {
-            let _ = immediate.send(CallOutput::ended("the tool stopped"));
-        }
-        self.probe.stopped();
-        self.shared
-            .host_view
-            .tool_run_ended(self.tool.is_call_long());
-        self.toolset
-            .tell(self.probe.id(), RunEnded { key: self.key });
     }
 }
 
@@ -679,7 +764,10 @@ impl Handler<InterruptRun> for ToolRunActor {
     type Result = ();
 
     fn handle(&mut self, msg: InterruptRun, ctx: &mut Self::Context) {
-        if self.immediate.is_none() || self.phase != RunPhase::Running {
+        // A call whose body waits to be recorded is interrupted as one whose body runs: a
+        // cancelling tool's body then never starts.
+        let live = matches!(self.phase, RunPhase::Running | RunPhase::Recording);
+        if self.immediate.is_none() || !live {
             return;
         }
         if msg.cancel {

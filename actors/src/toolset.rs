@@ -233,6 +233,11 @@ impl ToolsetActor {
         } = msg;
         let (tx, rx) = oneshot::channel();
         let cancels_on_interruption = tool.cancels_on_interruption();
+        // An `Abandon` body starts once a stored snapshot holds its call (see
+        // `RecordCall`); only a new call's: a restored one's body never runs again.
+        let record = (tool.restore_policy() == RestorePolicy::Abandon)
+            .then_some(self.shared.settings.config.record_calls)
+            .flatten();
         let progress = Progress::new(
             self.shared.ids.next_run(),
             step,
@@ -250,6 +255,7 @@ impl ToolsetActor {
                 tool,
                 body,
                 cause,
+                record,
             },
             Some(tx),
             Arc::new(progress),
@@ -287,6 +293,7 @@ impl ToolsetActor {
             cause: run.cause,
             scope: self.scope.clone(),
             body: run.body,
+            record: run.record,
             immediate,
             progress: progress.clone(),
             shared: self.shared.clone(),
@@ -322,6 +329,8 @@ struct NewRun {
     tool: Tool,
     body: PreparedBody,
     cause: Cause,
+    /// How long its body waits for a stored snapshot holding the call, if it waits.
+    record: Option<std::time::Duration>,
 }
 
 impl Actor for ToolsetActor {
@@ -798,6 +807,7 @@ impl ToolsetActor {
                 tool,
                 body,
                 cause: Cause::default(),
+                record: None,
             },
             immediate,
             Arc::new(progress),

@@ -47,8 +47,8 @@ const MAX_DELTAS: u32 = 1024;
 /// full snapshot of a session, however long the call goes on.
 const MAX_QUEUED: usize = 16;
 
-/// Who waits to hear how a write went (`Session::save`).
-type Waiter = oneshot::Sender<Result<(), StoreError>>;
+/// Who waits to hear how a write went (`Session::save`, a call waiting to be recorded).
+pub(crate) type Waiter = oneshot::Sender<Result<(), StoreError>>;
 
 /// One update for the writer, and who waits for it to be written.
 struct Queued {
@@ -153,9 +153,7 @@ impl Saver {
         }
         self.taking = true;
         let failed = self.writer.failed.swap(false, Ordering::AcqRel);
-        let grown = self.delta_items >= self.full_items.max(MIN_ITEMS_BEFORE_FULL)
-            || self.deltas >= MAX_DELTAS
-            || self.writer.queue().len() >= MAX_QUEUED;
+        let grown = self.grown();
         SaveNow::Take {
             full: !started || failed || self.queued != Some(seq) || grown,
         }
@@ -166,7 +164,7 @@ impl Saver {
     pub(crate) fn taken(&mut self, update: Option<SnapshotUpdate>) -> bool {
         self.taking = false;
         if let Some(update) = update {
-            self.queue(update, None);
+            self.queue(update, Vec::new());
         }
         std::mem::take(&mut self.again)
     }
@@ -178,11 +176,38 @@ impl Saver {
         update: SnapshotUpdate,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (written, heard) = oneshot::channel();
-        self.queue(update, Some(written));
+        self.queue(update, vec![written]);
         heard
     }
 
-    fn queue(&mut self, update: SnapshotUpdate, waiter: Option<Waiter>) {
+    /// Whether a snapshot for calls waiting to be recorded, taken now with the chain at
+    /// `seq`, is written in full (as [`settled`](Self::settled) decides, without waiting
+    /// for a save being collected: the calls' bodies wait on this one).
+    pub(crate) fn record_full(&mut self, seq: u64, started: bool) -> bool {
+        let failed = self.writer.failed.swap(false, Ordering::AcqRel);
+        !started || failed || self.queued != Some(seq) || self.grown()
+    }
+
+    /// Queues a snapshot holding calls waiting to be recorded, after what is queued;
+    /// `waiters` hear how its write went.
+    pub(crate) fn record(&mut self, update: SnapshotUpdate, waiters: Vec<Waiter>) {
+        self.queue(update, waiters);
+    }
+
+    /// Whether the store fenced this session's saving: nothing more is written.
+    pub(crate) fn fenced(&self) -> bool {
+        self.writer.fenced.load(Ordering::Acquire)
+    }
+
+    /// Whether the deltas since the last full snapshot carry enough that the next save is
+    /// full (or the store is too far behind).
+    fn grown(&self) -> bool {
+        self.delta_items >= self.full_items.max(MIN_ITEMS_BEFORE_FULL)
+            || self.deltas >= MAX_DELTAS
+            || self.writer.queue().len() >= MAX_QUEUED
+    }
+
+    fn queue(&mut self, update: SnapshotUpdate, mut waiters: Vec<Waiter>) {
         self.queued = Some(match &update {
             SnapshotUpdate::Full(snapshot) => {
                 self.full_items = snapshot.items();
@@ -196,7 +221,6 @@ impl Saver {
                 delta.base() + 1
             }
         });
-        let mut waiters: Vec<Waiter> = waiter.into_iter().collect();
         let mut queue = self.writer.queue();
         // A full snapshot holds everything the updates before it would have written: it
         // replaces them, and whoever waited for one of them waits for it.

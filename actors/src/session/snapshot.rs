@@ -14,6 +14,14 @@
 //! still (its tool's restore policy decides again), and an update sent and not yet in a
 //! chat context is not counted as delivered.
 //!
+//! **Recording a call.** In a session that saves to a store, the body of an `Abandon`
+//! tool's call starts only once a stored snapshot holds the call (`RecordCall`, from the
+//! call's run, after its toolset entered it in its book): the session gathers the calls
+//! asking (a few yields to the arbiter, so the calls of one step ask together), takes one
+//! snapshot — a delta when the store holds what it follows, decided as it is written — and
+//! queues it for its writer; each call hears how the write went. A call that asks while
+//! one is collected joins it when that snapshot holds it, else the next.
+//!
 //! **The chain.** Each snapshot or delta is a link: a full one starts the chain at its
 //! `seq`, a delta moves it on by one. The session remembers what it wrote of each
 //! activation's chat context (a reference-counted clone: nothing is copied), so a delta
@@ -28,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use super::saver::{SaveNow, Saver};
+use super::saver::{SaveNow, Saver, Waiter};
 use super::schedule::{JobState, JobView, ScheduleState, TurnId};
 use super::{ActivityRef, SessionActor};
 use crate::activity::{ActivationSnapshot, ActivationState, Decided, SnapshotActivation, TurnKind};
@@ -85,6 +93,44 @@ impl Handler<TakeSnapshot> for SessionActor {
     }
 }
 
+/// Sent by a run (`SessionLinks::record_call`) before the body of an `Abandon` tool's call
+/// starts, in a session that saves to a store: answered once a snapshot holding the call
+/// is written to the store, or with why it was not (no store, fenced, the write failed, the
+/// session closed). One per such call.
+pub(crate) struct RecordCall {
+    pub(crate) call_id: String,
+    pub(crate) answer: Waiter,
+}
+
+impl Message for RecordCall {
+    type Result = ();
+}
+
+impl Handler<RecordCall> for SessionActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RecordCall, ctx: &mut Self::Context) {
+        self.record_call(msg, ctx);
+    }
+}
+
+/// How many yields to the arbiter the session waits for the other calls of a step to ask
+/// to be recorded before it takes the snapshot: each call's run asks a task hop or two
+/// after its toolset took the call.
+const GATHER_ROUNDS: u32 = 4;
+
+/// Calls waiting for a stored snapshot that holds them.
+#[derive(Default)]
+pub(super) enum Recording {
+    /// None.
+    #[default]
+    Idle,
+    /// Gathering the calls of a step before the snapshot is taken.
+    Gathering(Vec<RecordCall>),
+    /// A snapshot is collected for the calls gathered; these asked meanwhile.
+    Collecting(Vec<RecordCall>),
+}
+
 /// What ties a queued turn to a host input id.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Tie {
@@ -120,6 +166,8 @@ pub(super) enum Taker {
     Save(oneshot::Sender<Result<SnapshotUpdate, SessionError>>),
     /// The session's own store, after a settled turn.
     Store,
+    /// The session's own store, for the calls waiting for it to hold them.
+    Record(Vec<RecordCall>),
 }
 
 impl Taker {
@@ -163,6 +211,7 @@ impl Taker {
                     let _ = tx.send(answer);
                 });
             }
+            Self::Record(calls) => actor.recorded(calls, taken, ctx),
             Self::Store => {
                 if let Err(err) = &taken {
                     tracing::debug!(%err, "no snapshot to save");
@@ -202,6 +251,8 @@ pub(super) struct Chain {
     /// the snapshot is in. The snapshot is of the point before the close; written once the
     /// close had taken the activations away, it would hold none of them.
     close_after: Option<String>,
+    /// Calls waiting for a stored snapshot holding them.
+    recording: Recording,
     /// Per activation order, the restore data its agent was built with (not `null`):
     /// a closed activation's record holds it too, whenever it is first written.
     data: HashMap<u32, Value>,
@@ -246,6 +297,16 @@ impl Chain {
                 flushed.await;
             }
         }
+    }
+
+    /// Whether a snapshot for calls waiting to be recorded is written in full: decided as
+    /// it is written, so that a link taken meanwhile (a settled turn's, the host's) is
+    /// counted.
+    fn record_full(&mut self) -> bool {
+        let (seq, started) = (self.seq, self.started);
+        self.saver
+            .as_mut()
+            .is_none_or(|saver| saver.record_full(seq, started))
     }
 
     /// Snapshots taken for the store and not written yet.
@@ -336,6 +397,93 @@ impl SessionActor {
         }
     }
 
+    /// A call asks to be recorded before its body starts (see the module docs).
+    fn record_call(&mut self, call: RecordCall, ctx: &mut Context<Self>) {
+        let session = self.shared.id().to_string();
+        let refused = match self.chain.saver.as_ref() {
+            None => Some(StoreError::Unavailable {
+                session,
+                reason: "the session saves to no store".to_owned(),
+            }),
+            Some(saver) if saver.fenced() => Some(StoreError::Fenced {
+                session,
+                reason: "the session's saving stopped: a newer claim holds it".to_owned(),
+            }),
+            Some(_) => None,
+        };
+        if let Some(err) = refused {
+            let _ = call.answer.send(Err(err));
+            return;
+        }
+        match &mut self.chain.recording {
+            Recording::Gathering(calls) | Recording::Collecting(calls) => calls.push(call),
+            Recording::Idle => {
+                self.chain.recording = Recording::Gathering(vec![call]);
+                let gather = async {
+                    for _ in 0..GATHER_ROUNDS {
+                        super::yield_to_ready_tasks().await;
+                    }
+                };
+                ctx.spawn(
+                    gather
+                        .into_actor(self)
+                        .map(|(), act, ctx| act.take_record(ctx)),
+                );
+            }
+        }
+    }
+
+    /// Takes the snapshot for the calls gathered.
+    fn take_record(&mut self, ctx: &mut Context<Self>) {
+        let Recording::Gathering(calls) = std::mem::take(&mut self.chain.recording) else {
+            return;
+        };
+        self.chain.recording = Recording::Collecting(Vec::new());
+        self.snapshot(false, Taker::Record(calls), ctx);
+    }
+
+    /// The snapshot for `calls` was taken: queued for the writer, each call hearing how
+    /// its write went. Calls that asked meanwhile join it when it holds them; the others
+    /// get the next.
+    fn recorded(
+        &mut self,
+        mut calls: Vec<RecordCall>,
+        taken: Result<SnapshotUpdate, SessionError>,
+        ctx: &mut Context<Self>,
+    ) {
+        let meanwhile = match std::mem::take(&mut self.chain.recording) {
+            Recording::Collecting(calls) | Recording::Gathering(calls) => calls,
+            Recording::Idle => Vec::new(),
+        };
+        let later = match (taken, self.chain.saver.as_mut()) {
+            (Ok(update), Some(saver)) => {
+                let (held, later): (Vec<_>, Vec<_>) = meanwhile
+                    .into_iter()
+                    .partition(|call| holds_call(&update, &call.call_id));
+                calls.extend(held);
+                saver.record(update, calls.into_iter().map(|call| call.answer).collect());
+                later
+            }
+            (taken, _) => {
+                let reason = match taken {
+                    Err(err) => format!("no snapshot could be taken: {err}"),
+                    Ok(_) => "the session saves to no store".to_owned(),
+                };
+                for call in calls {
+                    let _ = call.answer.send(Err(StoreError::Unavailable {
+                        session: self.shared.id().to_string(),
+                        reason: reason.clone(),
+                    }));
+                }
+                meanwhile
+            }
+        };
+        if !later.is_empty() {
+            self.chain.recording = Recording::Gathering(later);
+            self.take_record(ctx);
+        }
+    }
+
     /// Takes a snapshot for `taker`: at once when an agent is current, after the switch
     /// under way otherwise.
     pub(super) fn snapshot(&mut self, full: bool, taker: Taker, ctx: &mut Context<Self>) {
@@ -372,6 +520,10 @@ impl SessionActor {
         let parts = futures_util::future::join_all(parts);
         ctx.spawn(parts.into_actor(self).map(move |parts, act, ctx| {
             act.chain.collecting -= 1;
+            let full = match &taker {
+                Taker::Record(_) => act.chain.record_full(),
+                _ => full,
+            };
             let taken = match parts.into_iter().collect::<Result<Vec<_>, _>>() {
                 Ok(parts) => Ok(act.write(full, &stack, parts, session_toolsets, inputs, metrics)),
                 // An activation stopped meanwhile: the session is closing.
@@ -507,6 +659,29 @@ impl SessionActor {
             SnapshotUpdate::Delta(self.chain.delta(head, views, call_ids))
         }
     }
+}
+
+/// Whether `update` holds the call `call_id` as running (in a toolset's runs: the session's
+/// or a live activation's).
+fn holds_call(update: &SnapshotUpdate, call_id: &str) -> bool {
+    let head = match update {
+        SnapshotUpdate::Full(snapshot) => &snapshot.head,
+        SnapshotUpdate::Delta(delta) => &delta.head,
+    };
+    let in_toolsets = |toolsets: &Value| {
+        toolsets
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|toolset| toolset["runs"].as_array().into_iter().flatten())
+            .any(|run| run["call"]["call_id"] == call_id)
+    };
+    in_toolsets(&head.state["toolsets"])
+        || head.state["stack"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|live| in_toolsets(&live["toolsets"]))
 }
 
 /// The calls in toolsets' books, under the toolsets' names (those with none left out).

@@ -33,6 +33,10 @@ pub(crate) struct SessionConfig {
     /// Whether spans carry the messages' content (`gen_ai.input.messages`, …).
     pub(crate) trace_content: bool,
     pub(crate) max_blocking_jobs: usize,
+    /// For a session that saves to a store: how long the body of an `Abandon` tool's call
+    /// waits for a stored snapshot holding the call before the call is given up (its body
+    /// never starts). `None`: the session saves to no store, and no body waits.
+    pub(crate) record_calls: Option<Duration>,
 }
 
 /// The tool names of the session-scoped toolsets, with their owners, for checking that
