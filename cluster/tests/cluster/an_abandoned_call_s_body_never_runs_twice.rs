@@ -3,19 +3,12 @@
 //! running it. Here the worker is killed (SIGKILL) while the body runs; the session goes
 //! on elsewhere; the body must have started once in all.
 //!
-//! Ignored until it holds (a regression test kept failing on purpose, found by the fault
-//! campaign, `a_fault_campaign_loses_nothing.rs`; run it with `--include-ignored`). Since
-//! the engine records a call as running from the moment its body may start, a snapshot
-//! *taken* then holds the call, and a restore from it abandons the call instead of asking
-//! the model again. But the store holds only what the session *saved*, after its last
-//! settled turn: nothing is stored between the call's start and its body's, so the next
-//! owner restores the turn before the call, the gateway sends the turn's input again, the
-//! model asks for the tool again, and the body runs a second time (checked with the engine
-//! of issue 34 merged: 2 runs). What it needs is the engine's, in its saving: a session
-//! that saves to a store writes a snapshot holding the call, and the store confirms it,
-//! before the body of a call whose policy is `Abandon` starts (the toolset enters the call
-//! in its `RunBook`, then its body waits for that write). The worker cannot do it from
-//! outside: nothing tells it a body is about to start, and nothing lets it hold one.
+//! Why it holds: a session that saves to a store starts an `Abandon` body only once a
+//! stored snapshot holds its call (the engine's `RecordCall`), so the next owner restores
+//! the call as running and abandons it ("Interrupted before it finished.") instead of
+//! asking the model again; the turn under way answers, or says its answer was lost.
+//! Found by the fault campaign (`a_fault_campaign_loses_nothing.rs`), which counts such
+//! runs.
 
 use crate::common;
 
@@ -25,7 +18,6 @@ use switchboard_cluster::local::NatsServer;
 use switchboard_cluster::{GatewayError, GatewayOptions, SessionSpec};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails today: nothing is stored between a call's start and its body's, so a turn under way at a crash runs again on the next owner, and with it an Abandon body; see the module docs"]
 async fn an_abandoned_call_s_body_never_runs_twice_across_a_kill() {
     let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
