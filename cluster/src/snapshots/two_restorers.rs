@@ -50,18 +50,33 @@ fn user_words(snapshot: &SessionSnapshot) -> Vec<String> {
 
 /// Waits until the store holds `words` for the session.
 async fn stored(stream: &SnapshotStream, key: &SessionKey, words: &[&str]) {
+    let mut last = String::from("nothing loaded yet");
     let waited = tokio::time::timeout(PATIENCE, async {
         loop {
-            if let Some(stored) = stream.load(key).await.unwrap() {
-                if stored.snapshot.as_ref().map(user_words).unwrap_or_default() == words {
+            // A load can fail for a while on a loaded machine (a request to the server
+            // timed out): asked again until the patience runs out, and said if it does.
+            match stream.load(key).await {
+                Ok(Some(stored))
+                    if stored.snapshot.as_ref().map(user_words).unwrap_or_default() == words =>
+                {
                     return;
                 }
+                Ok(stored) => {
+                    last = format!(
+                        "held {:?}",
+                        stored.and_then(|s| s.snapshot).map(|s| user_words(&s))
+                    )
+                }
+                Err(err) => last = format!("load failed: {err}"),
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     })
     .await;
-    assert!(waited.is_ok(), "the store never held {words:?}");
+    assert!(
+        waited.is_ok(),
+        "the store never held {words:?} (last: {last})"
+    );
 }
 
 /// A stream on a fresh server, with session `call-1` saved by `w0` (two turns); what the
