@@ -256,7 +256,10 @@ async fn second_half(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     if FIRST_READ.load(SeqCst) != 3 {
         return Err("the search did not resume after the page the first process saved".into());
     }
-    let found = chat.outputs().any(|out| out.call_id == "call_2/finished");
+    let found = chat.items().iter().any(|item| {
+        matches!(item, ChatItem::FunctionCall(call)
+            if call.name == "search_flights" && call.call_id.ends_with("/finished"))
+    });
     let replied = chat
         .items()
         .iter()
