@@ -3,9 +3,10 @@
 //! jobs as it has free slots.
 //!
 //! * A resume job names a session to take on from its snapshots: a draining worker queues
-//!   one for each session it hands over, and every worker queues one for each session
-//!   whose lease it sees expire (`worker/resume.rs`). Its message id is made of the owner
-//!   record's revision it follows, so the workers that all saw one expiry queue one job.
+//!   one for each session it hands over, and the worker that finds a worker's lease dead
+//!   queues one for each session of that lease (`worker/resume.rs`). Its message id is
+//!   made of what it follows (the `Moving` record's revision, the dead lease), so two
+//!   sweeps of one death queue one job between them.
 //! * A job is published with the session id as its `Nats-Msg-Id`, so a gateway's retried
 //!   publish within the stream's duplicate window is dropped (and reported as a duplicate).
 //! * A worker asks for at most as many jobs as it holds free slots (permits of its
@@ -126,18 +127,16 @@ pub(crate) async fn publish_job(
 }
 
 /// Queues a resume job for `session` with the message id `id` (retried a few times: a
-/// lost one is noticed again when the owner record it follows expires).
+/// lost one is queued again by the next sweep of the dead lease it follows).
 pub(crate) async fn publish_resume(
     js: &jetstream::Context,
     namespace: &Namespace,
     session: &SessionKey,
     id: &str,
-    lapsed: Option<u64>,
 ) -> Result<(), String> {
     let job = SessionJob {
         session: session.clone(),
         spec: None,
-        lapsed,
         silent: None,
     };
     publish_resume_job(js, namespace, &job, id).await

@@ -357,7 +357,6 @@ impl Gateway {
         let job = SessionJob {
             session: key.clone(),
             spec: Some(spec),
-            lapsed: None,
             silent: None,
         };
         // The job, and the claim that stores its spec beside the session's snapshots.

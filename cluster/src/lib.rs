@@ -157,6 +157,7 @@ mod conditional_write;
 mod connect;
 mod dispatch;
 mod gateway;
+mod lease;
 pub mod local;
 mod namespace;
 mod ownership;

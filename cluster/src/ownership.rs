@@ -1,46 +1,32 @@
-//! Ownership: which worker runs a session, recorded in the owners KV bucket, with a lease
-//! and an epoch.
+//! Ownership: which worker runs a session, recorded in the owners KV bucket with an
+//! epoch and the owner's lease (`lease.rs`: one lease per worker, not per session).
 //!
 //! Every write to a session's key is a compare-and-set (`Nats-Expected-Last-Subject-
-//! Sequence`: the revision the writer last saw, 0 for "no key") carrying a per-message
-//! TTL (`Nats-TTL`). So:
+//! Sequence`: the revision the writer last saw, 0 for "no key"), and a session's record
+//! changes only when the session is claimed, moved or ended. So:
 //!
-//! * **Claim** creates the key: two workers claiming one session cannot both succeed.
-//! * **The lease is the TTL.** The owner rewrites its record every third of the lease;
-//!   a record not rewritten in time is removed by the server itself (it leaves a delete
-//!   marker), with no clock of any worker involved.
-//! * **Fencing.** The owner trusts its lease only until `sent + lease − lease/5`, measured
-//!   on its own monotonic clock from when it *sent* the last renewal that succeeded, so
-//!   it stops acting before the server can have expired the record. A renewal refused
-//!   because the revision moved means another worker wrote the key: the owner is fenced
-//!   and stops without writing anything more. So does a renewal that finds the key
-//!   expired (a marker): the bucket keeps no history, so the marker cannot say whether
-//!   another worker claimed the session in between and lost its own lease in turn, and
-//!   an owner that wrote its record again would run beside that one. The expiry queues
-//!   the session's resume, from its last snapshot, as after a crash.
+//! * **Claim** creates the key, or writes over a record that no longer runs anywhere: a
+//!   `Moving` record (handed back), or a `Running` one whose owner's lease is dead
+//!   (expired, fenced, ended, or its name taken by a newer process). Two workers claiming
+//!   one session cannot both succeed, and a session whose owner's lease is live cannot be
+//!   claimed at all.
+//! * **The owner acts only while its worker's lease is trusted** (`LeaseClock`), and stops
+//!   every session at once when the lease is lost; a claim over a dead lease therefore
+//!   never runs beside the old owner.
 //! * **Release** writes an `Ended` record (same compare-and-set) that lives for the
 //!   bucket's ended-retention, so a job redelivered late, or a host id used again, cannot
 //!   start the same session a second time.
+//! * **Hand-over** (a drain) writes a `Moving` record once the session's last snapshot is
+//!   stored; the worker that resumes it claims over that record.
+//! * **The index.** Before its claim, a worker records that it hosts the session
+//!   (`hosts.<worker>.<session>`), and removes that after the end or the hand-over: the
+//!   sessions of a dead lease are found there (`worker/resume.rs`).
 //!
-//! * **A lapsed lease.** The server removes an expired record only at its next expiry
-//!   check, which runs at most every 250 ms, so every worker also times the records it
-//!   sees: one not rewritten within a lease of when the worker saw it has lapsed, and a
-//!   claim may write over it by naming its revision (compare-and-set: if the owner did
-//!   renew, the revision moved and the claim fails). This is safe without comparing
-//!   clocks: the owner sent its last write before any worker saw it, and stops trusting
-//!   it a fifth of a lease before the lease runs out on its own clock.
-//! * **Hand-over** (a drain) writes a `Moving` record (same compare-and-set, a TTL of one
-//!   lease) once the session's last snapshot is stored; the worker that resumes it claims
-//!   over that record. Should the resume job be lost, the record expires like a lease and
-//!   the expiry is noticed like a crash's (`worker/resume.rs`).
-//!
-//! The epoch starts at 1; a claim over a `Moving` record takes its epoch plus one, and a
+//! The epoch starts at 1; a claim over an earlier record takes its epoch plus one, and a
 //! claim of a session that ran before ends up one above the last epoch in its snapshots
 //! (`snapshots.rs`), so events and snapshot writes of a stale owner lose to the new one.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::kv::{self, Operation};
 use async_nats::jetstream::message::PublishMessage;
@@ -49,6 +35,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::conditional_write::{publish_if_last, WriteError};
+use crate::lease::{Leases, Liveness};
 use crate::namespace::{Namespace, SessionKey};
 use crate::provisioning::Provisioning;
 
@@ -57,6 +44,8 @@ use crate::provisioning::Provisioning;
 pub(crate) struct OwnerRecord {
     /// The worker that owns (or owned) it.
     pub(crate) worker: String,
+    /// The incarnation of that worker's lease it runs under.
+    pub(crate) lease: u64,
     /// The owner's epoch.
     pub(crate) epoch: u64,
     /// Whether it runs.
@@ -67,7 +56,7 @@ pub(crate) struct OwnerRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum OwnerState {
-    /// It runs on `worker`.
+    /// It runs on `worker`, while that worker's lease lives.
     Running,
     /// It ended there; the record stays for the ended-retention so it is not started
     /// again.
@@ -93,14 +82,14 @@ pub(crate) enum ClaimError {
     Unreachable { session: SessionKey, reason: String },
 }
 
-/// Why a lease could not be renewed or released.
+/// Why a session's record could not be written.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LeaseError {
     /// Another worker wrote the session's key: this one is fenced.
     #[error("lost ownership of {session}: {now}")]
     Lost { session: SessionKey, now: String },
-    /// The bucket could not be reached; the lease holds until it runs out.
-    #[error("cannot renew the lease of {session}: {reason}")]
+    /// The bucket could not be reached.
+    #[error("cannot write the owner of {session}: {reason}")]
     Unreachable { session: SessionKey, reason: String },
 }
 
@@ -109,7 +98,7 @@ pub(crate) enum LeaseError {
 pub(crate) struct Owners {
     js: jetstream::Context,
     store: kv::Store,
-    lease: Duration,
+    leases: Leases,
     ended_retention: Duration,
 }
 
@@ -130,7 +119,7 @@ impl Owners {
                 let config = kv::Config {
                     bucket: bucket.clone(),
                     description:
-                        "switchboard: session owners (one record per session; its TTL is the lease)"
+                        "switchboard: session owners and worker leases (one record per session, one lease per worker)"
                             .into(),
                     history: 1,
                     // Per-message TTLs on; the marker an expired lease leaves stays a minute.
@@ -148,41 +137,68 @@ impl Owners {
             }
             Err(err) => return Err(format!("no owners bucket {bucket}: {err}")),
         };
+        let ended_retention = round_up_to_second(ended_retention);
         Ok(Self {
+            leases: Leases::new(
+                js.clone(),
+                store.clone(),
+                round_up_to_second(lease),
+                ended_retention,
+            ),
             js,
             store,
-            lease: round_up_to_second(lease),
-            ended_retention: round_up_to_second(ended_retention),
+            ended_retention,
         })
     }
 
-    /// The lease (whole seconds).
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
+    /// The worker leases kept in the same bucket.
+    pub(crate) fn leases(&self) -> &Leases {
+        &self.leases
     }
 
-    /// A watch of every write to the bucket, from each key's latest (so the expiries
-    /// that happened while no worker watched are seen too).
-    pub(crate) async fn watch_expiries(&self) -> Result<kv::Watch, String> {
-        self.store
-            .watch_with_history(">")
-            .await
-            .map_err(|err| format!("cannot watch the owners bucket: {err}"))
-    }
-
-    /// Claims `session` for `worker` at `epoch` (one above the record it writes over):
-    /// succeeds only if no live record exists — none, an expired lease's marker, a
-    /// session handed back, or the lapsed record at revision `lapsed` when that is still
-    /// the latest (see `worker/resume.rs`).
+    /// Claims `session` for `worker` under its lease `incarnation`, at `epoch` or one above
+    /// the record it writes over: succeeds only if no record runs — none, an expired
+    /// record's marker, a session handed back, or a `Running` record whose owner's lease
+    /// is dead. The session goes into the worker's index first.
     pub(crate) async fn claim(
         &self,
         session: &SessionKey,
         worker: &str,
+        incarnation: u64,
         epoch: u64,
-        lapsed: Option<u64>,
+    ) -> Result<Ownership, ClaimError> {
+        let unreachable = |reason: String| ClaimError::Unreachable {
+            session: session.clone(),
+            reason,
+        };
+        let indexed = self
+            .leases
+            .host(worker, session)
+            .await
+            .map_err(unreachable)?;
+        let claimed = self.claim_record(session, worker, incarnation, epoch).await;
+        if let Err(err) = &claimed {
+            // Not ours after all, unless this very worker holds it already.
+            let ours = matches!(err, ClaimError::Taken { worker: owner, state: OwnerState::Running, .. } if owner == worker);
+            if !ours {
+                if let Err(reason) = self.leases.unhost(worker, session, Some(indexed)).await {
+                    tracing::debug!(%session, %reason, "a claim that failed left its index entry");
+                }
+            }
+        }
+        claimed
+    }
+
+    async fn claim_record(
+        &self,
+        session: &SessionKey,
+        worker: &str,
+        incarnation: u64,
+        epoch: u64,
     ) -> Result<Ownership, ClaimError> {
         let mut record = OwnerRecord {
             worker: worker.to_owned(),
+            lease: incarnation,
             epoch,
             state: OwnerState::Running,
         };
@@ -191,38 +207,43 @@ impl Owners {
             reason,
         };
         let mut expected = 0;
-        // More rounds after reading what stood in the way (an expired lease's marker or a
-        // handed-back record is overwritten by naming its revision).
+        // More rounds after reading what stood in the way (a marker, a handed-back record,
+        // or a record of a dead lease is overwritten by naming its revision).
         for _ in 0..3 {
-            let sent = Instant::now();
-            match self.write(session, &record, expected, self.lease).await {
+            match self.write(session, &record, expected, None).await {
                 Ok(revision) => {
                     return Ok(Ownership {
                         owners: self.clone(),
                         session: session.clone(),
                         record,
                         revision,
-                        clock: LeaseClock::sent_at(sent, self.valid_until(sent)),
                     })
                 }
                 Err(WriteError::Moved) => match self.read(session).await.map_err(unreachable)? {
                     Current::Absent => expected = 0,
                     Current::Marker(revision) => expected = revision,
-                    Current::Record(revision, current)
-                        if current.state == OwnerState::Moving
-                            || (current.state == OwnerState::Running
-                                && lapsed == Some(revision)) =>
-                    {
+                    Current::Record(revision, current) => {
+                        let free = match current.state {
+                            OwnerState::Moving => true,
+                            OwnerState::Ended => false,
+                            OwnerState::Running => {
+                                self.leases
+                                    .liveness(&current.worker, current.lease)
+                                    .await
+                                    .map_err(unreachable)?
+                                    == Liveness::Dead
+                            }
+                        };
+                        if !free {
+                            return Err(ClaimError::Taken {
+                                session: session.clone(),
+                                worker: current.worker,
+                                epoch: current.epoch,
+                                state: current.state,
+                            });
+                        }
                         expected = revision;
                         record.epoch = record.epoch.max(current.epoch + 1);
-                    }
-                    Current::Record(_, current) => {
-                        return Err(ClaimError::Taken {
-                            session: session.clone(),
-                            worker: current.worker,
-                            epoch: current.epoch,
-                            state: current.state,
-                        })
                     }
                 },
                 Err(WriteError::Other(reason)) => return Err(unreachable(reason)),
@@ -231,19 +252,14 @@ impl Owners {
         Err(unreachable("the key kept changing under the claim".into()))
     }
 
-    /// Until when a write sent at `sent` makes the lease trustworthy: a fifth of the lease
-    /// before the server may expire it.
-    fn valid_until(&self, sent: Instant) -> Instant {
-        sent + self.lease - self.lease / 5
-    }
-
-    /// Writes `record` if the key's last revision is `expected` (0: no key), with `ttl`.
+    /// Writes `record` if the key's last revision is `expected` (0: no key), with `ttl`
+    /// (none: it stays until written over).
     async fn write(
         &self,
         session: &SessionKey,
         record: &OwnerRecord,
         expected: u64,
-        ttl: Duration,
+        ttl: Option<Duration>,
     ) -> Result<u64, WriteError> {
         let payload =
             serde_json::to_vec(record).map_err(|err| WriteError::Other(err.to_string()))?;
@@ -252,13 +268,14 @@ impl Owners {
             self.store.put_prefix.as_ref().unwrap_or(&self.store.prefix),
             session
         );
-        let message = PublishMessage::build()
-            .payload(Bytes::from(payload))
-            .ttl(ttl);
+        let mut message = PublishMessage::build().payload(Bytes::from(payload));
+        if let Some(ttl) = ttl {
+            message = message.ttl(ttl);
+        }
         publish_if_last(&self.js, subject, message, expected).await
     }
 
-    /// The live record of `session` with its revision, if one is running.
+    /// The record of `session` with its revision, if one is running.
     pub(crate) async fn running(
         &self,
         session: &SessionKey,
@@ -267,6 +284,14 @@ impl Owners {
             Current::Record(revision, record) if record.state == OwnerState::Running => {
                 Some((revision, record))
             }
+            _ => None,
+        })
+    }
+
+    /// The record of `session`, if it has one.
+    pub(crate) async fn record(&self, session: &SessionKey) -> Result<Option<OwnerRecord>, String> {
+        Ok(match self.read(session).await? {
+            Current::Record(_, record) => Some(record),
             _ => None,
         })
     }
@@ -286,119 +311,21 @@ impl Owners {
     }
 }
 
-/// What a write over this owner's record does when the record expired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Expired {
-    /// The ownership is lost: a renewal, which would go on acting on it.
-    Lost,
-    /// It writes over the marker: an end, a hand-over or an epoch raised, each after a
-    /// write the snapshots took (their compare-and-set shows nobody claimed the session).
-    WriteOver,
-}
-
 enum Current {
     Absent,
-    /// The marker an expired lease left, with its revision.
+    /// The marker an expired record left, with its revision.
     Marker(u64),
     Record(u64, OwnerRecord),
 }
 
-/// Until when an owner may act on its lease, readable while a renewal is under way.
-/// Cheap to clone; the clones share one deadline.
-///
-/// A lease counts from when the write it rests on was *sent*; it is *trusted* only while
-/// the worker's connection has stayed up since then (when the clock watches the
-/// connection, [`LeaseClock::watching`]). A connection that closed took the session's
-/// subscriptions with it: a gateway then finds the owner silent and another worker may
-/// claim the session at once (`worker/silent_owner.rs`), whatever the clock says, and the
-/// client subscribes again by itself when it reconnects. So from the drop until a renewal
-/// sent after the reconnection succeeds (it fails if another worker claimed), the owner
-/// answers nothing and publishes nothing: two owners never both apply an input.
-#[derive(Clone, Debug)]
-pub(crate) struct LeaseClock {
-    base: Instant,
-    /// Nanoseconds after `base`.
-    valid_until: Arc<AtomicU64>,
-    /// When the write the lease counts from was sent, in nanoseconds after `base`.
-    sent: Arc<AtomicU64>,
-    /// Since when the worker's connection is up (`None` while it is down), when watched.
-    connection: Option<Arc<Mutex<Option<Instant>>>>,
-}
-
-impl LeaseClock {
-    /// A lease valid until `at`, counted from a write sent now.
-    #[cfg(test)]
-    pub(crate) fn until(at: Instant) -> Self {
-        Self::sent_at(Instant::now(), at)
-    }
-
-    /// A lease valid until `at`, counted from a write sent at `sent`.
-    pub(crate) fn sent_at(sent: Instant, at: Instant) -> Self {
-        let clock = Self {
-            base: sent,
-            valid_until: Arc::new(AtomicU64::new(0)),
-            sent: Arc::new(AtomicU64::new(0)),
-            connection: None,
-        };
-        clock.renewed(sent, at);
-        clock
-    }
-
-    /// The same clock, trusted only while the connection whose `up_since` this is has
-    /// stayed up since the lease's write was sent.
-    pub(crate) fn watching(mut self, up_since: Arc<Mutex<Option<Instant>>>) -> Self {
-        self.connection = Some(up_since);
-        self
-    }
-
-    /// Moves the end of the lease to `at`, after a renewal sent at `sent` succeeded.
-    pub(crate) fn renewed(&self, sent: Instant, at: Instant) {
-        let nanos = |t: Instant| {
-            u64::try_from(t.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX)
-        };
-        self.sent.store(nanos(sent), Ordering::SeqCst);
-        self.valid_until.store(nanos(at), Ordering::SeqCst);
-    }
-
-    /// Whether the lease's time has not run out (the snapshot writer's rule: a newer
-    /// owner's claim fences it in the store before).
-    pub(crate) fn is_valid(&self) -> bool {
-        self.is_valid_at(Instant::now())
-    }
-
-    /// Whether the lease's time has not run out at `now`.
-    pub(crate) fn is_valid_at(&self, now: Instant) -> bool {
-        let now = now.saturating_duration_since(self.base).as_nanos();
-        u128::from(self.valid_until.load(Ordering::SeqCst)) > now
-    }
-
-    /// Whether the owner may act at `now`: the lease's time has not run out, and the
-    /// connection (when watched) has stayed up since the lease's write was sent.
-    pub(crate) fn is_trusted_at(&self, now: Instant) -> bool {
-        self.is_valid_at(now) && !self.reconnected_since_sent()
-    }
-
-    /// Whether the watched connection dropped since the lease's write was sent (it is down,
-    /// or came back after): only a renewal sent now can make the lease trusted again.
-    pub(crate) fn reconnected_since_sent(&self) -> bool {
-        let Some(connection) = &self.connection else {
-            return false;
-        };
-        let sent = self.base + Duration::from_nanos(self.sent.load(Ordering::SeqCst));
-        let up_since = *connection.lock().unwrap_or_else(|p| p.into_inner());
-        up_since.is_none_or(|up| up > sent)
-    }
-}
-
-/// One worker's ownership of one session: its record, the revision it last wrote, and
-/// until when it may act on it.
+/// One worker's ownership of one session: its record and the revision it wrote last.
+/// Whether the owner may act is its worker's lease's to say (`lease.rs`).
 #[derive(Debug)]
 pub(crate) struct Ownership {
     owners: Owners,
     session: SessionKey,
     record: OwnerRecord,
     revision: u64,
-    clock: LeaseClock,
 }
 
 impl Ownership {
@@ -407,30 +334,15 @@ impl Ownership {
         self.record.epoch
     }
 
-    /// The lease's clock, to read while the ownership is away being renewed.
-    pub(crate) fn clock(&self) -> LeaseClock {
-        self.clock.clone()
-    }
-
-    /// How often to renew: a third of the lease.
-    pub(crate) fn renew_every(&self) -> Duration {
-        self.owners.lease / 3
-    }
-
-    /// Rewrites the record (compare-and-set on the last revision) to extend the lease.
-    /// A record that expired is lost (see the module docs).
-    pub(crate) async fn renew(&mut self) -> Result<(), LeaseError> {
-        let record = self.record.clone();
-        self.write_over(&record, self.owners.lease, Expired::Lost)
-            .await
-    }
-
-    /// Writes the `Ended` record (compare-and-set), kept for the ended-retention.
+    /// Writes the `Ended` record (compare-and-set), kept for the ended-retention, then
+    /// takes the session out of the worker's index.
     pub(crate) async fn release(&mut self) -> Result<(), LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Ended;
-        self.write_over(&record, self.owners.ended_retention, Expired::WriteOver)
-            .await
+        self.write_over(&record, Some(self.owners.ended_retention))
+            .await?;
+        self.unindex().await;
+        Ok(())
     }
 
     /// Moves the ownership to `epoch` (what the session's snapshots say it must be at
@@ -441,46 +353,53 @@ impl Ownership {
         }
         let mut record = self.record.clone();
         record.epoch = epoch;
-        self.write_over(&record, self.owners.lease, Expired::WriteOver)
-            .await?;
+        self.write_over(&record, None).await?;
         self.record = record;
         Ok(())
     }
 
-    /// Writes the `Moving` record (compare-and-set) with a TTL of one lease: the session
-    /// is handed back for another worker to resume. Returns the record's revision (the
-    /// resume job's id is made of it).
+    /// Writes the `Moving` record (compare-and-set): the session is handed back for
+    /// another worker to resume. Returns the record's revision (the resume job's id is
+    /// made of it). The index keeps the session until its resume job is queued
+    /// ([`Ownership::unindex`]): should that fail, the sweep of this worker's lease, once it
+    /// is dead, queues it.
     pub(crate) async fn hand_over(&mut self) -> Result<u64, LeaseError> {
         let mut record = self.record.clone();
         record.state = OwnerState::Moving;
-        self.write_over(&record, self.owners.lease, Expired::WriteOver)
-            .await?;
+        self.write_over(&record, None).await?;
         Ok(self.revision)
     }
 
+    /// Takes the session out of its worker's index (best effort: a stale entry is skipped
+    /// by the sweep that reads it).
+    pub(crate) async fn unindex(&self) {
+        if let Err(reason) = self
+            .owners
+            .leases
+            .unhost(&self.record.worker, &self.session, None)
+            .await
+        {
+            tracing::debug!(session = %self.session, %reason, "index entry left");
+        }
+    }
+
     /// Writes `record` over the revision this owner wrote last. When that revision moved,
-    /// reads why: another worker's record means this one is fenced; an expired lease (a
-    /// marker, or no key) is lost or written over, as `expired` says.
+    /// reads why: our own earlier write whose answer was lost is written over; another
+    /// worker's record means this one is fenced.
     async fn write_over(
         &mut self,
         record: &OwnerRecord,
-        ttl: Duration,
-        expired: Expired,
+        ttl: Option<Duration>,
     ) -> Result<(), LeaseError> {
         let mut expected = self.revision;
         for _ in 0..3 {
-            let sent = Instant::now();
             match self
                 .owners
                 .write(&self.session, record, expected, ttl)
                 .await
             {
                 Ok(revision) => {
-                    if expected != self.revision {
-                        tracing::warn!(session = %self.session, "the lease had expired; took it back");
-                    }
                     self.revision = revision;
-                    self.clock.renewed(sent, self.owners.valid_until(sent));
                     return Ok(());
                 }
                 Err(WriteError::Moved) => {
@@ -490,17 +409,10 @@ impl Ownership {
                             reason,
                         }
                     })? {
-                        Current::Absent | Current::Marker(_) if expired == Expired::Lost => {
-                            return Err(LeaseError::Lost {
-                                session: self.session.clone(),
-                                now: "its lease expired at the server".into(),
-                            })
-                        }
-                        Current::Absent => 0,
-                        Current::Marker(revision) => revision,
                         // Our own record: an earlier write whose answer was lost did land.
                         Current::Record(revision, current)
                             if current.worker == self.record.worker
+                                && current.lease == self.record.lease
                                 && (current.epoch == self.record.epoch
                                     || current.epoch == record.epoch) =>
                         {
@@ -513,6 +425,14 @@ impl Ownership {
                                     "{:?} on {} at epoch {}",
                                     current.state, current.worker, current.epoch
                                 ),
+                            })
+                        }
+                        // Records of running sessions do not expire: a marker is an ended
+                        // session's, and another worker's.
+                        Current::Absent | Current::Marker(_) => {
+                            return Err(LeaseError::Lost {
+                                session: self.session.clone(),
+                                now: "its record is gone".into(),
                             })
                         }
                     };
@@ -540,7 +460,11 @@ fn round_up_to_second(d: Duration) -> Duration {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Instant;
+
     use super::*;
+    use crate::lease::{LeaseStatus, Renewal, WorkerLease};
     use crate::local::NatsServer;
 
     /// The owners bucket of a new server (kept running by the returned handle).
@@ -560,62 +484,104 @@ mod tests {
         (server, owners)
     }
 
+    async fn take(owners: &Owners, worker: &str) -> WorkerLease {
+        let up = Arc::new(Mutex::new(Some(Instant::now())));
+        let (lease, fenced) = WorkerLease::take(owners.leases(), worker, up, async || false)
+            .await
+            .unwrap();
+        assert_eq!(fenced, None);
+        lease
+    }
+
     #[tokio::test]
-    async fn a_claim_writes_over_a_live_record_only_at_the_revision_that_lapsed() {
+    async fn a_running_session_is_claimed_only_once_its_owner_s_lease_is_dead() {
         let (_server, owners) = owners().await;
         let key = SessionKey::new("call-1").unwrap();
-        let mut first = owners.claim(&key, "w1", 1, None).await.unwrap();
-        let seen = first.revision;
+        let w1 = take(&owners, "w1").await;
+        let w2 = take(&owners, "w2").await;
+        let first = owners
+            .claim(&key, "w1", w1.incarnation(), 1)
+            .await
+            .unwrap();
 
-        // A live record stands in the way of a claim that names no lapse, or another one.
-        for lapsed in [None, Some(seen + 100)] {
-            let err = owners.claim(&key, "w2", 1, lapsed).await.unwrap_err();
-            assert!(
-                matches!(&err, ClaimError::Taken { worker, .. } if worker == "w1"),
-                "{err}"
-            );
+        // w1's lease lives: the session is not w2's to take.
+        let err = owners
+            .claim(&key, "w2", w2.incarnation(), 1)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ClaimError::Taken { worker, .. } if worker == "w1"),
+            "{err}"
+        );
+
+        // w1's renewals do not touch the session's record: idle sessions cost nothing.
+        let before = owners.store.entry(key.as_str()).await.unwrap().unwrap().revision;
+        for _ in 0..3 {
+            assert!(!w1.renew(owners.leases(), "w1").await.unwrap());
         }
+        let after = owners.store.entry(key.as_str()).await.unwrap().unwrap().revision;
+        assert_eq!(before, after, "a renewal wrote the session's record");
 
-        // The owner renewed after all: the revision that lapsed is not the latest now.
-        first.renew().await.unwrap();
-        let err = owners.claim(&key, "w2", 1, Some(seen)).await.unwrap_err();
-        assert!(matches!(err, ClaimError::Taken { .. }), "{err}");
-
-        // Not renewed since: the claim takes it one epoch higher, and the old owner is
-        // fenced at its next renewal.
+        // Fenced: the claim takes it one epoch higher, and w1 learns it at its next
+        // renewal, which stops its clock and tells its sessions.
+        let tenancy = w1.tenancy().unwrap();
+        let Ok(crate::lease::Liveness::Live { revision }) =
+            owners.leases().liveness("w1", w1.incarnation()).await
+        else {
+            panic!("w1's lease is live")
+        };
+        assert!(owners
+            .leases()
+            .fence("w1", w1.incarnation(), revision)
+            .await
+            .unwrap());
         let taken = owners
-            .claim(&key, "w2", 1, Some(first.revision))
+            .claim(&key, "w2", w2.incarnation(), 1)
             .await
             .unwrap();
         assert_eq!(taken.epoch(), first.epoch() + 1);
-        let err = first.renew().await.unwrap_err();
-        assert!(
-            matches!(&err, LeaseError::Lost { now, .. } if now.contains("w2")),
-            "{err}"
-        );
+        assert!(matches!(
+            w1.renew(owners.leases(), "w1").await,
+            Err(Renewal::Lost)
+        ));
+        assert!(!tenancy.clock.is_valid());
+        assert!(matches!(*tenancy.status.borrow(), LeaseStatus::Lost(_)));
+        assert!(w1.tenancy().is_none(), "no session is claimed under a lost lease");
     }
 
-    /// A record gone from the bucket (its lease expired at the server, leaving a marker)
-    /// may have been claimed by another worker in between, and lost again: the owner that
-    /// finds it so is lost too, and does not write it back.
     #[tokio::test]
-    async fn a_renewal_that_finds_its_record_expired_is_lost() {
+    async fn the_index_names_the_sessions_a_worker_hosts_until_they_end() {
         let (_server, owners) = owners().await;
-        let key = SessionKey::new("call-2").unwrap();
-        let mut owner = owners.claim(&key, "w1", 1, None).await.unwrap();
-        // What an expiry leaves: a marker, and no record.
-        owners.store.delete(key.as_str()).await.unwrap();
-        let err = owner.renew().await.unwrap_err();
-        assert!(
-            matches!(&err, LeaseError::Lost { now, .. } if now.contains("expired")),
-            "{err}"
-        );
-        assert!(
-            matches!(owners.read(&key).await.unwrap(), Current::Marker(_)),
-            "nothing written back"
-        );
-        // A claim (the expiry's resume) takes it over.
-        let taken = owners.claim(&key, "w2", 2, None).await.unwrap();
-        assert_eq!(taken.epoch(), 2);
+        let w1 = take(&owners, "w1").await;
+        let a = SessionKey::new("a").unwrap();
+        let b = SessionKey::new("b").unwrap();
+        let mut first = owners.claim(&a, "w1", w1.incarnation(), 1).await.unwrap();
+        let mut second = owners.claim(&b, "w1", w1.incarnation(), 1).await.unwrap();
+        let mut hosted: Vec<_> = owners
+            .leases()
+            .hosted("w1")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        hosted.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+        assert_eq!(hosted, [a.clone(), b.clone()]);
+
+        // An end leaves the index at once; a hand-over once its job is queued.
+        first.release().await.unwrap();
+        second.hand_over().await.unwrap();
+        let hosted = owners.leases().hosted("w1").await.unwrap();
+        assert_eq!(hosted.len(), 1);
+        assert_eq!(hosted[0].0, b);
+        second.unindex().await;
+        assert!(owners.leases().hosted("w1").await.unwrap().is_empty());
+
+        // A claim refused by a live owner leaves no entry of the refused worker.
+        let w2 = take(&owners, "w2").await;
+        let c = SessionKey::new("c").unwrap();
+        let _third = owners.claim(&c, "w1", w1.incarnation(), 1).await.unwrap();
+        assert!(owners.claim(&c, "w2", w2.incarnation(), 1).await.is_err());
+        assert!(owners.leases().hosted("w2").await.unwrap().is_empty());
     }
 }

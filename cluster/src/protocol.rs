@@ -116,7 +116,7 @@ impl From<SessionError> for Failure {
 /// A session to run, on the jobs subject: to start (from a gateway, with the spec; the
 /// session id is its `Nats-Msg-Id`, so a retried publish is dropped by the stream as a
 /// duplicate), or to resume from its snapshots (from a draining worker, or a worker that
-/// saw a lease expire; no spec: the snapshots have it).
+/// found a worker's lease dead; no spec: the snapshots have it).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct SessionJob {
     /// The session's id.
@@ -124,16 +124,11 @@ pub(crate) struct SessionJob {
     /// What to start; none for a resume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) spec: Option<SessionSpec>,
-    /// For a resume after a lapsed lease: the revision of the owner record that was not
-    /// renewed in time. The claim may write over that record, and only while it is still
-    /// the latest (its owner did not renew after all).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) lapsed: Option<u64>,
     /// For a resume a gateway asks for because its request to the session's owner found
     /// nobody subscribed ("no responders": the owner's process is gone, its connection
     /// closed): the owner's epoch as the gateway last saw it. The worker that takes the job
-    /// checks the owning worker does not answer it either, then claims over the record it
-    /// read, at once, instead of waiting for the lease to lapse.
+    /// checks the owning worker does not answer it either, then fences that worker's lease
+    /// and claims the session at once, instead of waiting for the lease to lapse.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) silent: Option<u64>,
 }

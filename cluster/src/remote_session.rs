@@ -362,7 +362,6 @@ impl RemoteShared {
         let job = SessionJob {
             session: self.key.clone(),
             spec: None,
-            lapsed: None,
             silent: Some(epoch),
         };
         tokio::spawn(async move {

@@ -63,7 +63,7 @@ use tokio::sync::{watch, Mutex};
 
 use crate::conditional_write::{publish_if_last, WriteError};
 use crate::namespace::{Namespace, SessionKey};
-use crate::ownership::LeaseClock;
+use crate::lease::LeaseClock;
 use crate::provisioning::Provisioning;
 use crate::spec::SessionSpec;
 

@@ -17,6 +17,7 @@ mod tests {
     };
 
     use crate::namespace::{Namespace, SessionKey};
+    use crate::lease::{LeaseRecord, LeaseState};
     use crate::ownership::{OwnerRecord, OwnerState};
     use crate::permissions::Permissions;
     use crate::protocol::{
@@ -532,7 +533,6 @@ mod tests {
                         .data(json!({ "caller": "+44 20 7946 0000" }))
                         .output(OutputMode::Voice { pausable: true }),
                 ),
-                lapsed: None,
                 silent: None,
             }),
         );
@@ -541,16 +541,6 @@ mod tests {
             json_of(&SessionJob {
                 session: key(),
                 spec: None,
-                lapsed: None,
-                silent: None,
-            }),
-        );
-        add(
-            "job.resume_lapsed".into(),
-            json_of(&SessionJob {
-                session: key(),
-                spec: None,
-                lapsed: Some(17),
                 silent: None,
             }),
         );
@@ -559,7 +549,6 @@ mod tests {
             json_of(&SessionJob {
                 session: key(),
                 spec: None,
-                lapsed: None,
                 silent: Some(2),
             }),
         );
@@ -667,10 +656,19 @@ mod tests {
         for state in [OwnerState::Running, OwnerState::Moving, OwnerState::Ended] {
             let record = OwnerRecord {
                 worker: "worker-1".into(),
+                lease: 8_211_409_376_504_113_291,
                 epoch: 2,
                 state,
             };
             add(format!("owner.{}", tag(&record, "state")), json_of(&record));
+        }
+        for state in [LeaseState::Live, LeaseState::Fenced, LeaseState::Ended] {
+            let record = LeaseRecord {
+                worker: "worker-1".into(),
+                incarnation: 8_211_409_376_504_113_291,
+                state,
+            };
+            add(format!("lease.{}", tag(&record, "state")), json_of(&record));
         }
         out
     }

@@ -8,13 +8,16 @@
 //! * **One owner per session.** A job becomes a session only after the worker created
 //!   the session's owner record by compare-and-set (`ownership.rs`) and then claimed its
 //!   snapshots by compare-and-set (`snapshots.rs`): the claim fences every owner before.
-//!   The session's loop (`worker/hosted.rs`) keeps the lease alive and stops, writing
-//!   nothing more, if it loses it or the store refuses its snapshot.
+//! * **One lease per worker** (`lease.rs`): the worker renews it every third of its
+//!   length; its sessions' records name it and are not rewritten while they run, so an
+//!   idle session costs the control plane nothing. The session's loop
+//!   (`worker/hosted.rs`) stops, writing nothing more, if the lease is lost or the store
+//!   refuses its snapshot.
 //! * **Resume.** A job whose session ran before (its snapshots say so) restores it from
 //!   its last snapshot with the agents the factory builds, one epoch higher. Resume jobs
-//!   come from draining workers and from the expiry watch (`worker/resume.rs`): every
-//!   worker watches the owners bucket and queues a resume job for each session whose
-//!   lease expired with snapshots to resume.
+//!   come from draining workers and from the lease watch (`worker/resume.rs`): every
+//!   worker watches the worker leases, and the sessions of one that died are queued to
+//!   resume.
 //! * **Drain.** [`Worker::drain`] stops pulling (a job delivered meanwhile is handed back
 //!   at once), lets every session settle until the deadline, interrupts those that have
 //!   not, stores each one's last snapshot, writes its `Moving` record and queues a resume
@@ -23,7 +26,7 @@
 //! * A worker answers its counts on `<ns>.worker.<name>.info` ([`WorkerInfo`]).
 //!
 //! Dropping a `Worker` without draining stops its tasks at once, as a crash would: its
-//! sessions stop without a word, their leases run out and other workers resume them.
+//! sessions stop without a word, its lease runs out and other workers resume them.
 
 mod apply;
 mod counts;
@@ -51,6 +54,7 @@ use tokio::time::Instant;
 use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{check_worker_name, NameError, Namespace};
+use crate::lease::{Renewal, WorkerLease};
 use crate::ownership::{ClaimError, Owners};
 use crate::protocol::{SessionJob, WorkerInfo};
 use crate::provisioning::Provisioning;
@@ -58,7 +62,6 @@ use crate::snapshots::{Claimed, SnapshotStream};
 use crate::spec::SessionFactory;
 use counts::Counts;
 use hosted::{Hosting, Start};
-use silent_owner::Verdict;
 
 /// The most jobs one pull asks for.
 const MAX_BATCH: usize = 64;
@@ -251,6 +254,8 @@ struct Shared {
     hosting: Arc<Hosting>,
     drain: watch::Sender<Option<Instant>>,
     owners: Owners,
+    /// The worker's lease, under which its sessions run.
+    lease: WorkerLease,
     snapshots: SnapshotStream,
     consumer: PullConsumer,
     /// One task per session; aborted with the worker.
@@ -309,11 +314,22 @@ impl Worker {
         )
         .await
         .map_err(|err| setup("snapshots stream")(err.to_string()))?;
-        let expiries = owners
-            .watch_expiries()
+        let leases = owners
+            .leases()
+            .watch()
             .await
-            .map_err(setup("owners bucket's watch"))?;
+            .map_err(setup("worker leases' watch"))?;
         let info_subject = options.namespace.worker_info(&options.name);
+        // Before this worker answers its own info subject: a live lease of its name is a
+        // crashed process's if nobody answers for it.
+        let (lease, fenced) = WorkerLease::take(
+            owners.leases(),
+            &options.name,
+            client.up_since_cell(),
+            async || silent_owner::gone(&client, info_subject.clone()).await,
+        )
+        .await
+        .map_err(|err| setup("worker lease")(err.to_string()))?;
         let info_requests = client
             .nats()
             .subscribe(info_subject)
@@ -338,6 +354,7 @@ impl Worker {
             }),
             drain,
             owners,
+            lease,
             snapshots,
             consumer,
             sessions: Mutex::new(JoinSet::new()),
@@ -346,7 +363,14 @@ impl Worker {
         let mut tasks = JoinSet::new();
         tasks.spawn(pull(shared.clone()));
         tasks.spawn(answer_info(shared.clone(), info_requests));
-        tasks.spawn(resume::queue_expired(shared.clone(), expiries));
+        tasks.spawn(resume::watch_leases(shared.clone(), leases));
+        tasks.spawn(keep_lease(shared.clone()));
+        if fenced.is_some() {
+            // An older process of this name died holding sessions: they resume elsewhere
+            // (or here).
+            let shared = shared.clone();
+            tasks.spawn(async move { resume::sweep(&shared, &shared.name).await });
+        }
         tracing::info!(worker = %shared.name, capacity = shared.options.capacity, "worker started");
         Ok(Self { shared, tasks })
     }
@@ -385,6 +409,18 @@ impl Worker {
         // Every permit back: the pull loop stopped and every session's owner record says
         // `Ended`.
         let all_back = tokio::time::timeout(waited, self.shared.slots.acquire_many(capacity)).await;
+        if all_back.is_ok() {
+            // Every session ended or moved: the lease goes (a sweep catches a hand-over
+            // whose job was lost).
+            if let Err(err) = self
+                .shared
+                .lease
+                .end(self.shared.owners.leases(), &self.shared.name)
+                .await
+            {
+                tracing::warn!(worker = %self.shared.name, %err, "cannot end the lease; it expires");
+            }
+        }
         let _ = self.shared.hosting.client.nats().flush().await;
         match all_back {
             Ok(_) => Ok(DrainReport {
@@ -454,12 +490,11 @@ impl Shared {
             }
         };
         let back_soon = AckKind::Nak(Some(Duration::from_millis(200)));
-        let lapsed = match job.silent {
-            None => job.lapsed,
+        if job.silent.is_some() {
             // A gateway found the owner silent: claim at once if it is gone.
-            Some(_) => match silent_owner::check(&self, &job.session).await {
-                Ok(Verdict::Claim { over }) => Some(over),
-                Ok(Verdict::Leave) => {
+            match silent_owner::check(&self, &job.session).await {
+                Ok(true) => {}
+                Ok(false) => {
                     // Not a refused start: nothing was asked that could start.
                     tracing::info!(worker = %self.name, session = %job.session, "the owner a gateway found silent answers, its session does not run, or silence cannot be trusted here: left to its lease");
                     let _ = message.ack_with(AckKind::Term).await;
@@ -471,9 +506,18 @@ impl Shared {
                     Counts::bump(&self.hosting.counts.refused);
                     return;
                 }
-            },
+            }
+        }
+        let Some(tenancy) = self.lease.tenancy() else {
+            tracing::info!(worker = %self.name, session = %job.session, "the worker's lease cannot be trusted now; the job goes back");
+            let _ = message.ack_with(back_soon).await;
+            return;
         };
-        let mut ownership = match self.owners.claim(&job.session, &self.name, 1, lapsed).await {
+        let mut ownership = match self
+            .owners
+            .claim(&job.session, &self.name, tenancy.incarnation, 1)
+            .await
+        {
             Ok(ownership) => ownership,
             Err(err @ ClaimError::Taken { .. }) => {
                 tracing::info!(worker = %self.name, error = %err, "job for a session owned already: dropped");
@@ -494,7 +538,7 @@ impl Shared {
                 ownership.epoch(),
                 &self.name,
                 job.spec.as_ref(),
-                ownership.clock(),
+                tenancy.clock.clone(),
             )
             .await;
         let (start, writer) = match claimed {
@@ -534,7 +578,15 @@ impl Shared {
         if let Err(err) = message.double_ack().await {
             tracing::warn!(worker = %self.name, session = %job.session, error = %err, "job ack not confirmed");
         }
-        hosted::host(self.hosting.clone(), job.session, start, ownership, writer).await;
+        hosted::host(
+            self.hosting.clone(),
+            job.session,
+            start,
+            ownership,
+            writer,
+            tenancy,
+        )
+        .await;
     }
 }
 
@@ -611,6 +663,49 @@ async fn pull(shared: Arc<Shared>) {
         }
     }
     tracing::info!(worker = %shared.name, "stopped pulling");
+}
+
+/// Renews the worker's lease every third of its length, and at once after a reconnection
+/// (the lease is trusted again only once a renewal sent since succeeds); takes a new
+/// incarnation when it is lost (its sessions stopped).
+async fn keep_lease(shared: Arc<Shared>) {
+    let leases = shared.owners.leases();
+    let every = leases.lease() / 3;
+    let mut tick = tokio::time::interval_at(Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut connections = shared.hosting.client.connections();
+    connections.borrow_and_update();
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            changed = connections.changed() => if changed.is_err() {
+                return;
+            },
+        }
+        loop {
+            match shared.lease.renew(leases, &shared.name).await {
+                // Sent before a reconnection: again, at once.
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(Renewal::Unreachable(reason)) => {
+                    tracing::warn!(worker = %shared.name, %reason, "lease not renewed");
+                    break;
+                }
+                Err(Renewal::Lost) => {
+                    // Its sessions stopped; the next ones run under a new incarnation.
+                    while let Err(err) = shared
+                        .lease
+                        .take_again(leases, &shared.name, shared.hosting.client.up_since_cell())
+                        .await
+                    {
+                        tracing::warn!(worker = %shared.name, %err, "cannot take a new lease; trying again");
+                        tokio::time::sleep(every).await;
+                    }
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// Answers the worker's info subject with its counts.

@@ -4,8 +4,8 @@
 //! loop turns what happens into the tenure's events and carries out its actions.
 //!
 //! It owns the engine's `Session` and everything that session needs on the network: the
-//! subscription to the session's input subject, the ownership and its renewals, the
-//! session's snapshot writer, and the publishing of its events. One task, one `select!`,
+//! subscription to the session's input subject, its ownership, the session's snapshot
+//! writer, and the publishing of its events. One task, one `select!`,
 //! so the order of what it does is the order it appears on the wire:
 //!
 //! * the session is named by its cluster key (`SessionBuilder::id`) and saves itself to its
@@ -29,12 +29,12 @@
 //!   its last snapshot;
 //! * what takes time runs beside the loop, as work whose end is an event of the tenure:
 //!   the engine calls whose answers take a turn, a save an answer waits for, the close,
-//!   the drain's settling and last snapshot, the lease's renewal, and the writes of an end
-//!   or a hand-over;
-//! * the lease is renewed every third of its length, and at once after a reconnection:
-//!   it is trusted only on a connection that has been up since the renewal was sent (a
-//!   dropped connection may have let another worker claim the session at once,
-//!   `tests/cluster/a_cut_off_owner_is_not_doubled.rs`).
+//!   the drain's settling and last snapshot, and the writes of an end or a hand-over;
+//! * the session runs under its worker's lease (`lease.rs`): the worker renews it, the
+//!   loop hears each renewal (what waited for a trusted lease goes out) and its loss (the
+//!   session stops at once, as when fenced). It is trusted only on a connection that has
+//!   been up since the renewal was sent (a dropped connection may have let another worker
+//!   fence the lease at once, `tests/cluster/a_cut_off_owner_is_not_doubled.rs`).
 //!
 //! Guarantees, each with its test: an input id is applied once however often it is sent
 //! (`tests/cluster/inputs_apply_exactly_once.rs`, and across a move:
@@ -70,7 +70,8 @@ use super::tenure::{Action, Applied, Event, Setup, State, Tenure};
 use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::namespace::{Namespace, SessionKey};
-use crate::ownership::{LeaseError, Ownership};
+use crate::lease::{LeaseStatus, Tenancy};
+use crate::ownership::Ownership;
 use crate::protocol::{Answer, Input, Reply, Request, EPOCH_HEADER};
 use crate::remote_event::RemoteEventKind;
 use crate::snapshots::SnapshotWriter;
@@ -116,6 +117,7 @@ pub(crate) async fn host(
     start: Start,
     mut ownership: Ownership,
     writer: SnapshotWriter,
+    tenancy: Tenancy,
 ) {
     // Held until the session is closed: a newer hosting of the key on this worker waits
     // for it (the engine names live sessions by their keys).
@@ -190,9 +192,13 @@ pub(crate) async fn host(
             tracing::warn!(session = %key, %reason, resumed, "session not started here: handed back");
             writer.seal().await;
             match ownership.hand_over().await {
-                Ok(revision) => queue_resume(&hosting, &key, revision).await,
+                Ok(revision) => {
+                    if queue_resume(&hosting, &key, revision).await {
+                        ownership.unindex().await;
+                    }
+                }
                 Err(err) => {
-                    tracing::warn!(session = %key, error = %err, "cannot hand it back; the lease's expiry will");
+                    tracing::warn!(session = %key, error = %err, "cannot hand it back; the sweep of this worker's lease will, once it is dead");
                 }
             }
             return;
@@ -212,7 +218,7 @@ pub(crate) async fn host(
         epoch: ownership.epoch(),
         // Trusted only on a connection up since the lease's write was sent: see
         // `LeaseClock`.
-        lease: ownership.clock().watching(hosting.client.up_since_cell()),
+        lease: tenancy.clock,
         log,
         ledger: InputLedger::resumed(last_input),
         idle_timeout: hosting.idle_timeout,
@@ -225,7 +231,7 @@ pub(crate) async fn host(
         session,
         inputs,
         listening: true,
-        renew_every: ownership.renew_every(),
+        lease: tenancy.status,
         ownership: Arc::new(Mutex::new(ownership)),
         events_subject,
         work: FuturesUnordered::new(),
@@ -249,15 +255,17 @@ enum NotStarted {
     ForNow(String),
 }
 
-/// Queues the job that resumes `key` over its `Moving` record at `revision`.
-async fn queue_resume(hosting: &Hosting, key: &SessionKey, revision: u64) {
+/// Queues the job that resumes `key` over its `Moving` record at `revision`; whether it
+/// was queued.
+async fn queue_resume(hosting: &Hosting, key: &SessionKey, revision: u64) -> bool {
     let id = format!("{key}.moved.{revision}");
-    let queued = dispatch::publish_resume(&hosting.js, &hosting.namespace, key, &id, None).await;
-    if let Err(err) = queued {
-        // The `Moving` record expires after a lease; the workers that see it queue the
-        // resume then.
-        tracing::warn!(session = %key, error = %err, "resume job not queued; the record's expiry will be");
+    let queued = dispatch::publish_resume(&hosting.js, &hosting.namespace, key, &id).await;
+    if let Err(err) = &queued {
+        // The session stays in the worker's index: the sweep of its lease, once dead (a
+        // drain ends it), queues the resume.
+        tracing::warn!(session = %key, error = %err, "resume job not queued; the sweep of this worker's lease will");
     }
+    queued.is_ok()
 }
 
 /// The builder of a session as `start` asks for it (without its id and output), the
@@ -383,9 +391,10 @@ struct Hosted {
     inputs: Subscriber,
     /// Whether `inputs` is still subscribed (not after the hand-over's unsubscribe).
     listening: bool,
-    /// Shared with the renewal under way: an end's record waits for it.
+    /// Shared with the work that writes its record.
     ownership: Arc<Mutex<Ownership>>,
-    renew_every: Duration,
+    /// The worker's lease: each renewal, and its loss.
+    lease: watch::Receiver<LeaseStatus>,
     writer: SnapshotWriter,
     /// Changes to true when the store refused a write: a newer owner has the session.
     fenced: watch::Receiver<bool>,
@@ -398,18 +407,15 @@ struct Hosted {
 
 impl Hosted {
     async fn run(mut self) {
-        let every = self.renew_every;
-        let mut renew = tokio::time::interval_at(Instant::now() + every, every);
-        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut drain = self.hosting.drain.clone();
         let mut drain_open = true;
-        // A reconnection asks for a renewal at once: the lease is not trusted again until
-        // one sent after it succeeds.
-        let mut connections = self.hosting.client.connections();
-        connections.borrow_and_update();
-        let mut connections_open = true;
-        if self.tenure.reconnected_since_lease() {
-            self.feed(Event::RenewDue).await;
+        // Lost before this session started listening: it stops at once.
+        let lost = match &*self.lease.borrow_and_update() {
+            LeaseStatus::Lost(reason) => Some(reason.clone()),
+            LeaseStatus::Held { .. } => None,
+        };
+        if let Some(reason) = lost {
+            self.feed(Event::Fenced(reason)).await;
         }
         // A drain that began before this session started applies to it too.
         let draining = *drain.borrow_and_update();
@@ -438,15 +444,12 @@ impl Hosted {
                     Some(message) => self.request(message),
                     None => Wake::Event(Box::new(Event::Disconnected)),
                 },
-                _ = renew.tick() => Wake::Event(Box::new(Event::RenewDue)),
-                changed = connections.changed(), if connections_open => match changed {
-                    Ok(()) => Wake::Event(Box::new(Event::RenewDue)),
-                    // The client is gone: its subscription to the inputs ends the session.
-                    Err(_) => {
-                        connections_open = false;
-                        Wake::Nothing
-                    }
-                },
+                changed = self.lease.changed() => Wake::Event(Box::new(match (changed, &*self.lease.borrow_and_update()) {
+                    (Ok(()), LeaseStatus::Held { .. }) => Event::LeaseRenewed,
+                    (_, LeaseStatus::Lost(reason)) => Event::Fenced(reason.clone()),
+                    // The incarnation was replaced (only ever after it was lost).
+                    (Err(_), LeaseStatus::Held { .. }) => Event::Fenced("the worker's lease was lost".into()),
+                })),
                 changed = drain.changed(), if drain_open => {
                     let deadline = match changed {
                         Ok(()) => *drain.borrow(),
@@ -590,27 +593,6 @@ impl Hosted {
                     saved: self.writer.saved_input(),
                 });
             }
-            Action::Renew => {
-                let ownership = self.ownership.clone();
-                let every = self.renew_every;
-                let key = self.key.clone();
-                self.work.push(
-                    async move {
-                        let renewal = async { ownership.lock().await.renew().await };
-                        let renewed =
-                            tokio::time::timeout(every, renewal)
-                                .await
-                                .unwrap_or_else(|_| {
-                                    Err(LeaseError::Unreachable {
-                                        session: key,
-                                        reason: format!("no answer within {every:?}"),
-                                    })
-                                });
-                        Event::Renewed(renewed)
-                    }
-                    .boxed(),
-                );
-            }
             Action::Close => {
                 let session = self.session.clone();
                 self.work.push(
@@ -692,7 +674,9 @@ impl Hosted {
                 );
             }
             Action::QueueResume { revision } => {
-                queue_resume(&self.hosting, &self.key, revision).await;
+                if queue_resume(&self.hosting, &self.key, revision).await {
+                    self.ownership.lock().await.unindex().await;
+                }
             }
             Action::Stop => {
                 self.writer.seal().await;

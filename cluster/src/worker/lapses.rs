@@ -1,15 +1,15 @@
-//! `Lapses`: the owner records a worker has seen, and when each lapses if it is not
+//! `Lapses`: the live worker leases a worker has seen, and when each lapses if it is not
 //! rewritten.
 //!
-//! The server expires a record whose TTL ran out only at its next expiry check, and it
-//! runs those at most every 250 ms: a crash's failover would wait the lease plus up to a
-//! quarter of a second more. So each worker times the live records (`Running`, `Moving`)
-//! itself: one not rewritten within a lease of when this worker saw it has lapsed. The
-//! owner sent that write before any worker saw it, and stops trusting it a fifth of a
-//! lease before the lease runs out (`ownership.rs`), so no clocks are compared.
+//! The server expires a lease whose TTL ran out only at its next expiry check, and it
+//! runs those at most every 250 ms: a frozen worker's sessions would wait the lease plus
+//! up to a quarter of a second more. So each worker times the live leases itself: one not
+//! rewritten within a lease of when this worker saw it has lapsed. The owner sent that
+//! write before any worker saw it, and stops trusting it a fifth of a lease before the
+//! lease runs out (`lease.rs`), so no clocks are compared.
 //!
-//! A plain type, no I/O: the expiry watch (`resume.rs`) feeds it what the bucket says and
-//! asks it which records lapsed.
+//! A plain type, no I/O: the lease watch (`resume.rs`) feeds it what the bucket says and
+//! asks it which leases lapsed.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -17,18 +17,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::namespace::SessionKey;
-
-/// The live owner records seen, each with the revision seen last and its deadline.
+/// The live leases seen (by worker name), each with the revision seen last and its
+/// deadline.
 #[derive(Debug)]
 pub(crate) struct Lapses {
     lease: Duration,
-    /// Each live record: the revision seen last, and when it lapses.
-    latest: HashMap<SessionKey, (u64, Instant)>,
+    /// Each live lease: the revision seen last, and when it lapses.
+    latest: HashMap<String, (u64, Instant)>,
     /// One entry per live record, soonest first. A renewal does not move its entry: the
     /// entry, found early when it comes up, goes back in at the record's deadline. So the
-    /// heap holds about one entry per session, however often leases are renewed.
-    deadlines: BinaryHeap<Reverse<(Instant, SessionKey)>>,
+    /// heap holds about one entry per worker, however often leases are renewed.
+    deadlines: BinaryHeap<Reverse<(Instant, String)>>,
 }
 
 impl Lapses {
@@ -41,22 +40,22 @@ impl Lapses {
         }
     }
 
-    /// A live record of `session` at `revision`, seen `now`: it lapses a lease later
-    /// unless rewritten.
-    pub(crate) fn live(&mut self, session: SessionKey, revision: u64, now: Instant) {
+    /// A live lease of `worker` at `revision`, seen `now`: it lapses a lease later unless
+    /// rewritten.
+    pub(crate) fn live(&mut self, worker: String, revision: u64, now: Instant) {
         let deadline = now + self.lease;
-        // Every renewal of every session in the cluster comes here: update in place.
-        if let Some(latest) = self.latest.get_mut(&session) {
+        // Every renewal of every worker in the cluster comes here: update in place.
+        if let Some(latest) = self.latest.get_mut(&worker) {
             *latest = (revision, deadline);
         } else {
-            self.latest.insert(session.clone(), (revision, deadline));
-            self.deadlines.push(Reverse((deadline, session)));
+            self.latest.insert(worker.clone(), (revision, deadline));
+            self.deadlines.push(Reverse((deadline, worker)));
         }
     }
 
-    /// `session`'s record ended, or its lease expired at the server: no deadline now.
-    pub(crate) fn gone(&mut self, session: &SessionKey) {
-        self.latest.remove(session);
+    /// `worker`'s lease ended, was fenced or expired at the server: no deadline now.
+    pub(crate) fn gone(&mut self, worker: &str) {
+        self.latest.remove(worker);
     }
 
     /// When the soonest deadline falls, or earlier (an entry renewed since: asking again
@@ -65,27 +64,27 @@ impl Lapses {
         self.deadlines.peek().map(|Reverse((at, _))| *at)
     }
 
-    /// The records that lapsed by `now`, each with the revision that was not rewritten;
+    /// The leases that lapsed by `now`, each with the revision that was not rewritten;
     /// each is reported once.
-    pub(crate) fn lapsed(&mut self, now: Instant) -> Vec<(SessionKey, u64)> {
+    pub(crate) fn lapsed(&mut self, now: Instant) -> Vec<(String, u64)> {
         let mut lapsed = Vec::new();
         while self
             .deadlines
             .peek()
             .is_some_and(|Reverse((at, _))| *at <= now)
         {
-            let Some(Reverse((_, session))) = self.deadlines.pop() else {
+            let Some(Reverse((_, worker))) = self.deadlines.pop() else {
                 break;
             };
-            match self.latest.get(&session) {
+            match self.latest.get(&worker) {
                 // Gone since: nothing to time.
                 None => {}
                 Some(&(revision, deadline)) if deadline <= now => {
-                    self.latest.remove(&session);
-                    lapsed.push((session, revision));
+                    self.latest.remove(&worker);
+                    lapsed.push((worker, revision));
                 }
                 // Renewed since: back in at its deadline.
-                Some(&(_, deadline)) => self.deadlines.push(Reverse((deadline, session))),
+                Some(&(_, deadline)) => self.deadlines.push(Reverse((deadline, worker))),
             }
         }
         lapsed
@@ -96,8 +95,8 @@ impl Lapses {
 mod tests {
     use super::*;
 
-    fn key(id: &str) -> SessionKey {
-        SessionKey::new(id).unwrap()
+    fn key(id: &str) -> String {
+        id.to_owned()
     }
 
     const LEASE: Duration = Duration::from_secs(1);

@@ -1,22 +1,33 @@
-//! The expiry watch: every worker watches the owners bucket and queues a resume job for
-//! each session whose lease ran out (its owner died, froze or was cut off, or a
-//! hand-over's job was lost) when the snapshots stream has something of it to resume.
+//! The lease watch: every worker watches the worker leases (`lease.rs`, one per worker,
+//! not per session) and, when one dies, queues a resume job for each session it held.
 //!
-//! Two signs of a lease run out, whichever comes first:
+//! A lease dies in one of four ways, whichever comes first:
 //!
-//! * **Lapsed**: a live record not rewritten within a lease of when this worker saw it
-//!   (`lapses.rs`). The job names the record's revision, and its claim writes over that
-//!   record only while it is still the latest. All workers time the same write, so they
-//!   queue the same job id (`<session>.lapsed.<revision>`): one job between them.
-//! * **Expired**: the server removed the record and left a marker (it checks at most
-//!   every 250 ms, so this often comes later; it also covers a record no worker was
-//!   watching when it was written). The job id is made of the marker's revision.
+//! * **Lapsed**: a live lease not rewritten within a lease of when this worker saw it
+//!   (`lapses.rs`);
+//! * **Expired**: the server removed it and left a marker (it checks at most every 250 ms,
+//!   so this often comes later; it also covers a lease no worker watched when it died);
+//! * **Fenced** by a worker that found its owner silent (`silent_owner.rs`), or by a new
+//!   process of the same name that found the old one gone;
+//! * **Ended** by its worker at the end of a drain.
 //!
-//! Should both come, the second job finds the session claimed and is dropped. A job then
+//! A lapse or an expiry is fenced first: `Fenced` is written over the revision that lapsed
+//! (or the marker), by compare-and-set, so an owner that renewed after all keeps its lease,
+//! and exactly one worker wins. The winner sweeps the dead worker's sessions at once.
+//! Every worker that sees a lease turn `Fenced` or `Ended` sweeps it once more a lease
+//! later: a winner that died in the middle of its sweep, or a drained worker's hand-over
+//! whose resume job was lost, is caught there.
+//!
+//! A sweep reads the dead worker's index (`hosts.<worker>.<session>`). Each session whose
+//! record still names that worker under a dead lease (running, or handed back) gets a
+//! resume job — its id made of the record's lease and epoch, so every sweep of one death
+//! queues the same job, once — when the snapshots stream has something of it to resume;
+//! then its index entry goes. An entry whose session ended or belongs to another worker
+//! goes too; one whose session a newer process of the same name claimed stays. A job then
 //! goes to whichever worker has a free slot, like a new session: capacity holds for
-//! resumes too. A session whose record expired after it ended has only its tombstone (or
-//! nothing) in the snapshots stream: no job.
+//! resumes too.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,13 +39,15 @@ use super::hosted::sleep_until;
 use super::lapses::Lapses;
 use super::Shared;
 use crate::dispatch;
-use crate::namespace::SessionKey;
-use crate::ownership::{OwnerRecord, OwnerState};
+use crate::lease::{LeaseRecord, LeaseState, Liveness};
+use crate::ownership::OwnerState;
 
-/// Queues a resume job for each lease it sees run out, until the worker is dropped; the
-/// watch is made again when it ends or fails (a server restart, a lost connection).
-pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
-    let mut lapses = Lapses::new(shared.owners.lease());
+/// Watches the worker leases until the worker is dropped; the watch is made again when it
+/// ends or fails (a server restart, a lost connection).
+pub(super) async fn watch_leases(shared: Arc<Shared>, mut watch: kv::Watch) {
+    let mut lapses = Lapses::new(shared.owners.leases().lease());
+    // The last record seen of each worker's lease.
+    let mut seen: HashMap<String, LeaseRecord> = HashMap::new();
     loop {
         loop {
             let next = lapses.next_deadline();
@@ -44,9 +57,9 @@ pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
                 biased;
                 entry = watch.next() => entry,
                 () = sleep_until(next) => {
-                    for (session, revision) in lapses.lapsed(Instant::now()) {
-                        let id = format!("{session}.lapsed.{revision}");
-                        tokio::spawn(queue_one(shared.clone(), session, id, Some(revision)));
+                    for (worker, revision) in lapses.lapsed(Instant::now()) {
+                        let incarnation = seen.get(&worker).map_or(0, |record| record.incarnation);
+                        tokio::spawn(fence_and_sweep(shared.clone(), worker, incarnation, revision));
                     }
                     continue;
                 }
@@ -59,64 +72,148 @@ pub(super) async fn queue_expired(shared: Arc<Shared>, mut watch: kv::Watch) {
                     // consumer polls a finished future when asked after some of its errors
                     // (its connection's state watch gone) and panics. The new watch starts
                     // from each key's last record, so nothing is missed.
-                    tracing::info!(worker = %shared.name, error = %err, "the owners watch failed");
+                    tracing::info!(worker = %shared.name, error = %err, "the lease watch failed");
                     break;
                 }
             };
-            let Ok(session) = SessionKey::new(entry.key.clone()) else {
+            let Some(worker) = entry.key.strip_prefix("lease.").map(str::to_owned) else {
                 continue;
             };
             if entry.operation == Operation::Put {
-                let live = serde_json::from_slice::<OwnerRecord>(&entry.value)
-                    .is_ok_and(|record| record.state != OwnerState::Ended);
-                if live {
-                    lapses.live(session, entry.revision, Instant::now());
+                let Ok(record) = serde_json::from_slice::<LeaseRecord>(&entry.value) else {
+                    continue;
+                };
+                if record.state == LeaseState::Live {
+                    lapses.live(worker.clone(), entry.revision, Instant::now());
                 } else {
-                    lapses.gone(&session);
+                    lapses.gone(&worker);
+                    tokio::spawn(sweep_later(shared.clone(), worker.clone()));
                 }
+                seen.insert(worker, record);
                 continue;
             }
-            lapses.gone(&session);
-            // Beside the watch: a slow store must not hold the next expiries back.
-            let id = format!("{session}.expired.{}", entry.revision);
-            tokio::spawn(queue_one(shared.clone(), session, id, None));
+            // A marker: the lease expired at the server. One already declared dead was
+            // swept; any other is fenced over the marker, and its fencer sweeps it.
+            lapses.gone(&worker);
+            let dead_already = seen
+                .get(&worker)
+                .is_some_and(|record| record.state != LeaseState::Live);
+            if !dead_already {
+                let incarnation = seen.get(&worker).map_or(0, |record| record.incarnation);
+                tokio::spawn(fence_and_sweep(
+                    shared.clone(),
+                    worker,
+                    incarnation,
+                    entry.revision,
+                ));
+            }
         }
-        tracing::info!(worker = %shared.name, "the owners watch ended or failed; watching again");
+        tracing::info!(worker = %shared.name, "the lease watch ended or failed; watching again");
         watch = loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
-            match shared.owners.watch_expiries().await {
+            match shared.owners.leases().watch().await {
                 Ok(watch) => break watch,
                 Err(err) => {
-                    tracing::warn!(worker = %shared.name, %err, "cannot watch the owners bucket")
+                    tracing::warn!(worker = %shared.name, %err, "cannot watch the worker leases")
                 }
             }
         };
     }
 }
 
-async fn queue_one(shared: Arc<Shared>, session: SessionKey, id: String, lapsed: Option<u64>) {
-    match shared.snapshots.resumable(&session).await {
-        Ok(true) => {}
-        Ok(false) => return,
+/// Fences `worker`'s lease over `revision` (the one that lapsed, or the marker) and, if
+/// this worker won, sweeps its sessions.
+async fn fence_and_sweep(shared: Arc<Shared>, worker: String, incarnation: u64, revision: u64) {
+    match shared
+        .owners
+        .leases()
+        .fence(&worker, incarnation, revision)
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(worker = %shared.name, dead = %worker, "a worker's lease ran out: fenced; its sessions resume elsewhere");
+            sweep(&shared, &worker).await;
+        }
+        Ok(false) => {}
+        Err(err) => tracing::warn!(worker = %shared.name, %err, "cannot fence a lease that ran out"),
+    }
+}
+
+/// Sweeps `worker`'s sessions a lease from now: what the first sweep missed.
+async fn sweep_later(shared: Arc<Shared>, worker: String) {
+    tokio::time::sleep(shared.owners.leases().lease()).await;
+    sweep(&shared, &worker).await;
+}
+
+/// Queues a resume job for each session of `worker`'s index whose record names a dead
+/// lease of that worker; see the module docs.
+pub(super) async fn sweep(shared: &Shared, worker: &str) {
+    let hosted = match shared.owners.leases().hosted(worker).await {
+        Ok(hosted) => hosted,
         Err(err) => {
-            tracing::warn!(worker = %shared.name, %session, %err, "cannot tell whether an expired session can resume");
+            tracing::warn!(worker = %shared.name, %err, "cannot sweep a dead lease");
             return;
         }
-    }
-    match dispatch::publish_resume(
-        &shared.hosting.js,
-        &shared.options.namespace,
-        &session,
-        &id,
-        lapsed,
-    )
-    .await
-    {
-        Ok(()) => {
-            tracing::info!(worker = %shared.name, %session, %id, "lease ran out: resume queued")
+    };
+    for (session, indexed) in hosted {
+        let record = match shared.owners.record(&session).await {
+            Ok(record) => record,
+            Err(err) => {
+                tracing::warn!(worker = %shared.name, %session, %err, "cannot read a swept session's owner");
+                continue;
+            }
+        };
+        let lost = match &record {
+            Some(record) if record.worker == worker && record.state != OwnerState::Ended => {
+                match shared
+                    .owners
+                    .leases()
+                    .liveness(worker, record.lease)
+                    .await
+                {
+                    Ok(Liveness::Dead) => Some(record),
+                    // A newer process of the name holds it: its entry stays.
+                    Ok(Liveness::Live { .. }) => continue,
+                    Err(err) => {
+                        tracing::warn!(worker = %shared.name, %session, %err, "cannot read a swept session's lease");
+                        continue;
+                    }
+                }
+            }
+            _ => None,
+        };
+        if let Some(record) = lost {
+            let id = format!("{session}.lost.{}.{}", record.lease, record.epoch);
+            match shared.snapshots.resumable(&session).await {
+                Ok(true) => {
+                    if let Err(err) = dispatch::publish_resume(
+                        &shared.hosting.js,
+                        &shared.options.namespace,
+                        &session,
+                        &id,
+                    )
+                    .await
+                    {
+                        // Its entry stays for the next sweep.
+                        tracing::warn!(worker = %shared.name, %session, %err, "a dead lease's session: cannot queue its resume");
+                        continue;
+                    }
+                    tracing::info!(worker = %shared.name, %session, %id, "a dead lease's session: resume queued");
+                }
+                Ok(false) => {}
+                Err(err) => {
+                    tracing::warn!(worker = %shared.name, %session, %err, "cannot tell whether a dead lease's session can resume");
+                    continue;
+                }
+            }
         }
-        Err(err) => {
-            tracing::warn!(worker = %shared.name, %session, %err, "lease ran out: cannot queue the resume")
+        if let Err(err) = shared
+            .owners
+            .leases()
+            .unhost(worker, &session, Some(indexed))
+            .await
+        {
+            tracing::debug!(worker = %shared.name, %session, %err, "swept index entry left");
         }
     }
 }

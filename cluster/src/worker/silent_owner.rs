@@ -4,25 +4,29 @@
 //! within milliseconds; waiting for its lease would keep the caller in silence for the
 //! whole lease.
 //!
-//! The worker reads the session's owner record, then asks the owning worker for its counts
+//! The worker reads the session's owner record and the owning worker's lease. A lease
+//! already dead needs no more: the session is claimed as after any death. A live one is
+//! probed: the worker asks the owning worker for its counts
 //! (`<ns>.worker.<name>.info`), twice, 50 ms apart. Only if nobody answers either time,
 //! and its own connection is settled (after a server restart every client is back by
-//! then, subscriptions and all), does it claim: over the record it read, by its revision,
-//! so an owner that renewed in between keeps the session. An owner that answers, or whose
-//! request times out (frozen: its connection, and so its subscriptions, still stand), is
-//! left to its lease, and so is a session whose record does not run (it ended, moves, or
-//! expired: those have their own jobs). The claim is the usual one: one epoch higher, and the old owner, if
-//! it ever comes back, is fenced by it. An owner that lives but whose connection closed
-//! (the server dropped it, a reset) cannot be told from a dead one and is claimed too;
-//! it trusts its lease only on a connection that has been up since its last renewal
-//! (`hosted.rs`), so it acts on nothing until a renewal after it reconnects, which finds
-//! this claim.
+//! then, subscriptions and all), does it fence that worker's lease — `Fenced` over the
+//! revision it read, so an owner that renewed in between keeps its lease — and then claims
+//! the session; the fence's sweep queues the dead worker's other sessions too. An owner
+//! that answers, or whose request times out (frozen: its connection, and so its
+//! subscriptions, still stand), is left to its lease, and so is a session whose record
+//! does not run (it ended or moves: those have their own jobs). An owner that lives but
+//! whose connection closed (the server dropped it, a reset) cannot be told from a dead one
+//! and is fenced too; it trusts its lease only on a connection that has been up since its
+//! last renewal (`lease.rs`), so it acts on nothing until a renewal after it reconnects,
+//! which finds the fence and stops every session it held.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::RequestErrorKind;
 
 use super::Shared;
+use crate::lease::Liveness;
 use crate::namespace::SessionKey;
 
 /// How long the owning worker has to answer.
@@ -30,14 +34,26 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Between the two probes: "no responders" once could be a subscription on its way.
 const PROBE_GAP: Duration = Duration::from_millis(50);
 
+/// What the owner record and lease of a session found silent say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// No record runs: the session ended or moves (those have their own jobs).
+    NotRunning,
+    /// It runs under a lease that is dead already.
+    DeadLease,
+    /// It runs under a live lease, at this revision.
+    LiveLease { revision: u64 },
+}
+
 /// What a worker does with a job whose owner a gateway found silent.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Verdict {
-    /// Claim it as any resume, writing over the running record at this revision.
-    Claim { over: u64 },
-    /// No record runs (the session ended, moves, or its lease expired: those have their
-    /// own jobs), the owner answers, or silence cannot be trusted here: nothing to do; a
-    /// lease that runs out still moves the session.
+    /// Claim it as any resume: its owner's lease is dead.
+    Claim,
+    /// Fence the owner's lease over this revision, then claim.
+    Fence { over: u64 },
+    /// The owner answers, nothing runs, or silence cannot be trusted here: nothing to do;
+    /// a lease that runs out still moves the session.
     Leave,
 }
 
@@ -50,50 +66,93 @@ pub(super) enum Probe {
     Other,
 }
 
-/// The decision, from the running record's revision (if one runs), the two probes and
-/// whether this worker's connection is settled.
-pub(super) fn verdict(running: Option<u64>, probes: [Probe; 2], settled: bool) -> Verdict {
-    match running {
-        Some(revision) if settled && probes == [Probe::NoResponders; 2] => {
-            Verdict::Claim { over: revision }
+/// The decision, from the owner, the two probes and whether this worker's connection is
+/// settled.
+pub(super) fn verdict(owner: Owner, probes: [Probe; 2], settled: bool) -> Verdict {
+    match owner {
+        Owner::NotRunning => Verdict::Leave,
+        Owner::DeadLease => Verdict::Claim,
+        Owner::LiveLease { revision } if settled && probes == [Probe::NoResponders; 2] => {
+            Verdict::Fence { over: revision }
         }
-        _ => Verdict::Leave,
+        Owner::LiveLease { .. } => Verdict::Leave,
     }
 }
 
-/// Reads the owner record of `session` and probes its owner; see the module docs.
-pub(super) async fn check(shared: &Shared, session: &SessionKey) -> Result<Verdict, String> {
-    let Some((revision, record)) = shared.owners.running(session).await? else {
-        return Ok(verdict(None, [Probe::Other; 2], true));
+/// Reads the owner record and lease of `session` and probes its owner; fences a gone
+/// owner's lease. `Ok(true)`: the session may be claimed now. See the module docs.
+pub(super) async fn check(shared: &Arc<Shared>, session: &SessionKey) -> Result<bool, String> {
+    let Some((_, record)) = shared.owners.running(session).await? else {
+        return Ok(false);
     };
-    if !shared.hosting.client.settled() {
-        return Ok(verdict(Some(revision), [Probe::Other; 2], false));
+    let owner = match shared
+        .owners
+        .leases()
+        .liveness(&record.worker, record.lease)
+        .await?
+    {
+        Liveness::Dead => Owner::DeadLease,
+        Liveness::Live { revision } => Owner::LiveLease { revision },
+    };
+    let probes = match owner {
+        Owner::LiveLease { .. } if shared.hosting.client.settled() => {
+            let first = probe(shared, &record.worker).await;
+            if first == Probe::NoResponders {
+                tokio::time::sleep(PROBE_GAP).await;
+                [first, probe(shared, &record.worker).await]
+            } else {
+                [first, Probe::Other]
+            }
+        }
+        _ => [Probe::Other; 2],
+    };
+    match verdict(owner, probes, shared.hosting.client.settled()) {
+        Verdict::Claim => Ok(true),
+        Verdict::Leave => Ok(false),
+        Verdict::Fence { over } => {
+            let fenced = shared
+                .owners
+                .leases()
+                .fence(&record.worker, record.lease, over)
+                .await?;
+            if fenced {
+                tracing::info!(worker = %shared.name, dead = %record.worker, "a gone worker's lease: fenced; its sessions resume elsewhere");
+                let (shared, dead) = (shared.clone(), record.worker.clone());
+                tokio::spawn(async move { super::resume::sweep(&shared, &dead).await });
+            }
+            // Lost the race: someone else fenced it (then it is dead), or it renewed.
+            Ok(fenced
+                || shared
+                    .owners
+                    .leases()
+                    .liveness(&record.worker, record.lease)
+                    .await?
+                    == Liveness::Dead)
+        }
     }
-    let first = probe(shared, &record.worker).await;
-    if first != Probe::NoResponders {
-        return Ok(Verdict::Leave);
+}
+
+/// Whether nobody answers for `worker`: two probes, 50 ms apart, both "no responders".
+pub(super) async fn gone(shared_client: &crate::connect::ClusterClient, subject: String) -> bool {
+    probe_subject(shared_client, subject.clone()).await == Probe::NoResponders && {
+        tokio::time::sleep(PROBE_GAP).await;
+        probe_subject(shared_client, subject).await == Probe::NoResponders
     }
-    tokio::time::sleep(PROBE_GAP).await;
-    let second = probe(shared, &record.worker).await;
-    Ok(verdict(
-        Some(revision),
-        [first, second],
-        shared.hosting.client.settled(),
-    ))
 }
 
 async fn probe(shared: &Shared, worker: &str) -> Probe {
+    probe_subject(
+        &shared.hosting.client,
+        shared.hosting.namespace.worker_info(worker),
+    )
+    .await
+}
+
+async fn probe_subject(client: &crate::connect::ClusterClient, subject: String) -> Probe {
     let request = async_nats::Request::new()
         .payload(bytes::Bytes::new())
         .timeout(Some(PROBE_TIMEOUT));
-    let subject = shared.hosting.namespace.worker_info(worker);
-    match shared
-        .hosting
-        .client
-        .nats()
-        .send_request(subject, request)
-        .await
-    {
+    match client.nats().send_request(subject, request).await {
         Err(err) if err.kind() == RequestErrorKind::NoResponders => Probe::NoResponders,
         _ => Probe::Other,
     }
@@ -106,30 +165,39 @@ mod tests {
     #[test]
     fn a_session_with_no_running_record_is_left_to_its_own_jobs() {
         assert_eq!(
-            verdict(None, [Probe::NoResponders; 2], true),
+            verdict(Owner::NotRunning, [Probe::NoResponders; 2], true),
             Verdict::Leave
         );
     }
 
     #[test]
-    fn an_owner_silent_twice_to_a_settled_worker_is_claimed_over_its_record() {
+    fn a_session_whose_owner_s_lease_is_dead_is_claimed_without_a_probe() {
         assert_eq!(
-            verdict(Some(7), [Probe::NoResponders; 2], true),
-            Verdict::Claim { over: 7 }
+            verdict(Owner::DeadLease, [Probe::Other; 2], false),
+            Verdict::Claim
+        );
+    }
+
+    #[test]
+    fn an_owner_silent_twice_to_a_settled_worker_has_its_lease_fenced_over_what_was_read() {
+        assert_eq!(
+            verdict(Owner::LiveLease { revision: 7 }, [Probe::NoResponders; 2], true),
+            Verdict::Fence { over: 7 }
         );
     }
 
     #[test]
     fn an_owner_that_answers_once_or_a_worker_not_settled_leaves_it_to_the_lease() {
+        let live = Owner::LiveLease { revision: 7 };
         for probes in [
             [Probe::Other, Probe::NoResponders],
             [Probe::NoResponders, Probe::Other],
             [Probe::Other, Probe::Other],
         ] {
-            assert_eq!(verdict(Some(7), probes, true), Verdict::Leave, "{probes:?}");
+            assert_eq!(verdict(live, probes, true), Verdict::Leave, "{probes:?}");
         }
         assert_eq!(
-            verdict(Some(7), [Probe::NoResponders; 2], false),
+            verdict(live, [Probe::NoResponders; 2], false),
             Verdict::Leave
         );
     }

@@ -17,9 +17,9 @@
 //! ```
 //!
 //! Each state owns what it holds: the reason of an end, the close input and the history
-//! it answers with, the deadline of the wait for outcomes still due. The lease (its clock,
-//! shared with the snapshot writer) and the renewal under way, the event log, the input
-//! ledger and the inputs whose outcome is still due are kept across the states.
+//! it answers with, the deadline of the wait for outcomes still due. The lease's clock
+//! (the worker's, shared with its renewals and the snapshot writer), the event log, the
+//! input ledger and the inputs whose outcome is still due are kept across the states.
 //!
 //! # Decisions, each with a unit test (`tenure/tests.rs`)
 //!
@@ -28,7 +28,8 @@
 //!   held back, to go out with the first batch after the lease is trusted again. A lease
 //!   is trusted while its time runs and the connection has stayed up since its write was
 //!   sent (`LeaseClock`): after a drop, only a renewal sent since the reconnection makes
-//!   it trusted again, and one that succeeded but was sent before asks for another.
+//!   it trusted again. The worker renews it; the tenure hears each renewal
+//!   ([`Event::LeaseRenewed`]) and its loss (as [`Event::Fenced`]).
 //! - An input id is applied once: the next id is applied, the last one answered again,
 //!   an older one answered `earlier` (or with its answer, when the session's ledger keeps
 //!   it), a later one `out_of_order` — in every state. One the session's ledger holds (the
@@ -62,10 +63,8 @@
 //!   tombstone is refused, and then it writes no record either); a moving session is
 //!   closed (quietly) before its `Moving` record, so no tool of it runs beside the next
 //!   owner's.
-//! - A newer owner — a renewal that finds its record, a snapshot write the store refused —
-//!   stops the session at once, and nothing more is written or published.
-//! - One renewal at a time; a renewal's answer that cannot reach the bucket changes
-//!   nothing (the lease holds until its clock says otherwise).
+//! - A newer owner — the worker's lease lost, a snapshot write the store refused, a record
+//!   written over — stops the session at once, and nothing more is written or published.
 //! - The worker's live count drops once per session, before the record that says it ended
 //!   or moved.
 
@@ -82,7 +81,8 @@ use super::counts::Counts;
 use super::event_log::EventLog;
 use super::ledger::{Admission, InputLedger};
 use crate::namespace::SessionKey;
-use crate::ownership::{LeaseClock, LeaseError};
+use crate::lease::LeaseClock;
+use crate::ownership::LeaseError;
 use crate::protocol::{Answer, Input, InputOutcome, Reply, Request, WireEventKind};
 use crate::remote_event::{CloseReason, RemoteEventKind};
 
@@ -127,11 +127,9 @@ pub(crate) enum Event<S> {
     Outcome { id: u64, outcome: InputOutcome },
     /// A stored snapshot holds every input up to this id (the writer saved it).
     Saved(u64),
-    /// Time to renew the lease.
-    RenewDue,
-    /// The renewal under way is done.
-    Renewed(Result<(), LeaseError>),
-    /// The store refused a snapshot write: a newer owner wrote the session.
+    /// The worker renewed its lease (it may be trusted again).
+    LeaseRenewed,
+    /// A newer owner: the store refused a snapshot write, or the worker's lease is lost.
     Fenced(String),
     /// The worker drains; sessions settle until `deadline`.
     Drain(Instant),
@@ -166,9 +164,6 @@ pub(crate) enum Action<S> {
         input: Input,
         reply_to: Subject,
     },
-    /// Renews the lease beside the loop, bounded by the renewal period:
-    /// [`Event::Renewed`].
-    Renew,
     /// Closes the session: [`Event::Closed`].
     Close,
     /// Lets the session settle until `deadline` (interrupts it there), takes its last
@@ -275,13 +270,6 @@ impl Release {
     }
 }
 
-/// Whether a renewal is under way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Renewal {
-    Idle,
-    UnderWay,
-}
-
 /// What a tenure starts from.
 pub(crate) struct Setup {
     pub(crate) key: SessionKey,
@@ -302,7 +290,6 @@ pub(crate) struct Tenure {
     key: SessionKey,
     epoch: u64,
     lease: LeaseClock,
-    renewal: Renewal,
     log: EventLog,
     ledger: InputLedger,
     /// Inputs answered `pending` whose outcome has not come yet, and when their outcome
@@ -332,7 +319,6 @@ impl Tenure {
             key: setup.key,
             epoch: setup.epoch,
             lease: setup.lease,
-            renewal: Renewal::Idle,
             log,
             ledger: setup.ledger,
             under_way: BTreeMap::new(),
@@ -437,8 +423,9 @@ impl Tenure {
             } => self.on_applied(id, answer, reply_to, saved, now, out),
             Event::Outcome { id, outcome } => self.on_outcome(id, outcome, now),
             Event::Saved(saved) => self.on_saved(saved),
-            Event::RenewDue => self.on_renew_due(out),
-            Event::Renewed(renewed) => self.on_renewed(renewed, now, out),
+            // What waited for a trusted lease moves on below, and goes out with the
+            // next batch.
+            Event::LeaseRenewed => {}
             Event::Fenced(reason) => self.stop_fenced(&reason, out),
             Event::Drain(deadline) => self.on_drain(deadline, out),
             Event::Timer => self.on_timer(now, out),
@@ -513,33 +500,6 @@ impl Tenure {
     fn release(&mut self, outcomes: BTreeMap<u64, InputOutcome>) {
         for (input, outcome) in outcomes {
             self.log.record(WireEventKind::InputDone { input, outcome });
-        }
-    }
-
-    fn on_renew_due<S>(&mut self, out: &mut Vec<Action<S>>) {
-        if self.renewal == Renewal::Idle {
-            self.renewal = Renewal::UnderWay;
-            out.push(Action::Renew);
-        }
-    }
-
-    fn on_renewed<S>(
-        &mut self,
-        renewed: Result<(), LeaseError>,
-        now: Instant,
-        out: &mut Vec<Action<S>>,
-    ) {
-        self.renewal = Renewal::Idle;
-        match renewed {
-            // A renewal sent before the connection dropped does not make the lease trusted
-            // again: one sent after the reconnection must (it fails if another worker
-            // claimed the session meanwhile).
-            Ok(()) if self.lease.reconnected_since_sent() => self.on_renew_due(out),
-            Ok(()) => {}
-            Err(LeaseError::Lost { now: owner, .. }) => self.stop_fenced(&owner, out),
-            Err(err @ LeaseError::Unreachable { .. }) => {
-                tracing::warn!(session = %self.key, error = %err, valid = self.lease_trusted(now), "lease not renewed");
-            }
         }
     }
 
@@ -713,8 +673,9 @@ impl Tenure {
                 Exit::Fenced
             }
             Err(err) => {
-                // The `Moving` record expires like a lease, and the expiry hands it over.
-                tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the lease's expiry hands it over");
+                // The session stays in the worker's index: once the worker's lease is dead
+                // (the drain ends it), a sweep queues its resume.
+                tracing::warn!(session = %self.key, error = %err, "cannot write the moving record; the sweep of this worker's lease hands it over");
                 Exit::Moved
             }
         });
@@ -924,14 +885,6 @@ impl Tenure {
         )
     }
 
-    /// Whether the connection dropped since the lease's write was sent: a renewal is due.
-    pub(crate) fn reconnected_since_lease(&self) -> bool {
-        self.lease.reconnected_since_sent()
-    }
-
-    fn lease_trusted(&self, now: Instant) -> bool {
-        self.lease.is_trusted_at(now.into_std())
-    }
 }
 
 #[cfg(test)]

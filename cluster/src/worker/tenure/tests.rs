@@ -234,13 +234,6 @@ fn lost() -> LeaseError {
     }
 }
 
-fn unreachable() -> LeaseError {
-    LeaseError::Unreachable {
-        session: SessionKey::new("call-1").unwrap(),
-        reason: "no answer".into(),
-    }
-}
-
 fn store_fenced() -> StoreError {
     StoreError::Fenced {
         session: "call-1".into(),
@@ -274,7 +267,6 @@ fn names(actions: &[Action<Snap>]) -> Vec<&'static str> {
         .map(|a| match a {
             Action::Reply { .. } => "reply",
             Action::Apply { .. } => "apply",
-            Action::Renew => "renew",
             Action::Close => "close",
             Action::Settle { .. } => "settle",
             Action::SaveLast(_) => "save last",
@@ -403,10 +395,7 @@ fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
             },
         ),
         ("saved", Event::Saved(9)),
-        ("renew due", Event::RenewDue),
-        ("renewed", Event::Renewed(Ok(()))),
-        ("renewal unreachable", Event::Renewed(Err(unreachable()))),
-        ("renewal lost", Event::Renewed(Err(lost()))),
+        ("lease renewed", Event::LeaseRenewed),
         ("fenced", Event::Fenced("w2 wrote it".into())),
         ("drain", Event::Drain(f.now + Duration::from_secs(5))),
         ("timer", Event::Timer),
@@ -432,50 +421,40 @@ fn every_event(f: &Fixture) -> Vec<(&'static str, Event<Snap>)> {
 const TRANSITIONS: &[(&str, &str, &str)] = &[
     ("live", "close input", "closing"),
     ("live", "drain", "settling"),
-    ("live", "renewal lost", "fenced"),
     ("live", "fenced", "fenced"),
     ("live", "disconnected", "disconnected"),
     // Input 1 is under way: its outcome is what the wind-up waits for.
     ("closing", "closed", "winding up to end"),
-    ("closing", "renewal lost", "fenced"),
     ("closing", "fenced", "fenced"),
     ("closing", "disconnected", "disconnected"),
     ("winding up to end", "outcome", "burying"),
-    ("winding up to end", "renewal lost", "fenced"),
     ("winding up to end", "fenced", "fenced"),
     ("winding up to end", "disconnected", "disconnected"),
     ("burying", "snapshots ended", "releasing"),
     // A tombstone the store could not take is logged; the end goes on.
     ("burying", "tombstone refused", "fenced"),
-    ("burying", "renewal lost", "fenced"),
     ("burying", "fenced", "fenced"),
     ("burying", "disconnected", "disconnected"),
     ("releasing", "released", "ended"),
-    ("releasing", "renewal lost", "fenced"),
     ("releasing", "fenced", "fenced"),
     ("releasing", "disconnected", "disconnected"),
     ("settling", "settled", "saving last"),
     ("settling", "no snapshot", "winding up to move"),
-    ("settling", "renewal lost", "fenced"),
     ("settling", "fenced", "fenced"),
     ("settling", "disconnected", "disconnected"),
     ("saving last", "last saved", "winding up to move"),
     ("saving last", "last not saved", "winding up to move"),
     ("saving last", "last refused", "fenced"),
-    ("saving last", "renewal lost", "fenced"),
     ("saving last", "fenced", "fenced"),
     ("saving last", "disconnected", "disconnected"),
     ("winding up to move", "outcome", "leaving"),
-    ("winding up to move", "renewal lost", "fenced"),
     ("winding up to move", "fenced", "fenced"),
     ("winding up to move", "disconnected", "disconnected"),
     ("leaving", "closed", "handing over"),
-    ("leaving", "renewal lost", "fenced"),
     ("leaving", "fenced", "fenced"),
     ("leaving", "disconnected", "disconnected"),
     ("handing over", "handed over", "moved"),
     ("handing over", "hand-over lost", "fenced"),
-    ("handing over", "renewal lost", "fenced"),
     ("handing over", "fenced", "fenced"),
     ("handing over", "disconnected", "disconnected"),
 ];
@@ -552,9 +531,8 @@ fn while_the_lease_cannot_be_trusted_nothing_is_answered_or_published() {
     assert_eq!(f.published.len(), 1, "only SessionStarted went out");
 
     // Renewed: the held events go out with the next batch, and inputs are applied.
-    f.on(Event::RenewDue);
     f.renew_lease();
-    f.on(Event::Renewed(Ok(())));
+    f.on(Event::LeaseRenewed);
     assert_eq!(f.kinds().last(), Some(&kind(chunk("held back"))));
     assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
 }
@@ -571,25 +549,22 @@ fn a_dropped_connection_is_trusted_again_only_after_a_renewal_sent_since() {
         "trusted while up"
     );
 
-    // The connection drops: another worker may claim the session at once (it looks dead).
+    // The connection drops: another worker may fence the lease at once (it looks dead).
     *up_since.lock().unwrap() = None;
     f.said("held back");
     assert!(
         f.input(1, run("hi")).is_empty(),
         "nothing answered while down"
     );
-    assert!(f.tenure.reconnected_since_lease());
 
-    // Back, but the lease rests on a write sent before the drop: still nothing.
+    // Back, but the lease rests on a write sent before the drop: still nothing, even when
+    // a renewal sent before the reconnection is heard.
     *up_since.lock().unwrap() = Some(std::time::Instant::now());
+    assert!(f.on(Event::LeaseRenewed).is_empty());
     assert!(
         f.input(1, run("hi")).is_empty(),
         "nothing answered after the reconnection"
     );
-    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
-    // That renewal was sent before the reconnection: another one is asked for.
-    assert_eq!(names(&f.on(Event::Renewed(Ok(())))), ["renew"]);
-    assert!(f.input(1, run("hi")).is_empty(), "still nothing answered");
     assert_eq!(
         f.kinds().last(),
         Some(&kind(chunk("before"))),
@@ -597,10 +572,10 @@ fn a_dropped_connection_is_trusted_again_only_after_a_renewal_sent_since() {
     );
 
     // A renewal sent after the reconnection succeeded: the held events go out, inputs
-    // are applied. (Had another worker claimed the session, it would have failed: fenced.)
+    // are applied. (Had another worker fenced the lease, it would have failed: lost.)
     f.wait(Duration::from_secs(1));
     f.renew_lease();
-    assert!(f.on(Event::Renewed(Ok(()))).is_empty());
+    assert!(f.on(Event::LeaseRenewed).is_empty());
     assert_eq!(f.kinds().last(), Some(&kind(chunk("held back"))));
     assert_eq!(names(&f.input(1, run("hi"))), ["apply"]);
 }
@@ -717,7 +692,12 @@ fn a_close_answers_with_the_history_after_what_the_session_said_and_ends_it() {
     assert_eq!(f.published.len(), 4);
     // The tombstone first, then the record.
     assert_eq!(names(&f.on(Event::SnapshotsEnded(Ok(())))), ["release"]);
-    assert!(f.on(Event::Released(Err(unreachable()))).is_empty());
+    assert!(f
+        .on(Event::Released(Err(LeaseError::Unreachable {
+            session: SessionKey::new("call-1").unwrap(),
+            reason: "no answer".into(),
+        })))
+        .is_empty());
     assert_eq!(describe(&f), "ended");
     assert_eq!(f.live(), 0);
 }
@@ -801,10 +781,9 @@ fn an_end_waits_for_a_lease_it_can_trust() {
     f.wait(LEASE);
     assert!(f.on(Event::Closed(SessionHistory::default())).is_empty());
     assert_eq!(describe(&f), "winding up to end");
-    f.on(Event::RenewDue);
     f.renew_lease();
     assert_eq!(
-        names(&f.on(Event::Renewed(Ok(())))),
+        names(&f.on(Event::LeaseRenewed)),
         ["publish", "end snapshots"]
     );
     // Or it finds a newer owner, and says nothing.
@@ -813,7 +792,10 @@ fn an_end_waits_for_a_lease_it_can_trust() {
     f.input(1, Input::Close);
     f.wait(LEASE);
     f.on(Event::Closed(SessionHistory::default()));
-    assert_eq!(names(&f.on(Event::Renewed(Err(lost())))), ["stop"]);
+    assert_eq!(
+        names(&f.on(Event::Fenced("the worker's lease was lost".into()))),
+        ["stop"]
+    );
     assert_eq!(f.kinds(), [kind(RemoteEventKind::SessionStarted)]);
 }
 
@@ -967,16 +949,6 @@ fn a_tombstone_the_store_refused_stops_before_the_ended_record() {
         names(&f.on(Event::SnapshotsEnded(Err(store_away())))),
         ["release"]
     );
-}
-
-#[test]
-fn one_renewal_at_a_time_and_an_unreachable_bucket_changes_nothing() {
-    let mut f = Fixture::new();
-    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
-    assert!(f.on(Event::RenewDue).is_empty(), "one under way");
-    assert!(f.on(Event::Renewed(Err(unreachable()))).is_empty());
-    assert_eq!(describe(&f), "live");
-    assert_eq!(names(&f.on(Event::RenewDue)), ["renew"]);
 }
 
 #[test]
