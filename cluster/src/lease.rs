@@ -448,6 +448,7 @@ impl WorkerLease {
     }
 
     /// The incarnation held now (trusted or not).
+    #[cfg(test)]
     pub(crate) fn incarnation(&self) -> u64 {
         self.current
             .lock()

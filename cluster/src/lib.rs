@@ -12,7 +12,8 @@
 //! * A **worker** ([`Worker`]) runs sessions on a switchboard [`Engine`](switchboard::Engine).
 //!   It pulls a session to start or resume from the jobs stream only when it has a free
 //!   slot (its capacity is a hard bound), claims the session's owner record in the owners
-//!   bucket and its snapshots by compare-and-set, keeps that record's lease alive, saves
+//!   bucket and its snapshots by compare-and-set, keeps its own one lease alive (idle
+//!   sessions cost the control plane nothing: `tests/cluster/idle_sessions_cost_the_control_plane_nothing.rs`), saves
 //!   the session after every settled turn, and serves the session's subjects. When a
 //!   worker dies or drains, the others resume its sessions from their snapshots. Agents and tools are code, so the worker's program supplies a
 //!   [`SessionFactory`] that builds each session from its [`SessionSpec`] (an agent name
@@ -80,8 +81,8 @@
 //!   on the engine's store contract: of two engines restoring one stored state from the
 //!   JetStream store the second is refused, and a claimant that died is taken over
 //!   explicitly (`src/snapshots/two_restorers.rs`);
-//!   one that finds another owner's record stops the session without writing anything
-//!   more (`tests/cluster/a_paused_worker_is_fenced.rs`).
+//!   a worker whose renewal finds its lease fenced stops every session without writing
+//!   anything more (`tests/cluster/a_paused_worker_is_fenced.rs`).
 //! * **A crash loses at most the turn in flight.** When a worker dies its connection
 //!   closes, and the gateway's next request to it finds nobody subscribed: the gateway
 //!   asks the pool to claim the session at once, and a worker that finds the owner
@@ -89,7 +90,7 @@
 //!   milliseconds with the default 10 s lease:
 //!   `tests/cluster/a_killed_owner_is_replaced_without_waiting_for_its_lease.rs`); else
 //!   (a frozen worker, one cut off with its connection left open, a session nobody
-//!   talks to) its leases expire. Either
+//!   talks to) its lease lapses and every worker's lease watch sees it. Either
 //!   way another worker claims each session one epoch higher and restores it from its
 //!   last snapshot; the gateway sends it the inputs that snapshot lacks, so every input is
 //!   applied exactly once and a turn under way runs again and answers its caller
@@ -125,7 +126,8 @@
 //! | `protocol.rs` | what gateway and worker say: the job, inputs with ids, replies, replays, the events on the wire with the inputs' answers (an event too big for one message in parts), [`WorkerInfo`] |
 //! | `remote_event.rs` | [`RemoteEvent`]: what a front sees of a session, with sequence number and epoch: the engine's events, the speech stream, the cluster's lifecycle; [`CloseReason`] |
 //! | `dispatch.rs` | the jobs stream and its consumer; publishing a job |
-//! | `ownership.rs` | the owners bucket: claim, lease, fencing, hand-over, release (owner records) |
+//! | `ownership.rs` | the owners bucket's session records: claim (over a dead lease), hand-over, release |
+//! | `lease.rs` | one lease per worker: taking, renewing, fencing and ending it, its clock (`LeaseClock`), the hosting index |
 //! | `snapshots.rs`, `snapshots/parts.rs` | the snapshots stream and one owner's fenced writer of a session's snapshots (a `SnapshotStore`); messages over the server's `max_payload` as parts |
 //! | `worker.rs` | [`Worker`]: the pull loop, capacity, claims, drain |
 //! | `provisioning.rs` | [`provision`], [`provision_with_replicas`]: the streams and bucket, created once, R1 or R3 |
@@ -134,8 +136,8 @@
 //! | `worker/tenure.rs` | `Tenure`: one worker's hold on one session as a plain machine — live, ending, moving, done — with a unit test per decision |
 //! | `worker/residents.rs` | the sessions a worker hosts, by key: a new hosting of a key stops the old one first |
 //! | `worker/apply.rs` | a host input applied to the engine with its id: its answer now, or the work its answer waits on |
-//! | `worker/resume.rs` | the expiry watch: a resume job for each session whose lease lapsed or expired |
-//! | `worker/lapses.rs` | the live owner records a worker has seen, and when each lapses |
+//! | `worker/resume.rs` | the lease watch: a lease that lapsed or expired is fenced, and a dead lease's sessions are swept into resume jobs |
+//! | `worker/lapses.rs` | the live worker leases a worker has seen, and when each lapses |
 //! | `worker/silent_owner.rs` | before claiming a session whose owner a gateway found silent ("no responders"): is the owning worker gone? |
 //! | `worker/ledger.rs`, `worker/event_log.rs`, `worker/output.rs`, `worker/counts.rs` | the input ledger, the numbered event log and its batches, the speech output that publishes, the counters |
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |

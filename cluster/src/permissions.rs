@@ -124,7 +124,7 @@ impl Permissions {
                 format!("$JS.API.DIRECT.GET.KV_{owners}.>"),
                 format!("$JS.API.STREAM.MSG.GET.KV_{owners}"),
                 format!("$KV.{owners}.>"),
-                // The expiry watch: an ordered consumer of the bucket, with flow control.
+                // The lease watch: an ordered consumer of the bucket, with flow control.
                 format!("$JS.API.CONSUMER.CREATE.KV_{owners}"),
                 format!("$JS.API.CONSUMER.CREATE.KV_{owners}.>"),
                 format!("$JS.API.CONSUMER.DELETE.KV_{owners}.>"),

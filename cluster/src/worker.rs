@@ -145,9 +145,11 @@ impl WorkerOptions {
         self
     }
 
-    /// How long a session's owner record lives unless renewed (default 10 s; whole
-    /// seconds, at least 1). A worker that stops renewing (paused, partitioned, dead)
-    /// loses its sessions this long after its last renewal.
+    /// How long the worker's lease lives unless renewed (default 10 s; whole seconds, at
+    /// least 1). The worker renews it every third of this, one write however many
+    /// sessions it holds; a worker that stops renewing (paused, partitioned) loses all its
+    /// sessions this long after its last renewal. A killed one loses them at once, when a
+    /// gateway finds it silent.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self

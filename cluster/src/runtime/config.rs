@@ -58,7 +58,7 @@ pub const SETTINGS: &[Setting] = &[
     setting("--capacity", "SB_CAPACITY", "N", "the most sessions it holds at once (default 100)"),
     setting("--namespace", "SB_NAMESPACE", "PREFIX", "the cluster's namespace: its subjects, streams and bucket (default sb)"),
     setting("--inbox-prefix", "SB_INBOX_PREFIX", "PREFIX", "the prefix of the connection's reply subjects (default _INBOX; one per tenant sharing an account)"),
-    setting("--lease-secs", "SB_LEASE_SECS", "SECONDS", "how long a session's owner record lives unless renewed (default 10)"),
+    setting("--lease-secs", "SB_LEASE_SECS", "SECONDS", "how long a worker's lease lives unless renewed (default 10)"),
     setting("--drain-secs", "SB_DRAIN_SECS", "SECONDS", "on SIGTERM or SIGINT, how long sessions may settle before they are interrupted and handed over (default 30)"),
     setting("--idle-secs", "SB_IDLE_SECS", "SECONDS", "close a session that got no input this long; 0 never (default 600)"),
     setting("--no-provision", "SB_NO_PROVISION", "", "do not create the streams and bucket (an operator did; default: create what is missing)"),

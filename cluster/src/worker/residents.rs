@@ -1,8 +1,8 @@
 //! `Residents`: the sessions a worker hosts, by key.
 //!
 //! A worker can be handed a session it still hosts. Frozen or cut off past its lease, it
-//! did not renew in time; its own expiry watch (or another worker's) queued the session's
-//! resume, and this worker pulled the job. The job's claim has fenced the old hosting by
+//! did not renew in time; its lease was fenced, a sweep queued the session's resume, and
+//! this worker (under a new incarnation) pulled the job. The job's claim has fenced the old hosting by
 //! then (the owner record and the snapshots moved on), but the old session still runs on
 //! this engine under the same name, and the engine names live sessions by their keys. So a
 //! new hosting of a key stops the old one first — fenced, it stops without a word — and

@@ -155,6 +155,8 @@ pub(super) async fn sweep(shared: &Shared, worker: &str) {
             return;
         }
     };
+    // One read of the lease per incarnation, not per session.
+    let mut liveness: HashMap<u64, Liveness> = HashMap::new();
     for (session, indexed) in hosted {
         let record = match shared.owners.record(&session).await {
             Ok(record) => record,
@@ -165,12 +167,15 @@ pub(super) async fn sweep(shared: &Shared, worker: &str) {
         };
         let lost = match &record {
             Some(record) if record.worker == worker && record.state != OwnerState::Ended => {
-                match shared
-                    .owners
-                    .leases()
-                    .liveness(worker, record.lease)
-                    .await
-                {
+                let known = liveness.get(&record.lease).copied();
+                let read = match known {
+                    Some(known) => Ok(known),
+                    None => shared.owners.leases().liveness(worker, record.lease).await,
+                };
+                if let Ok(read) = read {
+                    liveness.insert(record.lease, read);
+                }
+                match read {
                     Ok(Liveness::Dead) => Some(record),
                     // A newer process of the name holds it: its entry stays.
                     Ok(Liveness::Live { .. }) => continue,

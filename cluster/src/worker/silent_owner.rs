@@ -82,17 +82,21 @@ pub(super) fn verdict(owner: Owner, probes: [Probe; 2], settled: bool) -> Verdic
 /// Reads the owner record and lease of `session` and probes its owner; fences a gone
 /// owner's lease. `Ok(true)`: the session may be claimed now. See the module docs.
 pub(super) async fn check(shared: &Arc<Shared>, session: &SessionKey) -> Result<bool, String> {
-    let Some((_, record)) = shared.owners.running(session).await? else {
-        return Ok(false);
+    let running = shared.owners.running(session).await?;
+    let owner = match &running {
+        None => Owner::NotRunning,
+        Some((_, record)) => match shared
+            .owners
+            .leases()
+            .liveness(&record.worker, record.lease)
+            .await?
+        {
+            Liveness::Dead => Owner::DeadLease,
+            Liveness::Live { revision } => Owner::LiveLease { revision },
+        },
     };
-    let owner = match shared
-        .owners
-        .leases()
-        .liveness(&record.worker, record.lease)
-        .await?
-    {
-        Liveness::Dead => Owner::DeadLease,
-        Liveness::Live { revision } => Owner::LiveLease { revision },
+    let Some((_, record)) = running else {
+        return Ok(verdict(owner, [Probe::Other; 2], true) == Verdict::Claim);
     };
     let probes = match owner {
         Owner::LiveLease { .. } if shared.hosting.client.settled() => {

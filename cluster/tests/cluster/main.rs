@@ -35,6 +35,7 @@ mod dispatch_never_over_admits;
 mod drain_moves_sessions;
 mod every_input_kind_applies_once_across_kills;
 mod figures;
+mod idle_sessions_cost_the_control_plane_nothing;
 mod inputs_apply_exactly_once;
 mod losing_one_of_three_servers_loses_nothing;
 mod secrets_stay_out_of_debug;
