@@ -367,9 +367,12 @@ impl Worker {
         tasks.spawn(answer_info(shared.clone(), info_requests));
         tasks.spawn(resume::watch_leases(shared.clone(), leases));
         tasks.spawn(keep_lease(shared.clone()));
-        if fenced.is_some() {
-            // An older process of this name died holding sessions: they resume elsewhere
-            // (or here).
+        if let Some(incarnation) = fenced {
+            tracing::info!(worker = %shared.name, incarnation, "an older process of this name was gone: its lease is fenced");
+        }
+        {
+            // An older process of this name may have died holding sessions: they resume
+            // elsewhere (or here).
             let shared = shared.clone();
             tasks.spawn(async move { resume::sweep(&shared, &shared.name).await });
         }
@@ -703,6 +706,9 @@ async fn keep_lease(shared: Arc<Shared>) {
                         tracing::warn!(worker = %shared.name, %err, "cannot take a new lease; trying again");
                         tokio::time::sleep(every).await;
                     }
+                    // The lost incarnation's sessions resume (elsewhere, or here).
+                    let shared = shared.clone();
+                    tokio::spawn(async move { resume::sweep(&shared, &shared.name).await });
                     break;
                 }
             }

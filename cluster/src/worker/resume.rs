@@ -14,9 +14,12 @@
 //! A lapse or an expiry is fenced first: `Fenced` is written over the revision that lapsed
 //! (or the marker), by compare-and-set, so an owner that renewed after all keeps its lease,
 //! and exactly one worker wins. The winner sweeps the dead worker's sessions at once.
-//! Every worker that sees a lease turn `Fenced` or `Ended` sweeps it once more a lease
-//! later: a winner that died in the middle of its sweep, or a drained worker's hand-over
-//! whose resume job was lost, is caught there.
+//! Every worker that sees a lease turn `Fenced` or `Ended`, or taken by a new incarnation,
+//! sweeps it once more a lease later: a winner that died in the middle of its sweep, a
+//! drained worker's hand-over whose resume job was lost, and an incarnation whose marker
+//! lost the race to its successor's lease (a server outage longer than the lease: every
+//! worker takes its lease again over its own marker) are caught there. A worker also
+//! sweeps its own name when it takes its lease, at start and after losing it.
 //!
 //! A sweep reads the dead worker's index (`hosts.<worker>.<session>`). Each session whose
 //! record still names that worker under a dead lease (running, or handed back) gets a
@@ -85,6 +88,14 @@ pub(super) async fn watch_leases(shared: Arc<Shared>, mut watch: kv::Watch) {
                 };
                 if record.state == LeaseState::Live {
                     lapses.live(worker.clone(), entry.revision, Instant::now());
+                    // A new process of the name took the lease over an incarnation that
+                    // was never seen to die (its marker raced the new lease): swept too.
+                    let replaced = seen
+                        .get(&worker)
+                        .is_some_and(|last| last.incarnation != record.incarnation);
+                    if replaced {
+                        tokio::spawn(sweep_later(shared.clone(), worker.clone()));
+                    }
                 } else {
                     lapses.gone(&worker);
                     tokio::spawn(sweep_later(shared.clone(), worker.clone()));
