@@ -792,6 +792,20 @@ impl SnapshotWriter {
             reason,
         };
         let mut state = inner.state.lock().await;
+        // A worker whose lease was lost (or whose connection dropped since its renewal)
+        // may have had the session claimed under it: its claim would fence the newer
+        // owner's snapshots.
+        let untrusted = || {
+            inner
+                .lease
+                .as_ref()
+                .is_some_and(|lease| !lease.is_trusted_at(std::time::Instant::now()))
+        };
+        if untrusted() {
+            return Err(unavailable(
+                "this worker's lease cannot be trusted now".into(),
+            ));
+        }
         // A new session: its claim is the subject's first message, one round trip.
         if create {
             let epoch = rule.epoch_after(session.as_str(), 0)?;

@@ -475,11 +475,38 @@ impl Hosted {
         }
         if let State::Done(exit) = self.tenure.state() {
             tracing::debug!(session = %self.key, ?exit, "the session left this worker");
+            if self.tenure.fenced_before_last_words() {
+                self.hand_back_if_still_ours().await;
+            }
         }
         self.hosting
             .counts
             .snapshot_writes_refused
             .fetch_add(self.writer.refused(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// After a fence by the snapshots store while the worker's lease still holds: a
+    /// claimant that fenced the snapshots but lost the owner record to this worker (its
+    /// own lease was lost in between) leaves the session with nobody running it and a
+    /// record that names this worker under a live lease, which no claim may take. Whoever
+    /// holds the record hands it back (`moving` and a resume job); when a newer owner
+    /// holds it, the write fails and nothing happens.
+    async fn hand_back_if_still_ours(&mut self) {
+        if matches!(*self.lease.borrow(), LeaseStatus::Lost(_)) {
+            return;
+        }
+        let mut ownership = self.ownership.lock().await;
+        match ownership.hand_over().await {
+            Ok(revision) => {
+                tracing::warn!(session = %self.key, "fenced by the snapshots while its record was still this worker's: handed back");
+                if queue_resume(&self.hosting, &self.key, revision).await {
+                    ownership.unindex().await;
+                }
+            }
+            Err(err) => {
+                tracing::debug!(session = %self.key, error = %err, "fenced: the record is not this worker's");
+            }
+        }
     }
 
     fn hear(&mut self, heard: Heard) {

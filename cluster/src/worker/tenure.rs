@@ -307,6 +307,9 @@ pub(crate) struct Tenure {
     last_input: Instant,
     counts: Arc<Counts>,
     state: State,
+    /// Whether the last words (`SessionClosed`, `SessionMoving`) were out when it was
+    /// fenced: then nothing may hand the session back.
+    fenced_after_last_words: bool,
 }
 
 impl Tenure {
@@ -330,6 +333,7 @@ impl Tenure {
             last_input: setup.now,
             counts: setup.counts,
             state: State::Live,
+            fenced_after_last_words: false,
         }
     }
 
@@ -341,6 +345,12 @@ impl Tenure {
     /// Where it is.
     pub(crate) fn state(&self) -> &State {
         &self.state
+    }
+
+    /// Whether it was fenced before its last words were out (a fenced session whose record
+    /// is still this worker's may be handed back then; see `hosted.rs`).
+    pub(crate) fn fenced_before_last_words(&self) -> bool {
+        matches!(self.state, State::Done(Exit::Fenced)) && !self.fenced_after_last_words
     }
 
     /// Whether it is over: the loop stops.
@@ -830,6 +840,7 @@ impl Tenure {
         if !self.left() {
             self.counts.session_ended();
         }
+        self.fenced_after_last_words = self.last_words_said();
         self.state = State::Done(Exit::Fenced);
         actions.push(Action::Stop);
     }

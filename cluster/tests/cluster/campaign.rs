@@ -158,6 +158,13 @@ pub struct Report {
     pub lookups_refused: u64,
     /// Waits refused the same way (beside one resent to a new owner, which runs again).
     pub waits_refused: u64,
+    /// Waits not made because their call could not be stored first (the store away, or
+    /// the worker's lease not trusted): an `Abandon` tool runs at most once, so the model
+    /// is told it did not run.
+    pub waits_not_recorded: u64,
+    /// Turns answered with nothing said: interrupted (a drain's deadline interrupts what
+    /// has not settled).
+    pub turns_interrupted: u64,
     /// `say`s answered whose speech an owner lost before a snapshot held it: cut, as a
     /// barge-in cuts a speech.
     pub says_cut: u64,
@@ -195,6 +202,16 @@ impl Report {
             out,
             "| waits refused as duplicates | {} |",
             self.waits_refused
+        );
+        let _ = writeln!(
+            out,
+            "| waits not made: their call could not be stored first | {} |",
+            self.waits_not_recorded
+        );
+        let _ = writeln!(
+            out,
+            "| turns interrupted (nothing said) | {} |",
+            self.turns_interrupted
         );
         let _ = writeln!(out, "| says cut by a move | {} |", self.says_cut);
         let _ = writeln!(
@@ -484,7 +501,7 @@ pub async fn run(plan: Plan) -> Report {
             continue;
         }
         let witness = std::mem::take(&mut *witnesses[i].lock().unwrap());
-        check_session(i, session, &log.exchanges, &witness, &mut report).await;
+        check_session(i, session, &log.exchanges, &witness, &observer, &mut report).await;
         records.push((i, log.exchanges));
     }
     let lines = cluster.lines();
@@ -578,6 +595,7 @@ async fn check_session(
     session: &RemoteSession,
     exchanges: &[Exchange],
     witness: &Witness,
+    observer: &ClusterClient,
     report: &mut Report,
 ) {
     let mut found = Vec::new();
@@ -588,6 +606,13 @@ async fn check_session(
     let mut failed: Vec<&'static str> = Vec::new();
     for exchange in exchanges {
         match (&exchange.sent, &exchange.got) {
+            // Interrupted before it said anything (a drain's deadline): its tool ran at
+            // most once, which `check_effects` counts.
+            (Sent::Run(_) | Sent::Wait(_) | Sent::Lookup(_), Got::Reply(reply))
+                if reply.is_empty() =>
+            {
+                report.turns_interrupted += 1;
+            }
             (Sent::Run(text), Got::Reply(reply)) => {
                 if reply != &[format!("You said: {text}")] {
                     violation(format!("{text:?} answered {reply:?}"));
@@ -598,6 +623,8 @@ async fn check_session(
                 // answer was heard from the old one) runs again there.
                 if refused_as_duplicate(reply) {
                     report.waits_refused += 1;
+                } else if not_recorded(reply) {
+                    report.waits_not_recorded += 1;
                 } else if reply != &[format!("Lookup says: waited for {what}")] {
                     violation(format!("wait for {what:?} answered {reply:?}"));
                 }
@@ -635,9 +662,23 @@ async fn check_session(
     }
 
     // The conversation.
-    let history = match common::within("the final history", session.history()).await {
-        Ok(history) => history,
-        Err(err) => {
+    let history = match tokio::time::timeout(common::PATIENCE, session.history()).await {
+        Ok(Ok(history)) => history,
+        Err(_) => {
+            // Not a panic: which session, who owns it and under what lease say why.
+            report.violations.push(format!(
+                "session {i} ({}): no final history within {:?}; its owner record: {:?}, \
+                 that worker's lease: {:?}; its last events: {}\n  its snapshots: {}",
+                session.id(),
+                common::PATIENCE,
+                common::owner_of(observer, session.id()).await,
+                common::lease_of_owner(observer, session.id()).await,
+                last_events(session).await,
+                snapshot_records(observer, session).await,
+            ));
+            return;
+        }
+        Ok(Err(err)) => {
             report.violations.push(format!(
                 "session {i}: no final history: {err}; its last events: {}\n  its first resumes: {}",
                 last_events(session).await,
@@ -813,6 +854,14 @@ fn refused_as_duplicate(reply: &[String]) -> bool {
         .any(|r| r.contains("is already running; not started again"))
 }
 
+/// Whether an `Abandon` tool's reply says its call was not made: it could not be stored
+/// before its body would have started.
+fn not_recorded(reply: &[String]) -> bool {
+    reply
+        .iter()
+        .any(|r| r.contains("was not called: the call could not be recorded"))
+}
+
 /// Checks the tools' side effects against their policies.
 fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &mut Report) {
     let mut starts: HashMap<(String, String), u64> = HashMap::new();
@@ -853,7 +902,7 @@ fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &
                 Sent::Wait(what) => ("wait", what),
                 _ => continue,
             };
-            let ran = matches!(&exchange.got, Got::Reply(reply) if !refused_as_duplicate(reply));
+            let ran = matches!(&exchange.got, Got::Reply(reply) if !reply.is_empty() && !refused_as_duplicate(reply) && !not_recorded(reply));
             if ran && !starts.contains_key(&(tool.to_owned(), what.clone())) {
                 report.violations.push(format!(
                     "{tool} for {what:?} answered but its body never ran"

@@ -263,6 +263,8 @@ pub async fn event_where(
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 pub struct OwnerRecord {
     pub worker: String,
+    /// The incarnation of the worker's lease the session runs under.
+    pub lease: u64,
     pub epoch: u64,
     pub state: OwnerState,
 }
@@ -290,6 +292,32 @@ pub async fn owner_of(
         .await
         .expect("the bucket answers")?;
     Some(serde_json::from_slice(&value).expect("an owner record"))
+}
+
+/// What the lease key of `session`'s owner holds now (its JSON, or what stands there),
+/// and whether it is the incarnation the session's record names.
+pub async fn lease_of_owner(
+    client: &ClusterClient,
+    session: &switchboard_cluster::SessionKey,
+) -> String {
+    let Some(owner) = owner_of(client, session).await else {
+        return "no owner record".into();
+    };
+    let owners = async_nats::jetstream::new(client.nats().clone())
+        .get_key_value(switchboard_cluster::Namespace::default().owners_bucket())
+        .await
+        .expect("the owners bucket exists");
+    match owners.entry(format!("lease.{}", owner.worker)).await {
+        Ok(Some(entry)) => format!(
+            "{:?} rev {} {} (the record names incarnation {})",
+            entry.operation,
+            entry.revision,
+            String::from_utf8_lossy(&entry.value),
+            owner.lease
+        ),
+        Ok(None) => "no lease key".into(),
+        Err(err) => format!("unreadable: {err}"),
+    }
 }
 
 /// One message of a session's subject in the snapshots stream, as its headers

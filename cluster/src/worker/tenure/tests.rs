@@ -941,6 +941,8 @@ fn a_tombstone_the_store_refused_stops_before_the_ended_record() {
     let actions = f.on(Event::SnapshotsEnded(Err(store_fenced())));
     assert_eq!(names(&actions), ["stop"]);
     assert_eq!(describe(&f), "fenced");
+    // Its last words were out: it is not handed back.
+    assert!(!f.tenure.fenced_before_last_words());
     // One the store could not take (away) goes on to the record.
     let mut f = Fixture::new();
     f.input(1, Input::Close);
@@ -949,6 +951,24 @@ fn a_tombstone_the_store_refused_stops_before_the_ended_record() {
         names(&f.on(Event::SnapshotsEnded(Err(store_away())))),
         ["release"]
     );
+}
+
+#[test]
+fn a_session_fenced_before_its_last_words_may_be_handed_back_one_after_them_not() {
+    let mut f = Fixture::new();
+    assert!(!f.tenure.fenced_before_last_words(), "not fenced");
+    f.turn(1);
+    assert_eq!(names(&f.on(Event::Fenced("w2 wrote it".into()))), ["stop"]);
+    assert!(f.tenure.fenced_before_last_words());
+    // Fenced while handing over: `SessionMoving` was out.
+    let mut f = Fixture::new();
+    f.on(Event::Drain(f.now + Duration::from_secs(5)));
+    f.on(Event::Settled(Ok("snapshot")));
+    f.on(Event::LastSaved(Ok(0)));
+    f.on(Event::Closed(SessionHistory::default()));
+    assert_eq!(describe(&f), "handing over");
+    f.on(Event::Fenced("w2 wrote it".into()));
+    assert!(!f.tenure.fenced_before_last_words());
 }
 
 #[test]
