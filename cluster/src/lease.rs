@@ -315,6 +315,8 @@ pub(crate) struct Tenancy {
 #[derive(Clone, Debug)]
 pub(crate) struct WorkerLease {
     current: Arc<Mutex<Held>>,
+    /// Set once the worker ended its lease (it drained): nothing renews or takes it again.
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -351,6 +353,7 @@ impl WorkerLease {
         Ok((
             Self {
                 current: Arc::new(Mutex::new(held)),
+                ended: Arc::default(),
             },
             fenced,
         ))
@@ -460,6 +463,9 @@ impl WorkerLease {
     /// connection dropped since the renewal was sent), `Err` with why if it is lost (its
     /// sessions were told; the caller takes a new incarnation).
     pub(crate) async fn renew(&self, leases: &Leases, worker: &str) -> Result<bool, Renewal> {
+        if self.is_ended() {
+            return Err(Renewal::Ended);
+        }
         let (record, expected, clock) = {
             let held = self.current.lock().unwrap_or_else(|p| p.into_inner());
             if matches!(*held.status.borrow(), LeaseStatus::Lost(_)) {
@@ -541,8 +547,14 @@ impl WorkerLease {
         Ok(())
     }
 
+    /// Whether the worker ended its lease.
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended.load(Ordering::SeqCst)
+    }
+
     /// Ends the lease (a drained worker leaves): `Ended` over the last revision.
     pub(crate) async fn end(&self, leases: &Leases, worker: &str) -> Result<(), String> {
+        self.ended.store(true, Ordering::SeqCst);
         let (record, expected) = {
             let held = self.current.lock().unwrap_or_else(|p| p.into_inner());
             held.clock.revoke();
@@ -555,14 +567,28 @@ impl WorkerLease {
                 held.revision,
             )
         };
-        match leases
-            .write(&record, expected, leases.fenced_retention)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(WriteError::Moved) => Ok(()),
-            Err(WriteError::Other(reason)) => Err(reason),
+        let mut expected = expected;
+        for _ in 0..2 {
+            match leases
+                .write(&record, expected, leases.fenced_retention)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(WriteError::Moved) => match leases.read(worker).await? {
+                    // A renewal under way landed first: over it.
+                    LeaseKey::Record(revision, current)
+                        if current.incarnation == record.incarnation
+                            && current.state == LeaseState::Live =>
+                    {
+                        expected = revision;
+                    }
+                    // Fenced or expired already: dead either way.
+                    _ => return Ok(()),
+                },
+                Err(WriteError::Other(reason)) => return Err(reason),
+            }
         }
+        Err("the lease kept changing".into())
     }
 }
 
@@ -573,6 +599,8 @@ pub(crate) enum Renewal {
     Lost,
     /// The bucket could not be reached: the lease holds until its clock runs out.
     Unreachable(String),
+    /// The worker ended its lease: nothing more to renew.
+    Ended,
 }
 
 /// Until when an owner may act on its lease, readable while a renewal is under way.

@@ -66,6 +66,10 @@ use hosted::{Hosting, Start};
 /// The most jobs one pull asks for.
 const MAX_BATCH: usize = 64;
 
+/// How soon a renewal that could not reach the bucket is tried again while the lease
+/// cannot be trusted.
+const RENEW_RETRY: Duration = Duration::from_millis(250);
+
 /// Errors of a worker's start and drain.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -694,8 +698,16 @@ async fn keep_lease(shared: Arc<Shared>) {
                 Ok(false) => break,
                 Err(Renewal::Unreachable(reason)) => {
                     tracing::warn!(worker = %shared.name, %reason, "lease not renewed");
+                    // Not trusted now (a reconnection whose first renewal failed, JetStream
+                    // not ready yet): asked again soon rather than at the next tick, which
+                    // could come after the lease ran out.
+                    if shared.lease.tenancy().is_none() && !shared.draining() {
+                        tokio::time::sleep(RENEW_RETRY).await;
+                        continue;
+                    }
                     break;
                 }
+                Err(Renewal::Ended) => return,
                 Err(Renewal::Lost) => {
                     // Its sessions stopped; the next ones run under a new incarnation.
                     while let Err(err) = shared
