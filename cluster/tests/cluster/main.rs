@@ -24,6 +24,7 @@ mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_cut_off_owner_is_not_doubled;
 mod a_deployed_worker_reports_its_health_and_drains_on_sigterm;
 mod a_fault_campaign_loses_nothing;
+mod a_five_second_outage_moves_no_session;
 mod a_killed_owner_is_replaced_without_waiting_for_its_lease;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
