@@ -218,9 +218,14 @@ async fn a_speech_named_by_its_id_is_interrupted_and_no_other() {
     };
     let playing = session.say("First, the menu.").await.unwrap();
     let queued = session.say("Then the wine list.").await.unwrap();
+    let terms = session
+        .say_with("The terms.", SayOptions::new().allow_interruptions(false))
+        .await
+        .unwrap();
     assert_eq!(speech_created(&mut events).await, playing);
 
-    // The queued one: it never plays; the one playing goes on.
+    // The queued one: it never plays, and its end is told as a speech's end is; the one
+    // playing goes on. A queued one that disallows interruptions is left alone.
     assert!(matches!(
         interrupt(1, &queued).await.unwrap(),
         InputAnswer::Done
@@ -231,11 +236,29 @@ async fn a_speech_named_by_its_id_is_interrupted_and_no_other() {
             heard: Some(String::new())
         }
     );
+    let ended = wait_event(&mut events, |e| match e {
+        SessionEvent::SpeechPlayedOut {
+            speech,
+            interrupted,
+            heard,
+        } => Some((*speech, *interrupted, heard.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(ended, (queued.id(), true, Some(String::new())));
+    interrupt(2, &terms).await.unwrap();
+    assert!(!terms.is_done(), "not forced: an uninterruptible one stays");
+    let forced = HostInput::InterruptSpeech {
+        speech: terms.id(),
+        force: true,
+    };
+    session.apply(InputId::new(3), forced).await.unwrap();
+    terms.wait_for_playout().await;
     assert!(!playing.is_done());
     assert!(!out.calls().contains(&OutputCall::Interrupt(playing.id())));
 
     // The one playing: it stops.
-    interrupt(2, &playing).await.unwrap();
+    interrupt(4, &playing).await.unwrap();
     wait_event(&mut events, |e| {
         matches!(e, SessionEvent::TurnInterrupted { .. }).then_some(())
     })
@@ -252,8 +275,8 @@ async fn a_speech_named_by_its_id_is_interrupted_and_no_other() {
     // Those that ended: nothing happens, the speech playing now goes on.
     let next = session.say("Welcome back.").await.unwrap();
     assert_eq!(speech_created(&mut events).await, next);
-    interrupt(3, &playing).await.unwrap();
-    interrupt(4, &queued).await.unwrap();
+    interrupt(5, &playing).await.unwrap();
+    interrupt(6, &queued).await.unwrap();
     // A read after them: the session took both before it.
     let chat = session.chat_context().await.unwrap();
     assert!(!next.is_done());

@@ -297,6 +297,10 @@ mod tests {
             Input::UserStartedSpeaking,
             Input::UserStoppedSpeaking,
             Input::Interrupt { force: false },
+            Input::InterruptSpeech {
+                speech: speech(3),
+                force: false,
+            },
             Input::UpdateAgent {
                 agent: "booker".into(),
                 data: json!({ "party": 2 }),
@@ -322,6 +326,7 @@ mod tests {
                 "user_started_speaking",
                 "user_stopped_speaking",
                 "interrupt",
+                "interrupt_speech",
                 "update_agent",
                 "playout_finished",
                 "history",
@@ -463,7 +468,10 @@ mod tests {
         let answers = vec![
             Answer::Done,
             Answer::Pending,
-            Answer::Speech { speech: speech(3) },
+            Answer::Speech {
+                speech: speech(3),
+                allow_interruptions: true,
+            },
             Answer::Failed {
                 failure: Failure::Factory {
                     error: FactoryError::UnknownAgent {

@@ -29,6 +29,7 @@ mod a_killed_owner_is_replaced_without_waiting_for_its_lease;
 mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
+mod a_speech_handle_interrupts_its_own_speech;
 mod an_abandoned_call_s_body_never_runs_twice;
 mod an_abandoned_session_is_closed;
 mod answered_inputs_are_not_applied_again;
