@@ -33,6 +33,14 @@ async fn session_with(
         .unwrap()
 }
 
+/// A session with no model whose output plays speech until the test says it was heard.
+async fn speaker() -> (RecordingOutput, Session) {
+    let out = RecordingOutput::manual_playout();
+    let agent = Agent::builder("agent").build().unwrap();
+    let session = session_with(ScriptedLlm::new([]), agent, &out).await;
+    (out, session)
+}
+
 async fn speech_created(
     events: &mut tokio::sync::broadcast::Receiver<SessionEvent>,
 ) -> SpeechHandle {
@@ -150,13 +158,7 @@ async fn queued_speeches_play_by_priority_then_arrival_and_an_interrupted_one_ne
 
 #[actix::test]
 async fn an_uninterruptible_say_refuses_interrupt_but_not_force() {
-    let out = RecordingOutput::manual_playout();
-    let session = session_with(
-        ScriptedLlm::new([]),
-        Agent::builder("agent").build().unwrap(),
-        &out,
-    )
-    .await;
+    let (out, session) = speaker().await;
     let mut events = session.subscribe();
     let terms = session
         .say_with(
@@ -201,13 +203,7 @@ async fn an_uninterruptible_say_refuses_interrupt_but_not_force() {
 /// and so is the speech playing then.
 #[actix::test]
 async fn a_speech_named_by_its_id_is_interrupted_and_no_other() {
-    let out = RecordingOutput::manual_playout();
-    let session = session_with(
-        ScriptedLlm::new([]),
-        Agent::builder("agent").build().unwrap(),
-        &out,
-    )
-    .await;
+    let (out, session) = speaker().await;
     let mut events = session.subscribe();
     let interrupt = |id: u64, speech: &SpeechHandle| {
         let input = HostInput::InterruptSpeech {
