@@ -12,7 +12,7 @@ use common::{assert_invariant, output, spawn_turn, wait_event, wait_on, Query};
 use serde_json::json;
 use switchboard::prelude::*;
 use switchboard::testing::{event, Gate, OutputCall, RecordingOutput, Reply, ScriptedLlm};
-use switchboard::{SpeechId, SpeechPriority};
+use switchboard::{HostInput, InputAnswer, InputId, SpeechId, SpeechPriority};
 use tokio::sync::mpsc;
 use tokio::time::advance;
 
@@ -31,6 +31,14 @@ async fn session_with(
         .start(&Engine::current().unwrap())
         .await
         .unwrap()
+}
+
+/// A session with no model whose output plays speech until the test says it was heard.
+async fn speaker() -> (RecordingOutput, Session) {
+    let out = RecordingOutput::manual_playout();
+    let agent = Agent::builder("agent").build().unwrap();
+    let session = session_with(ScriptedLlm::new([]), agent, &out).await;
+    (out, session)
 }
 
 async fn speech_created(
@@ -150,13 +158,7 @@ async fn queued_speeches_play_by_priority_then_arrival_and_an_interrupted_one_ne
 
 #[actix::test]
 async fn an_uninterruptible_say_refuses_interrupt_but_not_force() {
-    let out = RecordingOutput::manual_playout();
-    let session = session_with(
-        ScriptedLlm::new([]),
-        Agent::builder("agent").build().unwrap(),
-        &out,
-    )
-    .await;
+    let (out, session) = speaker().await;
     let mut events = session.subscribe();
     let terms = session
         .say_with(
@@ -190,6 +192,99 @@ async fn an_uninterruptible_say_refuses_interrupt_but_not_force() {
     assert_eq!(
         messages(&chat),
         [("These are".to_owned(), Some(terms.id()), true)]
+    );
+    session.close().await.unwrap();
+}
+
+/// A host that names a speech by its id (`HostInput::InterruptSpeech`, what a cluster's
+/// gateway sends for a handle of a speech played elsewhere) interrupts that speech and no
+/// other, as the speech's own handle does: a queued one leaves the queue while the one
+/// playing goes on; the one playing stops, its turn with it; one that ended is left alone,
+/// and so is the speech playing then.
+#[actix::test]
+async fn a_speech_named_by_its_id_is_interrupted_and_no_other() {
+    let (out, session) = speaker().await;
+    let mut events = session.subscribe();
+    let interrupt = |id: u64, speech: &SpeechHandle| {
+        let input = HostInput::InterruptSpeech {
+            speech: speech.id(),
+            force: false,
+        };
+        session.apply(InputId::new(id), input)
+    };
+    let playing = session.say("First, the menu.").await.unwrap();
+    let queued = session.say("Then the wine list.").await.unwrap();
+    let terms = session
+        .say_with("The terms.", SayOptions::new().allow_interruptions(false))
+        .await
+        .unwrap();
+    assert_eq!(speech_created(&mut events).await, playing);
+
+    // The queued one: it never plays, and its end is told as a speech's end is; the one
+    // playing goes on. A queued one that disallows interruptions is left alone.
+    assert!(matches!(
+        interrupt(1, &queued).await.unwrap(),
+        InputAnswer::Done
+    ));
+    assert_eq!(
+        queued.wait_for_playout().await,
+        SpeechOutcome::Interrupted {
+            heard: Some(String::new())
+        }
+    );
+    let ended = wait_event(&mut events, |e| match e {
+        SessionEvent::SpeechPlayedOut {
+            speech,
+            interrupted,
+            heard,
+        } => Some((*speech, *interrupted, heard.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!(ended, (queued.id(), true, Some(String::new())));
+    interrupt(2, &terms).await.unwrap();
+    assert!(!terms.is_done(), "not forced: an uninterruptible one stays");
+    let forced = HostInput::InterruptSpeech {
+        speech: terms.id(),
+        force: true,
+    };
+    session.apply(InputId::new(3), forced).await.unwrap();
+    terms.wait_for_playout().await;
+    assert!(!playing.is_done());
+    assert!(!out.calls().contains(&OutputCall::Interrupt(playing.id())));
+
+    // The one playing: it stops.
+    interrupt(4, &playing).await.unwrap();
+    wait_event(&mut events, |e| {
+        matches!(e, SessionEvent::TurnInterrupted { .. }).then_some(())
+    })
+    .await;
+    assert!(out.calls().contains(&OutputCall::Interrupt(playing.id())));
+    out.heard(playing.id(), "First,");
+    assert_eq!(
+        playing.wait_for_playout().await,
+        SpeechOutcome::Interrupted {
+            heard: Some("First,".into())
+        }
+    );
+
+    // Those that ended: nothing happens, the speech playing now goes on.
+    let next = session.say("Welcome back.").await.unwrap();
+    assert_eq!(speech_created(&mut events).await, next);
+    interrupt(5, &playing).await.unwrap();
+    interrupt(6, &queued).await.unwrap();
+    // A read after them: the session took both before it.
+    let chat = session.chat_context().await.unwrap();
+    assert!(!next.is_done());
+    assert!(!out.calls().contains(&OutputCall::Interrupt(next.id())));
+    out.played_out(next.id());
+    assert_eq!(next.wait_for_playout().await, SpeechOutcome::Played);
+    assert_eq!(
+        messages(&chat),
+        [
+            ("First,".to_owned(), Some(playing.id()), true),
+            ("Welcome back.".to_owned(), Some(next.id()), false)
+        ]
     );
     session.close().await.unwrap();
 }

@@ -300,7 +300,9 @@ pub enum SessionEvent {
         /// The speech (its handle: interrupt it, wait for its playout).
         speech: SpeechHandle,
     },
-    /// A speech ended: played out in full, or cut short with what the user heard.
+    /// A speech ended: played out in full, or cut short with what the user heard (a
+    /// queued speech interrupted before it started, which had no `SpeechCreated`, ends
+    /// with this too, heard nothing).
     SpeechPlayedOut {
         /// The speech.
         speech: SpeechId,

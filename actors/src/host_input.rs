@@ -67,6 +67,19 @@ pub enum HostInput {
         /// Even when the speech does not allow interruptions.
         force: bool,
     },
+    /// `SpeechHandle::interrupt` of the speech `speech` (`SpeechHandle::force_interrupt`
+    /// with `force`), for a host that names the speech by its id (a cluster's gateway,
+    /// relaying a call on its handle of a speech played elsewhere): a queued speech leaves
+    /// the queue and never plays; a speech under way stops, and its turn with it; every
+    /// other speech goes on. A speech that ended, or that the session never made, is left
+    /// alone (nothing else is interrupted in its place). Without `force`, a speech that
+    /// does not allow interruptions is left alone too.
+    InterruptSpeech {
+        /// The speech.
+        speech: SpeechId,
+        /// Even when the speech does not allow interruptions.
+        force: bool,
+    },
     /// `Session::update_agent`.
     UpdateAgent {
         /// The agent to hand over to.

@@ -22,9 +22,10 @@ use crate::speech::SpeechHandle;
 /// barge-in (`interrupt`), another agent (`update_agent`), the events, the conversation so
 /// far (`history`) and the end (`close`). Every call answers with a `Result`: on another
 /// machine even a report of the user's speech can fail to arrive, and a front must learn
-/// it. Turns, histories and events are the engine's own types; what differs by where the
-/// session runs is named by the associated types (how a failure looks, what names a
-/// speech, how an agent is given).
+/// it. Turns, histories, events and speech handles are the engine's own types (a speech's
+/// handle interrupts that speech alone and learns how it ended, wherever it plays); what
+/// differs by where the session runs is named by the associated types (how a failure
+/// looks, how an agent is given).
 ///
 /// A front generic over it:
 ///
@@ -47,9 +48,6 @@ pub trait HostSession: Send + Sync {
     /// Why a call failed: [`SessionError`] for a local session; a remote one adds the
     /// failures of the way there.
     type Error: std::error::Error + Send + Sync + 'static;
-    /// What [`say`](Self::say) gives back: a local session's [`SpeechHandle`]; a remote
-    /// one's names the speech.
-    type Speech: Send + Sync;
     /// An agent to switch to, as this session takes one: the [`Agent`] itself here; on a
     /// remote worker, what its factory builds one from.
     type Agent: Send;
@@ -69,11 +67,13 @@ pub trait HostSession: Send + Sync {
         instructions: Option<String>,
     ) -> impl Future<Output = Result<RunResult, Self::Error>> + Send;
 
-    /// Speaks `text` as the agent (added to the chat), after what is being said.
+    /// Speaks `text` as the agent (added to the chat), after what is being said; the
+    /// speech's handle: [`SpeechHandle::interrupt`] stops that speech alone (queued, it
+    /// never plays), [`SpeechHandle::wait_for_playout`] says how it ended.
     fn say(
         &self,
         text: impl Into<String> + Send,
-    ) -> impl Future<Output = Result<Self::Speech, Self::Error>> + Send;
+    ) -> impl Future<Output = Result<SpeechHandle, Self::Error>> + Send;
 
     /// What the user said, as the host's STT heard it: an interim transcript
     /// (`is_final == false`, shown only) or a final one, which makes a turn once the user
@@ -152,7 +152,6 @@ impl SessionEvents for broadcast::Receiver<SessionEvent> {
 /// A session on this engine: each call is the inherent method of the same name.
 impl HostSession for Session {
     type Error = SessionError;
-    type Speech = SpeechHandle;
     type Agent = Agent;
     type Events = broadcast::Receiver<SessionEvent>;
 

@@ -1371,15 +1371,20 @@ impl Handler<InterruptTurn> for SessionActor {
     }
 }
 
-/// From a `SpeechHandle`: a queued `say` leaves the queue; a speech under way is relayed to
-/// the activity that speaks it.
+/// From a `SpeechHandle` (or a host naming the speech, `HostInput::InterruptSpeech`): a
+/// queued `say` leaves the queue, unless it disallows interruptions and this is not forced
+/// (a handle refuses that itself; a host that names the speech by its id may not know),
+/// and its end is told as a speech's end is (`SpeechPlayedOut`, heard nothing: a handle
+/// made off this engine learns it from that event); a speech under way is relayed to the
+/// activity that speaks it.
 impl Handler<InterruptSpeech> for SessionActor {
     type Result = ();
 
     fn handle(&mut self, msg: InterruptSpeech, ctx: &mut Self::Context) {
-        let queued = self.schedule.remove_turn(
-            |turn| matches!(&turn.kind, TurnKind::Say { speech, .. } if speech.id() == msg.speech),
-        );
+        let queued = self.schedule.remove_turn(|turn| {
+            matches!(&turn.kind, TurnKind::Say { speech, .. }
+                if speech.id() == msg.speech && (msg.force || speech.allow_interruptions()))
+        });
         if let Some(QueuedTurn {
             kind: TurnKind::Say { speech, .. },
             tie,
@@ -1387,9 +1392,15 @@ impl Handler<InterruptSpeech> for SessionActor {
         }) = queued
         {
             self.input_in(tie);
+            let heard = Some(String::new());
             speech.set_status(SpeechStatus::Done(SpeechOutcome::Interrupted {
-                heard: Some(String::new()),
+                heard: heard.clone(),
             }));
+            self.shared.events.emit(SessionEvent::SpeechPlayedOut {
+                speech: msg.speech,
+                interrupted: true,
+                heard,
+            });
             self.pump(ctx);
             return;
         }

@@ -180,7 +180,11 @@ impl Leases {
     }
 
     /// Whether `worker`'s lease of `incarnation` is live now.
-    pub(crate) async fn liveness(&self, worker: &str, incarnation: u64) -> Result<Liveness, String> {
+    pub(crate) async fn liveness(
+        &self,
+        worker: &str,
+        incarnation: u64,
+    ) -> Result<Liveness, String> {
         Ok(self.read(worker).await?.liveness(incarnation))
     }
 
@@ -487,7 +491,11 @@ impl WorkerLease {
             leases.write(&record, expected, leases.lease()),
         )
         .await
-        .unwrap_or_else(|_| Err(WriteError::Other("no answer within a third of the lease".into())));
+        .unwrap_or_else(|_| {
+            Err(WriteError::Other(
+                "no answer within a third of the lease".into(),
+            ))
+        });
         let lost = match written {
             Ok(revision) => {
                 let mut held = self.current.lock().unwrap_or_else(|p| p.into_inner());
@@ -528,8 +536,9 @@ impl WorkerLease {
         if held.incarnation == incarnation {
             tracing::warn!(incarnation, reason = %why, "the worker's lease is lost: its sessions stop");
             held.clock.revoke();
-            held.status
-                .send_replace(LeaseStatus::Lost(format!("the worker's lease was lost: {why}")));
+            held.status.send_replace(LeaseStatus::Lost(format!(
+                "the worker's lease was lost: {why}"
+            )));
         }
     }
 

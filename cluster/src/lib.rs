@@ -74,6 +74,10 @@
 //!   local session and from a remote one on a worker process built by the same factory:
 //!   greeting, typed and spoken turns, a speech, a barge-in, a transfer, another agent,
 //!   the conversation (`tests/cluster/a_front_runs_the_same_over_a_local_and_a_remote_session.rs`).
+//!   A speech's handle (what `say` answers, and what its `SpeechCreated` carries)
+//!   interrupts that speech alone, there as here: queued, it never plays; playing, it
+//!   stops with its turn; ended, nothing happens
+//!   (`tests/cluster/a_speech_handle_interrupts_its_own_speech.rs`).
 //! * **Fencing.** A worker that lost its lease (paused, cut off), or whose connection
 //!   dropped since its last renewal (its session may have been claimed meanwhile), answers
 //!   nothing, publishes nothing and writes no snapshot until it renews; a newer owner's claim makes the store refuse
@@ -143,6 +147,7 @@
 //! | `gateway.rs` | [`Gateway`], [`GatewayError`] |
 //! | `remote_session.rs` | [`RemoteSession`] (a `HostSession`), [`RemoteEvents`], [`RemoteSessionEvents`] |
 //! | `remote_session/inputs.rs`, `remote_session/events.rs` | sending inputs in order with retries (a stale owner's reply taken as none); receiving events in order with replays, an event's parts joined |
+//! | `remote_session/speeches.rs` | one handle per speech the front meets (a `say`'s answer, a `SpeechCreated`), linked to the session, ended by the session's `SpeechPlayedOut` |
 //! | `connect.rs` | [`NatsConnect`] (auth, TLS), [`ClusterClient`] (reconnections, refusals) |
 //! | `permissions.rs` | [`Permissions`] of a gateway and a worker, for a tenant's namespace and inbox prefix |
 //! | `wire_protocol.rs` | [`wire_protocol`]: every name on NATS and every message, as JSON (a page, checked against the code by its test) |

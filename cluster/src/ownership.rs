@@ -499,10 +499,7 @@ mod tests {
         let key = SessionKey::new("call-1").unwrap();
         let w1 = take(&owners, "w1").await;
         let w2 = take(&owners, "w2").await;
-        let first = owners
-            .claim(&key, "w1", w1.incarnation(), 1)
-            .await
-            .unwrap();
+        let first = owners.claim(&key, "w1", w1.incarnation(), 1).await.unwrap();
 
         // w1's lease lives: the session is not w2's to take.
         let err = owners
@@ -515,11 +512,23 @@ mod tests {
         );
 
         // w1's renewals do not touch the session's record: idle sessions cost nothing.
-        let before = owners.store.entry(key.as_str()).await.unwrap().unwrap().revision;
+        let before = owners
+            .store
+            .entry(key.as_str())
+            .await
+            .unwrap()
+            .unwrap()
+            .revision;
         for _ in 0..3 {
             assert!(!w1.renew(owners.leases(), "w1").await.unwrap());
         }
-        let after = owners.store.entry(key.as_str()).await.unwrap().unwrap().revision;
+        let after = owners
+            .store
+            .entry(key.as_str())
+            .await
+            .unwrap()
+            .unwrap()
+            .revision;
         assert_eq!(before, after, "a renewal wrote the session's record");
 
         // Fenced: the claim takes it one epoch higher, and w1 learns it at its next
@@ -535,10 +544,7 @@ mod tests {
             .fence("w1", w1.incarnation(), revision)
             .await
             .unwrap());
-        let taken = owners
-            .claim(&key, "w2", w2.incarnation(), 1)
-            .await
-            .unwrap();
+        let taken = owners.claim(&key, "w2", w2.incarnation(), 1).await.unwrap();
         assert_eq!(taken.epoch(), first.epoch() + 1);
         assert!(matches!(
             w1.renew(owners.leases(), "w1").await,
@@ -546,7 +552,10 @@ mod tests {
         ));
         assert!(!tenancy.clock.is_valid());
         assert!(matches!(*tenancy.status.borrow(), LeaseStatus::Lost(_)));
-        assert!(w1.tenancy().is_none(), "no session is claimed under a lost lease");
+        assert!(
+            w1.tenancy().is_none(),
+            "no session is claimed under a lost lease"
+        );
     }
 
     #[tokio::test]

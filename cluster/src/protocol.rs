@@ -182,6 +182,10 @@ pub(crate) enum Input {
     UserStoppedSpeaking,
     /// `Session::interrupt` / `force_interrupt`.
     Interrupt { force: bool },
+    /// `SpeechHandle::interrupt` / `force_interrupt` of one speech, from a front's handle
+    /// of it: that speech alone (queued, it never plays; playing, it stops with its turn);
+    /// one that ended is left alone.
+    InterruptSpeech { speech: SpeechId, force: bool },
     /// `Session::update_agent` with the agent the worker's factory builds.
     UpdateAgent { agent: String, data: Value },
     /// `PlayoutReporter::playout_finished`, from a voice front.
@@ -212,6 +216,7 @@ impl Input {
             Self::UserStartedSpeaking => "user_started_speaking",
             Self::UserStoppedSpeaking => "user_stopped_speaking",
             Self::Interrupt { .. } => "interrupt",
+            Self::InterruptSpeech { .. } => "interrupt_speech",
             Self::UpdateAgent { .. } => "update_agent",
             Self::PlayoutFinished { .. } => "playout_finished",
             Self::History => "history",
@@ -315,8 +320,15 @@ pub(crate) enum Answer {
     Done,
     /// Under way: its outcome comes as an `InputDone` event with this input's id.
     Pending,
-    /// A `say` was queued as this speech.
-    Speech { speech: SpeechId },
+    /// A `say` was queued as this speech, which allows interruptions or not (the say's
+    /// option, or its agent's or session's setting). Answered again from a ledger that
+    /// keeps only the speech's id (an owner that took the session over), it reads as
+    /// allowing them; the speech's `SpeechCreated`, when it starts, says.
+    Speech {
+        speech: SpeechId,
+        #[serde(default = "allowed")]
+        allow_interruptions: bool,
+    },
     /// Refused (the factory does not know the agent, the session refused it).
     Failed { failure: Failure },
 }
@@ -328,13 +340,21 @@ impl Answer {
     pub(crate) fn recorded(recorded: RecordedAnswer) -> Option<Self> {
         match recorded {
             RecordedAnswer::Done => Some(Self::Done),
-            RecordedAnswer::Speech(speech) => Some(Self::Speech { speech }),
+            RecordedAnswer::Speech(speech) => Some(Self::Speech {
+                speech,
+                allow_interruptions: allowed(),
+            }),
             RecordedAnswer::Failed(message) => Some(Self::Failed {
                 failure: Failure::Earlier { message },
             }),
             _ => None,
         }
     }
+}
+
+/// A speech's interruptibility when nothing says otherwise.
+fn allowed() -> bool {
+    true
 }
 
 /// A worker's counts, answered on `<ns>.worker.<name>.info`. (A count an older worker

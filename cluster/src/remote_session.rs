@@ -14,9 +14,10 @@
 //!   in order once each (numbered afresh, so the numbers go on without a gap when the
 //!   session moves to another owner), asks the owner again for any it missed (a gap, a
 //!   reconnection, or a periodic check while an answer is awaited), and hands each
-//!   `InputDone` to the call waiting for it. A speech an event names
-//!   (`SessionEvent::SpeechCreated`) gets a handle linked to this session: interrupting
-//!   it asks the worker, and the session's `SpeechPlayedOut` ends it.
+//!   `InputDone` to the call waiting for it. A speech the front meets, in a `say`'s
+//!   answer or its `SessionEvent::SpeechCreated`, gets one handle linked to this session
+//!   (`remote_session/speeches.rs`): interrupting it asks the worker to interrupt that
+//!   speech alone, and the session's `SpeechPlayedOut` ends it.
 //!
 //! When the session moves (its worker drains, dies or loses its lease) the front sees a
 //! pause, then `SessionResumed` and the session going on: inputs sent meanwhile reach the
@@ -26,6 +27,7 @@
 
 mod events;
 mod inputs;
+mod speeches;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,7 +35,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use switchboard::{
     EventsMissed, HostSession, RunResult, SessionEvent, SessionEvents, SessionHistory,
-    SpeechControl, SpeechHandle, SpeechId, SpeechOutcome, SpeechReport,
+    SpeechControl, SpeechHandle, SpeechId, SpeechOutcome,
 };
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
@@ -46,6 +48,7 @@ use crate::protocol::{Answer, Failure, Input, InputOutcome, SessionJob, WireEven
 use crate::remote_event::{CloseReason, RemoteEvent, RemoteEventKind};
 use crate::spec::AgentSpec;
 use inputs::Submission;
+use speeches::Speeches;
 
 /// Where a session's start is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -222,10 +225,8 @@ pub(crate) struct RemoteShared {
     /// sent again.
     outcomes: Mutex<Outcomes>,
     book: Mutex<EventBook>,
-    /// How each speech the events named, not ended yet, learns its end.
-    speeches: Mutex<HashMap<SpeechId, SpeechReport>>,
-    /// What the handles of those speeches interrupt them through.
-    speech_control: Arc<dyn SpeechControl>,
+    /// The handles of the speeches the front met (in a `say`'s answer or an event).
+    speeches: Mutex<Speeches>,
     started: watch::Sender<StartState>,
     closed: watch::Sender<Option<CloseReason>>,
     /// Changed at each `SessionResumed`: the inputs task sends the new owner what it lacks.
@@ -266,7 +267,7 @@ impl RemoteShared {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn speeches(&self) -> MutexGuard<'_, HashMap<SpeechId, SpeechReport>> {
+    fn speeches(&self) -> MutexGuard<'_, Speeches> {
         self.speeches.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -309,28 +310,21 @@ impl RemoteShared {
     fn follow_speech(&self, event: &mut SessionEvent) {
         match event {
             SessionEvent::SpeechCreated { speech, .. } => {
-                let (linked, report) = SpeechHandle::remote(
-                    speech.id(),
-                    speech.allow_interruptions(),
-                    self.speech_control.clone(),
-                );
-                self.speeches().insert(speech.id(), report);
-                *speech = linked;
+                *speech = self.speeches().created(speech);
             }
             SessionEvent::SpeechPlayedOut {
                 speech,
                 interrupted,
                 heard,
             } => {
-                if let Some(report) = self.speeches().remove(speech) {
-                    report.ended(if *interrupted {
-                        SpeechOutcome::Interrupted {
-                            heard: heard.clone(),
-                        }
-                    } else {
-                        SpeechOutcome::Played
-                    });
-                }
+                let outcome = if *interrupted {
+                    SpeechOutcome::Interrupted {
+                        heard: heard.clone(),
+                    }
+                } else {
+                    SpeechOutcome::Played
+                };
+                self.speeches().ended(*speech, outcome);
             }
             _ => {}
         }
@@ -430,6 +424,8 @@ impl RemoteShared {
                     }));
                 }
                 self.gateway.count(|s| s.resumes += 1);
+                // What the old owner was saying went with it.
+                self.speeches().moved();
                 self.started.send_replace(StartState::Started);
                 self.owner.send_replace(OwnerSeen {
                     epoch: event.epoch,
@@ -468,7 +464,7 @@ impl RemoteShared {
             // Nobody will answer them now: their calls fail with `Closed`; the speeches
             // still going count as interrupted.
             self.waiters().clear();
-            self.speeches().clear();
+            self.speeches().closed();
         }
     }
 
@@ -567,10 +563,9 @@ impl RemoteSession {
             }),
             waiters: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(Outcomes::default()),
-            speeches: Mutex::new(HashMap::new()),
-            speech_control: Arc::new(RemoteSpeechControl {
+            speeches: Mutex::new(Speeches::new(Arc::new(RemoteSpeechControl {
                 submit: submit.downgrade(),
-            }),
+            }))),
             started: watch::channel(StartState::Waiting).0,
             closed: watch::channel(None).0,
             owner: watch::channel(OwnerSeen::default()).0,
@@ -715,9 +710,12 @@ impl RemoteSession {
         self.turn(Input::GenerateReply { instructions }).await
     }
 
-    /// Queues `text` for the agent to say (`Session::say`); returns its speech once
-    /// queued.
-    pub async fn say(&self, text: impl Into<String>) -> Result<SpeechId, GatewayError> {
+    /// Queues `text` for the agent to say (`Session::say`); returns its speech's handle
+    /// once queued, linked to this session as a local session's is: `interrupt` stops that
+    /// speech alone (queued, it never plays), `wait_for_playout` and `outcome` say how it
+    /// ended (from the session's `SpeechPlayedOut`). It is the handle the speech's
+    /// `SpeechCreated` event carries.
+    pub async fn say(&self, text: impl Into<String>) -> Result<SpeechHandle, GatewayError> {
         self.say_with(text, RemoteSay::default()).await
     }
 
@@ -726,14 +724,21 @@ impl RemoteSession {
         &self,
         text: impl Into<String>,
         options: RemoteSay,
-    ) -> Result<SpeechId, GatewayError> {
+    ) -> Result<SpeechHandle, GatewayError> {
         let input = Input::Say {
             text: text.into(),
             allow_interruptions: options.allow_interruptions,
             add_to_chat: options.add_to_chat,
         };
         match self.send(input, None).await? {
-            Answer::Speech { speech } => Ok(speech),
+            Answer::Speech {
+                speech,
+                allow_interruptions,
+            } => Ok(self
+                .inner
+                .shared
+                .speeches()
+                .link(speech, allow_interruptions)),
             other => Err(GatewayError::Protocol {
                 session: self.id().clone(),
                 detail: format!("say answered {other:?}"),
@@ -868,7 +873,6 @@ impl RemoteSession {
 /// its id (its handle comes with the `SpeechCreated` event).
 impl HostSession for RemoteSession {
     type Error = GatewayError;
-    type Speech = SpeechId;
     type Agent = AgentSpec;
     type Events = RemoteSessionEvents;
 
@@ -883,7 +887,7 @@ impl HostSession for RemoteSession {
         RemoteSession::generate_reply(self, instructions).await
     }
 
-    async fn say(&self, text: impl Into<String> + Send) -> Result<SpeechId, GatewayError> {
+    async fn say(&self, text: impl Into<String> + Send) -> Result<SpeechHandle, GatewayError> {
         RemoteSession::say(self, text).await
     }
 
@@ -924,19 +928,20 @@ impl HostSession for RemoteSession {
     }
 }
 
-/// How a remote speech's handle interrupts it: an interrupt input to the session (the
-/// worker interrupts the speech under way and the turn behind it). It holds the inputs
-/// channel weakly: a speech's handle does not keep the session open.
+/// How a remote speech's handle interrupts it: an input naming the speech, which the
+/// worker interrupts alone, as a local handle does (queued, it never plays; playing, it
+/// stops with its turn; ended, nothing happens). It holds the inputs channel weakly: a
+/// speech's handle does not keep the session open.
 struct RemoteSpeechControl {
     submit: mpsc::WeakUnboundedSender<Submission>,
 }
 
 impl SpeechControl for RemoteSpeechControl {
-    fn interrupt(&self, _speech: SpeechId, force: bool) {
+    fn interrupt(&self, speech: SpeechId, force: bool) {
         if let Some(submit) = self.submit.upgrade() {
             // Nobody waits for its answer: the speech's end comes as its event.
             let _ = submit.send(Submission {
-                input: Input::Interrupt { force },
+                input: Input::InterruptSpeech { speech, force },
                 outcome: None,
                 answer: None,
             });

@@ -62,8 +62,8 @@ use switchboard::snapshot::{
 use tokio::sync::{watch, Mutex};
 
 use crate::conditional_write::{publish_if_last, WriteError};
-use crate::namespace::{Namespace, SessionKey};
 use crate::lease::LeaseClock;
+use crate::namespace::{Namespace, SessionKey};
 use crate::provisioning::Provisioning;
 use crate::spec::SessionSpec;
 

@@ -16,8 +16,8 @@ mod tests {
         TurnMetrics, Unfinished, UserState,
     };
 
-    use crate::namespace::{Namespace, SessionKey};
     use crate::lease::{LeaseRecord, LeaseState};
+    use crate::namespace::{Namespace, SessionKey};
     use crate::ownership::{OwnerRecord, OwnerState};
     use crate::permissions::Permissions;
     use crate::protocol::{
@@ -298,6 +298,10 @@ mod tests {
             Input::UserStartedSpeaking,
             Input::UserStoppedSpeaking,
             Input::Interrupt { force: false },
+            Input::InterruptSpeech {
+                speech: speech(3),
+                force: false,
+            },
             Input::UpdateAgent {
                 agent: "booker".into(),
                 data: json!({ "party": 2 }),
@@ -323,6 +327,7 @@ mod tests {
                 "user_started_speaking",
                 "user_stopped_speaking",
                 "interrupt",
+                "interrupt_speech",
                 "update_agent",
                 "playout_finished",
                 "history",
@@ -464,7 +469,10 @@ mod tests {
         let answers = vec![
             Answer::Done,
             Answer::Pending,
-            Answer::Speech { speech: speech(3) },
+            Answer::Speech {
+                speech: speech(3),
+                allow_interruptions: true,
+            },
             Answer::Failed {
                 failure: Failure::Factory {
                     error: FactoryError::UnknownAgent {

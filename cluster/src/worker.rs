@@ -53,8 +53,8 @@ use tokio::time::Instant;
 
 use crate::connect::ClusterClient;
 use crate::dispatch;
-use crate::namespace::{check_worker_name, NameError, Namespace};
 use crate::lease::{Renewal, WorkerLease};
+use crate::namespace::{check_worker_name, NameError, Namespace};
 use crate::ownership::{ClaimError, Owners};
 use crate::protocol::{SessionJob, WorkerInfo};
 use crate::provisioning::Provisioning;

@@ -16,8 +16,8 @@ use futures_util::FutureExt;
 
 use super::{ReadHistory, RunTurn, Say, SessionActor, UpdateAgent};
 use crate::activity::{
-    InterruptTurn, PlayoutFinished, TurnKind, UserStartedSpeaking, UserStoppedSpeaking,
-    UserTranscript,
+    InterruptSpeech, InterruptTurn, PlayoutFinished, TurnKind, UserStartedSpeaking,
+    UserStoppedSpeaking, UserTranscript,
 };
 use crate::error::SessionError;
 use crate::handoff::Handoff;
@@ -147,6 +147,11 @@ impl SessionActor {
             HostInput::Interrupt { force } => {
                 let interrupted = Handler::handle(self, InterruptTurn { force }, ctx);
                 async move { interrupted.await.map(|()| InputAnswer::Done) }.boxed_local()
+            }
+            HostInput::InterruptSpeech { speech, force } => {
+                // The path a local handle's `interrupt` takes (the session's `SpeechPort`).
+                Handler::handle(self, InterruptSpeech { speech, force }, ctx);
+                done()
             }
             HostInput::UpdateAgent { agent } => {
                 let handoff = UpdateAgent {

@@ -62,7 +62,11 @@ fn a_lease_is_dead_unless_its_key_holds_a_live_record_of_that_incarnation() {
     };
     let live = LeaseKey::Record(7, record(3, LeaseState::Live));
     assert_eq!(live.liveness(3), Liveness::Live { revision: 7 });
-    assert_eq!(live.liveness(4), Liveness::Dead, "a newer process of the name");
+    assert_eq!(
+        live.liveness(4),
+        Liveness::Dead,
+        "a newer process of the name"
+    );
     for dead in [
         LeaseKey::Absent,
         LeaseKey::Marker(8),
@@ -105,7 +109,10 @@ async fn a_name_whose_lease_is_renewed_is_refused_and_a_gone_one_is_fenced_and_t
         .unwrap();
     assert_eq!(fenced, Some(first.incarnation()));
     assert_ne!(second.incarnation(), first.incarnation());
-    assert!(matches!(first.renew(&leases, "w1").await, Err(Renewal::Lost)));
+    assert!(matches!(
+        first.renew(&leases, "w1").await,
+        Err(Renewal::Lost)
+    ));
     assert!(!second.renew(&leases, "w1").await.unwrap());
 }
 
@@ -124,6 +131,9 @@ async fn a_lease_not_renewed_expires_at_the_server_and_its_renewal_is_lost() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(matches!(lease.renew(&leases, "w1").await, Err(Renewal::Lost)));
+    assert!(matches!(
+        lease.renew(&leases, "w1").await,
+        Err(Renewal::Lost)
+    ));
     assert!(lease.tenancy().is_none());
 }

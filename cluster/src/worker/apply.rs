@@ -45,6 +45,7 @@ pub(super) async fn apply(
         Applying::Answered(match answer {
             Ok(InputAnswer::Speech(speech)) => Answer::Speech {
                 speech: speech.id(),
+                allow_interruptions: speech.allow_interruptions(),
             },
             Ok(_) => Answer::Done,
             Err(err) => Answer::Failed {
@@ -100,6 +101,11 @@ pub(super) async fn apply(
                 outcome: done_outcome(result.map(|_| ())),
             }
         }),
+        Input::InterruptSpeech { speech, force } => at_once(
+            session
+                .apply(input_id, HostInput::InterruptSpeech { speech, force })
+                .await,
+        ),
         Input::UpdateAgent { agent, data } => match factory.agent(&agent, &data) {
             Ok(agent) => Applying::later(async move {
                 let update = HostInput::UpdateAgent { agent };

@@ -146,7 +146,9 @@ async fn fence_and_sweep(shared: Arc<Shared>, worker: String, incarnation: u64, 
             sweep(&shared, &worker).await;
         }
         Ok(false) => {}
-        Err(err) => tracing::warn!(worker = %shared.name, %err, "cannot fence a lease that ran out"),
+        Err(err) => {
+            tracing::warn!(worker = %shared.name, %err, "cannot fence a lease that ran out")
+        }
     }
 }
 

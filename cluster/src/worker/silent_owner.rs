@@ -185,7 +185,11 @@ mod tests {
     #[test]
     fn an_owner_silent_twice_to_a_settled_worker_has_its_lease_fenced_over_what_was_read() {
         assert_eq!(
-            verdict(Owner::LiveLease { revision: 7 }, [Probe::NoResponders; 2], true),
+            verdict(
+                Owner::LiveLease { revision: 7 },
+                [Probe::NoResponders; 2],
+                true
+            ),
             Verdict::Fence { over: 7 }
         );
     }

@@ -80,8 +80,8 @@ use tokio::time::Instant;
 use super::counts::Counts;
 use super::event_log::EventLog;
 use super::ledger::{Admission, InputLedger};
-use crate::namespace::SessionKey;
 use crate::lease::LeaseClock;
+use crate::namespace::SessionKey;
 use crate::ownership::LeaseError;
 use crate::protocol::{Answer, Input, InputOutcome, Reply, Request, WireEventKind};
 use crate::remote_event::{CloseReason, RemoteEventKind};
@@ -895,7 +895,6 @@ impl Tenure {
                 | State::Done(_)
         )
     }
-
 }
 
 #[cfg(test)]

@@ -82,9 +82,10 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
     })
     .await;
 
-    // say: queued as a speech, played by the front. Its handle, from the engine's
-    // event, is linked to the remote session: it learns the speech's end.
-    let speech = session.say("One moment.").await.unwrap();
+    // say: queued as a speech, played by the front. Its handle, the one the engine's
+    // event carries too, is linked to the remote session: it learns the speech's end.
+    let said = session.say("One moment.").await.unwrap();
+    let speech = said.id();
     let (created, _) = event_where(&mut events, "the say's speech", |kind| {
         matches!(kind, RemoteEventKind::Session { event: SessionEvent::SpeechCreated { speech: s, .. } } if s.id() == speech)
     })
@@ -96,9 +97,10 @@ async fn a_voice_front_drives_a_remote_session_through_the_host_api() {
         unreachable!("matched above")
     };
     assert_eq!(
-        within("the say's playout", handle.wait_for_playout()).await,
+        within("the say's playout", said.wait_for_playout()).await,
         SpeechOutcome::Played
     );
+    assert_eq!(handle.outcome(), Some(SpeechOutcome::Played), "one handle");
     event_where(&mut events, "the say played out", |kind| {
         matches!(kind, RemoteEventKind::Session { event: SessionEvent::SpeechPlayedOut { speech: s, interrupted: false, .. } } if *s == speech)
     })

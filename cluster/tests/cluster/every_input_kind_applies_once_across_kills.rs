@@ -127,7 +127,7 @@ async fn every_kind_of_input_is_applied_once_across_kills_at_random_points() {
                 says.push(said);
                 answered(&ok(within(
                     "a playout report",
-                    session.playout_finished(speech, false, None),
+                    session.playout_finished(speech.id(), false, None),
                 )
                 .await));
             }

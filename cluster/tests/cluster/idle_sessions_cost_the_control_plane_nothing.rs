@@ -75,11 +75,8 @@ async fn idle_sessions_write_nothing_to_the_owners_bucket_only_worker_leases_are
     let mut writes = owners.watch_all().await.unwrap();
     let began = Instant::now();
     let (mut session_writes, mut lease_writes, mut other_writes) = (0u64, 0u64, 0u64);
-    while let Ok(Some(entry)) = tokio::time::timeout_at(
-        (began + window).into(),
-        writes.next(),
-    )
-    .await
+    while let Ok(Some(entry)) =
+        tokio::time::timeout_at((began + window).into(), writes.next()).await
     {
         let key = entry.unwrap().key;
         if key.starts_with("lease.") {
@@ -102,7 +99,10 @@ async fn idle_sessions_write_nothing_to_the_owners_bucket_only_worker_leases_are
         (lease_writes * WORKERS as u64) as f64 / seconds,
     );
     assert_eq!(session_writes, 0, "an idle session's record was written");
-    assert_eq!(other_writes, 0, "the hosting index changed while nothing did");
+    assert_eq!(
+        other_writes, 0,
+        "the hosting index changed while nothing did"
+    );
     // Each worker renews every third of the lease: about 3 a lease, a few more at most.
     let renewals = window.as_secs_f64() / (lease as f64 / 3.0);
     assert!(

@@ -153,8 +153,11 @@ async fn every_kind_of_input_is_applied_once_when_the_gateway_retries_it() {
     frozen!("an interim transcript", |s| s.transcript("look", false));
     frozen!("user stopped speaking", |s| s.user_stopped_speaking());
     frozen!("a final transcript", |s| s.transcript("final words", true));
-    frozen!("a playout report", |s| s
-        .playout_finished(said, false, None));
+    frozen!("a playout report", |s| s.playout_finished(
+        said.id(),
+        false,
+        None
+    ));
     frozen!("a reply", |s| s.generate_reply(Some("Ask.".into())));
     frozen!("an interruption", |s| s.interrupt());
     frozen!("an agent update", |s| s

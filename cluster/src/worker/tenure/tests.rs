@@ -1048,6 +1048,7 @@ fn an_input_the_session_s_ledger_holds_is_answered_from_it_and_never_applied_aga
     // (serde is how a worker gets a speech id it did not make.)
     let speech = Answer::Speech {
         speech: serde_json::from_str("3").unwrap(),
+        allow_interruptions: true,
     };
     let actions = f.on(ledger_holds(3, Some(speech.clone())));
     assert_eq!(
