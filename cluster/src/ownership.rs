@@ -346,10 +346,30 @@ impl Ownership {
     }
 
     /// Moves the ownership to `epoch` (what the session's snapshots say it must be at
-    /// least), rewriting the record when it changes.
+    /// least), rewriting the record when it changes; when it does not, checks the record
+    /// is still this one. Made after the snapshots' claim: a worker whose record was
+    /// claimed over in between (its lease lost meanwhile) must not host the session, and
+    /// finds out here.
     pub(crate) async fn raise_epoch(&mut self, epoch: u64) -> Result<(), LeaseError> {
         if epoch <= self.record.epoch {
-            return Ok(());
+            return match self.owners.read(&self.session).await {
+                Ok(Current::Record(revision, _)) if revision == self.revision => Ok(()),
+                Ok(Current::Record(_, current)) => Err(LeaseError::Lost {
+                    session: self.session.clone(),
+                    now: format!(
+                        "{:?} on {} at epoch {}",
+                        current.state, current.worker, current.epoch
+                    ),
+                }),
+                Ok(Current::Absent | Current::Marker(_)) => Err(LeaseError::Lost {
+                    session: self.session.clone(),
+                    now: "its record is gone".into(),
+                }),
+                Err(reason) => Err(LeaseError::Unreachable {
+                    session: self.session.clone(),
+                    reason,
+                }),
+            };
         }
         let mut record = self.record.clone();
         record.epoch = epoch;
