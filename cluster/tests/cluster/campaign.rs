@@ -498,12 +498,27 @@ pub async fn run(plan: Plan) -> Report {
             stats.stale_replies
         ));
     }
-    report.took = began.elapsed();
-    for session in &sessions {
-        let _ = common::within("a close", session.close()).await;
+    // A close through the gateway ends, answered or failed, within the gateway's bounds.
+    for (i, session) in sessions.iter().enumerate() {
+        if tokio::time::timeout(GATEWAY_BOUND, session.close())
+            .await
+            .is_err()
+        {
+            report.violations.push(format!(
+                "session {i} ({}): its close neither answered nor failed within {GATEWAY_BOUND:?}; its last events: {}",
+                session.id(),
+                last_events(session).await,
+            ));
+        }
     }
+    report.took = began.elapsed();
     report
 }
+
+/// Past the gateway's own bounds on a call: its input deadline (30 s) for an owner to take
+/// an input, and as long again of the owner's silence for an outcome; a loaded machine
+/// gets a margin.
+const GATEWAY_BOUND: Duration = Duration::from_secs(75);
 
 /// What a front sent and got so far, and the input it waits on.
 #[derive(Debug, Default)]
@@ -635,13 +650,27 @@ async fn check_session(
     }
 
     // The conversation.
-    let history = match common::within("the final history", session.history()).await {
-        Ok(history) => history,
-        Err(err) => {
+    // A read through the gateway answers or fails within the gateway's own bounds (the
+    // input deadline for an owner to take it, the same again of an owner's silence for
+    // its outcome): waited for past them, so that what the gateway says is what the
+    // checker reports, and a read that stays unanswered beyond them (a liveness gap)
+    // is reported as one, naming the session and what it last saw.
+    let read = tokio::time::timeout(GATEWAY_BOUND, session.history()).await;
+    let history = match read {
+        Ok(Ok(history)) => history,
+        Ok(Err(err)) => {
             report.violations.push(format!(
-                "session {i}: no final history: {err}; its last events: {}\n  its first resumes: {}",
+                "session {i} ({key}): no final history: {err}; its last events: {}\n  its first resumes: {}",
                 last_events(session).await,
                 witness.resumes_around(0),
+            ));
+            return;
+        }
+        Err(_) => {
+            report.violations.push(format!(
+                "session {i} ({key}): the final history read neither answered nor failed within {GATEWAY_BOUND:?} (beyond the gateway's own bounds); its last events: {}\n  its resumes: {}",
+                last_events(session).await,
+                witness.resumes_around(u64::MAX),
             ));
             return;
         }
