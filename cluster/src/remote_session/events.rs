@@ -9,6 +9,9 @@
 //! has are reported as one `EventsLost` event, so a subscriber always knows. An event too
 //! big for one message comes in numbered parts, joined here in order before it is
 //! delivered; one whose parts were lost is covered by the `EventsLost` of their numbers.
+//! A replay from an owner older than the newest heard from (a fenced owner that still
+//! answers) is not taken: its events are not the session's, and taking its answer for
+//! the newest owner's would report lost what the newest owner keeps.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -27,6 +27,12 @@
 //! when that keeps it. While the old owner drains it answers `Moving`, and the task waits
 //! for the new one.
 //!
+//! **Which owner counts.** Every answer carries its owner's epoch. An answer from an owner
+//! older than the newest heard from (in an event, or in an answer taken) is a stale
+//! owner's and is not taken; what the owner has (`acked`) is counted in the numbers of the
+//! owner it was learnt from, so a `SessionResumed` that comes after that owner's answers
+//! (events have their own task) sends nothing again.
+//!
 //! An input that found no answer within the input deadline may or may not have been
 //! applied; later inputs of the session then fail the same way rather than risk being
 //! applied out of order.
