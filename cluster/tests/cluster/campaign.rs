@@ -158,6 +158,11 @@ pub struct Report {
     pub lookups_refused: u64,
     /// Waits refused the same way (beside one resent to a new owner, which runs again).
     pub waits_refused: u64,
+    /// Waits not made because their call could not be recorded (its owner's store write
+    /// failed: its lease could not be trusted for a moment, a write before it failed): an
+    /// `Abandon` body runs only once a stored snapshot holds its call, and the model is
+    /// told it was not made.
+    pub waits_unrecorded: u64,
     /// `say`s answered whose speech an owner lost before a snapshot held it: cut, as a
     /// barge-in cuts a speech.
     pub says_cut: u64,
@@ -195,6 +200,11 @@ impl Report {
             out,
             "| waits refused as duplicates | {} |",
             self.waits_refused
+        );
+        let _ = writeln!(
+            out,
+            "| waits not made: their call could not be recorded | {} |",
+            self.waits_unrecorded
         );
         let _ = writeln!(out, "| says cut by a move | {} |", self.says_cut);
         let _ = writeln!(
@@ -613,6 +623,8 @@ async fn check_session(
                 // answer was heard from the old one) runs again there.
                 if refused_as_duplicate(reply) {
                     report.waits_refused += 1;
+                } else if not_recorded(reply) {
+                    report.waits_unrecorded += 1;
                 } else if reply != &[format!("Lookup says: waited for {what}")] {
                     violation(format!("wait for {what:?} answered {reply:?}"));
                 }
@@ -842,6 +854,17 @@ fn refused_as_duplicate(reply: &[String]) -> bool {
         .any(|r| r.contains("is already running; not started again"))
 }
 
+/// Whether a wait's answer is the engine's refusal to start an `Abandon` body whose call
+/// no stored snapshot could be made to hold (the promise is at most once: a body that
+/// could run again after a crash does not run at all). Its owner's store refused the
+/// write for the moment — a lease not trusted while a renewal is late, as under a freeze
+/// or a loaded machine — and the model was told.
+fn not_recorded(reply: &[String]) -> bool {
+    reply
+        .iter()
+        .any(|r| r.contains("the call could not be recorded, so it was not made"))
+}
+
 /// Checks the tools' side effects against their policies.
 fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &mut Report) {
     let mut starts: HashMap<(String, String), u64> = HashMap::new();
@@ -882,7 +905,10 @@ fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &
                 Sent::Wait(what) => ("wait", what),
                 _ => continue,
             };
-            let ran = matches!(&exchange.got, Got::Reply(reply) if !refused_as_duplicate(reply));
+            let ran = matches!(
+                &exchange.got,
+                Got::Reply(reply) if !refused_as_duplicate(reply) && !not_recorded(reply)
+            );
             if ran && !starts.contains_key(&(tool.to_owned(), what.clone())) {
                 report.violations.push(format!(
                     "{tool} for {what:?} answered but its body never ran"
