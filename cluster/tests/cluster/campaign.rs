@@ -128,6 +128,9 @@ impl Sent {
 pub enum Got {
     /// A turn's assistant messages.
     Reply(Vec<String>),
+    /// A turn interrupted before it said anything (a drain's deadline interrupts a turn
+    /// that has not settled, and its outcome says so).
+    Interrupted,
     /// A `say` was queued.
     Speech,
     /// The call failed: the error's kind and words.
@@ -163,6 +166,8 @@ pub struct Report {
     /// `Abandon` body runs only once a stored snapshot holds its call, and the model is
     /// told it was not made.
     pub waits_unrecorded: u64,
+    /// Turns interrupted before they said anything (a drain's deadline came first).
+    pub turns_interrupted: u64,
     /// `say`s answered whose speech an owner lost before a snapshot held it: cut, as a
     /// barge-in cuts a speech.
     pub says_cut: u64,
@@ -205,6 +210,11 @@ impl Report {
             out,
             "| waits not made: their call could not be recorded | {} |",
             self.waits_unrecorded
+        );
+        let _ = writeln!(
+            out,
+            "| turns interrupted by a drain's deadline before they said anything | {} |",
+            self.turns_interrupted
         );
         let _ = writeln!(out, "| says cut by a move | {} |", self.says_cut);
         let _ = writeln!(
@@ -561,6 +571,9 @@ async fn talk(
                 Err(err) => failed(&err),
             },
             other => match session.run(other.text()).await {
+                Ok(turn) if turn.interrupted && turn.assistant_messages().next().is_none() => {
+                    Got::Interrupted
+                }
                 Ok(turn) => Got::Reply(turn.assistant_messages().map(str::to_owned).collect()),
                 Err(err) => failed(&err),
             },
@@ -637,6 +650,7 @@ async fn check_session(
                 }
             }
             (Sent::Say(_), Got::Speech) => {}
+            (_, Got::Interrupted) => report.turns_interrupted += 1,
             (_, Got::Failed { kind, error }) => {
                 failed.push(kind);
                 if matches!(
