@@ -170,6 +170,16 @@ impl Scene {
             .collect()
     }
 
+    /// The owner at epoch 1 starts the session; inputs 1, 2 and 3 (final transcripts)
+    /// are sent and answered as the script says.
+    async fn three_inputs_answered(&self) {
+        self.publish(&[event(1, 1, RemoteEventKind::SessionStarted)])
+            .await;
+        for text in ["one", "two", "three"] {
+            self.transcript(text).await.expect("answered");
+        }
+    }
+
     async fn transcript(&self, text: &str) -> Result<(), crate::GatewayError> {
         tokio::time::timeout(PATIENCE, self.session.transcript(text, true))
             .await
@@ -236,12 +246,7 @@ async fn a_fenced_owner_s_answer_is_ignored_once_a_newer_owner_answered() {
         }
     }))
     .await;
-    scene
-        .publish(&[event(1, 1, RemoteEventKind::SessionStarted)])
-        .await;
-    for text in ["one", "two", "three"] {
-        scene.transcript(text).await.expect("answered");
-    }
+    scene.three_inputs_answered().await;
     scene
         .transcript("four")
         .await
@@ -271,12 +276,7 @@ async fn a_late_session_resumed_of_an_owner_that_answered_sends_nothing_again() 
     }))
     .await;
     let mut events = scene.session.subscribe();
-    scene
-        .publish(&[event(1, 1, RemoteEventKind::SessionStarted)])
-        .await;
-    for text in ["one", "two", "three"] {
-        scene.transcript(text).await.expect("answered");
-    }
+    scene.three_inputs_answered().await;
     scene
         .publish(&[event(
             1,
