@@ -233,6 +233,11 @@ pub(crate) struct RemoteShared {
     pub(crate) owner: watch::Sender<OwnerSeen>,
     /// The highest owner epoch any event came with.
     epoch_seen: AtomicU64,
+    /// The highest owner epoch heard from, in an event delivered or in an answer taken
+    /// (an input's or a replay's): an answer from an owner below it is a stale owner's
+    /// (fenced, or about to be) and is not the session's, even when the newer owner's
+    /// `SessionResumed` has not been delivered yet (it may come late, or be lost).
+    newest_owner: AtomicU64,
     /// Set once a close was sent: the owner unsubscribing then is no sign of its death.
     pub(crate) closing: AtomicBool,
     /// One above the owner epoch this gateway last asked the pool to claim the session
@@ -369,6 +374,18 @@ impl RemoteShared {
         });
     }
 
+    /// Whether an answer from the owner at `epoch` is the session's: not when a newer
+    /// owner was heard from (in an event, or in an answer taken before). One that is
+    /// raises the newest epoch heard to its own.
+    pub(crate) fn answer_is_current(&self, epoch: u64) -> bool {
+        self.newest_owner.fetch_max(epoch, Ordering::SeqCst) <= epoch
+    }
+
+    /// The highest owner epoch heard from (in an event, or in an answer taken).
+    pub(crate) fn newest_owner(&self) -> u64 {
+        self.newest_owner.load(Ordering::SeqCst)
+    }
+
     /// Whether some call waits for an `InputDone`.
     pub(crate) fn awaits_outcomes(&self) -> bool {
         !self.waiters().is_empty()
@@ -379,6 +396,7 @@ impl RemoteShared {
     pub(crate) fn deliver(&self, event: WireEvent) {
         use crate::remote_event::RemoteEventKind as Kind;
         self.epoch_seen.fetch_max(event.epoch, Ordering::SeqCst);
+        self.newest_owner.fetch_max(event.epoch, Ordering::SeqCst);
         let mut kind = match event.kind {
             WireEventKind::InputDone { input, outcome } => {
                 let waiter = self.waiters().remove(&input);
@@ -570,6 +588,7 @@ impl RemoteSession {
             closed: watch::channel(None).0,
             owner: watch::channel(OwnerSeen::default()).0,
             epoch_seen: AtomicU64::new(0),
+            newest_owner: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             silent_asked: AtomicU64::new(0),
             key,
@@ -966,3 +985,7 @@ impl Default for RemoteSay {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests;

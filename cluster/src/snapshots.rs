@@ -1091,6 +1091,17 @@ impl SnapshotWriter {
         })
     }
 
+    /// What a write after the seal gets. Refused, not dropped as if written: a call
+    /// waiting to be recorded must not take a write nobody stores for its record (after a
+    /// drain's last snapshot a queued turn may still call an `Abandon` tool; its body would
+    /// run here, and again on the next owner, which resumes without it).
+    fn sealed(&self) -> StoreError {
+        StoreError::Unavailable {
+            session: self.inner.session.to_string(),
+            reason: "the session moved or ended here: this owner writes nothing more".into(),
+        }
+    }
+
     fn own(&self, session: &str) -> Result<(), StoreError> {
         if session == self.inner.session.as_str() {
             Ok(())
@@ -1132,7 +1143,7 @@ impl SnapshotStore for SnapshotWriter {
         async move {
             let mut state = this.inner.state.lock().await;
             if state.sealed {
-                return Ok(after);
+                return Err(this.sealed());
             }
             this.write_full(&mut state, &snapshot, after.get())
                 .await
@@ -1150,7 +1161,7 @@ impl SnapshotStore for SnapshotWriter {
         async move {
             let mut state = this.inner.state.lock().await;
             if state.sealed {
-                return Ok(after);
+                return Err(this.sealed());
             }
             this.write_delta(&mut state, &delta, after.get())
                 .await
@@ -1327,6 +1338,43 @@ mod tests {
             Ok(Claimed::Nothing)
         ));
         assert!(stream.load(&key).await.unwrap().is_none());
+    }
+
+    /// Once sealed (a drain took its last snapshot, the session ends or is fenced) the
+    /// session's own writes are refused, not dropped as if stored: a call waiting for a
+    /// stored snapshot to hold it is not made. The drain's last snapshot still goes, past
+    /// the seal, and is what the next owner resumes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sealed_writer_refuses_the_session_s_writes_but_takes_the_last_snapshot() {
+        let server = NatsServer::start().unwrap();
+        let client = server.connect().connect().await.unwrap();
+        let stream = SnapshotStream::for_tests(&client).await;
+        let key = SessionKey::new("call-sealed").unwrap();
+        let lease = || LeaseClock::until(Instant::now() + Duration::from_secs(600));
+        let engine = Engine::with_arbiters(1).unwrap();
+        let last = a_snapshot_saying(&engine, key.as_str(), "the last").await;
+        let later = a_snapshot_saying(&engine, key.as_str(), "after the seal").await;
+        let Ok(Claimed::Fresh(writer)) = stream
+            .claim(&key, 1, "w1", Some(&SessionSpec::new("greeter")), lease())
+            .await
+        else {
+            panic!("a new session's claim is fresh");
+        };
+        let version = writer.held().version();
+        writer.seal().await;
+        writer.save_last(&last).await.unwrap();
+        match writer.save(later, version).await {
+            Err(StoreError::Unavailable { reason, .. }) => {
+                assert!(reason.contains("writes nothing more"), "{reason}");
+            }
+            other => panic!("a write after the seal is refused, not {other:?}"),
+        }
+        let stored = stream.load(&key).await.unwrap().unwrap();
+        assert_eq!(
+            stored.snapshot.unwrap().to_bytes(),
+            last.to_bytes(),
+            "the next owner resumes the drain's last snapshot"
+        );
     }
 
     /// A snapshot three times the size of the server's largest message is written in

@@ -9,6 +9,9 @@
 //! has are reported as one `EventsLost` event, so a subscriber always knows. An event too
 //! big for one message comes in numbered parts, joined here in order before it is
 //! delivered; one whose parts were lost is covered by the `EventsLost` of their numbers.
+//! A replay from an owner older than the newest heard from (a fenced owner that still
+//! answers) is not taken: its events are not the session's, and taking its answer for
+//! the newest owner's would report lost what the newest owner keeps.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +22,9 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::time::Instant;
 
 use super::RemoteShared;
-use crate::protocol::{Reply, Request, WireBody, WireElement, WireEvent, WireEventKind};
+use crate::protocol::{
+    Reply, Request, WireBody, WireElement, WireEvent, WireEventKind, EPOCH_HEADER,
+};
 use crate::remote_event::RemoteEventKind;
 
 /// Where an event goes.
@@ -200,7 +205,8 @@ async fn take(
         Placement::Seen => {}
         Placement::Gap { .. } => {
             let deadline = shared.gateway.options.input_deadline;
-            catch_up(shared, order, subscription, Some(event.seq), deadline).await;
+            let until = (event.seq, event.epoch);
+            catch_up(shared, order, subscription, Some(until), deadline).await;
             // The replay normally brought it; if not, it is next now.
             if order.place(event.seq, event.epoch) == Placement::Deliver {
                 deliver(shared, order, event);
@@ -219,27 +225,58 @@ fn deliver(shared: &RemoteShared, order: &mut EventOrder, element: WireElement) 
 }
 
 /// Asks the owner for the events from the next one on and delivers them; returns whether
-/// the owner answered. With `until` (a live event's number), events before it that cannot
-/// be had are reported lost.
+/// the owner answered. With `until` (a live event's number and epoch), events of that
+/// owner before it that cannot be had are reported lost.
 ///
 /// What the owner published before its reply came before the reply, and may wait in the
 /// subscription, not yet taken (a slow front, big events): it is taken first, so a hole in
 /// the reply (events the owner no longer keeps) is not taken for a loss while they wait
-/// there.
+/// there. A newer owner's events that arrived meanwhile are not judged by an older owner's
+/// reply: a hole before them is asked of the newer owner (it numbers from 1).
 async fn catch_up(
     shared: &RemoteShared,
     order: &mut EventOrder,
     subscription: &mut Subscriber,
-    until: Option<u64>,
+    until: Option<(u64, u64)>,
     patience: Duration,
 ) -> bool {
     let deadline = Instant::now() + patience;
+    // Arrived after a hole in a newer owner's numbering than the reply was asked in: for
+    // after the next reply.
+    let mut behind: Vec<WireElement> = Vec::new();
     loop {
         shared.gateway.count(|s| s.replays += 1);
-        match replay(shared, order.next(), order.epoch(), deadline).await {
+        let asked = order.epoch();
+        match replay(shared, order.next(), asked, deadline).await {
             Some((events, complete)) => {
                 let later = take_arrived(shared, order, subscription);
-                for event in events.into_iter().chain(later) {
+                let arrived = std::mem::take(&mut behind).into_iter().chain(later);
+                for event in events.into_iter().chain(arrived) {
+                    if !behind.is_empty() {
+                        behind.push(event);
+                        continue;
+                    }
+                    if event.epoch == order.epoch() && event.seq > order.next() {
+                        if order.epoch() != asked {
+                            behind.push(event);
+                            continue;
+                        }
+                        lose(shared, order, event.seq - 1);
+                    }
+                    if order.place(event.seq, event.epoch) == Placement::Deliver {
+                        deliver(shared, order, event);
+                    }
+                }
+                if !behind.is_empty() {
+                    continue;
+                }
+                lose_until(shared, order, until);
+                if complete {
+                    return true;
+                }
+            }
+            None => {
+                for event in std::mem::take(&mut behind) {
                     if event.epoch == order.epoch() && event.seq > order.next() {
                         lose(shared, order, event.seq - 1);
                     }
@@ -247,19 +284,19 @@ async fn catch_up(
                         deliver(shared, order, event);
                     }
                 }
-                if let Some(until) = until {
-                    lose(shared, order, until.saturating_sub(1));
-                }
-                if complete {
-                    return true;
-                }
-            }
-            None => {
-                if let Some(until) = until {
-                    lose(shared, order, until.saturating_sub(1));
-                }
+                lose_until(shared, order, until);
                 return false;
             }
+        }
+    }
+}
+
+/// Reports lost what is still missing before the live event `until` (its number and
+/// epoch), while the order counts in that owner's numbers.
+fn lose_until(shared: &RemoteShared, order: &mut EventOrder, until: Option<(u64, u64)>) {
+    if let Some((seq, epoch)) = until {
+        if epoch == order.epoch() {
+            lose(shared, order, seq.saturating_sub(1));
         }
     }
 }
@@ -308,6 +345,16 @@ fn lose(shared: &RemoteShared, order: &mut EventOrder, to: u64) {
     });
 }
 
+/// The epoch of the owner that sent `message` (`Sb-Epoch`; 0 without one).
+pub(crate) fn epoch_of(message: &async_nats::Message) -> u64 {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(EPOCH_HEADER))
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
 /// One replay request, retried until `deadline`.
 async fn replay(
     shared: &RemoteShared,
@@ -328,21 +375,32 @@ async fn replay(
             .nats()
             .send_request(shared.inputs_subject.clone(), request)
             .await;
-        let no_responders = match sent {
+        let wait = match sent {
+            // A stale owner's events (a fenced owner that still answers) are not the
+            // session's: taken, they would be dropped as old and the events the newest
+            // owner keeps reported lost. Asked again shortly: the newest owner answers.
+            Ok(message) if !shared.answer_is_current(epoch_of(&message)) => {
+                gateway.count(|s| s.stale_replies += 1);
+                tracing::debug!(session = %shared.key, epoch = epoch_of(&message), newest = shared.newest_owner(), "a replay from a stale owner, ignored");
+                true
+            }
             Ok(message) => {
                 return match serde_json::from_slice::<Reply>(&message.payload) {
                     Ok(Reply::Replay { events, complete }) => Some((events, complete)),
                     _ => None,
                 }
             }
-            Err(err) => err.kind() == RequestErrorKind::NoResponders,
+            Err(err) if err.kind() == RequestErrorKind::NoResponders => {
+                shared.owner_silent();
+                true
+            }
+            Err(_) => false,
         };
         let now = Instant::now();
         if now >= deadline || shared.closed().is_some() {
             return None;
         }
-        if no_responders {
-            shared.owner_silent();
+        if wait {
             let pause = Duration::from_millis(10 << attempt.min(4));
             tokio::time::sleep(pause.min(deadline - now)).await;
         }

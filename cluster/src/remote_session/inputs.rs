@@ -27,6 +27,12 @@
 //! when that keeps it. While the old owner drains it answers `Moving`, and the task waits
 //! for the new one.
 //!
+//! **Which owner counts.** Every answer carries its owner's epoch. An answer from an owner
+//! older than the newest heard from (in an event, or in an answer taken) is a stale
+//! owner's and is not taken; what the owner has (`acked`) is counted in the numbers of the
+//! owner it was learnt from, so a `SessionResumed` that comes after that owner's answers
+//! (events have their own task) sends nothing again.
+//!
 //! An input that found no answer within the input deadline may or may not have been
 //! applied; later inputs of the session then fail the same way rather than risk being
 //! applied out of order.
@@ -40,9 +46,10 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use super::events::epoch_of;
 use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
-use crate::protocol::{Answer, Input, InputOutcome, Reply, Request, EPOCH_HEADER};
+use crate::protocol::{Answer, Input, InputOutcome, Reply, Request};
 
 /// One input to send, with where its answers go.
 pub(crate) struct Submission {
@@ -109,18 +116,50 @@ impl Outbox {
 struct Delivery {
     /// The owner has every input up to this one.
     acked: u64,
+    /// The epoch of the owner `acked` was last learnt from (its `SessionResumed`, or its
+    /// answer to an input): a `SessionResumed` of that owner that comes after its answers
+    /// (the events come on their own task, and may come late) tells nothing new, and one
+    /// of an older owner nothing at all.
+    epoch: u64,
     owner: watch::Receiver<OwnerSeen>,
 }
 
 impl Delivery {
-    /// A new owner took over: it has the inputs its snapshot holds.
+    /// An owner said it resumed the session: a newer one than `acked` counts for has the
+    /// inputs its snapshot holds.
     fn new_owner(&mut self, shared: &RemoteShared) {
         let seen = *self.owner.borrow_and_update();
-        if seen.last_input < self.acked {
-            let lacking = self.acked - seen.last_input;
+        if let Some(lacking) = self.resumed(seen) {
             shared.gateway.count(|s| s.inputs_resent += lacking);
         }
-        self.acked = seen.last_input;
+    }
+
+    /// Takes what `seen` says; returns how many inputs the owner lacks that an older one
+    /// was counted as having (they are sent again), when it is a newer owner.
+    fn resumed(&mut self, seen: OwnerSeen) -> Option<u64> {
+        match seen.epoch.cmp(&self.epoch) {
+            // Old news: a newer owner answered already.
+            std::cmp::Ordering::Less => None,
+            // The owner that answered already: it has what it answered for, and what its
+            // snapshot held.
+            std::cmp::Ordering::Equal => {
+                self.acked = self.acked.max(seen.last_input);
+                None
+            }
+            std::cmp::Ordering::Greater => {
+                let lacking = self.acked.saturating_sub(seen.last_input);
+                self.acked = seen.last_input;
+                self.epoch = seen.epoch;
+                Some(lacking)
+            }
+        }
+    }
+
+    /// The owner at `epoch` (not older than the newest heard from) said it has every
+    /// input up to `acked`.
+    fn answered(&mut self, epoch: u64, acked: u64) {
+        self.epoch = self.epoch.max(epoch);
+        self.acked = acked;
     }
 }
 
@@ -134,7 +173,11 @@ pub(crate) async fn send_inputs(
     let mut outbox = Outbox::default();
     let mut owner = shared.owner.subscribe();
     owner.borrow_and_update();
-    let mut delivery = Delivery { acked: 0, owner };
+    let mut delivery = Delivery {
+        acked: 0,
+        epoch: 0,
+        owner,
+    };
     loop {
         let submission = tokio::select! {
             biased;
@@ -326,25 +369,21 @@ async fn deliver(
                 continue;
             }
         };
-        let epoch = |message: &async_nats::Message| {
-            message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(EPOCH_HEADER))
-                .and_then(|v| v.as_str().parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        let newest = delivery.owner.borrow().epoch;
         let unanswered = match sent {
             // A fenced owner that still answered: its answer is not the session's. Taken
             // as no answer: asked again shortly, the newest owner answers. (It lives: not
-            // a silent owner.)
-            Ok(message) if epoch(&message) < newest => {
+            // a silent owner.) Newest means the newest heard from in any way — a newer
+            // owner's answer taken before counts, even when its `SessionResumed` is not
+            // delivered yet: else the two would be taken in turn, and the stale one's
+            // ledger (behind inputs the newer one's stored snapshot let the outbox
+            // forget) would read as inputs lost.
+            Ok(message) if !shared.answer_is_current(epoch_of(&message)) => {
                 gateway.count(|s| s.stale_replies += 1);
-                tracing::warn!(session = %shared.key, input = at, epoch = epoch(&message), newest, "a reply from a stale owner, ignored");
+                tracing::warn!(session = %shared.key, input = at, epoch = epoch_of(&message), newest = shared.newest_owner(), "a reply from a stale owner, ignored");
                 Unanswered::Stale
             }
             Ok(message) => {
+                let from = epoch_of(&message);
                 match read_reply(shared, at, &message.payload)? {
                     Reply::Applied { answer, saved, .. } => {
                         // (Kept from `target` on: its answer may still be lost in a move.)
@@ -362,7 +401,7 @@ async fn deliver(
                                 sent.answered = true;
                             }
                         }
-                        delivery.acked = next;
+                        delivery.answered(from, next);
                         attempt = 0;
                         if next == target {
                             return Ok(answer);
@@ -370,12 +409,12 @@ async fn deliver(
                     }
                     Reply::Earlier { .. } if asking => return lost(shared, outbox, target),
                     Reply::Earlier { last, .. } => {
-                        delivery.acked = last.max(next);
+                        delivery.answered(from, last.max(next));
                         attempt = 0;
                     }
                     Reply::OutOfOrder { expected } => {
                         if expected <= next && outbox.get(expected).is_some() {
-                            delivery.acked = expected - 1;
+                            delivery.answered(from, expected - 1);
                             attempt = 0;
                         } else {
                             return Err(GatewayError::InputsLost {

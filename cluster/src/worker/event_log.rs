@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use crate::protocol::{WireElement, WireEvent, WireEventKind};
+use crate::remote_event::RemoteEventKind;
 
 /// The most bytes of events one message carries (a replay reply, a batch) when the
 /// server allows that much.
@@ -58,6 +59,11 @@ pub(crate) struct EventLog {
     /// budget; past it the oldest held ones are dropped, and the gateway reports them
     /// lost. What one wake of the loop records is never dropped before it is sent.
     held_bytes: usize,
+    /// The owner's first event, number 1, when it is `SessionStarted` or `SessionResumed`
+    /// (a few bytes): kept for replay whatever the budget drops. It says where the owner's
+    /// snapshot left the inputs, which a gateway must hear to send it those it lacks (a
+    /// gateway that missed the owner's first batches asks for its events from 1).
+    first: Option<Vec<u8>>,
 }
 
 /// A part as it is written (its text borrowed from the event's JSON).
@@ -95,6 +101,7 @@ impl EventLog {
             held_through: 0,
             held_now: 0,
             held_bytes: 4 * message_bytes,
+            first: None,
         }
     }
 
@@ -111,6 +118,15 @@ impl EventLog {
         let json = serde_json::to_vec(&event).unwrap_or_default();
         if json.len() <= self.message_bytes {
             self.last_seq += 1;
+            let says_resume_point = matches!(
+                event.kind,
+                WireEventKind::Event(
+                    RemoteEventKind::SessionStarted | RemoteEventKind::SessionResumed { .. }
+                )
+            );
+            if self.last_seq == 1 && says_resume_point {
+                self.first = Some(json.clone());
+            }
             self.keep(json);
         } else {
             let text = serde_json::to_string(&event.kind).unwrap_or_default();
@@ -213,12 +229,19 @@ impl EventLog {
     }
 
     /// The kept events from `from` on, at most one reply's worth; `true` when they reach
-    /// the newest. Events older than the oldest kept are simply not there: the gateway
-    /// sees the hole and reports them lost.
+    /// the newest. Events older than the oldest kept are simply not there (but the first
+    /// one, always kept): the gateway sees the hole and reports them lost.
     pub(crate) fn since(&self, from: u64) -> (Vec<WireElement>, bool) {
         let mut bytes = 0;
         let mut out = Vec::new();
         let oldest = self.kept.front().map_or(1, |(seq, _)| *seq);
+        if let Some(first) = self.first.as_ref().filter(|_| from <= 1 && oldest > 1) {
+            bytes += first.len();
+            // Serialized from a `WireEvent` in `record`.
+            if let Ok(event) = serde_json::from_slice(first) {
+                out.push(event);
+            }
+        }
         let first = usize::try_from(from.saturating_sub(oldest)).unwrap_or(usize::MAX);
         for (_, json) in self.kept.range(first.min(self.kept.len())..) {
             if bytes + json.len() > self.message_bytes && !out.is_empty() {
@@ -262,7 +285,6 @@ fn cut(text: &str, budget: usize) -> Vec<&str> {
 mod tests {
     use super::*;
     use crate::protocol::WireBody;
-    use crate::remote_event::RemoteEventKind;
 
     fn chunk(text: &str) -> RemoteEventKind {
         RemoteEventKind::StartFailed {
@@ -499,7 +521,8 @@ mod tests {
     #[test]
     fn the_budget_drops_the_oldest_and_a_replay_says_where_it_starts() {
         let mut log = EventLog::new(1, 300, 1 << 20);
-        for i in 0..20 {
+        log.record(RemoteEventKind::SessionResumed { last_input: 7 });
+        for i in 1..20 {
             log.record(chunk(&format!("event number {i}")));
             log.take_unsent();
         }
@@ -507,9 +530,23 @@ mod tests {
         assert!(complete);
         assert!(events.len() < 20 && !events.is_empty());
         assert_eq!(events.last().map(|e| e.seq), Some(20));
+        // The first event stays (it says where the owner's snapshot left the inputs);
+        // a hole follows it.
+        let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs[0], 1);
+        assert!(matches!(
+            events[0].kind,
+            Some(WireEventKind::Event(RemoteEventKind::SessionResumed {
+                last_input: 7
+            }))
+        ));
         assert!(
-            events.first().map_or(0, |e| e.seq) > 1,
-            "the oldest were dropped"
+            seqs[1] > 2,
+            "the oldest but the first were dropped: {seqs:?}"
+        );
+        assert!(
+            log.since(2).0.first().map_or(0, |e| e.seq) > 2,
+            "a replay from after the first does not bring it"
         );
     }
 

@@ -639,10 +639,15 @@ impl Hosted {
                             tracing::info!(session = %key, "not settled at the drain's deadline: interrupting");
                             let _ = session.force_interrupt().await;
                         }
-                        let snapshot = session.snapshot().await;
-                        // The next owner resumes this snapshot: the session's own saving
-                        // writes nothing after it (the drain writes it past the seal).
+                        // The next owner resumes the snapshot taken next: the session's
+                        // own saving writes nothing from now on (the drain writes it past
+                        // the seal). Sealed before it is taken, so that a call recorded
+                        // meanwhile (an `Abandon` body waits for a stored snapshot that
+                        // holds its call) is in it, and one asked after is refused — not
+                        // stored behind the snapshot the next owner resumes without it,
+                        // its body then run here and again there.
                         writer.seal().await;
+                        let snapshot = session.snapshot().await;
                         Event::Settled(snapshot.map_err(|err| format!("no snapshot to store: {err}")))
                     }
                     .boxed(),

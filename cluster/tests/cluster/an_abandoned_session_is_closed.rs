@@ -1,6 +1,7 @@
 //! A front that vanishes without closing its session does not hold a worker's slot
 //! forever: after the worker's idle timeout with no input, the session closes, its owner
-//! record says ended, and the slot is free.
+//! record says ended, and the slot is free (the next session starts on it, never two
+//! live at once).
 
 use crate::common;
 
@@ -31,13 +32,14 @@ async fn a_session_without_input_for_the_idle_timeout_closes_and_frees_its_slot(
     })
     .await;
 
-    // The only slot is free again: the next session starts and runs.
-    let next = gateway
+    // The only slot is free again: the next session starts (its job waits in the queue
+    // until a slot is free). Nothing is sent to it: with an idle timeout of 0.3 s, an
+    // input sent after the start races that very timeout, and a loaded machine loses the
+    // race (the session closed `Idle` before its first input came, a flaky failure).
+    let _next = gateway
         .start_session(SessionSpec::new("greeter"))
         .await
         .unwrap();
-    next.run("hi").await.unwrap();
-    next.close().await.unwrap();
     let info = gateway.worker_info("w1").await.unwrap();
     assert_eq!((info.started, info.max_live), (2, 1), "{info:?}");
 }

@@ -128,6 +128,9 @@ impl Sent {
 pub enum Got {
     /// A turn's assistant messages.
     Reply(Vec<String>),
+    /// A turn interrupted before it said anything (a drain's deadline interrupts a turn
+    /// that has not settled, and its outcome says so).
+    Interrupted,
     /// A `say` was queued.
     Speech,
     /// The call failed: the error's kind and words.
@@ -158,12 +161,12 @@ pub struct Report {
     pub lookups_refused: u64,
     /// Waits refused the same way (beside one resent to a new owner, which runs again).
     pub waits_refused: u64,
-    /// Waits not made because their call could not be stored first (the store away, or
-    /// the worker's lease not trusted): an `Abandon` tool runs at most once, so the model
-    /// is told it did not run.
-    pub waits_not_recorded: u64,
-    /// Turns answered with nothing said: interrupted (a drain's deadline interrupts what
-    /// has not settled).
+    /// Waits not made because their call could not be recorded (its owner's store write
+    /// failed: its lease could not be trusted for a moment, a write before it failed): an
+    /// `Abandon` body runs only once a stored snapshot holds its call, and the model is
+    /// told it was not made.
+    pub waits_unrecorded: u64,
+    /// Turns interrupted before they said anything (a drain's deadline came first).
     pub turns_interrupted: u64,
     /// `say`s answered whose speech an owner lost before a snapshot held it: cut, as a
     /// barge-in cuts a speech.
@@ -205,12 +208,12 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "| waits not made: their call could not be stored first | {} |",
-            self.waits_not_recorded
+            "| waits not made: their call could not be recorded | {} |",
+            self.waits_unrecorded
         );
         let _ = writeln!(
             out,
-            "| turns interrupted (nothing said) | {} |",
+            "| turns interrupted by a drain's deadline before they said anything | {} |",
             self.turns_interrupted
         );
         let _ = writeln!(out, "| says cut by a move | {} |", self.says_cut);
@@ -515,12 +518,27 @@ pub async fn run(plan: Plan) -> Report {
             stats.stale_replies
         ));
     }
-    report.took = began.elapsed();
-    for session in &sessions {
-        let _ = common::within("a close", session.close()).await;
+    // A close through the gateway ends, answered or failed, within the gateway's bounds.
+    for (i, session) in sessions.iter().enumerate() {
+        if tokio::time::timeout(GATEWAY_BOUND, session.close())
+            .await
+            .is_err()
+        {
+            report.violations.push(format!(
+                "session {i} ({}): its close neither answered nor failed within {GATEWAY_BOUND:?}; its last events: {}",
+                session.id(),
+                last_events(session).await,
+            ));
+        }
     }
+    report.took = began.elapsed();
     report
 }
+
+/// Past the gateway's own bounds on a call: its input deadline (30 s) for an owner to take
+/// an input, and as long again of the owner's silence for an outcome; a loaded machine
+/// gets a margin.
+const GATEWAY_BOUND: Duration = Duration::from_secs(75);
 
 /// What a front sent and got so far, and the input it waits on.
 #[derive(Debug, Default)]
@@ -553,6 +571,9 @@ async fn talk(
                 Err(err) => failed(&err),
             },
             other => match session.run(other.text()).await {
+                Ok(turn) if turn.interrupted && turn.assistant_messages().next().is_none() => {
+                    Got::Interrupted
+                }
                 Ok(turn) => Got::Reply(turn.assistant_messages().map(str::to_owned).collect()),
                 Err(err) => failed(&err),
             },
@@ -624,7 +645,7 @@ async fn check_session(
                 if refused_as_duplicate(reply) {
                     report.waits_refused += 1;
                 } else if not_recorded(reply) {
-                    report.waits_not_recorded += 1;
+                    report.waits_unrecorded += 1;
                 } else if reply != &[format!("Lookup says: waited for {what}")] {
                     violation(format!("wait for {what:?} answered {reply:?}"));
                 }
@@ -637,6 +658,7 @@ async fn check_session(
                 }
             }
             (Sent::Say(_), Got::Speech) => {}
+            (_, Got::Interrupted) => report.turns_interrupted += 1,
             (_, Got::Failed { kind, error }) => {
                 failed.push(kind);
                 if matches!(
@@ -662,25 +684,32 @@ async fn check_session(
     }
 
     // The conversation.
-    let history = match tokio::time::timeout(common::PATIENCE, session.history()).await {
+    // A read through the gateway answers or fails within the gateway's own bounds (the
+    // input deadline for an owner to take it, the same again of an owner's silence for
+    // its outcome): waited for past them, so that what the gateway says is what the
+    // checker reports, and a read that stays unanswered beyond them (a liveness gap)
+    // is reported as one, naming the session and what it last saw.
+    let read = tokio::time::timeout(GATEWAY_BOUND, session.history()).await;
+    let history = match read {
         Ok(Ok(history)) => history,
         Err(_) => {
             // Not a panic: which session, who owns it and under what lease say why.
             report.violations.push(format!(
-                "session {i} ({}): no final history within {:?}; its owner record: {:?}, \
-                 that worker's lease: {:?}; its last events: {}\n  its snapshots: {}",
-                session.id(),
-                common::PATIENCE,
+                "session {i} ({key}): the final history read neither answered nor failed \
+                 within {GATEWAY_BOUND:?} (beyond the gateway's own bounds); its owner record: \
+                 {:?}, that worker's lease: {:?}; its last events: {}\n  its resumes: {}\n  \
+                 its snapshots: {}",
                 common::owner_of(observer, session.id()).await,
                 common::lease_of_owner(observer, session.id()).await,
                 last_events(session).await,
+                witness.resumes_around(u64::MAX),
                 snapshot_records(observer, session).await,
             ));
             return;
         }
         Ok(Err(err)) => {
             report.violations.push(format!(
-                "session {i}: no final history: {err}; its last events: {}\n  its first resumes: {}",
+                "session {i} ({key}): no final history: {err}; its last events: {}\n  its first resumes: {}",
                 last_events(session).await,
                 witness.resumes_around(0),
             ));
@@ -854,12 +883,15 @@ fn refused_as_duplicate(reply: &[String]) -> bool {
         .any(|r| r.contains("is already running; not started again"))
 }
 
-/// Whether an `Abandon` tool's reply says its call was not made: it could not be stored
-/// before its body would have started.
+/// Whether a wait's answer is the engine's refusal to start an `Abandon` body whose call
+/// no stored snapshot could be made to hold (the promise is at most once: a body that
+/// could run again after a crash does not run at all). Its owner's store refused the
+/// write for the moment — a lease not trusted while a renewal is late, as under a freeze
+/// or a loaded machine — and the model was told.
 fn not_recorded(reply: &[String]) -> bool {
     reply
         .iter()
-        .any(|r| r.contains("was not called: the call could not be recorded"))
+        .any(|r| r.contains("the call could not be recorded, so it was not made"))
 }
 
 /// Checks the tools' side effects against their policies.
@@ -902,7 +934,10 @@ fn check_effects(lines: &[String], records: &[(usize, Vec<Exchange>)], report: &
                 Sent::Wait(what) => ("wait", what),
                 _ => continue,
             };
-            let ran = matches!(&exchange.got, Got::Reply(reply) if !reply.is_empty() && !refused_as_duplicate(reply) && !not_recorded(reply));
+            let ran = matches!(
+                &exchange.got,
+                Got::Reply(reply) if !reply.is_empty() && !refused_as_duplicate(reply) && !not_recorded(reply)
+            );
             if ran && !starts.contains_key(&(tool.to_owned(), what.clone())) {
                 report.violations.push(format!(
                     "{tool} for {what:?} answered but its body never ran"
