@@ -570,6 +570,8 @@ impl SnapshotStream {
 
     /// Removes the messages of `subject` before `seq`.
     async fn purge_before(&self, subject: &str, seq: u64) {
+        // Every removal of a session's messages, for a fault campaign's log to account for.
+        tracing::debug!(subject, before = seq, "purging old snapshots");
         if let Err(err) = self.stream.purge().filter(subject).sequence(seq).await {
             tracing::debug!(subject, error = %err, "old snapshots not purged (the next full one will)");
         }

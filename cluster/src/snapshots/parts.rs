@@ -140,9 +140,14 @@ impl SnapshotStream {
             };
             let record = SnapshotRecord::read(&part).map_err(|err| err.to_string())?;
             if part.sequence >= message.sequence || record.kind != SnapshotKind::Part {
+                // Where the parts should have been says who could have removed them.
                 return Err(format!(
-                    "{subject}: message {} has {:?} {} among its parts",
-                    message.sequence, record.kind, part.sequence
+                    "{subject}: message {} has {:?} {} among its parts (its parts start at \
+                     {first}; the next one after {} is missing)",
+                    message.sequence,
+                    record.kind,
+                    part.sequence,
+                    at.saturating_sub(1)
                 ));
             }
             joined.extend_from_slice(&part.payload);
