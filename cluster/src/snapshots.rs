@@ -1417,6 +1417,27 @@ mod tests {
             kinds.iter().filter(|k| **k == SnapshotKind::Part).count() >= 3,
             "{kinds:?}"
         );
+        // The full message names each of its parts by sequence: a reader fetches them so,
+        // whatever the server's index of the subject says.
+        let parts: Vec<String> = stream
+            .records(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.kind == SnapshotKind::Part)
+            .map(|r| r.seq.to_string())
+            .collect();
+        let full = stream
+            .last(&stream.subject(&key))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            full.headers
+                .get(parts::PART_SEQS)
+                .map(|v| v.as_str().to_owned()),
+            Some(parts.join(","))
+        );
 
         // A writer that stops between the parts of its next full snapshot: its parts
         // are at the subject's end, and no message closes them.
