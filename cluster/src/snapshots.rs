@@ -570,6 +570,8 @@ impl SnapshotStream {
 
     /// Removes the messages of `subject` before `seq`.
     async fn purge_before(&self, subject: &str, seq: u64) {
+        // Every removal of a session's messages, for a fault campaign's log to account for.
+        tracing::debug!(subject, before = seq, "purging old snapshots");
         if let Err(err) = self.stream.purge().filter(subject).sequence(seq).await {
             tracing::debug!(subject, error = %err, "old snapshots not purged (the next full one will)");
         }
@@ -1414,6 +1416,27 @@ mod tests {
         assert!(
             kinds.iter().filter(|k| **k == SnapshotKind::Part).count() >= 3,
             "{kinds:?}"
+        );
+        // The full message names each of its parts by sequence: a reader fetches them so,
+        // whatever the server's index of the subject says.
+        let parts: Vec<String> = stream
+            .records(&key)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.kind == SnapshotKind::Part)
+            .map(|r| r.seq.to_string())
+            .collect();
+        let full = stream
+            .last(&stream.subject(&key))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            full.headers
+                .get(parts::PART_SEQS)
+                .map(|v| v.as_str().to_owned()),
+            Some(parts.join(","))
         );
 
         // A writer that stops between the parts of its next full snapshot: its parts

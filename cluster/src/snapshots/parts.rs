@@ -28,6 +28,16 @@ use crate::namespace::SessionKey;
 pub(super) const PARTS: &str = "Sb-Parts";
 /// On a part: the subject's last message before the run of parts it belongs to.
 pub(super) const BEFORE: &str = "Sb-Before";
+/// On a message written in parts: the sequence of every part, in order, comma-separated.
+/// A reader fetches each by its sequence: it does not depend on the server's index of the
+/// subject's messages (which a ten-minute fault campaign once saw skip a full snapshot's
+/// parts for good, though nothing had removed them).
+pub(super) const PART_SEQS: &str = "Sb-Part-Seqs";
+
+/// The longest `Sb-Part-Seqs` written (the rest of `ROOM` is for the other headers): a
+/// message of more parts than this holds (hundreds of MiB) is read by its `Sb-Parts`
+/// alone.
+const MOST_PART_SEQS_BYTES: usize = 2048;
 
 /// What a message needs beside its payload (the headers, ours and JetStream's).
 const ROOM: usize = 4096;
@@ -121,6 +131,9 @@ impl SnapshotStream {
             return Ok(message.payload.clone());
         }
         let subject = message.subject.to_string();
+        if let Some(seqs) = part_seqs(message) {
+            return self.join_by_sequence(message, &subject, &seqs).await;
+        }
         let mut joined = BytesMut::new();
         let mut at = first;
         while at < message.sequence {
@@ -140,9 +153,14 @@ impl SnapshotStream {
             };
             let record = SnapshotRecord::read(&part).map_err(|err| err.to_string())?;
             if part.sequence >= message.sequence || record.kind != SnapshotKind::Part {
+                // Where the parts should have been says who could have removed them.
                 return Err(format!(
-                    "{subject}: message {} has {:?} {} among its parts",
-                    message.sequence, record.kind, part.sequence
+                    "{subject}: message {} has {:?} {} among its parts (its parts start at \
+                     {first}; the next one after {} is missing)",
+                    message.sequence,
+                    record.kind,
+                    part.sequence,
+                    at.saturating_sub(1)
                 ));
             }
             joined.extend_from_slice(&part.payload);
@@ -151,6 +169,51 @@ impl SnapshotStream {
         joined.extend_from_slice(&message.payload);
         Ok(joined.freeze())
     }
+
+    /// `message`'s parts fetched by their sequences, joined with its own payload.
+    async fn join_by_sequence(
+        &self,
+        message: &StreamMessage,
+        subject: &str,
+        seqs: &[u64],
+    ) -> Result<Bytes, String> {
+        let mut joined = BytesMut::new();
+        for &seq in seqs {
+            let part = match self.stream.direct_get(seq).await {
+                Ok(part) => part,
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                    return Err(format!(
+                        "{subject}: part {seq} of {} is gone",
+                        message.sequence
+                    ))
+                }
+                Err(err) => return Err(format!("cannot read {subject} at {seq}: {err}")),
+            };
+            let record = SnapshotRecord::read(&part).map_err(|err| err.to_string())?;
+            if part.subject.as_str() != subject
+                || part.sequence >= message.sequence
+                || record.kind != SnapshotKind::Part
+            {
+                return Err(format!(
+                    "{subject}: message {}'s part {seq} is {:?} on {}",
+                    message.sequence, record.kind, part.subject
+                ));
+            }
+            joined.extend_from_slice(&part.payload);
+        }
+        joined.extend_from_slice(&message.payload);
+        Ok(joined.freeze())
+    }
+}
+
+/// The sequences of `message`'s parts, when it names them.
+fn part_seqs(message: &StreamMessage) -> Option<Vec<u64>> {
+    let value = message.headers.get(PART_SEQS)?;
+    value
+        .as_str()
+        .split(',')
+        .map(|seq| seq.trim().parse().ok())
+        .collect()
 }
 
 impl SnapshotWriter {
@@ -171,6 +234,7 @@ impl SnapshotWriter {
         let count = pieces.len();
         let mut first = 0;
         let mut last = after;
+        let mut part_seqs = String::new();
         for (index, piece) in pieces.into_iter().enumerate() {
             let message = if index + 1 < count {
                 inner
@@ -190,6 +254,9 @@ impl SnapshotWriter {
                         .message(kind, state.epoch, &inner.worker, full, piece.clone());
                 if first != 0 {
                     message = message.header(PARTS, first.to_string().as_str());
+                    if part_seqs.len() <= MOST_PART_SEQS_BYTES {
+                        message = message.header(PART_SEQS, part_seqs.as_str());
+                    }
                 }
                 if let Some(ttl) = ttl {
                     message = message.ttl(ttl);
@@ -199,6 +266,12 @@ impl SnapshotWriter {
             last = self.write_locked(state, message, &piece, last).await?;
             if index == 0 {
                 first = last;
+            }
+            if index + 1 < count {
+                if !part_seqs.is_empty() {
+                    part_seqs.push(',');
+                }
+                part_seqs.push_str(&last.to_string());
             }
         }
         Ok((first, last))
