@@ -1427,11 +1427,7 @@ mod tests {
             .filter(|r| r.kind == SnapshotKind::Part)
             .map(|r| r.seq.to_string())
             .collect();
-        let full = stream
-            .last(&stream.subject(&key))
-            .await
-            .unwrap()
-            .unwrap();
+        let full = stream.last(&stream.subject(&key)).await.unwrap().unwrap();
         assert_eq!(
             full.headers
                 .get(parts::PART_SEQS)
