@@ -283,7 +283,8 @@ pub struct GatewayStats {
     pub answers_unclaimed: u64,
     /// Times a request to a session's owner found nobody subscribed while this gateway's
     /// connection was settled, and the gateway asked the pool to claim the session at
-    /// once (once per owner).
+    /// once (at once for an owner, then again while it stays silent, 1, 2, 4 and every
+    /// 8 s apart).
     pub silent_owners: u64,
 }
 

@@ -242,7 +242,8 @@ pub(crate) struct RemoteShared {
     pub(crate) closing: AtomicBool,
     /// One above the owner epoch this gateway last asked the pool to claim the session
     /// from (0: none): one ask per owner.
-    silent_asked: AtomicU64,
+    /// The last time the pool was asked to check a silent owner.
+    silent_asked: std::sync::Mutex<Option<SilentAsk>>,
 }
 
 impl RemoteShared {
@@ -342,8 +343,11 @@ impl RemoteShared {
 
     /// A request to the owner found nobody subscribed ("no responders"): its process is
     /// gone, or it is reconnecting. Once this gateway's connection is settled (after a
-    /// server restart the owner is back by then), asks the pool, once per owner, to check
-    /// the owner and claim the session at once instead of waiting for its lease.
+    /// server restart the owner is back by then), asks the pool to check the owner and
+    /// claim the session at once instead of waiting for its lease: at once for an owner
+    /// not asked about yet, and again while it stays silent, 1, 2, 4 then every 8 s (a
+    /// job the pool could not act on — its check failed, the dead owner's sweep did not
+    /// reach the session — must not leave a talking session unowned).
     pub(crate) fn owner_silent(&self) {
         if !self.has_started()
             || self.closed().is_some()
@@ -353,9 +357,18 @@ impl RemoteShared {
             return;
         }
         let epoch = self.epoch_seen.load(Ordering::SeqCst);
-        if self.silent_asked.swap(epoch + 1, Ordering::SeqCst) == epoch + 1 {
-            return;
-        }
+        let asked = {
+            let mut last = self.silent_asked.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(asked) = silent_ask_due(*last, epoch, Instant::now()) else {
+                return;
+            };
+            *last = Some(SilentAsk {
+                epoch,
+                asked,
+                at: Instant::now(),
+            });
+            asked
+        };
         self.gateway.count(|s| s.silent_owners += 1);
         let gateway = self.gateway.clone();
         let job = SessionJob {
@@ -364,7 +377,7 @@ impl RemoteShared {
             silent: Some(epoch),
         };
         tokio::spawn(async move {
-            let id = format!("{}.silent.{epoch}", job.session);
+            let id = format!("{}.silent.{epoch}.{asked}", job.session);
             let namespace = &gateway.options.namespace;
             if let Err(err) = dispatch::publish_resume_job(&gateway.js, namespace, &job, &id).await
             {
@@ -590,7 +603,7 @@ impl RemoteSession {
             epoch_seen: AtomicU64::new(0),
             newest_owner: AtomicU64::new(0),
             closing: AtomicBool::new(false),
-            silent_asked: AtomicU64::new(0),
+            silent_asked: std::sync::Mutex::new(None),
             key,
             gateway,
         });
@@ -989,3 +1002,63 @@ impl Default for RemoteSay {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests;
+
+/// When the pool was last asked to check a silent owner, and how many times for it.
+#[derive(Clone, Copy, Debug)]
+struct SilentAsk {
+    epoch: u64,
+    asked: u32,
+    at: Instant,
+}
+
+/// Whether to ask the pool about the silent owner at `epoch` now, and which ask it is
+/// (1 for the first about this owner): at once for a new owner, and again after 1, 2, 4,
+/// then every 8 s.
+fn silent_ask_due(last: Option<SilentAsk>, epoch: u64, now: Instant) -> Option<u32> {
+    match last {
+        Some(last) if last.epoch == epoch => {
+            let wait = std::time::Duration::from_secs(1 << last.asked.saturating_sub(1).min(3));
+            (now.saturating_duration_since(last.at) >= wait).then_some(last.asked + 1)
+        }
+        _ => Some(1),
+    }
+}
+
+#[cfg(test)]
+mod silent_ask_tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_silent_owner_is_asked_about_at_once_then_less_and_less_often() {
+        let t0 = Instant::now();
+        assert_eq!(silent_ask_due(None, 3, t0), Some(1));
+        let mut last = SilentAsk {
+            epoch: 3,
+            asked: 1,
+            at: t0,
+        };
+        assert_eq!(
+            silent_ask_due(Some(last), 3, t0 + Duration::from_millis(999)),
+            None
+        );
+        let mut at = t0;
+        for (asked, wait) in [(1, 1), (2, 2), (3, 4), (4, 8), (5, 8), (6, 8)] {
+            last = SilentAsk {
+                epoch: 3,
+                asked,
+                at,
+            };
+            let due = at + Duration::from_secs(wait);
+            assert_eq!(
+                silent_ask_due(Some(last), 3, due - Duration::from_millis(1)),
+                None
+            );
+            assert_eq!(silent_ask_due(Some(last), 3, due), Some(asked + 1));
+            at = due;
+        }
+        // A new owner: at once.
+        assert_eq!(silent_ask_due(Some(last), 4, at), Some(1));
+    }
+}
