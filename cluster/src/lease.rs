@@ -455,7 +455,6 @@ impl WorkerLease {
     }
 
     /// The incarnation held now (trusted or not).
-    #[cfg(test)]
     pub(crate) fn incarnation(&self) -> u64 {
         self.current
             .lock()

@@ -288,6 +288,23 @@ impl Owners {
         })
     }
 
+    /// Hands back a session whose record names this worker but that it does not host (an
+    /// orphan: a write that would have ended or moved it failed): `moving` over the
+    /// record at `revision`, by compare-and-set. Returns the new revision.
+    pub(crate) async fn hand_back_orphan(
+        &self,
+        session: &SessionKey,
+        revision: u64,
+        mut record: OwnerRecord,
+    ) -> Result<u64, String> {
+        record.state = OwnerState::Moving;
+        match self.write(session, &record, revision, None).await {
+            Ok(revision) => Ok(revision),
+            Err(WriteError::Moved) => Err("its record moved".into()),
+            Err(WriteError::Other(reason)) => Err(reason),
+        }
+    }
+
     /// The record of `session`, if it has one.
     pub(crate) async fn record(&self, session: &SessionKey) -> Result<Option<OwnerRecord>, String> {
         Ok(match self.read(session).await? {

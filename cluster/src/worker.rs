@@ -54,7 +54,7 @@ use tokio::time::Instant;
 use crate::connect::ClusterClient;
 use crate::dispatch;
 use crate::lease::{Renewal, WorkerLease};
-use crate::namespace::{check_worker_name, NameError, Namespace};
+use crate::namespace::{check_worker_name, NameError, Namespace, SessionKey};
 use crate::ownership::{ClaimError, Owners};
 use crate::protocol::{SessionJob, WorkerInfo};
 use crate::provisioning::Provisioning;
@@ -266,6 +266,9 @@ struct Shared {
     consumer: PullConsumer,
     /// One task per session; aborted with the worker.
     sessions: Mutex<JoinSet<()>>,
+    /// The sessions this worker claims or hosts now (a job under way), with how many jobs
+    /// hold each.
+    holding: Mutex<std::collections::HashMap<SessionKey, usize>>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -364,6 +367,7 @@ impl Worker {
             snapshots,
             consumer,
             sessions: Mutex::new(JoinSet::new()),
+            holding: Mutex::default(),
             options,
         });
         let mut tasks = JoinSet::new();
@@ -498,6 +502,7 @@ impl Shared {
                 return;
             }
         };
+        let _holding = Holding::new(&self, &job.session);
         let back_soon = AckKind::Nak(Some(Duration::from_millis(200)));
         if job.silent.is_some() {
             // A gateway found the owner silent: claim at once if it is gone.
@@ -728,9 +733,108 @@ async fn keep_lease(shared: Arc<Shared>) {
     }
 }
 
-/// Answers the worker's info subject with its counts.
+/// A job under way on a session: the session is this worker's to run, and an owner probe
+/// about it does not take it for an orphan.
+struct Holding {
+    shared: Arc<Shared>,
+    session: SessionKey,
+}
+
+impl Holding {
+    fn new(shared: &Arc<Shared>, session: &SessionKey) -> Self {
+        *shared
+            .holding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(session.clone())
+            .or_default() += 1;
+        Self {
+            shared: shared.clone(),
+            session: session.clone(),
+        }
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        let mut holding = self
+            .shared
+            .holding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = holding.get_mut(&self.session) {
+            *count -= 1;
+            if *count == 0 {
+                holding.remove(&self.session);
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn holds(&self, session: &SessionKey) -> bool {
+        self.holding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(session)
+    }
+}
+
+/// Hands back `session` if its record names this worker's current lease as running it
+/// while no job of this worker holds it: an orphan (a write that would have ended or moved
+/// it failed), which no claim could take while the lease lives.
+async fn hand_back_orphan(shared: Arc<Shared>, session: SessionKey) {
+    let Ok(Some((revision, record))) = shared.owners.running(&session).await else {
+        return;
+    };
+    if record.worker != shared.name
+        || record.lease != shared.lease.incarnation()
+        || shared.holds(&session)
+    {
+        return;
+    }
+    match shared
+        .owners
+        .hand_back_orphan(&session, revision, record)
+        .await
+    {
+        Ok(moving) => {
+            tracing::warn!(worker = %shared.name, %session, "a session this worker's record ran but nothing hosted: handed back");
+            let id = format!("{session}.moved.{moving}");
+            if dispatch::publish_resume(
+                &shared.hosting.js,
+                &shared.options.namespace,
+                &session,
+                &id,
+            )
+            .await
+            .is_ok()
+            {
+                let _ = shared
+                    .owners
+                    .leases()
+                    .unhost(&shared.name, &session, None)
+                    .await;
+            }
+        }
+        Err(err) => {
+            tracing::debug!(worker = %shared.name, %session, %err, "orphan not handed back")
+        }
+    }
+}
+
+/// Answers the worker's info subject with its counts. A request that names a session (an
+/// owner probe) also hands that session back if it is an orphan here.
 async fn answer_info(shared: Arc<Shared>, mut requests: async_nats::Subscriber) {
     while let Some(request) = requests.next().await {
+        if let Ok(session) = std::str::from_utf8(&request.payload)
+            .map_err(|_| ())
+            .and_then(|text| SessionKey::new(text).map_err(|_| ()))
+        {
+            if !request.payload.is_empty() && !shared.holds(&session) {
+                tokio::spawn(hand_back_orphan(shared.clone(), session));
+            }
+        }
         if let Some(reply) = request.reply {
             let json = serde_json::to_vec(&shared.info()).unwrap_or_default();
             let _ = shared

@@ -14,7 +14,10 @@
 //! the session; the fence's sweep queues the dead worker's other sessions too. An owner
 //! that answers, or whose request times out (frozen: its connection, and so its
 //! subscriptions, still stand), is left to its lease, and so is a session whose record
-//! does not run (it ended or moves: those have their own jobs). An owner that lives but
+//! does not run (it ended or moves: those have their own jobs). The probe names the
+//! session: an owner that lives but does not host it (a write that would have ended or
+//! moved it failed) hands it back when asked (`worker.rs`, `answer_info`), so a session
+//! is never left to a live lease that nobody runs it under. An owner that lives but
 //! whose connection closed (the server dropped it, a reset) cannot be told from a dead one
 //! and is fenced too; it trusts its lease only on a connection that has been up since its
 //! last renewal (`lease.rs`), so it acts on nothing until a renewal after it reconnects,
@@ -100,10 +103,10 @@ pub(super) async fn check(shared: &Arc<Shared>, session: &SessionKey) -> Result<
     };
     let probes = match owner {
         Owner::LiveLease { .. } if shared.hosting.client.settled() => {
-            let first = probe(shared, &record.worker).await;
+            let first = probe(shared, &record.worker, session).await;
             if first == Probe::NoResponders {
                 tokio::time::sleep(PROBE_GAP).await;
-                [first, probe(shared, &record.worker).await]
+                [first, probe(shared, &record.worker, session).await]
             } else {
                 [first, Probe::Other]
             }
@@ -144,17 +147,28 @@ pub(super) async fn gone(shared_client: &crate::connect::ClusterClient, subject:
     }
 }
 
-async fn probe(shared: &Shared, worker: &str) -> Probe {
-    probe_subject(
+/// Probes `worker` about `session`: a live worker that does not host it hands it back
+/// (`worker.rs`, `answer_info`).
+async fn probe(shared: &Shared, worker: &str, session: &SessionKey) -> Probe {
+    probe_with(
         &shared.hosting.client,
         shared.hosting.namespace.worker_info(worker),
+        bytes::Bytes::copy_from_slice(session.as_str().as_bytes()),
     )
     .await
 }
 
 async fn probe_subject(client: &crate::connect::ClusterClient, subject: String) -> Probe {
+    probe_with(client, subject, bytes::Bytes::new()).await
+}
+
+async fn probe_with(
+    client: &crate::connect::ClusterClient,
+    subject: String,
+    payload: bytes::Bytes,
+) -> Probe {
     let request = async_nats::Request::new()
-        .payload(bytes::Bytes::new())
+        .payload(payload)
         .timeout(Some(PROBE_TIMEOUT));
     match client.nats().send_request(subject, request).await {
         Err(err) if err.kind() == RequestErrorKind::NoResponders => Probe::NoResponders,
