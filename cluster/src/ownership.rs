@@ -521,6 +521,17 @@ mod tests {
         (server, owners)
     }
 
+    /// The revision of `key`'s record now.
+    async fn revision_of(owners: &Owners, key: &SessionKey) -> u64 {
+        owners
+            .store
+            .entry(key.as_str())
+            .await
+            .unwrap()
+            .unwrap()
+            .revision
+    }
+
     async fn take(owners: &Owners, worker: &str) -> WorkerLease {
         let up = Arc::new(Mutex::new(Some(Instant::now())));
         let (lease, fenced) = WorkerLease::take(owners.leases(), worker, up, async || false)
@@ -549,24 +560,15 @@ mod tests {
         );
 
         // w1's renewals do not touch the session's record: idle sessions cost nothing.
-        let before = owners
-            .store
-            .entry(key.as_str())
-            .await
-            .unwrap()
-            .unwrap()
-            .revision;
+        let before = revision_of(&owners, &key).await;
         for _ in 0..3 {
             assert!(!w1.renew(owners.leases(), "w1").await.unwrap());
         }
-        let after = owners
-            .store
-            .entry(key.as_str())
-            .await
-            .unwrap()
-            .unwrap()
-            .revision;
-        assert_eq!(before, after, "a renewal wrote the session's record");
+        assert_eq!(
+            revision_of(&owners, &key).await,
+            before,
+            "a renewal wrote the session's record"
+        );
 
         // Fenced: the claim takes it one epoch higher, and w1 learns it at its next
         // renewal, which stops its clock and tells its sessions.
