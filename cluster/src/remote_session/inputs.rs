@@ -50,6 +50,7 @@ use super::events::epoch_of;
 use super::{OwnerSeen, RemoteShared};
 use crate::gateway::GatewayError;
 use crate::protocol::{Answer, Input, InputOutcome, Reply, Request};
+use crate::remote_event::CloseReason;
 
 /// One input to send, with where its answers go.
 pub(crate) struct Submission {
@@ -301,6 +302,22 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
     })
 }
 
+/// The answer to `target` once the session closed. Its outcome may have come before
+/// (a close's answer is the history, published just before `SessionClosed`; the reply
+/// to its request can come later than the owner's end on a loaded machine, and a retry
+/// finds nobody): then it was applied, its answer `Pending`, and its caller takes the
+/// outcome that waits for it. Otherwise it was not applied: `Closed`.
+fn closed_after(
+    shared: &RemoteShared,
+    target: u64,
+    reason: CloseReason,
+) -> Result<Answer, GatewayError> {
+    if shared.outcome_delivered(target) {
+        return Ok(Answer::Pending);
+    }
+    Err(shared.closed_error(reason))
+}
+
 /// What goes in place of input `id` when the front has its answer.
 fn answered_payload(shared: &RemoteShared, id: u64) -> Result<Bytes, GatewayError> {
     let request = Request::Input {
@@ -437,7 +454,7 @@ async fn deliver(
                             _ = tokio::time::sleep(options.attempt_timeout) => {}
                         }
                     }
-                    Reply::Closed { reason } => return Err(shared.closed_error(reason)),
+                    Reply::Closed { reason } => return closed_after(shared, target, reason),
                     Reply::Replay { .. } => {
                         return Err(GatewayError::Protocol {
                             session: shared.key.clone(),
@@ -457,7 +474,7 @@ async fn deliver(
             });
         }
         if let Some(reason) = shared.closed() {
-            return Err(shared.closed_error(reason));
+            return closed_after(shared, target, reason);
         }
         let now = Instant::now();
         if now >= deadline {

@@ -16,10 +16,11 @@ use crate::gateway::{GatewayInner, GatewayOptions, GatewayStats};
 use crate::local::NatsServer;
 use crate::namespace::SessionKey;
 use crate::protocol::{
-    Answer, Reply, Request, WireElement, WireEvent, WireEventKind, EPOCH_HEADER,
+    Answer, InputOutcome, Reply, Request, WireElement, WireEvent, WireEventKind, EPOCH_HEADER,
 };
-use crate::remote_event::RemoteEventKind;
+use crate::remote_event::{CloseReason, RemoteEventKind};
 use crate::ClusterClient;
+use switchboard::SessionHistory;
 
 /// The longest a test waits for anything.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -523,4 +524,65 @@ async fn a_newer_owner_s_hole_seen_during_an_older_owner_s_replay_is_asked_of_it
         "{heard:?}"
     );
     assert_eq!(scene.gateway.stats.borrow().events_lost, 0);
+}
+
+/// The owner applies a close and publishes its answer (the history) and its
+/// `SessionClosed` before its reply to the close's request comes: on a loaded machine, a
+/// close of a long conversation takes the owner longer than one attempt, and the retry
+/// finds nobody (the owner is gone). The close went through: `close` returns the
+/// history, not `Closed` (which a caller takes for a close that may not have happened).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_close_whose_answer_came_before_its_reply_returns_the_history() {
+    let scene = Scene::new(Box::new(|request, _| match request {
+        // Late past every attempt: the owner is busy, then gone.
+        Request::Input { .. } => None,
+        Request::Replay { epoch, .. } => nothing_missed(*epoch),
+    }))
+    .await;
+    scene
+        .publish(&[event(1, 1, RemoteEventKind::SessionStarted)])
+        .await;
+    let history = SessionHistory::default();
+    let closing = {
+        let session = scene.session.clone();
+        tokio::spawn(async move { session.close().await })
+    };
+    let mut asked = scene.asked.clone();
+    tokio::time::timeout(PATIENCE, async {
+        while scene.inputs_asked().is_empty() {
+            asked.changed().await.expect("the owners listen");
+        }
+    })
+    .await
+    .expect("the close is asked within the patience");
+    let close_id = *scene.inputs_asked().last().expect("the close was asked");
+    scene
+        .publish(&[
+            WireEvent {
+                seq: 2,
+                epoch: 1,
+                kind: WireEventKind::InputDone {
+                    input: close_id,
+                    outcome: InputOutcome::History {
+                        history: history.clone(),
+                    },
+                },
+            },
+            event(
+                3,
+                1,
+                RemoteEventKind::SessionClosed {
+                    reason: CloseReason::Host,
+                },
+            ),
+        ])
+        .await;
+    let closed = tokio::time::timeout(PATIENCE, closing)
+        .await
+        .expect("the close returns within the patience")
+        .expect("the close's task ran");
+    assert_eq!(
+        closed.expect("the close went through: its answer came"),
+        history
+    );
 }
