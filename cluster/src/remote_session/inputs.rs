@@ -306,7 +306,7 @@ fn sent(shared: &RemoteShared, id: u64, input: Input) -> Result<Sent, GatewayErr
 /// (a close's answer is the history, published just before `SessionClosed`; the reply
 /// to its request can come later than the owner's end on a loaded machine, and a retry
 /// finds nobody): then it was applied, its answer `Pending`, and its caller takes the
-/// outcome that waits for it. Otherwise it was not applied: `Closed`.
+/// outcome that waits for it. Otherwise its answer never came: `Closed`.
 fn closed_after(
     shared: &RemoteShared,
     target: u64,
