@@ -422,19 +422,26 @@ impl Worker {
         // Every permit back: the pull loop stopped and every session's owner record says
         // `Ended`.
         let all_back = tokio::time::timeout(waited, self.shared.slots.acquire_many(capacity)).await;
-        if all_back.is_ok() {
-            // Every session ended or moved: the lease goes (a sweep catches a hand-over
-            // whose job was lost).
-            if let Err(err) = self
-                .shared
-                .lease
-                .end(self.shared.owners.leases(), &self.shared.name)
-                .await
-            {
-                tracing::warn!(worker = %self.shared.name, %err, "cannot end the lease; it expires");
+        // The goodbye to the server is bounded too: a server gone (or unreachable) would
+        // hold a flush for as long as it stays away, and the process past its SIGTERM.
+        let goodbye = async {
+            if all_back.is_ok() {
+                // Every session ended or moved: the lease goes (a sweep catches a
+                // hand-over whose job was lost).
+                if let Err(err) = self
+                    .shared
+                    .lease
+                    .end(self.shared.owners.leases(), &self.shared.name)
+                    .await
+                {
+                    tracing::warn!(worker = %self.shared.name, %err, "cannot end the lease; it expires");
+                }
             }
+            let _ = self.shared.hosting.client.nats().flush().await;
+        };
+        if tokio::time::timeout(GOODBYE, goodbye).await.is_err() {
+            tracing::warn!(worker = %self.shared.name, waited = ?GOODBYE, "the server did not take the drain's last writes; the lease expires on its own");
         }
-        let _ = self.shared.hosting.client.nats().flush().await;
         match all_back {
             Ok(_) => Ok(DrainReport {
                 sessions,
@@ -449,6 +456,10 @@ impl Worker {
         }
     }
 }
+
+/// The longest a drain waits for the server to take its last writes (the lease's end, the
+/// flush) once its sessions are back.
+const GOODBYE: Duration = Duration::from_secs(2);
 
 impl Drop for Worker {
     /// Stops every task of the worker, its sessions' too. The session tasks hold the

@@ -30,6 +30,7 @@ mod a_long_conversation_moves_and_closes_whole;
 mod a_paused_worker_is_fenced;
 mod a_remote_session_is_a_session;
 mod a_speech_handle_interrupts_its_own_speech;
+mod a_worker_cut_off_from_its_server_still_exits_on_sigterm;
 mod an_abandoned_call_s_body_never_runs_twice;
 mod an_abandoned_session_is_closed;
 mod answered_inputs_are_not_applied_again;
