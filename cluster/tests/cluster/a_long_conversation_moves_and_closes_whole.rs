@@ -84,7 +84,15 @@ async fn a_five_mebibyte_conversation_survives_a_move_and_a_close() {
     assert_eq!(history.user_messages(), said, "the history, read whole");
 
     // The close answers with the whole history too.
-    let closed = within("the close", session.close()).await.unwrap();
+    let closed = match within("the close", session.close()).await {
+        Ok(closed) => closed,
+        // What the gateway saw, to tell a lost answer from one refused or never sent.
+        Err(err) => panic!(
+            "the close answered {err}; gateway {:?}; the last events:\n{}",
+            gateway.stats(),
+            last_events(&mut events)
+        ),
+    };
     assert_eq!(closed.user_messages(), said, "the close's answer, whole");
     let stats = gateway.stats();
     assert_eq!(stats.events_lost, 0, "{stats:?}");
@@ -93,4 +101,16 @@ async fn a_five_mebibyte_conversation_survives_a_move_and_a_close() {
         1,
         "resumed once"
     );
+}
+
+/// The last 40 events `events` holds (the move's, the last turn's and the close's), each
+/// cut to 200 characters (a note is 512 KiB).
+fn last_events(events: &mut switchboard_cluster::RemoteEvents) -> String {
+    let mut seen = Vec::new();
+    while let Some(event) = events.try_recv() {
+        let text = format!("{:?}", event.map(|e| (e.seq, e.epoch, e.kind)));
+        seen.push(text.chars().take(200).collect::<String>());
+    }
+    let keep = seen.len().saturating_sub(40);
+    seen.split_off(keep).join("\n")
 }
