@@ -457,8 +457,8 @@ impl Worker {
     }
 }
 
-/// The longest a drain waits for the server to take its last writes (the lease's end, the
-/// flush) once its sessions are back.
+/// The longest a drain waits, after its sessions' wait, for the server to take its last
+/// writes (the lease's end when every session is back, the flush).
 const GOODBYE: Duration = Duration::from_secs(2);
 
 impl Drop for Worker {
