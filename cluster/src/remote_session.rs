@@ -240,9 +240,7 @@ pub(crate) struct RemoteShared {
     newest_owner: AtomicU64,
     /// Set once a close was sent: the owner unsubscribing then is no sign of its death.
     pub(crate) closing: AtomicBool,
-    /// One above the owner epoch this gateway last asked the pool to claim the session
-    /// from (0: none): one ask per owner.
-    /// The last time the pool was asked to check a silent owner.
+    /// The last time the pool was asked to check a silent owner (which owner, which ask).
     silent_asked: std::sync::Mutex<Option<SilentAsk>>,
 }
 
@@ -358,14 +356,15 @@ impl RemoteShared {
         }
         let epoch = self.epoch_seen.load(Ordering::SeqCst);
         let asked = {
+            let now = Instant::now();
             let mut last = self.silent_asked.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(asked) = silent_ask_due(*last, epoch, Instant::now()) else {
+            let Some(asked) = silent_ask_due(*last, epoch, now) else {
                 return;
             };
             *last = Some(SilentAsk {
                 epoch,
                 asked,
-                at: Instant::now(),
+                at: now,
             });
             asked
         };

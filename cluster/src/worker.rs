@@ -838,13 +838,12 @@ async fn hand_back_orphan(shared: Arc<Shared>, session: SessionKey) {
 /// owner probe) also hands that session back if it is an orphan here.
 async fn answer_info(shared: Arc<Shared>, mut requests: async_nats::Subscriber) {
     while let Some(request) = requests.next().await {
-        if let Ok(session) = std::str::from_utf8(&request.payload)
-            .map_err(|_| ())
-            .and_then(|text| SessionKey::new(text).map_err(|_| ()))
-        {
-            if !request.payload.is_empty() && !shared.holds(&session) {
-                tokio::spawn(hand_back_orphan(shared.clone(), session));
-            }
+        // An empty payload (a plain info request) names no session: no key is empty.
+        let named = std::str::from_utf8(&request.payload)
+            .ok()
+            .and_then(|text| SessionKey::new(text).ok());
+        if let Some(session) = named.filter(|session| !shared.holds(session)) {
+            tokio::spawn(hand_back_orphan(shared.clone(), session));
         }
         if let Some(reply) = request.reply {
             let json = serde_json::to_vec(&shared.info()).unwrap_or_default();
