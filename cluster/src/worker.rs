@@ -495,15 +495,14 @@ impl Shared {
         let mut sessions = self.sessions.lock().unwrap_or_else(|p| p.into_inner());
         // Reap the finished ones so the set holds only live sessions.
         while sessions.try_join_next().is_some() {}
-        sessions.spawn(async move {
-            shared.take_job(job).await;
-            drop(slot);
-        });
+        sessions.spawn(shared.take_job(job, slot));
     }
 
     /// Claims the job's session — its owner record, then its snapshots — and runs it,
-    /// new or resumed; see `dispatch.rs` and `snapshots.rs` for the rules.
-    async fn take_job(self: Arc<Self>, message: jetstream::Message) {
+    /// new or resumed; see `dispatch.rs` and `snapshots.rs` for the rules. The slot is
+    /// free again when the job is dropped, or once the session has ended (its owner
+    /// lingers after its `Ended` record, answering replays, without a slot).
+    async fn take_job(self: Arc<Self>, message: jetstream::Message, slot: OwnedSemaphorePermit) {
         let job: SessionJob = match serde_json::from_slice(&message.payload) {
             Ok(job) => job,
             Err(err) => {
@@ -610,6 +609,7 @@ impl Shared {
             ownership,
             writer,
             tenancy,
+            slot,
         )
         .await;
     }

@@ -64,6 +64,9 @@ pub(crate) struct EventLog {
     /// snapshot left the inputs, which a gateway must hear to send it those it lacks (a
     /// gateway that missed the owner's first batches asks for its events from 1).
     first: Option<Vec<u8>>,
+    /// The first number kept whatever the budget, once the session says its last words
+    /// ([`keep_from_next`](Self::keep_from_next)).
+    kept_from: Option<u64>,
 }
 
 /// A part as it is written (its text borrowed from the event's JSON).
@@ -102,7 +105,16 @@ impl EventLog {
             held_now: 0,
             held_bytes: 4 * message_bytes,
             first: None,
+            kept_from: None,
         }
+    }
+
+    /// What is recorded from now on is kept for replay whatever the budget: a session's
+    /// last words (a close's answer, the whole history, then `SessionClosed`), which a
+    /// gateway that missed one of their parts asks for again while the owner lingers. No
+    /// later event ever pushes them out.
+    pub(crate) fn keep_from_next(&mut self) {
+        self.kept_from.get_or_insert(self.last_seq + 1);
     }
 
     /// Numbers `kind` as the next event (the next ones, for an event recorded in parts)
@@ -167,7 +179,7 @@ impl EventLog {
     fn trim(&mut self) {
         while let Some((seq, json)) = self.kept.front() {
             let seq = *seq;
-            if seq >= self.newest {
+            if seq >= self.newest || self.kept_from.is_some_and(|from| seq >= from) {
                 break;
             }
             let sent = seq <= self.sent;
@@ -548,6 +560,41 @@ mod tests {
             log.since(2).0.first().map_or(0, |e| e.seq) > 2,
             "a replay from after the first does not bring it"
         );
+    }
+
+    #[test]
+    fn the_last_words_stay_for_replay_whatever_the_budget() {
+        // A budget of 300 bytes, and a close's answer of 600 KB in parts, then the end.
+        let mut log = EventLog::new(1, 300, 1 << 20);
+        log.record(chunk("before"));
+        log.take_unsent();
+        log.keep_from_next();
+        let answer = "h".repeat(600_000);
+        log.record(chunk(&answer));
+        log.record(chunk("closed"));
+        let sent = joined(&log.take_unsent());
+        assert_eq!(texts(&sent), [answer.as_str(), "closed"]);
+        // Sent, and far over the budget: a gateway that missed a part gets them all, from
+        // the answer's first part (number 2) on.
+        let mut replayed = Vec::new();
+        let mut from = 2;
+        loop {
+            let (events, complete) = log.since(from);
+            from = events.last().map_or(from, |e| e.seq + 1);
+            replayed.extend(events);
+            if complete {
+                break;
+            }
+        }
+        let message = serde_json::to_vec(&replayed).unwrap();
+        assert_eq!(texts(&joined(&[message])), [answer.as_str(), "closed"]);
+        // Without it the budget drops the answer's parts once they are sent.
+        let mut log = EventLog::new(1, 300, 1 << 20);
+        log.record(chunk(&answer));
+        log.record(chunk("closed"));
+        log.take_unsent();
+        let (events, _) = log.since(1);
+        assert_eq!(events.len(), 1, "only the newest is kept");
     }
 
     #[test]

@@ -57,7 +57,7 @@ use futures_util::stream::FuturesUnordered;
 use futures_util::{FutureExt, StreamExt};
 use switchboard::snapshot::{AgentRegistry, SessionSnapshot};
 use switchboard::{Engine, InputId, Session, SessionError, SessionEvent};
-use tokio::sync::{broadcast, mpsc, watch, Mutex};
+use tokio::sync::{broadcast, mpsc, watch, Mutex, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::apply::{apply, Applying};
@@ -118,6 +118,7 @@ pub(crate) async fn host(
     mut ownership: Ownership,
     writer: SnapshotWriter,
     tenancy: Tenancy,
+    slot: OwnedSemaphorePermit,
 ) {
     // Held until the session is closed: a newer hosting of the key on this worker waits
     // for it (the engine names live sessions by their keys).
@@ -238,6 +239,7 @@ pub(crate) async fn host(
         fenced: writer.fenced(),
         saved: writer.saved(),
         writer,
+        slot: Some(slot),
         tenure,
         key,
         hosting,
@@ -402,6 +404,9 @@ struct Hosted {
     saved: watch::Receiver<u64>,
     /// What runs beside the loop; each ends in an event of the tenure.
     work: FuturesUnordered<BoxFuture<'static, Event<SessionSnapshot>>>,
+    /// The worker's slot this session takes, given back once the session has ended (its
+    /// owner lingers without one) or the loop is over.
+    slot: Option<OwnedSemaphorePermit>,
     tenure: Tenure,
 }
 
@@ -469,6 +474,9 @@ impl Hosted {
                 Wake::Nothing => {}
             }
             self.gather().await;
+            if self.tenure.lingering() {
+                self.slot = None;
+            }
         }
         if self.listening {
             let _ = self.inputs.unsubscribe().await;

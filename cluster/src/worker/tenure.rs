@@ -8,7 +8,7 @@
 //! # States
 //!
 //! ```text
-//!        ┌─ close input, idle ─▶ Ending: Closing ─▶ WindingUp ─▶ Burying ─▶ Releasing ─▶ Done(Ended)
+//!        ┌─ close input, idle ─▶ Ending: Closing ─▶ WindingUp ─▶ Burying ─▶ Releasing ─▶ Lingering ─▶ Done(Ended)
 //!  Live ─┤
 //!        └─ drain ─▶ Moving: Settling ─▶ SavingLast ─▶ WindingUp ─▶ Leaving ─▶ HandingOver ─▶ Done(Moved)
 //!
@@ -59,6 +59,11 @@
 //! - Before its last words (`SessionClosed`, `SessionMoving`) a session waits, at most
 //!   [`OUTCOMES_WAIT`], for the outcomes of inputs still under way, and an ending one for a
 //!   lease it can trust: the front hears every answer the session gave, then the end.
+//! - The last words of an end (the close's answer, the whole history, then
+//!   `SessionClosed`) stay in the log whatever its budget, and the owner lingers
+//!   [`LINGER`] after its `Ended` record (or until the worker drains), answering replays
+//!   and inputs (`closed`): core NATS delivers at most once, and a gateway that missed one
+//!   part of a 5 MiB answer asks for it again, which a gone owner could not give.
 //! - The snapshots' tombstone is written before the `Ended` owner record (a stale owner's
 //!   tombstone is refused, and then it writes no record either); a moving session is
 //!   closed (quietly) before its `Moving` record, so no tool of it runs beside the next
@@ -94,6 +99,11 @@ pub(crate) const OUTCOMES_WAIT: Duration = Duration::from_secs(2);
 /// after the turn) before the session is asked to save: a save that failed is not made
 /// again until the session next goes idle, and the front waits on this one.
 pub(crate) const SAVE_WAIT: Duration = Duration::from_secs(1);
+
+/// How long an ended session's owner still answers replays after its `Ended` record: a
+/// gateway sees a hole in the last words when `SessionClosed` comes, at its reconnection,
+/// or at its next check (every 2 s by default) while the close waits.
+pub(crate) const LINGER: Duration = Duration::from_secs(5);
 
 /// What the session's own ledger (`Session::applied`) says of an input id.
 #[derive(Clone, Debug)]
@@ -232,6 +242,9 @@ pub(crate) enum EndStep {
     Burying,
     /// The `Ended` record is being written.
     Releasing,
+    /// The `Ended` record is written: replays are still answered (the last words kept
+    /// whole) until `until`, or the worker drains.
+    Lingering { until: Instant },
 }
 
 /// The steps of a move.
@@ -358,6 +371,18 @@ impl Tenure {
         matches!(self.state, State::Done(_))
     }
 
+    /// Whether the session has ended and its owner only lingers for replays: it takes
+    /// none of the worker's slots.
+    pub(crate) fn lingering(&self) -> bool {
+        matches!(
+            self.state,
+            State::Ending {
+                step: EndStep::Lingering { .. },
+                ..
+            }
+        )
+    }
+
     /// When to feed [`Event::Timer`]: the idle timeout, or sooner the time to ask for a
     /// save that held outcomes wait for, while live; the end of the wait for outcomes
     /// while winding up.
@@ -371,7 +396,7 @@ impl Tenure {
                 }
             }
             State::Ending {
-                step: EndStep::WindingUp { until, .. },
+                step: EndStep::WindingUp { until, .. } | EndStep::Lingering { until },
                 ..
             }
             | State::Moving(MoveStep::WindingUp { until }) => Some(*until),
@@ -443,7 +468,7 @@ impl Tenure {
             Event::Settled(settled) => self.on_settled(settled, now, out),
             Event::LastSaved(saved) => self.on_last_saved(saved, now, out),
             Event::SnapshotsEnded(ended) => self.on_snapshots_ended(ended, out),
-            Event::Released(released) => self.on_released(released),
+            Event::Released(released) => self.on_released(released, now),
             Event::HandedOver(handed) => self.on_handed_over(handed, out),
             Event::Disconnected => self.on_disconnected(out),
         }
@@ -514,9 +539,17 @@ impl Tenure {
     }
 
     fn on_drain<S>(&mut self, deadline: Instant, out: &mut Vec<Action<S>>) {
-        if matches!(self.state, State::Live) {
-            self.state = State::Moving(MoveStep::Settling);
-            out.push(Action::Settle { deadline });
+        match self.state {
+            State::Live => {
+                self.state = State::Moving(MoveStep::Settling);
+                out.push(Action::Settle { deadline });
+            }
+            // The worker's exit is not held up by a session that has ended.
+            State::Ending {
+                step: EndStep::Lingering { .. },
+                ..
+            } => self.state = State::Done(Exit::Ended),
+            _ => {}
         }
     }
 
@@ -538,6 +571,13 @@ impl Tenure {
                 step: EndStep::Closing { close_input: None },
             };
             out.push(Action::Close);
+        }
+        let lingered = matches!(
+            self.state,
+            State::Ending { step: EndStep::Lingering { until }, .. } if now >= until
+        );
+        if lingered {
+            self.state = State::Done(Exit::Ended);
         }
         // A wind-up's deadline is `advance`'s.
     }
@@ -651,20 +691,23 @@ impl Tenure {
         }
     }
 
-    fn on_released(&mut self, released: Result<(), LeaseError>) {
-        let releasing = matches!(
-            self.state,
-            State::Ending {
-                step: EndStep::Releasing,
-                ..
-            }
-        );
-        if releasing {
-            if let Err(err) = released {
-                tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
-            }
-            self.state = State::Done(Exit::Ended);
+    fn on_released(&mut self, released: Result<(), LeaseError>, now: Instant) {
+        let State::Ending {
+            reason,
+            step: EndStep::Releasing,
+        } = self.state
+        else {
+            return;
+        };
+        if let Err(err) = released {
+            tracing::warn!(session = %self.key, error = %err, "cannot write the ended record");
         }
+        self.state = State::Ending {
+            reason,
+            step: EndStep::Lingering {
+                until: now + LINGER,
+            },
+        };
     }
 
     fn on_handed_over<S>(&mut self, handed: Result<u64, LeaseError>, out: &mut Vec<Action<S>>) {
@@ -808,6 +851,8 @@ impl Tenure {
                 let reason = *reason;
                 let close_input = *close_input;
                 let history = std::mem::take(history);
+                // Kept for replay while the owner lingers.
+                self.log.keep_from_next();
                 // No owner follows an end: what waited for a snapshot goes now.
                 let due = std::mem::take(&mut self.held);
                 self.release(due);
@@ -863,7 +908,7 @@ impl Tenure {
         matches!(
             self.state,
             State::Ending {
-                step: EndStep::Releasing,
+                step: EndStep::Releasing | EndStep::Lingering { .. },
                 ..
             } | State::Moving(MoveStep::HandingOver)
                 | State::Done(_)
@@ -889,7 +934,7 @@ impl Tenure {
         matches!(
             self.state,
             State::Ending {
-                step: EndStep::Burying | EndStep::Releasing,
+                step: EndStep::Burying | EndStep::Releasing | EndStep::Lingering { .. },
                 ..
             } | State::Moving(MoveStep::HandingOver)
                 | State::Done(_)

@@ -19,6 +19,7 @@ mod proxy;
 mod test_agents;
 
 mod a_front_runs_the_same_over_a_local_and_a_remote_session;
+mod a_front_that_missed_the_close_s_answer_asks_again;
 
 mod a_crashed_worker_s_sessions_go_on_elsewhere;
 mod a_cut_off_owner_is_not_doubled;

@@ -11,7 +11,7 @@ use serde_json::Value;
 use switchboard::{RunResult, SessionError};
 
 use super::*;
-use crate::protocol::{Failure, WireEvent};
+use crate::protocol::{Failure, WireBody, WireElement, WireEvent};
 
 /// A drain's last snapshot, as the tests see it.
 type Snap = &'static str;
@@ -28,6 +28,8 @@ struct Fixture {
     now: Instant,
     /// Every event published so far, in order.
     published: Vec<WireEvent>,
+    /// The text of the big event whose parts are being published.
+    joining: String,
     /// The next input id (one past the last one applied).
     next: u64,
 }
@@ -61,6 +63,7 @@ impl Fixture {
             t0,
             now: t0,
             published: Vec::new(),
+            joining: String::new(),
             next: 1,
         }
     }
@@ -100,10 +103,24 @@ impl Fixture {
         self.read(&messages);
     }
 
+    /// Takes published messages, parts joined into their event (numbered as its last).
     fn read(&mut self, messages: &[Vec<u8>]) {
         for message in messages {
-            let events: Vec<WireEvent> = serde_json::from_slice(message).unwrap();
-            self.published.extend(events);
+            let elements: Vec<WireElement> = serde_json::from_slice(message).unwrap();
+            for element in elements {
+                let (seq, epoch) = (element.seq, element.epoch);
+                match element.body().unwrap() {
+                    WireBody::Whole(kind) => self.published.push(WireEvent { seq, epoch, kind }),
+                    WireBody::Part(part) => {
+                        self.joining.push_str(&part.text);
+                        if part.index + 1 == part.count {
+                            let text = std::mem::take(&mut self.joining);
+                            let kind = serde_json::from_str(&text).unwrap();
+                            self.published.push(WireEvent { seq, epoch, kind });
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -290,6 +307,7 @@ fn describe(f: &Fixture) -> &'static str {
             EndStep::WindingUp { .. } => "winding up to end",
             EndStep::Burying => "burying",
             EndStep::Releasing => "releasing",
+            EndStep::Lingering { .. } => "lingering",
         },
         State::Moving(step) => match step {
             MoveStep::Settling => "settling",
@@ -337,7 +355,8 @@ fn every_state() -> Vec<(&'static str, Fixture)> {
         ("winding up to end", closed),
         ("burying", done_1),
         ("releasing", || Event::SnapshotsEnded(Ok(()))),
-        ("ended", || Event::Released(Ok(()))),
+        ("lingering", || Event::Released(Ok(()))),
+        ("ended", || Event::Drain(Instant::now())),
     ];
     let moving: &[Step] = &[
         ("saving last", || Event::Settled(Ok("snapshot"))),
@@ -435,9 +454,13 @@ const TRANSITIONS: &[(&str, &str, &str)] = &[
     ("burying", "tombstone refused", "fenced"),
     ("burying", "fenced", "fenced"),
     ("burying", "disconnected", "disconnected"),
-    ("releasing", "released", "ended"),
+    ("releasing", "released", "lingering"),
     ("releasing", "fenced", "fenced"),
     ("releasing", "disconnected", "disconnected"),
+    // Its timer comes at the end of `LINGER` (below): a drain ends it at once.
+    ("lingering", "drain", "ended"),
+    ("lingering", "fenced", "fenced"),
+    ("lingering", "disconnected", "disconnected"),
     ("settling", "settled", "saving last"),
     ("settling", "no snapshot", "winding up to move"),
     ("settling", "fenced", "fenced"),
@@ -506,7 +529,13 @@ fn every_path_out_drops_the_live_count_once() {
     for (state, f) in every_state() {
         let left = matches!(
             state,
-            "releasing" | "ended" | "handing over" | "moved" | "fenced" | "disconnected"
+            "releasing"
+                | "lingering"
+                | "ended"
+                | "handing over"
+                | "moved"
+                | "fenced"
+                | "disconnected"
         );
         assert_eq!(f.live(), usize::from(!left), "{state}");
     }
@@ -647,7 +676,7 @@ fn a_new_input_is_applied_while_live_refused_while_ending_or_moving() {
         };
         let want = match state {
             "live" => "applied",
-            "closing" | "winding up to end" | "burying" | "releasing" => "closed",
+            "closing" | "winding up to end" | "burying" | "releasing" | "lingering" => "closed",
             "settling" | "saving last" | "winding up to move" | "leaving" | "handing over" => {
                 "moving"
             }
@@ -698,8 +727,11 @@ fn a_close_answers_with_the_history_after_what_the_session_said_and_ends_it() {
             reason: "no answer".into(),
         })))
         .is_empty());
-    assert_eq!(describe(&f), "ended");
+    assert_eq!(describe(&f), "lingering");
     assert_eq!(f.live(), 0);
+    f.wait(LINGER);
+    assert!(f.on(Event::Timer).is_empty());
+    assert_eq!(describe(&f), "ended");
 }
 
 #[test]
@@ -1009,6 +1041,104 @@ fn an_ending_session_still_answers_replays_so_its_last_words_can_be_fetched() {
         events.last().and_then(|e| e.kind.as_ref()),
         Some(WireEventKind::Event(RemoteEventKind::SessionClosed { .. }))
     ));
+}
+
+#[test]
+fn an_ended_owner_lingers_with_its_last_words_whole_for_a_gateway_that_missed_a_part() {
+    let mut f = Fixture::new();
+    f.turn(1);
+    f.on(Event::Outcome {
+        id: 1,
+        outcome: turn_done(),
+    });
+    f.on(Event::Saved(1));
+    f.input(2, Input::Close);
+    // A history far over the log's 64 KiB budget: its answer goes in parts.
+    let history: SessionHistory = serde_json::from_value(serde_json::json!({
+        "agents": [{
+            "agent": "greeter",
+            "activity": "activity/call-1/greeter#1",
+            "chat": [switchboard::ChatItem::message(
+                switchboard::ChatRole::User,
+                "n".repeat(300 * 1024),
+            )],
+            "inherited": 0,
+            "live": true
+        }]
+    }))
+    .unwrap();
+    f.on(Event::Closed(history.clone()));
+    let answered_at = f.done_at(2).expect("the close's answer went out");
+    // Its first part's number: one past the event before it.
+    let from = f.published[answered_at - 1].seq + 1;
+    f.on(Event::SnapshotsEnded(Ok(())));
+    f.on(Event::Released(Ok(())));
+    assert_eq!(describe(&f), "lingering");
+    assert!(f.tenure.lingering(), "it gives its slot back");
+    assert_eq!(f.tenure.timer(), Some(f.now + LINGER));
+    // A gateway that lost a part of the answer asks from it: it gets the answer whole
+    // (every part), then the end, however far over the budget.
+    f.wait(LINGER - Duration::from_millis(1));
+    f.on(Event::Timer);
+    let mut elements = Vec::new();
+    let mut next = from;
+    loop {
+        let actions = f.on(replay(next));
+        let Some(Reply::Replay { events, complete }) = reply(&actions) else {
+            panic!("a lingering owner answers replays: {actions:?}");
+        };
+        next = events.last().map_or(next, |e| e.seq + 1);
+        elements.extend(
+            serde_json::to_value(events)
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .clone(),
+        );
+        if *complete {
+            break;
+        }
+    }
+    let mut joined = String::new();
+    let mut kinds = Vec::new();
+    for element in elements {
+        match element.get("part") {
+            Some(part) => {
+                joined.push_str(part["text"].as_str().unwrap());
+                if part["index"].as_u64().unwrap() + 1 == part["count"].as_u64().unwrap() {
+                    kinds
+                        .push(serde_json::from_str::<Value>(&std::mem::take(&mut joined)).unwrap());
+                }
+            }
+            None => kinds.push(element["kind"].clone()),
+        }
+    }
+    assert_eq!(
+        kinds,
+        [
+            kind(WireEventKind::InputDone {
+                input: 2,
+                outcome: InputOutcome::History { history },
+            }),
+            kind(RemoteEventKind::SessionClosed {
+                reason: CloseReason::Host
+            }),
+        ]
+    );
+    // A resent close is answered as before; a new input `closed`.
+    assert!(matches!(
+        reply(&f.input(2, Input::Close)),
+        Some(Reply::Applied { id: 2, .. })
+    ));
+    assert!(matches!(
+        reply(&f.input(3, run("late"))),
+        Some(Reply::Closed { .. })
+    ));
+    // Then it is over, and answers nothing.
+    f.wait(Duration::from_millis(1));
+    f.on(Event::Timer);
+    assert_eq!(describe(&f), "ended");
+    assert!(f.on(replay(from)).is_empty());
 }
 
 #[test]
