@@ -461,6 +461,8 @@ impl Tenure {
             // What waited for a trusted lease moves on below, and goes out with the
             // next batch.
             Event::LeaseRenewed => {}
+            // An ended session is not fenced: its lingering is over, and no more.
+            Event::Fenced(_) if self.lingering() => self.state = State::Done(Exit::Ended),
             Event::Fenced(reason) => self.stop_fenced(&reason, out),
             Event::Drain(deadline) => self.on_drain(deadline, out),
             Event::Timer => self.on_timer(now, out),

@@ -459,7 +459,8 @@ const TRANSITIONS: &[(&str, &str, &str)] = &[
     ("releasing", "disconnected", "disconnected"),
     // Its timer comes at the end of `LINGER` (below): a drain ends it at once.
     ("lingering", "drain", "ended"),
-    ("lingering", "fenced", "fenced"),
+    // The worker's lease lost after the end: the end stands (no fence is counted).
+    ("lingering", "fenced", "ended"),
     ("lingering", "disconnected", "disconnected"),
     ("settling", "settled", "saving last"),
     ("settling", "no snapshot", "winding up to move"),
@@ -953,15 +954,23 @@ fn a_newer_owner_stops_the_session_without_a_word() {
         }
         let before = f.published.len();
         f.tenure.said(chunk("after the fence"));
+        let lingering = f.tenure.lingering();
         let actions = f.on(Event::Fenced("w2 wrote it".into()));
-        assert_eq!(names(&actions), ["stop"], "{state}");
+        // An ended session that lingers for replays just stops lingering: nothing of it
+        // runs, and its end is not a fence.
+        let (stops, fenced) = if lingering {
+            (vec![], 0)
+        } else {
+            (vec!["stop"], 1)
+        };
+        assert_eq!(names(&actions), stops, "{state}");
         assert_eq!(
             f.published.len(),
             before,
             "{state}: nothing published after the fence"
         );
         assert!(f.input(5, run("late")).is_empty(), "{state}");
-        assert_eq!(f.counts.fenced.load(Ordering::Relaxed), 1, "{state}");
+        assert_eq!(f.counts.fenced.load(Ordering::Relaxed), fenced, "{state}");
     }
 }
 
