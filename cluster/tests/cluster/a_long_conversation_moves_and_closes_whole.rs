@@ -16,8 +16,6 @@ const NOTES: usize = 10;
 const NOTE_BYTES: usize = 512 * 1024;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 34: now and then the close answers `Closed` and the machine stalls for minutes \
-            (memory, suspected); run it with `--ignored` until that is found"]
 async fn a_five_mebibyte_conversation_survives_a_move_and_a_close() {
     let _one_at_a_time = common::one_at_a_time().await;
     let server = NatsServer::start().unwrap();
