@@ -29,6 +29,11 @@ mod events;
 mod inputs;
 mod speeches;
 
+/// The gateway's joiner of parts, for the worker's tests to read what an owner publishes as
+/// a gateway does.
+#[cfg(test)]
+pub(crate) use events::EventOrder;
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -11,7 +11,8 @@ use serde_json::Value;
 use switchboard::{RunResult, SessionError};
 
 use super::*;
-use crate::protocol::{Failure, WireBody, WireElement, WireEvent};
+use crate::protocol::{Failure, WireElement, WireEvent};
+use crate::remote_session::EventOrder;
 
 /// A drain's last snapshot, as the tests see it.
 type Snap = &'static str;
@@ -28,8 +29,8 @@ struct Fixture {
     now: Instant,
     /// Every event published so far, in order.
     published: Vec<WireEvent>,
-    /// The text of the big event whose parts are being published.
-    joining: String,
+    /// Joins the parts of a big event, as the gateway does.
+    joining: EventOrder,
     /// The next input id (one past the last one applied).
     next: u64,
 }
@@ -63,7 +64,7 @@ impl Fixture {
             t0,
             now: t0,
             published: Vec::new(),
-            joining: String::new(),
+            joining: EventOrder::default(),
             next: 1,
         }
     }
@@ -107,20 +108,7 @@ impl Fixture {
     fn read(&mut self, messages: &[Vec<u8>]) {
         for message in messages {
             let elements: Vec<WireElement> = serde_json::from_slice(message).unwrap();
-            for element in elements {
-                let (seq, epoch) = (element.seq, element.epoch);
-                match element.body().unwrap() {
-                    WireBody::Whole(kind) => self.published.push(WireEvent { seq, epoch, kind }),
-                    WireBody::Part(part) => {
-                        self.joining.push_str(&part.text);
-                        if part.index + 1 == part.count {
-                            let text = std::mem::take(&mut self.joining);
-                            let kind = serde_json::from_str(&text).unwrap();
-                            self.published.push(WireEvent { seq, epoch, kind });
-                        }
-                    }
-                }
-            }
+            self.published.extend(join(&mut self.joining, elements));
         }
     }
 
@@ -198,6 +186,15 @@ fn turn_failed() -> InputOutcome {
 }
 
 /// Something the session said: a piece of a speech.
+/// The events of `elements`, a big one's parts joined by `order` (it may hold the first
+/// parts of one from elements before).
+fn join(order: &mut EventOrder, elements: Vec<WireElement>) -> Vec<WireEvent> {
+    elements
+        .into_iter()
+        .filter_map(|element| order.join(element).unwrap())
+        .collect()
+}
+
 fn chunk(text: &str) -> RemoteEventKind {
     RemoteEventKind::SpeechChunk {
         speech: serde_json::from_str("1").unwrap(),
@@ -1089,39 +1086,30 @@ fn an_ended_owner_lingers_with_its_last_words_whole_for_a_gateway_that_missed_a_
     // (every part), then the end, however far over the budget.
     f.wait(LINGER - Duration::from_millis(1));
     f.on(Event::Timer);
-    let mut elements = Vec::new();
+    let mut order = EventOrder::default();
+    let mut replayed = Vec::new();
     let mut next = from;
     loop {
-        let actions = f.on(replay(next));
-        let Some(Reply::Replay { events, complete }) = reply(&actions) else {
-            panic!("a lingering owner answers replays: {actions:?}");
+        let replies = f
+            .on(replay(next))
+            .into_iter()
+            .filter_map(|action| match action {
+                Action::Reply {
+                    reply: Reply::Replay { events, complete },
+                    ..
+                } => Some((events, complete)),
+                _ => None,
+            });
+        let Some((events, complete)) = replies.last() else {
+            panic!("a lingering owner answers replays");
         };
         next = events.last().map_or(next, |e| e.seq + 1);
-        elements.extend(
-            serde_json::to_value(events)
-                .unwrap()
-                .as_array()
-                .unwrap()
-                .clone(),
-        );
-        if *complete {
+        replayed.extend(join(&mut order, events));
+        if complete {
             break;
         }
     }
-    let mut joined = String::new();
-    let mut kinds = Vec::new();
-    for element in elements {
-        match element.get("part") {
-            Some(part) => {
-                joined.push_str(part["text"].as_str().unwrap());
-                if part["index"].as_u64().unwrap() + 1 == part["count"].as_u64().unwrap() {
-                    kinds
-                        .push(serde_json::from_str::<Value>(&std::mem::take(&mut joined)).unwrap());
-                }
-            }
-            None => kinds.push(element["kind"].clone()),
-        }
-    }
+    let kinds: Vec<Value> = replayed.iter().map(|e| json(&e.kind)).collect();
     assert_eq!(
         kinds,
         [
