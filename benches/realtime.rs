@@ -33,7 +33,8 @@
 //!
 //! Knobs: `BENCH_N` (timed turns per scenario, default 200), `BENCH_TURNS_PER_CALL` (10),
 //! `BENCH_SCENARIOS` (`R1,R1_long,R2,R2_preamble`), `BENCH_FLOOR` (set: also each scenario
-//! over a bare connection of the provider, no engine: the transport's own cost).
+//! over a bare connection of the provider, no engine: the transport's own cost; `only`:
+//! the floor alone).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -421,8 +422,11 @@ fn main() {
             Some(_) => format!("{base_url}?scenario={scenario}&tag={tag}"),
             None => base_url.clone(),
         };
-        actix_rt::System::new().block_on(run_scenario(scenario, &url, n, per_call));
-        if std::env::var("BENCH_FLOOR").is_ok() {
+        let floor = std::env::var("BENCH_FLOOR").ok();
+        if floor.as_deref() != Some("only") {
+            actix_rt::System::new().block_on(run_scenario(scenario, &url, n, per_call));
+        }
+        if floor.is_some() {
             let url = match &mock {
                 Some(_) => format!("{base_url}?scenario={scenario}&tag={tag}-floor"),
                 None => base_url.clone(),
@@ -434,8 +438,10 @@ fn main() {
             let _ = child.wait();
         }
         if mock.is_some() {
-            let floor = std::env::var("BENCH_FLOOR").is_ok();
-            let tags = [Some(tag.clone()), floor.then(|| format!("{tag}-floor"))];
+            let tags = [
+                (floor.as_deref() != Some("only")).then(|| tag.clone()),
+                floor.is_some().then(|| format!("{tag}-floor")),
+            ];
             for (tag, summary) in tags
                 .into_iter()
                 .flatten()
